@@ -1,0 +1,50 @@
+"""onnx_light: a lightweight ONNX runtime for CPUs whose kernels tune themselves.
+
+Importing the package registers the built-in kernels' tuning schemas and loads
+this machine's profiles from the default cache. A missing or damaged cache only
+costs performance: it is reported through ``logging`` and never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import kernels
+from .tuning import (
+    KernelTuningKey,
+    default_kernel_tuning_cache_path,
+    default_registry,
+    inspect_kernel_tuning_cache,
+    kernel_tuning_parameters,
+    load_kernel_tuning_cache,
+    reset_kernel_tuning_parameters,
+    set_kernel_tuning_parameters,
+)
+
+__all__ = [
+    "KernelTuningKey",
+    "default_kernel_tuning_cache_path",
+    "inspect_kernel_tuning_cache",
+    "kernel_tuning_parameters",
+    "load_kernel_tuning_cache",
+    "reset_kernel_tuning_parameters",
+    "set_kernel_tuning_parameters",
+]
+
+logger = logging.getLogger("onnx_light")
+
+
+def _load_default_cache() -> None:
+    """Load the default cache; any problem becomes a warning, never an exception."""
+    try:
+        report = load_kernel_tuning_cache()
+    except Exception as exc:  # the promise: a bad cache never stops an import
+        logger.warning("kernel tuning cache not loaded: %s", exc)
+        return
+    if report["status"] not in ("ok", "missing") or report["diagnostics"]:
+        logger.warning("kernel tuning cache %s (%s): %s", report["path"], report["status"],
+                       "; ".join(report["diagnostics"][:5]))
+
+
+kernels.register(default_registry())
+_load_default_cache()

@@ -1,0 +1,123 @@
+"""What every kernel shares: the node context, the kernel interface, element type groups.
+
+The runtime builds one :class:`Kernel` per node. A tunable kernel returns its
+exact :class:`~onnx_light.tuning.keys.KernelTuningKey` for the node's element
+type, then receives the resolved values in :meth:`Kernel.configure`, validates
+them and copies them into its own typed configuration. ``run`` afterwards reads
+only that configuration: never the registry, never the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..parallel import ThreadPool
+from ..tuning.keys import KernelTuningKey
+from ..tuning.schema import Value
+
+__all__ = [
+    "ALL_TYPES",
+    "FLOAT_TYPES",
+    "INTEGER_TYPES",
+    "LIBRARY",
+    "NUMERIC_TYPES",
+    "SIGNED_TYPES",
+    "Kernel",
+    "KernelError",
+    "NodeContext",
+    "numpy_dtype",
+]
+
+LIBRARY = "onnx_light"
+
+T = TensorProto
+FLOAT_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
+SIGNED_INTEGER_TYPES = (T.INT8, T.INT16, T.INT32, T.INT64)
+UNSIGNED_INTEGER_TYPES = (T.UINT8, T.UINT16, T.UINT32, T.UINT64)
+INTEGER_TYPES = SIGNED_INTEGER_TYPES + UNSIGNED_INTEGER_TYPES
+SIGNED_TYPES = FLOAT_TYPES + SIGNED_INTEGER_TYPES
+NUMERIC_TYPES = FLOAT_TYPES + INTEGER_TYPES
+ALL_TYPES = (*NUMERIC_TYPES, T.BOOL, T.STRING)
+
+
+def numpy_dtype(element_type: int) -> np.dtype:
+    """The numpy dtype holding an ONNX element type (ml_dtypes for bfloat16 and float8)."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(element_type))
+
+
+class KernelError(ValueError):
+    """A node cannot be built or run: bad attributes, inputs or shapes. Names the node."""
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a kernel knows of its node when it is built."""
+
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    input_types: tuple[int | None, ...] = ()
+    output_types: tuple[int | None, ...] = ()
+    num_inputs: int = 0
+    num_outputs: int = 1
+
+    def attribute(self, name: str, default: Any = None) -> Any:
+        """An attribute's value, or ``default`` when the node does not set it."""
+        return self.attributes.get(name, default)
+
+    def error(self, message: str) -> KernelError:
+        """An error that names the node and its operator."""
+        return KernelError(f"node {self.name!r} ({self.op_type}): {message}")
+
+
+class Kernel:
+    """One node's implementation.
+
+    Subclasses set ``op_type`` and implement :meth:`run`. Tunable kernels set
+    ``tunable = True`` and implement :meth:`_configure` to copy the validated
+    values into attributes of their own.
+    """
+
+    op_type: ClassVar[str] = ""
+    implementation: ClassVar[str] = "portable"
+    tuning_abi: ClassVar[int] = 1
+    tunable: ClassVar[bool] = False
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.pool: ThreadPool | None = None
+
+    @property
+    def element_type(self) -> int | None:
+        """The element type the kernel computes in (its first typed input by default)."""
+        for element_type in (*self.ctx.input_types, *self.ctx.output_types):
+            if element_type:
+                return element_type
+        return None
+
+    def tuning_key(self) -> KernelTuningKey | None:
+        """The exact key for this kernel and element type, or None if not tunable."""
+        if not self.tunable or self.element_type is None:
+            return None
+        return KernelTuningKey(LIBRARY, self.op_type, self.implementation, self.element_type,
+                               "cpu", self.tuning_abi)
+
+    def configure(self, values: Mapping[str, Value] | None, pool: ThreadPool) -> None:
+        """Step 5 of session initialization: take the resolved values and the pool."""
+        self.pool = pool
+        if values is not None:
+            self._configure(values)
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        """Copy validated values into the kernel's typed configuration."""
+
+    def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        """Compute the node's outputs from its inputs (None for omitted optional inputs)."""
+        raise NotImplementedError

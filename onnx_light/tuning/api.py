@@ -1,0 +1,277 @@
+"""The public kernel tuning functions named in the spec.
+
+Each returns JSON-serialisable dicts. They act on the process-wide registry
+(:func:`~onnx_light.tuning.registry.default_registry`) and on the cache file at
+``path`` (default: :func:`default_kernel_tuning_cache_path`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import cache as cache_file
+from .keys import KernelTuningKey, element_type_code
+from .processor import CpuExecutionDescriptor, execution_descriptor
+from .registry import PublishedProfile, RegistrySnapshot, default_registry
+
+__all__ = [
+    "SelectionError",
+    "default_kernel_tuning_cache_path",
+    "inspect_kernel_tuning_cache",
+    "kernel_tuning_parameters",
+    "load_kernel_tuning_cache",
+    "reset_kernel_tuning_parameters",
+    "select_keys",
+    "set_kernel_tuning_parameters",
+]
+
+PathLike = str | os.PathLike[str]
+ElementTypes = int | str | np.dtype | Iterable[int | str | np.dtype]
+
+
+class SelectionError(KeyError):
+    """Filters that select no registered key; the message lists the valid names."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def default_kernel_tuning_cache_path() -> str:
+    """Where the cache lives unless a ``path`` says otherwise.
+
+    ``$ONNX_LIGHT_KERNEL_TUNING_CACHE`` when set, else ``kernel-tuning-cache.txt``
+    in the platform's user cache directory.
+    """
+    return str(cache_file.default_cache_path())
+
+
+def _as_set(value: str | Iterable[str] | None, what: str) -> set[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return {value}
+    try:
+        items = set(value)
+    except TypeError:
+        raise TypeError(f"{what} must be a string or a list of strings, "
+                        f"got {type(value).__name__}") from None
+    if not all(isinstance(item, str) for item in items):
+        raise TypeError(f"{what} must be strings, got {sorted(map(repr, items))}")
+    return items
+
+
+def _element_types(value: ElementTypes | None) -> set[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, str, np.dtype, type)):
+        return {element_type_code(value)}
+    return {element_type_code(item) for item in value}
+
+
+def select_keys(
+    snapshot: RegistrySnapshot,
+    kernels: str | Iterable[str] | None = None,
+    element_types: ElementTypes | None = None,
+    *,
+    library: str | None = None,
+    implementation: str | None = None,
+) -> list[KernelTuningKey]:
+    """Registered keys matching the filters, sorted.
+
+    A kernel, library or implementation name that no key has raises
+    ``KeyError`` listing the valid names; so does a selection left empty by a
+    combination of filters.
+    """
+    kernel_names = _as_set(kernels, "kernel")
+    types = _element_types(element_types)
+    keys = snapshot.keys()
+    for what, wanted in (("kernel", kernel_names), ("library", _as_set(library, "library")),
+                         ("implementation", _as_set(implementation, "implementation"))):
+        if wanted is None:
+            continue
+        known = {getattr(k, what) for k in keys}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise SelectionError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        keys = tuple(k for k in keys if getattr(k, what) in wanted)
+    selected = [k for k in keys if types is None or k.element_type in types]
+    if not selected and keys:
+        available = sorted({k.element_type_name for k in keys})
+        raise SelectionError(f"no tunable kernel for the selected element type(s); "
+                       f"the selected kernels have: {', '.join(available)}")
+    return selected
+
+
+def _cached_profiles(path: PathLike | None, snapshot: RegistrySnapshot,
+                     local: CpuExecutionDescriptor) -> tuple[dict[str, Any], dict]:
+    """Read the cache without publishing: its report and the valid profiles for ``local``."""
+    cache = cache_file.read_cache(cache_file.resolve_path(path))
+    outcomes, profiles = cache_file.classify(cache, snapshot, local)
+    mine = {p.key: p for p in profiles if p.descriptor == local}
+    return {"cache": cache, "outcomes": outcomes}, mine
+
+
+def kernel_tuning_parameters(
+    kernel: str | Iterable[str] | None = None,
+    element_type: ElementTypes | None = None,
+    *,
+    library: str | None = None,
+    implementation: str | None = None,
+    path: PathLike | None = None,
+    num_threads: int | None = None,
+) -> list[dict[str, Any]]:
+    """One record per selected key: schema, defaults, this machine's cached and active values."""
+    local = execution_descriptor(num_threads)
+    snapshot = default_registry().snapshot()
+    keys = select_keys(snapshot, kernel, element_type, library=library,
+                       implementation=implementation)
+    _, cached = _cached_profiles(path, snapshot, local)
+    records = []
+    for key in keys:
+        schema = snapshot.schema(key)
+        resolution = snapshot.resolve(key, local)
+        records.append({
+            "key": str(key),
+            "library": key.library,
+            "kernel": key.kernel,
+            "implementation": key.implementation,
+            "element_type": key.element_type_name,
+            "tuning_abi": key.tuning_abi,
+            "parameters": schema.describe(),
+            "defaults": dict(schema.defaults),
+            "cached_values": dict(cached[key].values) if key in cached else None,
+            "active_values": dict(resolution.values),
+            "active_source": resolution.source,
+            "calibratable": snapshot.callbacks.get(key) is not None,
+            "generation": resolution.generation,
+        })
+    return records
+
+
+def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
+                                num_threads: int | None = None) -> dict[str, Any]:
+    """Describe a cache file without publishing anything or touching the file."""
+    local = execution_descriptor(num_threads)
+    state, _ = _cached_profiles(path, default_registry().snapshot(), local)
+    cache, outcomes = state["cache"], state["outcomes"]
+    by_line = {line.number: line for line in cache.lines}
+    profiles = []
+    for outcome in outcomes:
+        record = by_line[outcome.line].record or {}
+        profiles.append({
+            "line": outcome.line,
+            "key": outcome.key,
+            "descriptor": record.get("descriptor"),
+            "values": record.get("values"),
+            "provenance": record.get("provenance"),
+            "outcome": outcome.outcome,
+            "reason": outcome.reason,
+            "matches_this_machine": outcome.matches_this_machine,
+        })
+    diagnostics = list(cache.diagnostics) + [
+        f"{cache.path}:{o.line}: {o.outcome}: {o.reason}" for o in outcomes
+        if o.outcome not in (cache_file.LOADED, cache_file.DUPLICATE)
+        and by_line[o.line].error is None
+    ]
+    return {
+        "path": str(cache.path),
+        "status": cache.status,
+        "format_version": cache.format_version,
+        "descriptor": local.to_dict(),
+        "profiles": profiles,
+        "diagnostics": diagnostics,
+    }
+
+
+def load_kernel_tuning_cache(path: PathLike | None = None, *,
+                             num_threads: int | None = None) -> dict[str, Any]:
+    """Publish the cache's profiles for this processor in one new generation.
+
+    Never raises for what the file contains: a missing, unreadable or corrupt
+    file yields diagnostics and leaves the portable values in force.
+    """
+    local = execution_descriptor(num_threads)
+    return cache_file.load_into(default_registry(), cache_file.resolve_path(path), local)
+
+
+def _single_key(kernel: str, element_type: ElementTypes, library: str,
+                implementation: str | None, snapshot: RegistrySnapshot) -> KernelTuningKey:
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a string, got {type(kernel).__name__}")
+    keys = select_keys(snapshot, kernel, element_type, library=library,
+                       implementation=implementation)
+    if len(keys) > 1:
+        raise ValueError(f"ambiguous selection: {', '.join(map(str, keys))}; "
+                         "pass implementation= or a single element type")
+    return keys[0]
+
+
+def set_kernel_tuning_parameters(
+    kernel: str,
+    element_type: int | str | np.dtype,
+    values: Mapping[str, Any],
+    *,
+    library: str = "onnx_light",
+    implementation: str | None = None,
+    path: PathLike | None = None,
+    num_threads: int | None = None,
+    persist: bool = True,
+) -> dict[str, Any]:
+    """Validated partial update of one key's values for this processor and thread count.
+
+    Starts from this machine's cached profile, else from the active values,
+    applies ``values``, validates the complete set, persists it to the cache
+    (unless ``persist=False``) and publishes it. Invalid input raises
+    (``KeyError``, ``TypeError`` or ``ValueError``) and changes neither the
+    registry nor the file.
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"values must be a mapping of parameter names, got {type(values).__name__}")
+    registry = default_registry()
+    snapshot = registry.snapshot()
+    local = execution_descriptor(num_threads)
+    key = _single_key(kernel, element_type, library, implementation, snapshot)
+    schema = snapshot.schema(key)
+    _, cached = _cached_profiles(path, snapshot, local) if persist else ({}, {})
+    base = cached[key].values if key in cached else snapshot.resolve(key, local).values
+    new_values = schema.update(base, values)
+    origin = cache_file.provenance("manual")
+    update = None
+    if persist:
+        update = cache_file.update_cache(cache_file.resolve_path(path),
+                                         [cache_file.CacheEntry(key, local, new_values, origin)])
+    generation = registry.publish([PublishedProfile(key, local, new_values, origin)])
+    return {"key": str(key), "previous": dict(base), "values": new_values,
+            "descriptor": local.to_dict(), "generation": generation, "cache_update": update}
+
+
+def reset_kernel_tuning_parameters(
+    kernel: str | Iterable[str] | None = None,
+    element_type: ElementTypes | None = None,
+    *,
+    library: str | None = None,
+    implementation: str | None = None,
+    path: PathLike | None = None,
+    num_threads: int | None = None,
+    persist: bool = True,
+) -> dict[str, Any]:
+    """Forget this machine's published values for the selected keys (FFTW's *forget*).
+
+    Removes them from the registry and, with ``persist``, from the cache file,
+    so the next session resolves shipped profiles or portable defaults again.
+    """
+    registry = default_registry()
+    local = execution_descriptor(num_threads)
+    keys = select_keys(registry.snapshot(), kernel, element_type, library=library,
+                       implementation=implementation)
+    update = None
+    if persist:
+        identities = [cache_file.CacheEntry(k, local, {}).identity() for k in keys]
+        update = cache_file.update_cache(cache_file.resolve_path(path), [], remove=identities)
+    generation = registry.forget(keys, local)
+    return {"keys": [str(k) for k in keys], "descriptor": local.to_dict(),
+            "generation": generation, "cache_update": update}

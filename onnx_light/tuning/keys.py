@@ -1,0 +1,163 @@
+"""Exact tuning identity: :class:`KernelTuningKey` and ONNX element types.
+
+A key names one kernel implementation for one element type on one device at one
+tuning ABI revision. Everything the tuning core stores (schemas, profiles, cache
+entries) hangs off an exact key; there is no fuzzy matching between keys.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper
+
+__all__ = [
+    "DEVICES",
+    "KernelTuningKey",
+    "element_type_code",
+    "element_type_name",
+]
+
+DEVICES = frozenset({"cpu"})
+
+_CODE_BY_NAME: dict[str, int] = {
+    name.lower(): code for name, code in TensorProto.DataType.items() if code != 0
+}
+_NAME_BY_CODE: dict[int, str] = {code: name for name, code in _CODE_BY_NAME.items()}
+# numpy spellings users reach for; ONNX's own names win where they overlap.
+_ALIASES = {
+    "float32": "float",
+    "float64": "double",
+    "half": "float16",
+    "str": "string",
+    "bool_": "bool",
+    "complex64": "complex64",
+    "complex128": "complex128",
+}
+
+
+def element_type_code(value: int | str | np.dtype | type) -> int:
+    """Return the ONNX ``TensorProto`` enum for an element type.
+
+    Accepts the enum integer, an ONNX or numpy name in any case (``"float"``,
+    ``"FLOAT"``, ``"float32"``, ``"bfloat16"``) or a numpy dtype.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"element type must be an int, a name or a numpy dtype, got bool {value!r}")
+    if isinstance(value, (int, np.integer)):
+        code = int(value)
+        if code not in _NAME_BY_CODE:
+            raise ValueError(f"unknown ONNX element type {code}; valid: {_valid_list()}")
+        return code
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name.startswith("tensor(") and name.endswith(")"):
+            name = name[len("tensor(") : -1]
+        name = _ALIASES.get(name, name)
+        if name in _CODE_BY_NAME:
+            return _CODE_BY_NAME[name]
+        raise ValueError(f"unknown ONNX element type {value!r}; valid: {_valid_list()}")
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        raise TypeError(
+            f"element type must be an int, a name or a numpy dtype, got {type(value).__name__}"
+        ) from None
+    try:
+        return int(helper.np_dtype_to_tensor_dtype(dtype))
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(f"numpy dtype {dtype} has no ONNX element type") from None
+
+
+def element_type_name(code: int | str | np.dtype | type) -> str:
+    """Return the lower-case ONNX name of an element type, e.g. ``"float"``."""
+    return _NAME_BY_CODE[element_type_code(code)]
+
+
+def _valid_list() -> str:
+    return ", ".join(_NAME_BY_CODE[c] for c in sorted(_NAME_BY_CODE))
+
+
+_TEXT_RE = re.compile(
+    r"^(?P<library>[^/\s]+)/(?P<kernel>[^/\s]+)/(?P<implementation>[^/\[\s]+)"
+    r"\[(?P<element_type>[a-z0-9_]+)\]@(?P<device>[a-z0-9_]+)#(?P<abi>\d+)$"
+)
+_PART_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True, order=True)
+class KernelTuningKey:
+    """Exact identity of one tunable kernel implementation.
+
+    ``element_type`` is stored as the ONNX enum integer but accepted as an int,
+    a name or a numpy dtype. Keys are frozen, hashable and ordered.
+    """
+
+    library: str
+    kernel: str
+    implementation: str
+    element_type: int
+    device: str = "cpu"
+    tuning_abi: int = 1
+
+    def __post_init__(self) -> None:
+        for field in ("library", "kernel", "implementation"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"KernelTuningKey.{field} must be a non-empty string, got {value!r}")
+            if not _PART_RE.match(value):
+                raise ValueError(
+                    f"KernelTuningKey.{field} {value!r} may only contain letters, digits, '_', '.', '-'"
+                )
+        object.__setattr__(self, "element_type", element_type_code(self.element_type))
+        if self.device not in DEVICES:
+            raise ValueError(
+                f"KernelTuningKey.device must be one of {sorted(DEVICES)}, got {self.device!r}"
+            )
+        abi = self.tuning_abi
+        if isinstance(abi, bool) or not isinstance(abi, (int, np.integer)) or abi < 1:
+            raise ValueError(f"KernelTuningKey.tuning_abi must be an int >= 1, got {abi!r}")
+        object.__setattr__(self, "tuning_abi", int(abi))
+
+    @property
+    def element_type_name(self) -> str:
+        """Lower-case ONNX name of the element type."""
+        return _NAME_BY_CODE[self.element_type]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.library}/{self.kernel}/{self.implementation}"
+            f"[{self.element_type_name}]@{self.device}#{self.tuning_abi}"
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> KernelTuningKey:
+        """Parse the readable form produced by ``str(key)``."""
+        match = _TEXT_RE.match(text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(
+                f"not a kernel tuning key: {text!r} "
+                "(expected library/kernel/implementation[element_type]@device#abi)"
+            )
+        return cls(
+            match["library"],
+            match["kernel"],
+            match["implementation"],
+            match["element_type"],
+            match["device"],
+            int(match["abi"]),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form, element type by name."""
+        return {
+            "library": self.library,
+            "kernel": self.kernel,
+            "implementation": self.implementation,
+            "element_type": self.element_type_name,
+            "device": self.device,
+            "tuning_abi": self.tuning_abi,
+        }
