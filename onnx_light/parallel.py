@@ -9,9 +9,10 @@ the hot path is kept to a handful of raw lock operations:
 * Each worker sleeps on its own raw ``threading.Lock`` (released by the caller to wake it).
   The caller publishes the task, wakes only as many workers as there are extra blocks, runs
   block 0, then waits on a single "done" lock that the last worker to finish releases (a
-  countdown). No ``concurrent.futures``, no per-call ``Queue``/``Event``/``Condition``: those
-  were measured at 1.5-2.5x the cost of this scheme. Spinning workers (polling with
-  ``time.sleep(0)``) were measured too and are slower under the GIL, so workers always block.
+  countdown). No ``concurrent.futures``, no per-call ``Queue``/``Event``/``Condition``: the
+  Event and Condition variants measured about 1.2-1.6x slower. Spinning (polling with
+  ``time.sleep(0)`` / ``os.sched_yield``) was slower still under the GIL, so threads block.
+  What remains is dominated by the OS waking a sleeping thread (see docs/parallel.md).
 * A call made while the calling thread is already executing a block of a multi-block region
   (of any pool) runs its blocks serially inline: no deadlock and no oversubscription.
 * Concurrent callers: a region holds the pool's region lock, taken with a non-blocking
@@ -328,9 +329,9 @@ def blas_threads(num_threads: int) -> Iterator[None]:
 
     Uses ``threadpoolctl.threadpool_limits(user_api="blas")`` and restores the previous limits
     on exit. The limit is process-wide (it affects every thread, not just this one), and
-    entering + leaving costs roughly 0.35-0.6 ms (measured on a 2-core AMD EPYC VM with
-    OpenBLAS; most of it is threadpoolctl scanning the loaded libraries), so enter it once
-    around a whole session run, never per kernel call.
+    entering + leaving costs about 0.4-1 ms (median 0.76 ms measured on a 2-core AMD EPYC VM
+    with numpy's OpenBLAS; most of it is threadpoolctl scanning the loaded libraries), so
+    enter it once around a whole session run, never per kernel call.
     """
     num_threads = _check_num_threads(num_threads)
     with threadpool_limits(limits=num_threads, user_api="blas"):

@@ -1,0 +1,367 @@
+"""Tests for onnx_light.parallel (fast; no timing assertions)."""
+
+import gc
+import itertools
+import os
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+import threadpoolctl
+
+from onnx_light.parallel import ThreadPool, blas_threads, get_pool, serial_blas
+
+
+def record_blocks(pool: ThreadPool, n: int, **kwargs: object) -> list[tuple[int, int, int]]:
+    """Run an instrumented region; return (start, stop, thread id) per block, sorted."""
+    seen: list[tuple[int, int, int]] = []
+
+    def fn(start: int, stop: int) -> None:
+        seen.append((start, stop, threading.get_ident()))
+
+    pool.parallel_for(n, fn, **kwargs)
+    return sorted(seen)
+
+
+def check_partition(blocks: list[tuple[int, int, int]], n: int, expected_count: int) -> None:
+    assert len(blocks) == expected_count
+    if n == 0:
+        return
+    assert blocks[0][0] == 0
+    assert blocks[-1][1] == n
+    for (_, stop, _), (start, _, _) in itertools.pairwise(blocks):
+        assert stop == start  # contiguous, no overlap, no gap
+    sizes = [stop - start for start, stop, _ in blocks]
+    assert min(sizes) >= 1
+    assert max(sizes) - min(sizes) <= 1  # near-equal
+
+
+@pytest.fixture
+def pool4():
+    with ThreadPool(4) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 10, 64, 1001])
+def test_blocks_cover_range_once(num_threads: int, n: int) -> None:
+    with ThreadPool(num_threads) as pool:
+        blocks = record_blocks(pool, n)
+    check_partition(blocks, n, min(num_threads, n))
+
+
+def test_n_smaller_than_thread_count(pool4: ThreadPool) -> None:
+    blocks = record_blocks(pool4, 3)
+    check_partition(blocks, 3, 3)
+    assert [(a, b) for a, b, _ in blocks] == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_n_zero_does_nothing(pool4: ThreadPool) -> None:
+    assert record_blocks(pool4, 0) == []
+
+
+def test_negative_n_rejected(pool4: ThreadPool) -> None:
+    with pytest.raises(ValueError, match="n must be"):
+        pool4.parallel_for(-1, lambda a, b: None)
+
+
+def test_numpy_integer_n(pool4: ThreadPool) -> None:
+    check_partition(record_blocks(pool4, np.int64(9)), 9, 4)
+
+
+def test_max_blocks(pool4: ThreadPool) -> None:
+    blocks = record_blocks(pool4, 100, max_blocks=2)
+    assert [(a, b) for a, b, _ in blocks] == [(0, 50), (50, 100)]
+    check_partition(record_blocks(pool4, 100, max_blocks=10), 100, 4)
+    one = record_blocks(pool4, 100, max_blocks=1)
+    assert one == [(0, 100, threading.get_ident())]
+    for bad, exc in [(0, ValueError), (-2, ValueError), (True, TypeError), (2.0, TypeError)]:
+        with pytest.raises(exc, match="max_blocks"):
+            pool4.parallel_for(10, lambda a, b: None, max_blocks=bad)
+
+
+def test_single_thread_runs_inline_on_caller() -> None:
+    me = threading.get_ident()
+    with ThreadPool(1) as pool:
+        assert pool.num_threads == 1
+        assert record_blocks(pool, 50) == [(0, 50, me)]
+
+
+def test_single_block_runs_inline_on_caller(pool4: ThreadPool) -> None:
+    assert record_blocks(pool4, 1) == [(0, 1, threading.get_ident())]
+
+
+@pytest.mark.timeout(10)
+def test_blocks_run_concurrently_on_distinct_threads() -> None:
+    with ThreadPool(3) as pool:
+        barrier = threading.Barrier(3, timeout=5)  # only passes if all 3 blocks run at once
+        idents: dict[int, int] = {}
+
+        def fn(start: int, stop: int) -> None:
+            idents[start] = threading.get_ident()
+            barrier.wait()
+
+        pool.parallel_for(3, fn)
+    assert len(set(idents.values())) == 3
+    assert idents[0] == threading.get_ident()  # the caller runs block 0
+
+
+def test_work_is_done(pool4: ThreadPool) -> None:
+    x = np.arange(10_000, dtype=np.float32) - 5000
+    out = np.empty_like(x)
+    pool4.parallel_for(x.size, lambda a, b: np.abs(x[a:b], out=out[a:b]))
+    np.testing.assert_array_equal(out, np.abs(x))
+
+
+def boom(start: int, stop: int) -> None:
+    raise ValueError(f"boom in block {start}")
+
+
+@pytest.mark.parametrize("bad_start", [0, 2])  # 0 = caller's block, 2 = a worker's block
+def test_exception_propagates_after_all_blocks(pool4: ThreadPool, bad_start: int) -> None:
+    ran: list[int] = []
+
+    def fn(start: int, stop: int) -> None:
+        if start == bad_start:
+            boom(start, stop)
+        time.sleep(0.01)
+        ran.append(start)
+
+    with pytest.raises(ValueError, match=f"boom in block {bad_start}") as info:
+        pool4.parallel_for(4, fn)
+    assert sorted(ran) == sorted({0, 1, 2, 3} - {bad_start})  # the others all finished
+    names = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "boom" in names  # original traceback kept
+    # the pool stays usable
+    check_partition(record_blocks(pool4, 10), 10, 4)
+
+
+def test_every_block_raising(pool4: ThreadPool) -> None:
+    with pytest.raises(ValueError, match="boom in block"):
+        pool4.parallel_for(8, boom)
+    check_partition(record_blocks(pool4, 8), 8, 4)
+
+
+@pytest.mark.timeout(10)
+def test_nested_calls_run_serially_inline() -> None:
+    with ThreadPool(2) as pool:
+        inner: list[tuple[int, int, int, int]] = []  # (outer start, start, stop, thread)
+
+        def outer(start: int, stop: int) -> None:
+            def inner_fn(a: int, b: int) -> None:
+                inner.append((start, a, b, threading.get_ident()))
+
+            me = threading.get_ident()
+            pool.parallel_for(10, inner_fn)
+            get_pool(3).parallel_for(10, inner_fn)  # nested in another pool: inline too
+            assert all(t == me for s, _, _, t in inner if s == start)
+
+        pool.parallel_for(2, outer)
+    for outer_start in (0, 1):
+        mine = [(a, b) for s, a, b, _ in inner if s == outer_start]
+        assert mine == [(0, 5), (5, 10), (0, 4), (4, 7), (7, 10)]  # same blocks, in order
+
+
+@pytest.mark.timeout(10)
+def test_nested_exception_propagates(pool4: ThreadPool) -> None:
+    def outer(start: int, stop: int) -> None:
+        pool4.parallel_for(4, boom)
+
+    with pytest.raises(ValueError, match="boom in block 0"):
+        pool4.parallel_for(4, outer)
+    check_partition(record_blocks(pool4, 4), 4, 4)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("num_threads", [2, 4])
+def test_concurrent_callers(num_threads: int) -> None:
+    pool = ThreadPool(num_threads)
+    errors: list[BaseException] = []
+
+    def caller(seed: int) -> None:
+        try:
+            for i in range(200):
+                n = 1 + (seed * 31 + i * 7) % 50
+                hits = np.zeros(n, dtype=np.int64)
+
+                def fn(start: int, stop: int, hits: np.ndarray = hits) -> None:
+                    hits[start:stop] += 1
+
+                pool.parallel_for(n, fn)
+                assert (hits == 1).all()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pool.close()
+    assert not errors, errors
+
+
+@pytest.mark.timeout(10)
+def test_busy_pool_runs_second_caller_inline(pool4: ThreadPool) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(start: int, stop: int) -> None:
+        if start == 0:
+            started.set()
+        release.wait(5)
+
+    holder = threading.Thread(target=pool4.parallel_for, args=(4, slow))
+    holder.start()
+    try:
+        assert started.wait(5)
+        # The pool is busy: this call must not wait for it, and runs every block right here.
+        blocks = record_blocks(pool4, 8)
+        check_partition(blocks, 8, 4)
+        assert {t for _, _, t in blocks} == {threading.get_ident()}
+        assert holder.is_alive()
+    finally:
+        release.set()
+        holder.join()
+
+
+@pytest.mark.timeout(10)
+def test_single_block_region_does_not_block_nesting(pool4: ThreadPool) -> None:
+    inner: list[tuple[int, int, int]] = []
+
+    def outer(start: int, stop: int) -> None:
+        inner.extend(record_blocks(pool4, 8))
+
+    pool4.parallel_for(1, outer)  # one block: inline, workers idle, so nesting may use them
+    check_partition(sorted(inner), 8, 4)
+    assert len({t for _, _, t in inner}) > 1
+
+
+def test_get_pool_shares_pools() -> None:
+    assert get_pool(2) is get_pool(2)
+    assert get_pool(3) is not get_pool(2)
+    assert get_pool(3).num_threads == 3
+    check_partition(record_blocks(get_pool(2), 9), 9, 2)
+
+
+def test_get_pool_replaces_closed_pool() -> None:
+    old = get_pool(5)
+    old.close()
+    new = get_pool(5)
+    assert new is not old
+    check_partition(record_blocks(new, 9), 9, 5)
+
+
+@pytest.mark.parametrize("factory", [ThreadPool, get_pool, blas_threads])
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-1, ValueError), (True, TypeError),
+                                      (1.5, TypeError), ("2", TypeError)])
+def test_invalid_num_threads(factory, bad: object, exc: type) -> None:
+    with pytest.raises(exc, match="num_threads"):
+        cm = factory(bad)
+        if factory is blas_threads:
+            with cm:
+                pass
+
+
+def _blas_thread_counts() -> list[int]:
+    return [info["num_threads"] for info in threadpoolctl.threadpool_info()
+            if info["user_api"] == "blas"]
+
+
+def test_blas_threads_sets_and_restores() -> None:
+    np.dot(np.ones((4, 4)), np.ones((4, 4)))  # make sure the BLAS library is loaded
+    before = _blas_thread_counts()
+    if not before:
+        pytest.skip("no BLAS library visible to threadpoolctl")
+    with blas_threads(1):
+        assert _blas_thread_counts() == [1] * len(before)
+    assert _blas_thread_counts() == before
+    with serial_blas():
+        assert _blas_thread_counts() == [1] * len(before)
+        with blas_threads(2):
+            assert _blas_thread_counts() == [2] * len(before)
+        assert _blas_thread_counts() == [1] * len(before)
+    assert _blas_thread_counts() == before
+
+
+def workers_of(pool: ThreadPool) -> list[threading.Thread]:
+    prefix = f"onnx_light-pool{pool.num_threads}-{id(pool):x}-"
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def test_close_idempotent_and_stops_workers() -> None:
+    pool = ThreadPool(3)
+    workers = workers_of(pool)
+    assert len(workers) == 2
+    assert all(t.daemon for t in workers)
+    record_blocks(pool, 6)
+    pool.close()
+    pool.close()
+    assert not any(t.is_alive() for t in workers)  # close joins the workers
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.parallel_for(6, lambda a, b: None)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.parallel_for(0, lambda a, b: None)
+    assert "closed" in repr(pool)
+
+
+def test_context_manager_closes() -> None:
+    with ThreadPool(2) as pool:
+        record_blocks(pool, 4)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.parallel_for(4, lambda a, b: None)
+
+
+@pytest.mark.timeout(10)
+def test_close_inside_own_region_refused(pool4: ThreadPool) -> None:
+    def fn(start: int, stop: int) -> None:
+        pool4.close()
+
+    with pytest.raises(RuntimeError, match="inside"):
+        pool4.parallel_for(4, fn)
+    check_partition(record_blocks(pool4, 4), 4, 4)
+
+
+@pytest.mark.timeout(10)
+def test_garbage_collected_pool_stops_workers() -> None:
+    pool = ThreadPool(3)
+    record_blocks(pool, 3)
+    workers = workers_of(pool)
+    assert len(workers) == 2
+    del pool
+    gc.collect()
+    for t in workers:
+        t.join(timeout=5)
+        assert not t.is_alive()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork with threads
+def test_pool_works_in_forked_child() -> None:
+    pool = get_pool(2)
+    record_blocks(pool, 2)  # workers running before the fork
+    pid = os.fork()
+    if pid == 0:  # child: workers did not survive the fork and must be restarted
+        code = 1
+        try:
+            blocks = record_blocks(pool, 10)
+            if [(a, b) for a, b, _ in blocks] == [(0, 5), (5, 10)] and len(
+                {t for _, _, t in blocks}
+            ) == 2:
+                code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 8
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("forked child hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
