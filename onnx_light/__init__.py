@@ -10,29 +10,36 @@ from __future__ import annotations
 import logging
 
 from . import kernels
+from .runtime import RuntimeSession
 from .tuning import (
     KernelTuningKey,
+    apply_kernel_tuning_updates,
+    calibrate_kernel_tuning,
     default_kernel_tuning_cache_path,
     default_registry,
     inspect_kernel_tuning_cache,
     kernel_tuning_parameters,
     load_kernel_tuning_cache,
+    propose_kernel_tuning_updates,
     reset_kernel_tuning_parameters,
     set_kernel_tuning_parameters,
 )
 
 __all__ = [
     "KernelTuningKey",
+    "RuntimeSession",
+    "apply_kernel_tuning_updates",
+    "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
     "load_kernel_tuning_cache",
+    "propose_kernel_tuning_updates",
     "reset_kernel_tuning_parameters",
     "set_kernel_tuning_parameters",
 ]
 
 logger = logging.getLogger("onnx_light")
-
 
 def _load_default_cache() -> None:
     """Load the default cache; any problem becomes a warning, never an exception."""
@@ -44,7 +51,6 @@ def _load_default_cache() -> None:
     if report["status"] not in ("ok", "missing") or report["diagnostics"]:
         logger.warning("kernel tuning cache %s (%s): %s", report["path"], report["status"],
                        "; ".join(report["diagnostics"][:5]))
-
 
 kernels.register(default_registry())
 _load_default_cache()

@@ -1,4 +1,4 @@
-"""Command line: ``python -m onnx_light {tune-kernels,cpu}``.
+"""Command line: ``python -m onnx_light {tune-kernels,run,cpu}``.
 
 ``main(argv)`` returns the exit status, so tests call it directly.
 """
@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from . import tuning
+from .kernels.base import numpy_dtype
+from .runtime import RuntimeSession
 
 __all__ = ["main"]
 
@@ -83,7 +89,65 @@ def _tuning_report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class _ProgressBar:
+    """One step per key on stderr; silent unless stderr is a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, done: int, total: int, key: str) -> None:
+        if not self.enabled or total == 0:
+            return
+        width = 30
+        filled = width * done // total
+        line = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {key}"
+        sys.stderr.write(line[:120].ljust(120))
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _speedup_at_crossover(result: dict[str, Any]) -> str:
+    at = [m["speedup"] for m in result["measurements"] if m["size"] == result["crossover"]]
+    return f"{min(at):.2f}x" if at else "-"
+
+
+def _apply(args: argparse.Namespace) -> int:
+    proposal = tuning.propose_kernel_tuning_updates(
+        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
+    before = {r["key"]: r["active_values"] for r in tuning.kernel_tuning_parameters(
+        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)}
+    progress = _ProgressBar(sys.stderr.isatty() and not args.quiet)
+    max_memory = None if args.max_memory_mb is None else args.max_memory_mb * (1 << 20)
+    outcome = tuning.apply_kernel_tuning_updates(
+        proposal, path=args.cache, max_duration_ms=args.max_duration_ms,
+        max_memory_bytes=max_memory, progress=progress)
+    if args.json:
+        _print_json({"proposal": proposal, "outcome": outcome})
+    else:
+        print(f"covered before: {len(proposal['covered'])}, calibrated now: "
+              f"{len(outcome['applied'])}, failed: {len(outcome['failed'])}, "
+              f"skipped: {len(outcome['skipped'])}, schema-only (manual): "
+              f"{len(proposal['missing_schema_only'])}")
+        rows = [(r["key"], _format_values(before.get(r["key"])), _format_values(r["values"]),
+                 _speedup_at_crossover(r)) for r in outcome["applied"]]
+        if rows:
+            widths = [max(len(row[i]) for row in [("key", "old", "new", "speedup"), *rows])
+                      for i in range(4)]
+            for row in [("key", "old", "new", "speedup"), *rows]:
+                print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        for failure in outcome["failed"]:
+            print(f"FAILED {failure['key']}: {failure['error']}", file=sys.stderr)
+        for skipped in outcome["skipped"]:
+            print(f"skipped {skipped['key']}: {skipped['reason']}", file=sys.stderr)
+        if outcome["cache_update"]:
+            print(f"cache written: {outcome['cache_update']['path']}")
+    return 1 if outcome["failed"] or outcome["skipped"] else 0
+
+
 def _cmd_tune_kernels(args: argparse.Namespace) -> int:
+    if args.apply:
+        return _apply(args)
     report = _tuning_report(args)
     if args.json:
         _print_json(report)
@@ -101,6 +165,65 @@ def _cmd_tune_kernels(args: argparse.Namespace) -> int:
     print(f"selected {summary['selected']}, covered {summary['covered']}, "
           f"missing {summary['missing']} ({summary['missing_calibratable']} calibratable, "
           f"{summary['missing_schema_only']} schema-only)")
+    return 0
+
+
+def _random_input(arg: Any, rng: np.random.Generator) -> np.ndarray:
+    """Random data of an input's declared type, symbolic dimensions taken as 1."""
+    shape = [d if isinstance(d, int) and d > 0 else 1 for d in (arg.shape or [])]
+    dtype = numpy_dtype(tuning.element_type_code(arg.type))
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(0, 10, size=shape).astype(dtype)
+    if dtype.kind == "O":
+        return np.array(rng.integers(0, 10, size=shape).astype(str), dtype=object)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _parse_inputs(specs: list[str] | None) -> dict[str, np.ndarray]:
+    feeds = {}
+    for spec in specs or []:
+        name, sep, filename = spec.partition("=")
+        if not sep or not name or not filename:
+            raise ValueError(f"--input expects NAME=FILE.npy, got {spec!r}")
+        feeds[name] = np.load(filename, allow_pickle=False)
+    return feeds
+
+
+def _summary(array: np.ndarray) -> str:
+    if array.size == 0 or (array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16"):
+        return ""
+    values = array.astype(np.float64)
+    return f"min {values.min():.6g} max {values.max():.6g} mean {values.mean():.6g}"
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    session = RuntimeSession(args.model, num_threads=args.threads)
+    construction = time.perf_counter() - started
+    feeds = _parse_inputs(args.input)
+    rng = np.random.default_rng(0)
+    for arg in session.get_inputs():
+        if arg.name not in feeds:
+            feeds[arg.name] = _random_input(arg, rng)
+    times = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        outputs = session.run(None, feeds)
+        times.append(time.perf_counter() - started)
+    names = [arg.name for arg in session.get_outputs()]
+    for name, array in zip(names, outputs, strict=True):
+        print(f"{name}: shape {list(array.shape)} dtype {array.dtype} {_summary(array)}".rstrip())
+    print(f"session construction {construction * 1e3:.2f} ms "
+          f"(tuning resolution {session.tuning_resolution_seconds * 1e3:.2f} ms), "
+          f"{session.num_threads} threads")
+    later = times[1:] or times
+    print(f"first run {times[0] * 1e3:.3f} ms, median of {len(later)} later run(s) "
+          f"{statistics.median(later) * 1e3:.3f} ms")
+    if args.output:
+        np.savez(args.output, **dict(zip(names, outputs, strict=True)))
+        print(f"outputs written to {args.output}")
     return 0
 
 
@@ -122,9 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     tune = commands.add_parser(
-        "tune-kernels", help="report kernel tuning coverage for this machine (read-only)",
+        "tune-kernels", help="report kernel tuning coverage; --apply calibrates and saves",
         description="Report, for this processor and thread count, each tunable kernel's active "
-                    "values and whether the cache covers it. Writes nothing.")
+                    "values and whether the cache covers it. Writes nothing unless --apply is "
+                    "given: then the missing calibratable kernels are calibrated and saved.")
     tune.add_argument("--kernel", action="append", metavar="NAME",
                       help="select a kernel (repeatable), e.g. Add")
     tune.add_argument("--element-type", action="append", metavar="TYPE",
@@ -133,7 +257,27 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--threads", type=_positive_int, metavar="N",
                       help="thread count (default: the CPUs this process may use)")
     tune.add_argument("--json", action="store_true", help="print JSON")
+    tune.add_argument("--apply", action="store_true",
+                      help="calibrate the missing calibratable kernels and save the results")
+    tune.add_argument("--max-duration-ms", type=float, metavar="MS",
+                      help="total calibration time budget (default: 3 s per kernel)")
+    tune.add_argument("--max-memory-mb", type=_positive_int, metavar="MB",
+                      help="memory budget for calibration inputs (default 1024)")
+    tune.add_argument("--quiet", action="store_true", help="no progress bar")
     tune.set_defaults(handler=_cmd_tune_kernels)
+
+    run = commands.add_parser("run", help="run a model and time it",
+                              description="Run an ONNX model (random inputs of the declared shapes "
+                                          "unless given) and print its outputs and timings.")
+    run.add_argument("model", help="path of the .onnx file")
+    run.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                     help="an input from a .npy file (repeatable)")
+    run.add_argument("--threads", type=_positive_int, metavar="N",
+                     help="thread count (default: the CPUs this process may use)")
+    run.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
+                     help="number of runs to time (default 10)")
+    run.add_argument("--output", metavar="FILE.npz", help="save the outputs")
+    run.set_defaults(handler=_cmd_run)
 
     cpu = commands.add_parser("cpu", help="print this machine's execution descriptor")
     cpu.add_argument("--threads", type=_positive_int, metavar="N",

@@ -7,3 +7,32 @@ import tempfile
 os.environ["ONNX_LIGHT_KERNEL_TUNING_CACHE"] = os.path.join(
     tempfile.mkdtemp(prefix="onnx_light-tests-"), "kernel-tuning-cache.txt"
 )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep only the ONNX backend tests that test_backend.py selects (the runner lists all)."""
+    kept, dropped = [], []
+    for item in items:
+        selected = getattr(item.module, "SELECTED_BACKEND_TESTS", None)
+        if selected is not None and "OnnxBackend" in item.nodeid and item.name not in selected:
+            dropped.append(item)
+        else:
+            kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print how many of ONNX's backend node tests onnx_light passes."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for outcome in counts:
+        for report in terminalreporter.stats.get(outcome, []):
+            if "OnnxBackend" in report.nodeid and report.when in ("call", "setup"):
+                counts[outcome] += 1
+    total = sum(counts.values())
+    if total:
+        terminalreporter.write_line(
+            f"ONNX backend node tests: {counts['passed']}/{total} passed "
+            f"({counts['failed']} failed, {counts['skipped']} skipped)"
+        )

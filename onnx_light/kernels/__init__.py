@@ -1,5 +1,7 @@
-"""The onnx_light kernel library: its tuning schemas, profiles and the dispatch table.
+"""The onnx_light kernel library: its dispatch table, tuning schemas and profiles.
 
+:data:`KERNELS` is the one table the runtime dispatches through:
+``op_type -> {since_version: kernel class}`` for the default ONNX domain.
 :func:`register` hands everything tunable to a registry of the tuning core in
 one all-or-nothing batch.
 """
@@ -7,10 +9,28 @@ one all-or-nothing batch.
 from __future__ import annotations
 
 from ..tuning.registry import KernelTuningRegistry
-from . import elementwise, gemm
+from . import elementwise, gemm, reductions, structural
+from .base import Kernel
 from .profiles import processor_profiles
 
-__all__ = ["register"]
+__all__ = ["KERNELS", "register"]
+
+KernelTable = dict[str, dict[int, type[Kernel]]]
+
+
+def _merge(*tables: KernelTable) -> KernelTable:
+    merged: KernelTable = {}
+    for table in tables:
+        for op_type, versions in table.items():
+            if op_type in merged:
+                raise RuntimeError(f"operator {op_type} is implemented by two kernel modules")
+            merged[op_type] = dict(versions)
+    return merged
+
+
+KERNELS: KernelTable = _merge(
+    elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS
+)
 
 
 def register(registry: KernelTuningRegistry) -> int:

@@ -1,29 +1,436 @@
-"""Elementwise kernels: one machinery for unary and binary ops, serial and parallel paths.
+"""Elementwise kernels: one machinery for unary, binary, variadic and ternary ops.
 
-Each tunable elementwise kernel has one parameter, ``parallel.minimum_elements``:
-below it the kernel makes one numpy call on the calling thread; at or above it
-the output is split into contiguous blocks computed on the intra-op pool.
+Every op is one :class:`ElementwiseOp` row of :data:`OPS`: its arity, the element types ONNX
+allows, the output type rule, the ONNX attributes it reads (with ONNX's defaults), the
+precision it computes half-precision types in, and a compute function
+``compute(*blocks, out=block, **attributes)`` that writes into a preallocated output block.
+:func:`_kernel_class` turns each row into a :class:`~onnx_light.kernels.base.Kernel`
+subclass; :data:`KERNELS` is the dispatch table ``op_type -> {since_version: class}``.
+
+Each tunable elementwise kernel has one parameter, ``parallel.minimum_elements``: below it
+the kernel makes one compute call on the calling thread; at or above it (and with more than
+one thread) the output is split into contiguous blocks computed on the intra-op pool, each
+block writing its slice of the same preallocated output. Both paths run the very same block
+function (the serial path on the whole range), so their outputs are bit-identical.
+
+Broadcasting is ONNX's multidirectional broadcasting. When every input has the output's
+size or a single element, the output is split as a flat array. Otherwise it is split along
+one output axis, and each input is sliced along that axis only where its aligned dimension
+is not 1.
 """
 
 from __future__ import annotations
 
-from onnx import TensorProto
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
-from ..tuning.keys import KernelTuningKey
-from ..tuning.schema import KernelTuningSchema, Parameter
-from .base import LIBRARY, NUMERIC_TYPES
+import numpy as np
+from onnx import TensorProto as T
 
-__all__ = ["ELEMENTWISE_TYPES", "MINIMUM_ELEMENTS", "tuning_schemas"]
+from ..tuning.keys import KernelTuningKey, element_type_name
+from ..tuning.schema import KernelTuningSchema, Parameter, Value
+from . import math_functions
+from .base import (
+    FLOAT_TYPES,
+    LIBRARY,
+    NUMERIC_TYPES,
+    SIGNED_TYPES,
+    Kernel,
+    NodeContext,
+    numpy_dtype,
+)
+
+__all__ = [
+    "BINARY",
+    "DEFAULT_MINIMUM_ELEMENTS",
+    "ELEMENTWISE_TYPES",
+    "KERNELS",
+    "MINIMUM_ELEMENTS",
+    "OPS",
+    "TERNARY",
+    "UNARY",
+    "VARIADIC",
+    "Arity",
+    "Attribute",
+    "ElementwiseKernel",
+    "ElementwiseOp",
+    "elementwise_parameters",
+    "tuning_schemas",
+]
 
 MINIMUM_ELEMENTS = "parallel.minimum_elements"
-# A first estimate; benchmarks/elementwise_crossover.py measures the real crossover.
+# Measured with benchmarks/elementwise_crossover.py; see docs/elementwise.md.
 DEFAULT_MINIMUM_ELEMENTS = 1 << 16
 
-ELEMENTWISE_TYPES: dict[str, tuple[int, ...]] = {
-    "Abs": NUMERIC_TYPES,
-    "Add": NUMERIC_TYPES,
-    "Not": (TensorProto.BOOL,),
-}
+FLOAT8_TYPES = (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ)
+BOOL = (T.BOOL,)
+# The type lists ONNX gives ops that do not use one of base.py's groups.
+CLASSIFY_TYPES = (*FLOAT_TYPES, *FLOAT8_TYPES)  # IsNaN, IsInf
+PRELU_TYPES = (*FLOAT_TYPES, T.INT32, T.INT64, T.UINT32, T.UINT64)
+POW_BASE_TYPES = (*FLOAT_TYPES, T.INT32, T.INT64)
+EQUAL_TYPES = (*NUMERIC_TYPES, T.BOOL, T.STRING)
+WHERE_TYPES = (*NUMERIC_TYPES, T.BOOL, T.STRING, T.COMPLEX64, T.COMPLEX128)
+
+Precision = Literal["native", "float32", "float64"]
+Warns = Literal["never", "float", "always"]
+
+
+# --------------------------------------------------------------------------------------------
+# Declarations
+
+
+@dataclass(frozen=True)
+class Arity:
+    """How many inputs an op takes (``maximum`` None: any number from ``minimum`` on).
+
+    With ``optional`` the inputs after the first ``minimum`` may be omitted (None).
+    """
+
+    name: str
+    minimum: int
+    maximum: int | None
+    optional: bool = False
+
+
+UNARY = Arity("unary", 1, 1)
+BINARY = Arity("binary", 2, 2)
+TERNARY = Arity("ternary", 3, 3)
+VARIADIC = Arity("variadic", 1, None)
+# Clip: the input, then optional scalar min and max (attributes before opset 11).
+UNARY_WITH_BOUNDS = Arity("unary with optional bounds", 1, 3, optional=True)
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """An ONNX attribute an op reads once when the kernel is built, with ONNX's default.
+
+    Float attributes are float32 in ONNX and are rounded to float32 here too; ``before``
+    limits the attribute to opsets below it (Clip's min and max became inputs at 11).
+    """
+
+    name: str
+    default: float | int | str
+    choices: tuple[int | str, ...] | None = None
+    before: int | None = None
+
+    def read(self, ctx: NodeContext) -> float | int | str:
+        """The node's value (or the default), typed like the default and checked."""
+        value = ctx.attribute(self.name, self.default)
+        try:
+            if isinstance(self.default, float):
+                value = float(np.float32(value))
+            elif isinstance(self.default, int):
+                value = int(value)
+            else:
+                value = value.decode() if isinstance(value, bytes) else str(value)
+        except (TypeError, ValueError):
+            raise ctx.error(f"attribute {self.name!r} must be a {type(self.default).__name__}, "
+                            f"got {value!r}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ctx.error(f"attribute {self.name!r} must be one of {list(self.choices)}, "
+                            f"got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class ElementwiseOp:
+    """One elementwise op: everything that differs between ops, as data.
+
+    * ``types``: the element types ONNX allows for the op's type parameter (the input at
+      ``key_input``: the base for Pow, X for Where); they name the tuning schemas.
+    * ``output``: ``"same"`` as the key input, or ``"bool"``.
+    * ``compute(*blocks, out=block, **attributes)`` writes the result into ``out``; an
+      omitted optional input is passed as None.
+    * ``precision``: float16, bfloat16 and float8 inputs are cast to float32 (``"float32"``),
+      and with ``"float64"`` float32 too is cast to float64, before ``compute``; the result is
+      rounded once into the output. ``"native"`` computes in the input type (single ufuncs,
+      whose half-precision loops already compute in float32 and round once).
+    * ``warns``: whether numpy may emit floating point warnings (overflow, invalid, divide)
+      that ONNX semantics ignore: ``"float"`` for floating types only, ``"always"`` also for
+      integers (division by zero). ml_dtypes types warn on NaN comparisons, so their blocks
+      always run under ``np.errstate(all="ignore")``.
+    * ``cost``: ``"cheap"`` (a few arithmetic passes) or ``"transcendental"``; selects the
+      portable default of ``parallel.minimum_elements``.
+    * ``versions``: ONNX's since_versions of the op that this kernel implements.
+    """
+
+    op_type: str
+    arity: Arity
+    types: tuple[int, ...]
+    compute: Callable[..., Any]
+    versions: tuple[int, ...]
+    output: Literal["same", "bool"] = "same"
+    attributes: tuple[Attribute, ...] = ()
+    precision: Precision = "native"
+    warns: Warns = "float"
+    cost: Literal["cheap", "transcendental"] = "cheap"
+    key_input: int = 0
+
+
+# --------------------------------------------------------------------------------------------
+# Compute functions: compute(*blocks, out=block, **attributes), writing into out.
+
+
+def _relu(x: np.ndarray, *, out: np.ndarray) -> None:
+    np.maximum(x, 0, out=out)
+
+
+def _is_inf(x: np.ndarray, *, out: np.ndarray, detect_negative: int, detect_positive: int) -> None:
+    np.isinf(x, out=out)
+    if not detect_negative:
+        np.logical_and(out, np.greater(x, 0), out=out)
+    if not detect_positive:
+        np.logical_and(out, np.less(x, 0), out=out)
+
+
+def _erf(x: np.ndarray, *, out: np.ndarray) -> None:
+    math_functions.erf(x, out=out)
+
+
+def _leaky_relu(x: np.ndarray, *, out: np.ndarray, alpha: float) -> None:
+    np.multiply(x, alpha, out=out)
+    np.copyto(out, x, where=np.greater(x, 0))
+
+
+def _prelu(x: np.ndarray, slope: np.ndarray, *, out: np.ndarray) -> None:
+    np.multiply(x, slope, out=out)
+    np.copyto(out, x, where=np.greater(x, 0))
+
+
+def _sigmoid(x: np.ndarray, *, out: np.ndarray) -> None:
+    # exp(-|x|) never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0.
+    e = np.abs(x)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    d = e + 1
+    np.divide(1, d, out=out)
+    np.divide(e, d, out=out, where=np.less(x, 0))
+
+
+def _hard_sigmoid(x: np.ndarray, *, out: np.ndarray, alpha: float, beta: float) -> None:
+    np.multiply(x, alpha, out=out)
+    np.add(out, beta, out=out)
+    np.minimum(out, 1, out=out)
+    np.maximum(out, 0, out=out)
+
+
+_ONE_SIXTH = float(np.float32(1 / 6))  # HardSwish is x * HardSigmoid(x, alpha=1/6, beta=0.5)
+
+
+def _hard_swish(x: np.ndarray, *, out: np.ndarray) -> None:
+    _hard_sigmoid(x, out=out, alpha=_ONE_SIXTH, beta=0.5)
+    np.multiply(out, x, out=out)
+
+
+def _softplus(x: np.ndarray, *, out: np.ndarray) -> None:
+    np.logaddexp(x, 0, out=out)
+
+
+def _softsign(x: np.ndarray, *, out: np.ndarray) -> None:
+    np.abs(x, out=out)
+    np.add(out, 1, out=out)
+    np.divide(x, out, out=out)
+
+
+def _elu(x: np.ndarray, *, out: np.ndarray, alpha: float) -> None:
+    np.expm1(x, out=out)
+    np.multiply(out, alpha, out=out)
+    np.copyto(out, x, where=np.greater(x, 0))
+
+
+def _selu(x: np.ndarray, *, out: np.ndarray, alpha: float, gamma: float) -> None:
+    _elu(x, out=out, alpha=alpha)
+    np.multiply(out, gamma, out=out)
+
+
+def _celu(x: np.ndarray, *, out: np.ndarray, alpha: float) -> None:
+    np.divide(x, alpha, out=out)
+    np.expm1(out, out=out)
+    np.multiply(out, alpha, out=out)
+    np.copyto(out, x, where=np.greater(x, 0))
+
+
+_SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2 / pi)
+_SQRT_HALF = 0.7071067811865476  # sqrt(1 / 2)
+
+
+def _gelu(x: np.ndarray, *, out: np.ndarray, approximate: str) -> None:
+    if approximate == "tanh":
+        # 1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))
+        np.multiply(x, x, out=out)
+        np.multiply(out, x, out=out)
+        np.multiply(out, 0.044715, out=out)
+        np.add(out, x, out=out)
+        np.multiply(out, _SQRT_2_OVER_PI, out=out)
+        np.tanh(out, out=out)
+        np.add(out, 1, out=out)
+    else:
+        # 1 + erf(x / sqrt 2) = erfc(-x / sqrt 2): no cancellation for negative x.
+        np.multiply(x, -_SQRT_HALF, out=out)
+        math_functions.erfc(out, out=out)
+    np.multiply(out, x, out=out)
+    np.multiply(out, 0.5, out=out)
+
+
+def _clip(x: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None, *,
+          out: np.ndarray, **bounds: float) -> None:
+    # Before opset 11 the bounds are the attributes "min" and "max".
+    low = bounds.get("min") if low is None else low
+    high = bounds.get("max") if high is None else high
+    if low is None and high is None:
+        np.copyto(out, x)
+        return
+    if low is not None:
+        np.maximum(x, low, out=out)
+        x = out
+    if high is not None:
+        np.minimum(x, high, out=out)
+
+
+def _div(x: np.ndarray, y: np.ndarray, *, out: np.ndarray) -> None:
+    kind = out.dtype.kind
+    if kind == "i":
+        # Truncating division, exact: x - fmod(x, y) is a multiple of y (0 where y == 0).
+        np.subtract(x, np.fmod(x, y), out=out)
+        np.floor_divide(out, y, out=out)
+    elif kind == "u":
+        np.floor_divide(x, y, out=out)
+    else:
+        np.divide(x, y, out=out)
+
+
+def _pow(x: np.ndarray, y: np.ndarray, *, out: np.ndarray) -> None:
+    # numpy's promotion picks the loop (float64 for an integer base with a float exponent,
+    # or a float32 base with an integer exponent), then the result is cast to the base type.
+    np.power(x, y, out=out, casting="unsafe")
+
+
+def _mod(x: np.ndarray, y: np.ndarray, *, out: np.ndarray, fmod: int) -> None:
+    # fmod=1: C fmod, sign of the dividend; fmod=0: Python's %, sign of the divisor.
+    (np.fmod if fmod else np.mod)(x, y, out=out)
+
+
+def _fold(ufunc: np.ufunc) -> Callable[..., None]:
+    """compute(*xs, out) = ufunc(...ufunc(ufunc(x0, x1), x2)..., xn), in that order."""
+
+    def compute(*xs: np.ndarray, out: np.ndarray) -> None:
+        if len(xs) == 1:
+            np.copyto(out, xs[0])
+            return
+        ufunc(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            ufunc(out, x, out=out)
+
+    compute.__name__ = f"fold_{ufunc.__name__}"
+    return compute
+
+
+_sum = _fold(np.add)
+
+
+def _mean(*xs: np.ndarray, out: np.ndarray) -> None:
+    _sum(*xs, out=out)
+    np.divide(out, len(xs), out=out)
+
+
+def _where(condition: np.ndarray, x: np.ndarray, y: np.ndarray, *, out: np.ndarray) -> None:
+    np.copyto(out, y, casting="unsafe")
+    np.copyto(out, x, where=condition, casting="unsafe")
+
+
+# --------------------------------------------------------------------------------------------
+# The table: one row per op.
+
+U, B, V = UNARY, BINARY, VARIADIC
+F = FLOAT_TYPES
+N = NUMERIC_TYPES
+_OP = ElementwiseOp
+_TRIG = (7, 22)
+_HYPERBOLIC = (9, 22)
+_CLASSIC = (1, 6, 13)
+_ARITHMETIC = (7, 13, 14)
+
+OPS: tuple[ElementwiseOp, ...] = (
+    # Unary math.
+    _OP("Abs", U, N, np.abs, _CLASSIC, warns="never"),
+    _OP("Neg", U, SIGNED_TYPES, np.negative, _CLASSIC, warns="never"),
+    _OP("Exp", U, F, np.exp, _CLASSIC, cost="transcendental"),
+    _OP("Log", U, F, np.log, _CLASSIC, cost="transcendental"),
+    _OP("Sqrt", U, F, np.sqrt, _CLASSIC),
+    _OP("Reciprocal", U, F, np.reciprocal, _CLASSIC),
+    _OP("Floor", U, F, np.floor, _CLASSIC, warns="never"),
+    _OP("Ceil", U, F, np.ceil, _CLASSIC, warns="never"),
+    _OP("Round", U, F, np.rint, (11, 22), warns="never"),  # half to even
+    _OP("Sign", U, N, np.sign, (9, 13), warns="never"),
+    _OP("Sin", U, F, np.sin, _TRIG, cost="transcendental"),
+    _OP("Cos", U, F, np.cos, _TRIG, cost="transcendental"),
+    _OP("Tan", U, F, np.tan, _TRIG, cost="transcendental"),
+    _OP("Asin", U, F, np.arcsin, _TRIG, cost="transcendental"),
+    _OP("Acos", U, F, np.arccos, _TRIG, cost="transcendental"),
+    _OP("Atan", U, F, np.arctan, _TRIG, cost="transcendental"),
+    _OP("Sinh", U, F, np.sinh, _HYPERBOLIC, cost="transcendental"),
+    _OP("Cosh", U, F, np.cosh, _HYPERBOLIC, cost="transcendental"),
+    _OP("Asinh", U, F, np.arcsinh, _HYPERBOLIC, cost="transcendental"),
+    _OP("Acosh", U, F, np.arccosh, _HYPERBOLIC, cost="transcendental"),
+    _OP("Atanh", U, F, np.arctanh, _HYPERBOLIC, cost="transcendental"),
+    _OP("Erf", U, F, _erf, (9, 13), precision="float64", cost="transcendental"),
+    _OP("IsNaN", U, CLASSIFY_TYPES, np.isnan, (9, 13, 20), output="bool", warns="never"),
+    _OP("IsInf", U, CLASSIFY_TYPES, _is_inf, (10, 20), output="bool", warns="never",
+        attributes=(Attribute("detect_negative", 1, (0, 1)), Attribute("detect_positive", 1, (0, 1)))),
+    _OP("Not", U, BOOL, np.logical_not, (1,), warns="never"),
+    # Activations.
+    _OP("Relu", U, SIGNED_TYPES, _relu, (1, 6, 13, 14), warns="never"),
+    _OP("LeakyRelu", U, F, _leaky_relu, (1, 6, 16), precision="float32",
+        attributes=(Attribute("alpha", 0.01),)),
+    _OP("PRelu", B, PRELU_TYPES, _prelu, (7, 9, 16)),
+    _OP("Sigmoid", U, F, _sigmoid, _CLASSIC, precision="float32", cost="transcendental"),
+    _OP("HardSigmoid", U, F, _hard_sigmoid, (1, 6, 22), precision="float32",
+        attributes=(Attribute("alpha", 0.2), Attribute("beta", 0.5))),
+    _OP("HardSwish", U, F, _hard_swish, (14, 22), precision="float32"),
+    _OP("Tanh", U, F, np.tanh, _CLASSIC, cost="transcendental"),
+    _OP("Softplus", U, F, _softplus, (1, 22), cost="transcendental"),
+    _OP("Softsign", U, F, _softsign, (1, 22), precision="float32"),
+    _OP("Elu", U, F, _elu, (1, 6, 22), precision="float32", cost="transcendental",
+        attributes=(Attribute("alpha", 1.0),)),
+    _OP("Selu", U, F, _selu, (1, 6, 22), precision="float32", cost="transcendental",
+        attributes=(Attribute("alpha", 1.67326319217681884765625),
+                    Attribute("gamma", 1.05070102214813232421875))),
+    _OP("Celu", U, F, _celu, (12, 28), precision="float32", cost="transcendental",
+        attributes=(Attribute("alpha", 1.0),)),
+    _OP("Gelu", U, F, _gelu, (20,), precision="float64", cost="transcendental",
+        attributes=(Attribute("approximate", "none", ("none", "tanh")),)),
+    _OP("Clip", UNARY_WITH_BOUNDS, N, _clip, (6, 11, 12, 13),
+        attributes=(Attribute("min", -3.4028234663852886e38, before=11),
+                    Attribute("max", 3.4028234663852886e38, before=11))),
+    # Binary and variadic arithmetic.
+    _OP("Add", B, N, np.add, _ARITHMETIC),
+    _OP("Sub", B, N, np.subtract, _ARITHMETIC),
+    _OP("Mul", B, N, np.multiply, _ARITHMETIC),
+    _OP("Div", B, N, _div, _ARITHMETIC, warns="always"),
+    _OP("Pow", B, POW_BASE_TYPES, _pow, (7, 12, 13, 15), precision="float32",
+        warns="always", cost="transcendental"),
+    _OP("Mod", B, N, _mod, (10, 13, 28), warns="always", attributes=(Attribute("fmod", 0, (0, 1)),)),
+    _OP("Max", V, N, _fold(np.maximum), (1, 6, 8, 12, 13), warns="never"),
+    _OP("Min", V, N, _fold(np.minimum), (1, 6, 8, 12, 13), warns="never"),
+    _OP("Sum", V, F, _sum, (1, 6, 8, 13), precision="float32"),
+    _OP("Mean", V, F, _mean, (1, 6, 8, 13), precision="float32"),
+    # Comparison and logic.
+    _OP("Equal", B, EQUAL_TYPES, np.equal, (7, 11, 13, 19), output="bool", warns="never"),
+    _OP("Less", B, N, np.less, (7, 9, 13), output="bool", warns="never"),
+    _OP("LessOrEqual", B, N, np.less_equal, (12, 16), output="bool", warns="never"),
+    _OP("Greater", B, N, np.greater, (7, 9, 13), output="bool", warns="never"),
+    _OP("GreaterOrEqual", B, N, np.greater_equal, (12, 16), output="bool", warns="never"),
+    _OP("And", B, BOOL, np.logical_and, (7,), output="bool", warns="never"),
+    _OP("Or", B, BOOL, np.logical_or, (7,), output="bool", warns="never"),
+    _OP("Xor", B, BOOL, np.logical_xor, (7,), output="bool", warns="never"),
+    _OP("Where", TERNARY, WHERE_TYPES, _where, (9, 16),
+        warns="never", key_input=1),
+)
+
+# --------------------------------------------------------------------------------------------
+# Tuning parameters and schemas
 
 
 def elementwise_parameters(default: int = DEFAULT_MINIMUM_ELEMENTS) -> tuple[Parameter, ...]:
@@ -34,11 +441,276 @@ def elementwise_parameters(default: int = DEFAULT_MINIMUM_ELEMENTS) -> tuple[Par
     )
 
 
+def default_minimum_elements(op: ElementwiseOp) -> int:
+    """The portable default of ``parallel.minimum_elements`` for an op."""
+    return DEFAULT_MINIMUM_ELEMENTS
+
+
 def tuning_schemas() -> list[KernelTuningSchema]:
     """One schema per elementwise op and element type."""
     return [
-        KernelTuningSchema(KernelTuningKey(LIBRARY, op, "portable", element_type),
-                           elementwise_parameters())
-        for op, types in ELEMENTWISE_TYPES.items()
-        for element_type in types
+        KernelTuningSchema(KernelTuningKey(LIBRARY, op.op_type, "portable", element_type),
+                           elementwise_parameters(default_minimum_elements(op)))
+        for op in OPS
+        for element_type in op.types
     ]
+
+
+ELEMENTWISE_TYPES: dict[str, tuple[int, ...]] = {op.op_type: op.types for op in OPS}
+
+# --------------------------------------------------------------------------------------------
+# The machinery
+
+_HALF_DTYPES = tuple(numpy_dtype(t) for t in (T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES))
+_ML_DTYPES = frozenset(numpy_dtype(t) for t in (T.BFLOAT16, *FLOAT8_TYPES))
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_WIDEN: dict[str, dict[np.dtype, np.dtype]] = {
+    "native": {},
+    "float32": dict.fromkeys(_HALF_DTYPES, _F32),
+    "float64": dict.fromkeys((*_HALF_DTYPES, _F32), _F64),
+}
+_BOOL_DTYPE = np.dtype(np.bool_)
+_OBJECT_DTYPE = np.dtype(object)
+
+
+@dataclass(frozen=True)
+class _TypePlan:
+    """How a kernel computes for one input element type (fixed when the kernel is built)."""
+
+    out_dtype: np.dtype
+    work_dtype: np.dtype | None  # compute into this type, then round into the output
+    widen: Mapping[np.dtype, np.dtype]  # operand casts before compute
+    quiet: bool  # run blocks under np.errstate(all="ignore")
+
+
+def _type_plan(op: ElementwiseOp, element_type: int) -> _TypePlan:
+    dtype = numpy_dtype(element_type)
+    out_dtype = _BOOL_DTYPE if op.output == "bool" else dtype
+    widen = _WIDEN[op.precision]
+    quiet = (op.warns == "always" or dtype in _ML_DTYPES
+             or (op.warns == "float" and dtype.kind in "fc"))
+    return _TypePlan(out_dtype, widen.get(out_dtype), widen, quiet)
+
+
+def _quietly(block: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    def run(start: int, stop: int) -> None:
+        with np.errstate(all="ignore"):
+            block(start, stop)
+
+    return run
+
+
+class ElementwiseKernel(Kernel):
+    """The kernel every row of :data:`OPS` becomes; ``op`` is the row."""
+
+    op: ClassVar[ElementwiseOp]
+    tunable = True
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        op = self.op
+        arity = op.arity
+        if ctx.num_inputs and (ctx.num_inputs < arity.minimum
+                               or (arity.maximum is not None and ctx.num_inputs > arity.maximum)):
+            raise ctx.error(f"expects {self._arity_text()} input(s), the node has {ctx.num_inputs}")
+        self.attributes: Mapping[str, Value] = {
+            a.name: a.read(ctx) for a in op.attributes if a.before is None or ctx.opset < a.before
+        }
+        self._compute = (functools.partial(op.compute, **self.attributes) if self.attributes
+                         else op.compute)
+        element_type = self.element_type
+        if element_type is not None and element_type not in op.types:
+            raise ctx.error(f"element type {element_type_name(element_type)} is not supported; "
+                            f"supported: {[element_type_name(t) for t in op.types]}")
+        self._plans: dict[np.dtype, _TypePlan] = {numpy_dtype(t): _type_plan(op, t) for t in op.types}
+        self._parameter = elementwise_parameters(default_minimum_elements(op))[0]
+        self._minimum_elements: int = int(self._parameter.default)
+
+    def _arity_text(self) -> str:
+        arity = self.op.arity
+        if arity.maximum is None:
+            return f"at least {arity.minimum}"
+        if arity.maximum == arity.minimum:
+            return str(arity.minimum)
+        return f"{arity.minimum} to {arity.maximum}"
+
+    @property
+    def element_type(self) -> int | None:
+        """The type of the key input (X for Where, the base for Pow); the output's or another
+        input's when the graph does not say."""
+        op, ctx = self.op, self.ctx
+        candidates = list(ctx.input_types[op.key_input:op.key_input + 1])
+        if op.output == "same":
+            candidates += ctx.output_types[:1]
+        elif op.arity is not UNARY:
+            candidates += ctx.input_types
+        return next((t for t in candidates if t), None)
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        for name in values:
+            if name != MINIMUM_ELEMENTS:
+                raise self.ctx.error(f"unknown tuning parameter {name!r}; valid: [{MINIMUM_ELEMENTS!r}]")
+        if MINIMUM_ELEMENTS in values:
+            self._minimum_elements = int(self._parameter.check(values[MINIMUM_ELEMENTS],
+                                                               self.tuning_key()))
+
+    @property
+    def minimum_elements(self) -> int:
+        """The configured ``parallel.minimum_elements``."""
+        return self._minimum_elements
+
+    def uses_parallel(self, num_elements: int) -> bool:
+        """Whether an output of ``num_elements`` elements is computed on the pool."""
+        pool = self.pool
+        return (pool is not None and pool.num_threads > 1
+                and num_elements >= self._minimum_elements)
+
+    def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        """Compute the output; serial or split across the pool, with identical results."""
+        operands = self._operands(inputs)
+        key = operands[self.op.key_input]
+        plan = self._plans.get(key.dtype) or self._plan_for(key.dtype)
+        shape = key.shape
+        same = True
+        for x in operands:
+            if x is not None and x.shape != shape:
+                same = False
+        if not same:
+            shape = _broadcast_shape([x.shape for x in operands if x is not None])
+            if shape is None:
+                raise self.ctx.error("cannot broadcast input shapes "
+                                     f"{[None if x is None else x.shape for x in operands]}")
+        out = np.empty(shape, plan.out_dtype)
+        n = out.size
+        if n == 0:
+            return [out]
+        if self.uses_parallel(n):
+            pool = self.pool
+            extent, block = _blocks(self._compute, plan, operands, out, same, pool.num_threads)
+            pool.parallel_for(extent, block)
+        else:
+            extent, block = _blocks(self._compute, plan, operands, out, same, 1)
+            block(0, extent)
+        return [out]
+
+    def _operands(self, inputs: tuple[np.ndarray | None, ...]) -> list[np.ndarray | None]:
+        arity = self.op.arity
+        count = len(inputs)
+        if count < arity.minimum or (arity.maximum is not None and count > arity.maximum):
+            raise self.ctx.error(f"expects {self._arity_text()} input(s), got {count}")
+        operands = list(inputs)
+        for i, x in enumerate(operands):
+            if type(x) is not np.ndarray:
+                if x is None:
+                    if i < arity.minimum or not arity.optional:
+                        raise self.ctx.error(f"input {i} is required")
+                else:
+                    operands[i] = np.asarray(x)
+        return operands
+
+    def _plan_for(self, dtype: np.dtype) -> _TypePlan:
+        if dtype.kind in "US" and _OBJECT_DTYPE in self._plans:  # strings: held as object
+            return self._plans[_OBJECT_DTYPE]
+        raise self.ctx.error(f"input of numpy type {dtype} is not supported; supported: "
+                             f"{[element_type_name(t) for t in self.op.types]}")
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """ONNX multidirectional (numpy) broadcasting of ``shapes``; None if they do not broadcast."""
+    ndim = max(len(shape) for shape in shapes)
+    result = [1] * ndim
+    for shape in shapes:
+        offset = ndim - len(shape)
+        for i, extent in enumerate(shape):
+            current = result[offset + i]
+            if extent != current:
+                if current == 1:
+                    result[offset + i] = extent
+                elif extent != 1:
+                    return None
+    return tuple(result)
+
+
+def _split_axis(shape: tuple[int, ...], blocks: int) -> int:
+    """The outermost axis with at least ``blocks`` entries, else the longest one."""
+    for axis, extent in enumerate(shape):
+        if extent >= blocks:
+            return axis
+    return int(np.argmax(shape))
+
+
+def _blocks(compute: Callable[..., Any], plan: _TypePlan, operands: list[np.ndarray | None],
+            out: np.ndarray, same: bool, blocks: int) -> tuple[int, Callable[[int, int], None]]:
+    """The range to split and ``block(start, stop)`` computing that part of ``out``.
+
+    The serial path calls ``block(0, extent)``, the parallel path calls it on contiguous
+    sub-ranges: the same code on the same values either way.
+    """
+    n = out.size
+    views: list[np.ndarray | None] = []
+    sliced: list[bool] = []
+    if same or all(x is None or x.size == 1 or x.size == n for x in operands):
+        # Flat: every operand is the whole output (made contiguous) or one element.
+        for x in operands:
+            whole = x is not None and x.size == n
+            views.append(None if x is None else x.reshape(-1) if whole else x.reshape(()))
+            sliced.append(whole)
+        target = out.reshape(-1)
+        lead: tuple[slice, ...] = ()
+    else:
+        # Along one output axis; inputs whose aligned dimension is 1 are not sliced.
+        ndim = out.ndim
+        axis = _split_axis(out.shape, blocks)
+        for x in operands:
+            view = None if x is None else x.reshape((1,) * (ndim - x.ndim) + x.shape)
+            views.append(view)
+            sliced.append(view is not None and view.shape[axis] != 1)
+        target = out
+        lead = (slice(None),) * axis
+    extent = target.shape[len(lead)]
+    pairs = list(zip(views, sliced, strict=True))
+    widen, work = plan.widen, plan.work_dtype
+
+    def block(start: int, stop: int) -> None:
+        index = (*lead, slice(start, stop))
+        args = [x[index] if s else x for x, s in pairs]
+        if widen:
+            args = [x.astype(widen[x.dtype]) if x is not None and x.dtype in widen else x
+                    for x in args]
+        destination = target[index]
+        if work is None:
+            compute(*args, out=destination)
+        else:
+            result = np.empty(destination.shape, work)
+            compute(*args, out=result)
+            np.copyto(destination, result, casting="unsafe")
+
+    return extent, (_quietly(block) if plan.quiet else block)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel classes and the dispatch table
+
+
+def _kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
+    name = f"{op.op_type}Kernel"
+    return type(name, (ElementwiseKernel,), {
+        "__doc__": f"ONNX {op.op_type} ({op.arity.name}) on the shared elementwise machinery.",
+        "__module__": __name__,
+        "__qualname__": name,
+        "op_type": op.op_type,
+        "op": op,
+    })
+
+
+def _dispatch_table(ops: Sequence[ElementwiseOp]) -> dict[str, dict[int, type[Kernel]]]:
+    table: dict[str, dict[int, type[Kernel]]] = {}
+    for op in ops:
+        if op.op_type in table:
+            raise ValueError(f"elementwise op {op.op_type!r} declared twice")
+        cls = _kernel_class(op)
+        table[op.op_type] = dict.fromkeys(op.versions, cls)
+    return table
+
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = _dispatch_table(OPS)

@@ -1,35 +1,534 @@
-"""Gemm and MatMul: a multi-parameter schema over BLAS, serial or split across the pool."""
+"""Gemm and MatMul: one BLAS call, serial or BLAS-threaded, or the output split across the pool.
+
+Parameters (one schema per op and element type, see :func:`gemm_parameters`):
+
+``parallel.minimum_flops``
+    Multiply-adds (``batch * M * N * K``) from which more than one thread is used. Below it the
+    kernel makes one BLAS call limited to one BLAS thread (the forced-serial path).
+``parallel.mode``
+    What "more than one thread" means: ``"blas"`` makes one BLAS call with as many BLAS threads
+    as the session's pool; ``"split_rows"`` / ``"split_columns"`` split the output's rows or
+    columns into contiguous blocks run on the pool, each block one BLAS call limited to one
+    BLAS thread; ``"split"`` picks whichever of the two gives more blocks (rows on a tie).
+    Inputs with a batch axis of size 2 or more split that axis instead, in every split mode.
+    A split that cannot make two blocks falls back to ``"blas"`` (to serial for integers).
+``split.minimum_rows``
+    The smallest block of output rows or columns; it caps the number of blocks at
+    ``dimension // minimum_rows``.
+
+No rule ties the parameters together, so the schemas have no cross-parameter validator.
+Integer schemas (int32, int64, uint32, uint64) have no ``"blas"`` mode: numpy multiplies
+integers with its own loop, not BLAS, so the only way to use several threads is to split.
+
+Numerics. Every configuration computes the same sums of products; they differ only in the
+order in which the BLAS kernel adds the terms, and that order changes only through BLAS's own
+choice of kernel for the block it is given (the K dimension is never split here, but a block of
+one row goes to gemv instead of gemm, edge blocks use other micro-kernels, and so on). The
+standard forward error bound of a dot product of length K under any summation order is
+``K * u * sum(|a_ik| |b_kj|)`` (to first order, ``u`` the unit roundoff), so for every
+configuration and every element::
+
+    |Y - numpy.matmul| <= 2 * (K + 2) * u * (|alpha| * (|A| @ |B|) + |beta| * |C|)
+
+with ``u`` the roundoff of the accumulation type (float32 for float16 and bfloat16), plus,
+for float16 and bfloat16, one unit in the last place of the output type for the final cast.
+Integer results are exact (wrapping like numpy on overflow) whatever the configuration.
+
+float16 and bfloat16 accumulate in float32 and cast the result back: numpy's float16 matmul
+is a scalar loop (about 35x slower than sgemm here) and bfloat16 has no BLAS at all. This is
+also more accurate than accumulating in the narrow type.
+
+BLAS threads. threadpoolctl's ``threadpool_limits`` costs about 0.36 ms to enter and leave
+(it rescans the loaded libraries), far more than a small product, so kernels never use it.
+:data:`BLAS` keeps one cached ``ThreadpoolController`` and talks to its library controllers
+directly: reading the thread count costs about 0.6 us, changing it about 1 us. Before its BLAS
+call(s) a kernel reads the count and changes it only if it differs from what the plan needs
+(1 for the serial and split paths, the pool's thread count for ``"blas"``), restoring it
+afterwards. A runtime that enters ``BLAS.scope(1)`` once around a whole run therefore pays one
+read per serial or split call and nothing else. The limit is process-wide (for OpenBLAS with
+pthreads): kernels of concurrent sessions may see each other's setting, which changes speed,
+never results. threadpoolctl 3.8 lets only one Python thread at a time own OpenBLAS's limit;
+kernels release that ownership after each change, and while another thread holds a
+``threadpool_limits`` block the kernel's change is silently skipped (the user's limit wins).
+With an OpenMP-threaded BLAS the limit is per thread, so each split block also limits its own
+thread. Calling BLAS concurrently from several pool threads is safe: the BLAS libraries numpy
+ships are thread-safe, and with one BLAS thread each call runs entirely on its caller's thread.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from onnx import TensorProto
+from threadpoolctl import ThreadpoolController
+
 from ..tuning.keys import KernelTuningKey
-from ..tuning.schema import KernelTuningSchema, Parameter
-from .base import FLOAT_TYPES, LIBRARY
+from ..tuning.schema import KernelTuningSchema, Parameter, Value
+from .base import LIBRARY, Kernel, NodeContext
 
-__all__ = ["GEMM_TYPES", "tuning_schemas"]
+__all__ = [
+    "BLAS",
+    "GEMM_TYPES",
+    "KERNELS",
+    "MODES",
+    "PLANS",
+    "BlasThreads",
+    "GemmKernel",
+    "MatMulKernel",
+    "gemm_parameters",
+    "gemm_schema",
+    "tuning_schemas",
+]
 
-GEMM_TYPES: dict[str, tuple[int, ...]] = {"Gemm": FLOAT_TYPES, "MatMul": FLOAT_TYPES}
-MODES = ("blas", "split_rows", "split_columns")
+T = TensorProto
+_FLOATS = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
+_INTEGERS = (T.INT32, T.INT64, T.UINT32, T.UINT64)
+
+GEMM_TYPES: dict[str, tuple[int, ...]] = {"Gemm": _FLOATS + _INTEGERS, "MatMul": _FLOATS + _INTEGERS}
+
+# Element types each ONNX version of the operators accepts.
+_OLD = (T.FLOAT16, T.FLOAT, T.DOUBLE)
+_V9 = _OLD + _INTEGERS
+_V13 = (*_V9, T.BFLOAT16)
+OPSET_TYPES: dict[str, dict[int, tuple[int, ...]]] = {
+    "Gemm": {7: _OLD, 9: _V9, 11: _V9, 13: _V13},
+    "MatMul": {1: _OLD, 9: _V9, 13: _V13},
+}
+
+MODES = ("blas", "split_rows", "split_columns", "split")
+INTEGER_MODES = ("split_rows", "split_columns", "split")
+PLANS = ("serial", "blas", "split_rows", "split_columns", "split_batch")
+
+MINIMUM_FLOPS = "parallel.minimum_flops"
+MODE = "parallel.mode"
+MINIMUM_ROWS = "split.minimum_rows"
+
+# Portable defaults, measured with benchmarks/gemm_sweep.py (see docs/gemm.md).
+_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 22, MODE: "split", MINIMUM_ROWS: 16}
+_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 15, MODE: "split", MINIMUM_ROWS: 4}
 
 
-def gemm_parameters() -> tuple[Parameter, ...]:
-    """The parameters of every Gemm and MatMul schema."""
+def _is_integer(element_type: int | None) -> bool:
+    return element_type in _INTEGERS
+
+
+def gemm_parameters(element_type: int = T.FLOAT) -> tuple[Parameter, ...]:
+    """The parameters of the Gemm and MatMul schemas for ``element_type``."""
+    integer = _is_integer(element_type)
+    defaults = _INTEGER_DEFAULTS if integer else _FLOAT_DEFAULTS
     return (
-        Parameter("parallel.minimum_flops", "int", 1 << 22, minimum=1,
-                  description="multiply-adds (M*N*K) from which more than one thread is used"),
-        Parameter("parallel.mode", "str", "blas", choices=MODES,
-                  description="above the threshold: BLAS threads itself, or split rows or "
-                              "columns of the output across the pool with serial BLAS per block"),
-        Parameter("split.minimum_rows", "int", 1, minimum=1,
+        Parameter(MINIMUM_FLOPS, "int", defaults[MINIMUM_FLOPS], minimum=1,
+                  description="multiply-adds (batch*M*N*K) from which more than one thread is used"),
+        Parameter(MODE, "str", defaults[MODE], choices=INTEGER_MODES if integer else MODES,
+                  description="above the threshold: 'blas' threads one BLAS call; 'split_rows', "
+                              "'split_columns' or 'split' (the axis giving more blocks) split the "
+                              "output across the pool, one single-threaded BLAS call per block"),
+        Parameter(MINIMUM_ROWS, "int", defaults[MINIMUM_ROWS], minimum=1,
                   description="smallest block of output rows or columns when splitting"),
     )
 
 
+@functools.cache
+def gemm_schema(op_type: str, element_type: int) -> KernelTuningSchema:
+    """The schema of one op (``"Gemm"`` or ``"MatMul"``) and element type."""
+    if element_type not in GEMM_TYPES.get(op_type, ()):
+        raise ValueError(f"no {op_type!r} schema for element type {element_type}; "
+                         f"valid ops and types: {GEMM_TYPES}")
+    return KernelTuningSchema(KernelTuningKey(LIBRARY, op_type, "portable", element_type),
+                              gemm_parameters(element_type))
+
+
 def tuning_schemas() -> list[KernelTuningSchema]:
-    """One schema per op and floating element type."""
-    return [
-        KernelTuningSchema(KernelTuningKey(LIBRARY, op, "portable", element_type),
-                           gemm_parameters())
-        for op, types in GEMM_TYPES.items()
-        for element_type in types
-    ]
+    """One schema per op and element type."""
+    return [gemm_schema(op, element_type) for op, types in GEMM_TYPES.items() for element_type in types]
+
+
+class BlasThreads:
+    """The thread count of the BLAS libraries numpy uses, read and changed cheaply.
+
+    Builds one ``threadpoolctl.ThreadpoolController`` on first use and keeps its BLAS library
+    controllers. :meth:`limit` changes the count only when it differs and returns what to
+    pass to :meth:`restore`. With no BLAS library found every method does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._libraries: tuple[Any, ...] | None = None
+        self._per_thread = False
+
+    def _controllers(self) -> tuple[Any, ...]:
+        libraries = self._libraries
+        if libraries is None:
+            with self._lock:
+                if self._libraries is None:
+                    found = tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+                    self._per_thread = any(getattr(lib, "threading_layer", "") == "openmp"
+                                           for lib in found)
+                    self._libraries = found
+                libraries = self._libraries
+        return libraries
+
+    @property
+    def per_thread(self) -> bool:
+        """True when the limit applies to the calling thread only (OpenMP-threaded BLAS)."""
+        self._controllers()
+        return self._per_thread
+
+    def get(self) -> tuple[int | None, ...]:
+        """The current thread count of each BLAS library."""
+        return tuple(lib.get_num_threads() for lib in self._controllers())
+
+    def _set(self, counts: Sequence[int | None]) -> None:
+        for lib, count in zip(self._controllers(), counts, strict=True):
+            if count is not None:
+                lib.set_num_threads(count)
+                # threadpoolctl >= 3.7 makes the first thread that sets an OpenBLAS limit its
+                # only owner; give ownership back so other threads' limits keep working.
+                release = getattr(type(lib), "clear_controlling_thread", None)
+                if release is not None:
+                    release()
+
+    def limit(self, num_threads: int) -> tuple[int | None, ...] | None:
+        """Set every BLAS library to ``num_threads`` if one differs; the previous counts or None."""
+        libraries = self._libraries
+        if libraries is None:
+            libraries = self._controllers()
+        if len(libraries) == 1:  # the usual case, kept short: it runs on every kernel call
+            count = libraries[0].get_num_threads()
+            if count == num_threads or count is None:
+                return None
+            previous: tuple[int | None, ...] = (count,)
+        else:
+            previous = self.get()
+            if all(count == num_threads or count is None for count in previous):
+                return None
+        self._set([num_threads] * len(previous))
+        return previous
+
+    def restore(self, previous: tuple[int | None, ...] | None) -> None:
+        """Undo :meth:`limit` (nothing when it changed nothing)."""
+        if previous is not None:
+            self._set(previous)
+
+    @contextlib.contextmanager
+    def scope(self, num_threads: int) -> Iterator[None]:
+        """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
+        previous = self.limit(num_threads)
+        try:
+            yield
+        finally:
+            self.restore(previous)
+
+
+BLAS = BlasThreads()
+
+Epilogue = Callable[[np.ndarray, slice, slice], np.ndarray]
+_ALL = slice(None)
+
+
+def _same(out: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """``result`` in the type of ``out`` (integer Gemm epilogues may return float64)."""
+    return result if result.dtype == out.dtype else result.astype(out.dtype)
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """float32 for the narrow floats (float16, bfloat16), the type itself otherwise."""
+    if dtype.kind == "f" and dtype.itemsize >= 4:
+        return dtype
+    if dtype.kind in "iu":
+        return dtype
+    return np.dtype(np.float32)
+
+
+class _ProductKernel(Kernel):
+    """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
+
+    tunable: ClassVar[bool] = True
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        element_type = self.element_type
+        allowed = _allowed_types(self.op_type, ctx.opset)
+        if element_type is not None and element_type not in allowed:
+            raise ctx.error(f"element type {element_type} is not allowed at opset {ctx.opset}; "
+                            f"valid: {list(allowed)}")
+        self.integer = _is_integer(element_type)
+        self.minimum_flops = 1
+        self.mode = "split"
+        self.minimum_rows = 1
+        self._configure(_INTEGER_DEFAULTS if self.integer else _FLOAT_DEFAULTS)
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        modes = INTEGER_MODES if self.integer else MODES
+        mode = str(values[MODE])
+        if mode not in modes:
+            raise self.ctx.error(f"{MODE} must be one of {list(modes)}, got {mode!r}")
+        self.minimum_flops = max(1, int(values[MINIMUM_FLOPS]))
+        self.mode = mode
+        self.minimum_rows = max(1, int(values[MINIMUM_ROWS]))
+
+    @property
+    def num_threads(self) -> int:
+        """Threads of the pool the kernel was configured with (1 without a pool)."""
+        return self.pool.num_threads if self.pool is not None else 1
+
+    def plan(self, m: int, n: int, k: int, batch: Sequence[int] = ()) -> str:
+        """How a product of ``batch`` (M, K) x (K, N) matrices runs: one of :data:`PLANS`."""
+        threads = self.num_threads
+        if threads < 2 or math.prod(batch) * m * n * k < self.minimum_flops:
+            return "serial"
+        mode = self.mode
+        if mode == "blas":
+            return "blas"
+        if max(batch, default=1) >= 2:
+            return "split_batch"
+        rows = min(threads, m // self.minimum_rows)
+        columns = min(threads, n // self.minimum_rows)
+        if mode == "split":
+            mode = "split_rows" if rows >= columns else "split_columns"
+        if (rows if mode == "split_rows" else columns) >= 2:
+            return mode
+        return "serial" if self.integer else "blas"
+
+    def _product(self, a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
+        """``epilogue(a @ b)`` in the type of ``a``; a is (..., M, K), b is (..., K, N)."""
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        if b.shape[-2] != k:
+            raise self.ctx.error(f"inner dimensions differ: A is {a.shape}, B is {b.shape}")
+        if a.ndim == 2 and b.ndim == 2:
+            batch: tuple[int, ...] = ()
+        else:
+            try:
+                batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+            except ValueError:
+                raise self.ctx.error(f"batch dimensions do not broadcast: A is {a.shape}, "
+                                     f"B is {b.shape}") from None
+        plan = self.plan(m, n, k, batch)
+        compute = _compute_dtype(a.dtype)
+        blas = compute.kind == "f"
+        previous = BLAS.limit(self.num_threads if plan == "blas" else 1) if blas else None
+        try:
+            if plan == "serial" or plan == "blas":
+                if compute == a.dtype:  # the common path: no output to allocate up front
+                    out = np.matmul(a, b)
+                    if epilogue is not None:
+                        out = _same(out, epilogue(out, _ALL, _ALL))
+                    return out
+                out = np.empty((*batch, m, n), dtype=a.dtype)
+                _block(a, b, out, compute, epilogue, _ALL, _ALL)
+                return out
+            out = np.empty((*batch, m, n), dtype=a.dtype)
+            if plan == "split_batch":
+                self._split_batch(a, b, out, compute, batch, blas)
+            else:
+                self._split_matrix(plan, a, b, out, compute, epilogue, blas)
+        finally:
+            BLAS.restore(previous)
+        return out
+
+    def _split_matrix(self, plan: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                      compute: np.dtype, epilogue: Epilogue | None, blas: bool) -> None:
+        per_thread = blas and BLAS.per_thread
+        if plan == "split_rows":
+            b = b.astype(compute, copy=False)  # shared by every block: cast once
+
+            def block(start: int, stop: int) -> None:
+                rows = slice(start, stop)
+                _block(a[..., rows, :], b, out[..., rows, :], compute, epilogue, rows, _ALL,
+                       per_thread)
+
+            size = out.shape[-2]
+        else:
+            a = a.astype(compute, copy=False)
+
+            def block(start: int, stop: int) -> None:
+                columns = slice(start, stop)
+                _block(a, b[..., columns], out[..., columns], compute, epilogue, _ALL, columns,
+                       per_thread)
+
+            size = out.shape[-1]
+        blocks = min(self.num_threads, size // self.minimum_rows)
+        self.pool.parallel_for(size, block, max_blocks=blocks)
+
+    def _split_batch(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
+                     batch: tuple[int, ...], blas: bool) -> None:
+        per_thread = blas and BLAS.per_thread
+        # Broadcast operands are cast before they are broadcast, so each element is cast once.
+        a = np.broadcast_to(a.astype(compute, copy=False), (*batch, *a.shape[-2:]))
+        b = np.broadcast_to(b.astype(compute, copy=False), (*batch, *b.shape[-2:]))
+        axis = int(np.argmax(batch))
+        lead = (_ALL,) * axis
+
+        def block(start: int, stop: int) -> None:
+            index = (*lead, slice(start, stop))
+            _block(a[index], b[index], out[index], compute, None, _ALL, _ALL, per_thread)
+
+        self.pool.parallel_for(batch[axis], block, max_blocks=self.num_threads)
+
+
+def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
+           epilogue: Epilogue | None, rows: slice, columns: slice, per_thread: bool = False) -> None:
+    """``out[...] = epilogue(a @ b)``, computing in ``compute`` (one BLAS call for floats)."""
+    previous = BLAS.limit(1) if per_thread else None
+    try:
+        if out.dtype == compute:
+            np.matmul(a, b, out=out)
+            result = out
+        else:
+            result = np.matmul(a.astype(compute, copy=False), b.astype(compute, copy=False))
+        if epilogue is not None:
+            result = epilogue(result, rows, columns)
+        if result is not out:
+            out[...] = result
+    finally:
+        BLAS.restore(previous)
+
+
+def _allowed_types(op_type: str, opset: int) -> tuple[int, ...]:
+    """Element types the highest version of ``op_type`` not above ``opset`` accepts."""
+    versions = OPSET_TYPES.get(op_type, {})
+    usable = [v for v in versions if v <= opset]
+    return versions[max(usable)] if usable else ()
+
+
+class GemmKernel(_ProductKernel):
+    """``Y = alpha * A' @ B' + beta * C`` (opsets 7, 9, 11, 13), A' = A.T if transA, etc.
+
+    C broadcasts unidirectionally to (M, N); it is optional from opset 11. Like the ONNX
+    reference, ``beta == 0`` ignores C. float16 and bfloat16 accumulate in float32 (and apply
+    alpha and beta there) before the result is cast back. Integer types multiply exactly in
+    their own type; when alpha or beta is not 0 or 1 the scaling is done in float64 and the
+    result truncated back, as the reference does.
+    """
+
+    op_type: ClassVar[str] = "Gemm"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.alpha = float(ctx.attribute("alpha", 1.0))
+        self.beta = float(ctx.attribute("beta", 1.0))
+        self.trans_a = bool(ctx.attribute("transA", 0))
+        self.trans_b = bool(ctx.attribute("transB", 0))
+
+    def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+            raise self.ctx.error("needs inputs A and B")
+        a, b = inputs[0], inputs[1]
+        c = inputs[2] if len(inputs) > 2 else None
+        if c is None and self.ctx.opset < 11:
+            raise self.ctx.error(f"input C is required before opset 11 (opset {self.ctx.opset})")
+        if a.ndim != 2 or b.ndim != 2:
+            raise self.ctx.error(f"A and B must be 2-D, got {a.shape} and {b.shape}")
+        if b.dtype != a.dtype or (c is not None and c.dtype != a.dtype):
+            types = [x.dtype for x in (a, b, c) if x is not None]
+            raise self.ctx.error(f"A, B and C must have the same type, got {types}")
+        if self.trans_a:
+            a = a.T
+        if self.trans_b:
+            b = b.T
+        m, n = a.shape[0], b.shape[1]
+        alpha, beta = self.alpha, self.beta
+        c2 = None
+        if c is not None and beta != 0.0:
+            c2 = _as_matrix(c, m, n)
+            if c2 is None:
+                raise self.ctx.error(f"C of shape {c.shape} does not broadcast to ({m}, {n})")
+        if alpha == 1.0 and c2 is None:
+            return (self._product(a, b),)
+        if self.integer or a.dtype.kind in "iu":
+            epilogue = _integer_epilogue(alpha, beta, c2)
+        else:
+            epilogue = _float_epilogue(alpha, beta, c2, _compute_dtype(a.dtype))
+        return (self._product(a, b, epilogue),)
+
+
+def _as_matrix(c: np.ndarray, m: int, n: int) -> np.ndarray | None:
+    """C as a 2-D view of shape (1 or M, 1 or N), or None if it does not broadcast to (M, N)."""
+    if c.ndim > 2:
+        return None
+    c2 = c.reshape((1,) * (2 - c.ndim) + c.shape)
+    rows, columns = c2.shape
+    if rows not in (1, m) or columns not in (1, n):
+        return None
+    return c2
+
+
+def _c_block(c: np.ndarray, rows: slice, columns: slice) -> np.ndarray:
+    """The part of the (1 or M, 1 or N) matrix C that broadcasts to ``Y[rows, columns]``."""
+    if rows is _ALL and columns is _ALL:
+        return c
+    return c[rows if c.shape[0] != 1 else _ALL, columns if c.shape[1] != 1 else _ALL]
+
+
+def _float_epilogue(alpha: float, beta: float, c: np.ndarray | None, compute: np.dtype) -> Epilogue:
+    def epilogue(y: np.ndarray, rows: slice, columns: slice) -> np.ndarray:
+        if alpha != 1.0:
+            y *= alpha
+        if c is not None:
+            block = _c_block(c, rows, columns).astype(compute, copy=False)
+            if beta != 1.0:
+                block = block * beta
+            y += block
+        return y
+
+    return epilogue
+
+
+def _integer_epilogue(alpha: float, beta: float, c: np.ndarray | None) -> Epilogue:
+    exact = alpha == 1.0 and beta == 1.0
+
+    def epilogue(y: np.ndarray, rows: slice, columns: slice) -> np.ndarray:
+        if exact:  # c is not None here: alpha == 1 without C never gets an epilogue
+            y += _c_block(c, rows, columns)
+            return y
+        scaled = y * alpha  # float64, as the reference computes
+        if c is not None:
+            scaled += _c_block(c, rows, columns) * beta
+        return scaled
+
+    return epilogue
+
+
+class MatMulKernel(_ProductKernel):
+    """``numpy.matmul`` semantics (opsets 1, 9, 13): batched, broadcasting batch dimensions.
+
+    A 1-D A is promoted to a row (1, K) and a 1-D B to a column (K, 1); the added dimension
+    is removed from the result. float16 and bfloat16 accumulate in float32 and the result is
+    cast back.
+    """
+
+    op_type: ClassVar[str] = "MatMul"
+
+    def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
+            raise self.ctx.error("needs exactly two inputs A and B")
+        a, b = inputs
+        if a.ndim == 0 or b.ndim == 0:
+            raise self.ctx.error(f"inputs must have at least one dimension, got {a.shape} and {b.shape}")
+        if b.dtype != a.dtype:
+            raise self.ctx.error(f"A and B must have the same type, got {a.dtype} and {b.dtype}")
+        vector_a, vector_b = a.ndim == 1, b.ndim == 1
+        if vector_a:
+            a = a[np.newaxis, :]
+        if vector_b:
+            b = b[:, np.newaxis]
+        y = self._product(a, b)
+        if vector_b:
+            y = y[..., 0]
+        if vector_a:
+            y = y[..., 0, :] if not vector_b else y[..., 0]
+        return (y,)
+
+
+# op_type -> {since_version: kernel class}; each class reads ctx.opset for what changed.
+KERNELS: dict[str, dict[int, type[Kernel]]] = {
+    "Gemm": {7: GemmKernel, 9: GemmKernel, 11: GemmKernel, 13: GemmKernel},
+    "MatMul": {1: MatMulKernel, 9: MatMulKernel, 13: MatMulKernel},
+}

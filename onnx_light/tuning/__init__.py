@@ -6,10 +6,13 @@ exactly as ours does.
 """
 
 from .api import (
+    apply_kernel_tuning_updates,
+    calibrate_kernel_tuning,
     default_kernel_tuning_cache_path,
     inspect_kernel_tuning_cache,
     kernel_tuning_parameters,
     load_kernel_tuning_cache,
+    propose_kernel_tuning_updates,
     reset_kernel_tuning_parameters,
     set_kernel_tuning_parameters,
 )
@@ -57,6 +60,8 @@ __all__ = [
     "Resolution",
     "TuningValidationError",
     "UnknownKeyError",
+    "apply_kernel_tuning_updates",
+    "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
     "default_registry",
     "detect_cpu",
@@ -67,6 +72,7 @@ __all__ = [
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
     "load_kernel_tuning_cache",
+    "propose_kernel_tuning_updates",
     "reset_kernel_tuning_parameters",
     "set_kernel_tuning_parameters",
 ]

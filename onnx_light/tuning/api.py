@@ -8,12 +8,14 @@ Each returns JSON-serialisable dicts. They act on the process-wide registry
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from . import cache as cache_file
+from . import calibration
 from .keys import KernelTuningKey, element_type_code
 from .processor import CpuExecutionDescriptor, execution_descriptor
 from .registry import PublishedProfile, RegistrySnapshot, default_registry
@@ -24,6 +26,7 @@ __all__ = [
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
     "load_kernel_tuning_cache",
+    "propose_kernel_tuning_updates",
     "reset_kernel_tuning_parameters",
     "select_keys",
     "set_kernel_tuning_parameters",
@@ -275,3 +278,183 @@ def reset_kernel_tuning_parameters(
     generation = registry.forget(keys, local)
     return {"keys": [str(k) for k in keys], "descriptor": local.to_dict(),
             "generation": generation, "cache_update": update}
+
+
+def _budget_seconds(max_duration_ms: float | None, keys: int) -> float:
+    if max_duration_ms is None:
+        return calibration.DEFAULT_KEY_DURATION_S * max(keys, 1)
+    if isinstance(max_duration_ms, bool) or not isinstance(max_duration_ms, (int, float)) \
+            or not max_duration_ms > 0:
+        raise ValueError(f"max_duration_ms must be a number > 0, got {max_duration_ms!r}")
+    return max_duration_ms / 1000.0
+
+
+def _run_callbacks(
+    keys: list[KernelTuningKey],
+    snapshot: RegistrySnapshot,
+    local: CpuExecutionDescriptor,
+    max_duration_ms: float | None,
+    max_memory_bytes: int | None,
+    progress: Callable[[int, int, str], None] | None,
+) -> dict[str, Any]:
+    """Run each key's callback within its share of the budgets; collect results and failures."""
+    total_s = _budget_seconds(max_duration_ms, len(keys))
+    memory = calibration.DEFAULT_MEMORY_BYTES if max_memory_bytes is None else max_memory_bytes
+    started = time.perf_counter()
+    results, failures, skipped = [], [], []
+    for index, key in enumerate(keys):
+        if progress is not None:
+            progress(index, len(keys), str(key))
+        remaining = total_s - (time.perf_counter() - started)
+        if remaining <= 0:
+            skipped.append({"key": str(key), "reason": "duration budget used up before this key"})
+            continue
+        budget = calibration.Budget(remaining / (len(keys) - index), memory, local.num_threads)
+        try:
+            result = snapshot.callbacks[key](key, local, budget)
+            result.values = snapshot.schema(key).validate(result.values)
+        except Exception as exc:  # a failing callback must publish nothing
+            failures.append({"key": str(key), "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        results.append(result)
+    if progress is not None:
+        progress(len(keys), len(keys), "")
+    return {"results": results, "failures": failures, "skipped": skipped,
+            "duration_s": time.perf_counter() - started}
+
+
+def _publish_results(results: list[calibration.CalibrationResult], local: CpuExecutionDescriptor,
+                     path: PathLike | None, save: bool) -> tuple[int, dict[str, Any] | None]:
+    """Persist (when ``save``) then publish every result in one generation."""
+    registry = default_registry()
+    origins = {id(r): cache_file.provenance("calibrated", crossover=r.crossover,
+                                            portable_kept=r.portable_kept) for r in results}
+    update = None
+    if save and results:
+        update = cache_file.update_cache(cache_file.resolve_path(path), [
+            cache_file.CacheEntry(r.key, local, r.values, origins[id(r)]) for r in results])
+    if not results:
+        return registry.generation, update
+    generation = registry.publish(
+        [PublishedProfile(r.key, local, r.values, origins[id(r)]) for r in results])
+    return generation, update
+
+
+def calibrate_kernel_tuning(
+    kernel: str | Iterable[str],
+    element_types: ElementTypes | None = None,
+    *,
+    library: str = "onnx_light",
+    implementation: str | None = None,
+    num_threads: int | None = None,
+    max_duration_ms: float | None = None,
+    max_memory_bytes: int | None = None,
+    save: bool = True,
+    path: PathLike | None = None,
+) -> dict[str, Any]:
+    """Calibrate the selected keys on this processor and thread count.
+
+    Runs each selected key's callback; only when every one succeeds are the
+    results published, in one generation, and (with ``save``) persisted to the
+    cache. Schema-only keys are listed as ``unsupported``.
+    """
+    snapshot = default_registry().snapshot()
+    local = execution_descriptor(num_threads)
+    keys = select_keys(snapshot, kernel, element_types, library=library,
+                       implementation=implementation)
+    runnable = [k for k in keys if k in snapshot.callbacks]
+    unsupported = [str(k) for k in keys if k not in snapshot.callbacks]
+    outcome = _run_callbacks(runnable, snapshot, local, max_duration_ms, max_memory_bytes, None)
+    diagnostics = [d for r in outcome["results"] for d in r.diagnostics]
+    diagnostics += [f"{f['key']}: calibration failed: {f['error']}" for f in outcome["failures"]]
+    if outcome["failures"]:
+        diagnostics.append("a calibration failed: nothing was published or saved")
+        generation, update = default_registry().generation, None
+    else:
+        generation, update = _publish_results(outcome["results"], local, path, save)
+    return {
+        "descriptor": local.to_dict(),
+        "calibrated": [] if outcome["failures"] else [r.to_dict() for r in outcome["results"]],
+        "failed": outcome["failures"],
+        "skipped": outcome["skipped"],
+        "unsupported": unsupported,
+        "diagnostics": diagnostics,
+        "generation": generation,
+        "cache_update": update,
+        "duration_s": outcome["duration_s"],
+    }
+
+
+def propose_kernel_tuning_updates(
+    kernels: str | Iterable[str] | None = None,
+    element_types: ElementTypes | None = None,
+    *,
+    library: str | None = None,
+    path: PathLike | None = None,
+    num_threads: int | None = None,
+) -> dict[str, Any]:
+    """Which selected keys the cache covers for this processor and thread count (read-only).
+
+    Missing keys are split into those with a calibration callback and
+    schema-only keys that need values set by hand.
+    """
+    snapshot = default_registry().snapshot()
+    local = execution_descriptor(num_threads)
+    keys = select_keys(snapshot, kernels, element_types, library=library)
+    _, cached = _cached_profiles(path, snapshot, local)
+    missing = [k for k in keys if k not in cached]
+    return {
+        "descriptor": local.to_dict(),
+        "path": str(cache_file.resolve_path(path)),
+        "covered": [str(k) for k in keys if k in cached],
+        "missing_calibratable": [str(k) for k in missing if k in snapshot.callbacks],
+        "missing_schema_only": [
+            {"key": str(k), "parameters": snapshot.schema(k).describe()}
+            for k in missing if k not in snapshot.callbacks
+        ],
+    }
+
+
+def apply_kernel_tuning_updates(
+    proposal: Mapping[str, Any],
+    *,
+    path: PathLike | None = None,
+    max_duration_ms: float | None = None,
+    max_memory_bytes: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, Any]:
+    """Calibrate the proposal's missing calibratable keys and persist the results.
+
+    Keys whose callback succeeded are published and saved even when another
+    key failed; failures are listed with their errors. ``progress(done, total,
+    key)`` is called before each key and once at the end.
+    """
+    if not isinstance(proposal, Mapping) or "missing_calibratable" not in proposal:
+        raise TypeError("proposal must be the dict returned by propose_kernel_tuning_updates")
+    descriptor = CpuExecutionDescriptor.from_dict(proposal["descriptor"])
+    local = execution_descriptor(descriptor.num_threads)
+    if local != descriptor:
+        raise ValueError("the proposal was made for another processor: "
+                         + ", ".join(descriptor.differences(local)))
+    snapshot = default_registry().snapshot()
+    keys = [KernelTuningKey.parse(text) for text in proposal["missing_calibratable"]]
+    for key in keys:
+        if snapshot.callback(key) is None:
+            raise ValueError(f"{key} has no calibration callback")
+    target = proposal.get("path") if path is None else path
+    outcome = _run_callbacks(keys, snapshot, local, max_duration_ms, max_memory_bytes, progress)
+    generation, update = _publish_results(outcome["results"], local, target, save=True)
+    failed = {f["key"] for f in outcome["failures"]} | {s["key"] for s in outcome["skipped"]}
+    return {
+        "descriptor": local.to_dict(),
+        "applied": [r.to_dict() for r in outcome["results"]],
+        "failed": outcome["failures"],
+        "skipped": outcome["skipped"],
+        "remaining": {
+            "missing_calibratable": sorted(failed),
+            "missing_schema_only": list(proposal.get("missing_schema_only", [])),
+        },
+        "generation": generation,
+        "cache_update": update,
+        "duration_s": outcome["duration_s"],
+    }

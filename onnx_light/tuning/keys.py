@@ -45,8 +45,8 @@ def element_type_code(value: int | str | np.dtype | type) -> int:
     Accepts the enum integer, an ONNX or numpy name in any case (``"float"``,
     ``"FLOAT"``, ``"float32"``, ``"bfloat16"``) or a numpy dtype.
     """
-    if isinstance(value, bool):
-        raise TypeError(f"element type must be an int, a name or a numpy dtype, got bool {value!r}")
+    if value is None or isinstance(value, bool):  # np.dtype(None) would be float64
+        raise TypeError(f"element type must be an int, a name or a numpy dtype, got {value!r}")
     if isinstance(value, (int, np.integer)):
         code = int(value)
         if code not in _NAME_BY_CODE:
@@ -108,12 +108,12 @@ class KernelTuningKey:
             value = getattr(self, field)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"KernelTuningKey.{field} must be a non-empty string, got {value!r}")
-            if not _PART_RE.match(value):
+            if not _PART_RE.fullmatch(value):  # match() would accept a trailing newline
                 raise ValueError(
                     f"KernelTuningKey.{field} {value!r} may only contain letters, digits, '_', '.', '-'"
                 )
         object.__setattr__(self, "element_type", element_type_code(self.element_type))
-        if self.device not in DEVICES:
+        if not isinstance(self.device, str) or self.device not in DEVICES:
             raise ValueError(
                 f"KernelTuningKey.device must be one of {sorted(DEVICES)}, got {self.device!r}"
             )

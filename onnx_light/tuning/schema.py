@@ -63,7 +63,7 @@ class UnknownParameterError(TuningValidationError, KeyError):
 
 def check_parameter_name(name: object) -> str:
     """Return ``name`` if it is a dotted identifier such as ``parallel.minimum_elements``."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ValueError(
             f"parameter name must be a dotted identifier like 'parallel.minimum_elements', "
             f"got {name!r}"
@@ -86,13 +86,16 @@ def coerce_value(value_type: str, value: object) -> Value:
         if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
             value, (bool, np.bool_)
         ):
-            number = float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond the float range
+                raise ValueError("int too large to be a finite float") from None
             if not math.isfinite(number):
                 raise ValueError(f"{value!r} is not finite")
             return number
     elif value_type == "str":
         if isinstance(value, str):
-            return value
+            return str(value)  # a plain str, also for numpy.str_
     else:
         raise ValueError(f"unknown value type {value_type!r}; valid: {sorted(VALUE_TYPES)}")
     raise TypeError(f"expected {value_type}, got {type(value).__name__} {value!r}")

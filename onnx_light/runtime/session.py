@@ -1,0 +1,306 @@
+"""RuntimeSession: load a model once, configure every kernel once, run many times.
+
+Initialization follows the spec's five steps, in order, once per session:
+
+1. dispatch constructs each node's kernel for its operator, opset and element type;
+2. each kernel returns its exact tuning key;
+3. the session captures one immutable registry generation;
+4. that snapshot resolves every key for this processor and thread count;
+5. each kernel validates and copies the values into its typed configuration.
+
+``run`` then walks a plan of already-configured kernels. It never reads the
+registry or the cache, so publishing new values later changes new sessions
+only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..kernels import KERNELS
+from ..kernels.base import Kernel, KernelError, NodeContext, numpy_dtype
+from ..parallel import get_pool
+from ..tuning.keys import element_type_name
+from ..tuning.processor import execution_descriptor
+from ..tuning.registry import KernelTuningRegistry, default_registry
+from .dispatch import UnsupportedOperator, UnsupportedOperatorError, find_kernel
+
+__all__ = ["InvalidInputError", "NodeArg", "RuntimeSession"]
+
+
+class InvalidInputError(ValueError):
+    """Feeds that do not fit the model: unknown or missing names, wrong type, rank or shape."""
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output: name, ``tensor(<type>)`` and shape (ints, names or None)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None] | None
+
+
+@dataclass(frozen=True)
+class _Step:
+    run: Any
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...]
+    release: tuple[int, ...]
+    node: str
+
+
+def _load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        try:
+            return onnx.load_from_string(bytes(model))
+        except Exception as exc:  # protobuf raises its own DecodeError
+            raise ValueError(f"the bytes are not a serialized ONNX model: {exc}") from None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no ONNX model file at {path!r}")
+        try:
+            return onnx.load(path)
+        except Exception as exc:
+            raise ValueError(f"{path!r} is not a readable ONNX model: {exc}") from None
+    raise TypeError(f"model must be an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def _attribute_value(attribute: onnx.AttributeProto) -> Any:
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", "replace") for v in value]
+    if isinstance(value, list) and value and isinstance(value[0], onnx.TensorProto):
+        return [numpy_helper.to_array(v) for v in value]
+    return value
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Declared and inferred types of every value, by name."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is best effort; declared types still count
+        inferred = model
+    graph = inferred.graph
+    types: dict[str, onnx.TypeProto] = {}
+    for info in (*graph.value_info, *graph.input, *graph.output):
+        types[info.name] = info.type
+    for initializer in model.graph.initializer:
+        types.setdefault(initializer.name, onnx.helper.make_tensor_type_proto(
+            initializer.data_type, list(initializer.dims)))
+    return types
+
+
+def _element_type(type_proto: onnx.TypeProto | None) -> int | None:
+    if type_proto is None or not type_proto.HasField("tensor_type"):
+        return None
+    return type_proto.tensor_type.elem_type or None
+
+
+def _shape(type_proto: onnx.TypeProto) -> list[int | str | None] | None:
+    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in type_proto.tensor_type.shape.dim]
+
+
+def _node_arg(info: onnx.ValueInfoProto) -> NodeArg:
+    element_type = _element_type(info.type)
+    type_text = f"tensor({element_type_name(element_type)})" if element_type else "unknown"
+    return NodeArg(info.name, type_text, _shape(info.type))
+
+
+class RuntimeSession:
+    """Runs one ONNX model on the CPU with kernels tuned for this processor.
+
+    ``model`` is an ``onnx.ModelProto``, a path or serialized bytes.
+    ``num_threads`` sets the effective thread count (default: the CPUs this
+    process may use). ``registry`` defaults to the process-wide one.
+    """
+
+    def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
+                 num_threads: int | None = None,
+                 registry: KernelTuningRegistry | None = None) -> None:
+        started = time.perf_counter()
+        model = _load_model(model)
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as exc:
+            raise ValueError(f"invalid ONNX model: {exc}") from None
+        self.descriptor = execution_descriptor(num_threads)
+        self.num_threads = self.descriptor.num_threads
+        self._pool = get_pool(self.num_threads)
+        graph = model.graph
+        opsets = {entry.domain or "": entry.version for entry in model.opset_import}
+        types = _value_types(model)
+
+        # Step 1: dispatch constructs every kernel (and lists every unsupported operator).
+        kernels, unsupported = [], []
+        for index, node in enumerate(graph.node):
+            found = find_kernel(KERNELS, node.domain or "", node.op_type, opsets.get(node.domain or ""))
+            if isinstance(found, UnsupportedOperator):
+                if found not in unsupported:
+                    unsupported.append(found)
+                continue
+            ctx = NodeContext(
+                name=node.name or f"{node.op_type}_{index}",
+                op_type=node.op_type,
+                domain=node.domain,
+                opset=opsets[node.domain or ""],
+                attributes={a.name: _attribute_value(a) for a in node.attribute},
+                input_types=tuple(_element_type(types.get(n)) if n else None for n in node.input),
+                output_types=tuple(_element_type(types.get(n)) if n else None for n in node.output),
+                num_inputs=len(node.input),
+                num_outputs=len(node.output),
+            )
+            kernels.append(found(ctx))
+        if unsupported:
+            raise UnsupportedOperatorError(unsupported)
+
+        # Steps 2-5: keys, one snapshot, resolution, configuration.
+        tuning_started = time.perf_counter()
+        keys = [kernel.tuning_key() for kernel in kernels]
+        snapshot = (registry or default_registry()).snapshot()
+        self.generation = snapshot.generation
+        resolutions = [None if key is None else snapshot.resolve(key, self.descriptor)
+                       for key in keys]
+        for kernel, resolution in zip(kernels, resolutions, strict=True):
+            kernel.configure(None if resolution is None else resolution.values, self._pool)
+        self.tuning_resolution_seconds = time.perf_counter() - tuning_started
+        self._tuning = [(kernel.ctx.name, resolution) for kernel, resolution
+                        in zip(kernels, resolutions, strict=True) if resolution is not None]
+
+        self._inputs = [info for info in graph.input]
+        self._outputs = [info for info in graph.output]
+        self._kernels = kernels
+        self._build_plan(graph, kernels)
+        self.construction_seconds = time.perf_counter() - started
+
+    def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel]) -> None:
+        slots: dict[str, int] = {}
+
+        def slot(name: str) -> int:
+            return slots.setdefault(name, len(slots))
+
+        constants: dict[int, np.ndarray] = {}
+        for initializer in graph.initializer:
+            array = numpy_helper.to_array(initializer)
+            array.flags.writeable = False  # kernels must never change shared data
+            constants[slot(initializer.name)] = array
+        self._feed_slots = {info.name: slot(info.name) for info in graph.input}
+        self._required = [info.name for info in graph.input if slots[info.name] not in constants]
+        steps = []
+        for node, kernel in zip(graph.node, kernels, strict=True):
+            inputs = tuple(slot(name) if name else None for name in node.input)
+            outputs = tuple(slot(name) if name else None for name in node.output)
+            steps.append((kernel, inputs, outputs))
+        self._output_slots = {info.name: slots[info.name] for info in graph.output
+                              if info.name in slots}
+        missing = [info.name for info in graph.output if info.name not in slots]
+        if missing:
+            raise ValueError(f"graph outputs {missing} are produced by no node")
+        keep = set(constants) | set(self._output_slots.values())
+        last_use: dict[int, int] = {}
+        for index, (_, inputs, outputs) in enumerate(steps):
+            for s in inputs:
+                if s is not None:
+                    last_use[s] = index
+            for s in outputs:
+                if s is not None:
+                    last_use.setdefault(s, index)  # produced but never read: free at once
+        self._plan = tuple(
+            _Step(kernel.run, inputs, outputs,
+                  tuple(s for s, last in last_use.items() if last == index and s not in keep),
+                  kernel.ctx.name)
+            for index, (kernel, inputs, outputs) in enumerate(steps)
+        )
+        self._constants = constants
+        self._num_slots = len(slots)
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The graph inputs a caller feeds (initializers excluded)."""
+        return [_node_arg(info) for info in self._inputs if info.name in self._required]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The graph outputs."""
+        return [_node_arg(info) for info in self._outputs]
+
+    def tuning_report(self) -> list[dict[str, Any]]:
+        """Per tunable node: its name, key, values, their source and the generation."""
+        return [{"node": name, **resolution.to_dict()} for name, resolution in self._tuning]
+
+    def _check_feed(self, info: onnx.ValueInfoProto, value: Any) -> np.ndarray:
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        element_type = _element_type(info.type)
+        if element_type is not None:
+            expected = numpy_dtype(element_type)
+            if array.dtype != expected and not (expected.kind == "O" and array.dtype.kind in "OU"):
+                raise InvalidInputError(
+                    f"input {info.name!r}: expected element type tensor("
+                    f"{element_type_name(element_type)}) ({expected}), got {array.dtype}")
+        shape = _shape(info.type)
+        if shape is not None:
+            if array.ndim != len(shape):
+                raise InvalidInputError(f"input {info.name!r}: expected rank {len(shape)} "
+                                        f"(shape {shape}), got rank {array.ndim} {array.shape}")
+            for axis, (want, got) in enumerate(zip(shape, array.shape, strict=True)):
+                if isinstance(want, int) and want > 0 and want != got:
+                    raise InvalidInputError(f"input {info.name!r}: dimension {axis} must be "
+                                            f"{want}, got shape {array.shape}")
+        return array
+
+    def run(self, output_names: Sequence[str] | None,
+            input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        """Compute ``output_names`` (all outputs when None) from ``input_feed``.
+
+        Same signature and return type as ``onnxruntime.InferenceSession.run``.
+        """
+        if not isinstance(input_feed, Mapping):
+            raise TypeError(f"input_feed must be a dict of name -> array, "
+                            f"got {type(input_feed).__name__}")
+        names = list(self._output_slots) if output_names is None else list(output_names)
+        unknown_outputs = [n for n in names if n not in self._output_slots]
+        if unknown_outputs:
+            raise InvalidInputError(f"unknown output(s) {unknown_outputs}; "
+                                    f"outputs: {list(self._output_slots)}")
+        unknown = [n for n in input_feed if n not in self._feed_slots]
+        if unknown:
+            raise InvalidInputError(f"unknown input(s) {unknown}; inputs: {list(self._feed_slots)}")
+        missing = [n for n in self._required if n not in input_feed]
+        if missing:
+            raise InvalidInputError(f"missing input(s) {missing}")
+        values: list[Any] = [None] * self._num_slots
+        for s, array in self._constants.items():
+            values[s] = array
+        for info in self._inputs:
+            if info.name in input_feed:
+                values[self._feed_slots[info.name]] = self._check_feed(info, input_feed[info.name])
+        for step in self._plan:
+            arguments = [None if s is None else values[s] for s in step.inputs]
+            try:
+                results = step.run(*arguments)
+            except KernelError:
+                raise
+            except Exception as exc:
+                raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
+            for s, result in zip(step.outputs, results, strict=False):
+                if s is not None:
+                    values[s] = result
+            for s in step.release:
+                values[s] = None
+        return [values[self._output_slots[n]] for n in names]

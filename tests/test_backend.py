@@ -1,0 +1,72 @@
+"""ONNX's own backend test suite, run through ``onnx_light.backend``.
+
+Every node test whose model uses only operators onnx_light implements (at the
+test's opset) is included. A test of a supported operator that does not pass
+is listed in ``EXCLUDED`` with its reason; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import onnx
+import onnx.backend.test
+from onnx.backend.test.loader import load_model_tests
+
+from onnx_light.backend import OnnxLightBackend
+from onnx_light.kernels import KERNELS
+from onnx_light.runtime.dispatch import ONNX_DOMAINS, find_kernel
+
+# Test name -> why it is excluded. Keep reasons specific.
+EXCLUDED: dict[str, str] = {
+    "test_identity_opt": "optional types: onnx_light runs tensor-typed graphs only",
+    "test_identity_sequence": "sequence types: onnx_light runs tensor-typed graphs only",
+    # TODO(structural): reproduce the reference's seeded mask, then drop these four.
+    "test_training_dropout": "training-mode Dropout: the expected mask comes from numpy's seeded RNG",
+    "test_training_dropout_default": "training-mode Dropout: seeded RNG mask (see above)",
+    "test_training_dropout_default_mask": "training-mode Dropout: seeded RNG mask (see above)",
+    "test_training_dropout_mask": "training-mode Dropout: seeded RNG mask (see above)",
+    "test_attention_4d_causal_fp16_expanded": "float16 attention: up to 5e-4 off the reference, "
+                                              "which rounds each step to float16 differently",
+}
+
+
+def _operators(graph: onnx.GraphProto) -> set[tuple[str, str]]:
+    found = set()
+    for node in graph.node:
+        found.add((node.domain or "", node.op_type))
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                found |= _operators(attribute.g)
+    return found
+
+
+def _supported(model: onnx.ModelProto) -> bool:
+    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
+    for domain, op_type in _operators(model.graph):
+        if domain not in ONNX_DOMAINS:
+            return False
+        if not isinstance(find_kernel(KERNELS, domain, op_type, opsets.get(domain)), type):
+            return False
+    return True
+
+
+# ONNX generates its node test data on import, with numpy warnings we don't own.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    SUPPORTED_NODE_TESTS = sorted(
+        case.name for case in load_model_tests(kind="node") if _supported(case.model)
+    )
+    _runner = onnx.backend.test.BackendTest(OnnxLightBackend, __name__)
+_runner.include("^(" + "|".join(SUPPORTED_NODE_TESTS) + ")_cpu$")
+for _name in EXCLUDED:
+    _runner.exclude(f"^{_name}_cpu$")
+SELECTED_BACKEND_TESTS = {f"{name}_cpu" for name in SUPPORTED_NODE_TESTS if name not in EXCLUDED}
+
+globals().update(_runner.test_cases)
+
+
+def test_exclusions_name_supported_tests() -> None:
+    """Every exclusion names a test that exists and would otherwise run."""
+    stale = sorted(set(EXCLUDED) - set(SUPPORTED_NODE_TESTS))
+    assert not stale, f"exclusions for tests that are not selected: {stale}"

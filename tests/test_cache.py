@@ -1,0 +1,494 @@
+"""Tests for the kernel tuning cache file (cache.py): format, per-entry outcomes, damage,
+merging, backups and concurrent writers in several processes.
+
+Every processor here is synthetic; the registry is a fresh one per test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tuning_helpers import (
+    MIN_ELEMENTS,
+    cache_reader,
+    cache_writer,
+    descriptor,
+    four_type_schema,
+    fresh_registry,
+    key,
+    simple_schema,
+    writer_key,
+)
+
+from onnx_light.tuning.cache import (
+    HEADER,
+    CacheEntry,
+    classify,
+    load_into,
+    read_cache,
+    update_cache,
+)
+from onnx_light.tuning.registry import KernelTuningRegistry
+
+K = key()
+MIXED = key("Mixed")
+LOCAL = descriptor("zen3", 8)
+
+
+def registry() -> KernelTuningRegistry:
+    return fresh_registry([simple_schema(K), four_type_schema(MIXED)])
+
+
+def entry(value: int = 5, k=K, where=LOCAL, **provenance) -> CacheEntry:
+    return CacheEntry(k, where, {MIN_ELEMENTS: value}, provenance)
+
+
+def write(path: Path, *lines: str | bytes, header: str = HEADER) -> bytes:
+    """Write a cache file from raw lines; returns its bytes."""
+    parts = [header.encode(), *(x if isinstance(x, bytes) else x.encode() for x in lines)]
+    data = b"\n".join(parts) + b"\n"
+    path.write_bytes(data)
+    return data
+
+
+def outcomes_by_line(path: Path, reg: KernelTuningRegistry, local=LOCAL) -> dict[int, tuple[str, str]]:
+    outcomes, _ = classify(read_cache(path), reg.snapshot(), local)
+    return {o.line: (o.outcome, o.reason) for o in outcomes}
+
+
+def mixed(values: dict, where=LOCAL) -> CacheEntry:
+    return CacheEntry(MIXED, where, values, {"origin": "test"})
+
+
+# --------------------------------------------------------------------------------------------
+# Round trips
+# --------------------------------------------------------------------------------------------
+
+VALUES = st.fixed_dictionaries({
+    "p.int": st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    "p.float": st.floats(allow_nan=False, allow_infinity=False),
+    "p.bool": st.booleans(),
+    "p.str": st.text(max_size=30),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=VALUES, threads=st.integers(min_value=1, max_value=4096))
+def test_update_then_read_gives_the_same_profiles(values: dict, threads: int) -> None:
+    reg = registry()
+    where = descriptor("icelake", threads)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cache.txt"
+        update_cache(path, [mixed(values, where), entry(7, where=where)])
+        cache = read_cache(path)
+        assert cache.status == "ok"
+        assert cache.diagnostics == []
+        outcomes, profiles = classify(cache, reg.snapshot(), where)
+    assert [o.outcome for o in outcomes] == ["loaded", "loaded"]
+    assert all(o.matches_this_machine for o in outcomes)
+    by_key = {p.key: p for p in profiles}
+    assert by_key[MIXED].descriptor == where
+    assert dict(by_key[MIXED].values) == values
+    assert math.copysign(1, by_key[MIXED].values["p.float"]) == math.copysign(1, values["p.float"])
+    assert dict(by_key[K].values) == {MIN_ELEMENTS: 7}
+    assert by_key[MIXED].provenance["origin"] == "test"
+
+
+@given(values=VALUES)
+def test_entry_line_round_trip(values: dict) -> None:
+    from onnx_light.tuning.cache import CacheLine
+
+    original = mixed(values)
+    text = original.to_line()
+    assert "\n" not in text
+    line = CacheLine.parse(2, text)
+    assert line.error is None
+    assert line.identity == original.identity()
+    parsed = line.entry()
+    assert (parsed.key, parsed.descriptor, dict(parsed.values)) == (MIXED, LOCAL, values)
+
+
+def test_written_file_format(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "dir" / "cache.txt"  # missing folders are created
+    report = update_cache(path, [entry(5), entry(6, k=MIXED)])
+    assert report["written"] == 2
+    assert (report["replaced"], report["kept"], report["backup"]) == (0, 0, None)
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    assert lines[0] == HEADER == "onnx_light-kernel-tuning-cache 1"
+    assert text.endswith("\n")
+    records = [json.loads(line) for line in lines[1:] if line]
+    assert [r["key"] for r in records] == [str(K), str(MIXED)]
+    assert set(records[0]) == {"key", "descriptor", "values", "provenance"}
+    assert records[0]["descriptor"] == LOCAL.to_dict()
+
+
+# --------------------------------------------------------------------------------------------
+# Per-entry outcomes
+# --------------------------------------------------------------------------------------------
+
+
+def test_each_entry_gets_its_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    other_cpu = descriptor("zen3", 8, model=33, features=frozenset({"avx2"}))
+    first = mixed({"p.int": 1, "p.float": 1.0, "p.bool": True, "p.str": "a"}).to_line()
+    second = mixed({"p.int": 2, "p.float": 2.0, "p.bool": False, "p.str": "b"}).to_line()
+    write(
+        path,
+        entry(5).to_line(),                                  # 2 loaded, this machine
+        entry(6, where=descriptor("zen3", 4)).to_line(),     # 3 loaded, other thread count
+        entry(7, where=other_cpu).to_line(),                 # 4 incompatible
+        entry(8, k=key(tuning_abi=2)).to_line(),             # 5 stale
+        entry(0, k=key("Sub")).to_line(),                    # 6 unknown_key
+        entry(5, k=MIXED, where=descriptor("zen3", 2)).to_line(),  # 7 invalid (values)
+        "this is not json",                                  # 8 invalid (garbage)
+        first,                                               # 9 duplicate
+        second,                                              # 10 loaded
+    )
+    found = outcomes_by_line(path, registry())
+    assert {n: o for n, (o, _) in found.items()} == {
+        2: "loaded", 3: "loaded", 4: "incompatible", 5: "stale", 6: "unknown_key",
+        7: "invalid", 8: "invalid", 9: "duplicate", 10: "loaded"}
+    assert found[2][1] == "matches this machine"
+    assert found[3][1] == "this processor at 4 threads"
+    assert found[4][1] == "processor differs in cpu.model, cpu.features"
+    assert "num_threads" not in found[4][1]
+    assert found[5][1] == "tuning ABI 2; registered ABI [1]"
+    assert found[6][1] == "no schema registered"
+    assert str(MIXED) in found[7][1]
+    assert "unknown parameter" in found[7][1]
+    assert "not a JSON object" in found[8][1]
+    assert found[9][1] == "superseded by line 10"
+    outcomes, profiles = classify(read_cache(path), registry().snapshot(), LOCAL)
+    flags = {o.line: o.matches_this_machine for o in outcomes}
+    assert flags[2] and not flags[3] and flags[10]
+    loaded = {(p.key, p.descriptor.num_threads): dict(p.values) for p in profiles}
+    assert loaded == {(K, 8): {MIN_ELEMENTS: 5}, (K, 4): {MIN_ELEMENTS: 6},
+                      (MIXED, 8): {"p.int": 2, "p.float": 2.0, "p.bool": False, "p.str": "b"}}
+
+
+def test_load_into_publishes_every_loadable_entry_in_one_generation(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    write(path, entry(5).to_line(), entry(6, where=descriptor("zen3", 4)).to_line(),
+          entry(7, where=descriptor("icelake")).to_line(), "garbage")
+    reg = registry()
+    before = reg.generation
+    report = load_into(reg, path, LOCAL)
+    json.dumps(report)
+    assert report["generation"] == reg.generation == before + 1
+    assert report["loaded"] == 2
+    assert report["status"] == "damaged"
+    assert [e["outcome"] for e in report["entries"]] == ["loaded", "loaded", "incompatible", "invalid"]
+    assert any(":5:" in d for d in report["diagnostics"])
+    snapshot = reg.snapshot()
+    assert snapshot.resolve(K, LOCAL).values[MIN_ELEMENTS] == 5
+    assert snapshot.resolve(K, descriptor("zen3", 4)).values[MIN_ELEMENTS] == 6
+    assert snapshot.resolve(K, descriptor("icelake")).source == "portable_default"
+    assert snapshot.published_profile(K, LOCAL).provenance["cache_line"] == 2
+
+
+def test_load_into_with_nothing_loadable_keeps_the_generation(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    write(path, entry(7, where=descriptor("icelake")).to_line())
+    reg = registry()
+    report = load_into(reg, path, LOCAL)
+    assert report["loaded"] == 0
+    assert report["generation"] == reg.generation == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Damage
+# --------------------------------------------------------------------------------------------
+
+
+def _bad_lines() -> list[tuple[bytes | str, str]]:
+    good = json.loads(entry(5).to_line())
+    threads = iter(range(100, 1000))
+
+    def variant(**changes) -> str:
+        """The good entry with ``changes``, on its own thread count (no duplicates)."""
+        unique = {**good["descriptor"], "num_threads": next(threads)}
+        return json.dumps({**good, "descriptor": unique, **changes})
+
+    def raw_value(text: str) -> str:
+        return variant(values={MIN_ELEMENTS: 123456789}).replace("123456789", text)
+
+    descriptor_dict = LOCAL.to_dict()
+    return [
+        ("{not json", "not a JSON object"),
+        (b"\xff\xfe\x00garbage", "not UTF-8"),
+        ("[1, 2, 3]", "not a JSON object"),
+        ("null", "not a JSON object"),
+        ('"just a string"', "not a JSON object"),
+        ("[" * 100000 + "]" * 100000, "not a JSON object"),
+        (variant(values={MIN_ELEMENTS: float("nan")}), "NaN is not allowed"),
+        (variant(values={MIN_ELEMENTS: float("-inf")}), "-Infinity is not allowed"),
+        (variant(values={MIN_ELEMENTS: 2**70}), "does not fit in int64"),
+        (raw_value("9" * 5000), "not a JSON object"),
+        (raw_value("1e400"), "expected int, got float inf"),
+        (variant(values={MIN_ELEMENTS: "5"}), "expected int"),
+        (variant(values={MIN_ELEMENTS: True}), "expected int, got bool"),
+        (variant(values={MIN_ELEMENTS: [5]}), "expected int"),
+        (variant(values={MIN_ELEMENTS: 0}), "below the minimum"),
+        (variant(values={}), "missing"),
+        (variant(values=[5]), "'values' must be an object"),
+        (variant(provenance="me"), "'provenance' must be an object"),
+        (variant(extra=1), "unknown field"),
+        (variant(key=5), "needs a string 'key'"),
+        (variant(key="Add"), "not a kernel tuning key"),
+        (variant(key=str(K).replace("@cpu", "@gpu")), "device"),
+        (variant(key=str(K).replace("[float]", "[quux]")), "element type"),
+        (variant(descriptor=[]), "needs a string 'key' and an object 'descriptor'"),
+        (variant(descriptor={**descriptor_dict, "num_threads": 0}), "num_threads"),
+        (variant(descriptor={**descriptor_dict, "num_threads": True}), "num_threads"),
+        (variant(descriptor={**descriptor_dict, "num_threads": 1.5}), "num_threads"),
+        (variant(descriptor={"cpu": {**descriptor_dict["cpu"], "family": "25"}, "num_threads": 8}),
+         "cpu.family"),
+        (variant(descriptor={"cpu": {**descriptor_dict["cpu"], "colour": "red"}, "num_threads": 8}),
+         "cpu.colour"),
+    ]
+
+
+def test_bad_lines_are_invalid_with_their_line_number_and_good_entries_still_load(
+        tmp_path: Path) -> None:
+    bad = _bad_lines()
+    path = tmp_path / "cache.txt"
+    good_first = entry(11, k=K, where=descriptor("zen3", 1)).to_line()
+    good_last = mixed({"p.int": 3, "p.float": 0.25, "p.bool": True, "p.str": "ok"}).to_line()
+    write(path, good_first, *(line for line, _ in bad), "", "# a comment", good_last)
+    reg = registry()
+    report = load_into(reg, path, LOCAL)
+    assert report["status"] == "damaged"
+    assert report["loaded"] == 2
+    entries = {e["line"]: e for e in report["entries"]}
+    assert entries[2]["outcome"] == "loaded"
+    last = 3 + len(bad) + 2
+    assert entries[last]["outcome"] == "loaded"
+    for number, (_, reason) in enumerate(bad, start=3):
+        assert entries[number]["outcome"] == "invalid", (number, entries[number])
+        assert reason in entries[number]["reason"], (number, entries[number])
+        assert any(d.startswith(f"{path}:{number}: ") for d in report["diagnostics"]), number
+    assert set(entries) == {2, last, *range(3, 3 + len(bad))}  # blank and comment lines skipped
+    snapshot = reg.snapshot()
+    assert snapshot.resolve(K, descriptor("zen3", 1)).values[MIN_ELEMENTS] == 11
+    assert snapshot.resolve(MIXED, LOCAL).values["p.str"] == "ok"
+
+
+def test_float_parameter_given_a_huge_int_is_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    line = mixed({"p.int": 1, "p.float": 1.0, "p.bool": True, "p.str": "a"}).to_line()
+    write(path, line.replace('"p.float":1.0', '"p.float":' + "9" * 400), entry(5).to_line())
+    report = load_into(registry(), path, LOCAL)
+    assert [e["outcome"] for e in report["entries"]] == ["invalid", "loaded"]
+    assert "p.float" in report["entries"][0]["reason"]
+
+
+def test_crlf_line_endings_load(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    path.write_bytes((HEADER + "\r\n" + entry(5).to_line() + "\r\n").encode())
+    report = load_into(registry(), path, LOCAL)
+    assert (report["status"], report["loaded"]) == ("ok", 1)
+
+
+def _make(kind: str, path: Path) -> None:
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dangling symlink":
+        path.symlink_to(path.parent / "nowhere.txt")
+    elif kind == "wrong header":
+        path.write_text("some-other-cache 1\n" + entry(5).to_line() + "\n")
+    elif kind == "no header":
+        path.write_text(entry(5).to_line() + "\n")
+    elif kind == "header without version":
+        path.write_text("onnx_light-kernel-tuning-cache\n" + entry(5).to_line() + "\n")
+    elif kind == "newer version":
+        path.write_text("onnx_light-kernel-tuning-cache 2\n" + entry(5).to_line() + "\n")
+    elif kind == "binary":
+        path.write_bytes(bytes(range(256)) * 4)
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "diagnostic"),
+    [
+        ("missing", "missing", None),
+        ("empty", "foreign", "empty file"),
+        ("directory", "unreadable", "not a regular file"),
+        ("dangling symlink", "unreadable", "dangling symlink"),
+        ("wrong header", "foreign", "not a kernel tuning cache"),
+        ("no header", "foreign", "not a kernel tuning cache"),
+        ("header without version", "foreign", "not a kernel tuning cache"),
+        ("newer version", "unsupported_version", "format version '2'"),
+        ("binary", "foreign", "not a kernel tuning cache"),
+    ],
+)
+def test_unusable_files_give_diagnostics_not_exceptions(tmp_path: Path, kind: str, status: str,
+                                                        diagnostic: str | None) -> None:
+    path = tmp_path / "cache.txt"
+    _make(kind, path)
+    cache = read_cache(path)
+    assert cache.status == status
+    assert cache.lines == []
+    reg = registry()
+    report = load_into(reg, path, LOCAL)
+    assert report["status"] == status
+    assert report["loaded"] == 0
+    assert reg.generation == 1
+    if diagnostic is None:
+        assert report["diagnostics"] == []
+    else:
+        assert len(report["diagnostics"]) == 1
+        assert diagnostic in report["diagnostics"][0]
+        assert str(path) in report["diagnostics"][0]
+
+
+# --------------------------------------------------------------------------------------------
+# Updates: merge, remove, backup, errors
+# --------------------------------------------------------------------------------------------
+
+
+def test_merge_keeps_unrelated_entries_verbatim_and_replaces_same_identities(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    other_processor = entry(1, where=descriptor("icelake")).to_line()
+    other_threads = entry(2, where=descriptor("zen3", 4)).to_line()
+    # hand-written spacing and field order must survive
+    unknown_library = ('{"values": {"x": 1}, "key": "otherlib/Conv/fast[float]@cpu#3", '
+                       f'"descriptor": {json.dumps(LOCAL.to_dict())},  "provenance": {{}}}}')
+    invalid_values = entry(3, k=MIXED).to_line()  # not valid for MIXED's schema, still kept
+    old_same = entry(4, origin="old").to_line()
+    write(path, other_processor, other_threads, unknown_library, old_same, invalid_values)
+    report = update_cache(path, [entry(99, origin="new")])
+    assert (report["written"], report["replaced"], report["kept"]) == (1, 1, 4)
+    assert report["backup"] is None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == HEADER
+    assert lines[1:5] == [other_processor, other_threads, unknown_library, invalid_values]
+    assert old_same not in lines
+    assert lines[5] == entry(99, origin="new").to_line()
+    assert list(tmp_path.glob("cache.txt.bad-*")) == []
+
+
+def test_update_with_several_entries_of_one_identity_keeps_the_last(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [entry(1), entry(2)])
+    cache = read_cache(path)
+    assert len(cache.lines) == 1
+    assert cache.lines[0].record["values"] == {MIN_ELEMENTS: 2}
+
+
+def test_remove_drops_only_the_given_identities(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [entry(1), entry(2, where=descriptor("zen3", 4)), entry(3, k=MIXED)])
+    report = update_cache(path, [], remove=[entry(0).identity(), entry(0, k=key("Nope")).identity()])
+    assert (report["removed"], report["kept"], report["written"]) == (1, 2, 0)
+    cache = read_cache(path)
+    assert [(line.record["key"], line.record["descriptor"]["num_threads"]) for line in cache.lines] == [
+        (str(K), 4), (str(MIXED), 8)]
+
+
+@pytest.mark.parametrize("kind", ["garbage line", "no header", "newer version", "non-utf8"])
+def test_damaged_file_is_backed_up_before_being_rewritten(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "cache.txt"
+    keep = entry(1, where=descriptor("icelake")).to_line()
+    if kind == "garbage line":
+        old = write(path, keep, "garbage")
+    elif kind == "no header":
+        old = write(path, keep, header="not a cache")
+    elif kind == "newer version":
+        old = write(path, keep, header="onnx_light-kernel-tuning-cache 2")
+    else:
+        old = write(path, keep, b"\xc3\x28 broken utf-8")
+    report = update_cache(path, [entry(5)])
+    backup = Path(report["backup"])
+    assert backup.parent == tmp_path
+    assert backup.name.startswith("cache.txt.bad-")
+    assert backup.read_bytes() == old
+    assert report["diagnostics"]
+    cache = read_cache(path)
+    assert cache.status == "ok"
+    values = [line.record["values"][MIN_ELEMENTS] for line in cache.lines]
+    assert values == ([1, 5] if kind in ("garbage line", "non-utf8") else [5])
+
+
+def test_clean_and_missing_files_are_not_backed_up(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    assert update_cache(path, [entry(1)])["backup"] is None
+    assert update_cache(path, [entry(2)])["backup"] is None
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["cache.txt"]
+
+
+def test_update_into_a_directory_raises_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    path.mkdir()
+    (path / "inside").write_text("x")
+    with pytest.raises(IsADirectoryError, match="not a regular file") as info:
+        update_cache(path, [entry(1)])
+    assert str(path) in str(info.value)
+    assert [p.name for p in path.iterdir()] == ["inside"]
+
+
+def test_update_replaces_a_dangling_symlink_with_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    path.symlink_to(tmp_path / "nowhere.txt")
+    update_cache(path, [entry(1)])
+    assert read_cache(path).status == "ok"
+
+
+def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [entry(1)])
+    old = path.read_bytes()
+
+    def broken_replace(src, dst):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk on fire"):
+        update_cache(path, [entry(2)])
+    monkeypatch.undo()
+    assert path.read_bytes() == old
+    assert list(tmp_path.glob(".cache.txt.*.tmp")) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Several processes
+# --------------------------------------------------------------------------------------------
+
+
+def test_concurrent_processes_lose_no_update_and_readers_never_see_a_partial_file(
+        tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [])  # the reader needs a file from the start
+    context = multiprocessing.get_context("spawn")
+    stop, results = context.Event(), context.Queue()
+    reader = context.Process(target=cache_reader, args=(str(path), stop, results))
+    writers = [context.Process(target=cache_writer, args=(str(path), worker, 10))
+               for worker in range(4)]
+    reader.start()
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(timeout=120)
+    stop.set()
+    reads, problems, counts = results.get(timeout=120)
+    reader.join(timeout=60)
+    assert [p.exitcode for p in writers] == [0, 0, 0, 0]
+    assert reader.exitcode == 0
+    assert problems == []
+    assert reads >= 1
+    assert counts == sorted(counts)  # entries only ever accumulate
+    assert counts[-1] == 40
+    cache = read_cache(path)
+    assert cache.status == "ok"
+    found = {line.record["key"]: line.record["values"][MIN_ELEMENTS] for line in cache.lines}
+    expected = {str(writer_key(w, i)): w * 100 + i for w in range(4) for i in range(10)}
+    assert found == expected

@@ -1,0 +1,184 @@
+"""The shared crossover search of the tuning core, with simulated clocks (no hardware timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnx_light.tuning.calibration import (
+    Budget,
+    CalibrationFailure,
+    crossover_search,
+    measure_interleaved,
+    stable_crossover,
+)
+from onnx_light.tuning.keys import KernelTuningKey
+
+KEY = KernelTuningKey("test", "Fake", "portable", "float")
+PORTABLE = {"parallel.minimum_elements": 65536}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeProblem:
+    """Serial costs ``size`` ns; the candidate costs ``overhead + size / speedup`` ns."""
+
+    cases = ("equal", "scalar")
+
+    def __init__(self, clock, overhead_ns=50_000.0, speedup=2.0, wrong_at=None, noise=None,
+                 bytes_per_element=12):
+        self.clock, self.overhead, self.speedup = clock, overhead_ns, speedup
+        self.wrong_at, self.noise, self.bytes = wrong_at, noise, bytes_per_element
+        self.made = []
+        self.calls = 0
+
+    def input_bytes(self, size, case):
+        return size * self.bytes
+
+    def make_inputs(self, size, case):
+        self.made.append((size, case))
+        return size
+
+    def _jitter(self):
+        self.calls += 1
+        return 1.0 if self.noise is None else self.noise(self.calls)
+
+    def serial(self, size):
+        self.clock.now += size * 1e-9 * self._jitter()
+        return ("out", size)
+
+    def candidate(self, size):
+        self.clock.now += (self.overhead + size / self.speedup) * 1e-9 * self._jitter()
+        return ("wrong", size) if size == self.wrong_at else ("out", size)
+
+    def same_output(self, a, b):
+        return a == b
+
+
+def search(problem, clock, **kwargs):
+    budget = kwargs.pop("budget", Budget(max_duration_s=1e6, max_threads=2))
+    return crossover_search(KEY, problem, "parallel.minimum_elements", PORTABLE, budget,
+                            timer=clock, **kwargs)
+
+
+def test_crossover_is_where_candidate_wins_from_there_up():
+    clock = Clock()
+    # candidate wins when size/2 + 50_000 < size / 1.05, i.e. from about 2^17
+    result = search(FakeProblem(clock), clock)
+    assert result.crossover == 1 << 17
+    assert result.values == {"parallel.minimum_elements": 1 << 17}
+    assert not result.portable_kept
+    sizes = sorted({m.size for m in result.measurements})
+    assert sizes == [1 << e for e in range(12, 23)]
+    assert {m.case for m in result.measurements} == {"equal", "scalar"}
+    assert all(m.candidate_wins == (m.size >= 1 << 17) for m in result.measurements)
+    assert all(m.samples == 7 for m in result.measurements)
+
+
+def test_no_crossover_keeps_portable_value_with_diagnostic():
+    clock = Clock()
+    result = search(FakeProblem(clock, speedup=1.01), clock)
+    assert result.crossover is None and result.portable_kept
+    assert result.values == PORTABLE
+    assert "portable value kept" in result.diagnostics[-1]
+
+
+def test_one_winning_size_is_not_enough():
+    clock = Clock()
+    result = search(FakeProblem(clock), clock, sizes=[1 << 12, 1 << 13, 1 << 20])
+    assert result.crossover is None  # only the last size wins
+    result = search(FakeProblem(clock), clock, sizes=[1 << 12, 1 << 19, 1 << 20])
+    assert result.crossover == 1 << 19
+
+
+def test_a_loss_above_early_wins_moves_the_crossover_up():
+    assert stable_crossover([(1, False), (2, True), (4, True), (8, False), (16, True),
+                             (32, True)]) == 16
+    assert stable_crossover([(1, True), (2, True), (4, False)]) is None
+    assert stable_crossover([]) is None
+
+
+def test_wrong_candidate_output_fails_before_timing():
+    clock = Clock()
+    problem = FakeProblem(clock, wrong_at=1 << 14)
+    with pytest.raises(CalibrationFailure, match="size 16384, case 'equal'"):
+        search(problem, clock)
+
+
+def test_one_thread_keeps_portable_without_measuring():
+    clock = Clock()
+    problem = FakeProblem(clock)
+    result = search(problem, clock, budget=Budget(max_duration_s=10, max_threads=1))
+    assert result.portable_kept and result.values == PORTABLE
+    assert problem.made == [] and result.measurements == []
+    assert "only 1 thread" in result.diagnostics[0]
+
+
+def test_memory_budget_checked_before_allocating():
+    clock = Clock()
+    problem = FakeProblem(clock)
+    result = search(problem, clock, budget=Budget(max_duration_s=1e6, max_memory_bytes=1000,
+                                                  max_threads=2))
+    assert problem.made == [] and result.measurements == []
+    assert result.portable_kept
+    assert "memory budget" in result.diagnostics[-1]
+
+
+def test_memory_budget_stops_at_the_first_size_too_big():
+    clock = Clock()
+    problem = FakeProblem(clock)
+    result = search(problem, clock, budget=Budget(max_duration_s=1e6,
+                                                  max_memory_bytes=12 * (1 << 18), max_threads=2))
+    assert max(size for size, _ in problem.made) == 1 << 18
+    assert result.crossover == 1 << 17  # wins at 2^17 and 2^18, the largest sizes measured
+    assert any("stopped early" in d for d in result.diagnostics)
+
+
+def test_duration_budget_stops_measuring():
+    clock = Clock()
+    problem = FakeProblem(clock)
+    result = search(problem, clock, budget=Budget(max_duration_s=0.05, max_threads=2))
+    assert result.duration_s < 0.05 + 0.05  # at most one size past the budget
+    assert max(m.size for m in result.measurements) < 1 << 22
+    assert any("duration budget" in d for d in result.diagnostics)
+
+
+def test_noisy_sizes_are_measured_again_and_not_trusted():
+    clock = Clock()
+    problem = FakeProblem(clock, noise=lambda n: 1.0 if n % 3 else 4.0)
+    result = search(problem, clock, sizes=[1 << 20, 1 << 21])
+    assert all(m.repeats == 3 for m in result.measurements)
+    assert all(not m.candidate_wins and "spread" in m.note for m in result.measurements)
+    assert result.portable_kept
+
+
+def test_measure_interleaved_alternates_and_reports_medians():
+    clock = Clock()
+    order = []
+
+    def slow():
+        order.append("a")
+        clock.now += 1e-3
+
+    def fast():
+        order.append("b")
+        clock.now += 1e-4
+
+    (a_median, a_spread), (b_median, b_spread) = measure_interleaved(
+        [slow, fast], samples=5, timer=clock)
+    assert a_median == pytest.approx(1e-3) and b_median == pytest.approx(1e-4)
+    assert a_spread == pytest.approx(0.0) and b_spread == pytest.approx(0.0)
+    # after one estimation call each, samples alternate a-block, b-block
+    assert order[:2] == ["a", "b"] and order[2] == "a" and "b" in order[3:5]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_duration_s": 0}, {"max_memory_bytes": 0},
+                                    {"max_threads": 0}, {"max_threads": True}])
+def test_budget_validation(kwargs):
+    with pytest.raises(ValueError):
+        Budget(**kwargs)

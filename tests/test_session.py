@@ -1,0 +1,242 @@
+"""RuntimeSession: loading, the five initialization steps, captured generations, run()."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnx_light import kernels
+from onnx_light.parallel import ThreadPool
+from onnx_light.runtime import InvalidInputError, RuntimeSession, UnsupportedOperatorError
+from onnx_light.tuning import cache as cache_module
+from onnx_light.tuning.keys import KernelTuningKey
+from onnx_light.tuning.processor import execution_descriptor
+from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile, RegistrySnapshot
+
+N = 1 << 14
+
+
+def _model(nodes, inputs, outputs, opset=21, initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _add_model(n=N):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [n])
+    return _model([helper.make_node("Add", ["x", "y"], ["z"], name="add")], [x, y], [z])
+
+
+@pytest.fixture
+def registry():
+    fresh = KernelTuningRegistry()
+    kernels.register(fresh)
+    return fresh
+
+
+ADD_FLOAT = KernelTuningKey("onnx_light", "Add", "portable", "float")
+
+
+def _publish(registry, threads, minimum):
+    registry.publish([PublishedProfile(ADD_FLOAT, execution_descriptor(threads),
+                                       {"parallel.minimum_elements": minimum})])
+
+
+def _feeds(n=N):
+    rng = np.random.default_rng(0)
+    return {"x": rng.standard_normal(n).astype(np.float32),
+            "y": rng.standard_normal(n).astype(np.float32)}
+
+
+def test_model_from_proto_path_and_bytes(tmp_path, registry):
+    model = _add_model()
+    path = tmp_path / "add.onnx"
+    onnx.save(model, path)
+    feeds = _feeds()
+    expected = feeds["x"] + feeds["y"]
+    for source in (model, path, str(path), model.SerializeToString()):
+        (z,) = RuntimeSession(source, registry=registry).run(None, feeds)
+        np.testing.assert_array_equal(z, expected)
+
+
+@pytest.mark.parametrize("source, error", [
+    (b"\x00garbage\xff", ValueError),
+    ("/nonexistent/model.onnx", FileNotFoundError),
+    (42, TypeError),
+])
+def test_bad_model_sources(source, error):
+    with pytest.raises(error):
+        RuntimeSession(source)
+
+
+def test_every_unsupported_operator_listed_at_construction():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Foo", ["a"], ["b"], domain="com.example"),
+             helper.make_node("Hardmax", ["b"], ["y"])]
+    model = _model(nodes, [x], [y])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedOperatorError) as info:
+        RuntimeSession(model)
+    message = str(info.value)
+    assert "com.example::Foo" in message and "Hardmax" in message
+    assert len(info.value.operators) == 2
+
+
+def test_run_signature_and_io_description(registry):
+    session = RuntimeSession(_add_model(), registry=registry)
+    assert [(a.name, a.type, a.shape) for a in session.get_inputs()] == [
+        ("x", "tensor(float)", [N]), ("y", "tensor(float)", [N])]
+    assert [a.name for a in session.get_outputs()] == ["z"]
+    feeds = _feeds()
+    outputs = session.run(["z"], feeds)
+    assert isinstance(outputs, list) and len(outputs) == 1
+    np.testing.assert_array_equal(outputs[0], feeds["x"] + feeds["y"])
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda f: {**f, "w": f["x"]}, ["unknown input", "'w'"]),
+    (lambda f: {"x": f["x"]}, ["missing input", "'y'"]),
+    (lambda f: {**f, "x": f["x"].astype(np.float64)}, ["'x'", "float", "float64"]),
+    (lambda f: {**f, "y": f["y"].reshape(2, -1)}, ["'y'", "rank"]),
+    (lambda f: {**f, "y": f["y"][:10]}, ["'y'", "dimension 0"]),
+])
+def test_bad_feeds_name_the_input(registry, change, words):
+    session = RuntimeSession(_add_model(), registry=registry)
+    with pytest.raises(InvalidInputError) as info:
+        session.run(None, change(_feeds()))
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_unknown_output_name(registry):
+    with pytest.raises(InvalidInputError, match="unknown output"):
+        RuntimeSession(_add_model(), registry=registry).run(["nope"], _feeds())
+
+
+def test_initialization_follows_the_five_steps_in_order(monkeypatch, registry):
+    events = []
+    add_class = kernels.KERNELS["Add"][max(kernels.KERNELS["Add"])]
+    original_init, original_key = add_class.__init__, add_class.tuning_key
+    original_configure = add_class.configure
+    original_snapshot, original_resolve = registry.snapshot, RegistrySnapshot.resolve
+
+    monkeypatch.setattr(add_class, "__init__",
+                        lambda self, ctx: (events.append("dispatch"), original_init(self, ctx))[1])
+    monkeypatch.setattr(add_class, "tuning_key",
+                        lambda self: (events.append("key"), original_key(self))[1])
+    monkeypatch.setattr(registry, "snapshot",
+                        lambda: (events.append("snapshot"), original_snapshot())[1])
+    monkeypatch.setattr(RegistrySnapshot, "resolve",
+                        lambda self, k, d: (events.append("resolve"), original_resolve(self, k, d))[1])
+    monkeypatch.setattr(add_class, "configure",
+                        lambda self, v, p: (events.append("configure"), original_configure(self, v, p))[1])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Add", ["a", "x"], ["z"])]
+    RuntimeSession(_model(nodes, [x], [z]), registry=registry)
+    # a kernel may name its key again in its own error messages while configuring
+    events = [e for i, e in enumerate(events) if not (e == "key" and "snapshot" in events[:i])]
+    assert events == ["dispatch", "dispatch", "key", "key", "snapshot", "resolve", "resolve",
+                      "configure", "configure"]
+
+
+def test_steady_state_run_never_touches_registry_or_cache(monkeypatch, registry):
+    session = RuntimeSession(_add_model(), registry=registry)
+    feeds = _feeds()
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("registry or cache accessed during run")
+
+    for owner, name in [(KernelTuningRegistry, "snapshot"), (KernelTuningRegistry, "publish"),
+                        (RegistrySnapshot, "resolve"), (RegistrySnapshot, "schema"),
+                        (cache_module, "read_cache"), (cache_module, "load_into"),
+                        (cache_module, "update_cache")]:
+        monkeypatch.setattr(owner, name, forbidden)
+    for _ in range(50):
+        (z,) = session.run(None, feeds)
+    np.testing.assert_array_equal(z, feeds["x"] + feeds["y"])
+
+
+def _count_parallel_calls(monkeypatch):
+    calls = []
+    original = ThreadPool.parallel_for
+
+    def counting(self, n, fn, **kwargs):
+        calls.append(n)
+        return original(self, n, fn, **kwargs)
+
+    monkeypatch.setattr(ThreadPool, "parallel_for", counting)
+    return calls
+
+
+def test_existing_session_keeps_its_generation(monkeypatch, registry):
+    _publish(registry, 2, 1 << 40)  # serial for this size
+    old = RuntimeSession(_add_model(), num_threads=2, registry=registry)
+    _publish(registry, 2, 1)  # parallel from one element
+    new = RuntimeSession(_add_model(), num_threads=2, registry=registry)
+    assert old.generation < new.generation
+    assert old.tuning_report()[0]["values"] == {"parallel.minimum_elements": 1 << 40}
+    assert new.tuning_report()[0]["values"] == {"parallel.minimum_elements": 1}
+    calls = _count_parallel_calls(monkeypatch)
+    feeds = _feeds()
+    (z_old,) = old.run(None, feeds)
+    assert calls == []  # the old session took the serial path
+    (z_new,) = new.run(None, feeds)
+    assert calls == [N]  # the new one split the work across the pool
+    assert z_old.tobytes() == z_new.tobytes()
+
+
+def test_tuning_report(registry):
+    session = RuntimeSession(_add_model(), num_threads=2, registry=registry)
+    (entry,) = session.tuning_report()
+    assert entry["node"] == "add"
+    assert entry["key"] == str(ADD_FLOAT)
+    assert entry["source"] == "portable_default"
+    assert entry["generation"] == registry.generation
+    assert session.tuning_resolution_seconds >= 0
+
+
+def test_sessions_run_from_many_threads(registry):
+    _publish(registry, 2, 1)
+    session = RuntimeSession(_add_model(), num_threads=2, registry=registry)
+    rng = np.random.default_rng(1)
+    problems, errors = [], []
+    for _ in range(8):
+        feeds = {"x": rng.standard_normal(N).astype(np.float32),
+                 "y": rng.standard_normal(N).astype(np.float32)}
+        problems.append((feeds, feeds["x"] + feeds["y"]))
+
+    def work(feeds, expected):
+        try:
+            for _ in range(30):
+                (z,) = session.run(None, feeds)
+                assert np.array_equal(z, expected)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=problem) for problem in problems]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+
+
+def test_initializers_are_protected_and_intermediates_released(registry):
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])
+    nodes = [helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Abs", ["a"], ["z"])]
+    session = RuntimeSession(_model(nodes, [x], [z], initializers=[w]), registry=registry)
+    assert [a.name for a in session.get_inputs()] == ["x"]
+    (out,) = session.run(None, {"x": np.array([-5, 0, 0, 0], np.float32)})
+    np.testing.assert_array_equal(out, [4, 2, 3, 4])
+    (out,) = session.run(None, {"x": np.array([-5, 0, 0, 0], np.float32)})
+    np.testing.assert_array_equal(out, [4, 2, 3, 4])
