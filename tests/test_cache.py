@@ -102,6 +102,7 @@ def test_update_then_read_gives_the_same_profiles(values: dict, threads: int) ->
     assert by_key[MIXED].provenance["origin"] == "test"
 
 
+@settings(deadline=None)
 @given(values=VALUES)
 def test_entry_line_round_trip(values: dict) -> None:
     from onnx_light.tuning.cache import CacheLine
@@ -275,7 +276,8 @@ def test_bad_lines_are_invalid_with_their_line_number_and_good_entries_still_loa
     for number, (_, reason) in enumerate(bad, start=3):
         assert entries[number]["outcome"] == "invalid", (number, entries[number])
         assert reason in entries[number]["reason"], (number, entries[number])
-        assert any(d.startswith(f"{path}:{number}: ") for d in report["diagnostics"]), number
+        mentions = [d for d in report["diagnostics"] if d.startswith(f"{path}:{number}: ")]
+        assert len(mentions) == 1, (number, mentions)  # each damaged line reported once
     assert set(entries) == {2, last, *range(3, 3 + len(bad))}  # blank and comment lines skipped
     snapshot = reg.snapshot()
     assert snapshot.resolve(K, descriptor("zen3", 1)).values[MIN_ELEMENTS] == 11

@@ -302,8 +302,9 @@ def load_into(registry: KernelTuningRegistry, path: Path,
     cache = read_cache(path)
     outcomes, profiles = classify(cache, registry.snapshot(), local)
     generation = registry.publish(profiles) if profiles else registry.generation
+    unparsed = {line.number for line in cache.lines if line.error is not None}  # reported already
     for outcome in outcomes:
-        if outcome.outcome not in (LOADED, DUPLICATE):
+        if outcome.outcome not in (LOADED, DUPLICATE) and outcome.line not in unparsed:
             cache.diagnostics.append(f"{path}:{outcome.line}: {outcome.outcome}: {outcome.reason}")
     return {
         "path": str(path),
