@@ -7,6 +7,7 @@ import pytest
 from onnx_light.tuning.calibration import (
     Budget,
     CalibrationFailure,
+    configuration_search,
     crossover_search,
     measure_interleaved,
     stable_crossover,
@@ -182,3 +183,66 @@ def test_measure_interleaved_alternates_and_reports_medians():
 def test_budget_validation(kwargs):
     with pytest.raises(ValueError):
         Budget(**kwargs)
+
+
+class FakeConfigurations:
+    """Each case's cost depends on the configuration's ``tile``: a table of nanoseconds."""
+
+    def __init__(self, clock, costs, wrong_tile=None):
+        self.clock, self.costs, self.wrong_tile = clock, costs, wrong_tile
+        self.cases = tuple(costs)
+
+    def work(self, case):
+        return 1000
+
+    def input_bytes(self, case):
+        return 100
+
+    def make_inputs(self, case):
+        return case
+
+    def run(self, values, case):
+        self.clock.now += self.costs[case][values["tile"]] * 1e-9
+        return "bad" if values["tile"] == self.wrong_tile else case
+
+    def same_output(self, a, b):
+        return a == b
+
+
+def configuration(costs, candidates=({"tile": 2}, {"tile": 4}), **kwargs):
+    clock = Clock()
+    problem = FakeConfigurations(clock, costs, kwargs.pop("wrong_tile", None))
+    budget = kwargs.pop("budget", Budget(max_duration_s=1e6, max_threads=2))
+    return configuration_search(KEY, problem, {"tile": 1}, list(candidates), budget, timer=clock,
+                                **kwargs)
+
+
+def test_configuration_search_adopts_the_best_gain():
+    result = configuration({"a": {1: 1000, 2: 800, 4: 600}, "b": {1: 1000, 2: 900, 4: 700}})
+    assert result.values == {"tile": 4} and not result.portable_kept
+    assert {m.candidate for m in result.measurements} == {"tile=2", "tile=4"}
+    assert "adopted tile=4" in result.diagnostics[-1]
+
+
+def test_configuration_search_no_regression_rule():
+    # tile=4 is much faster on a but 20% slower on b: rejected; tile=2 wins instead
+    result = configuration({"a": {1: 1000, 2: 900, 4: 300}, "b": {1: 1000, 2: 950, 4: 1200}})
+    assert result.values == {"tile": 2}
+
+
+def test_configuration_search_minimum_gain_keeps_portable():
+    result = configuration({"a": {1: 1000, 2: 990, 4: 980}})
+    assert result.portable_kept and result.values == {"tile": 1}
+    assert "portable kept" in result.diagnostics[-1]
+
+
+def test_configuration_search_rejects_wrong_output():
+    with pytest.raises(CalibrationFailure, match="tile=4 gives a different result on case 'a'"):
+        configuration({"a": {1: 1000, 2: 800, 4: 600}}, wrong_tile=4)
+
+
+def test_configuration_search_needs_the_whole_corpus():
+    result = configuration({"a": {1: 1000, 2: 500, 4: 500}, "b": {1: 1000, 2: 500, 4: 500}},
+                           budget=Budget(max_duration_s=1e-9, max_threads=2))
+    assert result.portable_kept
+    assert "corpus not covered" in result.diagnostics[-1]

@@ -14,6 +14,10 @@ path, and how to compare their outputs). :func:`crossover_search` then:
 5. enforces duration, memory and thread budgets;
 6. keeps the portable value, saying why, when no stable crossover appears.
 
+:func:`configuration_search` is the multi-parameter counterpart for kernels such
+as Gemm and Conv: a fixed corpus, validation against the portable configuration,
+medians, a no-regression rule and a minimum aggregate gain.
+
 Every measurement goes into the report. Timers are injectable so tests can use
 fake timings.
 """
@@ -35,8 +39,10 @@ __all__ = [
     "Budget",
     "CalibrationFailure",
     "CalibrationResult",
+    "ConfigurationProblem",
     "CrossoverProblem",
     "Measurement",
+    "configuration_search",
     "crossover_search",
     "measure_interleaved",
     "stable_crossover",
@@ -290,3 +296,114 @@ def _measure_size(key: KernelTuningKey, problem: CrossoverProblem, size: int, bu
             note=note))
         all_win = all_win and wins
     return all_win, ""
+
+
+class ConfigurationProblem(Protocol):
+    """What a kernel library supplies for a multi-parameter search (Gemm, Conv)."""
+
+    cases: Sequence[str]
+
+    def work(self, case: str) -> int:
+        """A size for the report, e.g. multiply-adds."""
+        ...
+
+    def input_bytes(self, case: str) -> int:
+        """Memory the case needs, checked before allocating."""
+        ...
+
+    def make_inputs(self, case: str) -> Any:
+        """Deterministic (seeded) inputs of the case."""
+        ...
+
+    def run(self, values: dict[str, Value], inputs: Any) -> Any:
+        """The kernel's output with the given configuration."""
+        ...
+
+    def same_output(self, reference: Any, candidate: Any) -> bool:
+        """Whether a configuration's output is within the kernel's stated tolerance."""
+        ...
+
+
+def _label(values: dict[str, Value], portable: dict[str, Value]) -> str:
+    changed = {k: v for k, v in values.items() if portable.get(k) != v}
+    return ",".join(f"{k}={v}" for k, v in changed.items()) or "portable"
+
+
+def configuration_search(
+    key: KernelTuningKey,
+    problem: ConfigurationProblem,
+    portable: dict[str, Value],
+    candidates: Sequence[dict[str, Value]],
+    budget: Budget,
+    *,
+    max_regression: float = 0.10,
+    min_gain: float = 0.05,
+    samples: int = 5,
+    timer: Callable[[], float] = time.perf_counter,
+) -> CalibrationResult:
+    """Pick the configuration with the best geometric-mean speedup over a fixed corpus.
+
+    Every candidate's output is validated against the portable configuration
+    on every case before timing (a mismatch raises :class:`CalibrationFailure`).
+    A candidate is adopted only when no case is more than ``max_regression``
+    slower than the portable configuration and the geometric-mean gain is at
+    least ``min_gain``; otherwise the portable values stay. The corpus must be
+    covered entirely within the budgets for anything to be adopted.
+    """
+    started = timer()
+    result = CalibrationResult(key, dict(portable), portable_kept=True,
+                               load_average=load_average())
+    options = [dict(portable), *(dict(c) for c in candidates if dict(c) != dict(portable))]
+    labels = [_label(c, portable) for c in options]
+    speedups: list[list[float]] = [[] for _ in options]
+    stop_reason = ""
+    for case in problem.cases:
+        needed = problem.input_bytes(case)
+        if needed > budget.max_memory_bytes:
+            stop_reason = (f"case {case} needs {needed} bytes, over the memory budget of "
+                           f"{budget.max_memory_bytes}")
+            break
+        if timer() - started > budget.max_duration_s:
+            stop_reason = f"duration budget of {budget.max_duration_s:g} s used up before {case}"
+            break
+        inputs = problem.make_inputs(case)
+        reference = problem.run(options[0], inputs)
+        for label, values in zip(labels[1:], options[1:], strict=True):
+            if not problem.same_output(reference, problem.run(values, inputs)):
+                raise CalibrationFailure(
+                    f"{key}: configuration {label} gives a different result on case {case!r}; "
+                    "nothing published")
+        timings = measure_interleaved(
+            [lambda v=values, x=inputs: problem.run(v, x) for values in options],
+            samples=samples, timer=timer)
+        base_median, base_spread = timings[0]
+        for index, (median, spread) in enumerate(timings):
+            speedup = base_median / median if median > 0 else math.inf
+            speedups[index].append(speedup)
+            if index:
+                result.measurements.append(Measurement(
+                    problem.work(case), case, base_median, base_spread, median, spread, samples,
+                    1, speedup, speedup >= 1.0, candidate=labels[index]))
+    result.duration_s = timer() - started
+    if stop_reason:
+        result.diagnostics.append(f"{key}: corpus not covered ({stop_reason}); portable kept")
+        return result
+    best, best_gain = 0, 1.0
+    for index in range(1, len(options)):
+        worst = min(speedups[index])
+        gain = math.exp(statistics.fmean(math.log(s) for s in speedups[index]))
+        if worst < 1.0 / (1.0 + max_regression):
+            continue
+        if gain >= 1.0 + min_gain and gain > best_gain:
+            best, best_gain = index, gain
+    if best:
+        result.values = options[best]
+        result.portable_kept = False
+        result.diagnostics.append(
+            f"{key}: adopted {labels[best]} (geometric-mean speedup {best_gain:.2f}x, "
+            f"no case more than {max_regression:.0%} slower)")
+    else:
+        result.diagnostics.append(
+            f"{key}: no configuration gains {min_gain:.0%} without slowing a case by more "
+            f"than {max_regression:.0%}; portable kept")
+    return result
