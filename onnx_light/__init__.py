@@ -48,7 +48,9 @@ def _load_default_cache() -> None:
     except Exception as exc:  # the promise: a bad cache never stops an import
         logger.warning("kernel tuning cache not loaded: %s", exc)
         return
-    if report["status"] not in ("ok", "missing") or report["diagnostics"]:
+    invalid = [e for e in report["entries"] if e["outcome"] == "invalid"]
+    if report["status"] not in ("ok", "missing") or invalid:
+        # Entries of other processors, ABIs or libraries are expected in a shared file.
         logger.warning("kernel tuning cache %s (%s): %s", report["path"], report["status"],
                        "; ".join(report["diagnostics"][:5]))
 

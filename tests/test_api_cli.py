@@ -468,6 +468,15 @@ def test_import_with_a_valid_cache_publishes_its_entries(tmp_path: Path, local) 
     assert seen["values"] == {MIN_ELEMENTS: 2024}
 
 
+def test_import_is_quiet_about_entries_of_other_processors(tmp_path: Path, local) -> None:
+    path = tmp_path / "cache.txt"
+    other = CpuExecutionDescriptor(dataclasses.replace(local.cpu, model=(local.cpu.model or 0) + 1), 2)
+    update_cache(path, [CacheEntry(ADD, other, {MIN_ELEMENTS: 7})])
+    seen = _import_with_cache(path)
+    assert [m for m in seen["messages"] if m[0] == "WARNING"] == []
+    assert seen["source"] != "published_profile"
+
+
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
@@ -516,6 +525,20 @@ def test_tune_kernels_json_report(tmp_path: Path, local, capsys) -> None:
     assert summary["missing_calibratable"] + summary["missing_schema_only"] == summary["missing"]
     assert summary["missing_calibratable"] == sum(
         r["calibratable"] for r in records if r["cached_values"] is None)
+
+
+def test_tune_kernels_cache_report_shows_that_file_only(tmp_path: Path, local, capsys) -> None:
+    default = Path(onnx_light.default_kernel_tuning_cache_path())
+    update_cache(default, [CacheEntry(ABS, local, {MIN_ELEMENTS: 11})])
+    onnx_light.load_kernel_tuning_cache()  # as the import does with the default cache
+    other = tmp_path / "other.txt"
+    update_cache(other, [CacheEntry(ADD, local, {MIN_ELEMENTS: 22})])
+    status, out, _ = run_cli(capsys, "tune-kernels", "--cache", str(other), "--kernel", "Abs",
+                             "--kernel", "Add", "--element-type", "float", "--json")
+    assert status == 0
+    active_by_key = {r["key"]: (r["active_source"], r["active_values"]) for r in json.loads(out)["keys"]}
+    assert active_by_key[str(ADD)] == ("published_profile", {MIN_ELEMENTS: 22})
+    assert active_by_key[str(ABS)][0] != "published_profile"
 
 
 @pytest.mark.parametrize("spelling", ["float", "FLOAT", "float32", "1"])

@@ -494,3 +494,20 @@ def test_concurrent_processes_lose_no_update_and_readers_never_see_a_partial_fil
     found = {line.record["key"]: line.record["values"][MIN_ELEMENTS] for line in cache.lines}
     expected = {str(writer_key(w, i)): w * 100 + i for w in range(4) for i in range(10)}
     assert found == expected
+
+
+def test_an_unreadable_file_is_never_replaced(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [entry(1)])
+    before = path.read_bytes()
+    monkeypatch.setattr("onnx_light.tuning.cache.MAX_FILE_BYTES", 10)  # now "too large to read"
+    with pytest.raises(OSError, match="cannot be read, so it is not replaced"):
+        update_cache(path, [entry(2)])
+    assert path.read_bytes() == before
+
+
+def test_removing_from_a_missing_file_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    report = update_cache(path, [], remove=[entry(1).identity()])
+    assert report["written"] == 0 and report["removed"] == 0
+    assert list(tmp_path.iterdir()) == []

@@ -325,16 +325,24 @@ def update_cache(path: Path, entries: Iterable[CacheEntry],
     keeps every other entry verbatim (other processors, thread counts, unknown
     libraries), writes a temporary file in the same folder, fsyncs it, replaces
     the file atomically and fsyncs the folder. A file that cannot be parsed
-    entirely is first copied to a backup next to it.
+    entirely is first copied to a backup next to it; an existing file that
+    cannot be read at all is left alone and the update raises ``OSError``.
+    Removing from a file that does not exist writes nothing.
     """
     entries = list(entries)
     new_lines = {entry.identity(): entry.to_line() for entry in entries}
     removed = set(remove)
     if path.exists() and not path.is_file():
         raise IsADirectoryError(f"kernel tuning cache {path} exists and is not a regular file")
+    if not new_lines and not path.exists():
+        return {"path": str(path), "written": 0, "replaced": 0, "kept": 0, "removed": 0,
+                "backup": None, "diagnostics": []}
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
         current = read_cache(path)
+        if current.status == "unreadable" and path.exists():
+            raise OSError(f"kernel tuning cache {path} cannot be read, so it is not replaced: "
+                          + "; ".join(current.diagnostics))
         backup = None
         if current.status in ("damaged", "foreign", "unsupported_version") and path.is_file():
             backup = _backup(path)
