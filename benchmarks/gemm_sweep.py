@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import json
 import math
 import os
 import platform
@@ -353,44 +354,46 @@ def _flops(value: int) -> str:
     return "never" if value == NEVER else f"2^{value.bit_length() - 1}"
 
 
+def _span(values: list[int], fmt: Callable[[int], str] = str) -> str:
+    low, high = min(values), max(values)
+    return fmt(low) if low == high else f"{fmt(low)} .. {fmt(high)}"
+
+
 def print_scores(group: str, cases: list[Case], results: list[dict[str, Any]], pool: ThreadPool) -> None:
     """Configurations of the grid ranked by the geometric mean of their quiet and contended scores.
 
-    Configurations that pick the same plan for every case are one row, with the range of
-    thresholds doing so.
+    Configurations that pick the same plan for every case score the same: they are one row,
+    listing their modes and the ranges of minimum_rows and thresholds (not every combination
+    in the ranges need belong to the row).
     """
     quiet = [r["quiet"] for r in results]
     contended = [r["contended"] for r in results]
-    rows: dict[tuple[str, int, tuple[str, ...]], list] = {}
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
     for values in grid(group == "integer"):
         plans = choices(cases, pool, values)
-        key = (values[gemm.MODE], values[gemm.MINIMUM_ROWS], plans)
-        if key in rows:
-            rows[key][1] = values[gemm.MINIMUM_FLOPS]
-            continue
-        q, q_worst = score(plans, quiet)
-        c, c_worst = score(plans, contended)
-        rows[key] = [values[gemm.MINIMUM_FLOPS], values[gemm.MINIMUM_FLOPS], q, q_worst, c, c_worst]
-    ranked = sorted(rows.items(), key=lambda item: (math.sqrt(item[1][2] * item[1][4]), item[1][3]))
-    seen: set[tuple[str, ...]] = set()
+        row = rows.get(plans)
+        if row is None:
+            q, q_worst = score(plans, quiet)
+            c, c_worst = score(plans, contended)
+            row = rows[plans] = {"modes": [], "rows": [], "flops": [], "scores": (q, q_worst, c, c_worst)}
+        if values[gemm.MODE] not in row["modes"]:
+            row["modes"].append(values[gemm.MODE])
+        row["rows"].append(values[gemm.MINIMUM_ROWS])
+        row["flops"].append(values[gemm.MINIMUM_FLOPS])
+    ranked = sorted(rows.values(), key=lambda r: (math.sqrt(r["scores"][0] * r["scores"][2]),
+                                                  r["scores"][1]))
     print(f"\n{group}: configurations by sqrt(quiet x contended) geometric mean of time / best plan, "
           f"{len(cases)} shapes\n")
     print("| mode | minimum_rows | minimum_flops | quiet | quiet worst | contended | contended worst |")
     print("|---|---|---|---|---|---|---|")
-    shown = 0
-    for (mode, minimum_rows, plans), (low, high, q, q_worst, c, c_worst) in ranked:
-        if plans in seen:  # the same choices with another mode or minimum_rows
-            continue
-        seen.add(plans)
-        span = _flops(low) if low == high else f"{_flops(low)} .. {_flops(high)}"
-        print(f"| {mode} | {minimum_rows} | {span} | {q:.3f} | {q_worst:.2f} | {c:.3f} | {c_worst:.2f} |")
-        shown += 1
-        if shown == 10:
-            break
+    for row in ranked[:10]:
+        q, q_worst, c, c_worst = row["scores"]
+        print(f"| {', '.join(row['modes'])} | {_span(row['rows'])} | {_span(row['flops'], _flops)} | "
+              f"{q:.3f} | {q_worst:.2f} | {c:.3f} | {c_worst:.2f} |")
     defaults = dict(gemm.gemm_schema("Gemm", cases[0].element_type).defaults)
     plans = choices(cases, pool, defaults)
-    q, q_worst = score(plans, quiet)
-    c, c_worst = score(plans, contended)
+    q, q_worst, c, c_worst = rows[plans]["scores"] if plans in rows else (*score(plans, quiet),
+                                                                          *score(plans, contended))
     print(f"| **default** {defaults[gemm.MODE]} | {defaults[gemm.MINIMUM_ROWS]} | "
           f"{_flops(defaults[gemm.MINIMUM_FLOPS])} | {q:.3f} | {q_worst:.2f} | {c:.3f} | {c_worst:.2f} |")
 
@@ -423,33 +426,22 @@ def print_times(title: str, cases: list[Case], results: list[dict[str, Any]], wh
         print("| " + " | ".join(cells) + " |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds-per-shape", type=float, default=1.4)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--max-wait", type=float, default=30.0,
-                        help="seconds in all to wait for other processes to go quiet before shapes")
-    parser.add_argument("--max-load", type=float, default=0.3,
-                        help="shapes measured while other processes used more cores are not scored")
-    parser.add_argument("--only", default="", help="comma-separated groups: float,double,float16,"
-                                                   "bfloat16,integer")
-    args = parser.parse_args(argv)
-    only = {g.strip() for g in args.only.split(",") if g.strip()}
-    cases = [c for c in corpus() if not only or _group(c.element_type) in only]
+def _measure_all(cases: list[Case], pool: ThreadPool, args: argparse.Namespace) -> tuple[str, list]:
+    """Measure every case; returns the report's header (machine, BLAS, timing) and the results."""
     rng = np.random.default_rng(0)
-    pool = ThreadPool(args.threads)
     monitor = LoadMonitor()
     competitor = Competitor()
     started = time.perf_counter()
-    print(f"# Gemm/MatMul sweep, {datetime.date.today().isoformat()}\n")
-    print(f"command: python {' '.join(sys.argv)}  ")
-    print(f"python {platform.python_version()}, numpy {np.__version__}, threads {args.threads}, "
-          f"cpu_count {os.cpu_count()}, OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}  ")
+    lines = [f"# Gemm/MatMul sweep, {datetime.date.today().isoformat()}", "",
+             f"command: python {' '.join(sys.argv)}  ",
+             f"python {platform.python_version()}, numpy {np.__version__}, threads {args.threads}, "
+             f"cpu_count {os.cpu_count()}, "
+             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}  "]
     for info in threadpoolctl.threadpool_info():
         if info.get("user_api") == "blas":
-            print(f"BLAS: {info.get('internal_api')} {info.get('version')} ({info.get('threading_layer')}, "
-                  f"{info.get('architecture')}, {info.get('num_threads')} threads), "
-                  f"{Path(info.get('filepath', '')).name}  ")
+            lines.append(f"BLAS: {info.get('internal_api')} {info.get('version')} "
+                         f"({info.get('threading_layer')}, {info.get('architecture')}, "
+                         f"{info.get('num_threads')} threads), {Path(info.get('filepath', '')).name}  ")
     wait_budget = [args.max_wait]
     results = []
     try:
@@ -459,9 +451,44 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         competitor.close()
     elapsed = time.perf_counter() - started
-    print(f"\n{elapsed:.0f} s in all, {args.max_wait - wait_budget[0]:.0f} s of it waiting for other "
-          "processes. Median microseconds per call; GFLOP/s of the best plan; 'default': the plan the "
-          "portable defaults pick.")
+    lines += ["", f"{elapsed:.0f} s in all, {args.max_wait - wait_budget[0]:.0f} s of it waiting for "
+              "other processes. Median microseconds per call; GFLOP/s of the best plan; 'default': the "
+              "plan the portable defaults pick."]
+    return "\n".join(lines), results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds-per-shape", type=float, default=1.2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--max-wait", type=float, default=30.0,
+                        help="seconds in all to wait for other processes to go quiet before shapes")
+    parser.add_argument("--max-load", type=float, default=0.3,
+                        help="shapes measured while other processes used more cores are not scored")
+    parser.add_argument("--save", help="also write the measurements to this JSON file")
+    parser.add_argument("--replay", help="print the tables from a file written by --save instead of "
+                                         "measuring (the 'default' columns use the current defaults)")
+    parser.add_argument("--only", default="", help="comma-separated groups: float,double,float16,"
+                                                   "bfloat16,integer")
+    args = parser.parse_args(argv)
+    only = {g.strip() for g in args.only.split(",") if g.strip()}
+    cases = [c for c in corpus() if not only or _group(c.element_type) in only]
+    pool = ThreadPool(args.threads)
+    if args.replay:
+        with open(args.replay) as file:
+            saved = json.load(file)
+        header, results = saved["header"], saved["results"]
+        labels = {(NAMES[c.element_type], c.label): c for c in corpus()}
+        cases = [labels[tuple(r["case"])] for r in results]
+        print(header)
+    else:
+        header, results = _measure_all(cases, pool, args)
+        print(header)
+        if args.save:
+            with open(args.save, "w") as file:
+                records = [{**r, "case": [NAMES[c.element_type], c.label]}
+                           for c, r in zip(cases, results, strict=True)]
+                json.dump({"header": header, "results": records}, file, indent=1)
     print_times("Quiet ('other load': cores other processes used meanwhile; 'drift': the serial plan's "
                 "time in the second phase / the first)", cases, results, "quiet", pool)
     print_times("Contended (one busy-looping competitor process)", cases, results, "contended", pool)

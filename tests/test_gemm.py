@@ -311,7 +311,8 @@ def test_plan_threshold_and_modes(pools):
     pool = pools[3]
     kernel = _kernel("MatMul", T.FLOAT, _forced("split", minimum_rows=4, minimum_flops=1000), pool)
     assert kernel.plan(10, 10, 9) == "serial"  # 900 < 1000
-    assert kernel.plan(10, 10, 10) == "split_rows"  # at the threshold
+    assert kernel.plan(10, 10, 10) == "split_rows"  # at the threshold; a tie goes to rows
+    assert kernel.plan(10, 11, 10) == "split_columns"  # same blocks: the larger dimension
     assert kernel.plan(4, 12, 100) == "split_columns"  # rows give 1 block, columns 3
     assert kernel.plan(7, 7, 100) == "blas"  # 7 // 4 = 1 block either way
     assert kernel.plan(10, 10, 10, (1, 1)) == "split_rows"  # batch of one is a matrix

@@ -9,7 +9,7 @@ one all-or-nothing batch.
 from __future__ import annotations
 
 from ..tuning.registry import KernelTuningRegistry
-from . import elementwise, gemm, reductions, structural
+from . import calibration, elementwise, gemm, reductions, structural
 from .base import Kernel
 from .profiles import processor_profiles
 
@@ -34,6 +34,8 @@ KERNELS: KernelTable = _merge(
 
 
 def register(registry: KernelTuningRegistry) -> int:
-    """Register the library's schemas and shipped processor profiles; returns the generation."""
+    """Register the library's schemas, shipped processor profiles and calibration callbacks
+    in one batch; returns the generation."""
     schemas = [*elementwise.tuning_schemas(), *gemm.tuning_schemas()]
-    return registry.register(schemas=schemas, profiles=processor_profiles())
+    callbacks = {**calibration.calibration_callbacks()}
+    return registry.register(schemas=schemas, profiles=processor_profiles(), callbacks=callbacks)

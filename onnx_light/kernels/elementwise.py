@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -44,11 +45,14 @@ from .base import (
 
 __all__ = [
     "BINARY",
+    "CHEAP_MINIMUM_BYTES",
     "DEFAULT_MINIMUM_ELEMENTS",
     "ELEMENTWISE_TYPES",
+    "EXPENSIVE_MINIMUM_ELEMENTS",
     "KERNELS",
     "MINIMUM_ELEMENTS",
     "OPS",
+    "SERIAL_ONLY",
     "TERNARY",
     "UNARY",
     "VARIADIC",
@@ -56,13 +60,24 @@ __all__ = [
     "Attribute",
     "ElementwiseKernel",
     "ElementwiseOp",
+    "default_minimum_elements",
     "elementwise_parameters",
     "tuning_schemas",
 ]
 
 MINIMUM_ELEMENTS = "parallel.minimum_elements"
-# Measured with benchmarks/elementwise_crossover.py; see docs/elementwise.md.
-DEFAULT_MINIMUM_ELEMENTS = 1 << 16
+# Portable defaults of parallel.minimum_elements, set from the crossovers measured by
+# benchmarks/elementwise_crossover.py (docs/elementwise.md):
+# * cheap ops on native numpy types are memory-bound: the parallel path paid from about 4 MiB
+#   of the key input type on (2**22 bool and int8, 2**20 float32 and int32, 2**19 float64);
+CHEAP_MINIMUM_BYTES = 1 << 22
+# * transcendental ops, and every op on float16, bfloat16 and float8 (numpy and ml_dtypes
+#   convert element by element), paid from 2**14 .. 2**17 elements;
+EXPENSIVE_MINIMUM_ELEMENTS = 1 << 16
+# * string (object) loops hold the GIL: blocks cannot run in parallel, so never by default.
+SERIAL_ONLY = 1 << 62
+# The default of a cheap op on a 4-byte type (float32, int32).
+DEFAULT_MINIMUM_ELEMENTS = CHEAP_MINIMUM_BYTES // 4
 
 FLOAT8_TYPES = (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ)
 BOOL = (T.BOOL,)
@@ -151,8 +166,9 @@ class ElementwiseOp:
       that ONNX semantics ignore: ``"float"`` for floating types only, ``"always"`` also for
       integers (division by zero). ml_dtypes types warn on NaN comparisons, so their blocks
       always run under ``np.errstate(all="ignore")``.
-    * ``cost``: ``"cheap"`` (a few arithmetic passes) or ``"transcendental"``; selects the
-      portable default of ``parallel.minimum_elements``.
+    * ``cost``: ``"cheap"`` (a few passes of arithmetic or selection: memory-bound) or
+      ``"transcendental"``; selects the portable default of ``parallel.minimum_elements``
+      (see :func:`default_minimum_elements`).
     * ``versions``: ONNX's since_versions of the op that this kernel implements.
     """
 
@@ -425,9 +441,9 @@ OPS: tuple[ElementwiseOp, ...] = (
     _OP("And", B, BOOL, np.logical_and, (7,), output="bool", warns="never"),
     _OP("Or", B, BOOL, np.logical_or, (7,), output="bool", warns="never"),
     _OP("Xor", B, BOOL, np.logical_xor, (7,), output="bool", warns="never"),
-    _OP("Where", TERNARY, WHERE_TYPES, _where, (9, 16),
-        warns="never", key_input=1),
+    _OP("Where", TERNARY, WHERE_TYPES, _where, (9, 16), warns="never", key_input=1),
 )
+del U, B, V, F, N, _OP
 
 # --------------------------------------------------------------------------------------------
 # Tuning parameters and schemas
@@ -441,16 +457,25 @@ def elementwise_parameters(default: int = DEFAULT_MINIMUM_ELEMENTS) -> tuple[Par
     )
 
 
-def default_minimum_elements(op: ElementwiseOp) -> int:
-    """The portable default of ``parallel.minimum_elements`` for an op."""
-    return DEFAULT_MINIMUM_ELEMENTS
+_SLOW_TYPES = frozenset({T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES})
+
+
+def default_minimum_elements(op: ElementwiseOp, element_type: int | None) -> int:
+    """The portable default of ``parallel.minimum_elements`` for an op and key element type."""
+    if element_type == T.STRING:
+        return SERIAL_ONLY
+    if op.cost == "transcendental" or element_type in _SLOW_TYPES:
+        return EXPENSIVE_MINIMUM_ELEMENTS
+    if element_type is None:
+        return DEFAULT_MINIMUM_ELEMENTS
+    return max(1, CHEAP_MINIMUM_BYTES // numpy_dtype(element_type).itemsize)
 
 
 def tuning_schemas() -> list[KernelTuningSchema]:
     """One schema per elementwise op and element type."""
     return [
         KernelTuningSchema(KernelTuningKey(LIBRARY, op.op_type, "portable", element_type),
-                           elementwise_parameters(default_minimum_elements(op)))
+                           elementwise_parameters(default_minimum_elements(op, element_type)))
         for op in OPS
         for element_type in op.types
     ]
@@ -513,9 +538,9 @@ class ElementwiseKernel(Kernel):
         if ctx.num_inputs and (ctx.num_inputs < arity.minimum
                                or (arity.maximum is not None and ctx.num_inputs > arity.maximum)):
             raise ctx.error(f"expects {self._arity_text()} input(s), the node has {ctx.num_inputs}")
-        self.attributes: Mapping[str, Value] = {
+        self.attributes: Mapping[str, Value] = MappingProxyType({
             a.name: a.read(ctx) for a in op.attributes if a.before is None or ctx.opset < a.before
-        }
+        })
         self._compute = (functools.partial(op.compute, **self.attributes) if self.attributes
                          else op.compute)
         element_type = self.element_type
@@ -523,7 +548,7 @@ class ElementwiseKernel(Kernel):
             raise ctx.error(f"element type {element_type_name(element_type)} is not supported; "
                             f"supported: {[element_type_name(t) for t in op.types]}")
         self._plans: dict[np.dtype, _TypePlan] = {numpy_dtype(t): _type_plan(op, t) for t in op.types}
-        self._parameter = elementwise_parameters(default_minimum_elements(op))[0]
+        self._parameter = elementwise_parameters(default_minimum_elements(op, element_type))[0]
         self._minimum_elements: int = int(self._parameter.default)
 
     def _arity_text(self) -> str:

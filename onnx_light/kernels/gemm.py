@@ -9,7 +9,8 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     What "more than one thread" means: ``"blas"`` makes one BLAS call with as many BLAS threads
     as the session's pool; ``"split_rows"`` / ``"split_columns"`` split the output's rows or
     columns into contiguous blocks run on the pool, each block one BLAS call limited to one
-    BLAS thread; ``"split"`` picks whichever of the two gives more blocks (rows on a tie).
+    BLAS thread; ``"split"`` picks whichever of the two gives more blocks, and on a tie the
+    larger dimension (rows when M >= N), so that each block stays a wide product.
     Inputs with a batch axis of size 2 or more split that axis instead, in every split mode.
     A split that cannot make two blocks falls back to ``"blas"`` (to serial for integers).
 ``split.minimum_rows``
@@ -291,7 +292,7 @@ class _ProductKernel(Kernel):
         rows = min(threads, m // self.minimum_rows)
         columns = min(threads, n // self.minimum_rows)
         if mode == "split":
-            mode = "split_rows" if rows >= columns else "split_columns"
+            mode = "split_rows" if rows > columns or (rows == columns and m >= n) else "split_columns"
         if (rows if mode == "split_rows" else columns) >= 2:
             return mode
         return "serial" if self.integer else "blas"
