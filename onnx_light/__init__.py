@@ -49,7 +49,7 @@ def _load_default_cache() -> None:
         logger.warning("kernel tuning cache not loaded: %s", exc)
         return
     invalid = [e for e in report["entries"] if e["outcome"] == "invalid"]
-    if report["status"] not in ("ok", "missing") or invalid:
+    if report["status"] not in ("ok", "missing") or invalid or report["ownership"]:
         # Entries of other processors, ABIs or libraries are expected in a shared file.
         logger.warning("kernel tuning cache %s (%s): %s", report["path"], report["status"],
                        "; ".join(report["diagnostics"][:5]))

@@ -511,3 +511,14 @@ def test_removing_from_a_missing_file_creates_nothing(tmp_path: Path) -> None:
     report = update_cache(path, [], remove=[entry(1).identity()])
     assert report["written"] == 0 and report["removed"] == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_other_users_may_change_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [entry(1)])
+    assert read_cache(path).diagnostics == []
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    path.chmod(0o666)
+    cache = read_cache(path)
+    assert cache.status == "ok"
+    assert any("writable by other users" in d for d in cache.diagnostics)

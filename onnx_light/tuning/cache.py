@@ -175,6 +175,7 @@ class CacheFile:
     format_version: int | None = None
     lines: list[CacheLine] = field(default_factory=list)
     diagnostics: list[str] = field(default_factory=list)
+    ownership: list[str] = field(default_factory=list)
 
     @property
     def exists(self) -> bool:
@@ -194,9 +195,26 @@ def read_cache(path: Path) -> CacheFile:
             return CacheFile(path, "unreadable",
                              diagnostics=[f"{path}: larger than {MAX_FILE_BYTES} bytes"])
         data = path.read_bytes()
+        ownership = _ownership_problems(path)
     except OSError as exc:
         return CacheFile(path, "unreadable", diagnostics=[f"{path}: {exc.strerror or exc}"])
-    return parse_cache_bytes(path, data)
+    cache = parse_cache_bytes(path, data)
+    cache.ownership = ownership
+    cache.diagnostics[:0] = ownership
+    return cache
+
+
+def _ownership_problems(path: Path) -> list[str]:
+    """Say so when another user owns or may change the file (its content stays data only)."""
+    if os.name != "posix":
+        return []
+    info = path.stat()
+    problems = []
+    if info.st_uid != os.geteuid():
+        problems.append(f"{path}: owned by another user (uid {info.st_uid})")
+    if info.st_mode & 0o022:
+        problems.append(f"{path}: writable by other users (mode {info.st_mode & 0o777:o})")
+    return problems
 
 
 def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
@@ -312,6 +330,7 @@ def load_into(registry: KernelTuningRegistry, path: Path,
         "format_version": cache.format_version,
         "entries": [o.to_dict() for o in outcomes],
         "loaded": sum(o.outcome == LOADED for o in outcomes),
+        "ownership": cache.ownership,
         "diagnostics": cache.diagnostics,
         "generation": generation,
     }
