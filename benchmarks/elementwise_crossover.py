@@ -44,13 +44,13 @@ from onnx import TensorProto as T
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from onnx_light.kernels.base import Kernel, NodeContext, numpy_dtype
-from onnx_light.kernels.elementwise import KERNELS, MINIMUM_ELEMENTS, OPS
+from onnx_light.kernels.elementwise import KERNELS, MINIMUM_ELEMENTS, OPS, cost_class
 from onnx_light.parallel import ThreadPool
 from onnx_light.tuning.keys import element_type_name
 
 SERIAL = {MINIMUM_ELEMENTS: 2**62}
 PARALLEL = {MINIMUM_ELEMENTS: 1}
-COST = {op.op_type: op.cost for op in OPS}
+OP = {op.op_type: op for op in OPS}
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,16 @@ class Case:
     @property
     def num_inputs(self) -> int:
         return 1 if self.layout == "unary" else 2
+
+    @property
+    def cost_class(self) -> str:
+        return cost_class(OP[self.op], self.element_type)
+
+    def threshold_elements(self, threshold: int) -> int:
+        """A class threshold in elements: cheap ones are in bytes of the element type."""
+        if self.cost_class == "cheap":
+            return max(1, threshold // numpy_dtype(self.element_type).itemsize)
+        return threshold
 
 
 CASES = [
@@ -277,8 +287,54 @@ def main(argv: list[str] | None = None) -> int:
     for case, found in summary:
         cells = [f"{power_label(found[v][0])} ({power_label(found[v][1])})"
                  for v in parallel_variants]
-        print(f"| {case.name} | {COST[case.op]} | " + " | ".join(cells) + " |")
+        print(f"| {case.name} | {case.cost_class} | " + " | ".join(cells) + " |")
+    print_policies(cases, sizes, samples, parallel_variants[-1])
     return 0
+
+
+def print_policies(cases: list[Case], sizes: list[int],
+                   samples: dict[tuple[str, int, str], list[float]], variant: str) -> None:
+    """Per cost class, what one threshold for the whole class costs against always taking the
+    faster path, from the medians and from the best samples (``variant`` is the parallel path).
+
+    The medians include the rounds in which other processes held the cores, the best samples
+    approximate free cores; the balanced choice minimises the mean of the two.
+    """
+    print()
+    print(f"One threshold per cost class ({variant}): geometric mean over the class's cases and "
+          "sizes of the slowdown of serial below / parallel from the threshold, against the "
+          "faster path at each size; from the medians and from the best samples; worst "
+          "slowdown in brackets. Cheap ops: threshold in bytes of the element type, expensive "
+          "ops: in elements.")
+    print()
+    print("| cost class | threshold | slowdown, medians | slowdown, best samples | mean of both |")
+    print("|---|---:|---:|---:|---:|")
+    for cls in ("cheap", "expensive"):
+        members = [c for c in cases if c.cost_class == cls]
+        if not members:
+            continue
+        unit = 1 if cls == "expensive" else 4  # bytes of float32: thresholds line up with sizes
+        candidates = [size * unit for size in sizes] + [sizes[-1] * unit * 2]
+        rows = []
+        for threshold in candidates:
+            result = []
+            for pick in (statistics.median, min):
+                slowdowns = []
+                for case in members:
+                    limit = case.threshold_elements(threshold)
+                    for size in sizes:
+                        serial = pick(samples[case.name, size, "serial"])
+                        parallel = pick(samples[case.name, size, variant])
+                        slowdowns.append((parallel if size >= limit else serial)
+                                         / min(serial, parallel))
+                result.append((float(np.exp(np.mean(np.log(slowdowns)))), max(slowdowns)))
+            rows.append((threshold, result, (result[0][0] + result[1][0]) / 2))
+        best = min(rows, key=lambda row: row[2])[0]
+        for threshold, ((median_mean, median_worst), (best_mean, best_worst)), both in rows:
+            label = f"2^{threshold.bit_length() - 1}" + (" bytes" if cls == "cheap" else "")
+            mark = " **balanced**" if threshold == best else ""
+            print(f"| {cls} | {label} | {median_mean:.3f} ({median_worst:.2f}) | "
+                  f"{best_mean:.3f} ({best_worst:.2f}) | {both:.3f}{mark} |")
 
 
 if __name__ == "__main__":

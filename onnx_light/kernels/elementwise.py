@@ -60,21 +60,23 @@ __all__ = [
     "Attribute",
     "ElementwiseKernel",
     "ElementwiseOp",
+    "cost_class",
     "default_minimum_elements",
     "elementwise_parameters",
     "tuning_schemas",
 ]
 
 MINIMUM_ELEMENTS = "parallel.minimum_elements"
-# Portable defaults of parallel.minimum_elements, set from the crossovers measured by
-# benchmarks/elementwise_crossover.py (docs/elementwise.md):
-# * cheap ops on native numpy types are memory-bound: the parallel path paid from about 4 MiB
-#   of the key input type on (2**22 bool and int8, 2**20 float32 and int32, 2**19 float64);
-CHEAP_MINIMUM_BYTES = 1 << 22
-# * transcendental ops, and every op on float16, bfloat16 and float8 (numpy and ml_dtypes
-#   convert element by element), paid from 2**14 .. 2**17 elements;
+# Portable defaults of parallel.minimum_elements, from benchmarks/elementwise_crossover.py
+# (2026-11-29, 2 cores; docs/elementwise.md): per cost class, the one threshold with the
+# smallest mean slowdown against always taking the faster path (medians and best samples).
+# * Cheap ops on native numpy types are memory-bound, their crossover scales with bytes:
+#   8 MiB of the key element type (2**21 float32/int32, 2**20 float64, 2**23 bool/int8).
+CHEAP_MINIMUM_BYTES = 1 << 23
+# * Transcendental ops, and every op on float16, bfloat16 and float8 (converted element by
+#   element): measured crossovers 2**14 .. 2**17 elements with free cores.
 EXPENSIVE_MINIMUM_ELEMENTS = 1 << 16
-# * string (object) loops hold the GIL: blocks cannot run in parallel, so never by default.
+# * String (object) loops hold the GIL: blocks cannot overlap, so never parallel by default.
 SERIAL_ONLY = 1 << 62
 # The default of a cheap op on a 4-byte type (float32, int32).
 DEFAULT_MINIMUM_ELEMENTS = CHEAP_MINIMUM_BYTES // 4
@@ -458,13 +460,29 @@ def elementwise_parameters(default: int = DEFAULT_MINIMUM_ELEMENTS) -> tuple[Par
 
 
 _SLOW_TYPES = frozenset({T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES})
+CostClass = Literal["cheap", "expensive", "serial"]
+
+
+def cost_class(op: ElementwiseOp, element_type: int | None) -> CostClass:
+    """How an op's time grows on one key element type, which sets its portable default.
+
+    ``"serial"``: string (object) loops hold the GIL, blocks cannot overlap. ``"expensive"``:
+    transcendental ops, and any op on float16, bfloat16 or float8 (converted element by
+    element). ``"cheap"``: the rest, memory-bound, so their crossover scales with bytes.
+    """
+    if element_type == T.STRING:
+        return "serial"
+    if op.cost == "transcendental" or element_type in _SLOW_TYPES:
+        return "expensive"
+    return "cheap"
 
 
 def default_minimum_elements(op: ElementwiseOp, element_type: int | None) -> int:
     """The portable default of ``parallel.minimum_elements`` for an op and key element type."""
-    if element_type == T.STRING:
+    cost = cost_class(op, element_type)
+    if cost == "serial":
         return SERIAL_ONLY
-    if op.cost == "transcendental" or element_type in _SLOW_TYPES:
+    if cost == "expensive":
         return EXPENSIVE_MINIMUM_ELEMENTS
     if element_type is None:
         return DEFAULT_MINIMUM_ELEMENTS
