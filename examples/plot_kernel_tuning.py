@@ -1,0 +1,242 @@
+"""
+.. _l-example-plot-kernel-tuning:
+
+Calibrate elementwise kernels on this machine
+=============================================
+
+An elementwise kernel such as ``Add`` runs serially on the calling thread, or splits
+its output into blocks for the intra-op thread pool once the output has at least
+``parallel.minimum_elements`` elements. Where splitting starts to pay depends on the
+processor, its caches and the thread count, so onnx_light measures it: calibration
+times the forced-serial and the parallel path on the same inputs over a series of
+sizes and keeps the smallest size from which the parallel path wins on every larger
+size (the *crossover*). When no stable crossover appears, the portable default stays.
+
+This example calibrates ``Add``, ``Abs`` and ``Exp`` for ``float`` with a small
+budget, plots what was measured, compares a session using the portable values with
+one using the calibrated values, and shows that a session keeps the registry
+generation it captured when it was built. Everything is saved to a temporary cache
+file, never to your own cache.
+
+Set ``ONNX_LIGHT_EXAMPLE_QUICK=1`` to shrink every budget (the tests do).
+"""
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from onnx import TensorProto, helper
+
+import onnx_light
+from onnx_light import kernels
+from onnx_light.tuning import KernelTuningRegistry
+
+QUICK = os.environ.get("ONNX_LIGHT_EXAMPLE_QUICK", "") not in ("", "0")
+OPS = ("Add", "Abs", "Exp")
+ELEMENT_TYPE = "float"
+PARAMETER = "parallel.minimum_elements"
+BUDGET_MS = (150 if QUICK else 2000) * len(OPS)  # for the whole calibration
+SIZES = [1 << e for e in (range(12, 19, 3) if QUICK else range(12, 23, 2))]
+REPEATS = 3 if QUICK else 15
+
+scratch = tempfile.TemporaryDirectory(prefix="onnx_light-example-")
+cache_path = Path(scratch.name) / "kernel-tuning-cache.txt"
+print(f"processor: {onnx_light.tuning.execution_descriptor().short()}")
+print(f"temporary cache: {cache_path}")
+
+# %%
+# One-node models, and a session built before calibration
+# --------------------------------------------------------
+# The first dimension is symbolic, so one session serves every size. A session
+# resolves its kernels' values once, from the registry generation current when it is
+# built.
+
+
+def one_node_model(op_type: str) -> bytes:
+    """A model computing ``Y = op_type(inputs)`` on float vectors of any length."""
+    names = ["A", "B"] if op_type == "Add" else ["X"]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N"]) for n in names]
+    output = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N"])
+    node = helper.make_node(op_type, names, ["Y"], name=op_type.lower())
+    graph = helper.make_graph([node], f"one_{op_type.lower()}", inputs, [output])
+    opsets = [helper.make_opsetid("", 17)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+
+
+models = {op: one_node_model(op) for op in OPS}
+before = onnx_light.RuntimeSession(models["Add"])
+for entry in before.tuning_report():
+    print(f"node {entry['node']}: {entry['key']} {entry['values']}")
+    print(f"  from {entry['source']}, generation {entry['generation']}")
+
+# %%
+# Calibrate with a small budget
+# -----------------------------
+# ``calibrate_kernel_tuning`` runs each key's calibration callback within its share of
+# the budget, then publishes all results in one new registry generation and, with
+# ``save=True``, writes them to the cache file at ``path``.
+
+report = onnx_light.calibrate_kernel_tuning(
+    list(OPS), ELEMENT_TYPE, max_duration_ms=BUDGET_MS, path=cache_path, save=True
+)
+results = {r["key"]: r for r in report["calibrated"]}
+print(f"generation {report['generation']}, {report['duration_s']:.2f} s")
+for key, result in results.items():
+    kept = result["portable_kept"]
+    state = "portable value kept" if kept else f"crossover {result['crossover']}"
+    count = len(result["measurements"])
+    print(f"{key}: {result['values']} ({state}; {count} measurements)")
+for line in report["diagnostics"]:
+    print(line)
+for failure in report["failed"]:
+    print(f"FAILED {failure['key']}: {failure['error']}")
+
+# %%
+# Serial and parallel times per size
+# ----------------------------------
+# Each point is the median of interleaved samples. ``Add`` is measured on three cases
+# (equal shapes, a scalar operand, broadcasting along two axes); the crossover must
+# hold for all of them. The red line is the value now in force: the crossover found,
+# or the portable default when none was stable (the usual outcome on a busy or
+# single-core machine).
+
+
+def key_of(op_type: str) -> str:
+    key = onnx_light.KernelTuningKey("onnx_light", op_type, "portable", ELEMENT_TYPE)
+    return str(key)
+
+
+CASES = {"equal": "-", "scalar": "--", "broadcast": ":"}
+fig, axes = plt.subplots(1, len(OPS), figsize=(4.2 * len(OPS), 3.6))
+for ax, op_type in zip(axes, OPS, strict=True):
+    result = results.get(key_of(op_type))
+    ax.set_title(f"{op_type} [{ELEMENT_TYPE}]")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("output elements")
+    if result is None or not result["measurements"]:
+        ax.text(0.5, 0.5, "not measured\n(see the diagnostics above)",
+                ha="center", va="center", transform=ax.transAxes)
+        continue
+    ax.set_yscale("log")
+    for case, style in CASES.items():
+        points = [m for m in result["measurements"] if m["case"] == case]
+        if points:
+            sizes = [m["size"] for m in points]
+            serial = [m["serial_median_s"] for m in points]
+            parallel = [m["candidate_median_s"] for m in points]
+            ax.plot(sizes, serial, "C0" + style, marker=".", label=f"serial ({case})")
+            ax.plot(sizes, parallel, "C1" + style, marker=".",
+                    label=f"parallel ({case})")
+    chosen = result["values"][PARAMETER]
+    kept = result["portable_kept"]
+    label = f"portable value kept ({chosen})" if kept else f"crossover {chosen}"
+    ax.axvline(chosen, color="C3", linewidth=1.5, label=label)
+    ax.legend(fontsize=7)
+axes[0].set_ylabel("median time per call (s)")
+fig.tight_layout()
+
+# %%
+# Portable values against calibrated values
+# -----------------------------------------
+# A registry filled by ``kernels.register`` alone holds the schemas and the shipped
+# processor profiles but nothing published for this machine: a session built on it
+# uses the portable (or shipped) values. A session built on the process-wide registry
+# now uses the calibrated ones. Both run the same inputs, in turn; the vertical lines
+# mark each session's threshold, the lower plot the ratio of their times. Where both
+# thresholds are equal, the ratio shows only the measurement noise; between the two
+# thresholds one session runs in parallel and the other serially. A small budget on a
+# busy machine can choose a threshold that these timings do not confirm: calibrate on
+# an idle machine with the default budget (3 s per key) for values to keep.
+
+portable_registry = KernelTuningRegistry()
+kernels.register(portable_registry)
+rng = np.random.default_rng(0)
+
+
+def median_times(sessions: list, feeds: dict, repeats: int) -> list[float]:
+    """Median wall time of ``run`` for each session, the sessions sampled in turn."""
+    for session in sessions:
+        session.run(None, feeds)  # warm up
+    samples: list[list[float]] = [[] for _ in sessions]
+    for _ in range(repeats):
+        for index, session in enumerate(sessions):
+            started = time.perf_counter()
+            session.run(None, feeds)
+            samples[index].append(time.perf_counter() - started)
+    return [statistics.median(s) for s in samples]
+
+
+fig, axes = plt.subplots(2, len(OPS), figsize=(4.2 * len(OPS), 5.6), sharex=True,
+                         gridspec_kw={"height_ratios": [3, 2]})
+for (ax, ratio_ax), op_type in zip(axes.T, OPS, strict=True):
+    portable = onnx_light.RuntimeSession(models[op_type], registry=portable_registry)
+    calibrated = onnx_light.RuntimeSession(models[op_type])
+    times = []
+    for size in SIZES:
+        feeds = {arg.name: rng.standard_normal(size).astype(np.float32)
+                 for arg in portable.get_inputs()}
+        times.append(median_times([portable, calibrated], feeds, REPEATS))
+    styles = (("C0", "-", "o"), ("C2", "--", "x"))
+    for column, (session, (color, line, marker)) in enumerate(
+            zip((portable, calibrated), styles, strict=True)):
+        (entry,) = session.tuning_report()
+        value = entry["values"][PARAMETER]
+        ax.plot(SIZES, [t[column] for t in times], color=color, linestyle=line,
+                marker=marker, label=f"{entry['source']} ({value})")
+        ax.axvline(value, color=color, linestyle=line, linewidth=1)
+    ax.set(title=f"{op_type} [{ELEMENT_TYPE}]: session run", yscale="log")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7)
+    ratios = [t[1] / t[0] for t in times]
+    ratio_ax.plot(SIZES, ratios, "C2-x")
+    ratio_ax.axhline(1.0, color="grey", linewidth=1)
+    ratio_ax.set_xlabel("output elements")
+    listed = ", ".join(f"{n}: {r:.2f}" for n, r in zip(SIZES, ratios, strict=True))
+    print(f"{op_type}: calibrated / portable time: {listed}")
+axes[0, 0].set_ylabel("median time per run (s)")
+axes[1, 0].set_ylabel("calibrated / portable")
+fig.tight_layout()
+
+# %%
+# Generations: a session keeps what it captured
+# ---------------------------------------------
+# ``before`` was built before the calibration was published; a new session sees the
+# new generation. A value set by hand is one more generation: only sessions built
+# afterwards use it, while ``before`` keeps running with the values it resolved when
+# it was built.
+
+after = onnx_light.RuntimeSession(models["Add"])
+onnx_light.set_kernel_tuning_parameters(
+    "Add", ELEMENT_TYPE, {PARAMETER: 4096}, path=cache_path)
+manual = onnx_light.RuntimeSession(models["Add"])
+x = np.ones(8, dtype=np.float32)
+sessions = {"before": before, "after calibration": after, "after manual set": manual}
+for name, session in sessions.items():
+    (entry,) = session.tuning_report()
+    (y,) = session.run(None, {"A": x, "B": x})
+    print(f"{name:<18} generation {entry['generation']:>3}  {entry['source']:<17} "
+          f"{PARAMETER}={entry['values'][PARAMETER]}  run ok: {bool((y == 2).all())}")
+
+# %%
+# The cache file, and clean-up
+# ----------------------------
+# The file has a version header and one JSON entry per line (key, execution
+# descriptor, values, provenance). Resetting forgets this machine's values for the
+# selected keys, in the registry and in the file, so later sessions resolve the
+# portable values again.
+
+lines = cache_path.read_text(encoding="utf-8").splitlines()
+print(lines[0])
+for line in lines[1:]:
+    print(line[:80] + " ...")
+reset = onnx_light.reset_kernel_tuning_parameters(
+    list(OPS), ELEMENT_TYPE, path=cache_path)
+print(f"reset {len(reset['keys'])} keys, generation {reset['generation']}")
+print(onnx_light.RuntimeSession(models["Add"]).tuning_report()[0]["source"])
+scratch.cleanup()
+
+plt.show()
