@@ -33,6 +33,7 @@ from onnx import TensorProto, helper
 
 import onnx_light
 from onnx_light import kernels
+from onnx_light.plotting import plot_calibration
 from onnx_light.tuning import KernelTuningRegistry
 
 QUICK = os.environ.get("ONNX_LIGHT_EXAMPLE_QUICK", "") not in ("", "0")
@@ -110,34 +111,7 @@ def key_of(op_type: str) -> str:
     return str(key)
 
 
-CASES = {"equal": "-", "scalar": "--", "broadcast": ":"}
-fig, axes = plt.subplots(1, len(OPS), figsize=(4.2 * len(OPS), 3.6))
-for ax, op_type in zip(axes, OPS, strict=True):
-    result = results.get(key_of(op_type))
-    ax.set_title(f"{op_type} [{ELEMENT_TYPE}]")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("output elements")
-    if result is None or not result["measurements"]:
-        ax.text(0.5, 0.5, "not measured\n(see the diagnostics above)",
-                ha="center", va="center", transform=ax.transAxes)
-        continue
-    ax.set_yscale("log")
-    for case, style in CASES.items():
-        points = [m for m in result["measurements"] if m["case"] == case]
-        if points:
-            sizes = [m["size"] for m in points]
-            serial = [m["serial_median_s"] for m in points]
-            parallel = [m["candidate_median_s"] for m in points]
-            ax.plot(sizes, serial, "C0" + style, marker=".", label=f"serial ({case})")
-            ax.plot(sizes, parallel, "C1" + style, marker=".",
-                    label=f"parallel ({case})")
-    chosen = result["values"][PARAMETER]
-    kept = result["portable_kept"]
-    label = f"portable value kept ({chosen})" if kept else f"crossover {chosen}"
-    ax.axvline(chosen, color="C3", linewidth=1.5, label=label)
-    ax.legend(fontsize=7)
-axes[0].set_ylabel("median time per call (s)")
-fig.tight_layout()
+fig = plot_calibration([results[key_of(op)] for op in OPS if key_of(op) in results])
 
 # %%
 # Portable values against calibrated values

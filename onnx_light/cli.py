@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -142,10 +142,17 @@ def _apply(args: argparse.Namespace) -> int:
             print(f"skipped {skipped['key']}: {skipped['reason']}", file=sys.stderr)
         if outcome["cache_update"]:
             print(f"cache written: {outcome['cache_update']['path']}")
+    if args.plot and outcome["applied"]:
+        from .plotting import plot_calibration  # matplotlib only when asked for
+
+        plot_calibration(outcome["applied"], args.plot)
+        print(f"figure written: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 1 if outcome["failed"] or outcome["skipped"] else 0
 
 
 def _cmd_tune_kernels(args: argparse.Namespace) -> int:
+    if args.plot and not args.apply:
+        raise ValueError("--plot draws a calibration: it needs --apply")
     if args.apply:
         return _apply(args)
     report = _tuning_report(args)
@@ -237,9 +244,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr (exit status 2), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m onnx_light",
         description="A lightweight ONNX runtime for CPUs with processor-aware kernel tuning.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -264,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--max-memory-mb", type=_positive_int, metavar="MB",
                       help="memory budget for calibration inputs (default 1024)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
+    tune.add_argument("--plot", metavar="FILE.png",
+                      help="with --apply: draw serial and parallel times per size with the "
+                           "chosen crossover (needs matplotlib)")
     tune.set_defaults(handler=_cmd_tune_kernels)
 
     run = commands.add_parser("run", help="run a model and time it",
@@ -302,7 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
-    except (KeyError, ValueError, TypeError, OSError) as exc:
+    except (KeyError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"onnx_light {args.command}: error: {message}", file=sys.stderr)
+        one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        print(f"onnx_light {args.command}: error: {one_line}", file=sys.stderr)
         return 2

@@ -210,3 +210,15 @@ def test_cli_apply_failure_exit_status(tmp_path, capsys):
 def test_cli_nothing_matches(capsys):
     assert main(["tune-kernels", "--kernel", "NoSuchKernel"]) == 2
     assert "unknown kernel NoSuchKernel" in capsys.readouterr().err
+
+
+def test_cli_apply_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / "calibration.png"
+    status = main(["tune-kernels", "--kernel", "Good", "--cache", str(tmp_path / "c.txt"),
+                   "--threads", "2", "--apply", "--quiet", "--plot", str(figure)])
+    assert status == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"figure written: {figure}" in capsys.readouterr().out
+    assert main(["tune-kernels", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "needs --apply" in capsys.readouterr().err

@@ -1,0 +1,72 @@
+"""Figures of calibration results (matplotlib, an optional dependency: ``pip install onnx_light[plot]``).
+
+Used by ``tune-kernels --apply --plot FILE.png`` and by the example gallery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["plot_calibration"]
+
+CASE_STYLES = {"equal": "-", "scalar": "--", "broadcast": ":"}
+
+
+def plot_calibration(results: Sequence[dict[str, Any]], path: str | None = None) -> Any:
+    """One panel per calibrated key: serial and candidate median times per size and case,
+    with the chosen crossover (or the portable value kept) marked.
+
+    ``results`` are the ``calibrated``/``applied`` records of a calibration report. Returns
+    the matplotlib figure, saved to ``path`` when given.
+    """
+    try:
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'onnx_light[plot]'") from None
+    results = list(results)
+    if not results:
+        raise ValueError("no calibration results to plot")
+    columns = min(3, len(results))
+    rows = -(-len(results) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(results):]:
+        ax.set_visible(False)
+    for ax, result in zip(axes.flat, results, strict=False):
+        _panel(ax, result)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _panel(ax: Any, result: dict[str, Any]) -> None:
+    ax.set_title(result["key"], fontsize=8)
+    measurements = result["measurements"]
+    if not measurements:
+        ax.text(0.5, 0.5, "nothing measured\n" + "\n".join(result["diagnostics"])[-120:],
+                ha="center", va="center", fontsize=7, transform=ax.transAxes, wrap=True)
+        return
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("output elements")
+    ax.set_ylabel("median time per call (s)")
+    for case in dict.fromkeys(m["case"] for m in measurements):
+        points = [m for m in measurements if m["case"] == case]
+        style = CASE_STYLES.get(case, "-.")
+        sizes = [m["size"] for m in points]
+        ax.plot(sizes, [m["serial_median_s"] for m in points], "C0" + style, marker=".",
+                label=f"serial ({case})")
+        ax.plot(sizes, [m["candidate_median_s"] for m in points], "C1" + style, marker=".",
+                label=f"{points[0]['candidate']} ({case})")
+    crossover = result.get("crossover")
+    if crossover is not None:
+        ax.axvline(crossover, color="C3", linewidth=1.5, label=f"crossover {crossover}")
+    else:
+        ax.text(0.02, 0.98, "portable value kept", va="top", fontsize=7, color="C3",
+                transform=ax.transAxes)
+    ax.legend(fontsize=6)
