@@ -36,8 +36,11 @@ block boundaries fixed by ``(size, threads)`` the chosen plan runs exactly the m
 so the script scores every configuration of a grid from the same measurements: for each shape
 it asks the kernel's own ``plan()`` which plan the configuration picks and divides that plan's
 time by the best plan's time under the same condition. It ranks the configurations of each
-group of element types by the geometric means of those ratios, quiet and contended; those are
-the portable defaults' evidence (docs/gemm.md).
+group of element types by the geometric means of those ratios, quiet and contended, putting
+last those that are more than ``FRAGILE`` (3) times slower than the best plan on some shape
+under either condition: a portable default must not have cliffs. That ranking is the portable
+defaults' evidence (docs/gemm.md). ``--save`` keeps the measurements as JSON and ``--replay``
+prints the tables again from them, with the kernel's current ``plan()`` and defaults.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ NAMES = {T.FLOAT: "float", T.DOUBLE: "double", T.FLOAT16: "float16", T.BFLOAT16:
          T.INT32: "int32", T.INT64: "int64"}
 PLANS = ("serial", "blas", "split_rows", "split_columns", "split_batch")
 NEVER = 1 << 62
+FRAGILE = 3.0  # a configuration this much slower than the best plan on some shape ranks last
 
 
 @dataclass(frozen=True)
@@ -380,10 +384,13 @@ def print_scores(group: str, cases: list[Case], results: list[dict[str, Any]], p
             row["modes"].append(values[gemm.MODE])
         row["rows"].append(values[gemm.MINIMUM_ROWS])
         row["flops"].append(values[gemm.MINIMUM_FLOPS])
-    ranked = sorted(rows.values(), key=lambda r: (math.sqrt(r["scores"][0] * r["scores"][2]),
-                                                  r["scores"][1]))
-    print(f"\n{group}: configurations by sqrt(quiet x contended) geometric mean of time / best plan, "
-          f"{len(cases)} shapes\n")
+    def rank(row: dict[str, Any]) -> tuple[bool, float]:
+        q, q_worst, c, c_worst = row["scores"]
+        return (max(q_worst, c_worst) > FRAGILE, math.sqrt(q * c))
+
+    ranked = sorted(rows.values(), key=rank)
+    print(f"\n{group}: configurations by sqrt(quiet x contended) geometric mean of time / best plan "
+          f"over {len(cases)} shapes; those {FRAGILE:g}x slower than the best plan somewhere come last\n")
     print("| mode | minimum_rows | minimum_flops | quiet | quiet worst | contended | contended worst |")
     print("|---|---|---|---|---|---|---|")
     for row in ranked[:10]:
@@ -466,8 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-load", type=float, default=0.3,
                         help="shapes measured while other processes used more cores are not scored")
     parser.add_argument("--save", help="also write the measurements to this JSON file")
-    parser.add_argument("--replay", help="print the tables from a file written by --save instead of "
-                                         "measuring (the 'default' columns use the current defaults)")
+    parser.add_argument("--replay", nargs="+", metavar="JSON",
+                        help="print the tables from files written by --save instead of measuring (the "
+                             "'default' columns use the current defaults; a later file's shapes "
+                             "replace an earlier one's)")
     parser.add_argument("--only", default="", help="comma-separated groups: float,double,float16,"
                                                    "bfloat16,integer")
     args = parser.parse_args(argv)
@@ -475,12 +484,16 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in corpus() if not only or _group(c.element_type) in only]
     pool = ThreadPool(args.threads)
     if args.replay:
-        with open(args.replay) as file:
-            saved = json.load(file)
-        header, results = saved["header"], saved["results"]
         labels = {(NAMES[c.element_type], c.label): c for c in corpus()}
-        cases = [labels[tuple(r["case"])] for r in results]
-        print(header)
+        by_case: dict[tuple[str, str], dict[str, Any]] = {}
+        for path in args.replay:
+            with open(path) as file:
+                saved = json.load(file)
+            print(saved["header"] + "\n")
+            by_case.update({tuple(r["case"]): r for r in saved["results"]})
+        order = [key for key in labels if key in by_case]
+        cases = [labels[key] for key in order]
+        results = [by_case[key] for key in order]
     else:
         header, results = _measure_all(cases, pool, args)
         print(header)

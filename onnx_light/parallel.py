@@ -19,7 +19,11 @@ the hot path is kept to a handful of raw lock operations:
   acquire. A second Python thread that finds the pool busy does not wait; it runs all of its
   blocks serially inline on its own thread. Results are the same either way; this avoids
   queueing one session behind another and can never deadlock.
-* ``blas_threads`` / ``serial_blas`` cap the BLAS library's own threads inside numpy.
+* :data:`BLAS` reads and sets the thread count of the BLAS library inside numpy cheaply
+  (``threadpoolctl.threadpool_limits`` costs 0.4-1 ms per use here; a cached controller's
+  library handles cost about 1 us to read and 12 us to change and restore). Sessions hold
+  one BLAS thread around a run; a kernel that wants BLAS's own threads raises it for its
+  call and restores it.
 
 Block boundaries depend only on ``(n, num_threads, max_blocks)``, never on which thread runs
 them, so a kernel gives the same results whether a region runs in parallel or inline.
@@ -30,11 +34,12 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
-__all__ = ["ThreadPool", "blas_threads", "get_pool", "serial_blas"]
+__all__ = ["BLAS", "BlasThreads", "ThreadPool", "get_pool"]
 
 _STOP = object()  # task sentinel telling workers to exit
 
@@ -323,21 +328,81 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@contextlib.contextmanager
-def blas_threads(num_threads: int) -> Iterator[None]:
-    """Limit the BLAS library used by numpy to ``num_threads`` threads inside the block.
+class BlasThreads:
+    """The thread count of the BLAS libraries numpy uses, read and changed cheaply.
 
-    Uses ``threadpoolctl.threadpool_limits(user_api="blas")`` and restores the previous limits
-    on exit. The limit is process-wide (it affects every thread, not just this one), and
-    entering + leaving costs about 0.4-1 ms (median 0.76 ms measured on a 2-core AMD EPYC VM
-    with numpy's OpenBLAS; most of it is threadpoolctl scanning the loaded libraries), so
-    enter it once around a whole session run, never per kernel call.
+    Builds one ``threadpoolctl.ThreadpoolController`` on first use and keeps its BLAS library
+    controllers. :meth:`limit` changes the count only when it differs and returns what to
+    pass to :meth:`restore`. With no BLAS library found every method does nothing.
     """
-    num_threads = _check_num_threads(num_threads)
-    with threadpool_limits(limits=num_threads, user_api="blas"):
-        yield
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._libraries: tuple[Any, ...] | None = None
+        self._per_thread = False
+
+    def _controllers(self) -> tuple[Any, ...]:
+        libraries = self._libraries
+        if libraries is None:
+            with self._lock:
+                if self._libraries is None:
+                    found = tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+                    self._per_thread = any(getattr(lib, "threading_layer", "") == "openmp"
+                                           for lib in found)
+                    self._libraries = found
+                libraries = self._libraries
+        return libraries
+
+    @property
+    def per_thread(self) -> bool:
+        """True when the limit applies to the calling thread only (OpenMP-threaded BLAS)."""
+        self._controllers()
+        return self._per_thread
+
+    def get(self) -> tuple[int | None, ...]:
+        """The current thread count of each BLAS library."""
+        return tuple(lib.get_num_threads() for lib in self._controllers())
+
+    def _set(self, counts: Sequence[int | None]) -> None:
+        for lib, count in zip(self._controllers(), counts, strict=True):
+            if count is not None:
+                lib.set_num_threads(count)
+                # threadpoolctl >= 3.7 makes the first thread that sets an OpenBLAS limit its
+                # only owner; give ownership back so other threads' limits keep working.
+                release = getattr(type(lib), "clear_controlling_thread", None)
+                if release is not None:
+                    release()
+
+    def limit(self, num_threads: int) -> tuple[int | None, ...] | None:
+        """Set every BLAS library to ``num_threads`` if one differs; the previous counts or None."""
+        libraries = self._libraries
+        if libraries is None:
+            libraries = self._controllers()
+        if len(libraries) == 1:  # the usual case, kept short: it runs on every kernel call
+            count = libraries[0].get_num_threads()
+            if count == num_threads or count is None:
+                return None
+            previous: tuple[int | None, ...] = (count,)
+        else:
+            previous = self.get()
+            if all(count == num_threads or count is None for count in previous):
+                return None
+        self._set([num_threads] * len(previous))
+        return previous
+
+    def restore(self, previous: tuple[int | None, ...] | None) -> None:
+        """Undo :meth:`limit` (nothing when it changed nothing)."""
+        if previous is not None:
+            self._set(previous)
+
+    @contextlib.contextmanager
+    def scope(self, num_threads: int) -> Iterator[None]:
+        """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
+        previous = self.limit(_check_num_threads(num_threads))
+        try:
+            yield
+        finally:
+            self.restore(previous)
 
 
-def serial_blas() -> contextlib.AbstractContextManager[None]:
-    """``blas_threads(1)``: for code that calls BLAS from inside parallel blocks."""
-    return blas_threads(1)
+BLAS = BlasThreads()

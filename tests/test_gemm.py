@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from threadpoolctl import threadpool_limits
 
+from onnx_light import parallel
 from onnx_light.kernels import gemm
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
@@ -314,14 +315,14 @@ def test_plan_threshold_and_modes(pools):
     assert kernel.plan(10, 10, 10) == "split_rows"  # at the threshold; a tie goes to rows
     assert kernel.plan(10, 11, 10) == "split_columns"  # same blocks: the larger dimension
     assert kernel.plan(4, 12, 100) == "split_columns"  # rows give 1 block, columns 3
-    assert kernel.plan(7, 7, 100) == "blas"  # 7 // 4 = 1 block either way
+    assert kernel.plan(7, 7, 100) == "serial"  # 7 // 4 = 1 block either way: no split, no BLAS threads
     assert kernel.plan(10, 10, 10, (1, 1)) == "split_rows"  # batch of one is a matrix
     assert kernel.plan(10, 10, 10, (2, 1)) == "split_batch"
     assert kernel.plan(0, 10, 10) == "serial"
-    for mode, expected in [("blas", "blas"), ("split_rows", "split_rows"), ("split_columns", "blas")]:
+    for mode, expected in [("blas", "blas"), ("split_rows", "split_rows"), ("split_columns", "serial")]:
         assert _kernel("MatMul", T.FLOAT, _forced(mode, 4), pool).plan(12, 4, 100) == expected
     integer = _kernel("MatMul", T.INT32, _forced("split_rows", 4), pool)
-    assert integer.plan(1, 100, 100) == "serial"  # no BLAS to thread: a failed split stays serial
+    assert integer.plan(1, 100, 100) == "serial"
     assert _kernel("MatMul", T.FLOAT, _forced("blas")).plan(512, 512, 512) == "serial"  # no pool
     assert _kernel("MatMul", T.FLOAT, _forced("blas"), ThreadPool(1)).plan(512, 512, 512) == "serial"
 
@@ -446,7 +447,7 @@ def test_per_thread_blas_limits_every_block(monkeypatch, pools):
     """With an OpenMP-threaded BLAS each block limits its own thread."""
     calls = []
 
-    class PerThread(gemm.BlasThreads):
+    class PerThread(parallel.BlasThreads):
         @property
         def per_thread(self):
             return True

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from onnx_light.parallel import ThreadPool, blas_threads, get_pool, serial_blas
+from onnx_light.parallel import BLAS, ThreadPool, get_pool
 
 
 def record_blocks(pool: ThreadPool, n: int, **kwargs: object) -> list[tuple[int, int, int]]:
@@ -254,15 +254,17 @@ def test_get_pool_replaces_closed_pool() -> None:
     check_partition(record_blocks(new, 9), 9, 5)
 
 
-@pytest.mark.parametrize("factory", [ThreadPool, get_pool, blas_threads])
+def _enter_blas_scope(num_threads: object) -> None:
+    with BLAS.scope(num_threads):  # type: ignore[arg-type]
+        pass
+
+
+@pytest.mark.parametrize("factory", [ThreadPool, get_pool, _enter_blas_scope])
 @pytest.mark.parametrize("bad, exc", [(0, ValueError), (-1, ValueError), (True, TypeError),
                                       (1.5, TypeError), ("2", TypeError)])
 def test_invalid_num_threads(factory, bad: object, exc: type) -> None:
     with pytest.raises(exc, match="num_threads"):
-        cm = factory(bad)
-        if factory is blas_threads:
-            with cm:
-                pass
+        factory(bad)
 
 
 def _blas_thread_counts() -> list[int]:
@@ -270,17 +272,15 @@ def _blas_thread_counts() -> list[int]:
             if info["user_api"] == "blas"]
 
 
-def test_blas_threads_sets_and_restores() -> None:
+def test_blas_scope_sets_and_restores() -> None:
     np.dot(np.ones((4, 4)), np.ones((4, 4)))  # make sure the BLAS library is loaded
     before = _blas_thread_counts()
     if not before:
         pytest.skip("no BLAS library visible to threadpoolctl")
-    with blas_threads(1):
+    with BLAS.scope(1):
         assert _blas_thread_counts() == [1] * len(before)
-    assert _blas_thread_counts() == before
-    with serial_blas():
-        assert _blas_thread_counts() == [1] * len(before)
-        with blas_threads(2):
+        assert BLAS.get() == (1,) * len(before)
+        with BLAS.scope(2):
             assert _blas_thread_counts() == [2] * len(before)
         assert _blas_thread_counts() == [1] * len(before)
     assert _blas_thread_counts() == before

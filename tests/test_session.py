@@ -240,3 +240,19 @@ def test_initializers_are_protected_and_intermediates_released(registry):
     np.testing.assert_array_equal(out, [4, 2, 3, 4])
     (out,) = session.run(None, {"x": np.array([-5, 0, 0, 0], np.float32)})
     np.testing.assert_array_equal(out, [4, 2, 3, 4])
+
+
+def test_blas_threads_held_at_one_during_run(monkeypatch, registry):
+    from onnx_light.parallel import BLAS
+
+    if not BLAS.get():
+        pytest.skip("no BLAS library visible to threadpoolctl")
+    seen = []
+    add_class = kernels.KERNELS["Add"][max(kernels.KERNELS["Add"])]
+    original = add_class.run
+    monkeypatch.setattr(add_class, "run",
+                        lambda self, *xs: (seen.append(BLAS.get()), original(self, *xs))[1])
+    before = BLAS.get()
+    RuntimeSession(_add_model(), num_threads=2, registry=registry).run(None, _feeds())
+    assert seen == [(1,) * len(before)]
+    assert BLAS.get() == before  # restored after the run

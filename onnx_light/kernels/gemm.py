@@ -12,7 +12,7 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     BLAS thread; ``"split"`` picks whichever of the two gives more blocks, and on a tie the
     larger dimension (rows when M >= N), so that each block stays a wide product.
     Inputs with a batch axis of size 2 or more split that axis instead, in every split mode.
-    A split that cannot make two blocks falls back to ``"blas"`` (to serial for integers).
+    A split that cannot make two blocks runs serially: split modes never use BLAS threads.
 ``split.minimum_rows``
     The smallest block of output rows or columns; it caps the number of blocks at
     ``dimension // minimum_rows``.
@@ -39,36 +39,39 @@ float16 and bfloat16 accumulate in float32 and cast the result back: numpy's flo
 is a scalar loop (about 35x slower than sgemm here) and bfloat16 has no BLAS at all. This is
 also more accurate than accumulating in the narrow type.
 
-BLAS threads. threadpoolctl's ``threadpool_limits`` costs about 0.36 ms to enter and leave
+BLAS threads. threadpoolctl's ``threadpool_limits`` costs 0.36-0.9 ms to enter and leave here
 (it rescans the loaded libraries), far more than a small product, so kernels never use it.
 :data:`BLAS` keeps one cached ``ThreadpoolController`` and talks to its library controllers
-directly: reading the thread count costs about 0.6 us, changing it about 1 us. Before its BLAS
-call(s) a kernel reads the count and changes it only if it differs from what the plan needs
-(1 for the serial and split paths, the pool's thread count for ``"blas"``), restoring it
-afterwards. A runtime that enters ``BLAS.scope(1)`` once around a whole run therefore pays one
-read per serial or split call and nothing else. The limit is process-wide (for OpenBLAS with
-pthreads): kernels of concurrent sessions may see each other's setting, which changes speed,
-never results. threadpoolctl 3.8 lets only one Python thread at a time own OpenBLAS's limit;
-kernels release that ownership after each change, and while another thread holds a
-``threadpool_limits`` block the kernel's change is silently skipped (the user's limit wins).
-With an OpenMP-threaded BLAS the limit is per thread, so each split block also limits its own
-thread. Calling BLAS concurrently from several pool threads is safe: the BLAS libraries numpy
-ships are thread-safe, and with one BLAS thread each call runs entirely on its caller's thread.
+directly: reading the thread count costs about 1 us; changing it and changing it back about
+12 us (most of it threadpoolctl 3.8's bookkeeping of which thread owns OpenBLAS's limit).
+Before its BLAS call(s) a kernel reads the count and changes it only if it differs from what
+the plan needs (1 for the serial and split paths, the pool's thread count for ``"blas"``),
+restoring it afterwards, so the process's own setting is never left changed. A runtime that
+enters ``BLAS.scope(1)`` once around a whole run (one change, one restore) therefore pays one
+read per serial or split call and nothing else; only ``"blas"`` plans then change the count.
+The limit is process-wide (for OpenBLAS with pthreads): kernels of concurrent sessions may see
+each other's setting, which changes speed, never results. threadpoolctl 3.8 lets only one live
+Python thread at a time own OpenBLAS's limit; kernels hand that ownership back after each
+change, and while another thread holds a ``threadpool_limits`` block the kernel's change is
+silently skipped (the user's limit wins). With an OpenMP-threaded BLAS the limit is per thread,
+so each split block also limits its own thread. Calling BLAS concurrently from several pool
+threads is safe: the BLAS libraries numpy ships are thread-safe, and with one BLAS thread each
+call runs entirely on its caller's thread.
+
+Why the default mode is ``"split"``: see the comment above the defaults and docs/gemm.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 import numpy as np
 from onnx import TensorProto
-from threadpoolctl import ThreadpoolController
 
+from ..parallel import BLAS
 from ..tuning.keys import KernelTuningKey
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from .base import LIBRARY, Kernel, NodeContext
@@ -76,10 +79,14 @@ from .base import LIBRARY, Kernel, NodeContext
 __all__ = [
     "BLAS",
     "GEMM_TYPES",
+    "INTEGER_MODES",
     "KERNELS",
+    "MINIMUM_FLOPS",
+    "MINIMUM_ROWS",
+    "MODE",
     "MODES",
+    "OPSET_TYPES",
     "PLANS",
-    "BlasThreads",
     "GemmKernel",
     "MatMulKernel",
     "gemm_parameters",
@@ -110,9 +117,16 @@ MINIMUM_FLOPS = "parallel.minimum_flops"
 MODE = "parallel.mode"
 MINIMUM_ROWS = "split.minimum_rows"
 
-# Portable defaults, measured with benchmarks/gemm_sweep.py (see docs/gemm.md).
-_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 22, MODE: "split", MINIMUM_ROWS: 16}
-_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 15, MODE: "split", MINIMUM_ROWS: 4}
+# Portable defaults, measured with benchmarks/gemm_sweep.py on a 2-core machine (docs/gemm.md has
+# the tables). Floats: "blas" is fastest on a quiet machine but 10-25x slower than serial on some
+# shapes as soon as another process takes a core (OpenBLAS's spinning workers); "split" stayed
+# within 2.4x of the best plan everywhere, and its best threshold was 2^25 in every run for
+# float, double and bfloat16 (float16: within 2% of its best).
+# minimum_rows made no difference from 1 to 64 in "split" mode on 2 threads.
+_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16}
+# Integers (numpy's own loop, about 2-3 GMAC/s): splitting pays from 2^19 multiply-adds, quiet
+# or contended; "split" and minimum_rows from 1 to 32 ranked equal.
+_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
 
 
 def _is_integer(element_type: int | None) -> bool:
@@ -150,84 +164,6 @@ def tuning_schemas() -> list[KernelTuningSchema]:
     return [gemm_schema(op, element_type) for op, types in GEMM_TYPES.items() for element_type in types]
 
 
-class BlasThreads:
-    """The thread count of the BLAS libraries numpy uses, read and changed cheaply.
-
-    Builds one ``threadpoolctl.ThreadpoolController`` on first use and keeps its BLAS library
-    controllers. :meth:`limit` changes the count only when it differs and returns what to
-    pass to :meth:`restore`. With no BLAS library found every method does nothing.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._libraries: tuple[Any, ...] | None = None
-        self._per_thread = False
-
-    def _controllers(self) -> tuple[Any, ...]:
-        libraries = self._libraries
-        if libraries is None:
-            with self._lock:
-                if self._libraries is None:
-                    found = tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
-                    self._per_thread = any(getattr(lib, "threading_layer", "") == "openmp"
-                                           for lib in found)
-                    self._libraries = found
-                libraries = self._libraries
-        return libraries
-
-    @property
-    def per_thread(self) -> bool:
-        """True when the limit applies to the calling thread only (OpenMP-threaded BLAS)."""
-        self._controllers()
-        return self._per_thread
-
-    def get(self) -> tuple[int | None, ...]:
-        """The current thread count of each BLAS library."""
-        return tuple(lib.get_num_threads() for lib in self._controllers())
-
-    def _set(self, counts: Sequence[int | None]) -> None:
-        for lib, count in zip(self._controllers(), counts, strict=True):
-            if count is not None:
-                lib.set_num_threads(count)
-                # threadpoolctl >= 3.7 makes the first thread that sets an OpenBLAS limit its
-                # only owner; give ownership back so other threads' limits keep working.
-                release = getattr(type(lib), "clear_controlling_thread", None)
-                if release is not None:
-                    release()
-
-    def limit(self, num_threads: int) -> tuple[int | None, ...] | None:
-        """Set every BLAS library to ``num_threads`` if one differs; the previous counts or None."""
-        libraries = self._libraries
-        if libraries is None:
-            libraries = self._controllers()
-        if len(libraries) == 1:  # the usual case, kept short: it runs on every kernel call
-            count = libraries[0].get_num_threads()
-            if count == num_threads or count is None:
-                return None
-            previous: tuple[int | None, ...] = (count,)
-        else:
-            previous = self.get()
-            if all(count == num_threads or count is None for count in previous):
-                return None
-        self._set([num_threads] * len(previous))
-        return previous
-
-    def restore(self, previous: tuple[int | None, ...] | None) -> None:
-        """Undo :meth:`limit` (nothing when it changed nothing)."""
-        if previous is not None:
-            self._set(previous)
-
-    @contextlib.contextmanager
-    def scope(self, num_threads: int) -> Iterator[None]:
-        """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
-        previous = self.limit(num_threads)
-        try:
-            yield
-        finally:
-            self.restore(previous)
-
-
-BLAS = BlasThreads()
 
 Epilogue = Callable[[np.ndarray, slice, slice], np.ndarray]
 _ALL = slice(None)
@@ -295,7 +231,7 @@ class _ProductKernel(Kernel):
             mode = "split_rows" if rows > columns or (rows == columns and m >= n) else "split_columns"
         if (rows if mode == "split_rows" else columns) >= 2:
             return mode
-        return "serial" if self.integer else "blas"
+        return "serial"
 
     def _product(self, a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
         """``epilogue(a @ b)`` in the type of ``a``; a is (..., M, K), b is (..., K, N)."""

@@ -15,9 +15,10 @@ only.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from onnx import numpy_helper
 
 from ..kernels import KERNELS
 from ..kernels.base import Kernel, KernelError, NodeContext, numpy_dtype
-from ..parallel import get_pool
+from ..parallel import BLAS, get_pool
 from ..tuning.keys import element_type_name
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
@@ -58,14 +59,49 @@ class _Step:
     node: str
 
 
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of a graph and its subgraphs: initializers and attribute values."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _attribute_tensors(graph.node)
+
+
+def _attribute_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
+    for node in nodes:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for sparse in (*([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []),
+                           *attribute.sparse_tensors):
+                yield from (sparse.values, sparse.indices)
+            for subgraph in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                yield from _tensors(subgraph)
+
+
+def _without_external_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A model given in memory has no folder: its external data would be read relative to
+    the working directory, so such a model is refused."""
+    functions = (_attribute_tensors(function.node) for function in model.functions)
+    for tensor in itertools.chain(_tensors(model.graph), *functions):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            raise ValueError(
+                f"tensor {tensor.name!r} keeps its data in the external file {location!r}; give "
+                "the model's path so that external data is read from the model's folder only")
+    return model
+
+
 def _load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
-        return model
+        return _without_external_data(model)
     if isinstance(model, (bytes, bytearray, memoryview)):
         try:
-            return onnx.load_from_string(bytes(model))
+            loaded = onnx.load_from_string(bytes(model))
         except Exception as exc:  # protobuf raises its own DecodeError
             raise ValueError(f"the bytes are not a serialized ONNX model: {exc}") from None
+        return _without_external_data(loaded)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isfile(path):
@@ -138,9 +174,12 @@ class RuntimeSession:
                  registry: KernelTuningRegistry | None = None) -> None:
         started = time.perf_counter()
         model = _load_model(model)
-        try:
-            onnx.checker.check_model(model)
-        except onnx.checker.ValidationError as exc:
+        if registry is not None and not isinstance(registry, KernelTuningRegistry):
+            raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
+        try:  # full_check adds strict type inference: Add(float, int64) is rejected here
+            onnx.checker.check_model(model, full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
+                UnicodeDecodeError) as exc:  # the last: a name that is not UTF-8
             raise ValueError(f"invalid ONNX model: {exc}") from None
         self.descriptor = execution_descriptor(num_threads)
         self.num_threads = self.descriptor.num_threads
@@ -245,7 +284,10 @@ class RuntimeSession:
         return [{"node": name, **resolution.to_dict()} for name, resolution in self._tuning]
 
     def _check_feed(self, info: onnx.ValueInfoProto, value: Any) -> np.ndarray:
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        try:
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError) as exc:  # ragged nested lists, say
+            raise InvalidInputError(f"input {info.name!r}: not an array: {exc}") from None
         element_type = _element_type(info.type)
         if element_type is not None:
             expected = numpy_dtype(element_type)
@@ -273,6 +315,9 @@ class RuntimeSession:
         if not isinstance(input_feed, Mapping):
             raise TypeError(f"input_feed must be a dict of name -> array, "
                             f"got {type(input_feed).__name__}")
+        if isinstance(output_names, str):
+            raise TypeError(f"output_names must be a list of names or None, got the string "
+                            f"{output_names!r}")
         names = list(self._output_slots) if output_names is None else list(output_names)
         unknown_outputs = [n for n in names if n not in self._output_slots]
         if unknown_outputs:
@@ -290,17 +335,20 @@ class RuntimeSession:
         for info in self._inputs:
             if info.name in input_feed:
                 values[self._feed_slots[info.name]] = self._check_feed(info, input_feed[info.name])
-        for step in self._plan:
-            arguments = [None if s is None else values[s] for s in step.inputs]
-            try:
-                results = step.run(*arguments)
-            except KernelError:
-                raise
-            except Exception as exc:
-                raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
-            for s, result in zip(step.outputs, results, strict=False):
-                if s is not None:
-                    values[s] = result
-            for s in step.release:
-                values[s] = None
+        # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
+        # count for its call (at most the session's thread count) and restores it.
+        with BLAS.scope(1):
+            for step in self._plan:
+                arguments = [None if s is None else values[s] for s in step.inputs]
+                try:
+                    results = step.run(*arguments)
+                except KernelError:
+                    raise
+                except Exception as exc:
+                    raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
+                for s, result in zip(step.outputs, results, strict=False):
+                    if s is not None:
+                        values[s] = result
+                for s in step.release:
+                    values[s] = None
         return [values[self._output_slots[n]] for n in names]

@@ -34,6 +34,7 @@ __all__ = [
 
 PathLike = str | os.PathLike[str]
 ElementTypes = int | str | np.dtype | Iterable[int | str | np.dtype]
+DURATION_SLACK_S = 1.0  # how late a callback's result may come (see _check_result)
 
 
 class SelectionError(KeyError):
@@ -72,7 +73,12 @@ def _element_types(value: ElementTypes | None) -> set[int] | None:
         return None
     if isinstance(value, (int, str, np.dtype, type)):
         return {element_type_code(value)}
-    return {element_type_code(item) for item in value}
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"element type must be an int, a name, a numpy dtype or a list of them, "
+                        f"got {type(value).__name__}") from None
+    return {element_type_code(item) for item in items}
 
 
 def select_keys(
@@ -289,6 +295,27 @@ def _budget_seconds(max_duration_ms: float | None, keys: int) -> float:
     return max_duration_ms / 1000.0
 
 
+def _check_result(result: Any, key: KernelTuningKey, budget: calibration.Budget,
+                  elapsed_s: float) -> None:
+    """Reject what a callback returned for ``key`` unless it is that key's result and came
+    in time.
+
+    Searches check their budget between measurements, so they may overrun it by one
+    measurement; a result arriving after ``max(2 * budget, budget + DURATION_SLACK_S)``
+    comes from a callback that ignored its budget and is discarded.
+    """
+    if not isinstance(result, calibration.CalibrationResult):
+        raise calibration.CalibrationFailure(
+            f"{key}: the callback returned {type(result).__name__}, not a CalibrationResult")
+    if result.key != key:
+        raise calibration.CalibrationFailure(f"{key}: the callback returned a result for {result.key}")
+    limit = budget.max_duration_s + max(budget.max_duration_s, DURATION_SLACK_S)
+    if elapsed_s > limit:
+        raise calibration.CalibrationFailure(
+            f"{key}: the callback ran {elapsed_s:.3g} s, past its duration budget of "
+            f"{budget.max_duration_s:.3g} s (results after {limit:.3g} s are discarded)")
+
+
 def _run_callbacks(
     keys: list[KernelTuningKey],
     snapshot: RegistrySnapshot,
@@ -310,8 +337,10 @@ def _run_callbacks(
             skipped.append({"key": str(key), "reason": "duration budget used up before this key"})
             continue
         budget = calibration.Budget(remaining / (len(keys) - index), memory, local.num_threads)
+        key_started = time.perf_counter()
         try:
             result = snapshot.callbacks[key](key, local, budget)
+            _check_result(result, key, budget, time.perf_counter() - key_started)
             result.values = snapshot.schema(key).validate(result.values)
         except Exception as exc:  # a failing callback must publish nothing
             failures.append({"key": str(key), "error": f"{type(exc).__name__}: {exc}"})
@@ -429,8 +458,11 @@ def apply_kernel_tuning_updates(
     key failed; failures are listed with their errors. ``progress(done, total,
     key)`` is called before each key and once at the end.
     """
-    if not isinstance(proposal, Mapping) or "missing_calibratable" not in proposal:
+    if not isinstance(proposal, Mapping) or not {"descriptor", "missing_calibratable"} <= set(proposal) \
+            or isinstance(proposal["missing_calibratable"], str):
         raise TypeError("proposal must be the dict returned by propose_kernel_tuning_updates")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable(done, total, key), got {type(progress).__name__}")
     descriptor = CpuExecutionDescriptor.from_dict(proposal["descriptor"])
     local = execution_descriptor(descriptor.num_threads)
     if local != descriptor:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -49,6 +49,7 @@ FORMAT_VERSION = 1
 HEADER = f"{FORMAT_NAME} {FORMAT_VERSION}"
 MAX_FILE_BYTES = 64 * 1024 * 1024
 LOCK_TIMEOUT_S = 60.0
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 # Per-entry load outcomes.
 LOADED, INCOMPATIBLE, STALE, INVALID, UNKNOWN_KEY, DUPLICATE = (
@@ -139,7 +140,11 @@ class CacheLine:
         key, descriptor = record.get("key"), record.get("descriptor")
         if not isinstance(key, str) or not isinstance(descriptor, dict):
             return cls(number, text, None, None, "needs a string 'key' and an object 'descriptor'")
-        return cls(number, text, (key, _canonical(descriptor)), record, None)
+        try:
+            identity = (key, _canonical(descriptor))
+        except (ValueError, RecursionError) as exc:  # e.g. 1e400 parses as inf
+            return cls(number, text, None, None, f"bad descriptor: {exc}")
+        return cls(number, text, identity, record, None)
 
     def entry(self) -> CacheEntry:
         """The typed entry; ``ValueError`` naming what is wrong."""
@@ -356,8 +361,7 @@ def update_cache(path: Path, entries: Iterable[CacheEntry],
     if not new_lines and not path.exists():
         return {"path": str(path), "written": 0, "replaced": 0, "kept": 0, "removed": 0,
                 "backup": None, "diagnostics": []}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S):
+    with filelock.FileLock(_prepare_lock_file(path), timeout=LOCK_TIMEOUT_S):
         current = read_cache(path)
         if current.status == "unreadable" and path.exists():
             raise OSError(f"kernel tuning cache {path} cannot be read, so it is not replaced: "
@@ -369,6 +373,7 @@ def update_cache(path: Path, entries: Iterable[CacheEntry],
                 if line.identity is not None
                 and line.identity not in new_lines and line.identity not in removed]
         replaced = sum(1 for line in current.lines if line.identity in new_lines)
+        _remove_stale_temporaries(path)
         _atomic_write(path, "\n".join([HEADER, *kept, *new_lines.values()]) + "\n")
     return {
         "path": str(path),
@@ -381,11 +386,42 @@ def update_cache(path: Path, entries: Iterable[CacheEntry],
     }
 
 
+def _prepare_lock_file(path: Path) -> str:
+    """Create the cache's folder and its lock file ``<path>.lock``; returns the lock's path.
+
+    A location that cannot hold them (a regular file as folder, ``/proc``) raises
+    ``OSError`` naming the cache at once, instead of a lock timeout a minute later.
+    The lock file is opened without following a symbolic link.
+    """
+    lock = str(path) + ".lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise OSError(exc.errno, f"kernel tuning cache {path} cannot be written "
+                                 f"({exc.strerror}: {exc.filename})") from None
+    os.close(fd)
+    return lock
+
+
 def _backup(path: Path) -> Path:
+    """Copy ``path`` to a new ``<path>.bad-<UTC timestamp>``: created exclusively, never
+    through a symbolic link, never writable by other users."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}.bad-{stamp}")
-    shutil.copy2(path, backup)
+    data = path.read_bytes()
+    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
     return backup
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files of writers killed mid-write. Writers create them only while
+    holding the lock, which the caller holds, so any that exist are stale."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
 
 
 def _atomic_write(path: Path, text: str) -> None:
