@@ -1,23 +1,36 @@
-"""Calibration callbacks of the elementwise kernels, on the core's shared crossover search.
+"""Calibration callbacks of the kernel library, on the tuning core's searches.
 
-Every elementwise op and element type gets a callback; they differ only in the
-data they feed (:data:`DOMAINS`), so this is registration, not code per op.
-The serial reference and the parallel candidate are the same kernel class,
-configured with ``parallel.minimum_elements`` out of reach and at 1.
+Elementwise kernels use the shared crossover search: every op and element type
+gets a callback; they differ only in the data they feed (:data:`DOMAINS`), so
+this is registration, not code per op. The serial reference and the parallel
+candidate are the same kernel class, configured with
+``parallel.minimum_elements`` out of reach and at 1.
+
+Gemm and MatMul use the multi-parameter configuration search over a fixed
+corpus of shapes (:data:`GEMM_CORPUS`) and a grid of configurations
+(:func:`gemm_candidates`); each configuration's output must stay within the
+kernels' stated error bound of the portable configuration's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
 from ..parallel import get_pool
-from ..tuning.calibration import Budget, CalibrationResult, crossover_search
+from ..tuning.calibration import (
+    Budget,
+    CalibrationResult,
+    configuration_search,
+    crossover_search,
+)
 from ..tuning.keys import KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
+from . import gemm
 from .base import LIBRARY, NodeContext, numpy_dtype
 from .elementwise import (
     KERNELS,
@@ -28,7 +41,14 @@ from .elementwise import (
     default_minimum_elements,
 )
 
-__all__ = ["DOMAINS", "ElementwiseCrossover", "calibration_callbacks"]
+__all__ = [
+    "DOMAINS",
+    "GEMM_CORPUS",
+    "ElementwiseCrossover",
+    "GemmConfigurations",
+    "calibration_callbacks",
+    "gemm_candidates",
+]
 
 SERIAL = 1 << 62
 SEED = 20261129
@@ -132,10 +152,129 @@ def _callback(op: ElementwiseOp) -> Callable[[KernelTuningKey, CpuExecutionDescr
     return calibrate
 
 
+# (name, M, K, N, transA, transB): small, skinny, square, wide, tall, transposed, and products
+# real models make (a classifier head, AlexNet's fc6, an im2col'd 3x3 convolution).
+GEMM_CORPUS: tuple[tuple[str, int, int, int, bool, bool], ...] = (
+    ("small 16x16x16", 16, 16, 16, False, False),
+    ("row 1x1024x1024", 1, 1024, 1024, False, False),
+    ("column 1024x1024x1", 1024, 1024, 1, False, False),
+    ("square 128", 128, 128, 128, False, False),
+    ("square 384", 384, 384, 384, False, False),
+    ("square 384 transA transB", 384, 384, 384, True, True),
+    ("wide 64x256x2048", 64, 256, 2048, False, False),
+    ("tall 2048x256x64 transB", 2048, 256, 64, False, True),
+    ("head 1x2048x1000 transB", 1, 2048, 1000, False, True),
+    ("fc 4x4096x4096 transB", 4, 4096, 4096, False, True),
+    ("conv 784x576x128", 784, 576, 128, False, False),
+)
+
+
+def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
+    """The configurations tried: each mode the schema allows (but split_columns), at three
+    thresholds."""
+    modes = gemm.gemm_schema("Gemm", element_type).parameter(gemm.MODE).choices or ()
+    return [{gemm.MINIMUM_FLOPS: 1 << exponent, gemm.MODE: mode, gemm.MINIMUM_ROWS: 16}
+            for mode in modes if mode != "split_columns"
+            for exponent in (17, 21, 25)]
+
+
+class _GemmInputs(NamedTuple):
+    case: str
+    arrays: list[np.ndarray]
+    magnitude: np.ndarray  # |alpha| |A| @ |B| + |beta| |C|, for the error bound
+    k: int
+
+
+class GemmConfigurations:
+    """The configuration search's problem for Gemm or MatMul of one element type."""
+
+    def __init__(self, op_type: str, element_type: int, num_threads: int) -> None:
+        self.op_type, self.element_type = op_type, element_type
+        self.dtype = numpy_dtype(element_type)
+        self.pool = get_pool(num_threads)
+        self.corpus = {entry[0]: entry for entry in GEMM_CORPUS
+                       if op_type == "Gemm" or not (entry[4] or entry[5])}
+        self.cases = tuple(self.corpus)
+        self._kernels: dict[tuple[str, tuple[Any, ...]], Any] = {}
+
+    def _kernel(self, values: dict[str, Any], case: str) -> Any:
+        trans = self.corpus[case][4:]
+        cache_key = (case if self.op_type == "Gemm" else "", tuple(sorted(values.items())))
+        kernel = self._kernels.get(cache_key)
+        if kernel is None:
+            attributes = {"transA": int(trans[0]), "transB": int(trans[1])} \
+                if self.op_type == "Gemm" else {}
+            version = max(gemm.KERNELS[self.op_type])
+            count = 3 if self.op_type == "Gemm" else 2
+            ctx = NodeContext(f"calibrate_{self.op_type}", self.op_type, "", version, attributes,
+                              (self.element_type,) * count, (self.element_type,), count)
+            kernel = gemm.KERNELS[self.op_type][version](ctx)
+            kernel.configure(values, self.pool)
+            self._kernels[cache_key] = kernel
+        return kernel
+
+    def work(self, case: str) -> int:
+        _, m, k, n, _, _ = self.corpus[case]
+        return m * k * n
+
+    def input_bytes(self, case: str) -> int:
+        _, m, k, n, _, _ = self.corpus[case]
+        return 4 * self.dtype.itemsize * (m * k + k * n + 2 * m * n)
+
+    def make_inputs(self, case: str) -> _GemmInputs:
+        _, m, k, n, trans_a, trans_b = self.corpus[case]
+        rng = np.random.default_rng([SEED, self.cases.index(case)])
+        a = _values(rng, self.element_type, (k, m) if trans_a else (m, k), (-1.0, 1.0))
+        b = _values(rng, self.element_type, (n, k) if trans_b else (k, n), (-1.0, 1.0))
+        inputs = [a, b]
+        if self.op_type == "Gemm":
+            inputs.append(_values(rng, self.element_type, (n,), (-1.0, 1.0)))
+        a64 = np.abs(a.astype(np.float64).T if trans_a else a.astype(np.float64))
+        b64 = np.abs(b.astype(np.float64).T if trans_b else b.astype(np.float64))
+        magnitude = a64 @ b64 + (np.abs(inputs[2].astype(np.float64)) if len(inputs) == 3 else 0)
+        return _GemmInputs(case, inputs, magnitude, k)
+
+    def run(self, values: dict[str, Any], inputs: _GemmInputs) -> tuple[np.ndarray, _GemmInputs]:
+        return self._kernel(values, inputs.case).run(*inputs.arrays)[0], inputs
+
+    def same_output(self, reference: Any, candidate: Any) -> bool:
+        """Within the kernels' stated bound: 2 (K + 2) u (|A||B| + |C|), plus one output ulp."""
+        (expected, inputs), (got, _) = reference, candidate
+        magnitude, k = inputs.magnitude, inputs.k
+        if expected.shape != got.shape or expected.dtype != got.dtype:
+            return False
+        if expected.dtype.kind in "iu":
+            return bool(np.array_equal(expected, got))
+        accumulate = np.float64 if expected.dtype == np.float64 else np.float32
+        bound = 2 * (k + 2) * np.finfo(accumulate).eps * magnitude
+        if expected.dtype.itemsize < 4:  # float16, bfloat16: one unit of the final rounding
+            bound = bound + np.abs(expected.astype(np.float64)) * float(ml_dtypes.finfo(expected.dtype).eps)
+        difference = np.abs(expected.astype(np.float64) - got.astype(np.float64))
+        return bool(np.all(difference <= bound))
+
+
+def _gemm_callback(op_type: str) -> Callable[[KernelTuningKey, CpuExecutionDescriptor, Budget],
+                                             CalibrationResult]:
+    def calibrate(key: KernelTuningKey, descriptor: CpuExecutionDescriptor,
+                  budget: Budget) -> CalibrationResult:
+        threads = min(descriptor.num_threads, budget.max_threads)
+        problem = GemmConfigurations(op_type, key.element_type, threads)
+        portable = dict(gemm.gemm_schema(op_type, key.element_type).defaults)
+        return configuration_search(key, problem, portable, gemm_candidates(key.element_type),
+                                    Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
+
+    return calibrate
+
+
 def calibration_callbacks() -> dict[KernelTuningKey, Callable[..., CalibrationResult]]:
-    """One callback per elementwise op and element type."""
-    return {
+    """One callback per elementwise op and element type, and per Gemm/MatMul element type."""
+    callbacks = {
         KernelTuningKey(LIBRARY, op.op_type, "portable", element_type): _callback(op)
         for op in OPS
         for element_type in op.types
     }
+    for op_type, types in gemm.GEMM_TYPES.items():
+        for element_type in types:
+            callbacks[KernelTuningKey(LIBRARY, op_type, "portable", element_type)] = \
+                _gemm_callback(op_type)
+    return callbacks
