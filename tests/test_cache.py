@@ -469,7 +469,7 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monke
 def test_concurrent_processes_lose_no_update_and_readers_never_see_a_partial_file(
         tmp_path: Path) -> None:
     path = tmp_path / "cache.txt"
-    update_cache(path, [])  # the reader needs a file from the start
+    path.write_text(HEADER + "\n")  # the reader needs a file from the start
     context = multiprocessing.get_context("spawn")
     stop, results = context.Event(), context.Queue()
     reader = context.Process(target=cache_reader, args=(str(path), stop, results))
