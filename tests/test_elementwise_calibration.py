@@ -26,7 +26,7 @@ def _forget_published():
 
 
 def test_every_elementwise_key_is_calibratable():
-    assert set(calibration_callbacks()) == {schema.key for schema in tuning_schemas()}
+    assert {schema.key for schema in tuning_schemas()} <= set(calibration_callbacks())
     records = onnx_light.kernel_tuning_parameters(library="onnx_light")
     elementwise = {op.op_type for op in OPS}
     assert all(r["calibratable"] for r in records if r["kernel"] in elementwise)
