@@ -1,4 +1,4 @@
-"""Command line: ``python -m onnx_light {tune-kernels,run,cpu}``.
+"""Command line: ``python -m onnx_light {tune-kernels,run,cpu,bench}``.
 
 ``main(argv)`` returns the exit status, so tests call it directly.
 """
@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
@@ -234,6 +236,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# The suite lives in the source tree, not in the installed package: ``bench`` finds it beside
+# the package folder (an editable install or a checkout) and runs it in a fresh interpreter, so
+# that the suite can point the default cache at a scratch file before onnx_light is imported.
+BENCHMARK_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if not BENCHMARK_SCRIPT.is_file():
+        print("onnx_light bench: error: the benchmark suite is not part of the installed package; "
+              "from a source checkout of onnx_light run: python benchmarks/run.py [--quick]",
+              file=sys.stderr)
+        return 2
+    argv = [sys.executable, str(BENCHMARK_SCRIPT)]
+    if args.quick:
+        argv.append("--quick")
+    for option, value in (("--threads", args.threads), ("--output", args.output),
+                          ("--sections", args.sections), ("--max-load", args.max_load),
+                          ("--max-wait-minutes", args.max_wait_minutes)):
+        if value is not None:
+            argv += [option, str(value)]
+    return subprocess.call(argv)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -301,6 +326,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="thread count (default: the CPUs this process may use)")
     cpu.add_argument("--json", action="store_true", help="print JSON")
     cpu.set_defaults(handler=_cmd_cpu)
+
+    bench = commands.add_parser(
+        "bench", help="run the benchmark suite (a source checkout's benchmarks/run.py)",
+        description="Run the benchmark suite of a source checkout (benchmarks/run.py) in a fresh "
+                    "interpreter: elementwise, memory bandwidth, Gemm/MatMul, session overhead, "
+                    "calibration and start-up, side by side with onnxruntime and numpy; prints "
+                    "markdown tables.")
+    bench.add_argument("--quick", action="store_true",
+                       help="smaller sizes and a calibration of a few kernels (a few minutes)")
+    bench.add_argument("--threads", type=_positive_int, metavar="N",
+                       help="thread count (default: the CPUs this process may use)")
+    bench.add_argument("--output", metavar="FILE.md", help="also write the markdown to this file")
+    bench.add_argument("--sections", metavar="LIST", help="comma-separated section numbers, e.g. 1,3")
+    bench.add_argument("--max-load", type=float, metavar="LOAD",
+                       help="wait until the 1-minute load average is below this (default 0.7)")
+    bench.add_argument("--max-wait-minutes", type=float, metavar="MIN",
+                       help="give up waiting after this long and measure anyway (default 20; 0: no wait)")
+    bench.set_defaults(handler=_cmd_bench)
     return parser
 
 

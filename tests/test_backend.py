@@ -56,9 +56,16 @@ with warnings.catch_warnings():
     )
     _runner = onnx.backend.test.BackendTest(OnnxLightBackend, __name__)
 _runner.include("^(" + "|".join(SUPPORTED_NODE_TESTS) + ")_cpu$")
+# ONNX's nine real-model tests: the light_*.onnx graphs shipped in the onnx package, with their
+# reference outputs (the runner may create ~/.onnx/models/light/<name> for its test data).
+REAL_MODEL_TESTS = ("test_bvlc_alexnet", "test_densenet121", "test_inception_v1", "test_inception_v2",
+                    "test_resnet50", "test_shufflenet", "test_squeezenet", "test_vgg19",
+                    "test_zfnet512")
+_runner.include("^(" + "|".join(REAL_MODEL_TESTS) + ")_cpu$")
 for _name in EXCLUDED:
     _runner.exclude(f"^{_name}_cpu$")
 SELECTED_BACKEND_TESTS = {f"{name}_cpu" for name in SUPPORTED_NODE_TESTS if name not in EXCLUDED}
+SELECTED_BACKEND_TESTS |= {f"{name}_cpu" for name in REAL_MODEL_TESTS}
 
 globals().update(_runner.test_cases)
 

@@ -9,7 +9,7 @@ one all-or-nothing batch.
 from __future__ import annotations
 
 from ..tuning.registry import KernelTuningRegistry
-from . import calibration, elementwise, gemm, reductions, structural
+from . import calibration, conv, elementwise, gemm, normalization, pooling, reductions, structural
 from .base import Kernel
 from .profiles import processor_profiles
 
@@ -29,13 +29,14 @@ def _merge(*tables: KernelTable) -> KernelTable:
 
 
 KERNELS: KernelTable = _merge(
-    elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS
+    elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS,
+    conv.KERNELS, pooling.KERNELS, normalization.KERNELS,
 )
 
 
 def register(registry: KernelTuningRegistry) -> int:
     """Register the library's schemas, shipped processor profiles and calibration callbacks
     in one batch; returns the generation."""
-    schemas = [*elementwise.tuning_schemas(), *gemm.tuning_schemas()]
-    callbacks = {**calibration.calibration_callbacks()}
+    schemas = [*elementwise.tuning_schemas(), *gemm.tuning_schemas(), *conv.tuning_schemas()]
+    callbacks = {**calibration.calibration_callbacks(), **conv.calibration_callbacks()}
     return registry.register(schemas=schemas, profiles=processor_profiles(), callbacks=callbacks)

@@ -1,0 +1,219 @@
+"""Normalization kernels: BatchNormalization, InstanceNormalization, LayerNormalization.
+
+BatchNormalization in inference mode folds its four per-channel inputs into one scale and one
+shift, ``a = scale / sqrt(var + epsilon)`` and ``b = B - mean * a`` (C values, computed in the
+compute type), then computes ``Y = X * a + b`` in two passes over chunks of at most
+:data:`CHUNK_BYTES` (the second pass reads what the first left in the cache). Large inputs split their
+(image, channel) planes across the pool (:data:`PARALLEL_MINIMUM` elements), each block
+making the same calls as the serial path.
+
+float16 and bfloat16 compute in float32 and round once; float64 in float64; float32 in
+float32. Statistics (training-mode BatchNormalization, InstanceNormalization,
+LayerNormalization) are accumulated in float64 for float32 inputs too, then used in the
+compute type. None of these kernels is tunable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+from onnx import TensorProto as T
+from onnx import helper
+
+from ..tuning.keys import element_type_name
+from .base import Kernel, NodeContext
+
+__all__ = ["CHUNK_BYTES", "KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "InstanceNormalization",
+           "LayerNormalization"]
+
+PARALLEL_MINIMUM = 1 << 17
+CHUNK_BYTES = 1 << 17  # the two passes of Y = X * a + b go over at most this much at a time
+
+_FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
+_FLOATS_BF16 = (*_FLOATS, T.BFLOAT16)
+
+
+def _check_type(ctx: NodeContext, element_type: int | None, by_opset: dict[int, tuple[int, ...]]) -> None:
+    usable = [v for v in by_opset if v <= ctx.opset]
+    allowed = by_opset[max(usable)] if usable else ()
+    if element_type is not None and element_type not in allowed:
+        raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
+                        f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+def _per_channel(value: np.ndarray, ndim: int, compute: np.dtype) -> np.ndarray:
+    """A (C,) parameter shaped (1, C, 1, ...); a (C, D1, ...) one (spatial=0) shaped (1, C, D1, ...)."""
+    value = value.astype(compute, copy=False)
+    if value.ndim == 1:
+        return value.reshape((1, -1) + (1,) * (ndim - 2))
+    return value.reshape((1, *value.shape))
+
+
+def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute: np.dtype) -> np.ndarray:
+    """``x * a + b`` with a, b broadcasting over (N, C, ...), split over images/channels if large."""
+    out = np.empty(x.shape, compute)
+    pool = kernel.pool
+    if x.ndim < 2 or out.size == 0:
+        np.multiply(x, a, out=out, casting="unsafe")
+        out += b
+        return out
+    n, c = x.shape[:2]
+    a_full = np.broadcast_to(a, (1, c, *a.shape[2:]))
+    b_full = np.broadcast_to(b, (1, c, *b.shape[2:]))
+
+    plane_bytes = max(1, out[0, 0].nbytes)
+    chunk = max(1, CHUNK_BYTES // plane_bytes)
+
+    def block(start: int, stop: int) -> None:
+        for image in range(n):
+            # planes start..stop of the flattened (N * C) axis that belong to this image, a
+            # cache-sized chunk at a time so that the addition reads what the product wrote
+            first, last = max(start - image * c, 0), min(stop - image * c, c)
+            for low in range(first, last, chunk):
+                high = min(last, low + chunk)
+                target = out[image:image + 1, low:high]
+                np.multiply(x[image:image + 1, low:high], a_full[:, low:high], out=target,
+                            casting="unsafe")
+                target += b_full[:, low:high]
+
+    planes = n * c
+    if pool is not None and pool.num_threads > 1 and planes > 1 and out.size >= PARALLEL_MINIMUM:
+        pool.parallel_for(planes, block)
+    else:
+        block(0, planes)
+    return out
+
+
+class BatchNormalization(Kernel):
+    """ONNX BatchNormalization (1, 6, 7, 9, 14, 15).
+
+    Inference mode everywhere: the ``spatial`` attribute of versions 1 to 7 (0: parameters
+    per activation, shaped like X without N) and ``consumed_inputs``/``is_test`` of versions
+    1 and 6 are accepted. From version 14, ``training_mode=1`` normalizes with the batch's
+    statistics and also returns the running mean and variance updated with ``momentum``.
+    Training-mode outputs of earlier versions are not supported.
+    """
+
+    op_type: ClassVar[str] = "BatchNormalization"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, {1: _FLOATS, 15: _FLOATS_BF16})
+        self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
+        self.momentum = float(np.float32(ctx.attribute("momentum", 0.9)))
+        self.training = ctx.opset >= 14 and bool(ctx.attribute("training_mode", 0))
+        if ctx.opset < 14 and ctx.num_outputs > 1:
+            legacy_test = ctx.opset < 7 and bool(ctx.attribute("is_test", 0))
+            if not legacy_test:
+                raise ctx.error("training-mode outputs (mean, var, saved_mean, saved_var) are "
+                                f"supported from opset 14 only, the model uses opset {ctx.opset}")
+        if ctx.num_inputs and ctx.num_inputs != 5:
+            raise ctx.error(f"expects 5 inputs (X, scale, B, mean, var), the node has {ctx.num_inputs}")
+
+    def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+            var: np.ndarray) -> Sequence[np.ndarray]:
+        if x.ndim < 2:
+            raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
+        compute = _compute_dtype(x.dtype)
+        if self.training:
+            return self._train(x, scale, bias, mean, var, compute)
+        channels = x.shape[1]
+        for name, value in (("scale", scale), ("B", bias), ("mean", mean), ("var", var)):
+            if value.shape[:1] != (channels,):
+                raise self.ctx.error(f"{name} must have {channels} values (one per channel), "
+                                     f"got shape {list(value.shape)}")
+        a = _per_channel(scale, x.ndim, compute) / np.sqrt(
+            _per_channel(var, x.ndim, compute) + compute.type(self.epsilon))
+        b = _per_channel(bias, x.ndim, compute) - _per_channel(mean, x.ndim, compute) * a
+        y = _affine(self, x, a, b, compute)
+        outputs = [y if y.dtype == x.dtype else y.astype(x.dtype)]
+        if self.ctx.num_outputs > 1:  # is_test legacy graphs list the statistics as outputs
+            outputs += [mean, var, mean, var][:self.ctx.num_outputs - 1]
+        return outputs
+
+    def _train(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray,
+               var: np.ndarray, compute: np.dtype) -> Sequence[np.ndarray]:
+        axes = (0, *range(2, x.ndim))
+        batch_mean = np.mean(x, axis=axes, dtype=np.float64)
+        batch_var = np.var(x, axis=axes, dtype=np.float64)
+        a = _per_channel(scale.astype(np.float64) / np.sqrt(batch_var + self.epsilon), x.ndim, compute)
+        b = _per_channel(bias.astype(np.float64) - batch_mean * scale.astype(np.float64)
+                         / np.sqrt(batch_var + self.epsilon), x.ndim, compute)
+        y = _affine(self, x, a, b, compute).astype(x.dtype, copy=False)
+        momentum = self.momentum
+        running_mean = (mean.astype(np.float64) * momentum + batch_mean * (1 - momentum)).astype(mean.dtype)
+        running_var = (var.astype(np.float64) * momentum + batch_var * (1 - momentum)).astype(var.dtype)
+        return [y, running_mean, running_var][:max(1, self.ctx.num_outputs)]
+
+
+class InstanceNormalization(Kernel):
+    """ONNX InstanceNormalization (1, 6, 22): per (image, channel) over the spatial axes."""
+
+    op_type: ClassVar[str] = "InstanceNormalization"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_BF16})
+        self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
+
+    def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Sequence[np.ndarray]:
+        if x.ndim < 3:
+            raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        compute = _compute_dtype(x.dtype)
+        axes = tuple(range(2, x.ndim))
+        mean = np.mean(x, axis=axes, dtype=np.float64, keepdims=True)
+        var = np.var(x, axis=axes, dtype=np.float64, keepdims=True)
+        gamma = scale.astype(np.float64).reshape((1, -1) + (1,) * len(axes))
+        a = gamma / np.sqrt(var + self.epsilon)
+        b = bias.astype(np.float64).reshape(gamma.shape) - mean * a
+        y = x.astype(compute) * a.astype(compute) + b.astype(compute)
+        return (y.astype(x.dtype, copy=False),)
+
+
+class LayerNormalization(Kernel):
+    """ONNX LayerNormalization (17): over the axes from ``axis`` on; optional Mean and
+    InvStdDev outputs in the ``stash_type`` precision (float32 by default)."""
+
+    op_type: ClassVar[str] = "LayerNormalization"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, {17: _FLOATS_BF16})
+        self.axis = int(ctx.attribute("axis", -1))
+        self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
+        stash = int(ctx.attribute("stash_type", T.FLOAT))
+        if stash not in (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16):
+            raise ctx.error(f"stash_type must be a floating point type, got {stash}")
+        self.stash = np.dtype(helper.tensor_dtype_to_np_dtype(stash))
+
+    def run(self, x: np.ndarray, scale: np.ndarray,
+            bias: np.ndarray | None = None) -> Sequence[np.ndarray]:
+        if not -x.ndim <= self.axis < x.ndim:
+            raise self.ctx.error(f"axis {self.axis} is out of range for rank {x.ndim}")
+        axis = self.axis % x.ndim
+        axes = tuple(range(axis, x.ndim))
+        stash = self.stash if self.stash in (np.float32, np.float64) else np.dtype(np.float32)
+        data = x.astype(stash, copy=False)
+        mean = np.mean(data, axis=axes, keepdims=True)
+        centered = data - mean
+        variance = np.mean(np.square(centered), axis=axes, keepdims=True)
+        inverse = (1 / np.sqrt(variance + stash.type(self.epsilon))).astype(stash, copy=False)
+        y = centered * inverse * scale.astype(stash, copy=False)
+        if bias is not None:
+            y = y + bias.astype(stash, copy=False)
+        outputs = [y.astype(x.dtype, copy=False), mean.astype(self.stash, copy=False),
+                   inverse.astype(self.stash, copy=False)]
+        return outputs[:max(1, self.ctx.num_outputs)]
+
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = {
+    "BatchNormalization": dict.fromkeys((1, 6, 7, 9, 14, 15), BatchNormalization),
+    "InstanceNormalization": dict.fromkeys((1, 6, 22), InstanceNormalization),
+    "LayerNormalization": {17: LayerNormalization},
+}

@@ -1,0 +1,360 @@
+"""Pooling kernels: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and LRN.
+
+Windows follow :class:`~onnx_light.kernels.conv.WindowAttributes` (the geometry Conv uses):
+``kernel_shape``, ``strides``, ``dilations``, ``pads``, ``auto_pad`` and ``ceil_mode``. A
+window position outside the input holds no value: MaxPool pads with the type's lowest value
+(-inf for floats), AveragePool with 0 and divides by the number of positions that count,
+those inside the input, or with ``count_include_pad`` those inside the explicitly padded
+input (positions that only ceil_mode adds never count, as in ONNX's reference).
+
+No kernel loops over pixels. MaxPool (without Indices) and AveragePool reduce one spatial
+axis at a time (separable windows): K1 + ... + Kk strided views of the padded input, each
+combined with one numpy call; MaxPool with Indices loops over the K1 * ... * Kk window
+positions. LRN computes ``t^-0.75`` (its usual exponent) as ``1 / (sqrt(t) sqrt(sqrt(t)))``. When
+the output is large (:data:`PARALLEL_MINIMUM` output elements times window positions) the
+(image, channel) planes (LRN: the rows of the first spatial axis) are split across the pool,
+each block computing its planes with the same calls as the serial path, so both paths give
+identical results. These kernels are not tunable.
+
+MaxPool is exact in every type. AveragePool, LRN and GlobalAveragePool compute float16 and
+bfloat16 in float32 and round once; float32 sums in float32 (a window has few terms).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import numpy as np
+from onnx import TensorProto as T
+
+from ..tuning.keys import element_type_name
+from .base import Kernel, NodeContext
+from .conv import Window, WindowAttributes, pad_spatial
+
+__all__ = [
+    "KERNELS",
+    "LRN",
+    "PARALLEL_MINIMUM",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "MaxPool",
+]
+
+# Output elements x window positions from which the planes are split across the pool: below
+# it one parallel region (tens of microseconds) costs more than it saves.
+PARALLEL_MINIMUM = 1 << 17
+
+_FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
+_FLOATS_22 = (*_FLOATS, T.BFLOAT16)
+
+
+def _check_type(ctx: NodeContext, element_type: int | None, by_opset: dict[int, tuple[int, ...]]) -> None:
+    usable = [v for v in by_opset if v <= ctx.opset]
+    allowed = by_opset[max(usable)] if usable else ()
+    if element_type is not None and element_type not in allowed:
+        raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
+                        f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+def _position_slices(window: Window, position: Sequence[int]) -> tuple[slice, ...]:
+    """The strided slice of the padded input that window position ``position`` reads."""
+    return tuple(slice(k * d, k * d + (o - 1) * s + 1, s) for k, d, o, s in
+                 zip(position, window.dilations, window.output, window.strides, strict=True))
+
+
+def _positions(window: Window) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(k) for k in window.kernel)))
+
+
+def _separable(source: np.ndarray, window: Window, combine: np.ufunc, target: np.ndarray) -> None:
+    """Reduce every window of ``source`` (planes, *padded spatial) into ``target`` (planes,
+    *output) with ``combine`` (``np.maximum``, ``np.add``), one spatial axis at a time, the
+    last first: K1 + ... + Kk - k calls on strided views instead of K1 * ... * Kk - 1."""
+    current = source
+    rank = len(window.output)
+    for axis in reversed(range(rank)):
+        k, d = window.kernel[axis], window.dilations[axis]
+        o, s = window.output[axis], window.strides[axis]
+        lead = (slice(None),) * (1 + axis)
+        if axis == 0:
+            destination = target
+        else:
+            shape = list(current.shape)
+            shape[1 + axis] = o
+            destination = np.empty(shape, current.dtype)
+        for tap in range(k):
+            view = current[(*lead, slice(tap * d, tap * d + (o - 1) * s + 1, s))]
+            if tap == 0:
+                np.copyto(destination, view)
+            else:
+                combine(destination, view, out=destination)
+        current = destination
+
+
+def _planes(kernel: Kernel, count: int, work: int, block: Callable[[int, int], None]) -> None:
+    """``block(start, stop)`` over ``count`` planes, split across the pool when ``work`` pays."""
+    pool = kernel.pool
+    if pool is not None and pool.num_threads > 1 and count > 1 and work >= PARALLEL_MINIMUM:
+        pool.parallel_for(count, block)
+    else:
+        block(0, count)
+
+
+class _Pool(Kernel):
+    """What MaxPool and AveragePool share: attributes, geometry, input checks."""
+
+    types: ClassVar[dict[int, tuple[int, ...]]] = {1: _FLOATS, 22: _FLOATS_22}
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, self.types)
+        self.attributes = WindowAttributes.read(ctx, ceil_mode=bool(ctx.attribute("ceil_mode", 0)))
+        if self.attributes.kernel_shape is None:
+            raise ctx.error("attribute kernel_shape is required")
+
+    def window(self, x: np.ndarray) -> Window:
+        if x.ndim < 3:
+            raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        return self.attributes.window(self.ctx, x.shape[2:])
+
+
+def _lowest(dtype: np.dtype) -> object:
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return -np.inf
+
+
+class MaxPool(_Pool):
+    """ONNX MaxPool (1, 8, 10, 11, 12, 22), with the optional Indices output (since 8).
+
+    Indices are flat positions in X (``storage_order`` 0: row-major spatial axes, 1:
+    column-major), the first maximum of a window in row-major window order.
+    """
+
+    op_type: ClassVar[str] = "MaxPool"
+    types: ClassVar[dict[int, tuple[int, ...]]] = {
+        1: _FLOATS, 12: (*_FLOATS, T.INT8, T.UINT8), 22: (*_FLOATS_22, T.INT8, T.UINT8)}
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.storage_order = int(ctx.attribute("storage_order", 0))
+        if self.storage_order not in (0, 1):
+            raise ctx.error(f"storage_order must be 0 or 1, got {self.storage_order}")
+        self.indices = ctx.num_outputs > 1
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        window = self.window(x)
+        lowest = _lowest(x.dtype)
+        xp = pad_spatial(x, window, lowest)
+        n, c = x.shape[:2]
+        out = np.empty((n, c, *window.output), x.dtype)
+        positions = _positions(window)
+        planes_in = xp.reshape(n * c, *xp.shape[2:])
+        planes_out = out.reshape(n * c, *window.output)
+        work = out.size * len(positions)
+        if not self.indices:
+            def block(start: int, stop: int) -> None:
+                _separable(planes_in[start:stop], window, np.maximum, planes_out[start:stop])
+
+            if out.size:
+                _planes(self, n * c, work, block)
+            return (out,)
+        indices = np.empty(out.shape, np.int64)
+        planes_indices = indices.reshape(n * c, *window.output)
+        offsets = [self._flat_offsets(window, position) for position in positions]
+        plane_size = math.prod(window.input)
+
+        def indexed_block(start: int, stop: int) -> None:
+            target = planes_out[start:stop]
+            where = planes_indices[start:stop]
+            for index, position in enumerate(positions):
+                view = planes_in[(slice(start, stop), *_position_slices(window, position))]
+                if index == 0:
+                    np.copyto(target, view)
+                    where[...] = offsets[0]
+                else:
+                    better = view > target
+                    np.copyto(target, view, where=better)
+                    np.copyto(where, offsets[index], where=better)
+            where += (np.arange(start, stop, dtype=np.int64) * plane_size).reshape(
+                (-1,) + (1,) * len(window.output))
+
+        if out.size:
+            _planes(self, n * c, work, indexed_block)
+        return (out, indices)
+
+    def _flat_offsets(self, window: Window, position: Sequence[int]) -> np.ndarray:
+        """Flat spatial index (in X, unpadded) each output position reads at ``position``."""
+        rank = len(window.input)
+        if self.storage_order == 0:
+            steps = [math.prod(window.input[axis + 1:]) for axis in range(rank)]
+        else:
+            steps = [math.prod(window.input[:axis]) for axis in range(rank)]
+        total = np.zeros(window.output, np.int64)
+        for axis in range(rank):
+            coordinate = (np.arange(window.output[axis], dtype=np.int64) * window.strides[axis]
+                          - window.begin[axis] + position[axis] * window.dilations[axis])
+            shape = [1] * rank
+            shape[axis] = -1
+            total = total + (coordinate * steps[axis]).reshape(shape)
+        return total
+
+
+class AveragePool(_Pool):
+    """ONNX AveragePool (1, 7, 10, 11, 19, 22): count_include_pad (7), ceil_mode (10),
+    dilations (19)."""
+
+    op_type: ClassVar[str] = "AveragePool"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.count_include_pad = bool(ctx.attribute("count_include_pad", 0))
+
+    def divisor(self, window: Window) -> np.ndarray:
+        """How many positions of each output's window count, shaped like the output."""
+        rank = len(window.input)
+        total = np.ones(window.output, np.float64)
+        for axis in range(rank):
+            low = -window.begin[axis] if self.count_include_pad else 0
+            high = window.input[axis] + (window.end[axis] if self.count_include_pad else 0)
+            starts = np.arange(window.output[axis]) * window.strides[axis] - window.begin[axis]
+            taps = starts[:, None] + np.arange(window.kernel[axis]) * window.dilations[axis]
+            counts = np.count_nonzero((taps >= low) & (taps < high), axis=1).astype(np.float64)
+            shape = [1] * rank
+            shape[axis] = -1
+            total = total * counts.reshape(shape)
+        return total
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        window = self.window(x)
+        compute = _compute_dtype(x.dtype)
+        xp = pad_spatial(x.astype(compute, copy=False), window, 0)
+        n, c = x.shape[:2]
+        out = np.empty((n, c, *window.output), compute)
+        positions = _positions(window)
+        planes_in = xp.reshape(n * c, *xp.shape[2:])
+        planes_out = out.reshape(n * c, *window.output)
+        divisor = self.divisor(window).astype(compute)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            reciprocal = (1 / divisor).astype(compute)
+
+        uniform = divisor.size > 0 and bool(np.all(divisor == divisor.flat[0]))
+
+        def block(start: int, stop: int) -> None:
+            target = planes_out[start:stop]
+            _separable(planes_in[start:stop], window, np.add, target)
+            if uniform:
+                target *= reciprocal.flat[0]
+            else:
+                target /= divisor
+
+        if out.size:
+            _planes(self, n * c, out.size * len(positions), block)
+        return (out if out.dtype == x.dtype else out.astype(x.dtype),)
+
+
+class GlobalAveragePool(Kernel):
+    """ONNX GlobalAveragePool (1, 22): the mean over every spatial axis, kept as size 1."""
+
+    op_type: ClassVar[str] = "GlobalAveragePool"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        if x.ndim < 2:
+            raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
+        compute = _compute_dtype(x.dtype)
+        axes = tuple(range(2, x.ndim))
+        result = np.mean(x, axis=axes, dtype=compute, keepdims=True)
+        return (result.astype(x.dtype, copy=False),)
+
+
+class GlobalMaxPool(Kernel):
+    """ONNX GlobalMaxPool (1, 22): the maximum over every spatial axis, kept as size 1."""
+
+    op_type: ClassVar[str] = "GlobalMaxPool"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        if x.ndim < 2:
+            raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
+        return (np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+class LRN(Kernel):
+    """ONNX LRN (1, 13): ``y = x / (bias + alpha / size * sum of x^2 over nearby channels)^beta``.
+
+    The sum runs over channels ``c - floor((size - 1) / 2)`` to ``c + ceil((size - 1) / 2)``
+    (clipped to the tensor).
+    """
+
+    op_type: ClassVar[str] = "LRN"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        _check_type(ctx, self.element_type, {1: _FLOATS, 13: _FLOATS_22})
+        size = ctx.attribute("size")
+        if size is None or int(size) < 1:
+            raise ctx.error(f"attribute size must be a positive int, got {size!r}")
+        self.size = int(size)
+        self.alpha = float(np.float32(ctx.attribute("alpha", 1e-4)))
+        self.beta = float(np.float32(ctx.attribute("beta", 0.75)))
+        self.bias = float(np.float32(ctx.attribute("bias", 1.0)))
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        if x.ndim < 3:
+            raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        compute = _compute_dtype(x.dtype)
+        data = x.astype(compute, copy=False)
+        channels = x.shape[1]
+        before = (self.size - 1) // 2
+        out = np.empty(x.shape, compute)
+        scale = compute.type(self.alpha / self.size)
+        bias, exponent = compute.type(self.bias), compute.type(-self.beta)
+
+        def block(start: int, stop: int) -> None:
+            rows = (slice(None), slice(None), slice(start, stop))
+            part = data[rows]
+            square = np.square(part)
+            padded = np.zeros((x.shape[0], channels + self.size - 1, *square.shape[2:]), compute)
+            padded[:, before:before + channels] = square
+            total = np.zeros(square.shape, compute)
+            for shift in range(self.size):
+                total += padded[:, shift:shift + channels]
+            total *= scale
+            total += bias
+            if self.beta == 0.75:  # t^0.75 = sqrt(t) * sqrt(sqrt(t)): two sqrt for one pow
+                root = np.sqrt(total)
+                np.sqrt(root, out=total)
+                total *= root
+                np.divide(part, total, out=out[rows])
+            else:
+                np.power(total, exponent, out=total)
+                np.multiply(part, total, out=out[rows])
+
+        rows = x.shape[2]
+        if out.size:
+            _planes(self, rows, out.size * self.size * 4, block)
+        return (out if out.dtype == x.dtype else out.astype(x.dtype),)
+
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = {
+    "AveragePool": dict.fromkeys((1, 7, 10, 11, 19, 22), AveragePool),
+    "GlobalAveragePool": dict.fromkeys((1, 22), GlobalAveragePool),
+    "GlobalMaxPool": dict.fromkeys((1, 22), GlobalMaxPool),
+    "LRN": dict.fromkeys((1, 13), LRN),
+    "MaxPool": dict.fromkeys((1, 8, 10, 11, 12, 22), MaxPool),
+}
