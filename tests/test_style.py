@@ -14,7 +14,8 @@ def test_ruff_clean() -> None:
     if shutil.which("ruff") is None:
         pytest.skip("ruff is not installed")
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "onnx_light", "tests", "benchmarks", "tools", "docs", "examples"],
+        [sys.executable, "-m", "ruff", "check", "onnx_light", "tests", "benchmarks", "tools", "docs",
+         "examples"],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
