@@ -256,3 +256,31 @@ def test_blas_threads_held_at_one_during_run(monkeypatch, registry):
     RuntimeSession(_add_model(), num_threads=2, registry=registry).run(None, _feeds())
     assert seen == [(1,) * len(before)]
     assert BLAS.get() == before  # restored after the run
+
+
+def test_constant_subgraphs_are_folded_at_construction(registry):
+    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [4])
+    default = helper.make_tensor("d", TensorProto.FLOAT, [4], [1.0, 1.0, 1.0, 1.0])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    d = helper.make_tensor_value_info("d", TensorProto.FLOAT, [4])  # an input with a default
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])
+    c = helper.make_tensor_value_info("c", TensorProto.FLOAT, [4])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["w"],
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])),
+        helper.make_node("Relu", ["w"], ["c"]),           # folded too: its input is folded
+        helper.make_node("Add", ["x", "c"], ["a"]),        # depends on a feed: runs
+        helper.make_node("Add", ["a", "d"], ["z"]),        # d may be fed: never folded
+    ]
+    model = _model(nodes, [x, d], [z, c], initializers=[shape, default])
+    session = RuntimeSession(model, registry=registry)
+    assert session.folded_nodes == 2
+    assert len(session._plan) == 2
+    x_value = np.arange(4, dtype=np.float32)
+    z_out, c_out = session.run(None, {"x": x_value})
+    np.testing.assert_array_equal(z_out, x_value + 3)
+    np.testing.assert_array_equal(c_out, [2, 2, 2, 2])
+    c_out[0] = 99  # callers get their own copy of a folded output
+    np.testing.assert_array_equal(session.run(["c"], {"x": x_value})[0], [2, 2, 2, 2])
+    z_fed, _ = session.run(None, {"x": x_value, "d": np.zeros(4, np.float32)})
+    np.testing.assert_array_equal(z_fed, x_value + 2)

@@ -50,6 +50,11 @@ class NodeArg:
     shape: list[int | str | None] | None
 
 
+# Operators whose outputs may differ between runs with the same inputs: never folded.
+NONDETERMINISTIC = frozenset({"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform",
+                              "RandomUniformLike", "Multinomial", "Bernoulli"})
+
+
 @dataclass(frozen=True)
 class _Step:
     run: Any
@@ -243,11 +248,27 @@ class RuntimeSession:
             constants[slot(initializer.name)] = array
         self._feed_slots = {info.name: slot(info.name) for info in graph.input}
         self._required = [info.name for info in graph.input if slots[info.name] not in constants]
+        # Constant folding: a deterministic node whose inputs are all fixed (initializers that
+        # no feed can override, or outputs of folded nodes) runs once, here.
+        fixed = set(constants) - set(self._feed_slots.values())
         steps = []
-        for node, kernel in zip(graph.node, kernels, strict=True):
-            inputs = tuple(slot(name) if name else None for name in node.input)
-            outputs = tuple(slot(name) if name else None for name in node.output)
-            steps.append((kernel, inputs, outputs))
+        self.folded_nodes = 0
+        with BLAS.scope(1):
+            for node, kernel in zip(graph.node, kernels, strict=True):
+                inputs = tuple(slot(name) if name else None for name in node.input)
+                outputs = tuple(slot(name) if name else None for name in node.output)
+                if node.op_type in NONDETERMINISTIC or not all(
+                        s is None or s in fixed for s in inputs):
+                    steps.append((kernel, inputs, outputs))
+                    continue
+                results = kernel.run(*(None if s is None else constants[s] for s in inputs))
+                for s, array in zip(outputs, results, strict=False):
+                    if s is not None:
+                        array = np.asarray(array)
+                        array.flags.writeable = False
+                        constants[s] = array
+                        fixed.add(s)
+                self.folded_nodes += 1
         self._output_slots = {info.name: slots[info.name] for info in graph.output
                               if info.name in slots}
         missing = [info.name for info in graph.output if info.name not in slots]
@@ -351,4 +372,6 @@ class RuntimeSession:
                         values[s] = result
                 for s in step.release:
                     values[s] = None
-        return [values[self._output_slots[n]] for n in names]
+        # Outputs that are folded constants are shared, read-only arrays: give callers copies.
+        return [values[s].copy() if s in self._constants else values[s]
+                for s in (self._output_slots[n] for n in names)]
