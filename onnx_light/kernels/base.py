@@ -17,7 +17,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..parallel import ThreadPool
-from ..tuning.keys import KernelTuningKey
+from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.schema import Value
 
 __all__ = [
@@ -30,6 +30,8 @@ __all__ = [
     "Kernel",
     "KernelError",
     "NodeContext",
+    "check_element_type",
+    "compute_dtype",
     "numpy_dtype",
 ]
 
@@ -48,6 +50,12 @@ ALL_TYPES = (*NUMERIC_TYPES, T.BOOL, T.STRING)
 def numpy_dtype(element_type: int) -> np.dtype:
     """The numpy dtype holding an ONNX element type (ml_dtypes for bfloat16 and float8)."""
     return np.dtype(helper.tensor_dtype_to_np_dtype(element_type))
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The type a float kernel computes in: float32 and float64 as they are, narrower types
+    (float16, bfloat16) in float32."""
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
 
 
 class KernelError(ValueError):
@@ -75,6 +83,17 @@ class NodeContext:
     def error(self, message: str) -> KernelError:
         """An error that names the node and its operator."""
         return KernelError(f"node {self.name!r} ({self.op_type}): {message}")
+
+
+def check_element_type(ctx: NodeContext, element_type: int | None,
+                       by_opset: Mapping[int, tuple[int, ...]]) -> None:
+    """Reject an element type the node's opset does not allow (``by_opset``: since_version ->
+    allowed types), naming the node, the type and the valid ones."""
+    usable = [v for v in by_opset if v <= ctx.opset]
+    allowed = by_opset[max(usable)] if usable else ()
+    if element_type is not None and element_type not in allowed:
+        raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
+                        f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
 
 
 class Kernel:

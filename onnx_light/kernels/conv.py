@@ -100,7 +100,7 @@ from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import LIBRARY, Kernel, NodeContext
+from .base import LIBRARY, Kernel, NodeContext, compute_dtype
 
 __all__ = [
     "ALGORITHM",
@@ -364,10 +364,6 @@ def pad_spatial(x: np.ndarray, window: Window, value: Any = 0, extra_value: Any 
 # The kernel
 
 
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
-
-
 @dataclass(frozen=True)
 class _Problem:
     """One call's shapes and choices; built at the start of :meth:`ConvKernel.run`."""
@@ -495,7 +491,7 @@ class ConvKernel(Kernel):
         problem = self.problem(x.shape, w.shape)
         if b is not None and b.shape != (problem.filters,):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
@@ -1017,7 +1013,7 @@ class ConvCalibrationProblem:
         x = rng.uniform(-1, 1, (1, spec.channels, *spec.size)).astype(self.dtype)
         w = rng.uniform(-1, 1, (spec.filters, spec.channels // spec.group, *spec.kernel)).astype(self.dtype)
         b = rng.uniform(-1, 1, spec.filters).astype(self.dtype)
-        compute = _compute_dtype(self.dtype)
+        compute = compute_dtype(self.dtype)
         bound = error_bound(x, w, b, group=spec.group, compute_dtype=compute, output_dtype=self.dtype,
                             strides=list(spec.strides), pads=list(spec.pads))
         return case, x, w, b, bound

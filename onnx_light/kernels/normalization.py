@@ -22,8 +22,7 @@ import numpy as np
 from onnx import TensorProto as T
 from onnx import helper
 
-from ..tuning.keys import element_type_name
-from .base import Kernel, NodeContext
+from .base import Kernel, NodeContext, check_element_type, compute_dtype
 
 __all__ = ["CHUNK_BYTES", "KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "InstanceNormalization",
            "LayerNormalization"]
@@ -33,18 +32,6 @@ CHUNK_BYTES = 1 << 17  # the two passes of Y = X * a + b go over at most this mu
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _FLOATS_BF16 = (*_FLOATS, T.BFLOAT16)
-
-
-def _check_type(ctx: NodeContext, element_type: int | None, by_opset: dict[int, tuple[int, ...]]) -> None:
-    usable = [v for v in by_opset if v <= ctx.opset]
-    allowed = by_opset[max(usable)] if usable else ()
-    if element_type is not None and element_type not in allowed:
-        raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
-                        f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
-
-
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
 
 
 def _per_channel(value: np.ndarray, ndim: int, compute: np.dtype) -> np.ndarray:
@@ -104,7 +91,7 @@ class BatchNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, {1: _FLOATS, 15: _FLOATS_BF16})
+        check_element_type(ctx, self.element_type, {1: _FLOATS, 15: _FLOATS_BF16})
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
         self.momentum = float(np.float32(ctx.attribute("momentum", 0.9)))
         self.training = ctx.opset >= 14 and bool(ctx.attribute("training_mode", 0))
@@ -120,7 +107,7 @@ class BatchNormalization(Kernel):
             var: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 2:
             raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         if self.training:
             return self._train(x, scale, bias, mean, var, compute)
         channels = x.shape[1]
@@ -159,13 +146,13 @@ class InstanceNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_BF16})
+        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_BF16})
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
 
     def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 3:
             raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         axes = tuple(range(2, x.ndim))
         mean = np.mean(x, axis=axes, dtype=np.float64, keepdims=True)
         var = np.var(x, axis=axes, dtype=np.float64, keepdims=True)
@@ -184,7 +171,7 @@ class LayerNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, {17: _FLOATS_BF16})
+        check_element_type(ctx, self.element_type, {17: _FLOATS_BF16})
         self.axis = int(ctx.attribute("axis", -1))
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
         stash = int(ctx.attribute("stash_type", T.FLOAT))

@@ -30,8 +30,7 @@ from typing import ClassVar
 import numpy as np
 from onnx import TensorProto as T
 
-from ..tuning.keys import element_type_name
-from .base import Kernel, NodeContext
+from .base import Kernel, NodeContext, check_element_type, compute_dtype
 from .conv import Window, WindowAttributes, pad_spatial
 
 __all__ = [
@@ -50,18 +49,6 @@ PARALLEL_MINIMUM = 1 << 17
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _FLOATS_22 = (*_FLOATS, T.BFLOAT16)
-
-
-def _check_type(ctx: NodeContext, element_type: int | None, by_opset: dict[int, tuple[int, ...]]) -> None:
-    usable = [v for v in by_opset if v <= ctx.opset]
-    allowed = by_opset[max(usable)] if usable else ()
-    if element_type is not None and element_type not in allowed:
-        raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
-                        f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
-
-
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
 
 
 def _position_slices(window: Window, position: Sequence[int]) -> tuple[slice, ...]:
@@ -115,7 +102,7 @@ class _Pool(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, self.types)
+        check_element_type(ctx, self.element_type, self.types)
         self.attributes = WindowAttributes.read(ctx, ceil_mode=bool(ctx.attribute("ceil_mode", 0)))
         if self.attributes.kernel_shape is None:
             raise ctx.error("attribute kernel_shape is required")
@@ -235,7 +222,7 @@ class AveragePool(_Pool):
 
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         window = self.window(x)
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         xp = pad_spatial(x.astype(compute, copy=False), window, 0)
         n, c = x.shape[:2]
         out = np.empty((n, c, *window.output), compute)
@@ -268,12 +255,12 @@ class GlobalAveragePool(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
+        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
 
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 2:
             raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         axes = tuple(range(2, x.ndim))
         result = np.mean(x, axis=axes, dtype=compute, keepdims=True)
         return (result.astype(x.dtype, copy=False),)
@@ -286,7 +273,7 @@ class GlobalMaxPool(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
+        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
 
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 2:
@@ -305,7 +292,7 @@ class LRN(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        _check_type(ctx, self.element_type, {1: _FLOATS, 13: _FLOATS_22})
+        check_element_type(ctx, self.element_type, {1: _FLOATS, 13: _FLOATS_22})
         size = ctx.attribute("size")
         if size is None or int(size) < 1:
             raise ctx.error(f"attribute size must be a positive int, got {size!r}")
@@ -317,7 +304,7 @@ class LRN(Kernel):
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 3:
             raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         data = x.astype(compute, copy=False)
         channels = x.shape[1]
         before = (self.size - 1) // 2
