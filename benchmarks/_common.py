@@ -80,6 +80,7 @@ __all__ = [
     "geomean",
     "interleaved",
     "load_average",
+    "onnxruntime_session",
     "parallel_overhead",
     "real_models",
     "section",
@@ -95,6 +96,7 @@ class Config:
     threads: int = 2
     quick: bool = False
     rounds: int = 9  # interleaved rounds: every figure is the median of this many samples
+    elementwise_rounds: int = 15  # section 1, whose goal compares kernels running the same code
     sample_s: float = 1e-3  # a sample repeats a call until it lasts about this long
     elementwise_exponents: tuple[int, ...] = tuple(range(10, 25))
     calibration_ms_per_key: float | None = None  # None: the API's default (3 s per key)
@@ -123,7 +125,8 @@ class Config:
     @classmethod
     def quick_run(cls, threads: int = 2) -> Config:
         """``--quick``: sizes up to 2^20, no 1024/2048 squares, a calibration of 4 kernels only."""
-        return cls(threads=threads, quick=True, rounds=5, elementwise_exponents=tuple(range(10, 21)),
+        return cls(threads=threads, quick=True, rounds=5, elementwise_rounds=7,
+                   elementwise_exponents=tuple(range(10, 21)),
                    large_exponent=22, gemm_squares=(), apply_kernels=("Add", "Relu", "Exp", "Gemm"),
                    apply_element_types=("float",), apply_budget_ms=None, import_repeats=5,
                    construction_repeats=3)
@@ -131,7 +134,8 @@ class Config:
     @classmethod
     def tiny(cls, threads: int = 2) -> Config:
         """For the smoke test: every section runs, in seconds, at sizes too small to mean anything."""
-        return cls(threads=threads, quick=True, rounds=2, sample_s=1e-4, elementwise_exponents=(10, 12),
+        return cls(threads=threads, quick=True, rounds=2, elementwise_rounds=2, sample_s=1e-4,
+                   elementwise_exponents=(10, 12),
                    calibration_ms_per_key=20.0, large_exponent=12, copy_bytes=1 << 20,
                    gemm_cases=("small 16x16x16", "square 128"), gemm_squares=(),
                    chain_length=10, apply_kernels=("Add",), apply_element_types=("float",),
@@ -141,6 +145,25 @@ class Config:
 
     def with_threads(self, threads: int) -> Config:
         return replace(self, threads=threads)
+
+
+# ---------------------------------------------------------------------------- peers
+
+def onnxruntime_session(model: onnx.ModelProto, threads: int) -> Any:
+    """An onnxruntime session set up as ``real_models.onnxruntime_session`` does (``threads``
+    intra-op threads, one inter-op thread, sequential execution, CPU provider), with the
+    intra-op pool's spinning turned off. With its default spinning, onnxruntime's worker keeps
+    a core busy for about 50 ms after every ``run`` (measured here), which would slow down
+    whatever is sampled next in an interleaved round; onnx_light's pool does not spin either."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -396,7 +419,7 @@ def header(config: Config, started: float | None = None) -> str:
              f"onnxruntime {onnxruntime.__version__}, onnx_light "
              f"{cache_file.onnx_light_version()}; os.cpu_count() {os.cpu_count()}; "
              f"{'--quick' if config.quick else 'full run'}, {config.threads} threads, "
-             f"{config.rounds} interleaved rounds per figure  "]
+             f"{config.rounds} interleaved rounds per figure ({config.elementwise_rounds} in section 1)  "]
     for info in threadpoolctl.threadpool_info():
         if info.get("user_api") == "blas":
             lines.append(f"BLAS: {info.get('internal_api')} {info.get('version')} "

@@ -3,7 +3,8 @@
 Section 1 times, per case (op, element type, input layout) and size, six strategies side by
 side: the kernel forced serial, forced parallel, with its portable default, with the values a
 session resolves after calibrating the case's key on this machine, onnxruntime (a one-node
-model, same ``intra_op_num_threads``, sequential execution) and the plain numpy expression.
+model, same ``intra_op_num_threads``, sequential execution, no spinning) and the plain numpy
+expression.
 Each strategy's regret at a size is its median time divided by the faster of the serial and
 parallel medians at that size, from the same interleaved rounds.
 
@@ -28,8 +29,8 @@ from _common import (
     geomean,
     interleaved,
     log,
+    onnxruntime_session,
     parallel_overhead,
-    real_models,
     section,
 )
 from onnx import helper
@@ -45,7 +46,6 @@ CASES: tuple[Case, ...] = tuple(c for c in elementwise_crossover.CASES if c.op i
 CALIBRATED_TYPES = ("float", "int32", "bool")
 STRATEGIES = ("serial", "parallel", "portable", "calibrated", "onnxruntime", "numpy")
 GOAL_WORST, GOAL_GEOMEAN = 1.10, 1.03
-ORT_SETTLE = {"onnxruntime": 1e-3}  # let onnxruntime's pool threads stop spinning before the next sample
 
 
 def minor_faults(fn: Callable[[], object], calls: int = 3) -> float:
@@ -100,7 +100,7 @@ class Strategies:
             kernel = elementwise_crossover.build(case)
             kernel.configure({MINIMUM_ELEMENTS: minimum}, ctx.pool)
             self.kernels[name] = kernel
-        self.session = real_models.onnxruntime_session(onnx_model(case), ctx.config.threads)
+        self.session = onnxruntime_session(onnx_model(case), ctx.config.threads)
         self.numpy = NUMPY[case.op]
 
     def functions(self, xs: list[np.ndarray]) -> dict[str, Callable[[], object]]:
@@ -144,7 +144,7 @@ def elementwise_sweep(ctx: Context) -> SectionResult:
                 xs = inputs.for_case(case, size)
                 strategies[case.name].check(xs)
                 groups[case.name, size] = strategies[case.name].functions(xs)
-        medians = interleaved(groups, config.rounds, config.sample_s, log, settle=ORT_SETTLE)
+        medians = interleaved(groups, config.elementwise_rounds, config.sample_s, log)
 
         times = Table("Median time of one call (us) and regret (time / faster of serial and "
                       "parallel at that size):",
@@ -152,13 +152,21 @@ def elementwise_sweep(ctx: Context) -> SectionResult:
                        *(f"{s} regret" for s in STRATEGIES[2:])],
                       ratios=tuple(f"{s} regret" for s in STRATEGIES[2:]))
         regrets: dict[str, dict[str, list[float]]] = {}
+        # The decision alone: the serial or parallel median of the path a threshold takes at that
+        # size, over the faster one. Its difference from the measured regret is sampling noise
+        # between identical code paths (three kernels running the same code).
+        decisions: dict[str, dict[str, list[float]]] = {}
         for case in CASES:
             per = regrets[case.name] = {s: [] for s in STRATEGIES}
+            decided = decisions[case.name] = {"portable": [], "calibrated": []}
             for size in sizes:
                 m = medians[case.name, size]
                 best = min(m["serial"], m["parallel"])
                 for s in STRATEGIES:
                     per[s].append(m[s] / best)
+                for s in decided:
+                    path = "parallel" if strategies[case.name].kernels[s].uses_parallel(size) else "serial"
+                    decided[s].append(m[path] / best)
                 times.add(case.name, _power(size), *(m[s] * 1e6 for s in STRATEGIES),
                           "serial" if m["serial"] <= m["parallel"] else "parallel",
                           *(m[s] / best for s in STRATEGIES[2:]))
@@ -166,21 +174,26 @@ def elementwise_sweep(ctx: Context) -> SectionResult:
         columns = ["case", "portable threshold", "calibrated threshold"]
         for s in STRATEGIES:
             columns += [f"{s} geomean", f"{s} worst"]
-        columns.append("calibrated goal met")
+        columns += ["calibrated decision geomean", "calibrated decision worst", "calibrated goal met",
+                    "goal met by the decision"]
         summary = Table(f"Regret per case over {len(sizes)} sizes ({_power(sizes[0])} .. "
                         f"{_power(sizes[-1])}): geometric mean and worst case. Goal for the "
                         f"calibrated profile: worst <= {GOAL_WORST:.2f}, geomean <= {GOAL_GEOMEAN:.2f}.",
                         columns, ratios=tuple(c for c in columns if c.endswith(("geomean", "worst"))))
-        met_all = True
+
+        def meets(values: list[float]) -> bool:
+            return max(values) <= GOAL_WORST and geomean(values) <= GOAL_GEOMEAN
+
         for case in CASES:
             per = regrets[case.name]
             cells: list[Any] = [case.name, _threshold(strategies[case.name].thresholds["portable"]),
                                 _threshold(strategies[case.name].thresholds["calibrated"])]
             for s in STRATEGIES:
                 cells += [geomean(per[s]), max(per[s])]
-            met = max(per["calibrated"]) <= GOAL_WORST and geomean(per["calibrated"]) <= GOAL_GEOMEAN
-            met_all = met_all and met
-            summary.add(*cells, met)
+            decided = decisions[case.name]["calibrated"]
+            summary.add(*cells, geomean(decided), max(decided), meets(per["calibrated"]), meets(decided))
+        met_all = all(meets(regrets[case.name]["calibrated"]) for case in CASES)
+        decision_met = all(meets(decisions[case.name]["calibrated"]) for case in CASES)
 
         overall = Table("All cases and sizes together:",
                         ["strategy", "geomean regret", "worst regret", "worst at"],
@@ -207,13 +220,15 @@ def elementwise_sweep(ctx: Context) -> SectionResult:
                             "-" if not record or record["crossover"] is None
                             else _power(record["crossover"]), load)
         result.tables = [calibration, summary, overall, times]
-        worst_cases = [case.name for case in CASES
-                       if not (max(regrets[case.name]["calibrated"]) <= GOAL_WORST
-                               and geomean(regrets[case.name]["calibrated"]) <= GOAL_GEOMEAN)]
+        missed = [case.name for case in CASES if not meets(regrets[case.name]["calibrated"])]
+        missed_decision = [case.name for case in CASES if not meets(decisions[case.name]["calibrated"])]
         result.notes.append(
             f"**Goal (calibrated: worst <= {GOAL_WORST:.2f} and geomean <= {GOAL_GEOMEAN:.2f} on every "
-            f"case): {'met' if met_all else 'not met'}**"
-            + ("" if met_all else f" (missed on: {', '.join(worst_cases)})") + ".")
+            f"case), on the calibrated kernel's own timings: {'met' if met_all else 'not met'}**"
+            + ("" if met_all else f" (missed on: {', '.join(missed)})")
+            + f"; **on its decisions alone (the measured time of the path it takes): "
+            f"{'met' if decision_met else 'not met'}**"
+            + ("" if decision_met else f" (missed on: {', '.join(missed_decision)})") + ".")
         for failure in report["failed"]:
             result.notes.append(f"calibration failed, nothing published: `{failure['key']}`: "
                                 f"{failure['error']}")
@@ -221,11 +236,12 @@ def elementwise_sweep(ctx: Context) -> SectionResult:
             "Strategies: serial / parallel = the kernel with `parallel.minimum_elements` out of "
             "reach / 1; portable = its portable default; calibrated = the value a session resolves "
             "after the calibration above; onnxruntime = `InferenceSession.run` of a one-node model "
-            f"(intra_op_num_threads={config.threads}, sequential); numpy = the plain expression "
+            f"(intra_op_num_threads={config.threads}, sequential, its pool's spinning off: "
+            "`_common.onnxruntime_session`); numpy = the plain expression "
             "(`np.abs(x)`, `np.add(x, y)`, `np.maximum(x, 0)`, `1 / (1 + np.exp(-x))`, ...). "
             "Every call allocates its output. Regret < 1: faster than both onnx_light paths.")
         result.data = {"medians": medians, "strategies": strategies, "regrets": regrets,
-                       "goal_met": met_all}
+                       "decisions": decisions, "goal_met": met_all, "decision_goal_met": decision_met}
     return result
 
 
@@ -279,7 +295,7 @@ def memory_bound(ctx: Context) -> SectionResult:
         groups["pool"] = {"empty region": parallel_overhead._pool_region(pool, pool.num_threads)}
         faults = {case.name: {name: minor_faults(groups[case.name][name])
                               for name in ("calibrated", "onnxruntime", "numpy")} for case in CASES}
-        medians = interleaved(groups, config.rounds, config.sample_s, log, settle=ORT_SETTLE)
+        medians = interleaved(groups, config.rounds, config.sample_s, log)
         copy_bytes = 2 * count * 4
         bandwidth = copy_bytes / medians["copy"]["parallel copy (np.copyto split across the pool)"]
 

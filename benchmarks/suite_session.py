@@ -1,13 +1,13 @@
 """Section 4 of the suite: session overhead on a chain of small nodes.
 
 A model of N nodes alternating ``Add(x, C)`` and ``Relu`` on a few floats (100 nodes on 16
-floats by default) and the same model with one node run in onnx_light's ``RuntimeSession``,
-onnxruntime (same ``intra_op_num_threads``, sequential) and ``onnx.reference.ReferenceEvaluator``,
-interleaved. Per node: the N-node run divided by N, and the marginal cost
-``(t_N - t_1) / (N - 1)`` that leaves out the per-run cost. A second group of the same rounds
-times the pieces of one onnx_light node (``kernel.run`` alone, the numpy call alone, the
-``np.errstate`` block that float arithmetic kernels run under), and cProfile shows where one
-run's time goes.
+floats by default), and the same model with one node, run interleaved in onnx_light's
+``RuntimeSession``, onnxruntime (same ``intra_op_num_threads``, sequential, no spinning) and
+``onnx.reference.ReferenceEvaluator``. Per node: the N-node run divided by N, and the marginal
+cost ``(t_N - t_1) / (N - 1)`` that leaves out the per-run cost. A second group of the same
+rounds times the pieces of one onnx_light node (``kernel.run`` alone, the numpy call alone,
+the ``np.errstate`` block that float arithmetic kernels run under), and cProfile shows where
+one run's time goes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from _common import (
     elementwise_crossover,
     interleaved,
     log,
-    real_models,
+    onnxruntime_session,
     section,
 )
 from onnx import TensorProto as T
@@ -87,7 +87,7 @@ def session_overhead(ctx: Context) -> SectionResult:
         for nodes in (1, n):
             model = chain_model(nodes, elements)
             light = RuntimeSession(model, num_threads=config.threads)
-            ort = real_models.onnxruntime_session(model, config.threads)
+            ort = onnxruntime_session(model, config.threads)
             reference = ReferenceEvaluator(model)
             expected = reference.run(None, feeds)[0]
             for name, runner in (("onnx_light", light), ("onnxruntime", ort), ("reference", reference)):

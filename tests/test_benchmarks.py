@@ -24,7 +24,7 @@ EXPECTED_COLUMNS = {
     1: [{"case", "elements", "serial (us)", "parallel (us)", "portable (us)", "calibrated (us)",
          "onnxruntime (us)", "numpy (us)", "calibrated regret"},
         {"case", "calibrated geomean", "calibrated worst", "portable geomean", "onnxruntime worst",
-         "numpy geomean", "calibrated goal met"}],
+         "numpy geomean", "calibrated goal met", "calibrated decision worst"}],
     2: [{"copy", "GB/s", "fraction of parallel copy"},
         {"case", "calibrated GB/s", "calibrated fraction", "onnxruntime fraction", "numpy fraction"}],
     3: [{"op", "shape (MxKxN)", "portable GFLOP/s", "calibrated GFLOP/s", "numpy GFLOP/s",

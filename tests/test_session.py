@@ -270,11 +270,12 @@ def test_constant_subgraphs_are_folded_at_construction(registry):
                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])),
         helper.make_node("Relu", ["w"], ["c"]),           # folded too: its input is folded
         helper.make_node("Add", ["x", "c"], ["a"]),        # depends on a feed: runs
-        helper.make_node("Add", ["a", "d"], ["z"]),        # d may be fed: never folded
+        helper.make_node("Mul", ["d", "d"], ["dd"]),       # folded from d's default ...
+        helper.make_node("Add", ["a", "dd"], ["z"]),       # ... recomputed when d is fed
     ]
     model = _model(nodes, [x, d], [z, c], initializers=[shape, default])
     session = RuntimeSession(model, registry=registry)
-    assert session.folded_nodes == 2
+    assert session.folded_nodes == 3
     assert len(session._plan) == 2
     x_value = np.arange(4, dtype=np.float32)
     z_out, c_out = session.run(None, {"x": x_value})
@@ -282,5 +283,6 @@ def test_constant_subgraphs_are_folded_at_construction(registry):
     np.testing.assert_array_equal(c_out, [2, 2, 2, 2])
     c_out[0] = 99  # callers get their own copy of a folded output
     np.testing.assert_array_equal(session.run(["c"], {"x": x_value})[0], [2, 2, 2, 2])
-    z_fed, _ = session.run(None, {"x": x_value, "d": np.zeros(4, np.float32)})
-    np.testing.assert_array_equal(z_fed, x_value + 2)
+    z_fed, _ = session.run(None, {"x": x_value, "d": np.full(4, 3, np.float32)})
+    np.testing.assert_array_equal(z_fed, x_value + 2 + 9)
+    np.testing.assert_array_equal(session.run(["z"], {"x": x_value})[0], x_value + 3)

@@ -98,6 +98,27 @@ def _without_external_data(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _plan(steps: list[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ...]]],
+          keep: set[int]) -> tuple[_Step, ...]:
+    """Bound steps; each frees the values (other than ``keep``) it reads or makes last."""
+    last_use: dict[int, int] = {}
+    for index, (_, inputs, outputs) in enumerate(steps):
+        for s in inputs:
+            if s is not None:
+                last_use[s] = index
+        for s in outputs:
+            if s is not None:
+                last_use.setdefault(s, index)  # produced but never read: free at once
+    release: dict[int, list[int]] = {}
+    for s, last in last_use.items():
+        if s not in keep:
+            release.setdefault(last, []).append(s)
+    return tuple(
+        _Step(kernel.run, inputs, outputs, tuple(release.get(index, ())), kernel.ctx.name)
+        for index, (kernel, inputs, outputs) in enumerate(steps)
+    )
+
+
 def _load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return _without_external_data(model)
@@ -248,48 +269,43 @@ class RuntimeSession:
             constants[slot(initializer.name)] = array
         self._feed_slots = {info.name: slot(info.name) for info in graph.input}
         self._required = [info.name for info in graph.input if slots[info.name] not in constants]
-        # Constant folding: a deterministic node whose inputs are all fixed (initializers that
-        # no feed can override, or outputs of folded nodes) runs once, here.
-        fixed = set(constants) - set(self._feed_slots.values())
-        steps = []
-        self.folded_nodes = 0
+        # Constant folding: a deterministic node whose inputs are all fixed (initializers, or
+        # outputs of folded nodes) runs once, here. Initializers that are also graph inputs
+        # (every one, in IR < 4 models) are defaults a feed may override: a run that feeds one
+        # the folding used takes the plan without folding.
+        overridable = set(self._feed_slots.values()) & set(constants)
+        depends: dict[int, set[int]] = {s: ({s} if s in overridable else set()) for s in constants}
+        folded: dict[int, np.ndarray] = {}
+        every_step, steps = [], []
         with BLAS.scope(1):
             for node, kernel in zip(graph.node, kernels, strict=True):
                 inputs = tuple(slot(name) if name else None for name in node.input)
                 outputs = tuple(slot(name) if name else None for name in node.output)
+                every_step.append((kernel, inputs, outputs))
                 if node.op_type in NONDETERMINISTIC or not all(
-                        s is None or s in fixed for s in inputs):
+                        s is None or s in depends for s in inputs):
                     steps.append((kernel, inputs, outputs))
                     continue
-                results = kernel.run(*(None if s is None else constants[s] for s in inputs))
+                known = {**constants, **folded}
+                results = kernel.run(*(None if s is None else known[s] for s in inputs))
+                sources = set().union(*(depends[s] for s in inputs if s is not None))
                 for s, array in zip(outputs, results, strict=False):
                     if s is not None:
                         array = np.asarray(array)
                         array.flags.writeable = False
-                        constants[s] = array
-                        fixed.add(s)
-                self.folded_nodes += 1
+                        folded[s] = array
+                        depends[s] = sources
+        self.folded_nodes = len(every_step) - len(steps)
         self._output_slots = {info.name: slots[info.name] for info in graph.output
                               if info.name in slots}
         missing = [info.name for info in graph.output if info.name not in slots]
         if missing:
             raise ValueError(f"graph outputs {missing} are produced by no node")
-        keep = set(constants) | set(self._output_slots.values())
-        last_use: dict[int, int] = {}
-        for index, (_, inputs, outputs) in enumerate(steps):
-            for s in inputs:
-                if s is not None:
-                    last_use[s] = index
-            for s in outputs:
-                if s is not None:
-                    last_use.setdefault(s, index)  # produced but never read: free at once
-        self._plan = tuple(
-            _Step(kernel.run, inputs, outputs,
-                  tuple(s for s, last in last_use.items() if last == index and s not in keep),
-                  kernel.ctx.name)
-            for index, (kernel, inputs, outputs) in enumerate(steps)
-        )
+        self._plan = _plan(steps, set(constants) | set(folded) | set(self._output_slots.values()))
+        self._plan_unfolded = _plan(every_step, set(constants) | set(self._output_slots.values()))
+        self._fold_sources = frozenset().union(*(depends[s] for s in folded))
         self._constants = constants
+        self._folded = folded
         self._num_slots = len(slots)
 
     def get_inputs(self) -> list[NodeArg]:
@@ -353,13 +369,21 @@ class RuntimeSession:
         values: list[Any] = [None] * self._num_slots
         for s, array in self._constants.items():
             values[s] = array
+        fed = set()
         for info in self._inputs:
             if info.name in input_feed:
+                fed.add(self._feed_slots[info.name])
                 values[self._feed_slots[info.name]] = self._check_feed(info, input_feed[info.name])
+        plan = self._plan
+        if fed & self._fold_sources:  # a default the folding used is overridden
+            plan = self._plan_unfolded
+        else:
+            for s, array in self._folded.items():
+                values[s] = array
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1):
-            for step in self._plan:
+            for step in plan:
                 arguments = [None if s is None else values[s] for s in step.inputs]
                 try:
                     results = step.run(*arguments)
@@ -372,6 +396,6 @@ class RuntimeSession:
                         values[s] = result
                 for s in step.release:
                     values[s] = None
-        # Outputs that are folded constants are shared, read-only arrays: give callers copies.
-        return [values[s].copy() if s in self._constants else values[s]
+        # Outputs that are constants are shared, read-only arrays: give callers copies.
+        return [values[s].copy() if not values[s].flags.writeable else values[s]
                 for s in (self._output_slots[n] for n in names)]
