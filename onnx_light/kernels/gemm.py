@@ -74,7 +74,7 @@ from onnx import TensorProto
 from ..parallel import BLAS
 from ..tuning.keys import KernelTuningKey
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import LIBRARY, Kernel, NodeContext
+from .base import LIBRARY, Kernel, NodeContext, check_element_type
 
 __all__ = [
     "BLAS",
@@ -191,10 +191,7 @@ class _ProductKernel(Kernel):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         element_type = self.element_type
-        allowed = _allowed_types(self.op_type, ctx.opset)
-        if element_type is not None and element_type not in allowed:
-            raise ctx.error(f"element type {element_type} is not allowed at opset {ctx.opset}; "
-                            f"valid: {list(allowed)}")
+        check_element_type(ctx, element_type, OPSET_TYPES[self.op_type])
         self.integer = _is_integer(element_type)
         self.minimum_flops = 1
         self.mode = "split"
@@ -326,13 +323,6 @@ def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
             out[...] = result
     finally:
         BLAS.restore(previous)
-
-
-def _allowed_types(op_type: str, opset: int) -> tuple[int, ...]:
-    """Element types the highest version of ``op_type`` not above ``opset`` accepts."""
-    versions = OPSET_TYPES.get(op_type, {})
-    usable = [v for v in versions if v <= opset]
-    return versions[max(usable)] if usable else ()
 
 
 class GemmKernel(_ProductKernel):

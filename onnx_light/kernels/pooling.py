@@ -248,37 +248,39 @@ class AveragePool(_Pool):
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
 
-class GlobalAveragePool(Kernel):
-    """ONNX GlobalAveragePool (1, 22): the mean over every spatial axis, kept as size 1."""
+class _GlobalPool(Kernel):
+    """A reduction over every spatial axis of (N, C, ...), kept as size 1 (opsets 1, 22)."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        if x.ndim < 2:
+            raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
+        return (self._reduce(x, tuple(range(2, x.ndim))),)
+
+    def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class GlobalAveragePool(_GlobalPool):
+    """ONNX GlobalAveragePool: the mean (computed in float32 for half types)."""
 
     op_type: ClassVar[str] = "GlobalAveragePool"
 
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
-
-    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
-        if x.ndim < 2:
-            raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
-        compute = compute_dtype(x.dtype)
-        axes = tuple(range(2, x.ndim))
-        result = np.mean(x, axis=axes, dtype=compute, keepdims=True)
-        return (result.astype(x.dtype, copy=False),)
+    def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        result = np.mean(x, axis=axes, dtype=compute_dtype(x.dtype), keepdims=True)
+        return result.astype(x.dtype, copy=False)
 
 
-class GlobalMaxPool(Kernel):
-    """ONNX GlobalMaxPool (1, 22): the maximum over every spatial axis, kept as size 1."""
+class GlobalMaxPool(_GlobalPool):
+    """ONNX GlobalMaxPool: the maximum."""
 
     op_type: ClassVar[str] = "GlobalMaxPool"
 
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
-
-    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
-        if x.ndim < 2:
-            raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
-        return (np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True),)
+    def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return np.max(x, axis=axes, keepdims=True)
 
 
 class LRN(Kernel):
