@@ -9,7 +9,7 @@ only that configuration: never the registry, never the cache.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -108,10 +108,14 @@ class Kernel:
     implementation: ClassVar[str] = "portable"
     tuning_abi: ClassVar[int] = 1
     tunable: ClassVar[bool] = False
+    # Whether run applies ``epilogue`` (an in-place activation the runtime fused into this
+    # node) to every block of its first output while the block is still in cache.
+    accepts_epilogue: ClassVar[bool] = False
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
         self.pool: ThreadPool | None = None
+        self.epilogue: Callable[[np.ndarray], None] | None = None
 
     @property
     def element_type(self) -> int | None:

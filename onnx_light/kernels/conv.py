@@ -395,6 +395,7 @@ class ConvKernel(Kernel):
 
     op_type: ClassVar[str] = "Conv"
     tunable: ClassVar[bool] = True
+    accepts_epilogue: ClassVar[bool] = True
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -497,11 +498,15 @@ class ConvKernel(Kernel):
             return (out.astype(x.dtype, copy=False),)
         if problem.depth == 0:
             out[...] = 0 if b is None else b.astype(compute).reshape((-1,) + (1,) * len(problem.window.input))
+            if self.epilogue is not None:
+                self.epilogue(out)
             return (out.astype(x.dtype, copy=False),)
         xc = np.ascontiguousarray(x, dtype=compute)
         wc = np.ascontiguousarray(w, dtype=compute)
         bc = None if b is None else b.astype(compute, copy=False)
-        _execute(problem, xc, wc, bc, out, self.config.block_bytes, self.pool, self.num_threads)
+        algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
+                                                   self.epilogue)
+        _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
 
@@ -530,10 +535,9 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
     return "blas"
 
 
-def _execute(problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, out: np.ndarray,
-             block_bytes: int, pool: ThreadPool | None, threads: int) -> None:
-    """Fill ``out`` (N, M, *output) with the convolution, following ``problem.plan``."""
-    algorithm = _ALGORITHMS[problem.algorithm](problem, x, w, b, out, block_bytes)
+def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, threads: int) -> None:
+    """Fill the algorithm's output (N, M, *output) with the convolution, following
+    ``problem.plan``."""
     items, rows = problem.batch * problem.groups, problem.window.output[0]
     plan = problem.plan
     previous = BLAS.limit(threads if plan == "blas" else 1)
@@ -592,11 +596,14 @@ def _rows_per_block(block_bytes: int, bytes_per_row: int, rows: int) -> int:
 
 
 class _Algorithm:
-    """One call's computation, cut into blocks of (image, group) pairs and output rows."""
+    """One call's computation, cut into blocks of (image, group) pairs and output rows;
+    ``epilogue`` (a fused activation) is applied to every finished block of the output."""
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                 out: np.ndarray, block_bytes: int) -> None:
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
         self.problem = problem
+        self.epilogue = epilogue
         self.window = problem.window
         self.block_bytes = block_bytes
         self.mg = problem.group_filters
@@ -632,8 +639,9 @@ class _Columns(_Algorithm):
     wide: ClassVar[bool] = False
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                 out: np.ndarray, block_bytes: int) -> None:
-        super().__init__(problem, x, w, b, out, block_bytes)
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = self.window
         # the wide variant's last rows reach one row further (into the columns it drops)
         self.xp = pad_spatial(x, window, tail_rows=1 if self.wide else 0)
@@ -673,6 +681,8 @@ class _Columns(_Algorithm):
             bias = self.bias_of(g0, g1, lo, hi, 1)
             if bias is not None:
                 flat += bias
+            if self.epilogue is not None:
+                self.epilogue(flat)
             return
         product = scratch[:count * (hi - lo) * width].reshape(count, hi - lo, width)
         np.matmul(weights, columns, out=product)
@@ -682,6 +692,8 @@ class _Columns(_Algorithm):
             np.copyto(target, computed)
         else:
             np.add(computed, bias, out=target)
+        if self.epilogue is not None:
+            self.epilogue(target)
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         problem, cg, mg = self.problem, self.cg, self.mg
@@ -741,8 +753,9 @@ class _Pointwise(_Algorithm):
     """1x1, stride 1, no padding: the weights times the input rows themselves, no buffer."""
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                 out: np.ndarray, block_bytes: int) -> None:
-        super().__init__(problem, x, w, b, out, block_bytes)
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = self.window
         self.row_size = math.prod(window.output[1:])
         self.inputs = x.reshape(problem.batch, problem.groups, self.cg, window.output[0], self.row_size)
@@ -756,6 +769,8 @@ class _Pointwise(_Algorithm):
         bias = self.bias_of(g0, g1, lo, hi, 1)
         if bias is not None:
             target += bias
+        if self.epilogue is not None:
+            self.epilogue(target)
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         for n, g0, g1 in _group_ranges(self.problem, start, stop):
@@ -786,6 +801,8 @@ class _PerFilter(_Pointwise):
         bias = self.bias_of(g0, g1, lo, hi, 2)
         if bias is not None:
             target += bias
+        if self.epilogue is not None:
+            self.epilogue(target)
 
 
 class _Depthwise(_Algorithm):
@@ -798,8 +815,9 @@ class _Depthwise(_Algorithm):
     """
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                 out: np.ndarray, block_bytes: int) -> None:
-        super().__init__(problem, x, w, b, out, block_bytes)
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = self.window
         self.xp = pad_spatial(x, window, tail_rows=1)
         xp = self.xp
@@ -867,6 +885,8 @@ class _Depthwise(_Algorithm):
                 padded_shape = (count, mg, e - s, *self.padded_inner)
                 np.add(accumulator.reshape(padded_shape)[keep], scratch.reshape(padded_shape)[keep],
                        out=target)
+                if self.epilogue is not None:
+                    self.epilogue(target)
 
     def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
         rows = self.window.output[0]

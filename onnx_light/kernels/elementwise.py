@@ -172,6 +172,8 @@ class ElementwiseOp:
       ``"transcendental"``; selects the portable default of ``parallel.minimum_elements``
       (see :func:`default_minimum_elements`).
     * ``versions``: ONNX's since_versions of the op that this kernel implements.
+    * ``in_place``: ``compute(x, out=x)`` is correct (each element is read before it is
+      written): the runtime may fuse the op into the node that produces ``x``.
     """
 
     op_type: str
@@ -185,14 +187,42 @@ class ElementwiseOp:
     warns: Warns = "float"
     cost: Literal["cheap", "transcendental"] = "cheap"
     key_input: int = 0
+    in_place: bool = False
 
 
 # --------------------------------------------------------------------------------------------
 # Compute functions: compute(*blocks, out=block, **attributes), writing into out.
 
 
+ZERO_ROW = 1 << 14  # elements of the zero row Relu compares with
+
+
+@functools.cache
+def _zero_row(dtype: np.dtype) -> np.ndarray:
+    row = np.zeros(ZERO_ROW, dtype)
+    row.flags.writeable = False
+    return row
+
+
 def _relu(x: np.ndarray, *, out: np.ndarray) -> None:
-    np.maximum(x, 0, out=out)
+    """``max(x, 0)``. numpy's maximum against a broadcast scalar takes a strided loop about
+    three times slower than its contiguous one (800K floats: 420 us against 160 us, numpy
+    2.4 on AVX2), so the data is viewed as rows of :data:`ZERO_ROW` elements and compared
+    with one contiguous row of zeros."""
+    zero = _zero_row(x.dtype)
+    if x.flags.c_contiguous and out.flags.c_contiguous:
+        flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+        n = flat_x.size
+        whole = n - n % ZERO_ROW
+        if whole:
+            np.maximum(flat_x[:whole].reshape(-1, ZERO_ROW), zero,
+                       out=flat_out[:whole].reshape(-1, ZERO_ROW))
+        if whole < n:
+            np.maximum(flat_x[whole:], zero[:n - whole], out=flat_out[whole:])
+    elif x.ndim and x.shape[-1] <= ZERO_ROW:
+        np.maximum(x, zero[:x.shape[-1]], out=out)
+    else:
+        np.maximum(x, 0, out=out)
 
 
 def _is_inf(x: np.ndarray, *, out: np.ndarray, detect_negative: int, detect_positive: int) -> None:
@@ -399,7 +429,7 @@ OPS: tuple[ElementwiseOp, ...] = (
         attributes=(Attribute("detect_negative", 1, (0, 1)), Attribute("detect_positive", 1, (0, 1)))),
     _OP("Not", U, BOOL, np.logical_not, (1,), warns="never"),
     # Activations.
-    _OP("Relu", U, SIGNED_TYPES, _relu, (1, 6, 13, 14), warns="never"),
+    _OP("Relu", U, SIGNED_TYPES, _relu, (1, 6, 13, 14), warns="never", in_place=True),
     _OP("LeakyRelu", U, F, _leaky_relu, (1, 6, 16), precision="float32",
         attributes=(Attribute("alpha", 0.01),)),
     _OP("PRelu", B, PRELU_TYPES, _prelu, (7, 9, 16)),
@@ -407,7 +437,7 @@ OPS: tuple[ElementwiseOp, ...] = (
     _OP("HardSigmoid", U, F, _hard_sigmoid, (1, 6, 22), precision="float32",
         attributes=(Attribute("alpha", 0.2), Attribute("beta", 0.5))),
     _OP("HardSwish", U, F, _hard_swish, (14, 22), precision="float32"),
-    _OP("Tanh", U, F, np.tanh, _CLASSIC, cost="transcendental"),
+    _OP("Tanh", U, F, np.tanh, _CLASSIC, cost="transcendental", in_place=True),
     _OP("Softplus", U, F, _softplus, (1, 22), cost="transcendental"),
     _OP("Softsign", U, F, _softsign, (1, 22), precision="float32"),
     _OP("Elu", U, F, _elu, (1, 6, 22), precision="float32", cost="transcendental",
@@ -535,10 +565,11 @@ def _type_plan(op: ElementwiseOp, element_type: int) -> _TypePlan:
     return _TypePlan(out_dtype, widen.get(out_dtype), widen, quiet)
 
 
-def _quietly(block: Callable[[int, int], None]) -> Callable[[int, int], None]:
-    def run(start: int, stop: int) -> None:
+def _quietly(function: Callable[..., None]) -> Callable[..., None]:
+    """``function`` with numpy's floating point warnings off (ONNX semantics ignore them)."""
+    def run(*arguments: Any) -> None:
         with np.errstate(all="ignore"):
-            block(start, stop)
+            function(*arguments)
 
     return run
 
@@ -548,6 +579,7 @@ class ElementwiseKernel(Kernel):
 
     op: ClassVar[ElementwiseOp]
     tunable = True
+    accepts_epilogue = True
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -629,12 +661,30 @@ class ElementwiseKernel(Kernel):
             return [out]
         if self.uses_parallel(n):
             pool = self.pool
-            extent, block = _blocks(self._compute, plan, operands, out, same, pool.num_threads)
+            extent, block = _blocks(self._compute, plan, operands, out, same, pool.num_threads,
+                                    self.epilogue)
             pool.parallel_for(extent, block)
         else:
-            extent, block = _blocks(self._compute, plan, operands, out, same, 1)
+            extent, block = _blocks(self._compute, plan, operands, out, same, 1, self.epilogue)
             block(0, extent)
         return [out]
+
+    def in_place_function(self, element_type: int) -> Callable[[np.ndarray], None] | None:
+        """This node as ``f(block)`` overwriting ``block`` (of ``element_type``) with the
+        result, for fusion into the producer of its input; None when the op cannot compute
+        in place in that type exactly as :meth:`run` does."""
+        op = self.op
+        if not op.in_place or len(self.attributes) or element_type not in op.types:
+            return None
+        plan = self._plans[numpy_dtype(element_type)]
+        if plan.work_dtype is not None or plan.widen or plan.out_dtype != numpy_dtype(element_type):
+            return None
+        compute = self._compute
+
+        def apply(block: np.ndarray) -> None:
+            compute(block, out=block)
+
+        return _quietly(apply) if plan.quiet else apply
 
     def _operands(self, inputs: tuple[np.ndarray | None, ...]) -> list[np.ndarray | None]:
         arity = self.op.arity
@@ -683,8 +733,10 @@ def _split_axis(shape: tuple[int, ...], blocks: int) -> int:
 
 
 def _blocks(compute: Callable[..., Any], plan: _TypePlan, operands: list[np.ndarray | None],
-            out: np.ndarray, same: bool, blocks: int) -> tuple[int, Callable[[int, int], None]]:
-    """The range to split and ``block(start, stop)`` computing that part of ``out``.
+            out: np.ndarray, same: bool, blocks: int,
+            epilogue: Callable[[np.ndarray], None] | None = None) -> tuple[int, Callable[[int, int], None]]:
+    """The range to split and ``block(start, stop)`` computing that part of ``out`` (and
+    applying ``epilogue`` to it).
 
     The serial path calls ``block(0, extent)``, the parallel path calls it on contiguous
     sub-ranges: the same code on the same values either way.
@@ -727,6 +779,8 @@ def _blocks(compute: Callable[..., Any], plan: _TypePlan, operands: list[np.ndar
             result = np.empty(destination.shape, work)
             compute(*args, out=result)
             np.copyto(destination, result, casting="unsafe")
+        if epilogue is not None:
+            epilogue(destination)
 
     return extent, (_quietly(block) if plan.quiet else block)
 

@@ -24,8 +24,8 @@ from onnx import helper
 
 from .base import Kernel, NodeContext, check_element_type, compute_dtype
 
-__all__ = ["CHUNK_BYTES", "KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "InstanceNormalization",
-           "LayerNormalization"]
+__all__ = ["CHUNK_BYTES", "KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "ChannelAffine",
+           "InstanceNormalization", "LayerNormalization", "batch_norm_affine"]
 
 PARALLEL_MINIMUM = 1 << 17
 CHUNK_BYTES = 1 << 17  # the two passes of Y = X * a + b go over at most this much at a time
@@ -42,13 +42,24 @@ def _per_channel(value: np.ndarray, ndim: int, compute: np.dtype) -> np.ndarray:
     return value.reshape((1, *value.shape))
 
 
+def batch_norm_affine(scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                      epsilon: float, compute: np.dtype | type) -> tuple[np.ndarray, np.ndarray]:
+    """Inference BatchNormalization as ``Y = X * a + b``: ``a = scale / sqrt(var + epsilon)``
+    and ``b = B - mean * a``, computed in ``compute``."""
+    compute = np.dtype(compute)
+    a = scale.astype(compute) / np.sqrt(var.astype(compute) + compute.type(epsilon))
+    return a, bias.astype(compute) - mean.astype(compute) * a
+
+
 def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute: np.dtype) -> np.ndarray:
     """``x * a + b`` with a, b broadcasting over (N, C, ...), split over images/channels if large."""
     out = np.empty(x.shape, compute)
-    pool = kernel.pool
+    pool, epilogue = kernel.pool, kernel.epilogue
     if x.ndim < 2 or out.size == 0:
         np.multiply(x, a, out=out, casting="unsafe")
         out += b
+        if epilogue is not None:
+            epilogue(out)
         return out
     n, c = x.shape[:2]
     a_full = np.broadcast_to(a, (1, c, *a.shape[2:]))
@@ -68,6 +79,8 @@ def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute
                 np.multiply(x[image:image + 1, low:high], a_full[:, low:high], out=target,
                             casting="unsafe")
                 target += b_full[:, low:high]
+                if epilogue is not None:
+                    epilogue(target)
 
     planes = n * c
     if pool is not None and pool.num_threads > 1 and planes > 1 and out.size >= PARALLEL_MINIMUM:
@@ -88,6 +101,7 @@ class BatchNormalization(Kernel):
     """
 
     op_type: ClassVar[str] = "BatchNormalization"
+    accepts_epilogue: ClassVar[bool] = True
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -115,9 +129,8 @@ class BatchNormalization(Kernel):
             if value.shape[:1] != (channels,):
                 raise self.ctx.error(f"{name} must have {channels} values (one per channel), "
                                      f"got shape {list(value.shape)}")
-        a = _per_channel(scale, x.ndim, compute) / np.sqrt(
-            _per_channel(var, x.ndim, compute) + compute.type(self.epsilon))
-        b = _per_channel(bias, x.ndim, compute) - _per_channel(mean, x.ndim, compute) * a
+        a, b = batch_norm_affine(scale, bias, mean, var, self.epsilon, compute)
+        a, b = _per_channel(a, x.ndim, compute), _per_channel(b, x.ndim, compute)
         y = _affine(self, x, a, b, compute)
         outputs = [y if y.dtype == x.dtype else y.astype(x.dtype)]
         if self.ctx.num_outputs > 1:  # is_test legacy graphs list the statistics as outputs
@@ -137,6 +150,35 @@ class BatchNormalization(Kernel):
         running_mean = (mean.astype(np.float64) * momentum + batch_mean * (1 - momentum)).astype(mean.dtype)
         running_var = (var.astype(np.float64) * momentum + batch_var * (1 - momentum)).astype(var.dtype)
         return [y, running_mean, running_var][:max(1, self.ctx.num_outputs)]
+
+
+class ChannelAffine(Kernel):
+    """``Y = X * multiplier + offset`` per channel (axis 1): not an ONNX operator, but what the
+    runtime makes of a chain of inference BatchNormalization and per-channel Mul, Add and Sub
+    nodes with constant parameters when no convolution precedes them to absorb it
+    (``runtime/fusion.py``). ``multiplier`` and ``offset`` have shape () or (C,).
+    """
+
+    op_type: ClassVar[str] = "ChannelAffine"
+    accepts_epilogue: ClassVar[bool] = True
+
+    def __init__(self, ctx: NodeContext, multiplier: np.ndarray, offset: np.ndarray) -> None:
+        super().__init__(ctx)
+        self.multiplier = np.asarray(multiplier, np.float64).reshape(-1)
+        self.offset = np.asarray(offset, np.float64).reshape(-1)
+
+    def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
+        compute = compute_dtype(x.dtype)
+        channels = x.shape[1] if x.ndim >= 2 else 0
+        for name, value in (("multiplier", self.multiplier), ("offset", self.offset)):
+            if value.size not in (1, channels):
+                raise self.ctx.error(f"{name} has {value.size} values, X has {channels} channels "
+                                     f"(shape {list(x.shape)})")
+        ndim = max(x.ndim, 2)
+        a = _per_channel(self.multiplier, ndim, compute)
+        b = _per_channel(self.offset, ndim, compute)
+        y = _affine(self, x, a, b, compute)
+        return (y if y.dtype == x.dtype else y.astype(x.dtype),)
 
 
 class InstanceNormalization(Kernel):

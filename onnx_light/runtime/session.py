@@ -33,6 +33,7 @@ from ..tuning.keys import element_type_name
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
 from .dispatch import UnsupportedOperator, UnsupportedOperatorError, find_kernel
+from .fusion import fuse as fuse_steps
 
 __all__ = ["InvalidInputError", "NodeArg", "RuntimeSession"]
 
@@ -192,12 +193,15 @@ class RuntimeSession:
 
     ``model`` is an ``onnx.ModelProto``, a path or serialized bytes.
     ``num_threads`` sets the effective thread count (default: the CPUs this
-    process may use). ``registry`` defaults to the process-wide one.
+    process may use). ``registry`` defaults to the process-wide one. ``fuse``
+    lets construction fuse operators (``runtime/fusion.py``: per-channel affine
+    chains into convolutions, activations into their producers); False runs
+    every node as the graph states, with the same results up to rounding.
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
                  num_threads: int | None = None,
-                 registry: KernelTuningRegistry | None = None) -> None:
+                 registry: KernelTuningRegistry | None = None, fuse: bool = True) -> None:
         started = time.perf_counter()
         model = _load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
@@ -253,10 +257,11 @@ class RuntimeSession:
         self._inputs = [info for info in graph.input]
         self._outputs = [info for info in graph.output]
         self._kernels = kernels
-        self._build_plan(graph, kernels)
+        self._build_plan(graph, kernels, types, fuse)
         self.construction_seconds = time.perf_counter() - started
 
-    def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel]) -> None:
+    def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel],
+                    types: Mapping[str, onnx.TypeProto], fuse: bool) -> None:
         slots: dict[str, int] = {}
 
         def slot(name: str) -> int:
@@ -301,12 +306,29 @@ class RuntimeSession:
         missing = [info.name for info in graph.output if info.name not in slots]
         if missing:
             raise ValueError(f"graph outputs {missing} are produced by no node")
+        fold_sources = set().union(*(depends[s] for s in folded))
+        self.fused_nodes = 0
+        num_slots = len(slots)
+        if fuse:
+            def add_constant(array: np.ndarray) -> int:
+                nonlocal num_slots
+                num_slots += 1
+                return num_slots - 1
+
+            shapes = {slots[name]: shape for name, value_type in types.items()
+                      if name in slots and (shape := _shape(value_type)) is not None}
+            fusion = fuse_steps(steps, {**constants, **folded}, set(self._output_slots.values()),
+                                shapes, add_constant)
+            steps = fusion.steps
+            folded.update(fusion.constants)
+            fold_sources.update(*(depends[s] for s in fusion.sources))
+            self.fused_nodes = fusion.fused_nodes
         self._plan = _plan(steps, set(constants) | set(folded) | set(self._output_slots.values()))
         self._plan_unfolded = _plan(every_step, set(constants) | set(self._output_slots.values()))
-        self._fold_sources = frozenset().union(*(depends[s] for s in folded))
+        self._fold_sources = frozenset(fold_sources)
         self._constants = constants
         self._folded = folded
-        self._num_slots = len(slots)
+        self._num_slots = num_slots
 
     def get_inputs(self) -> list[NodeArg]:
         """The graph inputs a caller feeds (initializers excluded)."""

@@ -1,0 +1,228 @@
+"""Operator fusion at session construction: fewer passes over the activations.
+
+Runs after constant folding, over the steps left to run, in graph order:
+
+1. **Channel affine chains.** Inference BatchNormalization, and Mul, Add or Sub of X by a
+   constant that varies along the channel axis (axis 1) only, each compute
+   ``Y = X * m + o`` per channel. Consecutive ones (each the only reader of the previous
+   one's output) compose into one ``(m, o)``, computed in float64. When the chain directly
+   follows a Conv with constant weights whose output nothing else reads, it is folded into
+   the weights and the bias (``W' = W * m``, ``B' = B * m + o``, rounded once into the
+   weights' type); otherwise it runs as one
+   :class:`~onnx_light.kernels.normalization.ChannelAffine` step.
+2. **Activations.** A unary op that can compute in place (Relu, Tanh: see
+   ``ElementwiseOp.in_place``) whose input is read by it alone is applied to every block of
+   its producer's output while the block is in cache, if the producer accepts an epilogue
+   (Conv, BatchNormalization, ChannelAffine, the elementwise ops).
+
+Only float and double tensors are fused. A fused graph computes the same function with
+different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
+composed chain rounds ``X * m + o`` once instead of after every node, so each output moves by
+a few units in the last place of its terms (``W * X`` products, the per-channel parameters);
+activations fuse exactly. ``RuntimeSession(..., fuse=False)`` runs the graph as written.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from ..kernels.base import Kernel
+from ..kernels.conv import ConvKernel
+from ..kernels.elementwise import ElementwiseKernel
+from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
+
+__all__ = ["FusionResult", "fuse"]
+
+FUSED_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE)
+
+Slots = tuple[int | None, ...]
+Step = tuple[Kernel, Slots, Slots]
+
+
+@dataclass
+class FusionResult:
+    """The fused steps, the constants they added (slot -> array) and the constant slots the
+    fusion read (a run that overrides one of them must take the unfused plan)."""
+
+    steps: list[Step]
+    constants: dict[int, np.ndarray]
+    sources: set[int]
+    fused_nodes: int
+
+
+@dataclass(frozen=True)
+class _Affine:
+    """One node as ``Y = X * multiplier + offset`` per channel; ``constants`` its parameter slots."""
+
+    x: int
+    multiplier: np.ndarray
+    offset: np.ndarray
+    constants: tuple[int, ...]
+
+
+def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+         shapes: Mapping[int, Sequence[int | str | None]],
+         add_constant: Callable[[np.ndarray], int]) -> FusionResult:
+    """Fuse ``steps`` (kernel, input slots, output slots, in graph order).
+
+    ``known`` holds the constant values by slot, ``keep`` the slots that must stay observable
+    (graph outputs), ``shapes`` the inferred shapes by slot, and ``add_constant`` stores a new
+    constant and returns its slot.
+    """
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    known = dict(known)  # and the constants fusion adds
+    result: list[list] = []
+    producer: dict[int, int] = {}
+    added: dict[int, np.ndarray] = {}
+    sources: set[int] = set()
+    fused = 0
+
+    def private(slot: int) -> int | None:
+        """The result index of the step whose only output ``slot`` is read by one step only."""
+        index = producer.get(slot)
+        if index is None or slot in keep or readers[slot] != 1:
+            return None
+        outputs = result[index][2]
+        return index if len(outputs) == 1 and outputs[0] == slot else None
+
+    def absorb(index: int, kernel: Kernel, inputs: Slots, outputs: Slots) -> None:
+        result[index][0:3] = [kernel, inputs, outputs]
+        for s in outputs:
+            if s is not None:
+                producer[s] = index
+
+    for kernel, inputs, outputs in steps:
+        affine = _affine(kernel, inputs, known, shapes)
+        if affine is not None:
+            index = private(affine.x)
+            previous = result[index][0] if index is not None else None
+            if isinstance(previous, ConvKernel) and previous.epilogue is None:
+                folded = _fold_into_conv(result[index][1], known, affine, add_constant)
+                if folded is not None:
+                    conv_inputs, new_constants, used = folded
+                    sources.update((s for s in used if s not in added), affine.constants)
+                    added.update(new_constants)
+                    known.update(new_constants)
+                    absorb(index, previous, conv_inputs, outputs)
+                    fused += 1
+                    continue
+            if isinstance(previous, ChannelAffine) and previous.epilogue is None:
+                composed = ChannelAffine(previous.ctx, previous.multiplier * affine.multiplier,
+                                         previous.offset * affine.multiplier + affine.offset)
+                composed.configure(None, previous.pool)
+                sources.update(affine.constants)
+                absorb(index, composed, result[index][1], outputs)
+                fused += 1
+                continue
+            replacement = ChannelAffine(dataclasses.replace(kernel.ctx, op_type="ChannelAffine"),
+                                        affine.multiplier, affine.offset)
+            replacement.configure(None, kernel.pool)
+            sources.update(affine.constants)
+            kernel, inputs = replacement, (affine.x,)
+        elif isinstance(kernel, ElementwiseKernel) and len(inputs) == 1 and inputs[0] is not None:
+            index = private(inputs[0])
+            if index is not None:
+                previous = result[index][0]
+                element_type = previous.ctx.output_types[0] if previous.ctx.output_types else None
+                function = (kernel.in_place_function(element_type)
+                            if previous.accepts_epilogue and previous.epilogue is None
+                            and element_type in FUSED_TYPES else None)
+                if function is not None:
+                    with_epilogue = copy.copy(previous)  # the unfused plan keeps the original
+                    with_epilogue.epilogue = function
+                    absorb(index, with_epilogue, result[index][1], outputs)
+                    fused += 1
+                    continue
+        result.append([kernel, inputs, outputs])
+        for s in outputs:
+            if s is not None:
+                producer[s] = len(result) - 1
+    steps_out: list[Step] = [(k, i, o) for k, i, o in result]
+    return FusionResult(steps_out, added, sources, fused)
+
+
+def _affine(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
+            shapes: Mapping[int, Sequence[int | str | None]]) -> _Affine | None:
+    """The node as a per-channel affine map of its one non-constant input, or None."""
+    ctx = kernel.ctx
+    if ctx.domain not in ("", "ai.onnx") or ctx.num_outputs != 1:
+        return None
+    if not ctx.output_types or ctx.output_types[0] not in FUSED_TYPES:
+        return None
+    if isinstance(kernel, BatchNormalization):
+        parameters = [known.get(s) if s is not None else None for s in inputs[1:]]
+        if (kernel.training or len(inputs) != 5 or inputs[0] is None or inputs[0] in known
+                or any(p is None or p.ndim != 1 for p in parameters)):
+            return None
+        multiplier, offset = batch_norm_affine(*parameters, kernel.epsilon, np.float64)
+        return _Affine(inputs[0], multiplier, offset, tuple(inputs[1:]))
+    if ctx.op_type not in ("Mul", "Add", "Sub") or len(inputs) != 2 or None in inputs:
+        return None
+    variable = [i for i in (0, 1) if inputs[i] not in known]
+    if len(variable) != 1:
+        return None
+    v = variable[0]
+    x, c = inputs[v], known[inputs[1 - v]]
+    per_channel = _per_channel(c, shapes.get(x))
+    if per_channel is None:
+        return None
+    one, zero = np.ones(1), np.zeros(1)
+    multiplier, offset = {
+        "Mul": (per_channel, zero),
+        "Add": (one, per_channel),
+        "Sub": (one, -per_channel) if v == 0 else (-one, per_channel),
+    }[ctx.op_type]
+    return _Affine(x, multiplier, offset, (inputs[1 - v],))
+
+
+def _per_channel(c: np.ndarray, x_shape: Sequence[int | str | None] | None) -> np.ndarray | None:
+    """``c`` as float64 values along axis 1 of X (shape (1,) or (C,)), when broadcasting it
+    against X leaves X's shape unchanged and varies along axis 1 only; else None."""
+    if x_shape is None or c.dtype.kind != "f" or c.dtype.itemsize < 4:
+        return None
+    rank = len(x_shape)
+    if rank < 2 or c.ndim > rank:
+        return None
+    padded = c.shape if c.ndim == rank else (1,) * (rank - c.ndim) + c.shape
+    if any(extent != 1 for axis, extent in enumerate(padded) if axis != 1):
+        return None
+    if padded[1] != 1 and x_shape[1] != padded[1]:
+        return None  # X's channel count is unknown or differs: the output could grow
+    return c.astype(np.float64).reshape(-1)
+
+
+def _fold_into_conv(conv_inputs: Slots, known: Mapping[int, np.ndarray], affine: _Affine,
+                    add_constant: Callable[[np.ndarray], int]
+                    ) -> tuple[Slots, dict[int, np.ndarray], tuple[int, ...]] | None:
+    """The Conv's inputs with ``affine`` folded into new constant weights and bias."""
+    if len(conv_inputs) < 2 or conv_inputs[1] not in known:
+        return None
+    w = known[conv_inputs[1]]
+    b_slot = conv_inputs[2] if len(conv_inputs) > 2 else None
+    if b_slot is not None and b_slot not in known:
+        return None
+    if w.dtype not in (np.float32, np.float64) or w.ndim < 3:
+        return None
+    filters = w.shape[0]
+    if affine.multiplier.size not in (1, filters) or affine.offset.size not in (1, filters):
+        return None
+    multiplier = np.broadcast_to(affine.multiplier, (filters,))
+    bias = np.zeros(filters) if b_slot is None else known[b_slot].astype(np.float64)
+    new_w = (w.astype(np.float64) * multiplier.reshape((filters,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    new_b = (bias * multiplier + affine.offset).astype(w.dtype)
+    constants = {}
+    slots = []
+    for array in (new_w, new_b):
+        array.flags.writeable = False
+        slot = add_constant(array)
+        constants[slot] = array
+        slots.append(slot)
+    used = tuple(s for s in conv_inputs[1:3] if s is not None)
+    return (conv_inputs[0], slots[0], slots[1]), constants, used

@@ -1,0 +1,179 @@
+"""Operator fusion at session construction (runtime/fusion.py) and the fast Relu."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnx_light.kernels import elementwise
+from onnx_light.kernels.normalization import ChannelAffine
+from onnx_light.runtime import RuntimeSession
+
+F = TensorProto.FLOAT
+C, H, W = 8, 10, 12
+RNG = np.random.default_rng(7)
+
+
+def _tensor(name, shape, low=-1.0, high=1.0):
+    return numpy_helper.from_array(RNG.uniform(low, high, shape).astype(np.float32), name)
+
+
+def _model(nodes, initializers, output="y", x_shape=(2, 4, H, W), graph_inputs_too=False, ir=8):
+    x = helper.make_tensor_value_info("x", F, list(x_shape))
+    inputs = [x]
+    if graph_inputs_too:  # IR < 4 style: every initializer is also an overridable input
+        inputs += [helper.make_tensor_value_info(t.name, F, list(t.dims)) for t in initializers]
+    outputs = [helper.make_tensor_value_info(name, F, ["n", "c", "h", "w"]) for name in output.split(",")]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = ir
+    return model
+
+
+def _bn_params(prefix, channels=C):
+    return [_tensor(f"{prefix}_s", [channels], 0.5, 1.5), _tensor(f"{prefix}_b", [channels]),
+            _tensor(f"{prefix}_m", [channels]), _tensor(f"{prefix}_v", [channels], 0.5, 2.0)]
+
+
+def _conv_bn_relu(extra_nodes=(), extra_init=(), last="n", bias=True):
+    init = [_tensor("w", [C, 4, 3, 3]), *_bn_params("bn"), *extra_init]
+    conv_inputs = ["x", "w"]
+    if bias:
+        init.append(_tensor("cb", [C]))
+        conv_inputs.append("cb")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"],
+                              epsilon=1e-3, name="bn"),
+             *extra_nodes,
+             helper.make_node("Relu", [last], ["y"], name="relu")]
+    return _model(nodes, init)
+
+
+def _x(shape=(2, 4, H, W)):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _check(model, feeds, steps, fused, rtol=1e-5, atol=1e-5):
+    """The fused session has ``steps`` steps and ``fused`` fused nodes; the fused, unfused and
+    reference results agree."""
+    session = RuntimeSession(model, num_threads=2)
+    plain = RuntimeSession(model, num_threads=2, fuse=False)
+    assert (len(session._plan), session.fused_nodes) == (steps, fused)
+    assert plain.fused_nodes == 0 and len(plain._plan) == len(model.graph.node)
+    expected = ReferenceEvaluator(model).run(None, feeds)
+    for got in (session.run(None, feeds), plain.run(None, feeds)):
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    return session
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_batchnorm_relu_become_one_conv(bias):
+    session = _check(_conv_bn_relu(bias=bias), {"x": _x()}, steps=1, fused=2)
+    conv = session._plan[0].run.__self__
+    assert conv.ctx.op_type == "Conv" and conv.epilogue is not None
+
+
+def test_per_channel_mul_add_sub_fold_into_the_conv():
+    init = [_tensor("k", [C, 1, 1], 0.5, 2.0), _tensor("a", [1, C, 1, 1]), _tensor("s", [C, 1, 1])]
+    nodes = [helper.make_node("Mul", ["n", "k"], ["m"]), helper.make_node("Add", ["a", "m"], ["p"]),
+             helper.make_node("Sub", ["s", "p"], ["q"])]
+    _check(_conv_bn_relu(nodes, init, last="q"), {"x": _x()}, steps=1, fused=5)
+
+
+def test_affine_chain_without_conv_is_one_channel_affine_step():
+    init = [*_bn_params("bn", 4), _tensor("k", [4, 1, 1]), _tensor("a", [4, 1, 1])]
+    nodes = [helper.make_node("BatchNormalization", ["x", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"]),
+             helper.make_node("Mul", ["n", "k"], ["m"]), helper.make_node("Add", ["m", "a"], ["p"]),
+             helper.make_node("Relu", ["p"], ["y"])]
+    session = _check(_model(nodes, init), {"x": _x()}, steps=1, fused=3)
+    kernel = session._plan[0].run.__self__
+    assert isinstance(kernel, ChannelAffine) and kernel.epilogue is not None
+
+
+@pytest.mark.parametrize("constant_shape", [(1, 1, H, W), (H, W), (2, 1, 1, 1)])
+def test_constants_that_vary_along_other_axes_are_not_affine(constant_shape):
+    nodes = [helper.make_node("Mul", ["x", "k"], ["y"])]
+    _check(_model(nodes, [_tensor("k", list(constant_shape))]), {"x": _x()}, steps=1, fused=0)
+
+
+def test_a_constant_that_would_grow_the_output_is_not_affine():
+    nodes = [helper.make_node("Add", ["x", "k"], ["y"])]
+    _check(_model(nodes, [_tensor("k", [1, 4, 1, 1])], x_shape=(2, 1, H, W)), {"x": _x((2, 1, H, W))},
+           steps=1, fused=0)
+
+
+def test_a_conv_output_read_twice_or_returned_is_not_folded():
+    init = [_tensor("w", [C, 4, 3, 3]), *_bn_params("bn")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn_s", "bn_b", "bn_m", "bn_v"], ["y"])]
+    # c is a graph output: the Conv stays whole, the BatchNormalization becomes ChannelAffine
+    session = _check(_model(nodes, init, output="y,c"), {"x": _x()}, steps=2, fused=0)
+    assert isinstance(session._plan[1].run.__self__, ChannelAffine)
+    nodes.append(helper.make_node("Add", ["c", "y"], ["z"]))
+    _check(_model(nodes, init, output="z"), {"x": _x()}, steps=3, fused=0)
+
+
+def test_training_mode_batchnorm_is_not_fused():
+    init = [_tensor("w", [C, 4, 3, 3]), *_bn_params("bn")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn_s", "bn_b", "bn_m", "bn_v"],
+                              ["y", "mean", "var"], training_mode=1)]
+    model = _model(nodes, init)
+    session = RuntimeSession(model)
+    assert (len(session._plan), session.fused_nodes) == (2, 0)
+
+
+def test_overriding_a_folded_parameter_takes_the_unfused_plan():
+    model = _model(_conv_bn_relu().graph.node, list(_conv_bn_relu().graph.initializer),
+                   graph_inputs_too=True, ir=3)
+    session = RuntimeSession(model, num_threads=2)
+    assert session.fused_nodes == 2
+    x = _x()
+    scale = np.full(C, 3.0, np.float32)
+    feeds = {"x": x, "bn_s": scale}
+    np.testing.assert_allclose(session.run(None, feeds)[0],
+                               ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0],
+                               ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("activation", ["Relu", "Tanh"])
+def test_activations_fuse_into_elementwise_producers_bit_exactly(threads, activation):
+    n = 1 << 20  # past every parallel threshold
+    x = helper.make_tensor_value_info("x", F, [n])
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node(activation, ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", F, [n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    session = RuntimeSession(model, num_threads=threads)
+    plain = RuntimeSession(model, num_threads=threads, fuse=False)
+    assert (len(session._plan), len(plain._plan)) == (1, 2)
+    feeds = {"x": RNG.standard_normal(n).astype(np.float32)}
+    np.testing.assert_array_equal(session.run(None, feeds)[0], plain.run(None, feeds)[0])
+
+
+def test_activations_that_cannot_work_in_place_are_not_fused():
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]),
+             helper.make_node("LeakyRelu", ["s"], ["y"], alpha=0.1)]
+    _check(_model(nodes, []), {"x": _x()}, steps=2, fused=0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, elementwise.ZERO_ROW - 1, elementwise.ZERO_ROW,
+                               3 * elementwise.ZERO_ROW + 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_fast_relu_equals_numpy_maximum(n, dtype):
+    x = (RNG.standard_normal(n) * 100).astype(dtype)
+    if dtype != np.int32 and n > 3:
+        x[:3] = [np.nan, -np.inf, np.inf]
+    out = np.empty_like(x)
+    elementwise._relu(x, out=out)
+    np.testing.assert_array_equal(out, np.maximum(x, 0))
+    strided = np.repeat(x, 2)[::2]  # not contiguous
+    out2 = np.empty_like(x)
+    elementwise._relu(strided, out=out2)
+    np.testing.assert_array_equal(out2, np.maximum(x, 0))
+    elementwise._relu(x, out=x)  # in place
+    np.testing.assert_array_equal(x, out)
