@@ -1,18 +1,22 @@
 """ONNX's nine light real models in onnx_light and onnxruntime, side by side, in one run.
 
-For each model (``onnx/backend/test/data/light/light_*.onnx``) the script builds four
+For each model (``onnx/backend/test/data/light/light_*.onnx``) the script builds three
 sessions at the same thread count (default 2):
 
 * onnx_light with the portable defaults (a fresh registry: schemas and shipped profiles only);
 * onnx_light after calibration (Conv, Gemm, MatMul and the elementwise kernels the models
   use, with ``onnx_light.calibrate_kernel_tuning(..., path=<temporary file>)``);
-* onnx_light calibrated, on the model with its ConstantOfShape weights turned into
-  initializers ahead of time: what constant folding at session construction would give
-  (``--no-folded`` leaves it out);
 * onnxruntime (``intra_op_num_threads`` = threads, sequential, default optimizations).
 
+The shipped models make every weight with a ConstantOfShape node: all weights are 0.02, so
+all the filters of a convolution are equal, which no trained network has and which
+onnx_light exploits (a convolution with constant, equal filters computes one of them: see
+``onnx_light/kernels/conv.py``). By default (``--weights random``) the script therefore
+replaces each such weight with seeded random values (0.02 times uniform in [0.5, 1.5]), as
+trained weights would be; ``--weights shipped`` runs the files as they are.
+
 It times the construction and the first run of each onnx_light session, then runs all of
-them in interleaved rounds (portable, calibrated, folded, onnxruntime, portable, ...) and
+them in interleaved rounds (portable, calibrated, onnxruntime, portable, ...) and
 reports medians. In a round each session runs twice and only the second run is timed: the
 first absorbs what the previous runtime left behind (onnxruntime's spinning pool threads,
 OpenBLAS's worker threads, which spin for a while after a BLAS-threaded call). A round
@@ -22,7 +26,8 @@ gives the largest absolute difference between the outputs of onnx_light (calibra
 onnxruntime. ``--profile`` adds, per model, where one run's time goes (cProfile, by kernel
 class).
 
-Run: ``python benchmarks/real_models.py [--quick] [--threads 2] [--models resnet50 vgg19]``.
+Run: ``python benchmarks/real_models.py [--quick] [--threads 2] [--weights random|shipped]
+[--models resnet50 vgg19]``.
 """
 
 from __future__ import annotations
@@ -144,19 +149,21 @@ def model_input(model: onnx.ModelProto) -> tuple[str, np.ndarray]:
     return graph_input.name, (np.arange(size).reshape(shape) / size).astype(np.float32)
 
 
-def folded(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with each ConstantOfShape of a constant shape replaced by its value as an
-    initializer (the same numbers: what folding at session construction would produce)."""
+def with_random_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """A copy of the model with each ConstantOfShape of a constant shape (a weight) replaced
+    by an initializer of seeded random values: the node's value times uniform [0.5, 1.5]."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     shapes = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    rng = np.random.default_rng(seed)
     nodes = []
     for node in model.graph.node:
         if node.op_type != "ConstantOfShape" or node.input[0] not in shapes:
             nodes.append(node)
             continue
         value = numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0]
-        array = np.full([int(d) for d in shapes[node.input[0]]], value)
+        array = (value * rng.uniform(0.5, 1.5, [int(d) for d in shapes[node.input[0]]])).astype(value.dtype)
         model.graph.initializer.append(numpy_helper.from_array(array, node.output[0]))
+        # IR version 3 lists every initializer among the graph inputs
         model.graph.input.append(onnx.helper.make_tensor_value_info(
             node.output[0], onnx.helper.np_dtype_to_tensor_dtype(array.dtype), array.shape))
     del model.graph.node[:]
@@ -263,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-retakes", type=int, default=20, help="per model")
     parser.add_argument("--max-wait", type=float, default=120.0,
                         help="seconds to wait for a quiet machine before each model (default 120)")
-    parser.add_argument("--no-folded", action="store_true", help="leave out the folded-weights column")
+    parser.add_argument("--weights", choices=("random", "shipped"), default="random",
+                        help="seeded random weights (default) or the files' own (all 0.02)")
     parser.add_argument("--profile", action="store_true", help="where one run's time goes, per model")
     args = parser.parse_args(argv)
     rounds = 3 if args.quick else args.rounds
@@ -294,19 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     portable = portable_registry()
     for name in args.models:
         with _stage(name):
-            path = model_path(name)
-            model = onnx.load(path)
+            model = onnx.load(model_path(name))
+            if args.weights == "random":
+                model = with_random_weights(model)
+            serialized = model.SerializeToString()
             input_name, x = model_input(model)
             feeds = {input_name: x}
             sessions: dict[str, object] = {}
             construction, first = {}, {}
-            variants = [("portable", lambda p=path: RuntimeSession(p, num_threads=args.threads,
-                                                                   registry=portable)),
-                        ("calibrated", lambda p=path: RuntimeSession(p, num_threads=args.threads))]
-            if not args.no_folded:
-                folded_model = folded(model)
-                variants.append(("folded", lambda m=folded_model: RuntimeSession(
-                    m, num_threads=args.threads)))
+            variants = [("portable", lambda m=serialized: RuntimeSession(m, num_threads=args.threads,
+                                                                         registry=portable)),
+                        ("calibrated", lambda m=serialized: RuntimeSession(m, num_threads=args.threads))]
             for label, build in variants:
                 start = time.perf_counter()
                 session = build()
@@ -316,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 first[label] = time.perf_counter() - start
                 sessions[label] = (session, output)
             start = time.perf_counter()
-            ort_session = onnxruntime_session(path, args.threads)
+            ort_session = onnxruntime_session(model, args.threads)
             construction["onnxruntime"] = time.perf_counter() - start
             start = time.perf_counter()
             ort_output = ort_session.run(None, feeds)[0]
@@ -334,27 +340,21 @@ def main(argv: list[str] | None = None) -> int:
                 profiles[name] = profile(sessions["calibrated"][0], feeds, op_types)
             del sessions, ort_session, functions
 
-    folded_column = not args.no_folded
     header = ["model", "construction (ms)", "first run (ms)", "first / median",
-              "portable (ms)", "calibrated (ms)"]
-    header += ["weights folded (ms)"] if folded_column else []
-    header += ["onnxruntime (ms)", "portable / ort", "calibrated / ort"]
-    header += ["folded / ort"] if folded_column else []
-    header += ["max abs diff"]
-    print(f"medians of {rounds} interleaved rounds ({timing.retaken} round(s) retaken because other "
-          f"processes were busy, {waited:.0f} s spent waiting for a quiet machine); construction "
-          "and first run of the calibrated session\n")
+              "portable (ms)", "calibrated (ms)", "onnxruntime (ms)", "portable / ort",
+              "calibrated / ort", "max abs diff"]
+    print(f"{args.weights} weights; medians of {rounds} interleaved rounds ({timing.retaken} "
+          f"round(s) retaken because other processes were busy, {waited:.0f} s spent waiting for a "
+          "quiet machine); construction and first run of the calibrated session\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
     for name, construction, first, medians, difference in rows:
         ort = medians["onnxruntime"]
         cells = [name, _ms(construction["calibrated"]), _ms(first["calibrated"]),
                  f"{first['calibrated'] / medians['calibrated']:.2f}",
-                 _ms(medians["portable"]), _ms(medians["calibrated"])]
-        cells += [_ms(medians["folded"])] if folded_column else []
-        cells += [_ms(ort), f"{medians['portable'] / ort:.2f}", f"{medians['calibrated'] / ort:.2f}"]
-        cells += [f"{medians['folded'] / ort:.2f}"] if folded_column else []
-        cells += [f"{difference:.2g}"]
+                 _ms(medians["portable"]), _ms(medians["calibrated"]), _ms(ort),
+                 f"{medians['portable'] / ort:.2f}", f"{medians['calibrated'] / ort:.2f}",
+                 f"{difference:.2g}"]
         print("| " + " | ".join(cells) + " |")
     print()
     onnxruntime_construction = ", ".join(f"{name} {_ms(c['onnxruntime'])}" for name, c, *_ in rows)

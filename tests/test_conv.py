@@ -175,7 +175,7 @@ def test_auto_choices():
         return _kernel(attributes, values=values).problem(x_shape, w_shape).algorithm
 
     assert choice((1, 8, 7, 7), (4, 8, 1, 1), {}) == "direct_1x1"
-    assert choice((1, 8, 5, 5), (100, 8, 1, 1), {}) == "per_filter"  # 4 filters per position
+    assert choice((1, 8, 5, 5), (100, 8, 1, 1), {}) == "direct_1x1"  # per_filter: only if forced
     assert choice((1, 8, 5, 5), (100, 4, 1, 1), {"group": 2}) == "direct_1x1"
     assert choice((1, 8, 7, 7), (4, 8, 1, 1), {"strides": [2, 2]}) == "im2col"
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "depthwise"
@@ -208,19 +208,54 @@ def test_parallel_plans(pools):
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "blas") == "blas"
 
 
-def test_equal_filters_give_bitwise_equal_channels_with_per_filter(pools):
-    """What ONNX's light SqueezeNet needs: its last 1x1 convolution has 1000 equal filters and
-    a softmax of logits near 1e10 follows, so one last-bit difference changes the output."""
+def _equal_filters(filters=200, kernel_size=1):
     rng = np.random.default_rng(8)
     x = (rng.uniform(0, 1e6, (1, 96, 6, 6))).astype(np.float32)
-    w = np.tile(rng.uniform(0, 1, (1, 96, 1, 1)).astype(np.float32), (200, 1, 1, 1))
+    w = np.tile(rng.uniform(0, 1, (1, 96, kernel_size, kernel_size)).astype(np.float32),
+                (filters, 1, 1, 1))
+    return x, w
+
+
+def _channels_equal(out, channels=slice(None)):
+    part = out[:, channels]
+    return np.array_equal(part, np.broadcast_to(part[:, :1], part.shape))
+
+
+def test_equal_filters_give_bitwise_equal_channels_with_per_filter(pools):
+    """Forced per_filter: equal filters give equal channels even with non-constant weights."""
+    x, w = _equal_filters()
     b = np.zeros(200, np.float32)
     for split in conv.SPLITS:
         for threads in (1, 2):
-            kernel = _kernel({}, values={conv.SPLIT: split, conv.MINIMUM_FLOPS: 1}, pool=pools[threads])
+            values = {conv.ALGORITHM: "per_filter", conv.SPLIT: split, conv.MINIMUM_FLOPS: 1}
+            kernel = _kernel({}, values=values, pool=pools[threads])
             assert kernel.problem(x.shape, w.shape).algorithm == "per_filter"
-            out = kernel.run(x, w, b)[0]
-            assert np.array_equal(out, np.broadcast_to(out[:, :1], out.shape)), (split, threads)
+            assert _channels_equal(kernel.run(x, w, b)[0]), (split, threads)
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3])
+def test_constant_equal_filters_are_computed_once(pools, kernel_size):
+    """What ONNX's light SqueezeNet needs: its last 1x1 convolution has 1000 equal filters and
+    a softmax of logits near 1e10 follows, so one last-bit difference changes the output. A
+    kernel specialized for constant weights computes each distinct filter once."""
+    x, w = _equal_filters(kernel_size=kernel_size)
+    w[150:] *= 2  # two distinct filters: channels 0-149 and 150-199
+    b = np.linspace(-1, 1, 200).astype(np.float32)
+    attributes = {"pads": [kernel_size // 2] * 4}
+    for threads in (1, 2):
+        kernel = _kernel(attributes, values={conv.MINIMUM_FLOPS: 1}, pool=pools[threads])
+        plain = kernel.run(x, w, None)[0]  # one blocked product: channels may differ in the last bit
+        special = kernel.specialize([None, w, b])
+        assert special is not None and kernel.specialize([None, None, b]) is None
+        out = special.run(x, w, None)[0]
+        assert _channels_equal(out, slice(0, 150)) and _channels_equal(out, slice(150, 200))
+        np.testing.assert_allclose(out, plain, rtol=1e-5)
+        with_bias = special.run(x, w, b)[0]
+        np.testing.assert_array_equal(with_bias, out + b.reshape(-1, 1, 1))
+        other = w.copy()  # other weights than the constant ones: the general path
+        np.testing.assert_array_equal(special.run(x, other, None)[0], plain)
+    distinct = np.random.default_rng(1).standard_normal(w.shape).astype(np.float32)
+    assert _kernel(attributes).specialize([None, distinct, None]) is None
 
 
 def test_blas_threads_never_exceed_the_pool(pools, monkeypatch):

@@ -23,18 +23,20 @@ changes no kernel's state.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
 
 from onnx_light import cli
 from onnx_light.kernels.conv import ConvConfig, ConvKernel
 from onnx_light.runtime import RuntimeSession
 
 ort = pytest.importorskip("onnxruntime")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _common import real_models  # noqa: E402  (the benchmark's random weights)
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
@@ -105,26 +107,12 @@ def test_light_model_matches_onnxruntime_and_does_no_lazy_work(name):
 
 
 def _with_random_weights(name: str, seed: int = 0) -> onnx.ModelProto:
-    """The light model with its ConstantOfShape weights made seeded random initializers, and
-    the logits (the Softmax input, if any) as an extra output."""
+    """The light model with seeded random weights (the benchmark's), and the logits (the
+    Softmax input, if any) as an extra output."""
     model = onnx.load(_path(name))
     inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
-    shapes = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    rng = np.random.default_rng(seed)
-    nodes = []
-    for node in model.graph.node:
-        if node.op_type != "ConstantOfShape" or node.input[0] not in shapes:
-            nodes.append(node)
-            continue
-        value = float(numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0])
-        weights = (value * rng.uniform(0.5, 1.5, shapes[node.input[0]])).astype(np.float32)
-        model.graph.initializer.append(numpy_helper.from_array(weights, node.output[0]))
-        # IR version 3 lists every initializer among the graph inputs
-        model.graph.input.append(helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT,
-                                                               weights.shape))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    softmax = [n for n in nodes if n.op_type == "Softmax"]
+    model = real_models.with_random_weights(model, seed)
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
     if softmax:
         model.graph.output.append(inferred[softmax[-1].input[0]])
     return model

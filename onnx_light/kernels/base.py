@@ -141,6 +141,13 @@ class Kernel:
     def _configure(self, values: Mapping[str, Value]) -> None:
         """Copy validated values into the kernel's typed configuration."""
 
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """A kernel that may rely on the inputs that are constant for a session's plan
+        (``constants``: their values, None for the others), or None to keep this one. The
+        runtime calls it once, at construction, and keeps this kernel for runs where those
+        inputs can differ."""
+        return None
+
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         """Compute the node's outputs from its inputs (None for omitted optional inputs)."""
         raise NotImplementedError

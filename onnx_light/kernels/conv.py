@@ -18,17 +18,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     and those are dropped when the block is written out.
     ``"direct_1x1"`` (1x1 kernels, stride 1, no padding) multiplies the weights with the input
     itself: no buffer. ``"per_filter"`` (same cases) makes that product one filter at a time,
-    in one batched call, so that equal filters give bitwise equal channels (one blocked BLAS
-    product rounds the rows of a tile in two different ways; a model whose filters are all
-    equal, like ONNX's light SqueezeNet, can turn that last-bit difference into a different
-    softmax). ``"depthwise"`` (one input channel per group) accumulates the
+    in one batched call, so that equal filters give bitwise equal channels even when the
+    weights are not constant (one blocked BLAS product rounds the rows of a tile in two
+    different ways). ``"depthwise"`` (one input channel per group) accumulates the
     K1 * ... * Kk shifted input views, scaled per channel, over all channels of a block at
-    once. ``"auto"`` picks ``direct_1x1`` (``per_filter`` when there are at least
-    :data:`PER_FILTER_RATIO` filters per output position, as in classifier heads, where the
-    batched product costs about twice the blocked one), ``depthwise``, ``im2col_wide`` or
-    ``im2col``, in that order, the first that applies (``im2col_wide`` only while the dropped
-    columns are at most a quarter of the computed ones). An algorithm forced where it does
-    not apply falls back to ``im2col``, which applies to every convolution.
+    once. ``"auto"`` picks ``direct_1x1``, ``depthwise``, ``im2col_wide`` or ``im2col``, in
+    that order, the first that applies (``im2col_wide`` only while the dropped columns are
+    at most a quarter of the computed ones). An algorithm forced where it does not apply
+    falls back to ``im2col``, which applies to every convolution.
 ``im2col.block_bytes``
     The largest buffer (bytes) one block of output rows may use: the im2col buffer, the
     wide product's result, the depthwise accumulator. It bounds the memory a convolution
@@ -56,6 +53,15 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 
 The reference configuration is :data:`REFERENCE`: ``im2col`` on one thread, one block.
 
+Equal filters. When a session's weights are constant (:meth:`ConvKernel.specialize`) and some
+filters are bitwise equal (group 1, float and double), each distinct filter is computed once
+and its channel copied to the others: equal filters then give bitwise equal channels, which
+one blocked BLAS product does not (it rounds the rows of a tile in two ways). ONNX's light
+SqueezeNet needs this: its last 1x1 convolution has 1000 equal filters and a softmax of
+logits near 1e10 follows, where one last-bit difference (1024) turns the expected uniform
+output into a one-hot vector. Trained weights have no equal filters; the shipped light
+models (every weight 0.02) do, so benchmarks run them with random weights.
+
 Numerics. Every configuration computes each output as the bias plus the same
 ``K = C/group * K1 * ... * Kk`` products ``w * x`` in the compute type (float32 for float16
 and bfloat16); configurations differ only in the order of the additions (BLAS blocking, which
@@ -82,6 +88,7 @@ input shapes or constant inputs at build time (see docs/real-models.md).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -159,8 +166,6 @@ _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed column
 # A depthwise multiply-add is a broadcast numpy multiply and add, about 16 times slower here
 # than one inside a BLAS product: it counts 16 times against parallel.minimum_flops.
 DEPTHWISE_COST = 16
-# auto: per_filter for 1x1 convolutions with at least this many filters per output position
-PER_FILTER_RATIO = 4
 
 
 def conv_parameters() -> tuple[Parameter, ...]:
@@ -412,6 +417,24 @@ class ConvKernel(Kernel):
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
         self.config = ConvConfig()
+        # Set by specialize: the constant weights, their distinct filters and, per filter,
+        # the index of its distinct filter.
+        self._distinct: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
+        """With constant weights that repeat a filter (group 1, float or double): a kernel
+        that computes each distinct filter once (see the module docstring)."""
+        w = constants[1] if len(constants) > 1 else None
+        if (w is None or self.group != 1 or w.ndim < 3 or w.shape[0] < 2
+                or w.dtype not in (np.float32, np.float64)):
+            return None
+        distinct, inverse = np.unique(w.reshape(w.shape[0], -1), axis=0, return_inverse=True)
+        if len(distinct) == w.shape[0]:
+            return None
+        kernel = copy.copy(self)
+        kernel._distinct = (w, np.ascontiguousarray(distinct.reshape(-1, *w.shape[1:])),
+                            inverse.reshape(-1))
+        return kernel
 
     def _configure(self, values: Mapping[str, Value]) -> None:
         try:
@@ -462,9 +485,7 @@ class ConvKernel(Kernel):
         choice = self.config.algorithm
         if choice == "auto":
             if pointwise:
-                positions = math.prod(window.output)
-                many = groups == 1 and channels_out >= PER_FILTER_RATIO * positions
-                return "per_filter" if many else "direct_1x1"
+                return "direct_1x1"
             if depthwise:
                 return "depthwise"
             if wide:
@@ -484,6 +505,8 @@ class ConvKernel(Kernel):
             raise self.ctx.error("needs inputs X and W")
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
+        if self._distinct is not None and w is self._distinct[0]:
+            return self._run_distinct(x, b)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
             raise self.ctx.error(f"X, W and B must have the same type, got "
                                  f"{[a.dtype for a in (x, w, b) if a is not None]}")
@@ -508,6 +531,23 @@ class ConvKernel(Kernel):
                                                    self.epilogue)
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
+
+
+    def _run_distinct(self, x: np.ndarray, b: np.ndarray | None) -> Sequence[np.ndarray]:
+        """Each distinct filter once, then its channel copied to every filter equal to it."""
+        _, distinct, inverse = self._distinct
+        if b is not None and (b.shape != inverse.shape or b.dtype != x.dtype):
+            raise self.ctx.error(f"B must have shape ({inverse.size},) and X's type {x.dtype}, got "
+                                 f"{list(b.shape)} {b.dtype}")
+        plain = copy.copy(self)
+        plain._distinct, plain.epilogue = None, None
+        channels = plain.run(x, distinct)[0]
+        out = np.take(channels, inverse, axis=1)
+        if b is not None:
+            out += b.reshape((-1,) + (1,) * (out.ndim - 2))
+        if self.epilogue is not None:
+            self.epilogue(out)
+        return (out,)
 
 
 def _plan(split: str, problem: _Problem, threads: int) -> str:

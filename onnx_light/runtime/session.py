@@ -323,6 +323,10 @@ class RuntimeSession:
             folded.update(fusion.constants)
             fold_sources.update(*(depends[s] for s in fusion.sources))
             self.fused_nodes = fusion.fused_nodes
+        # Kernels may specialize for the inputs that are constant in the folded plan.
+        known = {**constants, **folded}
+        steps = [(kernel.specialize([None if s is None else known.get(s) for s in inputs]) or kernel,
+                  inputs, outputs) for kernel, inputs, outputs in steps]
         self._plan = _plan(steps, set(constants) | set(folded) | set(self._output_slots.values()))
         self._plan_unfolded = _plan(every_step, set(constants) | set(self._output_slots.values()))
         self._fold_sources = frozenset(fold_sources)
