@@ -25,7 +25,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import math_functions
-from onnx_light.kernels.base import KernelError, NodeContext, numpy_dtype
+from onnx_light.kernels.base import KernelError, NodeContext, numpy_dtype, quiet, quiet_already
 from onnx_light.kernels.elementwise import (
     BINARY,
     CHEAP_MINIMUM_BYTES,
@@ -673,3 +673,22 @@ def test_erf_in_place_and_coefficients() -> None:
 def test_bfloat16_is_ml_dtypes() -> None:
     (out,) = build("Abs", [T.BFLOAT16]).run(np.array([-1.5], ml_dtypes.bfloat16))
     assert out.dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_no_floating_point_warnings_inside_or_outside_a_quiet_region(inside: bool,
+                                                                     pool: ThreadPool) -> None:
+    """Kernels skip their own np.errstate inside base.quiet() (a session's run) and keep it
+    outside; warnings are errors in this test suite, so either way nothing may warn."""
+    x = np.array([1.0, 0.0, -1.0, np.inf], np.float32)
+    zero = np.zeros(4, np.float32)
+    for op, inputs in (("Div", (x, zero)), ("Log", (zero - 1,)), ("Exp", (x * 1e30,))):
+        kernel = build(op, [T.FLOAT] * len(inputs))
+        kernel.configure(None, pool)
+        if inside:
+            with quiet():
+                assert quiet_already()
+                kernel.run(*inputs)
+        else:
+            kernel.run(*inputs)
+    assert not quiet_already()

@@ -9,7 +9,9 @@ only that configuration: never the registry, never the cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,6 +35,8 @@ __all__ = [
     "check_element_type",
     "compute_dtype",
     "numpy_dtype",
+    "quiet",
+    "quiet_already",
 ]
 
 LIBRARY = "onnx_light"
@@ -56,6 +60,28 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The type a float kernel computes in: float32 and float64 as they are, narrower types
     (float16, bfloat16) in float32."""
     return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+_thread_state = threading.local()
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """numpy's floating point warnings off on this thread (ONNX semantics ignore overflow,
+    invalid and division by zero), marked so that kernels called inside skip their own
+    ``np.errstate`` (2 us each here): a runtime wraps a whole run in it."""
+    previous = getattr(_thread_state, "quiet", False)
+    with np.errstate(all="ignore"):
+        _thread_state.quiet = True
+        try:
+            yield
+        finally:
+            _thread_state.quiet = previous
+
+
+def quiet_already() -> bool:
+    """Whether the calling thread is inside :func:`quiet`."""
+    return getattr(_thread_state, "quiet", False)
 
 
 class KernelError(ValueError):

@@ -40,7 +40,10 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     when there are at least as many as threads and they divide evenly or number at least
     four per thread; else the filters when a group has more filters than there are output
     positions (the weights are then the larger operand, and splitting the positions would
-    make every thread pack all of them); else the output rows. A split with fewer than two
+    make every thread pack all of them) and the convolution is 1x1 or has fewer than
+    :data:`ROWS_PER_THREAD` output rows per thread (an im2col split by filters shares one
+    copy of the windows but needs two pool regions: measured 10-25% slower than splitting
+    the rows where there are enough); else the output rows. A split with fewer than two
     parts falls back to another split, then to ``"blas"``. ``"auto"`` never picks
     ``"blas"``: OpenBLAS's threads wait for each other by spinning, so a BLAS-threaded
     product collapses (10x and more, measured) when another process holds one of the cores,
@@ -163,6 +166,10 @@ REFERENCE: dict[str, Value] = {
     MINIMUM_FLOPS: 1 << 62,
 }
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
+# auto: an im2col convolution splits its output rows while there are this many per thread
+# (each thread copies its own windows); with fewer, the last thread's share is too uneven and
+# many filters split the filters instead (one shared copy).
+ROWS_PER_THREAD = 4
 # A depthwise multiply-add is a broadcast numpy multiply and add, about 16 times slower here
 # than one inside a BLAS product: it counts 16 times against parallel.minimum_flops.
 DEPTHWISE_COST = 16
@@ -428,7 +435,12 @@ class ConvKernel(Kernel):
         if (w is None or self.group != 1 or w.ndim < 3 or w.shape[0] < 2
                 or w.dtype not in (np.float32, np.float64)):
             return None
-        distinct, inverse = np.unique(w.reshape(w.shape[0], -1), axis=0, return_inverse=True)
+        flat = w.reshape(w.shape[0], -1)
+        # equal filters have equal sums of their bit patterns: one pass rules most weights out
+        signature = flat.view(np.int32 if w.dtype == np.float32 else np.int64).sum(axis=1, dtype=np.int64)
+        if len(np.unique(signature)) == w.shape[0]:
+            return None
+        distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
         if len(distinct) == w.shape[0]:
             return None
         kernel = copy.copy(self)
@@ -558,9 +570,11 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
     if problem.algorithm == "depthwise" and split == "filters":
         split = "batch_and_groups"  # a depthwise filter is one channel: the same split
     if split == "auto":
+        many_filters = problem.group_filters > math.prod(problem.window.output)
         if items >= threads and (items % threads == 0 or items >= 4 * threads):
             split = "batch_and_groups"
-        elif problem.group_filters > math.prod(problem.window.output):
+        elif many_filters and (problem.algorithm in ("direct_1x1", "per_filter")
+                               or problem.window.output[0] < ROWS_PER_THREAD * threads):
             split = "filters"  # few output positions: share them, split the weights
         else:
             split = "output_rows"

@@ -41,6 +41,7 @@ from .base import (
     Kernel,
     NodeContext,
     numpy_dtype,
+    quiet_already,
 )
 
 __all__ = [
@@ -568,6 +569,9 @@ def _type_plan(op: ElementwiseOp, element_type: int) -> _TypePlan:
 def _quietly(function: Callable[..., None]) -> Callable[..., None]:
     """``function`` with numpy's floating point warnings off (ONNX semantics ignore them)."""
     def run(*arguments: Any) -> None:
+        if quiet_already():
+            function(*arguments)
+            return
         with np.errstate(all="ignore"):
             function(*arguments)
 
@@ -658,6 +662,19 @@ class ElementwiseKernel(Kernel):
         out = np.empty(shape, plan.out_dtype)
         n = out.size
         if n == 0:
+            return [out]
+        if same and out.ndim and plan.work_dtype is None and not self.uses_parallel(n) and all(
+                x is None or (x.flags.c_contiguous and x.dtype not in plan.widen) for x in operands):
+            # The serial path without the block machinery: the same call on the same memory
+            # (0-d outputs take the block path, which views them as 1-d: compute functions
+            # that allocate temporaries need arrays, not numpy scalars).
+            if plan.quiet and not quiet_already():
+                with np.errstate(all="ignore"):
+                    self._compute(*operands, out=out)
+            else:
+                self._compute(*operands, out=out)
+            if self.epilogue is not None:
+                self.epilogue(out)
             return [out]
         if self.uses_parallel(n):
             pool = self.pool

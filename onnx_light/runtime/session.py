@@ -27,7 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..kernels import KERNELS
-from ..kernels.base import Kernel, KernelError, NodeContext, numpy_dtype
+from ..kernels.base import Kernel, KernelError, NodeContext, numpy_dtype, quiet
 from ..parallel import BLAS, get_pool
 from ..tuning.keys import element_type_name
 from ..tuning.processor import execution_descriptor
@@ -408,7 +408,7 @@ class RuntimeSession:
                 values[s] = array
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
-        with BLAS.scope(1):
+        with BLAS.scope(1), quiet():
             for step in plan:
                 arguments = [None if s is None else values[s] for s in step.inputs]
                 try:
