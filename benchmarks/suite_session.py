@@ -34,7 +34,8 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light import RuntimeSession
 
-RUNTIMES = ("onnx_light", "onnxruntime", "reference")
+# "onnx_light unfused": fuse=False, every node a step (fusion runs each Relu inside its Add).
+RUNTIMES = ("onnx_light", "onnx_light unfused", "onnxruntime", "reference")
 
 
 def chain_model(nodes: int, elements: int) -> onnx.ModelProto:
@@ -87,10 +88,12 @@ def session_overhead(ctx: Context) -> SectionResult:
         for nodes in (1, n):
             model = chain_model(nodes, elements)
             light = RuntimeSession(model, num_threads=config.threads)
+            unfused = RuntimeSession(model, num_threads=config.threads, fuse=False)
             ort = onnxruntime_session(model, config.threads)
             reference = ReferenceEvaluator(model)
             expected = reference.run(None, feeds)[0]
-            for name, runner in (("onnx_light", light), ("onnxruntime", ort), ("reference", reference)):
+            for name, runner in (("onnx_light", light), ("onnx_light unfused", unfused),
+                                 ("onnxruntime", ort), ("reference", reference)):
                 np.testing.assert_allclose(runner.run(None, feeds)[0], expected, rtol=1e-6, atol=1e-6)
                 runs[f"{name}/{nodes}"] = lambda r=runner: r.run(None, feeds)
             sessions[nodes] = light
