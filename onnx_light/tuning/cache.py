@@ -20,11 +20,9 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import filelock
 import platformdirs
 
 from .keys import KernelTuningKey
@@ -75,6 +73,8 @@ def resolve_path(path: str | os.PathLike[str] | None) -> Path:
 
 def onnx_light_version() -> str:
     """The installed onnx_light version, for provenance."""
+    from importlib import metadata  # imported when needed: 25 ms of every import otherwise
+
     try:
         return metadata.version("onnx_light")
     except metadata.PackageNotFoundError:
@@ -361,6 +361,8 @@ def update_cache(path: Path, entries: Iterable[CacheEntry],
     if not new_lines and not path.exists():
         return {"path": str(path), "written": 0, "replaced": 0, "kept": 0, "removed": 0,
                 "backup": None, "diagnostics": []}
+    import filelock  # imported when needed: it pulls in asyncio (15 ms of every import otherwise)
+
     with filelock.FileLock(_prepare_lock_file(path), timeout=LOCK_TIMEOUT_S):
         current = read_cache(path)
         if current.status == "unreadable" and path.exists():
