@@ -8,9 +8,10 @@ those inside the input, or with ``count_include_pad`` those inside the explicitl
 input (positions that only ceil_mode adds never count, as in ONNX's reference).
 
 No kernel loops over pixels. MaxPool (without Indices) and AveragePool reduce one spatial
-axis at a time (separable windows): K1 + ... + Kk strided views of the padded input, each
-combined with one numpy call; MaxPool with Indices loops over the K1 * ... * Kk window
-positions. LRN computes ``t^-0.75`` (its usual exponent) as ``1 / (sqrt(t) sqrt(sqrt(t)))``. When
+axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
+one flat array, each combined with one numpy call (:func:`_separable`); MaxPool with
+Indices loops over the K1 * ... * Kk window positions. LRN computes ``t^-0.75`` (its usual
+exponent) as ``1 / (sqrt(t) sqrt(sqrt(t)))``. When
 the output is large (:data:`PARALLEL_MINIMUM` output elements times window positions) the
 (image, channel) planes (LRN: the rows of the first spatial axis) are split across the pool,
 each block computing its planes with the same calls as the serial path, so both paths give
@@ -64,26 +65,36 @@ def _positions(window: Window) -> list[tuple[int, ...]]:
 def _separable(source: np.ndarray, window: Window, combine: np.ufunc, target: np.ndarray) -> None:
     """Reduce every window of ``source`` (planes, *padded spatial) into ``target`` (planes,
     *output) with ``combine`` (``np.maximum``, ``np.add``), one spatial axis at a time, the
-    last first: K1 + ... + Kk - k calls on strided views instead of K1 * ... * Kk - 1."""
-    current = source
-    rank = len(window.output)
-    for axis in reversed(range(rank)):
-        k, d = window.kernel[axis], window.dilations[axis]
-        o, s = window.output[axis], window.strides[axis]
-        lead = (slice(None),) * (1 + axis)
-        if axis == 0:
-            destination = target
+    last first (K1 + ... + Kk - k calls instead of K1 * ... * Kk - 1), each at stride 1 on
+    the whole (contiguous) array seen as one flat array: a window tap along an axis is the
+    array shifted by that axis' element stride, so every call runs one long contiguous loop
+    (numpy's short strided loops over rows cost 1.3 to 2 times more in total here, stride-2
+    windows included although stride 1 computes 4 times the outputs). Windows that straddle
+    a row or a plane end are computed too and never read: the strided view that picks the
+    outputs (and applies the strides) skips them."""
+    source = np.ascontiguousarray(source)
+    planes, padded = source.shape[0], source.shape[1:]
+    steps = [math.prod(padded[axis + 1:]) for axis in range(len(padded))]
+    current = source.reshape(-1)
+    buffers: list[np.ndarray | None] = [None, None]
+    for index, axis in enumerate(reversed(range(len(padded)))):
+        k, d, step = window.kernel[axis], window.dilations[axis], steps[axis]
+        length = current.size - (k - 1) * d * step
+        if buffers[index % 2] is None:
+            buffers[index % 2] = np.empty(length, source.dtype)
+        destination = buffers[index % 2][:length]
+        if k == 1:
+            np.copyto(destination, current[:length])
         else:
-            shape = list(current.shape)
-            shape[1 + axis] = o
-            destination = np.empty(shape, current.dtype)
-        for tap in range(k):
-            view = current[(*lead, slice(tap * d, tap * d + (o - 1) * s + 1, s))]
-            if tap == 0:
-                np.copyto(destination, view)
-            else:
-                combine(destination, view, out=destination)
+            combine(current[:length], current[d * step:d * step + length], out=destination)
+        for tap in range(2, k):
+            combine(destination, current[tap * d * step:tap * d * step + length], out=destination)
         current = destination
+    item = source.itemsize
+    strides = (math.prod(padded) * item, *(step * stride * item for step, stride in
+                                          zip(steps, window.strides, strict=True)))
+    picked = np.lib.stride_tricks.as_strided(current, (planes, *window.output), strides, writeable=False)
+    np.copyto(target, picked)
 
 
 def _planes(kernel: Kernel, count: int, work: int, block: Callable[[int, int], None]) -> None:
