@@ -286,3 +286,31 @@ def test_constant_subgraphs_are_folded_at_construction(registry):
     z_fed, _ = session.run(None, {"x": x_value, "d": np.full(4, 3, np.float32)})
     np.testing.assert_array_equal(z_fed, x_value + 2 + 9)
     np.testing.assert_array_equal(session.run(["z"], {"x": x_value})[0], x_value + 3)
+
+
+def _large_initializer_model(values, element_type=TensorProto.FLOAT):
+    n = values.size
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [n])
+    weights = helper.make_tensor("w", element_type, [n], values.tobytes(), raw=True)
+    return _model([helper.make_node("Add", ["x", "w"], ["z"])], [x], [z], initializers=[weights])
+
+
+def test_large_initializers_are_checked_without_being_serialized_again():
+    """The checker and shape inference see a copy without large initializer data (they would
+    serialize the whole model); the session still validates and uses that data."""
+    from onnx_light.runtime.session import SKELETON_MINIMUM
+
+    n = 4 * SKELETON_MINIMUM
+    values = np.arange(n, dtype=np.float32)
+    session = RuntimeSession(_large_initializer_model(values))
+    x = np.ones(n, np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + values)
+    # a type error involving a large initializer is still caught by the checker
+    with pytest.raises(ValueError, match="invalid ONNX model"):
+        RuntimeSession(_large_initializer_model(np.arange(n, dtype=np.int64), TensorProto.INT64))
+    # truncated data of a large initializer: a clear error that names it
+    model = _large_initializer_model(values)
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    with pytest.raises(ValueError, match="initializer 'w'"):
+        RuntimeSession(model)
