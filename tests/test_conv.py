@@ -426,3 +426,13 @@ def test_corpus_comes_from_the_real_models():
     for case in conv.CORPUS:
         assert case.flops > 0
         assert case.window().output[0] > 0
+
+
+def test_filters_with_equal_bit_sums_but_different_values_are_not_merged():
+    """The grouping by bit sums is only a first pass: a permuted filter has the same sum."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    permuted = base.reshape(-1)[::-1].reshape(base.shape)
+    w = np.concatenate([base, base, permuted])
+    kernel = _kernel({"pads": [1, 1, 1, 1]})
+    assert kernel.specialize([None, w, None]) is None

@@ -435,17 +435,16 @@ class ConvKernel(Kernel):
         if (w is None or self.group != 1 or w.ndim < 3 or w.shape[0] < 2
                 or w.dtype not in (np.float32, np.float64)):
             return None
-        flat = w.reshape(w.shape[0], -1)
-        # equal filters have equal sums of their bit patterns: one pass rules most weights out
-        signature = flat.view(np.int32 if w.dtype == np.float32 else np.int64).sum(axis=1, dtype=np.int64)
-        if len(np.unique(signature)) == w.shape[0]:
-            return None
-        distinct, inverse = np.unique(flat, axis=0, return_inverse=True)
-        if len(distinct) == w.shape[0]:
-            return None
+        bits = w.reshape(w.shape[0], -1).view(np.int32 if w.dtype == np.float32 else np.int64)
+        # Equal filters have equal sums of their bits: one pass groups them (and rules most
+        # weights out); each filter is then compared bit for bit with the first of its group.
+        first_of, inverse = np.unique(bits.sum(axis=1, dtype=np.int64), return_index=True,
+                                      return_inverse=True)[1:]
+        if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
+            return None  # all distinct, or two distinct filters share a sum: keep it simple
+        distinct = w[first_of]
         kernel = copy.copy(self)
-        kernel._distinct = (w, np.ascontiguousarray(distinct.reshape(-1, *w.shape[1:])),
-                            inverse.reshape(-1))
+        kernel._distinct = (w, np.ascontiguousarray(distinct), inverse.reshape(-1))
         return kernel
 
     def _configure(self, values: Mapping[str, Value]) -> None:
