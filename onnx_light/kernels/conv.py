@@ -85,8 +85,9 @@ more, the previous count restored after each call.
 
 Everything that depends only on the node (attributes, the configuration) is read when the
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
-shapes (a few microseconds) and keeps nothing: the runtime does not give kernels their
-input shapes or constant inputs at build time (see docs/real-models.md).
+shapes (a few microseconds) and keeps nothing. Constant weights reach the kernel once, at
+session construction, through :meth:`ConvKernel.specialize` (equal filters, above); a
+runtime may also set ``epilogue`` (a fused activation, applied to each finished block).
 """
 
 from __future__ import annotations
