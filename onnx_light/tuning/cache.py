@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import glob
 import json
 import os
@@ -161,10 +162,17 @@ class CacheLine:
             raise ValueError("'provenance' must be an object")
         key = KernelTuningKey.parse(record["key"])
         try:
-            descriptor = CpuExecutionDescriptor.from_dict(record["descriptor"])
+            descriptor = _descriptor(self.identity[1])
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"bad descriptor: {exc}") from None
         return CacheEntry(key, descriptor, values, origin)
+
+
+@functools.lru_cache(maxsize=256)
+def _descriptor(canonical: str) -> CpuExecutionDescriptor:
+    """The (immutable) descriptor of a canonical descriptor text, validated once per text: the
+    entries of a cache share a few descriptors, and validating one is most of an entry's load."""
+    return CpuExecutionDescriptor.from_dict(json.loads(canonical))
 
 
 @dataclass
