@@ -38,26 +38,13 @@ ort = pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from _common import real_models  # noqa: E402  (the benchmark's random weights)
 
-LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
-          "squeezenet", "vgg19", "zfnet512")
+MODELS = real_models.MODELS
 # The two with the largest weights (VGG-19: 143M, ZFNet-512: 62M parameters of fully connected
 # layers) are compared as shipped only, to keep the random-weight comparison quick.
 RANDOM_WEIGHT_MODELS = tuple(m for m in MODELS if m not in ("vgg19", "zfnet512"))
 THREADS = 2
-
-
-def _path(name: str) -> str:
-    return str(LIGHT / f"light_{name}.onnx")
-
-
-def _input(model: onnx.ModelProto) -> tuple[str, np.ndarray]:
-    """ONNX's runner input for the light models: ``arange(size).reshape(shape) / size``."""
-    initializers = {i.name for i in model.graph.initializer}
-    graph_input = next(i for i in model.graph.input if i.name not in initializers)
-    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
-    size = int(np.prod(shape))
-    return graph_input.name, (np.arange(size).reshape(shape) / size).astype(np.float32)
+_path = real_models.model_path  # the light model files
+_input = real_models.model_input  # ONNX's runner input: arange(size).reshape(shape) / size
 
 
 def _onnxruntime(model: onnx.ModelProto | str):
