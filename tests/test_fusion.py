@@ -141,7 +141,7 @@ def test_overriding_a_folded_parameter_takes_the_unfused_plan():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("activation", ["Relu", "Tanh"])
+@pytest.mark.parametrize("activation", ["Relu", "Tanh", "LeakyRelu"])
 def test_activations_fuse_into_elementwise_producers_bit_exactly(threads, activation):
     n = 1 << 20  # past every parallel threshold
     x = helper.make_tensor_value_info("x", F, [n])
@@ -156,24 +156,42 @@ def test_activations_fuse_into_elementwise_producers_bit_exactly(threads, activa
 
 
 def test_activations_that_cannot_work_in_place_are_not_fused():
-    nodes = [helper.make_node("Add", ["x", "x"], ["s"]),
-             helper.make_node("LeakyRelu", ["s"], ["y"], alpha=0.1)]
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("Sigmoid", ["s"], ["y"])]
     _check(_model(nodes, []), {"x": _x()}, steps=2, fused=0)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, elementwise.ZERO_ROW - 1, elementwise.ZERO_ROW,
-                               3 * elementwise.ZERO_ROW + 5])
+ROW = elementwise.CONSTANT_ROW
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, ROW - 1, ROW, 3 * ROW + 5])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
-def test_fast_relu_equals_numpy_maximum(n, dtype):
+@pytest.mark.parametrize("ufunc, value", [(np.maximum, 0), (np.minimum, 6), (np.maximum, -2.5),
+                                          (np.minimum, np.nan)])
+def test_comparisons_against_a_constant_row_equal_numpy(n, dtype, ufunc, value):
+    if np.dtype(dtype).kind == "i" and not float(value).is_integer():
+        value = 3
     x = (RNG.standard_normal(n) * 100).astype(dtype)
     if dtype != np.int32 and n > 3:
         x[:3] = [np.nan, -np.inf, np.inf]
+    expected = ufunc(x, np.asarray(value, dtype))
     out = np.empty_like(x)
-    elementwise._relu(x, out=out)
-    np.testing.assert_array_equal(out, np.maximum(x, 0))
+    elementwise._against_constant(ufunc, x, value, out)
+    np.testing.assert_array_equal(out, expected)
     strided = np.repeat(x, 2)[::2]  # not contiguous
-    out2 = np.empty_like(x)
-    elementwise._relu(strided, out=out2)
-    np.testing.assert_array_equal(out2, np.maximum(x, 0))
-    elementwise._relu(x, out=x)  # in place
-    np.testing.assert_array_equal(x, out)
+    elementwise._against_constant(ufunc, strided, value, out)
+    np.testing.assert_array_equal(out, expected)
+    elementwise._against_constant(ufunc, x, value, x)  # in place
+    np.testing.assert_array_equal(x, expected)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 1.0, 3.0, -0.5, float("nan")])
+def test_leaky_relu_without_a_mask_equals_the_masked_definition(alpha):
+    x = RNG.standard_normal(1000).astype(np.float32)
+    x[:4] = [np.nan, -np.inf, np.inf, -0.0]
+    expected = np.where(x > 0, x, np.float32(alpha) * x)
+    out = np.empty_like(x)
+    elementwise._leaky_relu(x, out=out, alpha=float(np.float32(alpha)))
+    np.testing.assert_array_equal(out, expected)
+    slope = np.full((1,), alpha, np.float32)
+    elementwise._prelu(x, slope, out=out)
+    np.testing.assert_array_equal(out, expected)
