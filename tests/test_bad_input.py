@@ -289,6 +289,8 @@ FUNCTION_CASES: list[Case] = [
      "num_threads must be an int, got str"),
     ("session: registry of a wrong type", lambda s: RuntimeSession(s.model, registry="default"),
      TypeError, "registry must be a KernelTuningRegistry, got str"),
+    ("session: fuse as text", lambda s: RuntimeSession(s.model, fuse="no"), TypeError,
+     "fuse must be True or False, got str"),
     ("session: model is a folder", lambda s: RuntimeSession(s.root), FileNotFoundError,
      "no ONNX model file at"),
     ("session: model below a regular file", lambda s: RuntimeSession(s.blocker / "m.onnx"),

@@ -195,3 +195,16 @@ def test_leaky_relu_without_a_mask_equals_the_masked_definition(alpha):
     slope = np.full((1,), alpha, np.float32)
     elementwise._prelu(x, slope, out=out)
     np.testing.assert_array_equal(out, expected)
+
+
+def test_channel_affine_rejects_an_input_of_another_channel_count():
+    from onnx import TensorProto as T
+
+    from onnx_light.kernels.base import KernelError, NodeContext
+
+    kernel = ChannelAffine(NodeContext("bn_1", "ChannelAffine", "", 15, {}, (T.FLOAT,), (T.FLOAT,), 1, 1),
+                           np.ones(4), np.zeros(4))
+    with pytest.raises(KernelError, match=r"node 'bn_1'.*multiplier has 4 values, X has 3 channels"):
+        kernel.run(np.zeros((1, 3, 2, 2), np.float32))
+    np.testing.assert_array_equal(kernel.run(np.ones((1, 4, 2, 2), np.float32))[0],
+                                  np.ones((1, 4, 2, 2), np.float32))

@@ -242,6 +242,8 @@ class RuntimeSession:
         model = _load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
+        if not isinstance(fuse, bool):
+            raise TypeError(f"fuse must be True or False, got {type(fuse).__name__}")
         skeleton = _skeleton(model)
         try:  # full_check adds strict type inference: Add(float, int64) is rejected here
             onnx.checker.check_model(skeleton, full_check=True)
