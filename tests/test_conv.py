@@ -178,7 +178,9 @@ def test_auto_choices():
     assert choice((1, 8, 5, 5), (100, 8, 1, 1), {}) == "direct_1x1"  # per_filter: only if forced
     assert choice((1, 8, 5, 5), (100, 4, 1, 1), {"group": 2}) == "direct_1x1"
     assert choice((1, 8, 7, 7), (4, 8, 1, 1), {"strides": [2, 2]}) == "im2col"
-    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "depthwise"
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col"
+    assert choice((1, 8, 28, 28), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col_wide"
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, {conv.ALGORITHM: "depthwise"}) == "depthwise"
     assert choice((1, 8, 56, 56), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col_wide"
     assert choice((1, 8, 7, 7), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col"  # 9/7 wide
     assert choice((1, 3, 20), (4, 3, 5), {}) == "im2col"
@@ -203,7 +205,10 @@ def test_parallel_plans(pools):
     assert plan((2, 8, 1, 1), (4, 8, 1, 1), {}, "output_rows") == "filters"  # one row
     assert plan((2, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "batch_and_groups"  # one filter
     assert plan((1, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "blas"
-    assert plan((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, "filters") == "batch_and_groups"
+    assert plan((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, "filters") == "filters"  # im2col
+    forced = {conv.ALGORITHM: "depthwise", conv.SPLIT: "filters", conv.MINIMUM_FLOPS: 1}
+    depthwise = _kernel({"group": 8}, values=forced, pool=pools[2]).problem((1, 8, 7, 7), (8, 1, 3, 3))
+    assert depthwise.plan == "batch_and_groups"  # a depthwise filter is one channel: the same split
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "filters") == "filters"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "blas") == "blas"
 

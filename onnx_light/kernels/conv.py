@@ -22,10 +22,13 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     weights are not constant (one blocked BLAS product rounds the rows of a tile in two
     different ways). ``"depthwise"`` (one input channel per group) accumulates the
     K1 * ... * Kk shifted input views, scaled per channel, over all channels of a block at
-    once. ``"auto"`` picks ``direct_1x1``, ``depthwise``, ``im2col_wide`` or ``im2col``, in
-    that order, the first that applies (``im2col_wide`` only while the dropped columns are
-    at most a quarter of the computed ones). An algorithm forced where it does not apply
-    falls back to ``im2col``, which applies to every convolution.
+    once. ``"auto"`` picks ``direct_1x1``, ``im2col_wide`` or ``im2col``, in that order, the
+    first that applies (``im2col_wide`` only while the dropped columns are at most a quarter
+    of the computed ones); depthwise convolutions too, as one batched product over their
+    groups: ``depthwise`` makes two numpy passes per kernel position where im2col makes one
+    copy, and measured 1.5-2x slower on ShuffleNet's shapes (ShuffleNet 0.85x the time
+    without it), so it is used only when forced. An algorithm forced where it does not
+    apply falls back to ``im2col``, which applies to every convolution.
 ``im2col.block_bytes``
     The largest buffer (bytes) one block of output rows may use: the im2col buffer, the
     wide product's result, the depthwise accumulator. It bounds the memory a convolution
@@ -501,8 +504,6 @@ class ConvKernel(Kernel):
         if choice == "auto":
             if pointwise:
                 return "direct_1x1"
-            if depthwise:
-                return "depthwise"
             if wide:
                 needed = math.prod(window.output[1:])
                 computed = math.prod(p for p in window.padded_shape()[1:])
