@@ -10,7 +10,7 @@ Runs after constant folding, over the steps left to run, in graph order:
    the weights and the bias (``W' = W * m``, ``B' = B * m + o``, rounded once into the
    weights' type); otherwise it runs as one
    :class:`~onnx_light.kernels.normalization.ChannelAffine` step.
-2. **Activations.** A unary op that can compute in place (Relu, Tanh: see
+2. **Activations.** A unary op that can compute in place (Relu, Tanh, LeakyRelu: see
    ``ElementwiseOp.in_place``) whose input is read by it alone is applied to every block of
    its producer's output while the block is in cache, if the producer accepts an epilogue
    (Conv, BatchNormalization, ChannelAffine, the elementwise ops).
