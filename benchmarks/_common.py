@@ -410,7 +410,6 @@ class Context:
 def header(config: Config, started: float | None = None) -> str:
     """Date, execution descriptor (short and JSON), versions and BLAS."""
     import onnxruntime
-    import threadpoolctl
 
     descriptor = execution_descriptor(config.threads)
     lines = [f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}  ",
@@ -420,11 +419,6 @@ def header(config: Config, started: float | None = None) -> str:
              f"{cache_file.onnx_light_version()}; os.cpu_count() {os.cpu_count()}; "
              f"{'--quick' if config.quick else 'full run'}, {config.threads} threads, "
              f"{config.rounds} interleaved rounds per figure ({config.elementwise_rounds} in section 1)  "]
-    for info in threadpoolctl.threadpool_info():
-        if info.get("user_api") == "blas":
-            lines.append(f"BLAS: {info.get('internal_api')} {info.get('version')} "
-                         f"({info.get('threading_layer')}, {info.get('architecture')}, "
-                         f"{info.get('num_threads')} threads); OPENBLAS_CORETYPE="
-                         f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}  ")
+    lines += gemm_sweep.blas_lines()
     lines += ["", "```json", json.dumps(descriptor.to_dict(), indent=1), "```"]
     return "\n".join(lines)

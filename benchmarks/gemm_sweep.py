@@ -100,6 +100,16 @@ class Case:
         return math.prod(self.batch) * self.m * self.n * self.k
 
 
+def blas_lines() -> list[str]:
+    """One markdown line per BLAS library numpy loaded: implementation, version, threading
+    layer, architecture, thread count, file, and OPENBLAS_CORETYPE."""
+    return [f"BLAS: {info.get('internal_api')} {info.get('version')} ({info.get('threading_layer')}, "
+            f"{info.get('architecture')}, {info.get('num_threads')} threads), "
+            f"{Path(info.get('filepath', '')).name}; OPENBLAS_CORETYPE="
+            f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}  "
+            for info in threadpoolctl.threadpool_info() if info.get("user_api") == "blas"]
+
+
 def corpus() -> list[Case]:
     cases = [Case(f"{s}x{s}x{s}", s, s, s) for s in (8, 16, 32, 64, 96)]
     cases += [Case(f"{s}x{s}x{s}", s, s, s) for s in (128, 192, 256, 384, 512, 768, 1024)]
@@ -442,13 +452,8 @@ def _measure_all(cases: list[Case], pool: ThreadPool, args: argparse.Namespace) 
     lines = [f"# Gemm/MatMul sweep, {datetime.date.today().isoformat()}", "",
              f"command: python {' '.join(sys.argv)}  ",
              f"python {platform.python_version()}, numpy {np.__version__}, threads {args.threads}, "
-             f"cpu_count {os.cpu_count()}, "
-             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}  "]
-    for info in threadpoolctl.threadpool_info():
-        if info.get("user_api") == "blas":
-            lines.append(f"BLAS: {info.get('internal_api')} {info.get('version')} "
-                         f"({info.get('threading_layer')}, {info.get('architecture')}, "
-                         f"{info.get('num_threads')} threads), {Path(info.get('filepath', '')).name}  ")
+             f"cpu_count {os.cpu_count()}  "]
+    lines += blas_lines()
     wait_budget = [args.max_wait]
     results = []
     try:

@@ -188,8 +188,8 @@ def conv_parameters() -> tuple[Parameter, ...]:
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
                               "product, 1x1 stride 1 unpadded), 'depthwise' (one input channel "
-                              "per group), or 'auto' (the first of direct_1x1, depthwise, "
-                              "im2col_wide, im2col that applies); inapplicable -> im2col"),
+                              "per group), or 'auto' (the first of direct_1x1, im2col_wide, "
+                              "im2col that applies); inapplicable -> im2col"),
         Parameter(BLOCK_BYTES, "int", _DEFAULTS[BLOCK_BYTES], minimum=1,
                   description="largest buffer (bytes) of one block of output rows"),
         Parameter(SPLIT, "str", _DEFAULTS[SPLIT], choices=SPLITS,
@@ -409,6 +409,17 @@ class _Problem:
         return self.group_channels * math.prod(self.window.kernel)
 
 
+@dataclass(frozen=True)
+class _DistinctFilters:
+    """What :meth:`ConvKernel.specialize` found: the constant weights, their distinct filters,
+    per filter the index of its distinct one, and the kernel that multiplies the distinct ones."""
+
+    weights: np.ndarray
+    distinct: np.ndarray
+    inverse: np.ndarray
+    plain: ConvKernel
+
+
 class ConvKernel(Kernel):
     """ONNX Conv (since versions 1, 11, 22), tunable; see the module docstring."""
 
@@ -431,9 +442,7 @@ class ConvKernel(Kernel):
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
         self.config = ConvConfig()
-        # Set by specialize: the constant weights, their distinct filters and, per filter,
-        # the index of its distinct filter.
-        self._distinct: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._distinct: _DistinctFilters | None = None  # set by specialize
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
         """With constant weights that repeat a filter (group 1, float or double): a kernel
@@ -449,9 +458,11 @@ class ConvKernel(Kernel):
                                       return_inverse=True)[1:]
         if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
             return None  # all distinct, or two distinct filters share a sum: keep it simple
-        distinct = w[first_of]
+        plain = copy.copy(self)  # the product of the distinct filters: no bias, no epilogue
+        plain.epilogue = None
         kernel = copy.copy(self)
-        kernel._distinct = (w, np.ascontiguousarray(distinct), inverse.reshape(-1))
+        kernel._distinct = _DistinctFilters(w, np.ascontiguousarray(w[first_of]), inverse.reshape(-1),
+                                            plain)
         return kernel
 
     def _configure(self, values: Mapping[str, Value]) -> None:
@@ -521,7 +532,7 @@ class ConvKernel(Kernel):
             raise self.ctx.error("needs inputs X and W")
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
-        if self._distinct is not None and w is self._distinct[0]:
+        if self._distinct is not None and w is self._distinct.weights:
             return self._run_distinct(x, b)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
             raise self.ctx.error(f"X, W and B must have the same type, got "
@@ -551,13 +562,11 @@ class ConvKernel(Kernel):
 
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None) -> Sequence[np.ndarray]:
         """Each distinct filter once, then its channel copied to every filter equal to it."""
-        _, distinct, inverse = self._distinct
+        inverse = self._distinct.inverse
         if b is not None and (b.shape != inverse.shape or b.dtype != x.dtype):
             raise self.ctx.error(f"B must have shape ({inverse.size},) and X's type {x.dtype}, got "
                                  f"{list(b.shape)} {b.dtype}")
-        plain = copy.copy(self)
-        plain._distinct, plain.epilogue = None, None
-        channels = plain.run(x, distinct)[0]
+        channels = self._distinct.plain.run(x, self._distinct.distinct)[0]
         out = np.take(channels, inverse, axis=1)
         if b is not None:
             out += b.reshape((-1,) + (1,) * (out.ndim - 2))

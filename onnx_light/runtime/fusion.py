@@ -49,12 +49,12 @@ Step = tuple[Kernel, Slots, Slots]
 @dataclass
 class FusionResult:
     """The fused steps, the constants they added (slot -> array) and the constant slots the
-    fusion read (a run that overrides one of them must take the unfused plan)."""
+    fusion read (a run that overrides one of them must take the unfused plan). Every fused
+    node is one step fewer."""
 
     steps: list[Step]
     constants: dict[int, np.ndarray]
     sources: set[int]
-    fused_nodes: int
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,6 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     producer: dict[int, int] = {}
     added: dict[int, np.ndarray] = {}
     sources: set[int] = set()
-    fused = 0
 
     def private(slot: int) -> int | None:
         """The result index of the step whose only output ``slot`` is read by one step only."""
@@ -111,7 +110,6 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                     added.update(new_constants)
                     known.update(new_constants)
                     absorb(index, previous, conv_inputs, outputs)
-                    fused += 1
                     continue
             if isinstance(previous, ChannelAffine) and previous.epilogue is None:
                 composed = ChannelAffine(previous.ctx, previous.multiplier * affine.multiplier,
@@ -119,7 +117,6 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 composed.configure(None, previous.pool)
                 sources.update(affine.constants)
                 absorb(index, composed, result[index][1], outputs)
-                fused += 1
                 continue
             replacement = ChannelAffine(dataclasses.replace(kernel.ctx, op_type="ChannelAffine"),
                                         affine.multiplier, affine.offset)
@@ -138,14 +135,13 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                     with_epilogue = copy.copy(previous)  # the unfused plan keeps the original
                     with_epilogue.epilogue = function
                     absorb(index, with_epilogue, result[index][1], outputs)
-                    fused += 1
                     continue
         result.append([kernel, inputs, outputs])
         for s in outputs:
             if s is not None:
                 producer[s] = len(result) - 1
     steps_out: list[Step] = [(k, i, o) for k, i, o in result]
-    return FusionResult(steps_out, added, sources, fused)
+    return FusionResult(steps_out, added, sources)
 
 
 def _affine(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],

@@ -324,6 +324,7 @@ class RuntimeSession:
         overridable = set(self._feed_slots.values()) & set(constants)
         depends: dict[int, set[int]] = {s: ({s} if s in overridable else set()) for s in constants}
         folded: dict[int, np.ndarray] = {}
+        known = dict(constants)  # constants and folded values: what the folded plan starts with
         every_step, steps = [], []
         with BLAS.scope(1):
             for node, kernel in zip(graph.node, kernels, strict=True):
@@ -334,14 +335,13 @@ class RuntimeSession:
                         s is None or s in depends for s in inputs):
                     steps.append((kernel, inputs, outputs))
                     continue
-                known = {**constants, **folded}
                 results = kernel.run(*(None if s is None else known[s] for s in inputs))
                 sources = set().union(*(depends[s] for s in inputs if s is not None))
                 for s, array in zip(outputs, results, strict=False):
                     if s is not None:
                         array = np.asarray(array)
                         array.flags.writeable = False
-                        folded[s] = array
+                        folded[s] = known[s] = array
                         depends[s] = sources
         self.folded_nodes = len(every_step) - len(steps)
         self._output_slots = {info.name: slots[info.name] for info in graph.output
@@ -350,8 +350,8 @@ class RuntimeSession:
         if missing:
             raise ValueError(f"graph outputs {missing} are produced by no node")
         fold_sources = set().union(*(depends[s] for s in folded))
-        self.fused_nodes = 0
         num_slots = len(slots)
+        unfused = len(steps)
         if fuse:
             def add_constant(array: np.ndarray) -> int:
                 nonlocal num_slots
@@ -360,14 +360,13 @@ class RuntimeSession:
 
             shapes = {slots[name]: shape for name, value_type in types.items()
                       if name in slots and (shape := _shape(value_type)) is not None}
-            fusion = fuse_steps(steps, {**constants, **folded}, set(self._output_slots.values()),
-                                shapes, add_constant)
+            fusion = fuse_steps(steps, known, set(self._output_slots.values()), shapes, add_constant)
             steps = fusion.steps
             folded.update(fusion.constants)
+            known.update(fusion.constants)
             fold_sources.update(*(depends[s] for s in fusion.sources))
-            self.fused_nodes = fusion.fused_nodes
+        self.fused_nodes = unfused - len(steps)
         # Kernels may specialize for the inputs that are constant in the folded plan.
-        known = {**constants, **folded}
         steps = [(kernel.specialize([None if s is None else known.get(s) for s in inputs]) or kernel,
                   inputs, outputs) for kernel, inputs, outputs in steps]
         self._plan = _plan(steps, set(constants) | set(folded) | set(self._output_slots.values()))
