@@ -341,7 +341,7 @@ def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
     assert keys == [KernelTuningKey("onnx_light", "Conv", "portable", t) for t in conv.CONV_TYPES]
     schema = conv.conv_schema(T.FLOAT)
-    assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 21,
+    assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
                                      conv.SPLIT: "auto", conv.MINIMUM_FLOPS: 1 << 22}
     schema.validate(conv.REFERENCE)
     for values in _configurations():

@@ -1,0 +1,102 @@
+"""Whole light models under several Conv settings and onnxruntime, side by side, in one run.
+
+Each setting is a set of Conv (float) values published over the portable defaults for this
+machine, for example ``im2col.block_bytes=2097152`` or ``algorithm=winograd,parallel.split=blas``
+(names from ``python -m onnx_light tune-kernels --show``); an empty setting is the portable
+defaults. The sessions run in interleaved rounds (each setting, then onnxruntime, then the next
+round), with the benchmark's random weights, and the table gives the median and the fastest
+run of each, and their ratios to onnxruntime's.
+
+Run: ``python benchmarks/conv_settings.py --models vgg19 resnet50 --threads 2
+--setting "" --setting im2col.block_bytes=2097152``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+
+import numpy as np
+import onnx
+from real_models import (
+    MODELS,
+    model_input,
+    model_path,
+    onnxruntime_session,
+    portable_registry,
+    with_random_weights,
+)
+
+from onnx_light.kernels import conv
+from onnx_light.runtime.session import RuntimeSession
+from onnx_light.tuning.processor import execution_descriptor
+from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile
+
+
+def parse_setting(text: str) -> dict[str, int | str]:
+    """``name=value,name=value`` -> {name: int or str} (validated later by the Conv schema)."""
+    setting = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"setting {text!r}: {item!r} is not name=value")
+        value = value.strip()
+        setting[name.strip()] = int(value) if value.lstrip("-").isdigit() else value
+    return setting
+
+
+def registry_with(setting: dict[str, int | str], threads: int) -> KernelTuningRegistry:
+    """A portable registry with ``setting`` published for Conv float on this machine."""
+    registry = portable_registry()
+    if setting:
+        snapshot = registry.snapshot()
+        key = conv.conv_schema(onnx.TensorProto.FLOAT).key
+        local = execution_descriptor(threads)
+        values = snapshot.schema(key).update(snapshot.resolve(key, local).values, setting)
+        registry.publish([PublishedProfile(key, local, values, {"origin": "benchmark"})])
+    return registry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50", "vgg19"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--setting", action="append", default=None,
+                        help="name=value[,name=value]; repeat for each setting ('' = portable)")
+    args = parser.parse_args(argv)
+    settings = args.setting if args.setting is not None else [""]
+    print(f"threads {args.threads}, {args.rounds} interleaved rounds, median / fastest in ms "
+          f"(ratio to onnxruntime's median / fastest)")
+    print(f"{'model':<14} {'setting':<44} {'median':>16} {'fastest':>16}")
+    for name in args.models:
+        model = with_random_weights(onnx.load(model_path(name)))
+        input_name, x = model_input(model)
+        runs = {}
+        for text in settings:
+            session = RuntimeSession(model, num_threads=args.threads,
+                                     registry=registry_with(parse_setting(text), args.threads))
+            runs[text or "(portable)"] = functools.partial(session.run, None)
+        runs["onnxruntime"] = functools.partial(onnxruntime_session(model, args.threads).run, None)
+        feeds = {input_name: x}
+        times: dict[str, list[float]] = {label: [] for label in runs}
+        for run in runs.values():
+            run(feeds)
+        for _ in range(args.rounds):
+            for label, run in runs.items():
+                run(feeds)  # absorbs what the previous runtime left behind (spinning threads)
+                started = time.perf_counter()
+                run(feeds)
+                times[label].append(time.perf_counter() - started)
+        median_peer, fastest_peer = np.median(times["onnxruntime"]), min(times["onnxruntime"])
+        for label, samples in times.items():
+            median, fastest = np.median(samples), min(samples)
+            print(f"{name:<14} {label:<44} {median * 1e3:8.1f} ({median / median_peer:4.2f}) "
+                  f"{fastest * 1e3:8.1f} ({fastest / fastest_peer:4.2f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
