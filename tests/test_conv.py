@@ -137,10 +137,15 @@ def test_other_types(x_shape, w_shape, attributes, element_type):
 
 
 def _configurations():
+    """Every algorithm and split, small and large blocks, serial and parallel; auto also with
+    winograd wherever it applies."""
     block_sizes = (64, 1 << 21)
-    return [dict(zip((conv.ALGORITHM, conv.SPLIT, conv.BLOCK_BYTES, conv.MINIMUM_FLOPS), values,
-                     strict=True))
+    defaults = dict(conv.conv_schema(T.FLOAT).defaults)
+    names = (conv.ALGORITHM, conv.SPLIT, conv.BLOCK_BYTES, conv.MINIMUM_FLOPS)
+    grid = [{**defaults, **dict(zip(names, values, strict=True))}
             for values in itertools.product(conv.ALGORITHMS, conv.SPLITS, block_sizes, (1, 1 << 62))]
+    anywhere = {conv.WINOGRAD_CHANNELS: 1, conv.WINOGRAD_OUTPUTS: 1}
+    return grid + [{**values, **anywhere} for values in grid if values[conv.ALGORITHM] == "auto"]
 
 
 @pytest.mark.parametrize(("x_shape", "w_shape", "attributes"), CASES, ids=CASE_IDS)
@@ -339,16 +344,18 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert keys == [KernelTuningKey("onnx_light", "Conv", "portable", t) for t in conv.CONV_TYPES]
+    assert keys == [KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=2)
+                    for t in conv.CONV_TYPES]
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
-                                     conv.SPLIT: "auto", conv.MINIMUM_FLOPS: 1 << 22}
+                                     conv.SPLIT: "auto", conv.MINIMUM_FLOPS: 1 << 22,
+                                     conv.WINOGRAD_CHANNELS: 128, conv.WINOGRAD_OUTPUTS: 196}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)
     kernel = _kernel({})
     with pytest.raises(KernelError, match="algorithm"):
-        kernel.configure({conv.ALGORITHM: "winograd"}, ThreadPool(1))
+        kernel.configure({conv.ALGORITHM: "fft"}, ThreadPool(1))
     with pytest.raises(KernelError, match="unknown"):
         kernel.configure({"parallel.mode": "blas"}, ThreadPool(1))
     with pytest.raises(KernelError, match="minimum"):

@@ -22,20 +22,36 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     weights are not constant (one blocked BLAS product rounds the rows of a tile in two
     different ways). ``"depthwise"`` (one input channel per group) accumulates the
     K1 * ... * Kk shifted input views, scaled per channel, over all channels of a block at
-    once. ``"auto"`` picks ``direct_1x1``, ``im2col_wide`` or ``im2col``, in that order, the
-    first that applies (``im2col_wide`` only while the dropped columns are at most a quarter
-    of the computed ones); depthwise convolutions too, as one batched product over their
-    groups: ``depthwise`` makes two numpy passes per kernel position where im2col makes one
-    copy, and measured 1.5-2x slower on ShuffleNet's shapes (ShuffleNet 0.85x the time
-    without it), so it is used only when forced. An algorithm forced where it does not
-    apply falls back to ``im2col``, which applies to every convolution.
+    once. ``"winograd"`` (2-D, 3x3, stride and dilation 1) is Winograd's F(2x2, 3x3)
+    (:mod:`onnx_light.kernels.winograd`): 16 products per 2x2 output tile where the others
+    make 36, as 16 batched products, plus input and output transforms of additions only; the
+    weights' transform is computed once when they are constant. ``"auto"`` picks
+    ``direct_1x1``, ``winograd`` (within its thresholds, below), ``im2col_wide`` or
+    ``im2col``, in that order, the first that applies (``im2col_wide`` only while the dropped
+    columns are at most a quarter of the computed ones); depthwise convolutions too, as one
+    batched product over their groups: ``depthwise`` makes two numpy passes per kernel
+    position where im2col makes one copy, and measured 1.5-2x slower on ShuffleNet's shapes
+    (ShuffleNet 0.85x the time without it), so it is used only when forced. An algorithm
+    forced where it does not apply falls back to ``im2col``, which applies to every
+    convolution.
 ``im2col.block_bytes``
     The largest buffer (bytes) one block of output rows may use: the im2col buffer, the
     wide product's result, the depthwise accumulator. It bounds the memory a convolution
     needs beyond its output. A block holds at least one row. Each block is one BLAS product,
     which packs all of the block's weights again, so small blocks cost most where the weights
     are large: 16 MiB measured 0.86x VGG-19's time at 2 MiB (one thread; ResNet-50 and
-    Inception v1 within noise).
+    Inception v1 within noise). winograd's blocks are tile rows: their input and output
+    transforms and products within the same size.
+``winograd.minimum_channels``, ``winograd.minimum_outputs``
+    ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` (128) input
+    channels and as many filters, and the output at least ``minimum_outputs`` (196, 14x14)
+    positions. Below, the transforms (one numpy pass per term, proportional to channels
+    times positions) or the repacking of the 16 transformed filter matrices for few tiles
+    outweigh the products saved. Measured on one thread against im2col: 512 channels at
+    28x28 1.7x faster, 256 at 56x56 1.5x, 512 at 14x14 1.3x, 128 at 56x56 1.25x, 256 at
+    14x14 even; 512 at 7x7 0.8x, 192 at 13x13 0.8x, 64 at 224x224 0.75x. VGG-19 0.72x the
+    time at one thread and 0.79x at two; ResNet-50 (most 3x3 work at 14x14 and 7x7) within
+    noise.
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis (every thread builds
@@ -71,7 +87,7 @@ logits near 1e10 follows, where one last-bit difference (1024) turns the expecte
 output into a one-hot vector. Trained weights have no equal filters; the shipped light
 models (every weight 0.02) do, so benchmarks run them with random weights.
 
-Numerics. Every configuration computes each output as the bias plus the same
+Numerics. Every configuration but ``winograd`` computes each output as the bias plus the same
 ``K = C/group * K1 * ... * Kk`` products ``w * x`` in the compute type (float32 for float16
 and bfloat16); configurations differ only in the order of the additions (BLAS blocking, which
 depends on the block shape; the depthwise loop's fixed order; where the bias is added). The
@@ -82,8 +98,18 @@ two configurations and every output element::
     |Y - Y_reference| <= 2 * (K + 2) * u * ((|W| * |X|) + |B|)
 
 plus, for float16 and bfloat16, one unit in the last place of the output type (each result
-is rounded once into it). :func:`error_bound` computes this bound; the tests and the
-calibration's validation use it.
+is rounded once into it). ``winograd`` sums other terms: the transformed inputs (two
+roundings each), the transformed filters (rounded once from float64), their products summed
+over the ``C/group`` channels, the output transform (four roundings) and the bias, so its
+error is at most ``(C/group + 12) * u * (T + |B|)``, first order, with ``T`` the same passes
+on absolute values, ``|A^T| [(|G| |w| |G^T|) * (|B^T| |x| |B|)] |A|`` summed over the
+channels. Where ``winograd`` applies (2-D, 3x3, stride and dilation 1) the bound adds
+``2 * (C/group + 12) * u * (T + |B|)``. Measured, the largest error relative to the largest
+output is about the same as im2col's (5-7e-7 against 3-6e-7 in float32, 64-512 channels).
+:func:`error_bound` computes the bound; the tests and the calibration's validation use it.
+
+Tuning ABI 2 (:data:`TUNING_ABI`): the winograd algorithm and its thresholds; cached Conv
+values of ABI 1 are reported stale and not used (calibrate again).
 
 BLAS threads follow :data:`onnx_light.parallel.BLAS`, the mechanism Gemm uses: one BLAS
 thread on the serial and split paths, the session's thread count on the ``"blas"`` path, never
@@ -92,8 +118,9 @@ more, the previous count restored after each call.
 Everything that depends only on the node (attributes, the configuration) is read when the
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
 shapes (a few microseconds) and keeps nothing. Constant weights reach the kernel once, at
-session construction, through :meth:`ConvKernel.specialize` (equal filters, above); a
-runtime may also set ``epilogue`` (a fused activation, applied to each finished block).
+session construction, through :meth:`ConvKernel.specialize` (equal filters, above, or the
+winograd transform of the filters); a runtime may also set ``epilogue`` (a fused
+activation, applied to each finished block).
 """
 
 from __future__ import annotations
@@ -117,6 +144,7 @@ from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
+from . import winograd
 from .base import LIBRARY, Kernel, NodeContext, compute_dtype
 
 __all__ = [
@@ -129,6 +157,9 @@ __all__ = [
     "REFERENCE",
     "SPLIT",
     "SPLITS",
+    "TUNING_ABI",
+    "WINOGRAD_CHANNELS",
+    "WINOGRAD_OUTPUTS",
     "ConvConfig",
     "ConvKernel",
     "Window",
@@ -153,8 +184,13 @@ ALGORITHM = "algorithm"
 BLOCK_BYTES = "im2col.block_bytes"
 SPLIT = "parallel.split"
 MINIMUM_FLOPS = "parallel.minimum_flops"
+WINOGRAD_CHANNELS = "winograd.minimum_channels"
+WINOGRAD_OUTPUTS = "winograd.minimum_outputs"
+# Version of the Conv schemas' meaning: 2 added the winograd algorithm and its thresholds
+# (cache entries of version 1 are reported stale and not used).
+TUNING_ABI = 2
 
-ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise")
+ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise", "winograd")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 
 # Portable defaults: the choices that held up on the calibration corpus and the nine light
@@ -167,6 +203,8 @@ _DEFAULTS: dict[str, Value] = {
     BLOCK_BYTES: 1 << 24,
     SPLIT: "auto",
     MINIMUM_FLOPS: 1 << 22,
+    WINOGRAD_CHANNELS: 128,
+    WINOGRAD_OUTPUTS: 196,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -174,7 +212,10 @@ REFERENCE: dict[str, Value] = {
     BLOCK_BYTES: 1 << 40,
     SPLIT: "blas",
     MINIMUM_FLOPS: 1 << 62,
+    WINOGRAD_CHANNELS: 128,
+    WINOGRAD_OUTPUTS: 196,
 }
+NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
 # auto: an im2col convolution splits its output rows while there are this many per thread
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
@@ -190,9 +231,11 @@ def conv_parameters() -> tuple[Parameter, ...]:
     return (
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
-                              "product, 1x1 stride 1 unpadded), 'depthwise' (one input channel "
-                              "per group), or 'auto' (the first of direct_1x1, im2col_wide, "
-                              "im2col that applies); inapplicable -> im2col"),
+                              "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' (one "
+                              "input channel per group), 'winograd' (F(2x2,3x3), 2-D 3x3 stride 1 "
+                              "dilation 1), or 'auto' (the first of direct_1x1, winograd within "
+                              "its thresholds, im2col_wide, im2col that applies); inapplicable "
+                              "-> im2col"),
         Parameter(BLOCK_BYTES, "int", _DEFAULTS[BLOCK_BYTES], minimum=1,
                   description="largest buffer (bytes) of one block of output rows"),
         Parameter(SPLIT, "str", _DEFAULTS[SPLIT], choices=SPLITS,
@@ -201,6 +244,11 @@ def conv_parameters() -> tuple[Parameter, ...]:
                               "splits (image, group) pairs when there are enough, else rows"),
         Parameter(MINIMUM_FLOPS, "int", _DEFAULTS[MINIMUM_FLOPS], minimum=1,
                   description="multiply-adds from which more than one thread is used"),
+        Parameter(WINOGRAD_CHANNELS, "int", _DEFAULTS[WINOGRAD_CHANNELS], minimum=1,
+                  description="auto uses winograd where a group has at least this many input "
+                              "channels and filters"),
+        Parameter(WINOGRAD_OUTPUTS, "int", _DEFAULTS[WINOGRAD_OUTPUTS], minimum=1,
+                  description="... and the output has at least this many positions"),
     )
 
 
@@ -210,8 +258,8 @@ def conv_schema(element_type: int) -> KernelTuningSchema:
     if element_type not in CONV_TYPES:
         raise ValueError(f"no Conv schema for element type {element_type}; valid: "
                          f"{[element_type_name(t) for t in CONV_TYPES]}")
-    return KernelTuningSchema(KernelTuningKey(LIBRARY, "Conv", "portable", element_type),
-                              conv_parameters())
+    return KernelTuningSchema(KernelTuningKey(LIBRARY, "Conv", "portable", element_type,
+                                              tuning_abi=TUNING_ABI), conv_parameters())
 
 
 def tuning_schemas() -> list[KernelTuningSchema]:
@@ -227,6 +275,8 @@ class ConvConfig:
     block_bytes: int = int(_DEFAULTS[BLOCK_BYTES])
     split: str = str(_DEFAULTS[SPLIT])
     minimum_flops: int = int(_DEFAULTS[MINIMUM_FLOPS])
+    winograd_channels: int = int(_DEFAULTS[WINOGRAD_CHANNELS])
+    winograd_outputs: int = int(_DEFAULTS[WINOGRAD_OUTPUTS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value], key: KernelTuningKey | None = None) -> ConvConfig:
@@ -238,7 +288,8 @@ class ConvConfig:
         merged = {**_DEFAULTS, **values}
         checked = {name: parameters[name].check(merged[name], key) for name in parameters}
         return cls(str(checked[ALGORITHM]), int(checked[BLOCK_BYTES]), str(checked[SPLIT]),
-                   int(checked[MINIMUM_FLOPS]))
+                   int(checked[MINIMUM_FLOPS]), int(checked[WINOGRAD_CHANNELS]),
+                   int(checked[WINOGRAD_OUTPUTS]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,14 +410,15 @@ class WindowAttributes:
 
 
 def pad_spatial(x: np.ndarray, window: Window, value: Any = 0, extra_value: Any = None,
-                tail_rows: int = 0) -> np.ndarray:
+                tail: Sequence[int] = ()) -> np.ndarray:
     """``x`` (N, C, *spatial) padded with ``value`` (and the ceil_mode extension with
-    ``extra_value``, default ``value``), plus ``tail_rows`` more rows of ``value`` after the
-    first spatial axis; ``x`` itself when nothing is needed."""
-    if not window.padded and not tail_rows:
+    ``extra_value``, default ``value``), plus ``tail[i]`` more entries of ``value`` at the end
+    of spatial axis ``i``; ``x`` itself when nothing is needed."""
+    if not window.padded and not any(tail):
         return x
     shape = list(window.padded_shape())
-    shape[0] += tail_rows
+    for axis, extra in enumerate(tail):
+        shape[axis] += extra
     fill = value if extra_value is None else extra_value
     if fill == 0:
         padded = np.zeros((*x.shape[:2], *shape), x.dtype)
@@ -427,6 +479,7 @@ class ConvKernel(Kernel):
     """ONNX Conv (since versions 1, 11, 22), tunable; see the module docstring."""
 
     op_type: ClassVar[str] = "Conv"
+    tuning_abi: ClassVar[int] = TUNING_ABI
     tunable: ClassVar[bool] = True
     accepts_epilogue: ClassVar[bool] = True
 
@@ -446,13 +499,43 @@ class ConvKernel(Kernel):
             raise ctx.error(f"group must be positive, got {self.group}")
         self.config = ConvConfig()
         self._distinct: _DistinctFilters | None = None  # set by specialize
+        # (constant weights, their Winograd transform), set by specialize
+        self._winograd: tuple[np.ndarray, np.ndarray] | None = None
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
-        """With constant weights that repeat a filter (group 1, float or double): a kernel
-        that computes each distinct filter once (see the module docstring)."""
+        """With constant weights: a kernel that computes each distinct filter once when
+        filters repeat (group 1, float or double; see the module docstring), else one that
+        keeps the weights' Winograd transform when its convolutions may use winograd."""
         w = constants[1] if len(constants) > 1 else None
-        if (w is None or self.group != 1 or w.ndim < 3 or w.shape[0] < 2
-                or w.dtype not in (np.float32, np.float64)):
+        if w is None or w.ndim < 3:
+            return None
+        return self._with_distinct_filters(w) or self._with_winograd_filters(w)
+
+    def _with_winograd_filters(self, w: np.ndarray) -> ConvKernel | None:
+        if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+            return None
+        if not self._winograd_applies(w.shape, self.attributes.strides, self.attributes.dilations):
+            return None
+        config = self.config
+        if config.algorithm == "auto":
+            if min(w.shape[1], w.shape[0] // self.group) < config.winograd_channels:
+                return None
+        elif config.algorithm != "winograd":
+            return None
+        kernel = copy.copy(self)
+        shaped = w.reshape(self.group, w.shape[0] // self.group, w.shape[1], 3, 3)
+        kernel._winograd = (w, winograd.transform_filters(shaped, compute_dtype(w.dtype)))
+        return kernel
+
+    @staticmethod
+    def _winograd_applies(w_shape: Sequence[int], strides: Sequence[int] | None,
+                          dilations: Sequence[int] | None) -> bool:
+        """2-D, 3x3, stride 1 and dilation 1."""
+        return (tuple(w_shape[2:]) == (3, 3) and all(s == 1 for s in strides or (1,))
+                and all(d == 1 for d in dilations or (1,)))
+
+    def _with_distinct_filters(self, w: np.ndarray) -> ConvKernel | None:
+        if self.group != 1 or w.shape[0] < 2 or w.dtype not in (np.float32, np.float64):
             return None
         bits = w.reshape(w.shape[0], -1).view(np.int32 if w.dtype == np.float32 else np.int64)
         # Equal filters have equal sums of their bits: one pass groups them (and rules most
@@ -514,10 +597,14 @@ class ConvKernel(Kernel):
                      and not window.padded)
         depthwise = group_channels == 1 and groups > 1
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
+        tiled = self._winograd_applies((0, 0, *window.kernel), window.strides, window.dilations)
         choice = self.config.algorithm
         if choice == "auto":
             if pointwise:
                 return "direct_1x1"
+            if (tiled and min(group_channels, channels_out // groups) >= self.config.winograd_channels
+                    and math.prod(window.output) >= self.config.winograd_outputs):
+                return "winograd"
             if wide:
                 needed = math.prod(window.output[1:])
                 computed = math.prod(p for p in window.padded_shape()[1:])
@@ -525,7 +612,7 @@ class ConvKernel(Kernel):
                     return "im2col_wide"
             return "im2col"
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
-                   "per_filter": pointwise, "depthwise": depthwise}
+                   "per_filter": pointwise, "depthwise": depthwise, "winograd": tiled}
         return choice if applies[choice] else "im2col"
 
     # ---------------------------------------------------------------- running
@@ -557,8 +644,12 @@ class ConvKernel(Kernel):
         xc = np.ascontiguousarray(x, dtype=compute)
         wc = np.ascontiguousarray(w, dtype=compute)
         bc = None if b is None else b.astype(compute, copy=False)
-        algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
-                                                   self.epilogue)
+        if problem.algorithm == "winograd" and self._winograd is not None and w is self._winograd[0]:
+            algorithm: _Algorithm = _Winograd(problem, xc, wc, bc, out, self.config.block_bytes,
+                                              self.epilogue, filters=self._winograd[1])
+        else:
+            algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
+                                                       self.epilogue)
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
@@ -624,10 +715,12 @@ def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, 
 
             pool.parallel_for(items, run_items, max_blocks=threads)
         else:
-            def run_rows(start: int, stop: int) -> None:
-                _limited(per_thread, algorithm.block, 0, items, start, stop)
+            unit = algorithm.row_unit
 
-            pool.parallel_for(rows, run_rows, max_blocks=threads)
+            def run_rows(start: int, stop: int) -> None:
+                _limited(per_thread, algorithm.block, 0, items, start * unit, min(stop * unit, rows))
+
+            pool.parallel_for(-(-rows // unit), run_rows, max_blocks=threads)
     finally:
         BLAS.restore(previous)
 
@@ -668,6 +761,8 @@ def _rows_per_block(block_bytes: int, bytes_per_row: int, rows: int) -> int:
 class _Algorithm:
     """One call's computation, cut into blocks of (image, group) pairs and output rows;
     ``epilogue`` (a fused activation) is applied to every finished block of the output."""
+
+    row_unit: ClassVar[int] = 1  # the output rows the pool splits are multiples of this
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
@@ -714,7 +809,7 @@ class _Columns(_Algorithm):
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = self.window
         # the wide variant's last rows reach one row further (into the columns it drops)
-        self.xp = pad_spatial(x, window, tail_rows=1 if self.wide else 0)
+        self.xp = pad_spatial(x, window, tail=(1,) if self.wide else ())
         self.item = self.xp.itemsize
         strides = self.xp.strides
         kernel_strides = tuple(d * s for d, s in zip(window.dilations, strides[2:], strict=True))
@@ -889,7 +984,7 @@ class _Depthwise(_Algorithm):
                  epilogue: Callable[[np.ndarray], None] | None = None) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = self.window
-        self.xp = pad_spatial(x, window, tail_rows=1)
+        self.xp = pad_spatial(x, window, tail=(1,))
         xp = self.xp
         self.item = xp.itemsize
         element_strides = [s // self.item for s in xp.strides]
@@ -964,12 +1059,128 @@ class _Depthwise(_Algorithm):
         pool.parallel_for(items, lambda start, stop: self.block(start, stop, 0, rows), max_blocks=threads)
 
 
+class _Winograd(_Algorithm):
+    """Winograd F(2x2, 3x3) (:mod:`onnx_light.kernels.winograd`) for 2-D 3x3 convolutions with
+    stride and dilation 1: per block of tile rows, the input transform of every channel, one
+    batched product (16 x groups products of filters x channels times channels x tiles), then
+    the output transform, written into the rows of the block.
+
+    ``filters`` are the transformed filters (16, groups, filters, channels) when the kernel
+    computed them once (constant weights); ``magnitudes`` runs the same passes with the
+    absolute values of the matrices (for :func:`error_bound`, on absolute values).
+    """
+
+    row_unit: ClassVar[int] = winograd.TILE  # threads share no tile row
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None,
+                 filters: np.ndarray | None = None, magnitudes: bool = False) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = self.window
+        self.tiles = tuple(-(-o // winograd.TILE) for o in window.output)
+        tail = tuple(winograd.TILE * t - o for t, o in zip(self.tiles, window.output, strict=True))
+        self.xp = pad_spatial(x, window, tail=tail)
+        self.input_matrix = np.abs(winograd.INPUT) if magnitudes else winograd.INPUT
+        self.output_matrix = np.abs(winograd.OUTPUT) if magnitudes else winograd.OUTPUT
+        if filters is None:
+            shaped = w.reshape(problem.groups, self.mg, self.cg, 3, 3)
+            filters = (winograd.transform_filters(shaped, x.dtype, np.abs(winograd.FILTER))
+                       if magnitudes else winograd.transform_filters(shaped, x.dtype))
+        self.filters = filters
+
+    def _tile_rows(self, r0: int, r1: int) -> tuple[int, int]:
+        """The tile rows that cover output rows r0:r1."""
+        return r0 // winograd.TILE, -(-r1 // winograd.TILE)
+
+    def _step(self, channels: int, filters: int, tile_rows: int) -> int:
+        """Tile rows per block: the transforms' buffers of one tile row within block_bytes."""
+        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
+        width = tile * tw + alpha - tile
+        per_row = self.xp.itemsize * (alpha * alpha * tw * (channels + filters) + alpha * channels * width
+                                      + tile * alpha * filters * tw + filters * tile * tile * tw)
+        return _rows_per_block(self.block_bytes, per_row, tile_rows)
+
+    def transform(self, n: int, c0: int, c1: int, a: int, b: int, out: np.ndarray) -> None:
+        """The input transform of channels c0:c1, tile rows a:b, into ``out`` (4, 4, C, th, tw)."""
+        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
+        source = self.xp[n, c0:c1, tile * a:tile * b + alpha - tile]
+        scratch = np.empty((alpha, c1 - c0, b - a, source.shape[-1]), self.xp.dtype)
+        winograd.transform_inputs(source, (b - a, tw), out, scratch, self.input_matrix)
+
+    def finish(self, n: int, g0: int, g1: int, lo: int, hi: int, a: int, b: int, r0: int, r1: int,
+               products: np.ndarray) -> None:
+        """The output transform of ``products`` (16, groups g0:g1, filters lo:hi, tiles of rows
+        a:b), written with the bias into the output rows r0:r1 it covers."""
+        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
+        count, filters, th = g1 - g0, (g1 - g0) * (hi - lo), b - a
+        dtype = self.xp.dtype
+        tiles = winograd.transform_outputs(
+            products.reshape(alpha, alpha, filters, th, tw), np.empty((filters, th, tile, tw, tile), dtype),
+            np.empty((tile, alpha, filters, th, tw), dtype), self.output_matrix)
+        s, e = max(r0, tile * a), min(r1, tile * b)
+        computed = tiles.reshape(count, hi - lo, tile * th, tile * tw)[
+            :, :, s - tile * a:e - tile * a, :self.window.output[1]]
+        target = self.out[n, g0:g1, lo:hi, s:e]
+        bias = self.bias_of(g0, g1, lo, hi, 2)
+        if bias is None:
+            np.copyto(target, computed)
+        else:
+            np.add(computed, bias, out=target)
+        if self.epilogue is not None:
+            self.epilogue(target)
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        squares, cg, mg, tw = winograd.ALPHA ** 2, self.cg, self.mg, self.tiles[1]
+        first, last = self._tile_rows(r0, r1)
+        for n, g0, g1 in _group_ranges(self.problem, start, stop):
+            count = g1 - g0
+            step = self._step(count * cg, count * mg, last - first)
+            for a in range(first, last, step):
+                b = min(last, a + step)
+                inputs = np.empty((squares, count * cg, (b - a) * tw), self.xp.dtype)
+                self.transform(n, g0 * cg, g1 * cg, a, b, inputs.reshape(4, 4, count * cg, b - a, tw))
+                products = np.matmul(self.filters[:, g0:g1],
+                                     inputs.reshape(squares, count, cg, (b - a) * tw))
+                self.finish(n, g0, g1, 0, mg, a, b, r0, r1, products)
+
+    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
+        """Per block of tile rows: the input transform split over the channels, then the
+        products and the output transform split over the filters."""
+        problem, squares, tw = self.problem, winograd.ALPHA ** 2, self.tiles[1]
+        channels, rows = problem.channels, self.window.output[0]
+        first, last = self._tile_rows(0, rows)
+        step = self._step(channels, problem.filters, last - first)
+        for n in range(problem.batch):
+            for a in range(first, last, step):
+                b = min(last, a + step)
+                inputs = np.empty((squares, channels, (b - a) * tw), self.xp.dtype)
+                shaped = inputs.reshape(4, 4, channels, b - a, tw)
+
+                def transform(c0: int, c1: int, n: int = n, a: int = a, b: int = b,
+                              shaped: np.ndarray = shaped) -> None:
+                    self.transform(n, c0, c1, a, b, shaped[:, :, c0:c1])
+
+                pool.parallel_for(channels, transform, max_blocks=threads)
+
+                def multiply(m0: int, m1: int, n: int = n, a: int = a, b: int = b,
+                             inputs: np.ndarray = inputs) -> None:
+                    for g, lo, hi in _filter_ranges(problem, m0, m1):
+                        group_inputs = inputs[:, g * self.cg:(g + 1) * self.cg]
+                        products = np.matmul(self.filters[:, g, lo:hi], group_inputs)
+                        self.finish(n, g, g + 1, lo, hi, a, b, 0, rows, products)
+
+                pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
+                                  max_blocks=threads)
+
+
 _ALGORITHMS: dict[str, type[_Algorithm]] = {
     "im2col": _Columns,
     "im2col_wide": _WideColumns,
     "direct_1x1": _Pointwise,
     "per_filter": _PerFilter,
     "depthwise": _Depthwise,
+    "winograd": _Winograd,
 }
 
 
@@ -992,16 +1203,34 @@ def error_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, group: in
                       (T.DOUBLE, T.DOUBLE, T.DOUBLE), (T.DOUBLE,), 3 if b is not None else 2, 1)
     kernel = ConvKernel(ctx)
     kernel.configure(REFERENCE, ThreadPool(1))
+    absolute_x, absolute_w = np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))
     absolute_b = None if b is None else np.abs(b.astype(np.float64))
-    magnitude = kernel.run(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), absolute_b)[0]
+    magnitude = kernel.run(absolute_x, absolute_w, absolute_b)[0]
     depth = w.shape[1] * math.prod(w.shape[2:])
     u = float(ml_dtypes.finfo(compute_dtype).eps) / 2
     bound = 2 * (depth + 2) * u * magnitude
+    if kernel._winograd_applies(w.shape, attributes.get("strides"), attributes.get("dilations")):
+        tiled = _winograd_magnitude(kernel, absolute_x, absolute_w)
+        if absolute_b is not None:
+            tiled += absolute_b.reshape(-1, 1, 1)
+        bound = bound + 2 * (w.shape[1] + 12) * u * tiled
     if output_dtype is not None and np.dtype(output_dtype).itemsize < np.dtype(compute_dtype).itemsize:
         finfo = ml_dtypes.finfo(output_dtype)
         scale = np.abs(reference.astype(np.float64)) if reference is not None else magnitude
         bound = bound + 2 * float(finfo.eps) * scale + float(finfo.smallest_subnormal)
     return bound
+
+
+def _winograd_magnitude(kernel: ConvKernel, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``|A^T| [(|G| w |G^T|) * (|B^T| x |B|)] |A|`` summed over the channels, for every
+    output (``x`` and ``w`` non-negative float64): what the rounding errors of the winograd
+    algorithm are relative to."""
+    problem = dataclasses.replace(kernel.problem(x.shape, w.shape), algorithm="winograd", plan="serial")
+    out = np.empty((problem.batch, problem.filters, *problem.window.output))
+    if out.size:
+        _Winograd(problem, x, w, None, out, 1 << 40, magnitudes=True).block(
+            0, problem.batch * problem.groups, 0, problem.window.output[0])
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -1044,6 +1273,8 @@ CORPUS: tuple[CorpusCase, ...] = (
     CorpusCase("resnet50_3x3", "ResNet-50 res2 branch2b", 64, (56, 56), 64, (3, 3),
                pads=(1, 1, 1, 1)),
     CorpusCase("resnet50_1x1_s2", "ResNet-50 res3 branch1", 256, (56, 56), 512, (1, 1), (2, 2)),
+    CorpusCase("resnet50_3x3_28", "ResNet-50 res3 branch2b", 128, (28, 28), 128, (3, 3),
+               pads=(1, 1, 1, 1)),
     CorpusCase("shufflenet_depthwise", "ShuffleNet stage 2", 136, (28, 28), 136, (3, 3),
                pads=(1, 1, 1, 1), group=136),
     CorpusCase("shufflenet_group4_1x1", "ShuffleNet stage 3", 272, (14, 14), 272, (1, 1), group=4),
@@ -1056,7 +1287,7 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (10 candidates)."""
+    varied alone around the portable values (12 candidates)."""
     base = dict(_DEFAULTS)
     grid: list[dict[str, Value]] = []
     for split in ("batch_and_groups", "output_rows", "filters", "blas"):
@@ -1066,6 +1297,8 @@ def candidate_grid() -> list[dict[str, Value]]:
     grid.append({**base, ALGORITHM: "im2col"})
     for minimum in (1 << 20, 1 << 24):
         grid.append({**base, MINIMUM_FLOPS: minimum})
+    for channels in (64, NEVER):
+        grid.append({**base, WINOGRAD_CHANNELS: channels})
     return [c for c in grid if c != base]
 
 
