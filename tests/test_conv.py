@@ -137,15 +137,12 @@ def test_other_types(x_shape, w_shape, attributes, element_type):
 
 
 def _configurations():
-    """Every algorithm and split, small and large blocks, serial and parallel; auto also with
-    winograd wherever it applies."""
+    """Every algorithm and split, small and large blocks, serial and parallel."""
     block_sizes = (64, 1 << 21)
     defaults = dict(conv.conv_schema(T.FLOAT).defaults)
     names = (conv.ALGORITHM, conv.SPLIT, conv.BLOCK_BYTES, conv.MINIMUM_FLOPS)
-    grid = [{**defaults, **dict(zip(names, values, strict=True))}
+    return [{**defaults, **dict(zip(names, values, strict=True))}
             for values in itertools.product(conv.ALGORITHMS, conv.SPLITS, block_sizes, (1, 1 << 62))]
-    anywhere = {conv.WINOGRAD_CHANNELS: 1, conv.WINOGRAD_OUTPUTS: 1}
-    return grid + [{**values, **anywhere} for values in grid if values[conv.ALGORITHM] == "auto"]
 
 
 @pytest.mark.parametrize(("x_shape", "w_shape", "attributes"), CASES, ids=CASE_IDS)

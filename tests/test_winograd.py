@@ -96,7 +96,7 @@ def test_the_bound_is_tight_enough_to_catch_a_wrong_transform(monkeypatch):
 def test_auto_uses_winograd_within_its_thresholds():
     def choice(x_shape, w_shape, attributes=None, values=None):
         attributes = {"pads": [1, 1, 1, 1]} if attributes is None else attributes
-        return _kernel(attributes, values).problem(x_shape, w_shape).algorithm
+        return _kernel(attributes, values).problem(x_shape, w_shape, transformed=True).algorithm
 
     assert choice((1, 128, 14, 14), (128, 128, 3, 3)) == "winograd"  # 196 outputs, 128 channels
     assert choice((1, 128, 13, 13), (128, 128, 3, 3)) == "im2col_wide"  # 169 outputs
@@ -114,16 +114,29 @@ def test_auto_uses_winograd_within_its_thresholds():
     assert choice((1, 4, 6, 6, 6), (4, 4, 3, 3, 3), {}, FORCED) == "im2col"  # 3-D
 
 
+def test_auto_uses_winograd_only_with_transformed_weights():
+    """Weights that are not constant would be transformed on every call: auto keeps im2col."""
+    x, w, _ = _inputs((1, 128, 14, 14), (128, 128, 3, 3))
+    kernel = _kernel({"pads": [1, 1, 1, 1]})
+    assert kernel.problem(x.shape, w.shape).algorithm == "im2col_wide"
+    special = kernel.specialize([None, w, None])
+    assert special.problem(x.shape, w.shape, transformed=True).algorithm == "winograd"
+    assert _kernel({"pads": [1, 1, 1, 1]}, FORCED).problem(x.shape, w.shape).algorithm == "winograd"
+
+
 def test_constant_weights_are_transformed_once():
     x, w, b = _inputs((1, 128, 14, 14), (128, 128, 3, 3))
     kernel = _kernel({"pads": [1, 1, 1, 1]}, {conv.MINIMUM_FLOPS: 1}, threads=2)
-    plain = kernel.run(x, w, b)[0]
+    forced = _kernel({"pads": [1, 1, 1, 1]}, {**FORCED, conv.MINIMUM_FLOPS: 1}, threads=2)
     special = kernel.specialize([None, w, b])
     assert special is not None and special._winograd[0] is w
     np.testing.assert_array_equal(special._winograd[1], winograd.transform_filters(
         w.reshape(1, 128, 128, 3, 3), np.float32))
-    np.testing.assert_array_equal(special.run(x, w, b)[0], plain)
-    other = np.ascontiguousarray(w[::-1])  # not the constant: transformed on the call
+    # the same arithmetic as winograd with the transform made on the call
+    np.testing.assert_array_equal(special.run(x, w, b)[0], forced.run(x, w, b)[0])
+    bound = conv.error_bound(x, w, b, pads=[1, 1, 1, 1])
+    assert np.all(np.abs(special.run(x, w, b)[0] - kernel.run(x, w, b)[0]) <= 2 * bound)
+    other = np.ascontiguousarray(w[::-1])  # not the constant: im2col, as without specializing
     np.testing.assert_array_equal(special.run(x, other, b)[0], kernel.run(x, other, b)[0])
     # nothing to keep: too few channels for auto, another algorithm forced, not 3x3 stride 1
     assert _kernel({"pads": [1, 1, 1, 1]}).specialize([None, w[:, :64], None]) is None

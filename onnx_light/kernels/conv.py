@@ -25,8 +25,10 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     once. ``"winograd"`` (2-D, 3x3, stride and dilation 1) is Winograd's F(2x2, 3x3)
     (:mod:`onnx_light.kernels.winograd`): 16 products per 2x2 output tile where the others
     make 36, as 16 batched products, plus input and output transforms of additions only; the
-    weights' transform is computed once when they are constant. ``"auto"`` picks
-    ``direct_1x1``, ``winograd`` (within its thresholds, below), ``im2col_wide`` or
+    weights' transform is computed once when they are constant (otherwise on every call: for
+    256 x 256 filters about 7 ms, more than the 14x14 convolution saves). ``"auto"`` picks
+    ``direct_1x1``, ``winograd`` (constant weights, within its thresholds, below),
+    ``im2col_wide`` or
     ``im2col``, in that order, the first that applies (``im2col_wide`` only while the dropped
     columns are at most a quarter of the computed ones); depthwise convolutions too, as one
     batched product over their groups: ``depthwise`` makes two numpy passes per kernel
@@ -564,8 +566,9 @@ class ConvKernel(Kernel):
 
     # ---------------------------------------------------------------- planning
 
-    def problem(self, x_shape: Sequence[int], w_shape: Sequence[int]) -> _Problem:
-        """Check the shapes and decide the algorithm and the parallel plan of one call."""
+    def problem(self, x_shape: Sequence[int], w_shape: Sequence[int], transformed: bool = False) -> _Problem:
+        """Check the shapes and decide the algorithm and the parallel plan of one call;
+        ``transformed``: the kernel holds the Winograd transform of the call's weights."""
         ctx = self.ctx
         if len(x_shape) < 3:
             raise ctx.error(f"X must have shape (N, C, D1, ...), got {list(x_shape)}")
@@ -581,7 +584,7 @@ class ConvKernel(Kernel):
             raise ctx.error(f"W's {filters} filters do not divide into {groups} groups")
         window = self.attributes.window(ctx, tuple(int(d) for d in x_shape[2:]),
                                         tuple(int(k) for k in w_shape[2:]))
-        algorithm = self._algorithm(window, group_channels, groups, filters)
+        algorithm = self._algorithm(window, group_channels, groups, filters, transformed)
         config = self.config
         threads = self.num_threads
         flops = batch * filters * math.prod(window.output) * group_channels * math.prod(window.kernel)
@@ -592,7 +595,8 @@ class ConvKernel(Kernel):
             return problem
         return dataclasses.replace(problem, plan=_plan(config.split, problem, threads))
 
-    def _algorithm(self, window: Window, group_channels: int, groups: int, channels_out: int) -> str:
+    def _algorithm(self, window: Window, group_channels: int, groups: int, channels_out: int,
+                   transformed: bool) -> str:
         pointwise = (all(k == 1 for k in window.kernel) and all(s == 1 for s in window.strides)
                      and not window.padded)
         depthwise = group_channels == 1 and groups > 1
@@ -602,7 +606,8 @@ class ConvKernel(Kernel):
         if choice == "auto":
             if pointwise:
                 return "direct_1x1"
-            if (tiled and min(group_channels, channels_out // groups) >= self.config.winograd_channels
+            if (tiled and transformed
+                    and min(group_channels, channels_out // groups) >= self.config.winograd_channels
                     and math.prod(window.output) >= self.config.winograd_outputs):
                 return "winograd"
             if wide:
@@ -629,7 +634,8 @@ class ConvKernel(Kernel):
                                  f"{[a.dtype for a in (x, w, b) if a is not None]}")
         if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
             raise self.ctx.error(f"X must be a floating point tensor, got {x.dtype}")
-        problem = self.problem(x.shape, w.shape)
+        transformed = self._winograd is not None and w is self._winograd[0]
+        problem = self.problem(x.shape, w.shape, transformed)
         if b is not None and b.shape != (problem.filters,):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)
@@ -644,7 +650,7 @@ class ConvKernel(Kernel):
         xc = np.ascontiguousarray(x, dtype=compute)
         wc = np.ascontiguousarray(w, dtype=compute)
         bc = None if b is None else b.astype(compute, copy=False)
-        if problem.algorithm == "winograd" and self._winograd is not None and w is self._winograd[0]:
+        if problem.algorithm == "winograd" and transformed:
             algorithm: _Algorithm = _Winograd(problem, xc, wc, bc, out, self.config.block_bytes,
                                               self.epilogue, filters=self._winograd[1])
         else:
@@ -1341,7 +1347,9 @@ class ConvCalibrationProblem:
                             strides=list(spec.strides), pads=list(spec.pads))
         return case, x, w, b, bound
 
-    def _kernel(self, case: str, values: dict[str, Value]) -> ConvKernel:
+    def _kernel(self, case: str, values: dict[str, Value], w: np.ndarray) -> ConvKernel:
+        """The case's kernel for ``values``, specialized for its (constant) weights ``w`` as a
+        session would (the winograd transform)."""
         key = (case, tuple(sorted(values.items())))
         kernel = self._kernels.get(key)
         if kernel is None:
@@ -1350,12 +1358,13 @@ class ConvCalibrationProblem:
             ctx = NodeContext(case, "Conv", "", 22, spec.attributes(), (et, et, et), (et,), 3, 1)
             kernel = ConvKernel(ctx)
             kernel.configure(values, self.pool)
+            kernel = kernel.specialize([None, w, None]) or kernel
             self._kernels[key] = kernel
         return kernel
 
     def run(self, values: dict[str, Value], inputs: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray]:
         case, x, w, b, bound = inputs
-        return self._kernel(case, values).run(x, w, b)[0], bound
+        return self._kernel(case, values, w).run(x, w, b)[0], bound
 
     def same_output(self, reference: tuple[np.ndarray, np.ndarray],
                     candidate: tuple[np.ndarray, np.ndarray]) -> bool:
