@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50", "vgg19"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds to sleep before each timed run (lets spinning threads stop)")
     parser.add_argument("--setting", action="append", default=None,
                         help="name=value[,name=value]; repeat for each setting ('' = portable)")
     args = parser.parse_args(argv)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for label, run in runs.items():
                 run(feeds)  # absorbs what the previous runtime left behind (spinning threads)
+                time.sleep(args.pause)
                 started = time.perf_counter()
                 run(feeds)
                 times[label].append(time.perf_counter() - started)

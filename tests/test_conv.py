@@ -346,7 +346,7 @@ def test_schemas_and_configuration_validation():
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
                                      conv.SPLIT: "auto", conv.MINIMUM_FLOPS: 1 << 22,
-                                     conv.WINOGRAD_CHANNELS: 128, conv.WINOGRAD_OUTPUTS: 196}
+                                     conv.WINOGRAD_CHANNELS: 256, conv.WINOGRAD_OUTPUTS: 784}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

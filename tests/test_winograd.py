@@ -10,6 +10,8 @@ from onnx_light.kernels.base import NodeContext
 from onnx_light.parallel import ThreadPool
 
 FORCED = {conv.ALGORITHM: "winograd"}
+# thresholds that let the tests' 128-channel, 14x14 convolutions use winograd under auto
+LOW = {conv.WINOGRAD_CHANNELS: 128, conv.WINOGRAD_OUTPUTS: 196}
 
 
 def _kernel(attributes, values=None, threads=1, element_type=T.FLOAT):
@@ -94,10 +96,14 @@ def test_the_bound_is_tight_enough_to_catch_a_wrong_transform(monkeypatch):
 
 
 def test_auto_uses_winograd_within_its_thresholds():
-    def choice(x_shape, w_shape, attributes=None, values=None):
+    def choice(x_shape, w_shape, attributes=None, values=LOW):
         attributes = {"pads": [1, 1, 1, 1]} if attributes is None else attributes
         return _kernel(attributes, values).problem(x_shape, w_shape, transformed=True).algorithm
 
+    # the portable thresholds: 256 channels and filters, 28x28 outputs
+    assert choice((1, 256, 28, 28), (256, 256, 3, 3), values=None) == "winograd"
+    assert choice((1, 256, 27, 27), (256, 256, 3, 3), values=None) == "im2col_wide"
+    assert choice((1, 256, 28, 28), (192, 256, 3, 3), values=None) == "im2col_wide"
     assert choice((1, 128, 14, 14), (128, 128, 3, 3)) == "winograd"  # 196 outputs, 128 channels
     assert choice((1, 128, 13, 13), (128, 128, 3, 3)) == "im2col_wide"  # 169 outputs
     assert choice((1, 64, 56, 56), (128, 64, 3, 3)) == "im2col_wide"  # 64 input channels
@@ -117,7 +123,7 @@ def test_auto_uses_winograd_within_its_thresholds():
 def test_auto_uses_winograd_only_with_transformed_weights():
     """Weights that are not constant would be transformed on every call: auto keeps im2col."""
     x, w, _ = _inputs((1, 128, 14, 14), (128, 128, 3, 3))
-    kernel = _kernel({"pads": [1, 1, 1, 1]})
+    kernel = _kernel({"pads": [1, 1, 1, 1]}, LOW)
     assert kernel.problem(x.shape, w.shape).algorithm == "im2col_wide"
     special = kernel.specialize([None, w, None])
     assert special.problem(x.shape, w.shape, transformed=True).algorithm == "winograd"
@@ -126,7 +132,7 @@ def test_auto_uses_winograd_only_with_transformed_weights():
 
 def test_constant_weights_are_transformed_once():
     x, w, b = _inputs((1, 128, 14, 14), (128, 128, 3, 3))
-    kernel = _kernel({"pads": [1, 1, 1, 1]}, {conv.MINIMUM_FLOPS: 1}, threads=2)
+    kernel = _kernel({"pads": [1, 1, 1, 1]}, {**LOW, conv.MINIMUM_FLOPS: 1}, threads=2)
     forced = _kernel({"pads": [1, 1, 1, 1]}, {**FORCED, conv.MINIMUM_FLOPS: 1}, threads=2)
     special = kernel.specialize([None, w, b])
     assert special is not None and special._winograd[0] is w
@@ -139,7 +145,8 @@ def test_constant_weights_are_transformed_once():
     other = np.ascontiguousarray(w[::-1])  # not the constant: im2col, as without specializing
     np.testing.assert_array_equal(special.run(x, other, b)[0], kernel.run(x, other, b)[0])
     # nothing to keep: too few channels for auto, another algorithm forced, not 3x3 stride 1
-    assert _kernel({"pads": [1, 1, 1, 1]}).specialize([None, w[:, :64], None]) is None
+    assert _kernel({"pads": [1, 1, 1, 1]}, LOW).specialize([None, w[:, :64], None]) is None
+    assert _kernel({"pads": [1, 1, 1, 1]}).specialize([None, w, None]) is None  # 128 < 256
     assert _kernel({}, {conv.ALGORITHM: "im2col"}).specialize([None, w, None]) is None
     assert _kernel({"strides": [2, 2]}).specialize([None, w, None]) is None
     assert _kernel({}, FORCED).specialize([None, w[:4, :4], None]) is not None
@@ -151,3 +158,37 @@ def test_fused_epilogue_applies_to_every_block():
     kernel = _kernel({"pads": [1, 1, 1, 1]}, {**FORCED, conv.BLOCK_BYTES: 1})
     kernel.epilogue = lambda block: np.maximum(block, 0, out=block)
     np.testing.assert_array_equal(kernel.run(x, w, b)[0], expected)
+
+
+def test_a_session_with_constant_weights_uses_winograd_and_matches_the_reference():
+    """Conv (constant 256x256 3x3 weights, 28x28) + BatchNormalization + Relu: the session folds
+    the normalization into the weights, keeps their transform and computes with winograd."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from onnx_light.runtime import RuntimeSession
+
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, (1, 256, 28, 28)).astype(np.float32)
+    w = rng.uniform(-0.1, 0.1, (256, 256, 3, 3)).astype(np.float32)
+    scale, bias, mean = (rng.uniform(0.5, 1.5, 256).astype(np.float32) for _ in range(3))
+    variance = rng.uniform(0.5, 1.5, 256).astype(np.float32)
+    initializers = [numpy_helper.from_array(a, n) for a, n in
+                    ((w, "w"), (scale, "s"), (bias, "b"), (mean, "m"), (variance, "v"))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", T.FLOAT, x.shape)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    session = RuntimeSession(model, num_threads=2)
+    kernels = [step.run.__self__ for step in session._plan]
+    conv_kernel = next(k for k in kernels if isinstance(k, conv.ConvKernel))
+    assert conv_kernel._winograd is not None
+    assert conv_kernel.problem(x.shape, w.shape, transformed=True).algorithm == "winograd"
+    got = session.run(None, {"x": x})[0]
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    folded = conv_kernel._winograd[0]
+    bound = conv.error_bound(x, folded, None, pads=[1, 1, 1, 1])
+    # the folded weights and the normalization round a few more times than the bound counts
+    assert np.all(np.abs(got - expected) <= bound + 1e-5 * np.abs(expected))

@@ -45,15 +45,17 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     Inception v1 within noise). winograd's blocks are tile rows: their input and output
     transforms and products within the same size.
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
-    ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` (128) input
-    channels and as many filters, and the output at least ``minimum_outputs`` (196, 14x14)
+    ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` (256) input
+    channels and as many filters, and the output at least ``minimum_outputs`` (784, 28x28)
     positions. Below, the transforms (one numpy pass per term, proportional to channels
     times positions) or the repacking of the 16 transformed filter matrices for few tiles
     outweigh the products saved. Measured on one thread against im2col: 512 channels at
     28x28 1.7x faster, 256 at 56x56 1.5x, 512 at 14x14 1.3x, 128 at 56x56 1.25x, 256 at
-    14x14 even; 512 at 7x7 0.8x, 192 at 13x13 0.8x, 64 at 224x224 0.75x. VGG-19 0.72x the
-    time at one thread and 0.79x at two; ResNet-50 (most 3x3 work at 14x14 and 7x7) within
-    noise.
+    14x14 even; 512 at 7x7 0.8x, 192 at 13x13 0.8x, 64 at 224x224 0.75x. On two threads
+    the smaller ones lose what they gain (each thread gets half of few tile rows, and
+    repacks all the filters): whole ResNet-50, 2 threads, 9 rounds, 1.13x the time with
+    thresholds of 128 and 196 against none, 1.0x with 256 and 784. VGG-19 0.72x the time
+    at one thread and 0.79x at two.
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis (every thread builds
@@ -205,8 +207,8 @@ _DEFAULTS: dict[str, Value] = {
     BLOCK_BYTES: 1 << 24,
     SPLIT: "auto",
     MINIMUM_FLOPS: 1 << 22,
-    WINOGRAD_CHANNELS: 128,
-    WINOGRAD_OUTPUTS: 196,
+    WINOGRAD_CHANNELS: 256,
+    WINOGRAD_OUTPUTS: 784,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -214,8 +216,8 @@ REFERENCE: dict[str, Value] = {
     BLOCK_BYTES: 1 << 40,
     SPLIT: "blas",
     MINIMUM_FLOPS: 1 << 62,
-    WINOGRAD_CHANNELS: 128,
-    WINOGRAD_OUTPUTS: 196,
+    WINOGRAD_CHANNELS: 256,
+    WINOGRAD_OUTPUTS: 784,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
