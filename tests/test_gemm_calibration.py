@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto
 
 import onnx_light
-from onnx_light.kernels import gemm
+from onnx_light.kernels import conv, gemm
 from onnx_light.kernels.calibration import (
     GEMM_CORPUS,
     GemmConfigurations,
@@ -71,7 +71,7 @@ def test_a_wrong_configuration_publishes_nothing(monkeypatch, tmp_path):
 
     def broken(self, *inputs):
         (y,) = original(self, *inputs)
-        return [y + 1 if self.mode == "blas" else y]
+        return [y + 1 if self.mode == "split_rows" else y]
 
     monkeypatch.setattr(gemm.GemmKernel, "run", broken)
     generation = default_registry().generation
@@ -90,3 +90,10 @@ def test_small_budget_keeps_portable_values(tmp_path):
     assert result["values"] == dict(gemm.gemm_schema("MatMul", T.FLOAT).defaults)
     assert any("corpus not covered" in d for d in result["diagnostics"])
     assert np.isfinite(result["duration_s"])
+
+
+@pytest.mark.parametrize("element_type", [T.FLOAT, T.INT32])
+def test_calibration_never_tries_blas_threads(element_type):
+    """BLAS's spinning threads slow the pool's next regions, which a search cannot see."""
+    assert all(values[gemm.MODE] not in ("blas", "split_columns") for values in gemm_candidates(element_type))
+    assert all(values[conv.SPLIT] != "blas" for values in conv.candidate_grid())

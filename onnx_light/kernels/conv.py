@@ -73,8 +73,9 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     parts falls back to another split, then to ``"blas"``. ``"auto"`` never picks
     ``"blas"``: OpenBLAS's threads wait for each other by spinning, so a BLAS-threaded
     product collapses (10x and more, measured) when another process holds one of the cores,
-    where the pool's blocking threads degrade gracefully; on a quiet machine calibration may
-    still choose it.
+    where the pool's blocking threads degrade gracefully; and its spinning threads slow the
+    pool's next regions for about 0.1 s after it. Calibration does not try it either: a
+    manual setting.
 ``parallel.minimum_flops``
     Multiply-adds (N * M * D1' * ... * C/group * K1 * ..., times :data:`DEPTHWISE_COST` for
     ``depthwise``) below which the kernel runs on the calling thread with one BLAS thread:
@@ -1295,10 +1296,13 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (12 candidates)."""
+    varied alone around the portable values (11 candidates). Never the ``blas`` split: it
+    leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
+    search of one kernel cannot see (see
+    :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
     base = dict(_DEFAULTS)
     grid: list[dict[str, Value]] = []
-    for split in ("batch_and_groups", "output_rows", "filters", "blas"):
+    for split in ("batch_and_groups", "output_rows", "filters"):
         grid.append({**base, SPLIT: split})
     for block_bytes in (1 << 21, 1 << 23, 1 << 25):
         grid.append({**base, BLOCK_BYTES: block_bytes})
