@@ -16,7 +16,8 @@ replaces each such weight with seeded random values (0.02 times uniform in [0.5,
 trained weights would be; ``--weights shipped`` runs the files as they are.
 
 It times the construction and the first run of each onnx_light session, then runs all of
-them in interleaved rounds (portable, calibrated, onnxruntime, portable, ...) and
+them in interleaved rounds (portable, calibrated, onnxruntime; the next round starts one
+later: calibrated, onnxruntime, portable; ...) and
 reports medians. In a round each session runs twice and only the second run is timed: the
 first absorbs what the previous runtime left behind (onnxruntime's spinning pool threads,
 OpenBLAS's worker threads, which spin for a while after a BLAS-threaded call). A round
@@ -100,7 +101,9 @@ def wait_until_quiet(max_wait_s: float, threshold: float = 0.10, window_s: float
 
 
 class Rounds:
-    """Interleaved rounds; a round that other processes disturbed is retaken."""
+    """Interleaved rounds, each starting one session later than the one before (so that no
+    session always runs right after onnxruntime's spinning threads); a round that other
+    processes disturbed is retaken."""
 
     def __init__(self, max_retakes: int, tolerance: float = 0.10) -> None:
         self.max_retakes = max_retakes
@@ -113,12 +116,13 @@ class Rounds:
         done = 0
         while done < rounds:
             busy, own, started = _busy_seconds(), _own_seconds(), time.perf_counter()
-            times = []
-            for function in functions:
-                function()  # untimed: absorbs what the previous runtime left running
+            times = [0.0] * len(functions)
+            for step in range(len(functions)):
+                index = (done + step) % len(functions)
+                functions[index]()  # untimed: absorbs what the previous runtime left running
                 start = time.perf_counter()
-                function()
-                times.append(time.perf_counter() - start)
+                functions[index]()
+                times[index] = time.perf_counter() - start
             wall = time.perf_counter() - started
             if busy is not None:
                 others = (_busy_seconds() - busy) - (_own_seconds() - own)
