@@ -16,13 +16,14 @@ Run: ``python benchmarks/blas_floor.py --models resnet50 vgg19 [--threads 2] [--
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
 
 import numpy as np
 import onnx
-from real_models import MODELS, model_input, model_path, onnxruntime_session, with_random_weights
+from real_models import MODELS, model_input, model_path, onnxruntime_session, settle, with_random_weights
 
 from onnx_light.parallel import BLAS
 from onnx_light.runtime.session import RuntimeSession
@@ -76,7 +77,7 @@ def whole_runs(model: onnx.ModelProto, threads: int, rounds: int) -> dict[str, f
         run(None, feeds)
     for _ in range(rounds):
         for name, run in runs.items():
-            run(None, feeds)  # absorbs the other runtime's spinning threads
+            settle(functools.partial(run, None, feeds))  # the other runtime's spinning threads
             started = time.perf_counter()
             run(None, feeds)
             times[name].append(time.perf_counter() - started)

@@ -26,6 +26,7 @@ from real_models import (
     model_path,
     onnxruntime_session,
     portable_registry,
+    settle,
     with_random_weights,
 )
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             run(feeds)
         for _ in range(args.rounds):
             for label, run in runs.items():
-                run(feeds)  # absorbs what the previous runtime left behind (spinning threads)
+                settle(functools.partial(run, feeds))  # what the previous runtime left spinning
                 time.sleep(args.pause)
                 started = time.perf_counter()
                 run(feeds)

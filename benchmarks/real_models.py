@@ -18,9 +18,9 @@ trained weights would be; ``--weights shipped`` runs the files as they are.
 It times the construction and the first run of each onnx_light session, then runs all of
 them in interleaved rounds (portable, calibrated, onnxruntime; the next round starts one
 later: calibrated, onnxruntime, portable; ...) and
-reports medians. In a round each session runs twice and only the second run is timed: the
-first absorbs what the previous runtime left behind (onnxruntime's spinning pool threads,
-OpenBLAS's worker threads, which spin for a while after a BLAS-threaded call). A round
+reports medians. In a round each session runs untimed for 0.2 s (once at least), then once
+timed: the untimed runs absorb what the previous runtime left behind (onnxruntime's pool
+threads spin for about 0.1 s after a run, OpenBLAS's after a BLAS-threaded call). A round
 during which other processes used more than 10% of a core is retaken (up to
 ``--max-retakes`` times; the count is printed): this machine is shared. The table also
 gives the largest absolute difference between the outputs of onnx_light (calibrated) and
@@ -100,6 +100,20 @@ def wait_until_quiet(max_wait_s: float, threshold: float = 0.10, window_s: float
     return time.perf_counter() - started
 
 
+SETTLE_S = 0.2  # untimed runs before each timed one: onnxruntime's threads spin about 0.1 s
+
+
+def settle(function: Callable[[], object], seconds: float = SETTLE_S) -> None:
+    """Run ``function`` untimed for at least ``seconds`` (once at least): what the previous
+    runtime left running stops meanwhile. After one onnxruntime run, onnx_light's next runs
+    of SqueezeNet took 29.8, 27.7, 23.3, 20.4, 19.5 ms, of AlexNet 47.8, 38.9, 30.1, 31.1 ms
+    (medians of 9, 2 threads): onnxruntime's pool threads spin for about 0.1 s after a run."""
+    started = time.perf_counter()
+    function()
+    while time.perf_counter() - started < seconds:
+        function()
+
+
 class Rounds:
     """Interleaved rounds, each starting one session later than the one before (so that no
     session always runs right after onnxruntime's spinning threads); a round that other
@@ -119,7 +133,7 @@ class Rounds:
             times = [0.0] * len(functions)
             for step in range(len(functions)):
                 index = (done + step) % len(functions)
-                functions[index]()  # untimed: absorbs what the previous runtime left running
+                settle(functions[index])
                 start = time.perf_counter()
                 functions[index]()
                 times[index] = time.perf_counter() - start
