@@ -183,7 +183,11 @@ def test_auto_choices():
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col"
     assert choice((1, 8, 28, 28), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col_wide"
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, {conv.ALGORITHM: "depthwise"}) == "depthwise"
-    assert choice((1, 8, 56, 56), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col_wide"
+    assert choice((1, 8, 56, 56), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "shifted"  # 4 <= 8 / 2
+    assert choice((1, 8, 56, 56), (5, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col_wide"  # 5 > 8 / 2
+    assert choice((1, 8, 27, 27), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col_wide"  # 729 < 784
+    assert choice((1, 8, 56, 56), (4, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 2]}) == "im2col"
+    assert choice((1, 4, 20), (2, 4, 3), {}, {conv.ALGORITHM: "shifted"}) == "im2col"  # 1-D
     assert choice((1, 8, 7, 7), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col"  # 9/7 wide
     assert choice((1, 3, 20), (4, 3, 5), {}) == "im2col"
     # forced where it does not apply: im2col
