@@ -814,6 +814,18 @@ class _Algorithm:
             return None
         return self.bias[g0:g1, lo:hi].reshape((g1 - g0, hi - lo) + (1,) * trailing)
 
+    def write(self, target: np.ndarray, computed: np.ndarray, g0: int, g1: int, lo: int, hi: int,
+              trailing: int) -> None:
+        """``computed`` plus the bias of groups g0:g1, filters lo:hi (broadcast over ``trailing``
+        axes) into ``target``, one pass; then the epilogue."""
+        bias = self.bias_of(g0, g1, lo, hi, trailing)
+        if bias is None:
+            np.copyto(target, computed)
+        else:
+            np.add(computed, bias, out=target)
+        if self.epilogue is not None:
+            self.epilogue(target)
+
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         """Compute (image, group) pairs ``start:stop``, output rows ``r0:r1``."""
         raise NotImplementedError
@@ -882,13 +894,7 @@ class _Columns(_Algorithm):
         product = scratch[:count * (hi - lo) * width].reshape(count, hi - lo, width)
         np.matmul(weights, columns, out=product)
         computed = product.reshape(count, hi - lo, e - s, *self.padded_inner)[(Ellipsis, *self.keep)]
-        bias = self.bias_of(g0, g1, lo, hi, self.inner + 1)
-        if bias is None:
-            np.copyto(target, computed)
-        else:
-            np.add(computed, bias, out=target)
-        if self.epilogue is not None:
-            self.epilogue(target)
+        self.write(target, computed, g0, g1, lo, hi, self.inner + 1)
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         problem, cg, mg = self.problem, self.cg, self.mg
@@ -981,14 +987,7 @@ class _Shifted(_Columns):
             if index:
                 total += term
         computed = total.reshape(count, hi - lo, e - s, *self.padded_inner)[(Ellipsis, *self.keep)]
-        target = self.out[n, g0:g1, lo:hi, s:e]
-        bias = self.bias_of(g0, g1, lo, hi, self.inner + 1)
-        if bias is None:
-            np.copyto(target, computed)
-        else:
-            np.add(computed, bias, out=target)
-        if self.epilogue is not None:
-            self.epilogue(target)
+        self.write(self.out[n, g0:g1, lo:hi, s:e], computed, g0, g1, lo, hi, self.inner + 1)
 
     def _buffers(self, filters: int, rows: int) -> tuple[int, np.ndarray, np.ndarray]:
         """Rows per block for ``filters`` filters within block_bytes, and the two buffers."""
@@ -1224,14 +1223,7 @@ class _Winograd(_Algorithm):
         s, e = max(r0, tile * a), min(r1, tile * b)
         computed = tiles.reshape(count, hi - lo, tile * th, tile * tw)[
             :, :, s - tile * a:e - tile * a, :self.window.output[1]]
-        target = self.out[n, g0:g1, lo:hi, s:e]
-        bias = self.bias_of(g0, g1, lo, hi, 2)
-        if bias is None:
-            np.copyto(target, computed)
-        else:
-            np.add(computed, bias, out=target)
-        if self.epilogue is not None:
-            self.epilogue(target)
+        self.write(self.out[n, g0:g1, lo:hi, s:e], computed, g0, g1, lo, hi, 2)
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         squares, cg, mg, tw = winograd.ALPHA ** 2, self.cg, self.mg, self.tiles[1]
