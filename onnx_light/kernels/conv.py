@@ -36,11 +36,10 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     1.1x, at 14x14 1.08x but 0.79x on two threads; 64 -> 64 at 56x56 within 6%; 16 -> 64 at
     55x55 0.72x. ``"auto"`` picks ``direct_1x1``, ``winograd`` (constant weights, within its
     thresholds, below), ``shifted`` (a group's filters at most half its channels, at least
-    784 output positions: DenseNet-121's 3x3 convolutions at 56x56 and 28x28),
-    ``im2col_wide`` or
-    ``im2col``, in that order, the first that applies (``im2col_wide`` only while the dropped
-    columns are at most a quarter of the computed ones); depthwise convolutions too, as one
-    batched product over their groups: ``depthwise`` makes two numpy passes per kernel
+    784 output positions: DenseNet-121's 3x3 convolutions at 56x56 and 28x28), ``im2col_wide``
+    or ``im2col``, in that order, the first that applies (``im2col_wide`` only while the
+    dropped columns are at most a quarter of the computed ones); depthwise convolutions too,
+    as one batched product over their groups: ``depthwise`` makes two numpy passes per kernel
     position where im2col makes one copy, and measured 1.5-2x slower on ShuffleNet's shapes
     (ShuffleNet 0.85x the time without it), so it is used only when forced. An algorithm
     forced where it does not apply falls back to ``im2col``, which applies to every
@@ -51,8 +50,8 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     needs beyond its output. A block holds at least one row. Each block is one BLAS product,
     which packs all of the block's weights again, so small blocks cost most where the weights
     are large: 16 MiB measured 0.86x VGG-19's time at 2 MiB (one thread; ResNet-50 and
-    Inception v1 within noise). winograd's blocks are tile rows: their input and output
-    transforms and products within the same size.
+    Inception v1 within noise). For winograd a block is a run of tile rows whose transforms
+    and products fit the same size; for shifted, rows whose sum and term buffers fit it.
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` (256) input
     channels and as many filters, and the output at least ``minimum_outputs`` (784, 28x28)
