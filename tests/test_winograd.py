@@ -1,8 +1,10 @@
 """Conv's winograd algorithm: the F(2x2, 3x3) arithmetic, when auto picks it, the constant
-filter transform, and its error bound."""
+filter transform, and its error bound; with the shifted algorithm on random shapes."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 
 from onnx_light.kernels import conv, winograd
@@ -192,3 +194,26 @@ def test_a_session_with_constant_weights_uses_winograd_and_matches_the_reference
     bound = conv.error_bound(x, folded, None, pads=[1, 1, 1, 1])
     # the folded weights and the normalization round a few more times than the bound counts
     assert np.all(np.abs(got - expected) <= bound + 1e-5 * np.abs(expected))
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 2), groups=st.integers(1, 3), channels=st.integers(1, 4),
+       filters=st.integers(1, 4), height=st.integers(1, 9), width=st.integers(1, 9),
+       pads=st.lists(st.integers(0, 2), min_size=4, max_size=4),
+       algorithm=st.sampled_from(["winograd", "shifted"]), threads=st.sampled_from([1, 2]),
+       block_bytes=st.sampled_from([1, 1 << 24]), seed=st.integers(0, 2 ** 16))
+def test_random_convolutions_match_the_reference_within_the_bound(
+        batch, groups, channels, filters, height, width, pads, algorithm, threads, block_bytes, seed):
+    """winograd and shifted against the reference configuration on random shapes, paddings,
+    groups and blocks (odd and one-element outputs included)."""
+    height, width = height + 2, width + 2  # a 3x3 window fits before padding
+    x, w, b = _inputs((batch, groups * channels, height, width), (groups * filters, channels, 3, 3),
+                      seed=seed)
+    attributes = {"pads": pads, "group": groups}
+    values = {conv.ALGORITHM: algorithm, conv.BLOCK_BYTES: block_bytes, conv.MINIMUM_FLOPS: 1}
+    kernel = _kernel(attributes, values, threads)
+    assert kernel.problem(x.shape, w.shape).algorithm == algorithm
+    got = kernel.run(x, w, b)[0]
+    reference = _kernel(attributes, conv.REFERENCE).run(x, w, b)[0]
+    bound = conv.error_bound(x, w, b, group=groups, pads=pads)
+    assert np.all(np.abs(got.astype(np.float64) - reference) <= bound)
