@@ -8,7 +8,7 @@ on one thread and on ``--threads`` BLAS threads, on random data. The sum is the 
 convolution path built on that BLAS product (copies, transforms and Python cost come on
 top); Winograd (``algorithm=winograd``) goes below it by making fewer products. The table
 sets it beside onnx_light's and onnxruntime's whole-model medians at 1 and ``--threads``
-threads (random weights, interleaved rounds).
+threads (random weights, the interleaved rounds of ``real_models.Rounds``).
 
 Run: ``python benchmarks/blas_floor.py --models resnet50 vgg19 [--threads 2] [--rounds 5]``.
 """
@@ -23,10 +23,12 @@ import time
 
 import numpy as np
 import onnx
-from real_models import MODELS, model_input, model_path, onnxruntime_session, settle, with_random_weights
+from real_models import MODELS, Rounds, model_input, model_path, onnxruntime_session, with_random_weights
 
 from onnx_light.parallel import BLAS
 from onnx_light.runtime.session import RuntimeSession
+
+MAX_RETAKES = 3  # rounds retaken per model when other processes disturbed them
 
 
 def conv_products(model: onnx.ModelProto) -> list[tuple[int, int, int, int]]:
@@ -72,16 +74,9 @@ def whole_runs(model: onnx.ModelProto, threads: int, rounds: int) -> dict[str, f
     feeds = {input_name: x}
     runs = {"onnx_light": RuntimeSession(model, num_threads=threads).run,
             "onnxruntime": onnxruntime_session(model, threads).run}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for run in runs.values():
-        run(None, feeds)
-    for _ in range(rounds):
-        for name, run in runs.items():
-            settle(functools.partial(run, None, feeds))  # the other runtime's spinning threads
-            started = time.perf_counter()
-            run(None, feeds)
-            times[name].append(time.perf_counter() - started)
-    return {name: float(np.median(samples)) for name, samples in times.items()}
+    samples = Rounds(MAX_RETAKES).run([functools.partial(run, None, feeds) for run in runs.values()],
+                                      rounds)
+    return {name: float(np.median(times)) for name, times in zip(runs, samples, strict=True)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,9 +3,10 @@
 Each setting is a set of Conv (float) values published over the portable defaults for this
 machine, for example ``im2col.block_bytes=2097152`` or ``algorithm=winograd,parallel.split=blas``
 (names from ``python -m onnx_light tune-kernels --show``); an empty setting is the portable
-defaults. The sessions run in interleaved rounds (each setting, then onnxruntime, then the next
-round), with the benchmark's random weights, and the table gives the median and the fastest
-run of each, and their ratios to onnxruntime's.
+defaults. The sessions run in the interleaved rounds of ``real_models.Rounds`` (each session
+settled for 0.2 s before its timed run, the order rotating, disturbed rounds retaken), with the
+benchmark's random weights, and the table gives the median and the fastest run of each, and
+their ratios to onnxruntime's.
 
 Run: ``python benchmarks/conv_settings.py --models vgg19 resnet50 --threads 2
 --setting "" --setting im2col.block_bytes=2097152``.
@@ -16,17 +17,16 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 
 import numpy as np
 import onnx
 from real_models import (
     MODELS,
+    Rounds,
     model_input,
     model_path,
     onnxruntime_session,
     portable_registry,
-    settle,
     with_random_weights,
 )
 
@@ -34,6 +34,8 @@ from onnx_light.kernels import conv
 from onnx_light.runtime.session import RuntimeSession
 from onnx_light.tuning.processor import execution_descriptor
 from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile
+
+MAX_RETAKES = 3  # rounds retaken per model when other processes disturbed them
 
 
 def parse_setting(text: str) -> dict[str, int | str]:
@@ -65,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50", "vgg19"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--pause", type=float, default=0.0,
-                        help="seconds to sleep before each timed run (lets spinning threads stop)")
     parser.add_argument("--setting", action="append", default=None,
                         help="name=value[,name=value]; repeat for each setting ('' = portable)")
     args = parser.parse_args(argv)
@@ -84,16 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             runs[text or "(portable)"] = functools.partial(session.run, None)
         runs["onnxruntime"] = functools.partial(onnxruntime_session(model, args.threads).run, None)
         feeds = {input_name: x}
-        times: dict[str, list[float]] = {label: [] for label in runs}
-        for run in runs.values():
-            run(feeds)
-        for _ in range(args.rounds):
-            for label, run in runs.items():
-                settle(functools.partial(run, feeds))  # what the previous runtime left spinning
-                time.sleep(args.pause)
-                started = time.perf_counter()
-                run(feeds)
-                times[label].append(time.perf_counter() - started)
+        samples = Rounds(MAX_RETAKES).run([functools.partial(run, feeds) for run in runs.values()],
+                                          args.rounds)
+        times = dict(zip(runs, samples, strict=True))
         median_peer, fastest_peer = np.median(times["onnxruntime"]), min(times["onnxruntime"])
         for label, samples in times.items():
             median, fastest = np.median(samples), min(samples)

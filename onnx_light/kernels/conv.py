@@ -1225,7 +1225,8 @@ class _Winograd(_Algorithm):
         self.write(self.out[n, g0:g1, lo:hi, s:e], computed, g0, g1, lo, hi, 2)
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
-        squares, cg, mg, tw = winograd.ALPHA ** 2, self.cg, self.mg, self.tiles[1]
+        alpha, cg, mg, tw = winograd.ALPHA, self.cg, self.mg, self.tiles[1]
+        squares = alpha * alpha
         first, last = self._tile_rows(r0, r1)
         for n, g0, g1 in _group_ranges(self.problem, start, stop):
             count = g1 - g0
@@ -1233,7 +1234,8 @@ class _Winograd(_Algorithm):
             for a in range(first, last, step):
                 b = min(last, a + step)
                 inputs = np.empty((squares, count * cg, (b - a) * tw), self.xp.dtype)
-                self.transform(n, g0 * cg, g1 * cg, a, b, inputs.reshape(4, 4, count * cg, b - a, tw))
+                self.transform(n, g0 * cg, g1 * cg, a, b,
+                               inputs.reshape(alpha, alpha, count * cg, b - a, tw))
                 products = np.matmul(self.filters[:, g0:g1],
                                      inputs.reshape(squares, count, cg, (b - a) * tw))
                 self.finish(n, g0, g1, 0, mg, a, b, r0, r1, products)
@@ -1241,7 +1243,8 @@ class _Winograd(_Algorithm):
     def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
         """Per block of tile rows: the input transform split over the channels, then the
         products and the output transform split over the filters."""
-        problem, squares, tw = self.problem, winograd.ALPHA ** 2, self.tiles[1]
+        problem, alpha, tw = self.problem, winograd.ALPHA, self.tiles[1]
+        squares = alpha * alpha
         channels, rows = problem.channels, self.window.output[0]
         first, last = self._tile_rows(0, rows)
         step = self._step(channels, problem.filters, last - first)
@@ -1249,7 +1252,7 @@ class _Winograd(_Algorithm):
             for a in range(first, last, step):
                 b = min(last, a + step)
                 inputs = np.empty((squares, channels, (b - a) * tw), self.xp.dtype)
-                shaped = inputs.reshape(4, 4, channels, b - a, tw)
+                shaped = inputs.reshape(alpha, alpha, channels, b - a, tw)
 
                 def transform(c0: int, c1: int, n: int = n, a: int = a, b: int = b,
                               shaped: np.ndarray = shaped) -> None:
