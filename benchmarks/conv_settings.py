@@ -2,11 +2,12 @@
 
 Each setting is a set of Conv (float) values published over the portable defaults for this
 machine, for example ``im2col.block_bytes=2097152`` or ``algorithm=winograd,parallel.split=blas``
-(names from ``python -m onnx_light tune-kernels --show``); an empty setting is the portable
-defaults. The sessions run in the interleaved rounds of ``real_models.Rounds`` (each session
-settled for 0.2 s before its timed run, the order rotating, disturbed rounds retaken), with the
-benchmark's random weights, and the table gives the median and the fastest run of each, and
-their ratios to onnxruntime's.
+(names from ``python -m onnx_light tune-kernels --show``), and of the session options
+``fuse`` and ``branches`` (``branches=off``: no independent branches side by side); an empty
+setting is the portable defaults. The sessions run in the interleaved rounds of
+``real_models.Rounds`` (each session settled for 0.2 s before its timed run, the order
+rotating, disturbed rounds retaken), with the benchmark's random weights, and the table gives
+the median and the fastest run of each, and their ratios to onnxruntime's.
 
 Run: ``python benchmarks/conv_settings.py --models vgg19 resnet50 --threads 2
 --setting "" --setting im2col.block_bytes=2097152``.
@@ -36,18 +37,26 @@ from onnx_light.tuning.processor import execution_descriptor
 from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile
 
 MAX_RETAKES = 3  # rounds retaken per model when other processes disturbed them
+SESSION_OPTIONS = ("fuse", "branches")  # RuntimeSession flags a setting may name
+SWITCHES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 
 
-def parse_setting(text: str) -> dict[str, int | str]:
-    """``name=value,name=value`` -> {name: int or str} (validated later by the Conv schema)."""
-    setting = {}
+def parse_setting(text: str) -> tuple[dict[str, int | str], dict[str, bool]]:
+    """``name=value,name=value`` -> ({Conv name: int or str} (validated later by the Conv
+    schema), {session option: bool})."""
+    setting: dict[str, int | str] = {}
+    options: dict[str, bool] = {}
     for item in filter(None, text.split(",")):
-        name, sep, value = item.partition("=")
+        name, sep, value = (part.strip() for part in item.partition("="))
         if not sep:
             raise SystemExit(f"setting {text!r}: {item!r} is not name=value")
-        value = value.strip()
-        setting[name.strip()] = int(value) if value.lstrip("-").isdigit() else value
-    return setting
+        if name in SESSION_OPTIONS:
+            if value.lower() not in SWITCHES:
+                raise SystemExit(f"setting {text!r}: {name} takes on or off, got {value!r}")
+            options[name] = SWITCHES[value.lower()]
+        else:
+            setting[name] = int(value) if value.lstrip("-").isdigit() else value
+    return setting, options
 
 
 def registry_with(setting: dict[str, int | str], threads: int) -> KernelTuningRegistry:
@@ -79,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         input_name, x = model_input(model)
         runs = {}
         for text in settings:
+            setting, options = parse_setting(text)
             session = RuntimeSession(model, num_threads=args.threads,
-                                     registry=registry_with(parse_setting(text), args.threads))
+                                     registry=registry_with(setting, args.threads), **options)
             runs[text or "(portable)"] = functools.partial(session.run, None)
         runs["onnxruntime"] = functools.partial(onnxruntime_session(model, args.threads).run, None)
         feeds = {input_name: x}

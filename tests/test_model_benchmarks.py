@@ -28,12 +28,16 @@ conv_settings = importlib.import_module("conv_settings")
 NUMBER = re.compile(r"(\d+\.\d+) \((\d+\.\d+)\)")
 
 
-def test_settings_parse_into_typed_values():
-    assert conv_settings.parse_setting("") == {}
-    assert conv_settings.parse_setting("im2col.block_bytes=2097152,algorithm=im2col") == {
-        "im2col.block_bytes": 2097152, "algorithm": "im2col"}
+def test_settings_parse_into_typed_values_and_session_options():
+    assert conv_settings.parse_setting("") == ({}, {})
+    assert conv_settings.parse_setting("im2col.block_bytes=2097152,algorithm=im2col") == (
+        {"im2col.block_bytes": 2097152, "algorithm": "im2col"}, {})
+    assert conv_settings.parse_setting("branches=off, fuse=On,algorithm=im2col") == (
+        {"algorithm": "im2col"}, {"branches": False, "fuse": True})
     with pytest.raises(SystemExit, match="'block' is not name=value"):
         conv_settings.parse_setting("algorithm=auto,block")
+    with pytest.raises(SystemExit, match="branches takes on or off, got 'maybe'"):
+        conv_settings.parse_setting("branches=maybe")
 
 
 def test_a_setting_is_published_for_conv_float_only():
@@ -67,7 +71,7 @@ def _rows(output: str, name: str) -> list[list[float]]:
 
 def test_conv_settings_prints_a_row_per_setting_and_onnxruntime(capsys):
     conv_settings.main(["--models", "squeezenet", "--rounds", "1", "--setting", "",
-                        "--setting", "im2col.block_bytes=2097152"])
+                        "--setting", "im2col.block_bytes=2097152,branches=off"])
     output = capsys.readouterr().out
     rows = _rows(output, "squeezenet")
     assert len(rows) == 3 and "(portable)" in output and "onnxruntime" in output

@@ -10,6 +10,7 @@ only that configuration: never the registry, never the cache.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -166,6 +167,16 @@ class Kernel:
 
     def _configure(self, values: Mapping[str, Value]) -> None:
         """Copy validated values into the kernel's typed configuration."""
+
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        """A rough cost of one run with these shapes (None where unknown), in element
+        operations: the runtime compares steps with it to decide which branches of a graph
+        run side by side. By default the elements written; products override it with their
+        multiply-adds."""
+        if not output_shapes or any(shape is None for shape in output_shapes):
+            return None
+        return sum(math.prod(shape) for shape in output_shapes)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """A kernel that may rely on the inputs that are constant for a session's plan

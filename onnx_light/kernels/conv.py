@@ -643,6 +643,15 @@ class ConvKernel(Kernel):
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        """Multiply-adds: each output element takes C/group x kernel size of them."""
+        written = super().work(input_shapes, output_shapes)
+        w = input_shapes[1] if len(input_shapes) > 1 else None
+        if written is None or not w:
+            return None
+        return written * math.prod(w[1:])
+
     # ---------------------------------------------------------------- running
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:

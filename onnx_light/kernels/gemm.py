@@ -187,6 +187,7 @@ class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
     tunable: ClassVar[bool] = True
+    trans_a = False  # Gemm's transA: A is (K, M)
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -323,6 +324,16 @@ def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
             out[...] = result
     finally:
         BLAS.restore(previous)
+
+
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        """Multiply-adds: the output's elements times the reduced length of A."""
+        written = super().work(input_shapes, output_shapes)
+        a = input_shapes[0] if input_shapes else None
+        if written is None or not a:
+            return None
+        return written * (a[0] if self.trans_a and len(a) == 2 else a[-1])
 
 
 class GemmKernel(_ProductKernel):

@@ -15,6 +15,7 @@ only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -33,6 +34,7 @@ from ..parallel import BLAS, get_pool
 from ..tuning.keys import element_type_name
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
+from .branches import Branches, group_branches
 from .dispatch import UnsupportedOperator, UnsupportedOperatorError, find_kernel
 from .fusion import fuse as fuse_steps
 
@@ -119,6 +121,25 @@ def _plan(steps: list[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ..
         _Step(kernel.run, inputs, outputs, tuple(release.get(index, ())), kernel.ctx.name)
         for index, (kernel, inputs, outputs) in enumerate(steps)
     )
+
+
+def _work(steps: Sequence[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ...]]],
+          known: Mapping[int, np.ndarray], shapes: Mapping[int, list[int | str | None]]
+          ) -> list[int | None]:
+    """Each step's work estimate (``Kernel.work``) from the shapes known at construction:
+    the constants' and the inferred ones (None where a dimension is symbolic)."""
+    def shape(s: int | None) -> tuple[int, ...] | None:
+        if s is None:
+            return None
+        if s in known:
+            return known[s].shape
+        dims = shapes.get(s)
+        if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+            return None
+        return tuple(dims)
+
+    return [kernel.work([shape(s) for s in inputs], [shape(s) for s in outputs])
+            for kernel, inputs, outputs in steps]
 
 
 def _load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.ModelProto:
@@ -233,17 +254,22 @@ class RuntimeSession:
     lets construction fuse operators (``runtime/fusion.py``: per-channel affine
     chains into convolutions, activations into their producers); False runs
     every node as the graph states, with the same results up to rounding.
+    ``branches`` lets a run with several threads compute independent branches
+    of the graph side by side, each on one thread (``runtime/branches.py``);
+    the results are the same either way.
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
                  num_threads: int | None = None,
-                 registry: KernelTuningRegistry | None = None, fuse: bool = True) -> None:
+                 registry: KernelTuningRegistry | None = None, fuse: bool = True,
+                 branches: bool = True) -> None:
         started = time.perf_counter()
         model = _load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
-        if not isinstance(fuse, bool):
-            raise TypeError(f"fuse must be True or False, got {type(fuse).__name__}")
+        for name, flag in (("fuse", fuse), ("branches", branches)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
         skeleton = _skeleton(model)
         try:  # full_check adds strict type inference: Add(float, int64) is rejected here
             onnx.checker.check_model(skeleton, full_check=True)
@@ -296,11 +322,11 @@ class RuntimeSession:
         self._inputs = [info for info in graph.input]
         self._outputs = [info for info in graph.output]
         self._kernels = kernels
-        self._build_plan(graph, kernels, types, fuse)
+        self._build_plan(graph, kernels, types, fuse, branches)
         self.construction_seconds = time.perf_counter() - started
 
     def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel],
-                    types: Mapping[str, onnx.TypeProto], fuse: bool) -> None:
+                    types: Mapping[str, onnx.TypeProto], fuse: bool, branches: bool) -> None:
         slots: dict[str, int] = {}
 
         def slot(name: str) -> int:
@@ -352,14 +378,14 @@ class RuntimeSession:
         fold_sources = set().union(*(depends[s] for s in folded))
         num_slots = len(slots)
         unfused = len(steps)
+        shapes = {slots[name]: shape for name, value_type in types.items()
+                  if name in slots and (shape := _shape(value_type)) is not None}
         if fuse:
             def add_constant(array: np.ndarray) -> int:
                 nonlocal num_slots
                 num_slots += 1
                 return num_slots - 1
 
-            shapes = {slots[name]: shape for name, value_type in types.items()
-                      if name in slots and (shape := _shape(value_type)) is not None}
             fusion = fuse_steps(steps, known, set(self._output_slots.values()), shapes, add_constant)
             steps = fusion.steps
             folded.update(fusion.constants)
@@ -371,10 +397,44 @@ class RuntimeSession:
                   inputs, outputs) for kernel, inputs, outputs in steps]
         self._plan = _plan(steps, set(constants) | set(folded) | set(self._output_slots.values()))
         self._plan_unfolded = _plan(every_step, set(constants) | set(self._output_slots.values()))
+        if branches and self.num_threads > 1:
+            self._plan = group_branches(self._plan, _work(steps, known, shapes), self.num_threads)
+            self._plan_unfolded = group_branches(self._plan_unfolded,
+                                                 _work(every_step, constants, shapes),
+                                                 self.num_threads)
+        self.branch_groups = sum(type(item) is Branches for item in self._plan)
         self._fold_sources = frozenset(fold_sources)
         self._constants = constants
         self._folded = folded
         self._num_slots = num_slots
+
+    def _execute(self, plan: Sequence[Any], values: list[Any]) -> None:
+        """Run ``plan``'s steps in order, each writing its outputs into ``values`` and freeing
+        the values it reads last; a :class:`Branches` item runs its branches on the pool."""
+        for step in plan:
+            if type(step) is Branches:
+                step.run(functools.partial(self._execute_branch, values=values), self._pool)
+                for s in step.release:
+                    values[s] = None
+                continue
+            arguments = [None if s is None else values[s] for s in step.inputs]
+            try:
+                results = step.run(*arguments)
+            except KernelError:
+                raise
+            except Exception as exc:
+                raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
+            for s, result in zip(step.outputs, results, strict=False):
+                if s is not None:
+                    values[s] = result
+            for s in step.release:
+                values[s] = None
+
+    def _execute_branch(self, steps: Sequence[Any], values: list[Any]) -> None:
+        """One branch, on whichever pool thread took it; numpy's error state is per thread,
+        so the branch sets it there too (its kernels then skip their own)."""
+        with quiet():
+            self._execute(steps, values)
 
     def get_inputs(self) -> list[NodeArg]:
         """The graph inputs a caller feeds (initializers excluded)."""
@@ -451,19 +511,7 @@ class RuntimeSession:
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1), quiet():
-            for step in plan:
-                arguments = [None if s is None else values[s] for s in step.inputs]
-                try:
-                    results = step.run(*arguments)
-                except KernelError:
-                    raise
-                except Exception as exc:
-                    raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
-                for s, result in zip(step.outputs, results, strict=False):
-                    if s is not None:
-                        values[s] = result
-                for s in step.release:
-                    values[s] = None
+            self._execute(plan, values)
         # Outputs that are constants are shared, read-only arrays: give callers copies.
         return [values[s].copy() if not values[s].flags.writeable else values[s]
                 for s in (self._output_slots[n] for n in names)]
