@@ -219,6 +219,58 @@ def test_parallel_plans(pools):
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "blas") == "blas"
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape", "attributes"), [
+    ((1, 8, 7, 7), (5, 8, 1, 1), {}),
+    ((2, 8, 7, 5), (6, 4, 1, 1), {"group": 2}),
+    ((1, 6, 3, 3), (40, 6, 1, 1), {}),  # more filters than positions: the filters split
+])
+def test_a_prologue_gives_what_the_mapped_input_gives(pools, x_shape, w_shape, attributes):
+    """Every configuration with a prologue (per-channel affine + Relu on the input) gives what
+    the same configuration gives on the mapped input: within the bound (per_filter's 1-row
+    products round by the input's layout, which the prologue makes contiguous), bit for bit
+    with the portable values."""
+    rng = np.random.default_rng(5)
+    x, w, b = _inputs(x_shape, w_shape, np.float32, rng)
+    channels = x_shape[1]
+    multiplier, offset = rng.uniform(-2, 2, channels), rng.uniform(-1, 1, channels)
+
+    def relu(a):
+        np.maximum(a, 0, out=a)
+
+    prologue = conv.Prologue(multiplier, offset, relu)
+    shape = (1, channels) + (1,) * (len(x_shape) - 2)
+    mapped = x * multiplier.astype(np.float32).reshape(shape) + offset.astype(np.float32).reshape(shape)
+    relu(mapped)
+    np.testing.assert_array_equal(prologue.whole(x), mapped)
+    assert _kernel(attributes).accepts_prologue(w_shape)
+    bound = conv.error_bound(mapped, w, b, group=attributes.get("group", 1))
+    for values in _configurations():
+        for threads in (1, 2):
+            plain = _kernel(attributes, values=values, pool=pools[threads])
+            fused = _kernel(attributes, values=values, pool=pools[threads])
+            fused.prologue = prologue
+            _assert_within(fused.run(x, w, b)[0], plain.run(mapped, w, b)[0], bound)
+    for threads in (1, 2):
+        fused = _kernel(attributes, pool=pools[threads])
+        fused.prologue = prologue
+        np.testing.assert_array_equal(fused.run(x, w, b)[0],
+                                      _kernel(attributes, pool=pools[threads]).run(mapped, w, b)[0])
+    # a scalar parameter broadcasts over the channels
+    scalar = conv.Prologue(np.array([2.0]), np.array([-0.5]), None)
+    fused = _kernel(attributes, pool=pools[2])
+    fused.prologue = scalar
+    np.testing.assert_array_equal(fused.run(x, w, b)[0], _kernel(attributes, pool=pools[2]).run(
+        x * np.float32(2.0) + np.float32(-0.5), w, b)[0])
+
+
+def test_only_1x1_unit_stride_unpadded_convolutions_accept_a_prologue():
+    assert _kernel({}).accepts_prologue((4, 8, 1, 1))
+    assert _kernel({"auto_pad": "SAME_UPPER"}).accepts_prologue((4, 8, 1, 1))
+    assert not _kernel({}).accepts_prologue((4, 8, 3, 3))
+    assert not _kernel({"strides": [2, 2]}).accepts_prologue((4, 8, 1, 1))
+    assert not _kernel({"pads": [0, 0, 1, 1]}).accepts_prologue((4, 8, 1, 1))
+
+
 def _equal_filters(filters=200, kernel_size=1):
     rng = np.random.default_rng(8)
     x = (rng.uniform(0, 1e6, (1, 96, 6, 6))).astype(np.float32)

@@ -93,6 +93,42 @@ def test_affine_chain_without_conv_is_one_channel_affine_step():
     assert isinstance(kernel, ChannelAffine) and kernel.epilogue is not None
 
 
+def _pre_activation(kernel=1, output="y", pads=(0, 0, 0, 0), weights_constant=True):
+    """DenseNet's pre-activation: BatchNormalization and Relu, then a convolution."""
+    init = [*_bn_params("bn", 4)]
+    w = _tensor("w", [C, 4, kernel, kernel])
+    nodes = [helper.make_node("BatchNormalization", ["x", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("Conv", ["r", "w"], ["y"], pads=list(pads))]
+    model = _model(nodes, [*init, w] if weights_constant else init, output=output)
+    if not weights_constant:
+        model.graph.input.append(helper.make_tensor_value_info("w", F, list(w.dims)))
+    return model, ({"x": _x()} if weights_constant else {"x": _x(), "w": numpy_helper.to_array(w)})
+
+
+def test_a_pre_activation_runs_inside_the_following_1x1_conv():
+    model, feeds = _pre_activation()
+    session = _check(model, feeds, steps=1, fused=2)
+    conv = session._plan[0].run.__self__
+    assert conv.ctx.op_type == "Conv" and conv.prologue is not None
+    assert conv.prologue.activation is not None
+    # the unfused plan keeps the original kernel, without a prologue
+    assert all(getattr(step.run.__self__, "prologue", None) is None
+               for step in session._plan_unfolded)
+
+
+@pytest.mark.parametrize("case", ["3x3", "relu returned", "weights fed"])
+def test_a_pre_activation_stays_a_step_where_the_conv_cannot_take_it(case):
+    model, feeds = {
+        "3x3": lambda: _pre_activation(kernel=3, pads=(1, 1, 1, 1)),
+        "relu returned": lambda: _pre_activation(output="y,r"),
+        "weights fed": lambda: _pre_activation(weights_constant=False),
+    }[case]()
+    session = _check(model, feeds, steps=2, fused=1)  # Relu still runs inside the affine step
+    assert isinstance(session._plan[0].run.__self__, ChannelAffine)
+    assert session._plan[1].run.__self__.prologue is None
+
+
 @pytest.mark.parametrize("constant_shape", [(1, 1, H, W), (H, W), (2, 1, 1, 1)])
 def test_constants_that_vary_along_other_axes_are_not_affine(constant_shape):
     nodes = [helper.make_node("Mul", ["x", "k"], ["y"])]

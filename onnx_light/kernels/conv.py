@@ -484,6 +484,35 @@ class _Problem:
 
 
 @dataclass(frozen=True)
+class Prologue:
+    """``x * multiplier + offset`` per input channel, then an in-place activation, applied to
+    the input as a 1x1 convolution reads it: the runtime fuses a pre-activation (DenseNet's
+    BatchNormalization and Relu before each 1x1 convolution) into the convolution, so that it
+    runs on each thread's block while the block is in cache. Same operations, in the same
+    order and type, as the ``ChannelAffine`` step it replaces: the same mapped values."""
+
+    multiplier: np.ndarray  # (C,) or (1,), float64
+    offset: np.ndarray
+    activation: Callable[[np.ndarray], None] | None
+
+    def apply(self, x: np.ndarray, c0: int, c1: int) -> np.ndarray:
+        """A new array: channels c0:c1 of the input (axis -2 of ``x``) mapped."""
+        shape = (-1, 1)
+        multiplier = self.multiplier if self.multiplier.size == 1 else self.multiplier[c0:c1]
+        offset = self.offset if self.offset.size == 1 else self.offset[c0:c1]
+        out = np.multiply(x, multiplier.astype(x.dtype).reshape(shape))
+        np.add(out, offset.astype(x.dtype).reshape(shape), out=out)
+        if self.activation is not None:
+            self.activation(out)
+        return out
+
+    def whole(self, x: np.ndarray) -> np.ndarray:
+        """The whole input (N, C, ...) mapped."""
+        channels = x.reshape(x.shape[0], x.shape[1], -1)
+        return self.apply(channels, 0, x.shape[1]).reshape(x.shape)
+
+
+@dataclass(frozen=True)
 class _DistinctFilters:
     """What :meth:`ConvKernel.specialize` found: the constant weights, their distinct filters,
     per filter the index of its distinct one, and the kernel that multiplies the distinct ones."""
@@ -520,6 +549,15 @@ class ConvKernel(Kernel):
         self._distinct: _DistinctFilters | None = None  # set by specialize
         # (constant weights, their Winograd transform), set by specialize
         self._winograd: tuple[np.ndarray, np.ndarray] | None = None
+        self.prologue: Prologue | None = None  # set by the runtime's fusion
+
+    def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
+        """Whether a :class:`Prologue` can run inside this convolution with weights of this
+        shape: 1x1, stride 1, no padding (what ``direct_1x1`` computes)."""
+        attributes = self.attributes
+        return (len(w_shape) >= 3 and all(k == 1 for k in w_shape[2:])
+                and all(s == 1 for s in attributes.strides or (1,))
+                and not any(attributes.pads or (0,)))
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
         """With constant weights: a kernel that computes each distinct filter once when
@@ -682,9 +720,16 @@ class ConvKernel(Kernel):
         xc = np.ascontiguousarray(x, dtype=compute)
         wc = np.ascontiguousarray(w, dtype=compute)
         bc = None if b is None else b.astype(compute, copy=False)
+        prologue = self.prologue
+        if prologue is not None and (problem.algorithm not in ("direct_1x1", "per_filter")
+                                     or problem.plan == "filters"):
+            xc, prologue = prologue.whole(xc), None  # every thread would need all of it
         if problem.algorithm == "winograd" and transformed:
             algorithm: _Algorithm = _Winograd(problem, xc, wc, bc, out, self.config.block_bytes,
                                               self.epilogue, filters=self._winograd[1])
+        elif prologue is not None:
+            algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
+                                                       self.epilogue, prologue=prologue)
         else:
             algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                        self.epilogue)
@@ -1025,22 +1070,33 @@ class _Shifted(_Columns):
 
 
 class _Pointwise(_Algorithm):
-    """1x1, stride 1, no padding: the weights times the input rows themselves, no buffer."""
+    """1x1, stride 1, no padding: the weights times the input rows themselves, no buffer (a
+    prologue maps each block of input rows into a new one first)."""
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
-                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+                 epilogue: Callable[[np.ndarray], None] | None = None,
+                 prologue: Prologue | None = None) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        self.prologue = prologue
         window = self.window
         self.row_size = math.prod(window.output[1:])
         self.inputs = x.reshape(problem.batch, problem.groups, self.cg, window.output[0], self.row_size)
         self.outputs = out.reshape(problem.batch, problem.groups, self.mg, window.output[0], self.row_size)
 
+    def source(self, n: int, g0: int, g1: int, r0: int, r1: int) -> np.ndarray:
+        """The input of groups g0:g1, rows r0:r1 as (count, C/group, rows * row size)."""
+        count, width = g1 - g0, (r1 - r0) * self.row_size
+        source = self.inputs[n, g0:g1, :, r0:r1].reshape(count, self.cg, width)
+        if self.prologue is None:
+            return source
+        mapped = self.prologue.apply(source.reshape(count * self.cg, width), g0 * self.cg, g1 * self.cg)
+        return mapped.reshape(source.shape)
+
     def product(self, n: int, g0: int, g1: int, lo: int, hi: int, r0: int, r1: int) -> None:
         count, width = g1 - g0, (r1 - r0) * self.row_size
         target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, width)
-        source = self.inputs[n, g0:g1, :, r0:r1].reshape(count, self.cg, width)
-        np.matmul(self.weights[g0:g1, lo:hi], source, out=target)
+        np.matmul(self.weights[g0:g1, lo:hi], self.source(n, g0, g1, r0, r1), out=target)
         bias = self.bias_of(g0, g1, lo, hi, 1)
         if bias is not None:
             target += bias
@@ -1071,7 +1127,7 @@ class _PerFilter(_Pointwise):
     def product(self, n: int, g0: int, g1: int, lo: int, hi: int, r0: int, r1: int) -> None:
         count, width = g1 - g0, (r1 - r0) * self.row_size
         target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, 1, width)
-        source = self.inputs[n, g0:g1, :, r0:r1].reshape(count, 1, self.cg, width)
+        source = self.source(n, g0, g1, r0, r1).reshape(count, 1, self.cg, width)
         np.matmul(self.weights[g0:g1, lo:hi, None, :], source, out=target)
         bias = self.bias_of(g0, g1, lo, hi, 2)
         if bias is not None:

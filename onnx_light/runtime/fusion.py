@@ -14,6 +14,11 @@ Runs after constant folding, over the steps left to run, in graph order:
    ``ElementwiseOp.in_place``) whose input is read by it alone is applied to every block of
    its producer's output while the block is in cache, if the producer accepts an epilogue
    (Conv, BatchNormalization, ChannelAffine, the elementwise ops).
+3. **Pre-activations.** A ``ChannelAffine`` step (with its activation) whose output only a
+   1x1 convolution with constant weights reads becomes that convolution's
+   :class:`~onnx_light.kernels.conv.Prologue`: DenseNet's BatchNormalization + Relu before
+   each 1x1 convolution then runs on each thread's block of the input as the product reads
+   it, instead of as a serial pass over the whole input.
 
 Only float and double tensors are fused. A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
@@ -34,7 +39,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel
-from ..kernels.conv import ConvKernel
+from ..kernels.conv import ConvKernel, Prologue
 from ..kernels.elementwise import ElementwiseKernel
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 
@@ -123,6 +128,16 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
             replacement.configure(None, kernel.pool)
             sources.update(affine.constants)
             kernel, inputs = replacement, (affine.x,)
+        elif isinstance(kernel, ConvKernel) and len(inputs) > 1 and inputs[0] is not None:
+            index = private(inputs[0])
+            previous = result[index][0] if index is not None else None
+            w = known.get(inputs[1])
+            if (isinstance(previous, ChannelAffine) and kernel.prologue is None
+                    and w is not None and kernel.accepts_prologue(w.shape)):
+                kernel = copy.copy(kernel)
+                kernel.prologue = Prologue(previous.multiplier, previous.offset, previous.epilogue)
+                inputs = (result[index][1][0], *inputs[1:])
+                result[index] = None  # the affine step runs inside the convolution now
         elif isinstance(kernel, ElementwiseKernel) and len(inputs) == 1 and inputs[0] is not None:
             index = private(inputs[0])
             if index is not None:
@@ -140,7 +155,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         for s in outputs:
             if s is not None:
                 producer[s] = len(result) - 1
-    steps_out: list[Step] = [(k, i, o) for k, i, o in result]
+    steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
     return FusionResult(steps_out, added, sources)
 
 
