@@ -353,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
             medians = dict(zip(labels, (statistics.median(s) for s in samples), strict=True))
             difference = float(np.max(np.abs(sessions["calibrated"][1].astype(np.float64) - ort_output)))
             rows.append((name, construction, first, medians, difference))
-            if args.profile:
+            if args.profile:  # cProfile sees the calling thread only: no branches on others
                 op_types = {node.op_type for node in model.graph.node}
-                profiles[name] = profile(sessions["calibrated"][0], feeds, op_types)
+                plain = RuntimeSession(serialized, num_threads=args.threads, branches=False)
+                profiles[name] = profile(plain, feeds, op_types)
             del sessions, ort_session, functions
 
     header = ["model", "construction (ms)", "first run (ms)", "first / median",
@@ -378,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     onnxruntime_construction = ", ".join(f"{name} {_ms(c['onnxruntime'])}" for name, c, *_ in rows)
     print(f"onnxruntime construction (ms): {onnxruntime_construction}\n")
     for name, rows_ in profiles.items():
-        print(f"profile of one calibrated run of {name} (cProfile, cumulative ms per kernel class):\n")
+        print(f"profile of one calibrated run of {name} without branches (cProfile, cumulative "
+              "ms per kernel class):\n")
         for label, seconds, calls in rows_[:12]:
             print(f"- {label}: {seconds * 1e3:.1f} ms ({calls} call(s))")
         print()

@@ -118,6 +118,19 @@ def test_light_model_with_random_weights_matches_onnxruntime(name):
     assert difference <= 1e-4 * scale, f"logits differ by {difference:.3g} (largest {scale:.3g})"
 
 
+@pytest.mark.parametrize(("name", "groups"), [("inception_v1", 6), ("inception_v2", 8),
+                                             ("resnet50", 0), ("densenet121", 0)])
+def test_inception_modules_run_as_branches_with_the_same_results(name, groups):
+    model = _with_random_weights(name)
+    input_name, x = _input(model)
+    session = RuntimeSession(model, num_threads=THREADS)
+    assert session.branch_groups == groups
+    plain = RuntimeSession(model, num_threads=THREADS, branches=False)
+    for got, expected in zip(session.run(None, {input_name: x}), plain.run(None, {input_name: x}),
+                             strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_cli_runs_each_light_model(name, capsys):
     status = cli.main(["run", _path(name), "--threads", str(THREADS), "--repeat", "1"])
