@@ -198,6 +198,19 @@ def test_a_session_runs_the_branches_side_by_side_with_the_same_results():
         np.testing.assert_array_equal(session.run(None, {"x": x})[0], got)
 
 
+def test_a_node_that_leaves_an_optional_output_out_still_has_a_known_work():
+    # Dropout's mask output named "": the branch's work is still known, so it is grouped
+    extra = [helper.make_node("Dropout", ["a"], ["a_kept", ""], name="dropout")]
+    model = _inception(extra_nodes=extra)
+    model.graph.node[-1].input[0] = "a_kept"
+    session = RuntimeSession(model, num_threads=2)
+    assert session.branch_groups == 1
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0],
+                                  RuntimeSession(model, num_threads=2, branches=False).run(
+                                      None, {"x": x})[0])
+
+
 def test_two_threads_running_one_session_both_get_their_results():
     """One thread's run holds the pool; the other's finds it busy and runs its branches
     inline, one after the other."""

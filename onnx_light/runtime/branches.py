@@ -33,8 +33,8 @@ __all__ = ["BRANCH_SPEEDUP", "Branches", "group_branches"]
 
 # Branches run side by side only where that takes at most 1 / BRANCH_SPEEDUP of their serial
 # time: the speedup splitting each convolution across two threads gave on the light models
-# here (1.0-1.6x; docs/real-models.md). ResNet-50's projection shortcuts (one branch 0.78 of
-# the work) stay serial under it; Inception's modules (0.57-0.7) run as branches.
+# here (1.0-1.6x; docs/real-models.md). ResNet-50's projection blocks (the main branch 0.78
+# of the work) and three of Inception v1's nine modules (0.71-0.79) stay serial under it.
 BRANCH_SPEEDUP = 1.5
 
 
@@ -75,12 +75,13 @@ def _balanced(work: list[int], threads: int, speedup: float) -> bool:
     return max(loads) * speedup <= sum(work)
 
 
-def _as_branches(segment: list[tuple[Any, int]], work: Sequence[int | None],
+def _as_branches(segment: list[tuple[Any, tuple[int, int]]], work: Sequence[int | None],
                  threads: int, speedup: float) -> list[Any]:
-    """One segment's items: a Branches when it pays, else its steps in plan order."""
+    """One segment's items (``(step, (index in the plan, branch))`` pairs): a Branches when it
+    pays, else its steps in plan order."""
     members: dict[int, list[tuple[Any, int]]] = {}
-    for step, (index, component) in segment:
-        members.setdefault(component, []).append((step, index))
+    for step, (index, branch) in segment:
+        members.setdefault(branch, []).append((step, index))
     groups = list(members.values())
     if len(groups) < 2 or any(work[index] is None for _, (index, _) in segment):
         return [step for step, _ in segment]

@@ -127,7 +127,8 @@ def _work(steps: Sequence[tuple[Kernel, tuple[int | None, ...], tuple[int | None
           known: Mapping[int, np.ndarray], shapes: Mapping[int, list[int | str | None]]
           ) -> list[int | None]:
     """Each step's work estimate (``Kernel.work``) from the shapes known at construction:
-    the constants' and the inferred ones (None where a dimension is symbolic)."""
+    the constants' and the inferred ones (None where a dimension is symbolic; outputs the
+    node leaves out are not passed)."""
     def shape(s: int | None) -> tuple[int, ...] | None:
         if s is None:
             return None
@@ -138,7 +139,7 @@ def _work(steps: Sequence[tuple[Kernel, tuple[int | None, ...], tuple[int | None
             return None
         return tuple(dims)
 
-    return [kernel.work([shape(s) for s in inputs], [shape(s) for s in outputs])
+    return [kernel.work([shape(s) for s in inputs], [shape(s) for s in outputs if s is not None])
             for kernel, inputs, outputs in steps]
 
 
