@@ -321,6 +321,48 @@ def test_constant_equal_filters_are_computed_once(pools, kernel_size):
     assert _kernel(attributes).specialize([None, distinct, None]) is None
 
 
+@pytest.mark.parametrize(("x_shape", "w_shape", "attributes"),
+                         [CASES[0], CASES[1], CASES[2], CASES[4], CASES[13], CASES[16]],
+                         ids=[CASE_IDS[i] for i in (0, 1, 2, 4, 13, 16)])
+def test_a_residual_is_added_to_every_block_before_the_epilogue(pools, x_shape, w_shape, attributes):
+    """Every configuration with a residual input gives exactly the convolution plus the
+    residual, then the activation: the same one addition per element, block by block."""
+    rng = np.random.default_rng(6)
+    x, w, b = _inputs(x_shape, w_shape, np.float32, rng)
+
+    def relu(a):
+        np.maximum(a, 0, out=a)
+
+    shape = _kernel(attributes, pool=pools[1]).run(x, w, b)[0].shape
+    residual = rng.uniform(-1, 1, shape).astype(np.float32)
+    winograd_too = [{**values, conv.ALGORITHM: "winograd"} for values in _configurations()[:4]]
+    for values in _configurations() + winograd_too:
+        for threads in (1, 2):
+            plain = _kernel(attributes, values=values, pool=pools[threads])
+            expected = plain.run(x, w, b)[0] + residual
+            relu(expected)
+            fused = _kernel(attributes, values=values, pool=pools[threads])
+            fused.residual, fused.epilogue = True, relu
+            np.testing.assert_array_equal(fused.run(x, w, b, residual)[0], expected)
+
+
+def test_a_residual_with_equal_filters_and_its_errors(pools):
+    x, w = _equal_filters(filters=8)
+    b = np.linspace(-1, 1, 8).astype(np.float32)
+    kernel = _kernel({}, pool=pools[2])
+    kernel.residual = True
+    special = kernel.specialize([None, w, b])
+    assert special is not None and special._distinct is not None
+    residual = np.random.default_rng(2).uniform(-1, 1, (1, 8, 6, 6)).astype(np.float32)
+    plain = _kernel({}, pool=pools[2]).specialize([None, w, b])
+    np.testing.assert_array_equal(special.run(x, w, b, residual)[0],
+                                  plain.run(x, w, b)[0] + residual)
+    with pytest.raises(KernelError, match="needs the residual input"):
+        kernel.run(x, w, b)
+    with pytest.raises(KernelError, match=r"residual must have the output's shape \[1, 8, 6, 6\]"):
+        kernel.run(x, w, b, residual[:, :4])
+
+
 def test_blas_threads_never_exceed_the_pool(pools, monkeypatch):
     requested = []
     original = conv.BLAS.limit

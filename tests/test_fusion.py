@@ -129,6 +129,46 @@ def test_a_pre_activation_stays_a_step_where_the_conv_cannot_take_it(case):
     assert session._plan[1].run.__self__.prologue is None
 
 
+def test_a_residual_addition_and_its_relu_run_inside_the_conv():
+    init = [_tensor("w", [4, 4, 3, 3]), _tensor("cb", [4])]
+    nodes = [helper.make_node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]),  # the shortcut: the block's input
+             helper.make_node("Relu", ["s"], ["y"])]
+    session = _check(_model(nodes, init), {"x": _x()}, steps=1, fused=2)
+    conv = session._plan[0].run.__self__
+    assert conv.residual and conv.epilogue is not None
+    assert session._plan[0].inputs[3] == session._feed_slots["x"]
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_a_projection_shortcut_fuses_into_the_conv_that_runs_last(order):
+    # ResNet's first block of a stage: main path and projection, summed; the projection is
+    # computed after the main path, so the sum can only run inside it
+    init = [_tensor("w1", [4, 4, 3, 3]), _tensor("w2", [4, 4, 1, 1])]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="main"),
+             helper.make_node("Conv", ["x", "w2"], ["b"], name="projection"),
+             helper.make_node("Sum", list(order), ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    session = _check(_model(nodes, init), {"x": _x()}, steps=2, fused=2)
+    last = session._plan[1].run.__self__
+    assert last.ctx.name == "projection" and last.residual
+
+
+@pytest.mark.parametrize("case", ["conv output returned", "broadcast operand"])
+def test_additions_that_cannot_run_inside_the_conv(case):
+    init = [_tensor("w", [4, 4, 3, 3])]
+    other = "x" if case == "conv output returned" else "z"
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", other], ["y"])]
+    model = _model(nodes, init, output="y,c" if case == "conv output returned" else "y")
+    feeds = {"x": _x()}
+    if case == "broadcast operand":
+        model.graph.input.append(helper.make_tensor_value_info("z", F, [1, 4, 1, W]))
+        feeds["z"] = _x((1, 4, 1, W))
+    session = _check(model, feeds, steps=2, fused=0)
+    assert not session._plan[0].run.__self__.residual
+
+
 @pytest.mark.parametrize("constant_shape", [(1, 1, H, W), (H, W), (2, 1, 1, 1)])
 def test_constants_that_vary_along_other_axes_are_not_affine(constant_shape):
     nodes = [helper.make_node("Mul", ["x", "k"], ["y"])]

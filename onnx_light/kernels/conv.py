@@ -133,7 +133,9 @@ kernel is built and configured; ``run`` derives the geometry and the plan from t
 shapes (a few microseconds) and keeps nothing. Constant weights reach the kernel once, at
 session construction, through :meth:`ConvKernel.specialize` (equal filters, above, or the
 winograd transform of the filters); a runtime may also set ``epilogue`` (a fused
-activation, applied to each finished block).
+activation, applied to each finished block), ``prologue`` (a per-channel map of the input of
+a 1x1 convolution, :class:`Prologue`) and ``residual`` (a fourth input, added to each
+finished block before the epilogue: ResNet's shortcut).
 """
 
 from __future__ import annotations
@@ -550,6 +552,7 @@ class ConvKernel(Kernel):
         # (constant weights, their Winograd transform), set by specialize
         self._winograd: tuple[np.ndarray, np.ndarray] | None = None
         self.prologue: Prologue | None = None  # set by the runtime's fusion
+        self.residual = False  # set by the runtime's fusion: a fourth input to add
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -602,7 +605,7 @@ class ConvKernel(Kernel):
         if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
             return None  # all distinct, or two distinct filters share a sum: keep it simple
         plain = copy.copy(self)  # the product of the distinct filters: no bias, no epilogue
-        plain.epilogue = None
+        plain.epilogue, plain.residual = None, False
         kernel = copy.copy(self)
         kernel._distinct = _DistinctFilters(w, np.ascontiguousarray(w[first_of]), inverse.reshape(-1),
                                             plain)
@@ -697,8 +700,11 @@ class ConvKernel(Kernel):
             raise self.ctx.error("needs inputs X and W")
         x, w = inputs[0], inputs[1]
         b = inputs[2] if len(inputs) > 2 else None
+        residual = inputs[3] if self.residual and len(inputs) > 3 else None
+        if self.residual and residual is None:
+            raise self.ctx.error("needs the residual input (the fused addition's other operand)")
         if self._distinct is not None and w is self._distinct.weights:
-            return self._run_distinct(x, b)
+            return self._run_distinct(x, b, residual)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
             raise self.ctx.error(f"X, W and B must have the same type, got "
                                  f"{[a.dtype for a in (x, w, b) if a is not None]}")
@@ -710,12 +716,13 @@ class ConvKernel(Kernel):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)
         out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
+        finish = self._finisher(out, residual)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
         if problem.depth == 0:
             out[...] = 0 if b is None else b.astype(compute).reshape((-1,) + (1,) * len(problem.window.input))
-            if self.epilogue is not None:
-                self.epilogue(out)
+            if finish is not None:
+                finish(out)
             return (out.astype(x.dtype, copy=False),)
         xc = np.ascontiguousarray(x, dtype=compute)
         wc = np.ascontiguousarray(w, dtype=compute)
@@ -726,18 +733,19 @@ class ConvKernel(Kernel):
             xc, prologue = prologue.whole(xc), None  # every thread would need all of it
         if problem.algorithm == "winograd" and transformed:
             algorithm: _Algorithm = _Winograd(problem, xc, wc, bc, out, self.config.block_bytes,
-                                              self.epilogue, filters=self._winograd[1])
+                                              finish, filters=self._winograd[1])
         elif prologue is not None:
             algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
-                                                       self.epilogue, prologue=prologue)
+                                                       finish, prologue=prologue)
         else:
             algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
-                                                       self.epilogue)
+                                                       finish)
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
 
-    def _run_distinct(self, x: np.ndarray, b: np.ndarray | None) -> Sequence[np.ndarray]:
+    def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
+                      residual: np.ndarray | None) -> Sequence[np.ndarray]:
         """Each distinct filter once, then its channel copied to every filter equal to it."""
         inverse = self._distinct.inverse
         if b is not None and (b.shape != inverse.shape or b.dtype != x.dtype):
@@ -747,9 +755,33 @@ class ConvKernel(Kernel):
         out = np.take(channels, inverse, axis=1)
         if b is not None:
             out += b.reshape((-1,) + (1,) * (out.ndim - 2))
-        if self.epilogue is not None:
-            self.epilogue(out)
+        finish = self._finisher(out, residual)
+        if finish is not None:
+            finish(out)
         return (out,)
+
+    def _finisher(self, out: np.ndarray, residual: np.ndarray | None
+                  ) -> Callable[[np.ndarray], None] | None:
+        """What each finished block of ``out`` gets: the residual's same elements added (a
+        block is a view into ``out``; the residual, laid out like ``out``, is read through a
+        view with the block's offset and strides), then the epilogue."""
+        epilogue = self.epilogue
+        if residual is None:
+            return epilogue
+        if residual.shape != out.shape or residual.dtype != out.dtype:
+            raise self.ctx.error(f"the residual must have the output's shape {list(out.shape)} "
+                                 f"and type {out.dtype}, got {list(residual.shape)} {residual.dtype}")
+        flat = np.ascontiguousarray(residual).reshape(-1)
+        start, item = out.__array_interface__["data"][0], out.itemsize
+
+        def finish(block: np.ndarray) -> None:
+            offset = (block.__array_interface__["data"][0] - start) // item
+            np.add(block, as_strided(flat[offset:], block.shape, block.strides, writeable=False),
+                   out=block)
+            if epilogue is not None:
+                epilogue(block)
+
+        return finish
 
 
 def _plan(split: str, problem: _Problem, threads: int) -> str:

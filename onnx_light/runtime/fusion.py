@@ -19,6 +19,11 @@ Runs after constant folding, over the steps left to run, in graph order:
    :class:`~onnx_light.kernels.conv.Prologue`: DenseNet's BatchNormalization + Relu before
    each 1x1 convolution then runs on each thread's block of the input as the product reads
    it, instead of as a serial pass over the whole input.
+4. **Residual additions.** An Add or Sum of two tensors of the same shape, one of them the
+   output of a Conv that nothing else reads and the other made before that Conv runs,
+   becomes the Conv's ``residual`` input: each finished block of the convolution gets the
+   other tensor's elements added while it is in cache (ResNet's shortcuts), and a following
+   activation then fuses as usual. The sum is the same (one rounding either way).
 
 Only float and double tensors are fused. A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
@@ -138,6 +143,11 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 kernel.prologue = Prologue(previous.multiplier, previous.offset, previous.epilogue)
                 inputs = (result[index][1][0], *inputs[1:])
                 result[index] = None  # the affine step runs inside the convolution now
+        elif (isinstance(kernel, ElementwiseKernel) and kernel.ctx.op_type in ("Add", "Sum")
+              and (fused := _residual(inputs, outputs, private, producer, result, shapes)) is not None):
+            index, conv, conv_inputs = fused
+            absorb(index, conv, conv_inputs, outputs)
+            continue
         elif isinstance(kernel, ElementwiseKernel) and len(inputs) == 1 and inputs[0] is not None:
             index = private(inputs[0])
             if index is not None:
@@ -157,6 +167,33 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 producer[s] = len(result) - 1
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
     return FusionResult(steps_out, added, sources)
+
+
+def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None],
+              producer: Mapping[int, int], result: list[list],
+              shapes: Mapping[int, Sequence[int | str | None]]) -> tuple[int, Kernel, Slots] | None:
+    """For ``a + b`` (same static shapes, float types): the result index of the Conv that
+    makes one operand and reads nothing else into an epilogue, a copy of it that adds the
+    other operand as its residual, and its new inputs; or None."""
+    if len(inputs) != 2 or None in inputs or len(outputs) != 1 or inputs[0] == inputs[1]:
+        return None
+    shape = shapes.get(outputs[0])
+    if (shape is None or not all(isinstance(d, int) for d in shape)
+            or any(shapes.get(s) != shape for s in inputs)):
+        return None
+    for mine, other in (inputs, inputs[::-1]):
+        index = private(mine)
+        conv = result[index][0] if index is not None else None
+        if (not isinstance(conv, ConvKernel) or conv.epilogue is not None or conv.residual
+                or not conv.ctx.output_types or conv.ctx.output_types[0] not in FUSED_TYPES
+                or producer.get(other, -1) > index):  # the other operand comes later
+            continue
+        fused = copy.copy(conv)  # the unfused plan keeps the original
+        fused.residual = True
+        conv_inputs = result[index][1]
+        bias = conv_inputs[2] if len(conv_inputs) > 2 else None
+        return index, fused, (conv_inputs[0], conv_inputs[1], bias, other)
+    return None
 
 
 def _affine(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
