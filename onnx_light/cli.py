@@ -227,6 +227,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"session construction {construction * 1e3:.2f} ms "
           f"(tuning resolution {session.tuning_resolution_seconds * 1e3:.2f} ms), "
           f"{session.num_threads} threads")
+    print(f"plan: {session.folded_nodes} node(s) folded into constants, {session.fused_nodes} "
+          f"fused into others, {session.branch_groups} group(s) of branches run side by side")
     later = times[1:] or times
     print(f"first run {times[0] * 1e3:.3f} ms, median of {len(later)} later run(s) "
           f"{statistics.median(later) * 1e3:.3f} ms")

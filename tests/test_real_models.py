@@ -23,6 +23,7 @@ changes no kernel's state.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -137,6 +138,8 @@ def test_cli_runs_each_light_model(name, capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "session construction" in out and "first run" in out
+    assert re.search(r"plan: \d+ node\(s\) folded into constants, \d+ fused into others, "
+                     r"\d+ group\(s\) of branches run side by side", out)
     first_output = out.splitlines()[0]
     assert "shape [1, 1000" in first_output or name == "densenet121", first_output
 
