@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light.kernels.base import KernelError
+from onnx_light.kernels import KERNELS
+from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
 from onnx_light.runtime.branches import Branches, group_branches
@@ -148,6 +149,27 @@ def test_any_order_of_the_branches_respects_every_dependency_and_release(graph, 
     alive = _simulate(items, {0}, keep, random.Random(seed))
     # everything but the input and the output was freed, as the plain plan does
     assert alive == _simulate(steps, {0}, keep, random.Random(seed)) == keep
+
+
+def _built(op_type, attributes=None, inputs=2):
+    """A kernel built for a float node of ``op_type`` (opset 17)."""
+    ctx = NodeContext(op_type.lower(), op_type, "", 17, attributes or {}, (F,) * inputs, (F,),
+                      inputs, 1)
+    return KERNELS[op_type][max(v for v in KERNELS[op_type] if v <= 17)](ctx)
+
+
+def test_work_estimates_count_multiply_adds_for_products_and_elements_otherwise():
+    conv = _built("Conv", {"pads": [1, 1, 1, 1]}, 3)
+    assert conv.work([(1, 8, 12, 12), (16, 8, 3, 3), (16,)], [(1, 16, 12, 12)]) == 16 * 144 * 72
+    gemm = _built("Gemm", {"transA": 1}, 3)
+    assert gemm.work([(64, 10), (64, 32), (32,)], [(10, 32)]) == 10 * 32 * 64
+    assert _built("Gemm", {}, 3).work([(10, 64), (64, 32), None], [(10, 32)]) == 10 * 32 * 64
+    assert _built("MatMul").work([(4, 10, 64), (64, 32)], [(4, 10, 32)]) == 4 * 10 * 32 * 64
+    assert _built("Relu", inputs=1).work([(3, 5)], [(3, 5)]) == 15
+    # unknown shapes: no estimate
+    assert conv.work([(1, 8, 12, 12), None], [(1, 16, 12, 12)]) is None
+    assert _built("MatMul").work([None, (64, 32)], [(10, 32)]) is None
+    assert _built("Relu", inputs=1).work([(3, 5)], [None]) is None
 
 
 # ---------------------------------------------------------------- sessions

@@ -292,6 +292,15 @@ class _ProductKernel(Kernel):
         blocks = min(self.num_threads, size // self.minimum_rows)
         self.pool.parallel_for(size, block, max_blocks=blocks)
 
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        """Multiply-adds: the output's elements times the reduced length of A."""
+        written = super().work(input_shapes, output_shapes)
+        a = input_shapes[0] if input_shapes else None
+        if written is None or not a:
+            return None
+        return written * (a[0] if self.trans_a and len(a) == 2 else a[-1])
+
     def _split_batch(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
                      batch: tuple[int, ...], blas: bool) -> None:
         per_thread = blas and BLAS.per_thread
@@ -324,16 +333,6 @@ def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
             out[...] = result
     finally:
         BLAS.restore(previous)
-
-
-    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
-             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
-        """Multiply-adds: the output's elements times the reduced length of A."""
-        written = super().work(input_shapes, output_shapes)
-        a = input_shapes[0] if input_shapes else None
-        if written is None or not a:
-            return None
-        return written * (a[0] if self.trans_a and len(a) == 2 else a[-1])
 
 
 class GemmKernel(_ProductKernel):
