@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import elementwise
+from onnx_light.kernels.base import KernelError
 from onnx_light.kernels.normalization import ChannelAffine
 from onnx_light.runtime import RuntimeSession
 
@@ -127,6 +128,19 @@ def test_a_pre_activation_stays_a_step_where_the_conv_cannot_take_it(case):
     session = _check(model, feeds, steps=2, fused=1)  # Relu still runs inside the affine step
     assert isinstance(session._plan[0].run.__self__, ChannelAffine)
     assert session._plan[1].run.__self__.prologue is None
+
+
+def test_a_pre_activation_of_the_wrong_channel_count_keeps_its_clear_error():
+    init = [*_bn_params("bn", 3), _tensor("w", [C, 4, 1, 1])]  # 3 parameters, 4 channels
+    nodes = [helper.make_node("BatchNormalization", ["x", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"],
+                              name="bn"),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("Conv", ["r", "w"], ["y"])]
+    # a symbolic channel count: shape inference cannot tell 3 from 4 here
+    session = RuntimeSession(_model(nodes, init, x_shape=("n", "c", H, W)), num_threads=2)
+    assert all(getattr(step.run.__self__, "prologue", None) is None for step in session._plan)
+    with pytest.raises(KernelError, match=r"'bn'.*multiplier has 3 values, X has 4 channels"):
+        session.run(None, {"x": _x()})
 
 
 def test_a_residual_addition_and_its_relu_run_inside_the_conv():

@@ -138,7 +138,8 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
             previous = result[index][0] if index is not None else None
             w = known.get(inputs[1])
             if (isinstance(previous, ChannelAffine) and kernel.prologue is None
-                    and w is not None and kernel.accepts_prologue(w.shape)):
+                    and w is not None and kernel.accepts_prologue(w.shape)
+                    and {previous.multiplier.size, previous.offset.size} <= {1, w.shape[1] * kernel.group}):
                 kernel = copy.copy(kernel)
                 kernel.prologue = Prologue(previous.multiplier, previous.offset, previous.epilogue)
                 inputs = (result[index][1][0], *inputs[1:])
