@@ -218,6 +218,11 @@ def test_a_session_runs_the_branches_side_by_side_with_the_same_results():
                                rtol=1e-5, atol=1e-5)
     for _ in range(3):  # again, with the branches taken by other threads
         np.testing.assert_array_equal(session.run(None, {"x": x})[0], got)
+    for threads in (3, 4):  # more threads than this machine may have: the same values
+        wider = RuntimeSession(model, num_threads=threads)
+        assert wider.branch_groups == 1
+        np.testing.assert_array_equal(wider.run(None, {"x": x})[0], RuntimeSession(
+            model, num_threads=threads, branches=False).run(None, {"x": x})[0])
 
 
 def test_a_node_that_leaves_an_optional_output_out_still_has_a_known_work():
