@@ -238,6 +238,22 @@ def test_a_node_that_leaves_an_optional_output_out_still_has_a_known_work():
                                       None, {"x": x})[0])
 
 
+def test_a_run_that_overrides_a_default_takes_the_unfolded_plan_with_its_branches():
+    # IR < 4: initializers are graph inputs too, defaults a feed may override
+    model = _inception()
+    model.ir_version = 3
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, F, list(t.dims))
+                             for t in model.graph.initializer)
+    session = RuntimeSession(model, num_threads=2)
+    assert any(isinstance(item, Branches) for item in session._plan_unfolded)
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    w_a = RNG.uniform(-1, 1, (8, 8, 1, 1)).astype(np.float32)
+    for feeds in ({"x": x}, {"x": x, "w_a": w_a}):
+        np.testing.assert_allclose(session.run(None, feeds)[0],
+                                   ReferenceEvaluator(model).run(None, feeds)[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_two_threads_running_one_session_both_get_their_results():
     """One thread's run holds the pool; the other's finds it busy and runs its branches
     inline, one after the other."""
