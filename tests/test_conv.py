@@ -180,7 +180,9 @@ def test_auto_choices():
     assert choice((1, 8, 5, 5), (100, 8, 1, 1), {}) == "direct_1x1"  # per_filter: only if forced
     assert choice((1, 8, 5, 5), (100, 4, 1, 1), {"group": 2}) == "direct_1x1"
     assert choice((1, 8, 7, 7), (4, 8, 1, 1), {"strides": [2, 2]}) == "im2col"
-    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col"
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col_wide"
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1],
+                                               "strides": [2, 2]}) == "im2col"
     assert choice((1, 8, 28, 28), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col_wide"
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, {conv.ALGORITHM: "depthwise"}) == "depthwise"
     assert choice((1, 8, 56, 56), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "shifted"  # 4 <= 8 / 2
