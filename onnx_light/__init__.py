@@ -11,6 +11,7 @@ import logging
 
 from . import kernels
 from .runtime import RuntimeSession
+from .runtime.memory import hold_freed_memory
 from .tuning import (
     KernelTuningKey,
     apply_kernel_tuning_updates,
@@ -31,6 +32,7 @@ __all__ = [
     "apply_kernel_tuning_updates",
     "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
+    "hold_freed_memory",
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
     "load_kernel_tuning_cache",

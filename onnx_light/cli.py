@@ -20,6 +20,7 @@ import numpy as np
 from . import tuning
 from .kernels.base import numpy_dtype
 from .runtime import RuntimeSession
+from .runtime.memory import hold_freed_memory
 
 __all__ = ["main"]
 
@@ -208,6 +209,8 @@ def _summary(array: np.ndarray) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.hold_memory and not hold_freed_memory():
+        print("--hold-memory: not available here (the C library is not glibc)", file=sys.stderr)
     started = time.perf_counter()
     session = RuntimeSession(args.model, num_threads=args.threads)
     construction = time.perf_counter() - started
@@ -321,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=_positive_int, default=10, metavar="N",
                      help="number of runs to time (default 10)")
     run.add_argument("--output", metavar="FILE.npz", help="save the outputs")
+    run.add_argument("--hold-memory", action="store_true",
+                     help="keep the memory a run frees for the next run (glibc, process-wide: "
+                          "onnx_light.hold_freed_memory)")
     run.set_defaults(handler=_cmd_run)
 
     cpu = commands.add_parser("cpu", help="print this machine's execution descriptor")

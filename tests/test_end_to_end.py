@@ -69,6 +69,11 @@ def test_cli_run(tmp_path, capsys):
     saved = np.load(tmp_path / "out.npz")
     (expected,) = RuntimeSession(path).run(None, {"x": x})
     np.testing.assert_array_equal(saved["probabilities"], expected)
+    # --hold-memory keeps freed memory (glibc) and changes no result
+    held = tmp_path / "held.npz"
+    assert main(["run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--repeat", "2",
+                 "--hold-memory", "--output", str(held)]) == 0
+    np.testing.assert_array_equal(np.load(held)["probabilities"], expected)
 
 
 def test_cli_run_random_inputs_and_errors(tmp_path, capsys):
