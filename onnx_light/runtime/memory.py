@@ -1,11 +1,13 @@
 """Opt-in: keep the memory a run frees for the next run (glibc's allocator, process-wide).
 
 Every run allocates its activations and buffers afresh (numpy arrays), the same sizes each
-time. glibc serves a block of at least its mmap threshold (128 KiB at first, raised up to
-32 MiB as such blocks are freed, but never past the size just freed, so a block of the same
-size is mapped again) with a fresh mmap, and returns the top of its heap to the system past
-its trim threshold: the next run then touches new pages, one page fault per 4 KiB. On one
-thread this costs SqueezeNet 1.75x its time here (29-31 ms against 17 ms; docs/real-models.md).
+time, and frees them as their last reader is done. glibc gives the top of its heap back to the
+system once more than its trim threshold is free there (128 KiB at first, then twice the
+largest mapped block freed so far, at most 64 MiB), and serves blocks above its mmap threshold
+with fresh mappings: a run that
+frees tens of MiB returns them, and the next run touches new pages, one page fault per 4 KiB
+(tests/test_memory.py: 3433 faults per run for 32 MiB of buffers). On one thread this costs
+SqueezeNet 1.75x its time here (29-31 ms against 17 ms; docs/real-models.md).
 Setting both thresholds, as ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` in the
 environment do, keeps the freed memory in the process for the next run.
 
