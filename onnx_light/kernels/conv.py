@@ -515,6 +515,13 @@ class Prologue:
         return self.apply(channels, 0, x.shape[1]).reshape(x.shape)
 
 
+def _winograd_applies(kernel: Sequence[int], strides: Sequence[int] | None,
+                      dilations: Sequence[int] | None) -> bool:
+    """Whether winograd can compute a convolution: 2-D, 3x3, stride 1 and dilation 1."""
+    return (tuple(kernel) == (3, 3) and all(s == 1 for s in strides or (1,))
+            and all(d == 1 for d in dilations or (1,)))
+
+
 @dataclass(frozen=True)
 class _DistinctFilters:
     """What :meth:`ConvKernel.specialize` found: the constant weights, their distinct filters,
@@ -575,25 +582,22 @@ class ConvKernel(Kernel):
     def _with_winograd_filters(self, w: np.ndarray) -> ConvKernel | None:
         if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
             return None
-        if not self._winograd_applies(w.shape, self.attributes.strides, self.attributes.dilations):
+        if not _winograd_applies(w.shape[2:], self.attributes.strides, self.attributes.dilations):
             return None
-        config = self.config
-        if config.algorithm == "auto":
-            if min(w.shape[1], w.shape[0] // self.group) < config.winograd_channels:
+        algorithm = self.config.algorithm
+        if algorithm == "auto":
+            if not self._winograd_channels(w.shape[1], w.shape[0] // self.group):
                 return None
-        elif config.algorithm != "winograd":
+        elif algorithm != "winograd":
             return None
         kernel = copy.copy(self)
         shaped = w.reshape(self.group, w.shape[0] // self.group, w.shape[1], 3, 3)
         kernel._winograd = (w, winograd.transform_filters(shaped, compute_dtype(w.dtype)))
         return kernel
 
-    @staticmethod
-    def _winograd_applies(w_shape: Sequence[int], strides: Sequence[int] | None,
-                          dilations: Sequence[int] | None) -> bool:
-        """2-D, 3x3, stride 1 and dilation 1."""
-        return (tuple(w_shape[2:]) == (3, 3) and all(s == 1 for s in strides or (1,))
-                and all(d == 1 for d in dilations or (1,)))
+    def _winograd_channels(self, group_channels: int, group_filters: int) -> bool:
+        """Whether ``auto`` may use winograd for a group this wide (its channel threshold)."""
+        return min(group_channels, group_filters) >= self.config.winograd_channels
 
     def _with_distinct_filters(self, w: np.ndarray) -> ConvKernel | None:
         if self.group != 1 or w.shape[0] < 2 or w.dtype not in (np.float32, np.float64):
@@ -660,13 +664,12 @@ class ConvKernel(Kernel):
                      and not window.padded)
         depthwise = group_channels == 1 and groups > 1
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
-        tiled = self._winograd_applies((0, 0, *window.kernel), window.strides, window.dilations)
+        tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
         if choice == "auto":
             if pointwise:
                 return "direct_1x1"
-            if (tiled and transformed
-                    and min(group_channels, channels_out // groups) >= self.config.winograd_channels
+            if (tiled and transformed and self._winograd_channels(group_channels, channels_out // groups)
                     and math.prod(window.output) >= self.config.winograd_outputs):
                 return "winograd"
             if (all(s == 1 for s in window.strides) and len(window.input) >= 2
@@ -734,18 +737,15 @@ class ConvKernel(Kernel):
         if prologue is not None and (problem.algorithm not in ("direct_1x1", "per_filter")
                                      or problem.plan == "filters"):
             xc, prologue = prologue.whole(xc), None  # every thread would need all of it
+        options: dict[str, Any] = {}
         if problem.algorithm == "winograd" and transformed:
-            algorithm: _Algorithm = _Winograd(problem, xc, wc, bc, out, self.config.block_bytes,
-                                              finish, filters=self._winograd[1])
-        elif prologue is not None:
-            algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
-                                                       finish, prologue=prologue)
-        else:
-            algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
-                                                       finish)
+            options["filters"] = self._winograd[1]
+        if prologue is not None:  # direct_1x1 or per_filter
+            options["prologue"] = prologue
+        algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
+                                                   finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
-
 
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
                       residual: np.ndarray | None) -> Sequence[np.ndarray]:
@@ -1407,7 +1407,7 @@ def error_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, group: in
     depth = w.shape[1] * math.prod(w.shape[2:])
     u = float(ml_dtypes.finfo(compute_dtype).eps) / 2
     bound = 2 * (depth + 2) * u * magnitude
-    if kernel._winograd_applies(w.shape, attributes.get("strides"), attributes.get("dilations")):
+    if _winograd_applies(w.shape[2:], attributes.get("strides"), attributes.get("dilations")):
         tiled = _winograd_magnitude(kernel, absolute_x, absolute_w)
         if absolute_b is not None:
             tiled += absolute_b.reshape(-1, 1, 1)

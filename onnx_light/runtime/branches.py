@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..parallel import ThreadPool
+
 __all__ = ["BRANCH_SPEEDUP", "Branches", "group_branches"]
 
 # Branches run side by side only where that takes at most 1 / BRANCH_SPEEDUP of their serial
@@ -53,7 +55,7 @@ class Branches:
     branches: tuple[tuple[Any, ...], ...]
     release: tuple[int, ...]
 
-    def run(self, execute: Callable[[Sequence[Any]], None], pool: Any) -> None:
+    def run(self, execute: Callable[[Sequence[Any]], None], pool: ThreadPool) -> None:
         """``execute(steps)`` for every branch, ``pool.num_threads`` at a time; the first
         exception a branch raises is raised here after the others finish."""
         branches = self.branches
