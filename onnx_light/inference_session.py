@@ -11,7 +11,6 @@ options it has no use for, so that a script written for onnxruntime runs unchang
 from __future__ import annotations
 
 import copy
-import difflib
 import enum
 import logging
 import os
@@ -87,6 +86,8 @@ class _Options:
     def __setattr__(self, name: str, value: Any) -> None:
         kind = type(self)
         if name not in kind._DEFAULTS:
+            import difflib  # only for the message
+
             close = difflib.get_close_matches(name, kind._DEFAULTS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise AttributeError(f"{kind.__name__!r} object has no attribute {name!r}{hint}")
