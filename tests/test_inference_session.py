@@ -346,3 +346,18 @@ def test_the_runtimes_errors_are_importable_from_onnx_light():
         onnx_light.InferenceSession(model.SerializeToString())
     assert issubclass(onnx_light.KernelError, ValueError)
     assert issubclass(onnx_light.RunTerminatedError, RuntimeError)
+
+
+@pytest.mark.parametrize("mode, threads, grouped", [
+    ("ORT_SEQUENTIAL", 2, False), ("ORT_PARALLEL", 2, True), ("ORT_PARALLEL", 1, False)])
+def test_execution_mode_and_threads_map_to_the_native_session(mode, threads, grouped):
+    """Inception v1's modules run as branches side by side in parallel mode only."""
+    so = onnx_light.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.execution_mode = getattr(onnx_light.ExecutionMode, mode)
+    native = onnx_light.InferenceSession(real_models.model_path("inception_v1"), so)._session
+    assert native.num_threads == threads
+    assert (native.branch_groups > 0) is grouped
+    with pytest.raises(ValueError, match="intra_op_num_threads must be 0"):
+        so.intra_op_num_threads = -1
+        onnx_light.InferenceSession(real_models.model_path("inception_v1"), so)
