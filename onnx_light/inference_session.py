@@ -376,8 +376,8 @@ class InferenceSession:
     def _hook(self, run_options: RunOptions | None) -> NodeHook | None:
         """The node hook of one run: terminate, profile and log per node as asked, or None."""
         profiler = self._profiler
-        verbose = self._verbose if run_options is None or run_options.log_severity_level < 0 \
-            else run_options.log_severity_level == 0
+        run_level = -1 if run_options is None else run_options.log_severity_level
+        verbose = self._verbose if run_level < 0 else run_level == 0
         if run_options is None and profiler is None and not verbose:
             return None
         tag = "" if run_options is None else run_options.logid
