@@ -1,5 +1,7 @@
 """onnx_light: a lightweight ONNX runtime for CPUs whose kernels tune themselves.
 
+``onnx_light.InferenceSession`` and its options mirror onnxruntime's Python API, so that
+``import onnx_light as ort`` switches a script; ``RuntimeSession`` is the native API.
 Importing the package registers the built-in kernels' tuning schemas and loads
 this machine's profiles from the default cache. A missing or damaged cache only
 costs performance: it is reported through ``logging`` and never raises.
@@ -10,7 +12,19 @@ from __future__ import annotations
 import logging
 
 from . import kernels
-from .runtime import RuntimeSession
+from .inference_session import (
+    ExecutionMode,
+    GraphOptimizationLevel,
+    InferenceSession,
+    ModelMetadata,
+    RunOptions,
+    RunTerminatedError,
+    SessionOptions,
+    get_available_providers,
+    get_device,
+)
+from .kernels.base import KernelError
+from .runtime import InvalidInputError, NodeArg, RuntimeSession, UnsupportedOperatorError
 from .runtime.memory import hold_freed_memory
 from .tuning import (
     KernelTuningKey,
@@ -27,11 +41,24 @@ from .tuning import (
 )
 
 __all__ = [
+    "ExecutionMode",
+    "GraphOptimizationLevel",
+    "InferenceSession",
+    "InvalidInputError",
+    "KernelError",
     "KernelTuningKey",
+    "ModelMetadata",
+    "NodeArg",
+    "RunOptions",
+    "RunTerminatedError",
     "RuntimeSession",
+    "SessionOptions",
+    "UnsupportedOperatorError",
     "apply_kernel_tuning_updates",
     "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
+    "get_available_providers",
+    "get_device",
     "hold_freed_memory",
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import tuning
 from .kernels.base import numpy_dtype
+from .profiling import Profiler, profile_file_name
 from .runtime import RuntimeSession
 from .runtime.memory import hold_freed_memory
 
@@ -219,11 +220,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for arg in session.get_inputs():
         if arg.name not in feeds:
             feeds[arg.name] = _random_input(arg, rng)
+    profiler = Profiler() if args.profile else None
     times = []
     for _ in range(args.repeat):
-        started = time.perf_counter()
-        outputs = session.run(None, feeds)
-        times.append(time.perf_counter() - started)
+        started = time.perf_counter_ns()
+        outputs = session.run(None, feeds, node_hook=profiler and profiler.node_hook)
+        times.append((time.perf_counter_ns() - started) / 1e9)
+        if profiler is not None:
+            profiler.session_event("model_run", started)
     names = [arg.name for arg in session.get_outputs()]
     for name, array in zip(names, outputs, strict=True):
         print(f"{name}: shape {list(array.shape)} dtype {array.dtype} {_summary(array)}".rstrip())
@@ -238,7 +242,33 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         np.savez(args.output, **dict(zip(names, outputs, strict=True)))
         print(f"outputs written to {args.output}")
+    if profiler is not None:
+        _report_profile(profiler)
     return 0
+
+
+def _report_profile(profiler: Profiler) -> None:
+    """Time per operator type over every run, the trace file, and a plot with matplotlib."""
+    rows = profiler.operator_summary()
+    table = [("operator", "time ms", "share", "calls", "mean ms")] + [
+        (row["op_type"], f"{row['total_us'] / 1e3:.3f}", f"{100 * row['share']:.1f}%",
+         str(row["calls"]), f"{row['mean_us'] / 1e3:.4f}") for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(5)]
+    print("time per operator type (every run; shares of the summed run time, profiling included):")
+    for line in table:
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
+    trace = profiler.write(profile_file_name("onnx_light_profile", profiler.start_time_ns))
+    print(f"trace written: {trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    try:
+        from .plotting import plot_operator_times  # matplotlib only when asked for
+
+        figure = str(Path(trace).with_suffix(".png"))
+        plot_operator_times(rows, figure)
+    except ImportError as exc:
+        print(f"no plot: {exc}")
+    else:
+        print(f"plot written: {figure}")
 
 
 # The suite lives in the source tree, not in the installed package: ``bench`` finds it beside
@@ -327,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--hold-memory", action="store_true",
                      help="keep the memory a run frees for the next run (glibc, process-wide: "
                           "onnx_light.hold_freed_memory)")
+    run.add_argument("--profile", action="store_true",
+                     help="time every node: a table per operator type, a Chrome-trace JSON "
+                          "file (onnxruntime's format) and, with matplotlib, a PNG plot")
     run.set_defaults(handler=_cmd_run)
 
     cpu = commands.add_parser("cpu", help="print this machine's execution descriptor")

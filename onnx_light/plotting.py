@@ -1,6 +1,6 @@
 """Figures of calibration results (matplotlib, an optional dependency: ``pip install onnx_light[plot]``).
 
-Used by ``tune-kernels --apply --plot FILE.png`` and by the example gallery.
+Used by ``tune-kernels --apply --plot FILE.png``, ``run --profile`` and by the example gallery.
 """
 
 from __future__ import annotations
@@ -8,9 +8,43 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["plot_calibration"]
+__all__ = ["plot_calibration", "plot_operator_times"]
 
 CASE_STYLES = {"equal": "-", "scalar": "--", "broadcast": ":"}
+
+
+def _pyplot(path: str | None) -> Any:
+    try:
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'onnx_light[plot]'") from None
+    return plt
+
+
+def plot_operator_times(rows: Sequence[dict[str, Any]], path: str | None = None) -> Any:
+    """A bar per operator type: its share of the run time, with its calls and mean time.
+
+    ``rows`` are ``Profiler.operator_summary()`` records. Returns the matplotlib figure,
+    saved to ``path`` when given.
+    """
+    plt = _pyplot(path)
+    rows = list(rows)[::-1]  # the largest at the top
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.32 * len(rows)))
+    ax.barh([row["op_type"] for row in rows], [100 * row["share"] for row in rows])
+    for index, row in enumerate(rows):
+        ax.text(100 * row["share"], index, f" {row['calls']} calls, {row['mean_us'] / 1e3:.3f} ms mean",
+                va="center", fontsize=7)
+    ax.set_xlabel("share of the run time (%)")
+    ax.set_title("time per operator type", fontsize=9)
+    ax.margins(x=0.35)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
 
 
 def plot_calibration(results: Sequence[dict[str, Any]], path: str | None = None) -> Any:
@@ -20,14 +54,7 @@ def plot_calibration(results: Sequence[dict[str, Any]], path: str | None = None)
     ``results`` are the ``calibrated``/``applied`` records of a calibration report. Returns
     the matplotlib figure, saved to ``path`` when given.
     """
-    try:
-        import matplotlib
-
-        if path is not None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install 'onnx_light[plot]'") from None
+    plt = _pyplot(path)
     results = list(results)
     if not results:
         raise ValueError("no calibration results to plot")

@@ -314,3 +314,51 @@ def test_large_initializers_are_checked_without_being_serialized_again():
     model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
     with pytest.raises(ValueError, match="initializer 'w'"):
         RuntimeSession(model)
+
+
+def _folding_model():
+    """y = Relu(x * (c + c)): the Add folds, Mul and Relu run."""
+    c = helper.make_tensor("c", TensorProto.FLOAT, [3], [1.0, -2.0, 3.0])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    nodes = [helper.make_node("Add", ["c", "c"], ["cc"], name="double"),
+             helper.make_node("Mul", ["x", "cc"], ["t"], name="scale"),
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    return _model(nodes, [x], [y], initializers=[c])
+
+
+def test_fold_false_leaves_every_node_to_the_runs(registry):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    folding = RuntimeSession(_folding_model(), registry=registry, fuse=False)
+    plain = RuntimeSession(_folding_model(), registry=registry, fuse=False, fold=False)
+    assert folding.folded_nodes == 1
+    assert list(folding.folded_values()) == ["cc"]
+    np.testing.assert_array_equal(folding.folded_values()["cc"], [2.0, -4.0, 6.0])
+    assert plain.folded_nodes == 0 and plain.folded_values() == {}
+    np.testing.assert_array_equal(plain.run(None, {"x": x})[0], folding.run(None, {"x": x})[0])
+    with pytest.raises(TypeError, match="fold must be True or False"):
+        RuntimeSession(_folding_model(), registry=registry, fold=1)
+
+
+def test_node_hook_sees_every_step_and_may_stop_the_run(registry):
+    session = RuntimeSession(_folding_model(), registry=registry, fuse=False, fold=False)
+    x = np.ones((2, 3), np.float32)
+    calls = []
+
+    def hook(name, op_type):
+        calls.append((name, op_type))
+        return lambda: calls.append("done")
+
+    session.run(None, {"x": x}, node_hook=hook)
+    assert calls == [("double", "Add"), "done", ("scale", "Mul"), "done", ("relu", "Relu"), "done"]
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_mul(name, op_type):
+        if op_type == "Mul":
+            raise Stop(name)
+
+    with pytest.raises(Stop, match="scale"):
+        session.run(None, {"x": x}, node_hook=stop_at_mul)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], [[2, 0, 6]] * 2)

@@ -20,7 +20,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,10 @@ class NodeArg:
     shape: list[int | str | None] | None
 
 
+# Called before each step of a run with the node's name and op type; may return a callable to
+# call once the step is done.
+NodeHook = Callable[[str, str], Callable[[], None] | None]
+
 # Operators whose outputs may differ between runs with the same inputs: never folded.
 NONDETERMINISTIC = frozenset({"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform",
                               "RandomUniformLike", "Multinomial", "Bernoulli"})
@@ -66,6 +70,7 @@ class _Step:
     outputs: tuple[int | None, ...]
     release: tuple[int, ...]
     node: str
+    op_type: str
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -118,7 +123,8 @@ def _plan(steps: list[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ..
         if s not in keep:
             release.setdefault(last, []).append(s)
     return tuple(
-        _Step(kernel.run, inputs, outputs, tuple(release.get(index, ())), kernel.ctx.name)
+        _Step(kernel.run, inputs, outputs, tuple(release.get(index, ())), kernel.ctx.name,
+              kernel.ctx.op_type)
         for index, (kernel, inputs, outputs) in enumerate(steps)
     )
 
@@ -257,18 +263,20 @@ class RuntimeSession:
     every node as the graph states, with the same results up to rounding.
     ``branches`` lets a run with several threads compute independent branches
     of the graph side by side, each on one thread (``runtime/branches.py``);
-    the results are the same either way.
+    the results are the same either way. ``fold`` lets construction run the
+    nodes whose inputs are all constant once (constant folding); False leaves
+    every node to the runs.
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
                  num_threads: int | None = None,
                  registry: KernelTuningRegistry | None = None, fuse: bool = True,
-                 branches: bool = True) -> None:
+                 branches: bool = True, fold: bool = True) -> None:
         started = time.perf_counter()
         model = _load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
-        for name, flag in (("fuse", fuse), ("branches", branches)):
+        for name, flag in (("fuse", fuse), ("branches", branches), ("fold", fold)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
         skeleton = _skeleton(model)
@@ -323,11 +331,12 @@ class RuntimeSession:
         self._inputs = [info for info in graph.input]
         self._outputs = [info for info in graph.output]
         self._kernels = kernels
-        self._build_plan(graph, kernels, types, fuse, branches)
+        self._build_plan(graph, kernels, types, fuse, branches, fold)
         self.construction_seconds = time.perf_counter() - started
 
     def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel],
-                    types: Mapping[str, onnx.TypeProto], fuse: bool, branches: bool) -> None:
+                    types: Mapping[str, onnx.TypeProto], fuse: bool, branches: bool,
+                    fold: bool) -> None:
         slots: dict[str, int] = {}
 
         def slot(name: str) -> int:
@@ -358,7 +367,7 @@ class RuntimeSession:
                 inputs = tuple(slot(name) if name else None for name in node.input)
                 outputs = tuple(slot(name) if name else None for name in node.output)
                 every_step.append((kernel, inputs, outputs))
-                if node.op_type in NONDETERMINISTIC or not all(
+                if not fold or node.op_type in NONDETERMINISTIC or not all(
                         s is None or s in depends for s in inputs):
                     steps.append((kernel, inputs, outputs))
                     continue
@@ -408,16 +417,19 @@ class RuntimeSession:
         self._constants = constants
         self._folded = folded
         self._num_slots = num_slots
+        self._slots = slots
 
-    def _execute(self, plan: Sequence[Any], values: list[Any]) -> None:
+    def _execute(self, plan: Sequence[Any], values: list[Any], hook: NodeHook | None = None) -> None:
         """Run ``plan``'s steps in order, each writing its outputs into ``values`` and freeing
         the values it reads last; a :class:`Branches` item runs its branches on the pool."""
         for step in plan:
             if type(step) is Branches:
-                step.run(functools.partial(self._execute_branch, values=values), self._pool)
+                step.run(functools.partial(self._execute_branch, values=values, hook=hook),
+                         self._pool)
                 for s in step.release:
                     values[s] = None
                 continue
+            done = None if hook is None else hook(step.node, step.op_type)
             arguments = [None if s is None else values[s] for s in step.inputs]
             try:
                 results = step.run(*arguments)
@@ -425,17 +437,25 @@ class RuntimeSession:
                 raise
             except Exception as exc:
                 raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
+            if done is not None:
+                done()
             for s, result in zip(step.outputs, results, strict=False):
                 if s is not None:
                     values[s] = result
             for s in step.release:
                 values[s] = None
 
-    def _execute_branch(self, steps: Sequence[Any], values: list[Any]) -> None:
+    def _execute_branch(self, steps: Sequence[Any], values: list[Any],
+                        hook: NodeHook | None) -> None:
         """One branch, on whichever pool thread took it; numpy's error state is per thread,
         so the branch sets it there too (its kernels then skip their own)."""
         with quiet():
-            self._execute(steps, values)
+            self._execute(steps, values, hook)
+
+    def folded_values(self) -> dict[str, np.ndarray]:
+        """The values of the graph computed once at construction (constant folding), by
+        name: read-only arrays, the same for every run that overrides no initializer."""
+        return {name: self._folded[s] for name, s in self._slots.items() if s in self._folded}
 
     def get_inputs(self) -> list[NodeArg]:
         """The graph inputs a caller feeds (initializers excluded)."""
@@ -472,11 +492,15 @@ class RuntimeSession:
                                             f"{want}, got shape {array.shape}")
         return array
 
-    def run(self, output_names: Sequence[str] | None,
-            input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
+            node_hook: NodeHook | None = None) -> list[np.ndarray]:
         """Compute ``output_names`` (all outputs when None) from ``input_feed``.
 
         Same signature and return type as ``onnxruntime.InferenceSession.run``.
+        ``node_hook(node_name, op_type)``, when given, is called before each step of the
+        plan on the thread that runs it (a fused step carries the name of its first node);
+        it may raise to stop the run, and returns None or a callable to call once the step
+        is done (profiling and ``RunOptions.terminate`` in ``onnx_light.InferenceSession``).
         """
         if not isinstance(input_feed, Mapping):
             raise TypeError(f"input_feed must be a dict of name -> array, "
@@ -512,7 +536,7 @@ class RuntimeSession:
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1), quiet():
-            self._execute(plan, values)
+            self._execute(plan, values, node_hook)
         # Outputs that are constants are shared, read-only arrays: give callers copies.
         return [values[s].copy() if not values[s].flags.writeable else values[s]
                 for s in (self._output_slots[n] for n in names)]
