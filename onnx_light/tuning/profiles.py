@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import archspec.cpu
 
 from .keys import KernelTuningKey
+from .processor.vendors import vendor_name
 from .schema import Value
 
 __all__ = [
@@ -46,13 +47,6 @@ SOURCES = (PUBLISHED, EXACT_PROCESSOR, PROCESSOR_LIST, MICROARCHITECTURE, INSTRU
 
 # Precedence levels; processor lists and microarchitectures share one.
 _LEVEL = {EXACT_PROCESSOR: 3, PROCESSOR_LIST: 2, MICROARCHITECTURE: 2, INSTRUCTION_SET: 1}
-
-_ARCHSPEC_VENDORS = {
-    "GenuineIntel": "intel", "AuthenticAMD": "amd", "ARM": "arm", "Apple": "apple",
-    "IBM": "ibm", "Ampere": "ampere", "Nvidia": "nvidia", "Fujitsu": "fujitsu",
-    "Cavium": "cavium", "SiFive": "sifive", "SpacemiT": "spacemit",
-}
-
 
 class CpuLike(Protocol):
     """What selectors read of a processor (see ``processor.CpuDescriptor``)."""
@@ -200,7 +194,7 @@ class Microarchitecture:
     @property
     def vendor(self) -> str | None:
         """Canonical vendor of the target, or None for generic targets."""
-        return _ARCHSPEC_VENDORS.get(archspec.cpu.TARGETS[self.name].vendor)
+        return vendor_name(archspec.cpu.TARGETS[self.name].vendor)
 
     def describe(self) -> str:
         return self.name + (" and descendants" if self.include_descendants else "")
