@@ -31,6 +31,7 @@ them, so a kernel gives the same results whether a region runs in parallel or in
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import threading
@@ -400,10 +401,10 @@ class BlasThreads:
         """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
         return BlasLimit(self, _check_num_threads(num_threads))
 
-    def limited(self, num_threads: int | None) -> BlasLimit:
+    def limited(self, num_threads: int | None) -> BlasLimit | contextlib.nullcontext[None]:
         """:meth:`scope` for kernels: ``with BLAS.limited(n):`` holds ``n`` BLAS threads inside
         the block (None leaves the count alone), without validating ``n`` on every call."""
-        return BlasLimit(self, num_threads)
+        return _UNCHANGED if num_threads is None else BlasLimit(self, num_threads)
 
 
 class BlasLimit:
@@ -412,17 +413,17 @@ class BlasLimit:
 
     __slots__ = ("_blas", "_num_threads", "_previous")
 
-    def __init__(self, blas: BlasThreads, num_threads: int | None) -> None:
+    def __init__(self, blas: BlasThreads, num_threads: int) -> None:
         self._blas = blas
         self._num_threads = num_threads
         self._previous: tuple[int | None, ...] | None = None
 
     def __enter__(self) -> None:
-        if self._num_threads is not None:
-            self._previous = self._blas.limit(self._num_threads)
+        self._previous = self._blas.limit(self._num_threads)
 
     def __exit__(self, *exc_info: object) -> None:
         self._blas.restore(self._previous)
 
 
+_UNCHANGED = contextlib.nullcontext()  # reusable: it holds no state
 BLAS = BlasThreads()
