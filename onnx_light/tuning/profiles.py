@@ -26,6 +26,7 @@ __all__ = [
     "SOURCES",
     "ExactProcessor",
     "InstructionSet",
+    "Match",
     "Microarchitecture",
     "ProcessorList",
     "ProcessorProfile",
@@ -61,12 +62,42 @@ class CpuLike(Protocol):
 Rank = tuple[int, int]
 
 
+@dataclass(frozen=True)
+class Match:
+    """Whether a selector covers a processor: the rank of a match, or why it does not match.
+
+    Higher ranks are more specific. Build one with :meth:`ranked` or :meth:`refused`.
+    """
+
+    rank: Rank | None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.rank is None) == (not self.reason):
+            raise ValueError("a match has either a rank or a reason, not both or neither")
+
+    @classmethod
+    def ranked(cls, level: int, order: int) -> Match:
+        """A match at precedence ``level``, ordered by ``order`` within it."""
+        return cls((level, order))
+
+    @classmethod
+    def refused(cls, reason: str) -> Match:
+        """No match, and the sentence that says why."""
+        return cls(None, reason)
+
+    @property
+    def applies(self) -> bool:
+        """True for a match."""
+        return self.rank is not None
+
+
 class Selector(Protocol):
     """Decides whether a processor is covered, and how specifically."""
 
     source: str
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         """The rank of a match, or a sentence saying why it does not match."""
         ...
 
@@ -105,11 +136,12 @@ class ExactProcessor:
         _check_int("family", self.family)
         _check_int("model", self.model)
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         seen = (cpu.vendor, cpu.family, cpu.model)
         if seen == (self.vendor, self.family, self.model):
-            return (_LEVEL[self.source], 0)
-        return f"processor is {seen[0]} family {seen[1]} model {seen[2]}, not {self.describe()}"
+            return Match.ranked(_LEVEL[self.source], 0)
+        return Match.refused(
+            f"processor is {seen[0]} family {seen[1]} model {seen[2]}, not {self.describe()}")
 
     def describe(self) -> str:
         return f"{self.vendor} family {self.family} model {self.model}"
@@ -136,11 +168,11 @@ class ProcessorList:
             raise ValueError("a processor list needs at least one model")
         object.__setattr__(self, "models", models)
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         if cpu.vendor == self.vendor and cpu.family == self.family and cpu.model in self.models:
-            return (_LEVEL[self.source], 0)
-        return (f"processor is {cpu.vendor} family {cpu.family} model {cpu.model}, "
-                f"not in {self.describe()}")
+            return Match.ranked(_LEVEL[self.source], 0)
+        return Match.refused(f"processor is {cpu.vendor} family {cpu.family} model {cpu.model}, "
+                             f"not in {self.describe()}")
 
     def describe(self) -> str:
         return f"{self.vendor} family {self.family} models {sorted(self.models)}"
@@ -183,13 +215,15 @@ class Microarchitecture:
         if self.name not in archspec.cpu.TARGETS:
             raise ValueError(f"unknown microarchitecture {self.name!r} (not an archspec target)")
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         distance = ancestor_distances(cpu.microarchitecture).get(self.name)
         if distance == 0 or (distance is not None and self.include_descendants):
-            return (_LEVEL[self.source], -distance)
+            return Match.ranked(_LEVEL[self.source], -distance)
         if distance is not None:
-            return f"{cpu.microarchitecture} descends from {self.name}, but descendants are excluded"
-        return f"microarchitecture {cpu.microarchitecture} is not {self.name} nor descends from it"
+            return Match.refused(
+                f"{cpu.microarchitecture} descends from {self.name}, but descendants are excluded")
+        return Match.refused(
+            f"microarchitecture {cpu.microarchitecture} is not {self.name} nor descends from it")
 
     @property
     def vendor(self) -> str | None:
@@ -226,17 +260,17 @@ class InstructionSet:
         object.__setattr__(self, "required", required)
         object.__setattr__(self, "excluded", excluded)
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         missing = sorted(self.required - cpu.features)
         present = sorted(self.excluded & cpu.features)
         if not missing and not present:
-            return (_LEVEL[self.source], len(self.required))
+            return Match.ranked(_LEVEL[self.source], len(self.required))
         reasons = []
         if missing:
             reasons.append(f"lacks {', '.join(missing)}")
         if present:
             reasons.append(f"has excluded {', '.join(present)}")
-        return "processor " + " and ".join(reasons)
+        return Match.refused("processor " + " and ".join(reasons))
 
     def describe(self) -> str:
         text = "+".join(sorted(self.required))
@@ -284,10 +318,11 @@ class ProcessorProfile:
         """The resolution source this profile reports."""
         return self.selector.source
 
-    def match(self, cpu: CpuLike, num_threads: int) -> Rank | str:
+    def match(self, cpu: CpuLike, num_threads: int) -> Match:
         """Rank for this processor and thread count, or why it does not apply."""
         if self.threads is not None and not self.threads[0] <= num_threads <= self.threads[1]:
-            return f"{num_threads} threads outside the range {self.threads[0]}..{self.threads[1]}"
+            return Match.refused(
+                f"{num_threads} threads outside the range {self.threads[0]}..{self.threads[1]}")
         return self.selector.match(cpu)
 
     def describe(self) -> str:
