@@ -55,16 +55,13 @@ def product_seconds(products: list[tuple[int, int, int, int]], threads: int, rou
     rng = np.random.default_rng(0)
     operands = [(rng.random((g, m, k), np.float32), rng.random((g, k, n), np.float32))
                 for g, m, k, n in products]
-    previous = BLAS.limit(threads)
-    try:
-        totals = []
+    totals = []
+    with BLAS.scope(threads):
         for _ in range(rounds + 1):
             started = time.perf_counter()
             for a, b in operands:
                 np.matmul(a, b)
             totals.append(time.perf_counter() - started)
-    finally:
-        BLAS.restore(previous)
     return float(np.median(totals[1:]))
 
 

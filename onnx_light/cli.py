@@ -112,7 +112,7 @@ class _ProgressBar:
 
 
 def _speedup_at_crossover(result: dict[str, Any]) -> str:
-    at = [m["speedup"] for m in result["measurements"] if m["size"] == result["crossover"]]
+    at = [m["speedup"] for m in result["measurements"] if "size" in m and m["size"] == result["crossover"]]
     return f"{min(at):.2f}x" if at else "-"
 
 

@@ -29,17 +29,19 @@ Block boundaries depend only on ``(n, num_threads, max_blocks)``, never on which
 them, so a kernel gives the same results whether a region runs in parallel or inline.
 """
 
+from __future__ import annotations
+
 import contextlib
 import operator
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "BlasThreads", "ThreadPool", "get_pool"]
+__all__ = ["BLAS", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool"]
 
 _STOP = object()  # task sentinel telling workers to exit
 
@@ -47,7 +49,7 @@ _STOP = object()  # task sentinel telling workers to exit
 class _Local(threading.local):
     # The _Core whose region this thread is currently executing a block of (None outside).
     # Worker threads keep their own pool's core here for their whole life.
-    active: "_Core | None" = None
+    active: _Core | None = None
 
 
 _tls = _Local()
@@ -144,7 +146,7 @@ def _run_inline(fn: Callable[[int, int], None], bounds: list[int]) -> None:
 
 _INLINE = _Core(0)  # marker for "inside a region that runs inline" (never has workers)
 
-_all_pools: "weakref.WeakSet[ThreadPool]" = weakref.WeakSet()
+_all_pools: weakref.WeakSet[ThreadPool] = weakref.WeakSet()
 
 
 class ThreadPool:
@@ -284,7 +286,7 @@ class ThreadPool:
             if core is not None:
                 _stop_core(core, join=True)
 
-    def __enter__(self) -> "ThreadPool":
+    def __enter__(self) -> ThreadPool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -395,14 +397,33 @@ class BlasThreads:
         if previous is not None:
             self._set(previous)
 
-    @contextlib.contextmanager
-    def scope(self, num_threads: int) -> Iterator[None]:
+    def scope(self, num_threads: int) -> BlasLimit:
         """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
-        previous = self.limit(_check_num_threads(num_threads))
-        try:
-            yield
-        finally:
-            self.restore(previous)
+        return BlasLimit(self, _check_num_threads(num_threads))
+
+    def limited(self, num_threads: int | None) -> BlasLimit | contextlib.nullcontext[None]:
+        """:meth:`scope` for kernels: ``with BLAS.limited(n):`` holds ``n`` BLAS threads inside
+        the block (None leaves the count alone), without validating ``n`` on every call."""
+        return _UNCHANGED if num_threads is None else BlasLimit(self, num_threads)
 
 
+class BlasLimit:
+    """The block of :meth:`BlasThreads.scope` and :meth:`~BlasThreads.limited`: :meth:`limit`
+    on entry, :meth:`restore` on exit (a class, not a generator: kernels enter one per block)."""
+
+    __slots__ = ("_blas", "_num_threads", "_previous")
+
+    def __init__(self, blas: BlasThreads, num_threads: int) -> None:
+        self._blas = blas
+        self._num_threads = num_threads
+        self._previous: tuple[int | None, ...] | None = None
+
+    def __enter__(self) -> None:
+        self._previous = self._blas.limit(self._num_threads)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._blas.restore(self._previous)
+
+
+_UNCHANGED = contextlib.nullcontext()  # reusable: it holds no state
 BLAS = BlasThreads()

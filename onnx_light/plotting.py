@@ -48,8 +48,9 @@ def plot_operator_times(rows: Sequence[dict[str, Any]], path: str | None = None)
 
 
 def plot_calibration(results: Sequence[dict[str, Any]], path: str | None = None) -> Any:
-    """One panel per calibrated key: serial and candidate median times per size and case,
-    with the chosen crossover (or the portable value kept) marked.
+    """One panel per calibrated key: serial and candidate median times per size and case
+    (for a configuration search: portable and candidate times per case, by its work), with
+    the chosen crossover (or the portable value kept) marked.
 
     ``results`` are the ``calibrated``/``applied`` records of a calibration report. Returns
     the matplotlib figure, saved to ``path`` when given.
@@ -78,16 +79,20 @@ def _panel(ax: Any, result: dict[str, Any]) -> None:
         ax.text(0.5, 0.5, "nothing measured\n" + "\n".join(result["diagnostics"])[-120:],
                 ha="center", va="center", fontsize=7, transform=ax.transAxes, wrap=True)
         return
+    # A crossover search measures the serial path per size; a configuration search the
+    # portable configuration per corpus case, whose size is its work.
+    crossover_search = "size" in measurements[0]
+    size, reference = ("size", "serial") if crossover_search else ("work", "portable")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("output elements")
+    ax.set_xlabel("output elements" if crossover_search else "work (multiply-adds)")
     ax.set_ylabel("median time per call (s)")
     for case in dict.fromkeys(m["case"] for m in measurements):
         points = [m for m in measurements if m["case"] == case]
         style = CASE_STYLES.get(case, "-.")
-        sizes = [m["size"] for m in points]
-        ax.plot(sizes, [m["serial_median_s"] for m in points], "C0" + style, marker=".",
-                label=f"serial ({case})")
+        sizes = [m[size] for m in points]
+        ax.plot(sizes, [m[f"{reference}_median_s"] for m in points], "C0" + style, marker=".",
+                label=f"{reference} ({case})")
         ax.plot(sizes, [m["candidate_median_s"] for m in points], "C1" + style, marker=".",
                 label=f"{points[0]['candidate']} ({case})")
     crossover = result.get("crossover")

@@ -7,6 +7,7 @@ import pytest
 from onnx_light.tuning.calibration import (
     Budget,
     CalibrationFailure,
+    ConfigurationMeasurement,
     configuration_search,
     crossover_search,
     measure_interleaved,
@@ -224,6 +225,20 @@ def test_configuration_search_adopts_the_best_gain():
     assert "adopted tile=4" in result.diagnostics[-1]
 
 
+
+def test_configuration_measurements_keep_the_work_and_the_portable_time_apart():
+    result = configuration({"a": {1: 1000, 2: 800, 4: 600}})
+    measured = {m.candidate: m for m in result.measurements}
+    assert all(isinstance(m, ConfigurationMeasurement) for m in measured.values())
+    tile4 = measured["tile=4"]
+    assert (tile4.case, tile4.work, tile4.samples) == ("a", 1000, 5)
+    assert tile4.portable_median_s == pytest.approx(1000e-9)
+    assert tile4.candidate_median_s == pytest.approx(600e-9)
+    assert tile4.speedup == pytest.approx(1000 / 600) and tile4.candidate_wins
+    assert set(tile4.to_dict()) == {
+        "case", "work", "candidate", "portable_median_s", "portable_spread",
+        "candidate_median_s", "candidate_spread", "samples", "speedup", "candidate_wins"}
+
 def test_configuration_search_no_regression_rule():
     # tile=4 is much faster on a but 20% slower on b: rejected; tile=2 wins instead
     result = configuration({"a": {1: 1000, 2: 900, 4: 300}, "b": {1: 1000, 2: 950, 4: 1200}})
@@ -246,3 +261,22 @@ def test_configuration_search_needs_the_whole_corpus():
                            budget=Budget(max_duration_s=1e-9, max_threads=2))
     assert result.portable_kept
     assert "corpus not covered" in result.diagnostics[-1]
+
+
+def test_reports_of_both_searches_plot_and_print(tmp_path):
+    pytest.importorskip("matplotlib")
+    from onnx_light.cli import _speedup_at_crossover
+    from onnx_light.plotting import plot_calibration
+
+    clock = Clock()
+    crossover = search(FakeProblem(clock), clock).to_dict()
+    configured = configuration({"a": {1: 1000, 2: 800, 4: 600}}).to_dict()
+    figure = plot_calibration([crossover, configured], str(tmp_path / "both.png"))
+    first, second = figure.axes[:2]
+    assert first.get_xlabel() == "output elements"
+    assert second.get_xlabel() == "work (multiply-adds)"
+    portable = next(line for line in second.lines if line.get_label() == "portable (a)")
+    assert list(portable.get_xdata()) == [1000, 1000]
+    assert list(portable.get_ydata()) == pytest.approx([1000e-9, 1000e-9])
+    assert _speedup_at_crossover(crossover).endswith("x")
+    assert _speedup_at_crossover(configured) == "-"

@@ -286,6 +286,21 @@ def test_blas_scope_sets_and_restores() -> None:
     assert _blas_thread_counts() == before
 
 
+
+def test_blas_limited_restores_on_errors_and_none_leaves_the_count() -> None:
+    np.dot(np.ones((4, 4)), np.ones((4, 4)))
+    before = _blas_thread_counts()
+    if not before:
+        pytest.skip("no BLAS library visible to threadpoolctl")
+    with BLAS.scope(2):
+        with BLAS.limited(None):
+            assert _blas_thread_counts() == [2] * len(before)
+        with pytest.raises(ZeroDivisionError), BLAS.limited(1):
+            assert _blas_thread_counts() == [1] * len(before)
+            1 / 0  # noqa: B018
+        assert _blas_thread_counts() == [2] * len(before)
+    assert _blas_thread_counts() == before
+
 def workers_of(pool: ThreadPool) -> list[threading.Thread]:
     prefix = f"onnx_light-pool{pool.num_threads}-{id(pool):x}-"
     return [t for t in threading.enumerate() if t.name.startswith(prefix)]

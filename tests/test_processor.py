@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from onnx_light.tuning import processor
 from onnx_light.tuning.processor import (
     KERNEL_FEATURES,
     CpuDescriptor,
@@ -21,6 +21,7 @@ from onnx_light.tuning.processor import (
     cpu_from_sources,
     cpu_from_sysctl,
     detect_cpu,
+    detection,
     effective_thread_count,
     execution_descriptor,
     normalise_features,
@@ -29,7 +30,9 @@ from onnx_light.tuning.processor import (
     parse_proc_cpuinfo,
     parse_sysctl_output,
     parse_sysfs_caches,
+    readers,
     reset_detection_cache,
+    threads,
 )
 
 DATA = Path(__file__).parent / "data" / "cpuinfo"
@@ -321,11 +324,11 @@ def test_effective_thread_count_rejects_bad_values(value, error):
 
 def test_effective_thread_count_default(monkeypatch):
     count = effective_thread_count()
-    assert 1 <= count <= (processor.os.cpu_count() or 1)
-    monkeypatch.setattr(processor, "_available_cpus", lambda: 8)
-    monkeypatch.setattr(processor, "cgroup_cpu_limit", lambda: 3)
+    assert 1 <= count <= (os.cpu_count() or 1)
+    monkeypatch.setattr(threads, "_available_cpus", lambda: 8)
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 3)
     assert effective_thread_count() == 3
-    monkeypatch.setattr(processor, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
     assert effective_thread_count() == 8
     assert effective_thread_count(16) == 16
 
@@ -377,16 +380,16 @@ def test_cgroup_cpu_limit_reads_files(monkeypatch, tmp_path):
         "/proc/self/cgroup": "0::/job\n",
         "/proc/self/mountinfo": f"29 23 0:26 / {tmp_path} rw - cgroup2 cgroup2 rw\n",
     }
-    real_read = processor._read_text
+    real_read = readers.read_text
 
     def fake_read(path):
         if path in files:
             return files[path]
         return real_read(path)
 
-    monkeypatch.setattr(processor, "_read_text", fake_read)
-    assert processor.cgroup_cpu_limit() == 3  # the parent's quota limits the job
-    monkeypatch.setattr(processor, "_available_cpus", lambda: 2)
+    monkeypatch.setattr(readers, "read_text", fake_read)
+    assert threads.cgroup_cpu_limit() == 3  # the parent's quota limits the job
+    monkeypatch.setattr(threads, "_available_cpus", lambda: 2)
     assert effective_thread_count() == 2
 
 
@@ -397,19 +400,19 @@ def test_cgroup_cpu_limit_reads_files(monkeypatch, tmp_path):
 
 def test_detect_cpu_is_cached_and_thread_safe(monkeypatch):
     calls = []
-    real_detect = processor._detect
+    real_detect = detection._detect
 
     def counting_detect():
         calls.append(1)
         return real_detect()
 
-    monkeypatch.setattr(processor, "_detect", counting_detect)
+    monkeypatch.setattr(detection, "_detect", counting_detect)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(detect_cpu())) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    workers = [threading.Thread(target=lambda: results.append(detect_cpu())) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
     assert len(calls) == 1
     assert all(result is results[0] for result in results)
     reset_detection_cache()
@@ -422,7 +425,7 @@ def test_host_descriptor_is_sane():
     assert isinstance(cpu, CpuDescriptor)
     assert cpu.features <= KERNEL_FEATURES
     assert CpuDescriptor.from_dict(json.loads(json.dumps(cpu.to_dict()))) == cpu
-    assert cpu.logical_cores == processor.os.cpu_count()
+    assert cpu.logical_cores == os.cpu_count()
     descriptor = execution_descriptor(3)
     assert descriptor.cpu is cpu and descriptor.num_threads == 3
     assert execution_descriptor().num_threads == effective_thread_count()
@@ -448,9 +451,9 @@ def test_detect_cpu_never_raises(monkeypatch, caplog):
     def broken_archspec():
         raise RuntimeError("archspec exploded")
 
-    monkeypatch.setattr(processor, "_read_text", broken_read)
-    monkeypatch.setattr(processor, "_archspec_host", broken_archspec)
-    monkeypatch.setattr(processor, "_run_sysctl", lambda *names: broken_read("sysctl"))
+    monkeypatch.setattr(readers, "read_text", broken_read)
+    monkeypatch.setattr(detection, "_archspec_host", broken_archspec)
+    monkeypatch.setattr(detection, "_run_sysctl", lambda *names: broken_read("sysctl"))
     with caplog.at_level(logging.WARNING, logger="onnx_light"):
         cpu = detect_cpu()
     assert cpu.vendor == "unknown" and cpu.microarchitecture == "unknown"
@@ -467,8 +470,8 @@ def test_detect_cpu_survives_unexpected_errors(monkeypatch, caplog):
     def explode(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(processor, "cpu_from_sources", explode)
-    monkeypatch.setattr(processor, "cpu_from_sysctl", explode)
+    monkeypatch.setattr(detection, "cpu_from_sources", explode)
+    monkeypatch.setattr(detection, "cpu_from_sysctl", explode)
     with caplog.at_level(logging.WARNING, logger="onnx_light"):
         cpu = detect_cpu()
     assert cpu.vendor == "unknown" and cpu.features == frozenset()
@@ -482,7 +485,7 @@ def test_archspec_warnings_become_log_records(monkeypatch, caplog):
         warnings.warn("could not read something", stacklevel=1)
         return "x86_64", "generic"
 
-    monkeypatch.setattr(processor, "_archspec_host", warning_archspec)
+    monkeypatch.setattr(detection, "_archspec_host", warning_archspec)
     with caplog.at_level(logging.WARNING, logger="onnx_light"):
-        assert processor._host_archspec() == ("x86_64", "generic")
+        assert detection._host_archspec() == ("x86_64", "generic")
     assert "could not read something" in caplog.text

@@ -14,6 +14,7 @@ import pytest
 from tuning_helpers import (
     CPU_NAMES,
     MIN_ELEMENTS,
+    cpu,
     descriptor,
     fresh_registry,
     key,
@@ -27,6 +28,7 @@ from onnx_light.tuning.profiles import (
     SOURCES,
     ExactProcessor,
     InstructionSet,
+    Match,
     Microarchitecture,
     ProcessorList,
     ProcessorProfile,
@@ -819,3 +821,29 @@ def test_builtin_schemas_register_into_a_fresh_registry() -> None:
         for name in CPU_NAMES:
             values = snapshot.resolve(k, descriptor(name)).values
             assert snapshot.schema(k).validate(values) == dict(values)
+
+
+def test_selectors_answer_with_a_rank_or_a_reason() -> None:
+    zen3 = cpu("zen3")
+    matched = ZEN3.match(zen3)
+    assert matched == Match.ranked(3, 0) and matched.applies and matched.reason == ""
+    for selector, reason in [
+        (ICELAKE, "processor is amd family 25 model 1, not intel family 6 model 106"),
+        (ProcessorList("amd", 25, frozenset({17})), "not in amd family 25 models [17]"),
+        (Microarchitecture("zen4"), "microarchitecture zen3 is not zen4 nor descends from it"),
+        (Microarchitecture("zen2", include_descendants=False), "descendants are excluded"),
+        (AVX512, "processor lacks avx512f"),
+    ]:
+        refused = selector.match(zen3)
+        assert not refused.applies and refused.rank is None and reason in refused.reason
+    assert Microarchitecture("zen2").match(zen3) == Match.ranked(2, -1)
+    assert AVX2.match(zen3).rank == (1, 1)
+    profile = ProcessorProfile(K, ZEN3, {MIN_ELEMENTS: 5}, threads=(2, 4))
+    assert profile.match(zen3, 8) == Match.refused("8 threads outside the range 2..4")
+    assert profile.match(zen3, 3).applies
+
+
+@pytest.mark.parametrize(("rank", "reason"), [(None, ""), ((1, 0), "both")])
+def test_a_match_has_a_rank_or_a_reason_not_both(rank, reason) -> None:
+    with pytest.raises(ValueError, match="either a rank or a reason"):
+        Match(rank, reason)

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import reductions, structural
-from onnx_light.kernels.base import Kernel, KernelError, NodeContext
+from onnx_light.kernels.base import NARROW_FLOAT_DTYPES, Kernel, KernelError, NodeContext, compute_dtype
 from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
@@ -841,3 +841,14 @@ def test_bad_inputs_fail_at_run(op: str, inputs: list, attributes: dict) -> None
     _, kernel = build(op, inputs, LATEST, outputs, **attributes)
     with pytest.raises(KernelError, match=f"{op.lower()}_node"):
         kernel.run(*inputs)
+
+
+def test_narrow_floats_compute_in_float32_and_other_types_as_they_are():
+    narrow = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
+              np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2),
+              np.dtype(ml_dtypes.float8_e5m2fnuz)}
+    assert narrow == NARROW_FLOAT_DTYPES
+    for dtype in narrow:
+        assert compute_dtype(dtype) == np.float32
+    for dtype in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint64):
+        assert compute_dtype(np.dtype(dtype)) == dtype

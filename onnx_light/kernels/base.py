@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,9 +25,11 @@ from ..tuning.schema import Value
 
 __all__ = [
     "ALL_TYPES",
+    "FLOAT8_TYPES",
     "FLOAT_TYPES",
     "INTEGER_TYPES",
     "LIBRARY",
+    "NARROW_FLOAT_DTYPES",
     "NUMERIC_TYPES",
     "SIGNED_TYPES",
     "Kernel",
@@ -35,15 +37,20 @@ __all__ = [
     "NodeContext",
     "check_element_type",
     "compute_dtype",
+    "ints",
+    "normalize_axes",
+    "normalize_axis",
     "numpy_dtype",
     "quiet",
     "quiet_already",
+    "since",
 ]
 
 LIBRARY = "onnx_light"
 
 T = TensorProto
 FLOAT_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
+FLOAT8_TYPES = (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ)
 SIGNED_INTEGER_TYPES = (T.INT8, T.INT16, T.INT32, T.INT64)
 UNSIGNED_INTEGER_TYPES = (T.UINT8, T.UINT16, T.UINT32, T.UINT64)
 INTEGER_TYPES = SIGNED_INTEGER_TYPES + UNSIGNED_INTEGER_TYPES
@@ -57,10 +64,15 @@ def numpy_dtype(element_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(element_type))
 
 
+#: The floats narrower than float32 (float16, bfloat16, the float8 types): kernels compute
+#: in float32 and round the result back, as ONNX's reference does.
+NARROW_FLOAT_DTYPES = frozenset(numpy_dtype(t) for t in (T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES))
+
+
 def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The type a float kernel computes in: float32 and float64 as they are, narrower types
-    (float16, bfloat16) in float32."""
-    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+    """The type a kernel computes in: float32 for the narrow floats
+    (:data:`NARROW_FLOAT_DTYPES`), any other type (float32, float64, integers) as it is."""
+    return np.dtype(np.float32) if dtype in NARROW_FLOAT_DTYPES else dtype
 
 
 _thread_state = threading.local()
@@ -121,6 +133,29 @@ def check_element_type(ctx: NodeContext, element_type: int | None,
     if element_type is not None and element_type not in allowed:
         raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
                         f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
+
+
+def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:
+    """``axis`` in ``[-rank, rank)`` as a non-negative axis; anything else is the node's error."""
+    if not -rank <= axis < rank:
+        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank
+
+
+def normalize_axes(ctx: NodeContext, axes: Iterable[int], rank: int) -> tuple[int, ...]:
+    """Several axes normalised by :func:`normalize_axis`; a repeated axis is an error."""
+    axes = list(axes)
+    result = tuple(normalize_axis(ctx, axis, rank) for axis in axes)
+    if len(set(result)) != len(result):
+        raise ctx.error(f"axes {axes} name the same axis twice")
+    return result
+
+
+def ints(value: Any) -> list[int] | None:
+    """An optional integer list (attribute value or input tensor) as Python ints; None stays None."""
+    if value is None:
+        return None
+    return [int(v) for v in np.asarray(value).reshape(-1)]
 
 
 class Kernel:
@@ -188,3 +223,8 @@ class Kernel:
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         """Compute the node's outputs from its inputs (None for omitted optional inputs)."""
         raise NotImplementedError
+
+
+def since(kernel: type[Kernel], *versions: int) -> dict[int, type[Kernel]]:
+    """A dispatch table row: the same kernel class under each of ONNX's since_versions."""
+    return dict.fromkeys(versions, kernel)

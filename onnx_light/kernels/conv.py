@@ -819,8 +819,7 @@ def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, 
     ``problem.plan``."""
     items, rows = problem.batch * problem.groups, problem.window.output[0]
     plan = problem.plan
-    previous = BLAS.limit(threads if plan == "blas" else 1)
-    try:
+    with BLAS.limited(threads if plan == "blas" else 1):
         if plan in ("serial", "blas") or pool is None:
             algorithm.block(0, items, 0, rows)
             return
@@ -839,17 +838,12 @@ def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, 
                 _limited(per_thread, algorithm.block, 0, items, start * unit, min(stop * unit, rows))
 
             pool.parallel_for(-(-rows // unit), run_rows, max_blocks=threads)
-    finally:
-        BLAS.restore(previous)
 
 
 def _limited(per_thread: bool, function: Callable[..., None], *arguments: int) -> None:
     """Run one block, with one BLAS thread on this thread when the limit is per thread."""
-    previous = BLAS.limit(1) if per_thread else None
-    try:
+    with BLAS.limited(1 if per_thread else None):
         function(*arguments)
-    finally:
-        BLAS.restore(previous)
 
 
 def _group_ranges(problem: _Problem, start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -34,8 +34,10 @@ from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import math_functions
 from .base import (
+    FLOAT8_TYPES,
     FLOAT_TYPES,
     LIBRARY,
+    NARROW_FLOAT_DTYPES,
     NUMERIC_TYPES,
     SIGNED_TYPES,
     Kernel,
@@ -82,7 +84,6 @@ SERIAL_ONLY = 1 << 62
 # The default of a cheap op on a 4-byte type (float32, int32).
 DEFAULT_MINIMUM_ELEMENTS = CHEAP_MINIMUM_BYTES // 4
 
-FLOAT8_TYPES = (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ)
 BOOL = (T.BOOL,)
 # The type lists ONNX gives ops that do not use one of base.py's groups.
 CLASSIFY_TYPES = (*FLOAT_TYPES, *FLOAT8_TYPES)  # IsNaN, IsInf
@@ -565,13 +566,12 @@ ELEMENTWISE_TYPES: dict[str, tuple[int, ...]] = {op.op_type: op.types for op in 
 # --------------------------------------------------------------------------------------------
 # The machinery
 
-_HALF_DTYPES = tuple(numpy_dtype(t) for t in (T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES))
 _ML_DTYPES = frozenset(numpy_dtype(t) for t in (T.BFLOAT16, *FLOAT8_TYPES))
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _WIDEN: dict[str, dict[np.dtype, np.dtype]] = {
     "native": {},
-    "float32": dict.fromkeys(_HALF_DTYPES, _F32),
-    "float64": dict.fromkeys((*_HALF_DTYPES, _F32), _F64),
+    "float32": dict.fromkeys(NARROW_FLOAT_DTYPES, _F32),
+    "float64": dict.fromkeys((*NARROW_FLOAT_DTYPES, _F32), _F64),
 }
 _BOOL_DTYPE = np.dtype(np.bool_)
 _OBJECT_DTYPE = np.dtype(object)

@@ -74,7 +74,7 @@ from onnx import TensorProto
 from ..parallel import BLAS
 from ..tuning.keys import KernelTuningKey
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import LIBRARY, Kernel, NodeContext, check_element_type
+from .base import LIBRARY, Kernel, NodeContext, check_element_type, compute_dtype
 
 __all__ = [
     "BLAS",
@@ -174,15 +174,6 @@ def _same(out: np.ndarray, result: np.ndarray) -> np.ndarray:
     return result if result.dtype == out.dtype else result.astype(out.dtype)
 
 
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    """float32 for the narrow floats (float16, bfloat16), the type itself otherwise."""
-    if dtype.kind == "f" and dtype.itemsize >= 4:
-        return dtype
-    if dtype.kind in "iu":
-        return dtype
-    return np.dtype(np.float32)
-
-
 class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
@@ -246,10 +237,9 @@ class _ProductKernel(Kernel):
                 raise self.ctx.error(f"batch dimensions do not broadcast: A is {a.shape}, "
                                      f"B is {b.shape}") from None
         plan = self.plan(m, n, k, batch)
-        compute = _compute_dtype(a.dtype)
+        compute = compute_dtype(a.dtype)
         blas = compute.kind == "f"
-        previous = BLAS.limit(self.num_threads if plan == "blas" else 1) if blas else None
-        try:
+        with BLAS.limited((self.num_threads if plan == "blas" else 1) if blas else None):
             if plan == "serial" or plan == "blas":
                 if compute == a.dtype:  # the common path: no output to allocate up front
                     out = np.matmul(a, b)
@@ -264,8 +254,6 @@ class _ProductKernel(Kernel):
                 self._split_batch(a, b, out, compute, batch, blas)
             else:
                 self._split_matrix(plan, a, b, out, compute, epilogue, blas)
-        finally:
-            BLAS.restore(previous)
         return out
 
     def _split_matrix(self, plan: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
@@ -320,8 +308,7 @@ class _ProductKernel(Kernel):
 def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
            epilogue: Epilogue | None, rows: slice, columns: slice, per_thread: bool = False) -> None:
     """``out[...] = epilogue(a @ b)``, computing in ``compute`` (one BLAS call for floats)."""
-    previous = BLAS.limit(1) if per_thread else None
-    try:
+    with BLAS.limited(1 if per_thread else None):
         if out.dtype == compute:
             np.matmul(a, b, out=out)
             result = out
@@ -331,8 +318,6 @@ def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
             result = epilogue(result, rows, columns)
         if result is not out:
             out[...] = result
-    finally:
-        BLAS.restore(previous)
 
 
 class GemmKernel(_ProductKernel):
@@ -382,7 +367,7 @@ class GemmKernel(_ProductKernel):
         if self.integer or a.dtype.kind in "iu":
             epilogue = _integer_epilogue(alpha, beta, c2)
         else:
-            epilogue = _float_epilogue(alpha, beta, c2, _compute_dtype(a.dtype))
+            epilogue = _float_epilogue(alpha, beta, c2, compute_dtype(a.dtype))
         return (self._product(a, b, epilogue),)
 
 

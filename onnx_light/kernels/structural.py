@@ -9,7 +9,6 @@ Slice bounds, Pad pads, Reshape shape).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import ml_dtypes
@@ -17,38 +16,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .base import Kernel, NodeContext, numpy_dtype
+from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis, numpy_dtype, since
 
-__all__ = ["HALF_DTYPES", "KERNELS", "cast", "ints", "normalize_axes", "normalize_axis", "since"]
+__all__ = ["KERNELS", "cast"]
 
 Arrays = list[np.ndarray]
-HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 # ---------------------------------------------------------------- shared helpers
-
-def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:
-    """``axis`` in ``[-rank, rank)`` as a non-negative axis; anything else is the node's error."""
-    if not -rank <= axis < rank:
-        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
-    return axis % rank
-
-
-def normalize_axes(ctx: NodeContext, axes: Iterable[int], rank: int) -> tuple[int, ...]:
-    """Several axes normalised by :func:`normalize_axis`; a repeated axis is an error."""
-    axes = list(axes)
-    result = tuple(normalize_axis(ctx, axis, rank) for axis in axes)
-    if len(set(result)) != len(result):
-        raise ctx.error(f"axes {axes} name the same axis twice")
-    return result
-
-
-def ints(value: Any) -> list[int] | None:
-    """An optional integer list (attribute value or input tensor) as Python ints; None stays None."""
-    if value is None:
-        return None
-    return [int(v) for v in np.asarray(value).reshape(-1)]
-
 
 def ints_since(ctx: NodeContext, name: str, value: np.ndarray | None, since: int) -> list[int] | None:
     """An int list that is the input ``value`` from opset ``since`` on and attribute ``name`` before."""
@@ -541,7 +516,7 @@ class Range(Kernel):
     def run(self, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> Arrays:
         dtype = start.dtype
         stash = self.ctx.opset >= 27 and self.ctx.attribute("stash_type", 1) == 1
-        compute = np.dtype(np.float32) if stash and dtype in HALF_DTYPES else dtype
+        compute = compute_dtype(dtype) if stash else dtype
         first, last, step = (np.asarray(v).astype(compute).reshape(()) for v in (start, limit, delta))
         if step == 0 or not all(np.isfinite(v) for v in (first, last, step)):
             raise self.ctx.error(f"cannot count from {first} to {last} by {step}")
@@ -592,11 +567,6 @@ class Pad(Kernel):
         if any(n == 0 and (b or e) for (b, e), n in zip(widths, x.shape, strict=True)):
             raise self.ctx.error(f"mode {self.mode!r} cannot pad an empty axis")
         return [np.pad(x, widths, mode=self.mode)]
-
-
-def since(kernel: type[Kernel], *versions: int) -> dict[int, type[Kernel]]:
-    """A dispatch table row: the same kernel class under each of ONNX's since_versions."""
-    return dict.fromkeys(versions, kernel)
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.

@@ -39,6 +39,7 @@ __all__ = [
     "Budget",
     "CalibrationFailure",
     "CalibrationResult",
+    "ConfigurationMeasurement",
     "ConfigurationProblem",
     "CrossoverProblem",
     "Measurement",
@@ -84,7 +85,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Reference and candidate timings of one size and case."""
+    """Serial reference and candidate timings of one size and case (:func:`crossover_search`)."""
 
     size: int
     case: str
@@ -103,6 +104,27 @@ class Measurement:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class ConfigurationMeasurement:
+    """One candidate configuration against the portable one on one corpus case
+    (:func:`configuration_search`); ``work`` is the case's size for the report, e.g. its
+    multiply-adds, and ``candidate`` names the values that differ from the portable ones."""
+
+    case: str
+    work: int
+    candidate: str
+    portable_median_s: float
+    portable_spread: float
+    candidate_median_s: float
+    candidate_spread: float
+    samples: int
+    speedup: float
+    candidate_wins: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class CalibrationResult:
     """What one key's calibration produced: values to publish, and the evidence."""
@@ -110,7 +132,7 @@ class CalibrationResult:
     key: KernelTuningKey
     values: dict[str, Value]
     portable_kept: bool
-    measurements: list[Measurement] = field(default_factory=list)
+    measurements: list[Measurement | ConfigurationMeasurement] = field(default_factory=list)
     diagnostics: list[str] = field(default_factory=list)
     load_average: tuple[float, float, float] | None = None
     duration_s: float = 0.0
@@ -304,7 +326,7 @@ class ConfigurationProblem(Protocol):
     cases: Sequence[str]
 
     def work(self, case: str) -> int:
-        """A size for the report, e.g. multiply-adds."""
+        """The case's work for the report (``ConfigurationMeasurement.work``), e.g. multiply-adds."""
         ...
 
     def input_bytes(self, case: str) -> int:
@@ -381,9 +403,9 @@ def configuration_search(
             speedup = base_median / median if median > 0 else math.inf
             speedups[index].append(speedup)
             if index:
-                result.measurements.append(Measurement(
-                    problem.work(case), case, base_median, base_spread, median, spread, samples,
-                    1, speedup, speedup >= 1.0, candidate=labels[index]))
+                result.measurements.append(ConfigurationMeasurement(
+                    case, problem.work(case), labels[index], base_median, base_spread, median,
+                    spread, samples, speedup, speedup >= 1.0))
     result.duration_s = timer() - started
     if stop_reason:
         result.diagnostics.append(f"{key}: corpus not covered ({stop_reason}); portable kept")

@@ -19,12 +19,14 @@ from typing import Any, Protocol
 import archspec.cpu
 
 from .keys import KernelTuningKey
+from .processor.vendors import vendor_name
 from .schema import Value
 
 __all__ = [
     "SOURCES",
     "ExactProcessor",
     "InstructionSet",
+    "Match",
     "Microarchitecture",
     "ProcessorList",
     "ProcessorProfile",
@@ -47,13 +49,6 @@ SOURCES = (PUBLISHED, EXACT_PROCESSOR, PROCESSOR_LIST, MICROARCHITECTURE, INSTRU
 # Precedence levels; processor lists and microarchitectures share one.
 _LEVEL = {EXACT_PROCESSOR: 3, PROCESSOR_LIST: 2, MICROARCHITECTURE: 2, INSTRUCTION_SET: 1}
 
-_ARCHSPEC_VENDORS = {
-    "GenuineIntel": "intel", "AuthenticAMD": "amd", "ARM": "arm", "Apple": "apple",
-    "IBM": "ibm", "Ampere": "ampere", "Nvidia": "nvidia", "Fujitsu": "fujitsu",
-    "Cavium": "cavium", "SiFive": "sifive", "SpacemiT": "spacemit",
-}
-
-
 class CpuLike(Protocol):
     """What selectors read of a processor (see ``processor.CpuDescriptor``)."""
 
@@ -67,12 +62,42 @@ class CpuLike(Protocol):
 Rank = tuple[int, int]
 
 
+@dataclass(frozen=True)
+class Match:
+    """Whether a selector covers a processor: the rank of a match, or why it does not match.
+
+    Higher ranks are more specific. Build one with :meth:`ranked` or :meth:`refused`.
+    """
+
+    rank: Rank | None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.rank is None) == (not self.reason):
+            raise ValueError("a match has either a rank or a reason, not both or neither")
+
+    @classmethod
+    def ranked(cls, level: int, order: int) -> Match:
+        """A match at precedence ``level``, ordered by ``order`` within it."""
+        return cls((level, order))
+
+    @classmethod
+    def refused(cls, reason: str) -> Match:
+        """No match, and the sentence that says why."""
+        return cls(None, reason)
+
+    @property
+    def applies(self) -> bool:
+        """True for a match."""
+        return self.rank is not None
+
+
 class Selector(Protocol):
     """Decides whether a processor is covered, and how specifically."""
 
     source: str
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         """The rank of a match, or a sentence saying why it does not match."""
         ...
 
@@ -111,11 +136,12 @@ class ExactProcessor:
         _check_int("family", self.family)
         _check_int("model", self.model)
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         seen = (cpu.vendor, cpu.family, cpu.model)
         if seen == (self.vendor, self.family, self.model):
-            return (_LEVEL[self.source], 0)
-        return f"processor is {seen[0]} family {seen[1]} model {seen[2]}, not {self.describe()}"
+            return Match.ranked(_LEVEL[self.source], 0)
+        return Match.refused(
+            f"processor is {seen[0]} family {seen[1]} model {seen[2]}, not {self.describe()}")
 
     def describe(self) -> str:
         return f"{self.vendor} family {self.family} model {self.model}"
@@ -142,11 +168,11 @@ class ProcessorList:
             raise ValueError("a processor list needs at least one model")
         object.__setattr__(self, "models", models)
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         if cpu.vendor == self.vendor and cpu.family == self.family and cpu.model in self.models:
-            return (_LEVEL[self.source], 0)
-        return (f"processor is {cpu.vendor} family {cpu.family} model {cpu.model}, "
-                f"not in {self.describe()}")
+            return Match.ranked(_LEVEL[self.source], 0)
+        return Match.refused(f"processor is {cpu.vendor} family {cpu.family} model {cpu.model}, "
+                             f"not in {self.describe()}")
 
     def describe(self) -> str:
         return f"{self.vendor} family {self.family} models {sorted(self.models)}"
@@ -189,18 +215,20 @@ class Microarchitecture:
         if self.name not in archspec.cpu.TARGETS:
             raise ValueError(f"unknown microarchitecture {self.name!r} (not an archspec target)")
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         distance = ancestor_distances(cpu.microarchitecture).get(self.name)
         if distance == 0 or (distance is not None and self.include_descendants):
-            return (_LEVEL[self.source], -distance)
+            return Match.ranked(_LEVEL[self.source], -distance)
         if distance is not None:
-            return f"{cpu.microarchitecture} descends from {self.name}, but descendants are excluded"
-        return f"microarchitecture {cpu.microarchitecture} is not {self.name} nor descends from it"
+            return Match.refused(
+                f"{cpu.microarchitecture} descends from {self.name}, but descendants are excluded")
+        return Match.refused(
+            f"microarchitecture {cpu.microarchitecture} is not {self.name} nor descends from it")
 
     @property
     def vendor(self) -> str | None:
         """Canonical vendor of the target, or None for generic targets."""
-        return _ARCHSPEC_VENDORS.get(archspec.cpu.TARGETS[self.name].vendor)
+        return vendor_name(archspec.cpu.TARGETS[self.name].vendor)
 
     def describe(self) -> str:
         return self.name + (" and descendants" if self.include_descendants else "")
@@ -232,17 +260,17 @@ class InstructionSet:
         object.__setattr__(self, "required", required)
         object.__setattr__(self, "excluded", excluded)
 
-    def match(self, cpu: CpuLike) -> Rank | str:
+    def match(self, cpu: CpuLike) -> Match:
         missing = sorted(self.required - cpu.features)
         present = sorted(self.excluded & cpu.features)
         if not missing and not present:
-            return (_LEVEL[self.source], len(self.required))
+            return Match.ranked(_LEVEL[self.source], len(self.required))
         reasons = []
         if missing:
             reasons.append(f"lacks {', '.join(missing)}")
         if present:
             reasons.append(f"has excluded {', '.join(present)}")
-        return "processor " + " and ".join(reasons)
+        return Match.refused("processor " + " and ".join(reasons))
 
     def describe(self) -> str:
         text = "+".join(sorted(self.required))
@@ -290,10 +318,11 @@ class ProcessorProfile:
         """The resolution source this profile reports."""
         return self.selector.source
 
-    def match(self, cpu: CpuLike, num_threads: int) -> Rank | str:
+    def match(self, cpu: CpuLike, num_threads: int) -> Match:
         """Rank for this processor and thread count, or why it does not apply."""
         if self.threads is not None and not self.threads[0] <= num_threads <= self.threads[1]:
-            return f"{num_threads} threads outside the range {self.threads[0]}..{self.threads[1]}"
+            return Match.refused(
+                f"{num_threads} threads outside the range {self.threads[0]}..{self.threads[1]}")
         return self.selector.match(cpu)
 
     def describe(self) -> str:

@@ -134,10 +134,10 @@ class RegistrySnapshot:
             return Resolution(key, published.values, PUBLISHED, self.generation, published)
         best: tuple[Any, _Profiled] | None = None
         for entry in self.profiles.get(key, ()):
-            rank = entry.profile.match(descriptor.cpu, descriptor.num_threads)
-            if isinstance(rank, str):
+            match = entry.profile.match(descriptor.cpu, descriptor.num_threads)
+            if not match.applies:
                 continue
-            score = (rank, entry.profile.priority)
+            score = (match.rank, entry.profile.priority)
             if best is None or score > best[0]:
                 best = (score, entry)
         if best is not None:
@@ -162,11 +162,11 @@ class RegistrySnapshot:
                 else "descriptor differs in " + ", ".join(differs),
             })
         for entry in self.profiles.get(key, ()):
-            rank = entry.profile.match(descriptor.cpu, descriptor.num_threads)
+            match = entry.profile.match(descriptor.cpu, descriptor.num_threads)
             candidates.append({
                 "profile": entry.profile.describe(),
-                "applies": not isinstance(rank, str),
-                "reason": rank if isinstance(rank, str) else f"matches with rank {list(rank)}",
+                "applies": match.applies,
+                "reason": f"matches with rank {list(match.rank)}" if match.applies else match.reason,
             })
         winner = resolution.profile
         for candidate, profile in zip(candidates, self._candidate_profiles(key), strict=True):
