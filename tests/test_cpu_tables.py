@@ -1,6 +1,6 @@
 """The processor facts kept as data (onnx_light/tuning/processor/cpu_tables.json).
 
-The shipped file must match its schema, the validator must name what is wrong, the
+The shipped file must match its schema (checked with jsonschema, naming what is wrong), the
 tables are read only when needed, and the one vendor table serves detection and profile
 selectors alike (so that the two cannot drift apart again).
 """
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
 
 import archspec.cpu
+import jsonschema
 import pytest
 
 from onnx_light.tuning.processor import KERNEL_FEATURES, parse_proc_cpuinfo, tables
@@ -30,33 +32,39 @@ def shipped(name: str):
     return json.loads(package.joinpath(name).read_text(encoding="utf-8"))
 
 
+def schema_errors(data) -> list[str]:
+    """Each place where ``data`` breaks the shipped schema, as ``path: message``."""
+    validator = jsonschema.Draft202012Validator(shipped(tables.SCHEMA_FILE))
+    return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}"
+                  for error in validator.iter_errors(data))
+
+
+def test_schema_is_a_valid_json_schema():
+    jsonschema.Draft202012Validator.check_schema(shipped(tables.SCHEMA_FILE))
+
+
 def test_shipped_tables_match_their_schema():
-    tables.validate(shipped(tables.DATA_FILE), shipped(tables.SCHEMA_FILE))
+    assert schema_errors(shipped(tables.DATA_FILE)) == []
     loaded = tables.load_tables()
     assert set(loaded) == {"features", "vendors"}
     assert loaded["features"]["x86"]["pni"] == "sse3"
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda data: data.pop("vendors"), r"lacks the key\(s\) \['vendors'\]"),
-    (lambda data: data["features"].update(sse9={}), r"features has the unknown key 'sse9'"),
-    (lambda data: data["features"]["x86"].update(pni=3), r"features\.x86\.pni must be a JSON string"),
-    (lambda data: data["features"]["x86"].update(pni="SSE3"), r"features\.x86\.pni: 'SSE3' does not"),
+    (lambda data: data.pop("vendors"), r"^: 'vendors' is a required property"),
+    (lambda data: data["features"].update(sse9={}), r"^features: .*'sse9' was unexpected"),
+    (lambda data: data["features"]["x86"].update(pni=3), r"^features\.x86\.pni: 3 is not of type"),
+    (lambda data: data["features"]["x86"].update(pni="SSE3"), r"^features\.x86\.pni: 'SSE3' does not"),
     (lambda data: data["features"]["darwin_arm"].update({"hw.optional.neon": []}),
-     r"features\.darwin_arm\.hw\.optional\.neon needs at least 1 item"),
+     r"^features\.darwin_arm\.hw\.optional\.neon: \[\] should be non-empty"),
     (lambda data: data["vendors"]["arm_implementers"].update({"65": "arm"}),
-     r"key 'vendors\.arm_implementers\.65'"),
+     r"^vendors\.arm_implementers: '65' does not match"),
 ])
-def test_validation_names_the_broken_key(change, message):
+def test_schema_names_the_broken_key(change, message):
     data = copy.deepcopy(shipped(tables.DATA_FILE))
     change(data)
-    with pytest.raises(ValueError, match=message):
-        tables.validate(data, shipped(tables.SCHEMA_FILE))
-
-
-def test_validator_refuses_keywords_it_does_not_check():
-    with pytest.raises(ValueError, match=r"unsupported keyword\(s\) \['maxLength'\]"):
-        tables.validate("intel", {"type": "string", "maxLength": 3})
+    errors = schema_errors(data)
+    assert len(errors) == 1 and re.search(message, errors[0]), errors
 
 
 def test_tables_are_read_only_when_needed():
