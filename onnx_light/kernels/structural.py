@@ -100,7 +100,9 @@ def cast(x: np.ndarray, to: int, saturate: bool = True, round_mode: str = "up") 
     Strings parse as Python numbers ("INF", "-inf", "NaN", "1E8"); integer targets
     parse integers exactly and truncate decimals; bool targets go through float
     (so "0" is False). Numbers format as numpy's shortest repr. float8 targets
-    saturate to their largest finite value unless ``saturate`` is false.
+    saturate to their largest finite value unless ``saturate`` is false. A float out of an
+    integer target's range (NaN, infinities) is undefined by ONNX: it becomes whatever numpy
+    or ml_dtypes make of it, without a warning.
     """
     if to == TensorProto.STRING:
         text = [str(v) for v in x.reshape(-1)]  # numpy scalars print their own precision
