@@ -10,6 +10,7 @@ only that configuration: never the registry, never the cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from onnx import TensorProto, helper
 
 from ..parallel import ThreadPool
-from ..tuning.keys import KernelTuningKey, element_type_name
+from ..tuning.keys import ElementType, KernelTuningKey, element_type_name
 from ..tuning.schema import Value
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "NodeContext",
     "check_element_type",
     "compute_dtype",
+    "item_size",
     "numpy_dtype",
     "quiet",
     "quiet_already",
@@ -42,7 +43,7 @@ __all__ = [
 
 LIBRARY = "onnx_light"
 
-T = TensorProto
+T = ElementType
 FLOAT_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
 SIGNED_INTEGER_TYPES = (T.INT8, T.INT16, T.INT32, T.INT64)
 UNSIGNED_INTEGER_TYPES = (T.UINT8, T.UINT16, T.UINT32, T.UINT64)
@@ -52,8 +53,26 @@ NUMERIC_TYPES = FLOAT_TYPES + INTEGER_TYPES
 ALL_TYPES = (*NUMERIC_TYPES, T.BOOL, T.STRING)
 
 
+# Bytes per element where it is not one (STRING holds object pointers).
+_ITEM_SIZES = {T.FLOAT: 4, T.DOUBLE: 8, T.FLOAT16: 2, T.BFLOAT16: 2, T.UINT16: 2, T.INT16: 2,
+               T.UINT32: 4, T.INT32: 4, T.UINT64: 8, T.INT64: 8, T.COMPLEX64: 8, T.COMPLEX128: 16,
+               T.STRING: np.dtype(object).itemsize}
+
+
+def item_size(element_type: int) -> int:
+    """``numpy_dtype(element_type).itemsize``, known without importing onnx (registration needs it)."""
+    return _ITEM_SIZES.get(element_type, 1)
+
+
+@functools.cache
 def numpy_dtype(element_type: int) -> np.dtype:
-    """The numpy dtype holding an ONNX element type (ml_dtypes for bfloat16 and float8)."""
+    """The numpy dtype holding an ONNX element type (ml_dtypes for bfloat16 and float8).
+
+    onnx (and with it ml_dtypes) is imported on the first call, by a session or a
+    calibration, not at ``import onnx_light``.
+    """
+    from onnx import helper
+
     return np.dtype(helper.tensor_dtype_to_np_dtype(element_type))
 
 

@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from .base import Kernel, NodeContext
-from .structural import HALF_DTYPES, ints, normalize_axes, normalize_axis, since
+from .structural import ints, is_half, normalize_axes, normalize_axis, since
 
 __all__ = ["KERNELS", "Reduce"]
 
@@ -55,7 +55,7 @@ def _log_sum_exp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.nda
 
 def _widened(x: np.ndarray) -> np.ndarray:
     """float16 and bfloat16 compute in float32, integers in 64 bits (no wrapping squares or sums)."""
-    if x.dtype in HALF_DTYPES:
+    if is_half(x.dtype):
         return x.astype(np.float32)
     if x.dtype.kind in "iu":
         return x.astype(np.int64 if x.dtype.kind == "i" else np.uint64, copy=False)
@@ -150,7 +150,7 @@ class ArgMax(Kernel):
         size = x.shape[axis]
         if size == 0:
             raise self.ctx.error(f"cannot take {self.op_type} over the empty axis {self.axis}")
-        data = x.astype(np.float32) if x.dtype in HALF_DTYPES else x
+        data = x.astype(np.float32) if is_half(x.dtype) else x
         if self.last:
             found = size - 1 - type(self).function(np.flip(data, axis), axis=axis, keepdims=self.keepdims)
         else:
@@ -179,7 +179,7 @@ class Softmax(Kernel):
 
     def run(self, x: np.ndarray) -> Arrays:
         axis = normalize_axis(self.ctx, self.axis, x.ndim)
-        data = x.astype(np.float32) if x.dtype in HALF_DTYPES else x
+        data = x.astype(np.float32) if is_half(x.dtype) else x
         if self.ctx.opset < 13:
             data, axis = data.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])), 1
         with np.errstate(invalid="ignore", divide="ignore"):

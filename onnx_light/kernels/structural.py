@@ -12,20 +12,23 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
-import onnx
-from onnx import TensorProto, numpy_helper
 
+from ..tuning.keys import ELEMENT_TYPE_CODES
+from ..tuning.keys import ElementType as TensorProto
 from .base import Kernel, NodeContext, numpy_dtype
 
-__all__ = ["HALF_DTYPES", "KERNELS", "cast", "ints", "normalize_axes", "normalize_axis", "since"]
+__all__ = ["KERNELS", "cast", "ints", "is_half", "normalize_axes", "normalize_axis", "since"]
 
 Arrays = list[np.ndarray]
-HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
 # ---------------------------------------------------------------- shared helpers
+
+def is_half(dtype: np.dtype) -> bool:
+    """float16 or bfloat16: the types whose ranges and sums are computed in float32."""
+    return dtype in (np.dtype(np.float16), numpy_dtype(TensorProto.BFLOAT16))
+
 
 def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:
     """``axis`` in ``[-rank, rank)`` as a non-negative axis; anything else is the node's error."""
@@ -70,7 +73,7 @@ def outputs_of(ctx: NodeContext, *arrays: np.ndarray) -> Arrays:
 _SATURATING = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
                TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
 _ROUND_MODES = ("up", "down", "nearest")
-_ELEMENT_TYPES = dict(TensorProto.DataType.items())
+_ELEMENT_TYPES = ELEMENT_TYPE_CODES
 
 
 def _string_to_int(text: str) -> int:
@@ -91,7 +94,7 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
         exponent = exponent + (mantissa >= 0x400000)
     exponent = np.where(exponent > 0xFE, 0xFE if saturate else 0xFF, exponent)
     exponent = np.where((bits >> 23) & 0xFF == 0xFF, 0xFF, exponent)  # NaN and infinity
-    return exponent.astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    return exponent.astype(np.uint8).view(numpy_dtype(TensorProto.FLOAT8E8M0))
 
 
 def cast(x: np.ndarray, to: int, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
@@ -114,6 +117,8 @@ def cast(x: np.ndarray, to: int, saturate: bool = True, round_mode: str = "up") 
     if to == TensorProto.FLOAT8E8M0:
         return _to_e8m0(x, saturate, round_mode)
     if to in _SATURATING and saturate:
+        import ml_dtypes  # here, not at import: docs/benchmarks.md (import time)
+
         limit = float(ml_dtypes.finfo(dtype).max)
         x = np.clip(x if x.dtype.kind == "f" else x.astype(np.float32), -limit, limit)
     with np.errstate(all="ignore"):
@@ -152,13 +157,24 @@ class CastLike(Kernel):
         self.saturate, self.round_mode = _cast_options(ctx)
 
     def run(self, x: np.ndarray, like: np.ndarray) -> Arrays:
-        to = onnx.helper.np_dtype_to_tensor_dtype(like.dtype)  # object -> STRING
+        from onnx import helper
+
+        to = helper.np_dtype_to_tensor_dtype(like.dtype)  # object -> STRING
         return [cast(x, to, self.saturate, self.round_mode)]
 
 
 # ---------------------------------------------------------------- constants
 
-def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+def _tensor_value(value: Any) -> np.ndarray:
+    """A ``value``/``sparse_value`` attribute as an array (sparse tensors made dense)."""
+    import onnx
+
+    return _dense(value) if isinstance(value, onnx.SparseTensorProto) else np.asarray(value)
+
+
+def _dense(sparse: Any) -> np.ndarray:
+    from onnx import numpy_helper
+
     values = numpy_helper.to_array(sparse.values)
     indices = numpy_helper.to_array(sparse.indices)
     dense = np.zeros(tuple(sparse.dims), values.dtype)
@@ -170,8 +186,8 @@ def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
 
 
 _CONSTANT_FORMS = {
-    "value": lambda v: _dense(v) if isinstance(v, onnx.SparseTensorProto) else np.asarray(v),
-    "sparse_value": lambda v: _dense(v) if isinstance(v, onnx.SparseTensorProto) else np.asarray(v),
+    "value": _tensor_value,
+    "sparse_value": _tensor_value,
     "value_float": lambda v: np.array(v, np.float32),
     "value_floats": lambda v: np.array(v, np.float32),
     "value_int": lambda v: np.array(v, np.int64),
@@ -543,7 +559,7 @@ class Range(Kernel):
     def run(self, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> Arrays:
         dtype = start.dtype
         stash = self.ctx.opset >= 27 and self.ctx.attribute("stash_type", 1) == 1
-        compute = np.dtype(np.float32) if stash and dtype in HALF_DTYPES else dtype
+        compute = np.dtype(np.float32) if stash and is_half(dtype) else dtype
         first, last, step = (np.asarray(v).astype(compute).reshape(()) for v in (start, limit, delta))
         if step == 0 or not all(np.isfinite(v) for v in (first, last, step)):
             raise self.ctx.error(f"cannot count from {first} to {last} by {step}")
