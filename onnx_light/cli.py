@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from . import tuning
+from . import __version__, tuning
 from .kernels.base import numpy_dtype
 from .profiling import Profiler, profile_file_name
 from .runtime import RuntimeSession
@@ -316,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m onnx_light",
         description="A lightweight ONNX runtime for CPUs with processor-aware kernel tuning.")
+    parser.add_argument("--version", action="version", version=f"onnx_light {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     tune = commands.add_parser(

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import reductions, structural
-from onnx_light.kernels.base import NARROW_FLOAT_DTYPES, Kernel, KernelError, NodeContext, compute_dtype
+from onnx_light.kernels.base import Kernel, KernelError, NodeContext, compute_dtype, narrow_float_dtypes
 from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
@@ -265,13 +265,33 @@ def test_cast_float8(target: str, saturate: int, dtype: Any) -> None:
     check("Cast", [y], to=TensorProto.FLOAT)
 
 
-@pytest.mark.parametrize("target", ["INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2"])
+SMALL_INTEGERS = ["INT4", "UINT4", "INT2", "UINT2"]
+
+
+def small_type_values(target: str) -> np.ndarray:
+    """Every value of a small type (float4e2m1's from -8 to 7, saturating at 6) as float32."""
+    if target == "FLOAT4E2M1":
+        return np.arange(-8, 8).astype(np.float32)
+    info = ml_dtypes.iinfo(structural.numpy_dtype(getattr(TensorProto, target)))
+    return np.arange(int(info.min), int(info.max) + 1).astype(np.float32)
+
+
+@pytest.mark.parametrize("target", [*SMALL_INTEGERS, "FLOAT4E2M1"])
 def test_cast_small_types(target: str) -> None:
-    x = np.arange(-3, 4).astype(np.float32) if target.endswith("2") else np.arange(-8, 8).astype(np.float32)
-    x = np.abs(x) if target.startswith("U") else x
+    x = small_type_values(target)
     [y] = ours("Cast", [x], to=getattr(TensorProto, target))
     same(y, x.astype(structural.numpy_dtype(getattr(TensorProto, target))))
     same(ours("Cast", [y], to=TensorProto.FLOAT)[0], y.astype(np.float32))
+
+
+@pytest.mark.parametrize("target", SMALL_INTEGERS)
+def test_cast_out_of_range_to_small_integers(target: str) -> None:
+    """ONNX leaves a float out of an integer type's range undefined: some value, and no warning."""
+    inside = small_type_values(target)
+    outside = np.array([inside[0] - 1, inside[-1] + 1, 1e6, np.inf, -np.inf, np.nan], np.float32)
+    [y] = ours("Cast", [np.concatenate([inside, outside])], to=getattr(TensorProto, target))
+    assert y.dtype == structural.numpy_dtype(getattr(TensorProto, target))
+    same(y[:inside.size].astype(np.float32), inside)
 
 
 def test_cast_float8e8m0() -> None:
@@ -847,7 +867,7 @@ def test_narrow_floats_compute_in_float32_and_other_types_as_they_are():
     narrow = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn),
               np.dtype(ml_dtypes.float8_e4m3fnuz), np.dtype(ml_dtypes.float8_e5m2),
               np.dtype(ml_dtypes.float8_e5m2fnuz)}
-    assert narrow == NARROW_FLOAT_DTYPES
+    assert narrow == narrow_float_dtypes()
     for dtype in narrow:
         assert compute_dtype(dtype) == np.float32
     for dtype in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint64):

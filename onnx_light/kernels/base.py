@@ -10,6 +10,7 @@ only that configuration: never the registry, never the cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from onnx import TensorProto, helper
 
 from ..parallel import ThreadPool
-from ..tuning.keys import KernelTuningKey, element_type_name
+from ..tuning.keys import ElementType, KernelTuningKey, element_type_name
 from ..tuning.schema import Value
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "FLOAT_TYPES",
     "INTEGER_TYPES",
     "LIBRARY",
-    "NARROW_FLOAT_DTYPES",
     "NUMERIC_TYPES",
     "SIGNED_TYPES",
     "Kernel",
@@ -38,6 +37,8 @@ __all__ = [
     "check_element_type",
     "compute_dtype",
     "ints",
+    "item_size",
+    "narrow_float_dtypes",
     "normalize_axes",
     "normalize_axis",
     "numpy_dtype",
@@ -48,7 +49,7 @@ __all__ = [
 
 LIBRARY = "onnx_light"
 
-T = TensorProto
+T = ElementType
 FLOAT_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
 FLOAT8_TYPES = (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ)
 SIGNED_INTEGER_TYPES = (T.INT8, T.INT16, T.INT32, T.INT64)
@@ -59,20 +60,41 @@ NUMERIC_TYPES = FLOAT_TYPES + INTEGER_TYPES
 ALL_TYPES = (*NUMERIC_TYPES, T.BOOL, T.STRING)
 
 
+# Bytes per element where it is not one (STRING holds object pointers).
+_ITEM_SIZES = {T.FLOAT: 4, T.DOUBLE: 8, T.FLOAT16: 2, T.BFLOAT16: 2, T.UINT16: 2, T.INT16: 2,
+               T.UINT32: 4, T.INT32: 4, T.UINT64: 8, T.INT64: 8, T.COMPLEX64: 8, T.COMPLEX128: 16,
+               T.STRING: np.dtype(object).itemsize}
+
+
+def item_size(element_type: int) -> int:
+    """``numpy_dtype(element_type).itemsize``, known without importing onnx (registration needs it)."""
+    return _ITEM_SIZES.get(element_type, 1)
+
+
+@functools.cache
 def numpy_dtype(element_type: int) -> np.dtype:
-    """The numpy dtype holding an ONNX element type (ml_dtypes for bfloat16 and float8)."""
+    """The numpy dtype holding an ONNX element type (ml_dtypes for bfloat16 and float8).
+
+    onnx (and with it ml_dtypes) is imported on the first call, by a session or a
+    calibration, not at ``import onnx_light``.
+    """
+    from onnx import helper
+
     return np.dtype(helper.tensor_dtype_to_np_dtype(element_type))
 
 
-#: The floats narrower than float32 (float16, bfloat16, the float8 types): kernels compute
-#: in float32 and round the result back, as ONNX's reference does.
-NARROW_FLOAT_DTYPES = frozenset(numpy_dtype(t) for t in (T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES))
+@functools.cache
+def narrow_float_dtypes() -> frozenset[np.dtype]:
+    """The floats narrower than float32 (float16, bfloat16, the float8 types): kernels compute
+    in float32 and round the result back, as ONNX's reference does. Built on first use, since
+    ml_dtypes' types come with onnx."""
+    return frozenset(numpy_dtype(t) for t in (T.FLOAT16, T.BFLOAT16, *FLOAT8_TYPES))
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The type a kernel computes in: float32 for the narrow floats
-    (:data:`NARROW_FLOAT_DTYPES`), any other type (float32, float64, integers) as it is."""
-    return np.dtype(np.float32) if dtype in NARROW_FLOAT_DTYPES else dtype
+    (:func:`narrow_float_dtypes`), any other type (float32, float64, integers) as it is."""
+    return np.dtype(np.float32) if dtype in narrow_float_dtypes() else dtype
 
 
 _thread_state = threading.local()

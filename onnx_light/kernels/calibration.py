@@ -17,9 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import ml_dtypes
 import numpy as np
-from onnx import TensorProto
 
 from ..parallel import get_pool
 from ..tuning.calibration import (
@@ -28,7 +26,7 @@ from ..tuning.calibration import (
     configuration_search,
     crossover_search,
 )
-from ..tuning.keys import KernelTuningKey
+from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from . import gemm
 from .base import LIBRARY, NodeContext, numpy_dtype
@@ -73,9 +71,9 @@ def _values(rng: np.random.Generator, element_type: int, shape: tuple[int, ...],
     """Seeded values of an ONNX type: both signs where the type has them, no overflow."""
     dtype = numpy_dtype(element_type)
     low, high = domain
-    if element_type == TensorProto.BOOL:
+    if element_type == ElementType.BOOL:
         return rng.random(shape) < 0.5
-    if element_type == TensorProto.STRING:
+    if element_type == ElementType.STRING:
         return rng.integers(0, 10, size=shape).astype(str).astype(object)
     if dtype.kind in "iu":
         low = max(low, 0) if dtype.kind == "u" else low
@@ -95,7 +93,7 @@ class ElementwiseCrossover:
         self.cases = ("equal",) if self.inputs == 1 else ("equal", "scalar", "broadcast")
         types = [element_type] * self.inputs
         if op.key_input:  # Where: the condition first
-            types[0] = TensorProto.BOOL
+            types[0] = ElementType.BOOL
         version = max(op.versions)
         ctx = NodeContext(f"calibrate_{op.op_type}", op.op_type, "", version,
                           input_types=tuple(types), num_inputs=self.inputs)
@@ -259,6 +257,8 @@ class GemmConfigurations:
         accumulate = np.float64 if expected.dtype == np.float64 else np.float32
         bound = 2 * (k + 2) * np.finfo(accumulate).eps * magnitude
         if expected.dtype.itemsize < 4:  # float16, bfloat16: one unit of the final rounding
+            import ml_dtypes  # here: its import is costly (docs/benchmarks.md), and bfloat16 rare
+
             bound = bound + np.abs(expected.astype(np.float64)) * float(ml_dtypes.finfo(expected.dtype).eps)
         difference = np.abs(expected.astype(np.float64) - got.astype(np.float64))
         return bool(np.all(difference <= bound))

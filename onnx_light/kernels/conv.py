@@ -153,11 +153,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
-from onnx import TensorProto
 
 from ..parallel import BLAS, ThreadPool, get_pool
 from ..tuning.calibration import Budget, CalibrationResult, configuration_search
-from ..tuning.keys import KernelTuningKey, element_type_name
+from ..tuning.keys import ElementType, KernelTuningKey, element_type_name
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import winograd
@@ -187,7 +186,7 @@ __all__ = [
     "tuning_schemas",
 ]
 
-T = TensorProto
+T = ElementType
 CONV_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
 # Element types each ONNX version of Conv accepts.
 OPSET_TYPES: dict[int, tuple[int, ...]] = {

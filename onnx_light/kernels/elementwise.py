@@ -28,8 +28,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from onnx import TensorProto as T
 
+from ..tuning.keys import ElementType as T
 from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import math_functions
@@ -37,11 +37,12 @@ from .base import (
     FLOAT8_TYPES,
     FLOAT_TYPES,
     LIBRARY,
-    NARROW_FLOAT_DTYPES,
     NUMERIC_TYPES,
     SIGNED_TYPES,
     Kernel,
     NodeContext,
+    item_size,
+    narrow_float_dtypes,
     numpy_dtype,
     quiet_already,
 )
@@ -548,7 +549,7 @@ def default_minimum_elements(op: ElementwiseOp, element_type: int | None) -> int
         return EXPENSIVE_MINIMUM_ELEMENTS
     if element_type is None:
         return DEFAULT_MINIMUM_ELEMENTS
-    return max(1, CHEAP_MINIMUM_BYTES // numpy_dtype(element_type).itemsize)
+    return max(1, CHEAP_MINIMUM_BYTES // item_size(element_type))
 
 
 def tuning_schemas() -> list[KernelTuningSchema]:
@@ -566,13 +567,23 @@ ELEMENTWISE_TYPES: dict[str, tuple[int, ...]] = {op.op_type: op.types for op in 
 # --------------------------------------------------------------------------------------------
 # The machinery
 
-_ML_DTYPES = frozenset(numpy_dtype(t) for t in (T.BFLOAT16, *FLOAT8_TYPES))
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-_WIDEN: dict[str, dict[np.dtype, np.dtype]] = {
-    "native": {},
-    "float32": dict.fromkeys(NARROW_FLOAT_DTYPES, _F32),
-    "float64": dict.fromkeys((*NARROW_FLOAT_DTYPES, _F32), _F64),
-}
+
+
+@functools.cache
+def _widen(precision: str) -> dict[np.dtype, np.dtype]:
+    """The operand casts of a precision; built on first use (ml_dtypes' types, imported late)."""
+    half = narrow_float_dtypes()
+    return {"native": {}, "float32": dict.fromkeys(half, _F32),
+            "float64": dict.fromkeys((*half, _F32), _F64)}[precision]
+
+
+@functools.cache
+def _ml_dtypes() -> frozenset[np.dtype]:
+    """The ml_dtypes element types (they warn on NaN comparisons)."""
+    return frozenset(numpy_dtype(t) for t in (T.BFLOAT16, *FLOAT8_TYPES))
+
+
 _BOOL_DTYPE = np.dtype(np.bool_)
 _OBJECT_DTYPE = np.dtype(object)
 
@@ -590,8 +601,8 @@ class _TypePlan:
 def _type_plan(op: ElementwiseOp, element_type: int) -> _TypePlan:
     dtype = numpy_dtype(element_type)
     out_dtype = _BOOL_DTYPE if op.output == "bool" else dtype
-    widen = _WIDEN[op.precision]
-    quiet = (op.warns == "always" or dtype in _ML_DTYPES
+    widen = _widen(op.precision)
+    quiet = (op.warns == "always" or dtype in _ml_dtypes()
              or (op.warns == "float" and dtype.kind in "fc"))
     return _TypePlan(out_dtype, widen.get(out_dtype), widen, quiet)
 

@@ -69,10 +69,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
-from onnx import TensorProto
 
 from ..parallel import BLAS
-from ..tuning.keys import KernelTuningKey
+from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from .base import LIBRARY, Kernel, NodeContext, check_element_type, compute_dtype
 
@@ -94,7 +93,7 @@ __all__ = [
     "tuning_schemas",
 ]
 
-T = TensorProto
+T = ElementType
 _FLOATS = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
 _INTEGERS = (T.INT32, T.INT64, T.UINT32, T.UINT64)
 

@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
-from onnx import TensorProto as T
-from onnx import helper
 
-from .base import Kernel, NodeContext, check_element_type, compute_dtype
+from ..tuning.keys import ElementType as T
+from .base import Kernel, NodeContext, check_element_type, compute_dtype, numpy_dtype
 
 __all__ = ["KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "ChannelAffine",
            "InstanceNormalization", "LayerNormalization", "batch_norm_affine"]
@@ -214,7 +213,7 @@ class LayerNormalization(Kernel):
         stash = int(ctx.attribute("stash_type", T.FLOAT))
         if stash not in (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16):
             raise ctx.error(f"stash_type must be a floating point type, got {stash}")
-        self.stash = np.dtype(helper.tensor_dtype_to_np_dtype(stash))
+        self.stash = numpy_dtype(stash)
 
     def run(self, x: np.ndarray, scale: np.ndarray,
             bias: np.ndarray | None = None) -> Sequence[np.ndarray]:

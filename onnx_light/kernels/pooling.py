@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
-from onnx import TensorProto as T
 
+from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, check_element_type, compute_dtype
 from .conv import Window, WindowAttributes, pad_spatial
 

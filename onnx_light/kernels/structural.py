@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import ml_dtypes
 import numpy as np
-import onnx
-from onnx import TensorProto, numpy_helper
 
+from ..tuning.keys import ELEMENT_TYPE_CODES
+from ..tuning.keys import ElementType as TensorProto
 from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis, numpy_dtype, since
 
 __all__ = ["KERNELS", "cast"]
@@ -45,7 +44,7 @@ def outputs_of(ctx: NodeContext, *arrays: np.ndarray) -> Arrays:
 _SATURATING = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ,
                TensorProto.FLOAT8E5M2, TensorProto.FLOAT8E5M2FNUZ}
 _ROUND_MODES = ("up", "down", "nearest")
-_ELEMENT_TYPES = dict(TensorProto.DataType.items())
+_ELEMENT_TYPES = ELEMENT_TYPE_CODES
 
 
 def _string_to_int(text: str) -> int:
@@ -66,7 +65,7 @@ def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
         exponent = exponent + (mantissa >= 0x400000)
     exponent = np.where(exponent > 0xFE, 0xFE if saturate else 0xFF, exponent)
     exponent = np.where((bits >> 23) & 0xFF == 0xFF, 0xFF, exponent)  # NaN and infinity
-    return exponent.astype(np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    return exponent.astype(np.uint8).view(numpy_dtype(TensorProto.FLOAT8E8M0))
 
 
 def cast(x: np.ndarray, to: int, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
@@ -75,7 +74,9 @@ def cast(x: np.ndarray, to: int, saturate: bool = True, round_mode: str = "up") 
     Strings parse as Python numbers ("INF", "-inf", "NaN", "1E8"); integer targets
     parse integers exactly and truncate decimals; bool targets go through float
     (so "0" is False). Numbers format as numpy's shortest repr. float8 targets
-    saturate to their largest finite value unless ``saturate`` is false.
+    saturate to their largest finite value unless ``saturate`` is false. A float out of an
+    integer target's range (NaN, infinities) is undefined by ONNX: it becomes whatever numpy
+    or ml_dtypes make of it, without a warning.
     """
     if to == TensorProto.STRING:
         text = [str(v) for v in x.reshape(-1)]  # numpy scalars print their own precision
@@ -87,6 +88,8 @@ def cast(x: np.ndarray, to: int, saturate: bool = True, round_mode: str = "up") 
     if to == TensorProto.FLOAT8E8M0:
         return _to_e8m0(x, saturate, round_mode)
     if to in _SATURATING and saturate:
+        import ml_dtypes  # here, not at import: docs/benchmarks.md (import time)
+
         limit = float(ml_dtypes.finfo(dtype).max)
         x = np.clip(x if x.dtype.kind == "f" else x.astype(np.float32), -limit, limit)
     with np.errstate(all="ignore"):
@@ -125,13 +128,24 @@ class CastLike(Kernel):
         self.saturate, self.round_mode = _cast_options(ctx)
 
     def run(self, x: np.ndarray, like: np.ndarray) -> Arrays:
-        to = onnx.helper.np_dtype_to_tensor_dtype(like.dtype)  # object -> STRING
+        from onnx import helper
+
+        to = helper.np_dtype_to_tensor_dtype(like.dtype)  # object -> STRING
         return [cast(x, to, self.saturate, self.round_mode)]
 
 
 # ---------------------------------------------------------------- constants
 
-def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+def _tensor_value(value: Any) -> np.ndarray:
+    """A ``value``/``sparse_value`` attribute as an array (sparse tensors made dense)."""
+    import onnx
+
+    return _dense(value) if isinstance(value, onnx.SparseTensorProto) else np.asarray(value)
+
+
+def _dense(sparse: Any) -> np.ndarray:
+    from onnx import numpy_helper
+
     values = numpy_helper.to_array(sparse.values)
     indices = numpy_helper.to_array(sparse.indices)
     dense = np.zeros(tuple(sparse.dims), values.dtype)
@@ -143,8 +157,8 @@ def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
 
 
 _CONSTANT_FORMS = {
-    "value": lambda v: _dense(v) if isinstance(v, onnx.SparseTensorProto) else np.asarray(v),
-    "sparse_value": lambda v: _dense(v) if isinstance(v, onnx.SparseTensorProto) else np.asarray(v),
+    "value": _tensor_value,
+    "sparse_value": _tensor_value,
     "value_float": lambda v: np.array(v, np.float32),
     "value_floats": lambda v: np.array(v, np.float32),
     "value_int": lambda v: np.array(v, np.int64),

@@ -217,12 +217,78 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return skeleton
 
 
-def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Declared and inferred types of every value, by name."""
+# The newest opset of each domain the installed onnx defines ("" and "ai.onnx" are one domain).
+_NEWEST_OPSETS = {"": onnx.defs.onnx_opset_version, "ai.onnx": onnx.defs.onnx_opset_version,
+                  "ai.onnx.ml": onnx.defs.onnx_ml_opset_version}
+
+
+def _check_opsets(model: onnx.ModelProto) -> None:
+    """Refuse an opset newer than the installed onnx defines: its operators' meaning is unknown here."""
+    for entry in model.opset_import:
+        newest = _NEWEST_OPSETS.get(entry.domain)
+        if newest is not None and entry.version > newest():
+            domain = "the default domain 'ai.onnx'" if entry.domain in ("", "ai.onnx") else repr(entry.domain)
+            raise ValueError(f"invalid ONNX model: it imports opset {entry.version} of {domain}; the newest "
+                             f"supported (onnx {onnx.__version__}) is {newest()}")
+
+
+def _has_shapeless_tensor(type_proto: onnx.TypeProto) -> bool:
+    """A tensor type without a shape (unknown rank), also inside a sequence, optional or map."""
+    kind = type_proto.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        return not getattr(type_proto, kind).HasField("shape")
+    if kind in ("sequence_type", "optional_type"):
+        return _has_shapeless_tensor(getattr(type_proto, kind).elem_type)
+    if kind == "map_type":
+        return _has_shapeless_tensor(type_proto.map_type.value_type)
+    return False
+
+
+def _give_shapes(type_proto: onnx.TypeProto) -> None:
+    """Give every shapeless tensor type in ``type_proto`` an empty shape (see :func:`_check`)."""
+    kind = type_proto.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        getattr(type_proto, kind).shape.SetInParent()
+    elif kind in ("sequence_type", "optional_type"):
+        _give_shapes(getattr(type_proto, kind).elem_type)
+    elif kind == "map_type":
+        _give_shapes(type_proto.map_type.value_type)
+
+
+def _check(skeleton: onnx.ModelProto) -> onnx.ModelProto:
+    """Check the model against the ONNX spec; returns it with inferred shapes and types.
+
+    What ``onnx.checker.check_model(full_check=True)`` does, in its two steps, with one rule
+    relaxed as onnxruntime and onnx's ReferenceEvaluator relax it: a graph input or output may
+    lack a shape (a tensor of unknown rank), which the IR asks of a main graph but hand-built
+    and converted models often omit. The structural check sees a copy where such tensors have
+    a placeholder shape; strict type and shape inference sees the model as declared. An
+    element type is still required, as onnxruntime requires it.
+    """
+    _check_opsets(skeleton)
+    checked = skeleton
+    graph = skeleton.graph
+    for kind, infos in (("input", graph.input), ("output", graph.output)):
+        for info in infos:
+            if info.type.HasField("tensor_type") and not info.type.tensor_type.elem_type:
+                raise ValueError(f"invalid ONNX model: graph {kind} {info.name!r} has no element type")
+    shapeless = [info for info in (*graph.input, *graph.output) if _has_shapeless_tensor(info.type)]
+    if shapeless:
+        checked = onnx.ModelProto()
+        checked.CopyFrom(skeleton)
+        for info in (*checked.graph.input, *checked.graph.output):
+            _give_shapes(info.type)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # inference is best effort; declared types still count
-        inferred = model
+        onnx.checker.check_model(checked)
+        # full_check's second step: strict inference adds type checks (Add(float, int64) is refused)
+        return onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
+            UnicodeDecodeError) as exc:  # the last: a name that is not UTF-8
+        raise ValueError(f"invalid ONNX model: {exc}") from None
+
+
+def _value_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Declared and inferred types of every value, by name (``inferred``: the model after inference)."""
     graph = inferred.graph
     types: dict[str, onnx.TypeProto] = {}
     for info in (*graph.value_info, *graph.input, *graph.output):
@@ -280,17 +346,13 @@ class RuntimeSession:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
         skeleton = _skeleton(model)
-        try:  # full_check adds strict type inference: Add(float, int64) is rejected here
-            onnx.checker.check_model(skeleton, full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
-                UnicodeDecodeError) as exc:  # the last: a name that is not UTF-8
-            raise ValueError(f"invalid ONNX model: {exc}") from None
+        inferred = _check(skeleton)
         self.descriptor = execution_descriptor(num_threads)
         self.num_threads = self.descriptor.num_threads
         self._pool = get_pool(self.num_threads)
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
-        types = _value_types(skeleton)
+        types = _value_types(skeleton, inferred)
 
         # Step 1: dispatch constructs every kernel (and lists every unsupported operator).
         kernels, unsupported = [], []

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper
 
 __all__ = [
     "DEVICES",
+    "ELEMENT_TYPE_CODES",
+    "ElementType",
     "KernelTuningKey",
     "element_type_code",
     "element_type_name",
@@ -23,8 +24,52 @@ __all__ = [
 
 DEVICES = frozenset({"cpu"})
 
+
+class ElementType:
+    """ONNX's element type codes (``TensorProto.DataType``), fixed by the ONNX spec.
+
+    Kept here so that the tuning core and the kernel library name element types
+    without importing onnx, whose import (with ml_dtypes) would dominate
+    ``import onnx_light``; a test checks them against the installed onnx.
+    """
+
+    UNDEFINED = 0
+    FLOAT = 1
+    UINT8 = 2
+    INT8 = 3
+    UINT16 = 4
+    INT16 = 5
+    INT32 = 6
+    INT64 = 7
+    STRING = 8
+    BOOL = 9
+    FLOAT16 = 10
+    DOUBLE = 11
+    UINT32 = 12
+    UINT64 = 13
+    COMPLEX64 = 14
+    COMPLEX128 = 15
+    BFLOAT16 = 16
+    FLOAT8E4M3FN = 17
+    FLOAT8E4M3FNUZ = 18
+    FLOAT8E5M2 = 19
+    FLOAT8E5M2FNUZ = 20
+    UINT4 = 21
+    INT4 = 22
+    FLOAT4E2M1 = 23
+    FLOAT8E8M0 = 24
+    UINT2 = 25
+    INT2 = 26
+    FLOAT6E2M3 = 27
+    FLOAT6E3M2 = 28
+
+
+#: Upper-case ONNX name -> code, UNDEFINED included (as ``TensorProto.DataType.items()``).
+ELEMENT_TYPE_CODES: dict[str, int] = {
+    name: code for name, code in vars(ElementType).items() if name.isupper()
+}
 _CODE_BY_NAME: dict[str, int] = {
-    name.lower(): code for name, code in TensorProto.DataType.items() if code != 0
+    name.lower(): code for name, code in ELEMENT_TYPE_CODES.items() if code != 0
 }
 _NAME_BY_CODE: dict[int, str] = {code: name for name, code in _CODE_BY_NAME.items()}
 # numpy spellings users reach for; ONNX's own names win where they overlap.
@@ -66,6 +111,8 @@ def element_type_code(value: int | str | np.dtype | type) -> int:
         raise TypeError(
             f"element type must be an int, a name or a numpy dtype, got {type(value).__name__}"
         ) from None
+    from onnx import helper  # imported here: a dtype lookup is rare, onnx's import is not cheap
+
     try:
         return int(helper.np_dtype_to_tensor_dtype(dtype))
     except (KeyError, ValueError, TypeError):
