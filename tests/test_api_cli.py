@@ -488,6 +488,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+def report_rows(out: str) -> dict[str, list[str]]:
+    """The report's table rows by key: the cells of one-line rows."""
+    return {line.split()[0]: re.split(r"\s{2,}", line) for line in out.splitlines()
+            if line.startswith("onnx_light/")}
+
+
 def test_tune_kernels_text_report(tmp_path: Path, local, capsys) -> None:
     path = tmp_path / "cache.txt"
     update_cache(path, [CacheEntry(ADD, local, {MIN_ELEMENTS: 4321})])
@@ -497,13 +503,82 @@ def test_tune_kernels_text_report(tmp_path: Path, local, capsys) -> None:
     lines = out.splitlines()
     assert lines[0] == f"processor: {local.short()}"
     assert lines[1] == f"cache: {path}"
-    add_line = next(line for line in lines if line.startswith(str(ADD)))
-    assert "published_profile" in add_line
-    assert f"{MIN_ELEMENTS}=4321" in add_line
-    assert add_line.endswith("[covered]")
-    abs_line = next(line for line in lines if line.startswith(str(ABS)))
-    assert "[missing" in abs_line
-    assert lines[-1].startswith("selected 2, covered 1, missing 1 (")
+    assert re.split(r"\s{2,}", lines[2]) == ["key", "cache", "values from", "values"]
+    rows = report_rows(out)
+    assert rows[str(ADD)] == [str(ADD), "covered", "published", f"{MIN_ELEMENTS}=4321"]
+    assert rows[str(ABS)][1:3] == ["missing", "portable default"]
+    assert "selected 2, covered 1, missing 1 (1 calibratable, 0 schema-only)" in lines
+
+
+@pytest.mark.parametrize(("origin", "label"), [("calibrated", "calibrated"),
+                                               ("manual", "set by hand"), ("copied", "published")])
+def test_tune_kernels_labels_published_values_by_their_origin(tmp_path: Path, local, capsys,
+                                                              origin: str, label: str) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [CacheEntry(ADD, local, {MIN_ELEMENTS: 4321}, {"origin": origin})])
+    out = run_cli(capsys, "tune-kernels", "--cache", str(path), "--kernel", "Add",
+                  "--element-type", "float")[1]
+    assert report_rows(out)[str(ADD)][2] == label
+    (record,) = json.loads(run_cli(capsys, "tune-kernels", "--cache", str(path), "--kernel", "Add",
+                                   "--element-type", "float", "--json")[1])["keys"]
+    assert record["active_source"] == "published_profile"  # the spec's name stays in the JSON
+    assert record["active_provenance"]["origin"] == origin
+
+
+def test_tune_kernels_next_step_names_the_keys_and_the_budget(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "cache.txt"
+    selection = ["--kernel", "Add", "--kernel", "Exp", "--element-type", "float", "--cache",
+                 str(path)]
+    out = run_cli(capsys, "tune-kernels", *selection)[1]
+    command = "python -m onnx_light tune-kernels --apply " + " ".join(selection)
+    (step,) = [line for line in out.splitlines() if line.startswith("next: ")]
+    assert f"'{command}' calibrates the 2 missing key(s) of Add [float], Exp [float]" in step
+    assert "in at most 6 s (3 s per key" in step
+    out = run_cli(capsys, "tune-kernels", *selection, "--max-duration-ms", "60000")[1]
+    assert "tune-kernels --apply --max-duration-ms 60000 --kernel Add" in out
+    assert "in at most 60 s (--max-duration-ms)" in out
+    default_registry().forget()
+    onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN_ELEMENTS: 7}, path=path)
+    onnx_light.set_kernel_tuning_parameters("Exp", "float", {MIN_ELEMENTS: 7}, path=path)
+    out = run_cli(capsys, "tune-kernels", *selection)[1]
+    assert "next: every selected key is covered" in out
+    assert "tune-kernels --apply --force --kernel Add" in out
+    assert "tune-kernels --reset --kernel Add" in out
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_tune_kernels_report_fits_the_terminal(capsys, monkeypatch, columns: int) -> None:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    status, out, _ = run_cli(capsys, "tune-kernels")
+    assert status == 0
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= columns
+    keys = [line.split()[0] for line in lines if line.startswith("onnx_light/")]
+    assert keys == list(map(str, default_registry().snapshot().keys()))  # one row each, in order
+    text = " ".join(out.split()).replace("= ", "=")  # wrapped cells joined again
+    for record in onnx_light.kernel_tuning_parameters():
+        values = " ".join(f"{name}={value}" for name, value in record["active_values"].items())
+        assert values in text, record["key"]
+
+
+def test_tune_kernels_report_to_a_pipe_keeps_one_line_per_key(capsys, monkeypatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # capsys: standard output is no terminal
+    out = run_cli(capsys, "tune-kernels", "--kernel", "Conv")[1]
+    rows = report_rows(out)
+    assert len(rows) == len(onnx_light.kernel_tuning_parameters("Conv"))
+    assert all(row[3].startswith("algorithm=") for row in rows.values())
+    assert len(out.splitlines()) == len(rows) + 5  # processor, cache, header, summary, next
+
+
+def test_tune_kernels_piped_into_head_stops_quietly(tmp_path: Path) -> None:
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache.txt")}
+    process = subprocess.Popen([sys.executable, "-m", "onnx_light", "tune-kernels", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout.readline().strip() == b"{"
+    process.stdout.close()  # as head does after its lines
+    assert process.wait(timeout=120) == 1
+    assert process.stderr.read() == b""
+    process.stderr.close()
 
 
 def test_tune_kernels_json_report(tmp_path: Path, local, capsys) -> None:
@@ -579,7 +654,7 @@ def test_tune_kernels_bad_selection_exits_2_with_one_line(capsys, argv: list[str
     assert status == 2
     assert out == ""
     assert len(err.splitlines()) == 1
-    assert err.startswith("onnx_light tune-kernels: error: ")
+    assert err.startswith("python -m onnx_light tune-kernels: error: ")
     assert message in err
 
 
