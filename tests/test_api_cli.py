@@ -707,5 +707,80 @@ def test_module_help_lists_the_subcommands() -> None:
     done = subprocess.run([sys.executable, "-m", "onnx_light", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m onnx_light ")
     assert "tune-kernels" in done.stdout
     assert "cpu" in done.stdout.split()
+
+
+def test_the_console_script_names_itself() -> None:
+    script = Path(sys.executable).parent / "onnx-light"
+    if not script.exists():
+        pytest.skip("the onnx-light console script is not installed beside this interpreter")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: onnx-light ")
+    done = subprocess.run([str(script), "run", "absent.onnx"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith("onnx-light run: error: no ONNX model file at 'absent.onnx'")
+
+
+@pytest.mark.parametrize(("argv0", "prog"), [
+    ("/venv/bin/onnx-light", "onnx-light"), ("/venv/Scripts/onnx-light.exe", "onnx-light"),
+    ("/src/onnx_light/__main__.py", "python -m onnx_light"), ("/venv/bin/pytest", "python -m onnx_light"),
+    ("", "python -m onnx_light")])
+def test_program_name_is_the_invoked_one(argv0: str, prog: str) -> None:
+    assert cli.program_name(argv0) == prog
+
+
+@pytest.mark.parametrize("argv", [["run", "absent.onnx"], ["tune-kernels", "--threads", "0"]])
+def test_usage_and_runtime_errors_share_one_prefix(capsys, monkeypatch, argv: list[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/onnx-light"])
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        status = exit_.code
+    assert status == 2
+    assert capsys.readouterr().err.startswith(f"onnx-light {argv[0]}: error: ")
+
+
+@pytest.mark.parametrize("command", [["cpu"], ["tune-kernels", "--kernel", "Add", "--json"]])
+def test_threads_above_the_effective_count_warn(capsys, local, command: list[str]) -> None:
+    status, _, err = run_cli(capsys, *command, "--threads", str(local.num_threads + 1))
+    assert status == 0
+    assert err.startswith(f"warning: --threads {local.num_threads + 1} is more than the "
+                          f"{local.num_threads} CPU(s) this process may use")
+    status, _, err = run_cli(capsys, *command, "--threads", str(local.num_threads))
+    assert (status, err) == (0, "")
+
+
+def test_run_says_what_a_file_that_is_no_model_is(tmp_path: Path, capsys) -> None:
+    status, _, err = run_cli(capsys, "run", str(ROOT / "README.md"))
+    assert status == 2
+    assert f"{str(ROOT / 'README.md')!r} is not an ONNX model: it is a text file (first line " \
+           "'# onnx_light')" in err
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    status, _, err = run_cli(capsys, "run", str(tmp_path / "x.npy"))
+    assert status == 2 and "is not an ONNX model: it is a NumPy array (.npy)" in err
+    status, _, err = run_cli(capsys, "run", str(tmp_path))
+    assert status == 2 and f"no ONNX model file at {str(tmp_path)!r}: it is a folder" in err
+
+
+def test_run_lists_the_real_inputs_of_a_model_with_initializers_as_inputs(tmp_path: Path,
+                                                                         capsys) -> None:
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    weights = [numpy_helper.from_array(np.full(4, i, np.float32), f"w{i}") for i in range(5)]
+    node = helper.make_node("Sum", ["x", *(w.name for w in weights)], ["y"])
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4])
+              for n in ["x", *(w.name for w in weights)]]  # IR 3 style: weights listed as inputs
+    graph = helper.make_graph([node], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], weights)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.ones(4, np.float32))
+    status, _, err = run_cli(capsys, "run", str(tmp_path / "m.onnx"), "--input",
+                             f"wrong={tmp_path / 'x.npy'}")
+    assert status == 2
+    assert "unknown input(s) ['wrong']; inputs: ['x'] (5 initializer(s) listed as graph inputs " \
+           "may also be fed)" in err
