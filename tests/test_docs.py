@@ -305,6 +305,14 @@ def test_kernel_tuning_example_shows_generations(tmp_path):
     assert rows["after calibration"][2] == "published_profile", rows
     assert rows["after manual set"][3] == "parallel.minimum_elements=4096", rows
     assert all(row[-1] == "True" for row in rows.values()), rows  # every session still runs
+    # without a display (MPLBACKEND=Agg) the figures are saved, and the example says where
+    saved = [Path(line.split(": ", 1)[1]) for line in done.stdout.splitlines()
+             if line.startswith("figure saved: ")]
+    assert saved == [tmp_path / "plot_kernel_tuning-1.png", tmp_path / "plot_kernel_tuning-2.png"]
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in saved)
+    # the session plot compares paths that differ: forced serial against forced parallel
+    assert re.search(r"^Add: parallel / serial time: 4096: \d+\.\d\d \(noise \d+\.\d\d\)",
+                     done.stdout, re.M), done.stdout
 
 
 # --------------------------------------------------------------------------------------------
