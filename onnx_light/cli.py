@@ -257,7 +257,7 @@ def _print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
     width = terminal_width()
     descriptor = tuning.CpuExecutionDescriptor.from_dict(report["descriptor"])
     _print_paragraph(f"processor: {descriptor.short()}", width)
-    _print_paragraph(f"cache: {report['cache']}", width)
+    print(f"cache: {report['cache']}")  # a path is never cut, so that it can be copied
     rows = []
     for record in report["keys"]:
         state = "covered" if record["cached_values"] is not None else (

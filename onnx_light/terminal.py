@@ -59,9 +59,12 @@ def _parts(word: str) -> list[str]:
     return re.findall(r"[^,=]+[,=]?|[,=]", word)
 
 
-def _longest_word(cells: Sequence[str]) -> int:
-    return max((len(part) for cell in cells for word in cell.split()
-                for part in _parts(word)), default=0)
+def _column_minimum(cells: Sequence[str]) -> int:
+    """How narrow a wrapped column may be: as wide as the longest word of nine cells in ten
+    (the others break inside a word, after ``,`` or ``=``), and never narrower than a part."""
+    words = sorted(max((len(w) for w in cell.split()), default=0) for cell in cells)
+    parts = max((len(p) for cell in cells for w in cell.split() for p in _parts(w)), default=0)
+    return max(words[(len(words) * 9) // 10] if words else 0, parts)
 
 
 def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int | None,
@@ -69,9 +72,9 @@ def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int |
     """The lines of a table with ``header``, its columns aligned, at most ``width`` wide.
 
     Columns whose index is in ``wrap`` may be wrapped between words to fit. When they
-    cannot be as wide as their longest word, each row shows the other columns on its
-    first line and every wrapped column on an indented line of its own, named by its
-    header.
+    cannot be as wide as their longest words (see :func:`_column_minimum`), each row shows
+    the other columns on its first line and every wrapped column on an indented line of
+    its own, named by its header.
     """
     table = [list(header), *(list(row) for row in rows)]
     natural = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -81,7 +84,7 @@ def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int |
     fixed = sum(w for i, w in enumerate(natural) if i not in wrap) + len(GAP) * (len(natural) - 1)
     widths = list(natural)
     room = width - fixed
-    minimum = {i: _longest_word([row[i] for row in table]) for i in wrap}
+    minimum = {i: _column_minimum([row[i] for row in table[1:]]) for i in wrap}
     while sum(widths[i] for i in wrap) > room:
         widest = max(wrap, key=lambda i: widths[i] - minimum[i])
         if widths[widest] <= minimum[widest]:
