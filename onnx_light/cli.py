@@ -58,9 +58,7 @@ def _cmd_cpu(args: argparse.Namespace) -> int:
         ("physical / logical cores", f"{cpu.physical_cores} / {cpu.logical_cores}"),
         ("effective threads", str(descriptor.num_threads)),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print("\n".join(fit_table(None, rows, terminal_width(), wrap=(1,))))
     return 0
 
 

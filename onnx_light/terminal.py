@@ -67,15 +67,18 @@ def _column_minimum(cells: Sequence[str]) -> int:
     return max(words[(len(words) * 9) // 10] if words else 0, parts)
 
 
-def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int | None,
+def fit_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], width: int | None,
               wrap: Sequence[int] = ()) -> list[str]:
-    """The lines of a table with ``header``, its columns aligned, at most ``width`` wide.
+    """The lines of a table with ``header`` (None: no header line), its columns aligned, at
+    most ``width`` wide.
 
     Columns whose index is in ``wrap`` may be wrapped between words to fit. When they
     cannot be as wide as their longest words (see :func:`_column_minimum`), each row shows
     the other columns on its first line and every wrapped column on an indented line of
     its own, named by its header.
     """
+    if header is None:
+        return fit_table([""] * len(rows[0]), rows, width, wrap)[1:] if rows else []
     table = [list(header), *(list(row) for row in rows)]
     natural = [max(len(row[i]) for row in table) for i in range(len(header))]
     total = sum(natural) + len(GAP) * (len(natural) - 1)

@@ -38,6 +38,12 @@ def test_a_narrow_terminal_stacks_the_wrapped_columns_below_each_row() -> None:
     assert lines[4].startswith("    values  algorithm=auto") and lines[5].startswith(" " * 12)
 
 
+def test_a_table_without_header() -> None:
+    lines = fit_table(None, [("features", "avx avx2 fma sse4_2"), ("cores", "2")], 20, wrap=(1,))
+    assert lines == ["features  avx avx2", "          fma sse4_2", "cores     2"]
+    assert fit_table(None, [], 20) == []
+
+
 @pytest.mark.parametrize("width", [10, 17, 30])
 def test_wrap_words_breaks_lists_after_commas_and_never_exceeds_the_width(width: int) -> None:
     text = "features: avx,avx2,avx512f,fma,sse4_2 and parallel.minimum_elements=4611686018427387904"
