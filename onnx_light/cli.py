@@ -95,6 +95,10 @@ def _warn(message: str) -> None:
           file=sys.stderr)
 
 
+# Cache statuses that a write first backs up (see tuning/cache.py's update_cache).
+REWRITTEN_STATUSES = ("damaged", "foreign", "unsupported_version")
+
+
 def _warn_about_cache(args: argparse.Namespace) -> None:
     """Say when the ``--cache`` file is damaged, foreign or unsafe, as the import does for
     the default cache (which it has warned about already)."""
@@ -107,10 +111,11 @@ def _warn_about_cache(args: argparse.Namespace) -> None:
         return
     details = "; ".join(info["diagnostics"][:3])
     more = len(info["diagnostics"]) - 3
+    rewrite = (" --apply and --reset copy the file to <cache>.bad-<time> before rewriting it "
+               "without them." if info["status"] in REWRITTEN_STATUSES else "")
     _warn(f"kernel tuning cache {info['path']} is {info['status']}: {details}"
           + (f"; and {more} more" if more > 0 else "")
-          + ". Its unusable entries are ignored (their keys show as missing); --apply and "
-            "--reset copy the file to <cache>.bad-<time> before rewriting it without them")
+          + f". Its unusable entries are ignored (their keys show as missing).{rewrite}")
 
 
 def _warn_about_load() -> None:
@@ -123,8 +128,8 @@ def _warn_about_load() -> None:
 
 
 def _busy(load: Sequence[float] | None) -> str:
-    """``load average X on N CPUs`` when more than a quarter of the CPUs (and at least one)
-    were busy, else ''."""
+    """``load average X on N CPUs`` when the 1-minute load average is at least a quarter of
+    the CPUs (and at least 1), else ''."""
     cpus = os.cpu_count() or 1
     if load is None or load[0] < max(1.0, cpus / 4):
         return ""
@@ -524,8 +529,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune-kernels", help="report kernel tuning coverage; --apply calibrates and saves",
         description="Report, for this processor and thread count, each tunable kernel's active "
-                    "values and whether the cache covers it. Writes nothing unless --apply is "
-                    "given: then the missing calibratable kernels are calibrated and saved.")
+                    "values, where they come from and whether the cache covers them, then what "
+                    "--apply would calibrate. Writes nothing unless --apply (calibrate the "
+                    "missing calibratable kernels and save the results) or --reset (forget this "
+                    "machine's values) is given.")
     tune.add_argument("--kernel", action="append", metavar="NAME",
                       help="select a kernel (repeatable), e.g. Add")
     tune.add_argument("--element-type", action="append", metavar="TYPE",
@@ -543,7 +550,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     tune.add_argument("--force", action="store_true",
                       help="with --apply: calibrate the covered kernels again too")
     tune.add_argument("--max-duration-ms", type=_positive_float, metavar="MS",
-                      help="total calibration time budget (default: 3 s per kernel)")
+                      help="total calibration time budget (default: 3 s per key, i.e. per kernel and "
+                           "element type)")
     tune.add_argument("--max-memory-mb", type=_positive_int, metavar="MB",
                       help="memory budget for calibration inputs (default 1024)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
