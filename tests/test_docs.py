@@ -360,7 +360,7 @@ def test_sphinx_build_has_no_warning(tmp_path):
     assert "onnx_light/Add/portable[float]@cpu#1" in keys
     howto = unescape((html / "howto-tune-kernels.html").read_text(encoding="utf-8"))
     howto = re.sub(r"<[^>]+>", "", howto)  # the samples, as text
-    assert re.search(r"^key +cache +values from +values$", howto, re.M)  # run at build time
+    assert re.search(r"^key +cache +values from", howto, re.M)  # run at build time
     assert "covered before: 0, calibrated now: 2" in howto
     assert (html / "auto_examples" / "plot_kernel_tuning.html").exists()
     assert list((html / "_images").glob("sphx_glr_plot_kernel_tuning_00*.png"))

@@ -398,7 +398,7 @@ def cli_reference_rst(parser: argparse.ArgumentParser | None = None, width: int 
 # --------------------------------------------------------------------------------------------
 # Command output
 
-CONSOLE_COLUMNS = 88  # the width the samples are fitted to (the CLI reads $COLUMNS)
+CONSOLE_COLUMNS = 100  # the width the samples are fitted to (the CLI reads $COLUMNS)
 CONSOLE_HOME = "/home/me"  # stands for the scratch folder the commands run in
 CONSOLE_CACHE = "try-kernel-tuning-cache.txt"  # the how-to's scratch cache, in that folder
 
