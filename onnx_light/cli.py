@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -22,6 +24,9 @@ from .kernels.base import numpy_dtype
 from .profiling import Profiler, profile_file_name
 from .runtime import RuntimeSession
 from .runtime.memory import hold_freed_memory
+from .terminal import fit_table, terminal_width, wrap_words
+from .tuning import calibration
+from .tuning.api import select_keys
 
 __all__ = ["main"]
 
@@ -54,9 +59,7 @@ def _cmd_cpu(args: argparse.Namespace) -> int:
         ("physical / logical cores", f"{cpu.physical_cores} / {cpu.logical_cores}"),
         ("effective threads", str(descriptor.num_threads)),
     ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print("\n".join(fit_table(None, rows, terminal_width(), wrap=(1,))))
     return 0
 
 
@@ -69,12 +72,90 @@ def _size(value: int | None) -> str:
     return f"{value} B"
 
 
-def _tuning_report(args: argparse.Namespace) -> dict[str, Any]:
-    """The read-only report: active values per key and the cache's coverage."""
+SOURCE_LABELS = {
+    "portable_default": "portable default",
+    "exact_processor_profile": "shipped: exact processor",
+    "processor_list_profile": "shipped: processor list",
+    "microarchitecture_profile": "shipped: microarchitecture",
+    "instruction_set_profile": "shipped: instruction set",
+}
+ORIGIN_LABELS = {"calibrated": "calibrated", "manual": "set by hand"}
+
+
+def _source_label(record: dict[str, Any]) -> str:
+    """Where a key's active values come from, in words: a published profile says how it was
+    made (calibrated for this processor and thread count, set by hand)."""
+    if record["active_source"] == "published_profile":
+        origin = (record.get("active_provenance") or {}).get("origin")
+        return ORIGIN_LABELS.get(origin, "published")
+    return SOURCE_LABELS.get(record["active_source"], record["active_source"])
+
+
+def _warn(message: str) -> None:
+    print("\n".join(wrap_words(f"warning: {message}", terminal_width(), indent="  ")),
+          file=sys.stderr)
+
+
+# Cache statuses that a write first backs up (see tuning/cache.py's update_cache).
+REWRITTEN_STATUSES = ("damaged", "foreign", "unsupported_version")
+
+
+def _warn_about_cache(args: argparse.Namespace) -> None:
+    """Say when the ``--cache`` file is damaged, foreign or unsafe, as the import does for
+    the default cache (which it has warned about already)."""
+    if args.cache is None or Path(args.cache).expanduser() == Path(
+            tuning.default_kernel_tuning_cache_path()):
+        return
+    info = tuning.inspect_kernel_tuning_cache(args.cache, num_threads=args.threads)
+    invalid = [p for p in info["profiles"] if p["outcome"] == "invalid"]
+    if info["status"] in ("ok", "missing") and not invalid and not info.get("ownership"):
+        return
+    details = "; ".join(info["diagnostics"][:3])
+    more = len(info["diagnostics"]) - 3
+    rewrite = (" --apply and --reset copy the file to <cache>.bad-<time> before rewriting it "
+               "without them." if info["status"] in REWRITTEN_STATUSES else "")
+    _warn(f"kernel tuning cache {info['path']} is {info['status']}: {details}"
+          + (f"; and {more} more" if more > 0 else "")
+          + f". Its unusable entries are ignored (their keys show as missing).{rewrite}")
+
+
+def _warn_about_load() -> None:
+    """Warn before measuring on a machine that other programs keep busy."""
+    busy = _busy(calibration.load_average())
+    if busy:
+        _warn(f"{busy}: other programs compete for the processor, so the timings are noisy "
+              f"and calibration may keep the portable values or choose poor ones; calibrate "
+              f"on an idle machine for values to keep")
+
+
+def _busy(load: Sequence[float] | None) -> str:
+    """``load average X on N CPUs`` when the 1-minute load average is at least a quarter of
+    the CPUs (and at least 1), else ''."""
+    cpus = os.cpu_count() or 1
+    if load is None or load[0] < max(1.0, cpus / 4):
+        return ""
+    return f"load average {load[0]:.2f} on {cpus} CPUs"
+
+
+def _warn_about_threads(args: argparse.Namespace) -> None:
+    threads = getattr(args, "threads", None)
+    available = tuning.effective_thread_count()
+    if threads is not None and threads > available:
+        _warn(f"--threads {threads} is more than the {available} CPU(s) this process may use "
+              f"(its effective thread count, see '{args.prog} cpu'): the extra threads share "
+              f"CPUs, so runs are slower and calibrations describe a machine this is not")
+
+
+def _use_cache(args: argparse.Namespace) -> None:
+    """With ``--cache``, this process's active values are that file's (published here only)."""
     if args.cache is not None:
-        # Report on that file: publish its profiles in this process only.
         tuning.default_registry().forget()
         tuning.load_kernel_tuning_cache(args.cache, num_threads=args.threads)
+
+
+def _tuning_report(args: argparse.Namespace) -> dict[str, Any]:
+    """The read-only report: active values per key and the cache's coverage."""
+    _use_cache(args)
     records = tuning.kernel_tuning_parameters(
         args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
     covered = [r for r in records if r["cached_values"] is not None]
@@ -102,13 +183,121 @@ class _ProgressBar:
     def __call__(self, done: int, total: int, key: str) -> None:
         if not self.enabled or total == 0:
             return
-        width = 30
-        filled = width * done // total
-        line = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {key}"
-        sys.stderr.write(line[:120].ljust(120))
+        width = min(terminal_width() or 120, 120) - 1
+        filled = 30 * done // total
+        line = f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {key}"
+        sys.stderr.write(line[:width].ljust(width))
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _duration_budget_s(args: argparse.Namespace, keys: int) -> float:
+    """The calibration's duration budget, as ``apply_kernel_tuning_updates`` shares it."""
+    if args.max_duration_ms is not None:
+        return args.max_duration_ms / 1000
+    return calibration.DEFAULT_KEY_DURATION_S * keys
+
+
+def _command(args: argparse.Namespace, *options: str) -> str:
+    """This invocation's selection as a command line, with ``options`` added."""
+    words = ["", "tune-kernels", *options]
+    for flag, values in (("--kernel", args.kernel), ("--element-type", args.element_type)):
+        for value in values or []:
+            words += [flag, str(value)]
+    for flag, value in (("--cache", args.cache), ("--threads", args.threads)):
+        if value is not None:
+            words += [flag, str(value)]
+    return " ".join([args.prog, *map(shlex.quote, words[1:])])
+
+
+def _selection(keys: Sequence[str]) -> str:
+    """Which keys, briefly: each kernel with its element types when there are few kernels."""
+    types: dict[str, list[str]] = {}
+    for text in keys:
+        key = tuning.KernelTuningKey.parse(text)
+        types.setdefault(key.kernel, []).append(key.element_type_name)
+    if len(types) > 8:
+        return f"{len(types)} kernels"
+    return ", ".join(f"{kernel} [{', '.join(names)}]" for kernel, names in types.items())
+
+
+def _next_step(args: argparse.Namespace, report: dict[str, Any]) -> list[str]:
+    """What ``--apply`` would do with this selection, and about how long it would take."""
+    records = report["keys"]
+    todo = [r["key"] for r in records if r["cached_values"] is None and r["calibratable"]]
+    manual = [r["key"] for r in records if r["cached_values"] is None and not r["calibratable"]]
+    lines = []
+    if todo:
+        budget = _duration_budget_s(args, len(todo))
+        per_key = " (--max-duration-ms)" if args.max_duration_ms is not None else (
+            f" ({calibration.DEFAULT_KEY_DURATION_S:g} s per key; --max-duration-ms sets the "
+            f"budget)")
+        narrow = "" if args.kernel else " (--kernel and --element-type select fewer)"
+        budget_option = () if args.max_duration_ms is None else (
+            "--max-duration-ms", f"{args.max_duration_ms:g}")
+        lines.append(
+            f"next: '{_command(args, '--apply', *budget_option)}' calibrates the {len(todo)} "
+            f"missing key(s) of {_selection(todo)}{narrow} and saves them, in at most {_duration(budget)}"
+            f"{per_key}; calibrate on an otherwise idle machine.")
+    elif records and not manual:
+        lines.append(f"next: every selected key is covered. '{_command(args, '--apply', '--force')}' "
+                     f"calibrates them again; '{_command(args, '--reset')}' forgets them.")
+    if manual:
+        lines.append(f"{len(manual)} schema-only key(s) of {_selection(manual)} have no "
+                     f"calibration: set their values with onnx_light.set_kernel_tuning_parameters.")
+    return lines
+
+
+def _print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    width = terminal_width()
+    descriptor = tuning.CpuExecutionDescriptor.from_dict(report["descriptor"])
+    _print_paragraph(f"processor: {descriptor.short()}", width)
+    print(f"cache: {report['cache']}")  # a path is never cut, so that it can be copied
+    rows = []
+    for record in report["keys"]:
+        state = "covered" if record["cached_values"] is not None else (
+            "missing" if record["calibratable"] else "schema-only")
+        rows.append((record["key"], state, _source_label(record),
+                     _format_values(record["active_values"])))
+    if rows:
+        print("\n".join(fit_table(("key", "cache", "values from", "values"), rows, width, wrap=(3,))))
+    summary = report["summary"]
+    print(f"selected {summary['selected']}, covered {summary['covered']}, "
+          f"missing {summary['missing']} ({summary['missing_calibratable']} calibratable, "
+          f"{summary['missing_schema_only']} schema-only)")
+    for line in _next_step(args, report):
+        _print_paragraph(line, width)
+
+
+def _print_paragraph(text: str, width: int | None) -> None:
+    """``text`` fitted to ``width``, its later lines indented."""
+    print("\n".join(wrap_words(text, width, indent="  ")))
+
+
+def _reason(result: dict[str, Any]) -> str:
+    """Why calibration chose what it chose: its diagnostics without the key, and the load."""
+    prefix = f"{result['key']}: "
+    parts = [d[len(prefix):] if d.startswith(prefix) else d for d in result["diagnostics"]]
+    busy = _busy(result.get("load_average"))
+    if busy:
+        parts.append(f"{busy} when measured")
+    return "; ".join(parts) or "-"
+
+
+def _change_row(result: dict[str, Any], before: dict[str, Any] | None) -> tuple[str, ...]:
+    unchanged = before is not None and dict(before) == dict(result["values"])
+    speedup = "-" if unchanged or result["portable_kept"] else _speedup_at_crossover(result)
+    return (result["key"], _format_values(before), "unchanged" if unchanged else
+            _format_values(result["values"]), speedup, _reason(result))
 
 
 def _speedup_at_crossover(result: dict[str, Any]) -> str:
@@ -117,10 +306,22 @@ def _speedup_at_crossover(result: dict[str, Any]) -> str:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    _use_cache(args)
+    records = tuning.kernel_tuning_parameters(
+        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
     proposal = tuning.propose_kernel_tuning_updates(
         args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
-    before = {r["key"]: r["active_values"] for r in tuning.kernel_tuning_parameters(
-        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)}
+    if args.force:  # the covered calibratable keys too, in key order
+        calibratable = {r["key"] for r in records if r["calibratable"]}
+        wanted = set(proposal["missing_calibratable"]) | (set(proposal["covered"]) & calibratable)
+        proposal["missing_calibratable"] = [r["key"] for r in records if r["key"] in wanted]
+    before = {r["key"]: r["active_values"] for r in records}
+    todo = proposal["missing_calibratable"]
+    if todo:
+        _warn_about_load()
+        if not args.quiet and not args.json:
+            print(f"calibrating {len(todo)} key(s), at most "
+                  f"{_duration(_duration_budget_s(args, len(todo)))}", file=sys.stderr)
     progress = _ProgressBar(sys.stderr.isatty() and not args.quiet)
     max_memory = None if args.max_memory_mb is None else args.max_memory_mb * (1 << 20)
     outcome = tuning.apply_kernel_tuning_updates(
@@ -129,23 +330,25 @@ def _apply(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"proposal": proposal, "outcome": outcome})
     else:
+        recalibrated = len(set(todo) & set(proposal["covered"]))
         print(f"covered before: {len(proposal['covered'])}, calibrated now: "
-              f"{len(outcome['applied'])}, failed: {len(outcome['failed'])}, "
-              f"skipped: {len(outcome['skipped'])}, schema-only (manual): "
-              f"{len(proposal['missing_schema_only'])}")
-        rows = [(r["key"], _format_values(before.get(r["key"])), _format_values(r["values"]),
-                 _speedup_at_crossover(r)) for r in outcome["applied"]]
+              f"{len(outcome['applied'])}" + (f" ({recalibrated} again)" if recalibrated else "")
+              + f", failed: {len(outcome['failed'])}, skipped: {len(outcome['skipped'])}, "
+              f"schema-only (manual): {len(proposal['missing_schema_only'])}")
+        rows = [_change_row(r, before.get(r["key"])) for r in outcome["applied"]]
         if rows:
-            widths = [max(len(row[i]) for row in [("key", "old", "new", "speedup"), *rows])
-                      for i in range(4)]
-            for row in [("key", "old", "new", "speedup"), *rows]:
-                print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+            print("\n".join(fit_table(("key", "old", "new", "speedup", "reason"), rows,
+                                      terminal_width(), wrap=(1, 2, 4))))
+        if not todo and not args.force and proposal["covered"]:
+            print(f"nothing to calibrate: the selected keys are covered; "
+                  f"'{_command(args, '--apply', '--force')}' calibrates them again")
         for failure in outcome["failed"]:
             print(f"FAILED {failure['key']}: {failure['error']}", file=sys.stderr)
         for skipped in outcome["skipped"]:
             print(f"skipped {skipped['key']}: {skipped['reason']}", file=sys.stderr)
         if outcome["cache_update"]:
             print(f"cache written: {outcome['cache_update']['path']}")
+    _report_backup(outcome["cache_update"])
     if args.plot and outcome["applied"]:
         from .plotting import plot_calibration  # matplotlib only when asked for
 
@@ -154,28 +357,43 @@ def _apply(args: argparse.Namespace) -> int:
     return 1 if outcome["failed"] or outcome["skipped"] else 0
 
 
+def _report_backup(update: dict[str, Any] | None) -> None:
+    if update and update.get("backup"):
+        _warn(f"the kernel tuning cache {update['path']} had unusable content: it was copied to "
+              f"{update['backup']} and rewritten without it")
+
+
+def _reset(args: argparse.Namespace) -> int:
+    result = tuning.reset_kernel_tuning_parameters(
+        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
+    if args.json:
+        _print_json(result)
+    else:
+        descriptor = tuning.CpuExecutionDescriptor.from_dict(result["descriptor"])
+        update = result["cache_update"]
+        where = (f"{update['removed']} entry(ies) removed from {update['path']}"
+                 if Path(update["path"]).exists() else f"no cache file at {update['path']}")
+        print(f"forgot the values of {len(result['keys'])} key(s) for this processor at "
+              f"{descriptor.num_threads} threads: {where}")
+    _report_backup(result["cache_update"])
+    return 0
+
+
 def _cmd_tune_kernels(args: argparse.Namespace) -> int:
-    if args.plot and not args.apply:
-        raise ValueError("--plot draws a calibration: it needs --apply")
+    for option, given in (("--plot", args.plot), ("--force", args.force)):
+        if given and not args.apply:
+            raise ValueError(f"{option} acts on a calibration: it needs --apply")
+    select_keys(tuning.default_registry().snapshot(), args.kernel, args.element_type)  # or raise
+    _warn_about_cache(args)
+    if args.reset:
+        return _reset(args)
     if args.apply:
         return _apply(args)
     report = _tuning_report(args)
     if args.json:
         _print_json(report)
         return 0
-    descriptor = tuning.CpuExecutionDescriptor.from_dict(report["descriptor"])
-    print(f"processor: {descriptor.short()}")
-    print(f"cache: {report['cache']}")
-    width = max((len(r["key"]) for r in report["keys"]), default=0)
-    for record in report["keys"]:
-        state = "covered" if record["cached_values"] is not None else (
-            "missing" if record["calibratable"] else "missing, schema-only")
-        print(f"{record['key']:<{width}}  {record['active_source']:<25} "
-              f"{_format_values(record['active_values'])}  [{state}]")
-    summary = report["summary"]
-    print(f"selected {summary['selected']}, covered {summary['covered']}, "
-          f"missing {summary['missing']} ({summary['missing_calibratable']} calibratable, "
-          f"{summary['missing_schema_only']} schema-only)")
+    _print_report(args, report)
     return 0
 
 
@@ -279,10 +497,9 @@ BENCHMARK_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "run.
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if not BENCHMARK_SCRIPT.is_file():
-        print("onnx_light bench: error: the benchmark suite is not part of the installed package; "
-              "from a source checkout of onnx_light run: python benchmarks/run.py [--quick]",
-              file=sys.stderr)
-        return 2
+        raise FileNotFoundError("the benchmark suite is not part of the installed package; from "
+                                "a source checkout of onnx_light run: python benchmarks/run.py "
+                                "[--quick]")
     argv = [sys.executable, str(BENCHMARK_SCRIPT)]
     if args.quick:
         argv.append("--quick")
@@ -304,6 +521,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line on stderr (exit status 2), like every other error."""
 
@@ -311,10 +538,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
+def program_name(argv0: str | None = None) -> str:
+    """The name the user invoked: the console script's (``onnx-light``), else
+    ``python -m onnx_light`` (also when called from another program, such as a test)."""
+    argv0 = (sys.argv[0] if sys.argv else "") if argv0 is None else argv0
+    name = Path(argv0).name
+    stem = name[: -len(".exe")] if name.lower().endswith(".exe") else name
+    if stem.startswith(("onnx-light", "onnx_light")) and not name.endswith(".py"):
+        return stem
+    return "python -m onnx_light"
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every subcommand; ``prog`` defaults to :func:`program_name`."""
     parser = _Parser(
-        prog="python -m onnx_light",
+        prog=program_name() if prog is None else prog,
         description="A lightweight ONNX runtime for CPUs with processor-aware kernel tuning.")
     parser.add_argument("--version", action="version", version=f"onnx_light {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -322,8 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune-kernels", help="report kernel tuning coverage; --apply calibrates and saves",
         description="Report, for this processor and thread count, each tunable kernel's active "
-                    "values and whether the cache covers it. Writes nothing unless --apply is "
-                    "given: then the missing calibratable kernels are calibrated and saved.")
+                    "values, where they come from and whether the cache covers them, then what "
+                    "--apply would calibrate. Writes nothing unless --apply (calibrate the "
+                    "missing calibratable kernels and save the results) or --reset (forget this "
+                    "machine's values) is given.")
     tune.add_argument("--kernel", action="append", metavar="NAME",
                       help="select a kernel (repeatable), e.g. Add")
     tune.add_argument("--element-type", action="append", metavar="TYPE",
@@ -332,10 +572,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--threads", type=_positive_int, metavar="N",
                       help="thread count (default: the CPUs this process may use)")
     tune.add_argument("--json", action="store_true", help="print JSON")
-    tune.add_argument("--apply", action="store_true",
-                      help="calibrate the missing calibratable kernels and save the results")
-    tune.add_argument("--max-duration-ms", type=float, metavar="MS",
-                      help="total calibration time budget (default: 3 s per kernel)")
+    action = tune.add_mutually_exclusive_group()
+    action.add_argument("--apply", action="store_true",
+                        help="calibrate the missing calibratable kernels and save the results")
+    action.add_argument("--reset", action="store_true",
+                        help="forget this processor's values at this thread count for the "
+                             "selected kernels (all without --kernel), in the cache file too")
+    tune.add_argument("--force", action="store_true",
+                      help="with --apply: calibrate the covered kernels again too")
+    tune.add_argument("--max-duration-ms", type=_positive_float, metavar="MS",
+                      help="total calibration time budget (default: 3 s per key, i.e. per kernel and "
+                           "element type)")
     tune.add_argument("--max-memory-mb", type=_positive_int, metavar="MB",
                       help="memory budget for calibration inputs (default 1024)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -399,13 +646,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.prog = parser.prog
     if getattr(args, "element_type", None) is not None:
         args.element_type = _element_types(args.element_type)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        _warn_about_threads(args)
         return handler(args)
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly
+        _silence_stdout()
+        return 1
     except (KeyError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-        print(f"onnx_light {args.command}: error: {one_line}", file=sys.stderr)
+        print(f"{parser.prog} {args.command}: error: {one_line}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point standard output at the null device, so that flushing it at exit does not fail
+    on the closed pipe again."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, descriptor)
+    os.close(null)

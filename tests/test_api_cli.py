@@ -488,6 +488,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+def report_rows(out: str) -> dict[str, list[str]]:
+    """The report's table rows by key: the cells of one-line rows."""
+    return {line.split()[0]: re.split(r"\s{2,}", line) for line in out.splitlines()
+            if line.startswith("onnx_light/")}
+
+
 def test_tune_kernels_text_report(tmp_path: Path, local, capsys) -> None:
     path = tmp_path / "cache.txt"
     update_cache(path, [CacheEntry(ADD, local, {MIN_ELEMENTS: 4321})])
@@ -497,13 +503,82 @@ def test_tune_kernels_text_report(tmp_path: Path, local, capsys) -> None:
     lines = out.splitlines()
     assert lines[0] == f"processor: {local.short()}"
     assert lines[1] == f"cache: {path}"
-    add_line = next(line for line in lines if line.startswith(str(ADD)))
-    assert "published_profile" in add_line
-    assert f"{MIN_ELEMENTS}=4321" in add_line
-    assert add_line.endswith("[covered]")
-    abs_line = next(line for line in lines if line.startswith(str(ABS)))
-    assert "[missing" in abs_line
-    assert lines[-1].startswith("selected 2, covered 1, missing 1 (")
+    assert re.split(r"\s{2,}", lines[2]) == ["key", "cache", "values from", "values"]
+    rows = report_rows(out)
+    assert rows[str(ADD)] == [str(ADD), "covered", "published", f"{MIN_ELEMENTS}=4321"]
+    assert rows[str(ABS)][1:3] == ["missing", "portable default"]
+    assert "selected 2, covered 1, missing 1 (1 calibratable, 0 schema-only)" in lines
+
+
+@pytest.mark.parametrize(("origin", "label"), [("calibrated", "calibrated"),
+                                               ("manual", "set by hand"), ("copied", "published")])
+def test_tune_kernels_labels_published_values_by_their_origin(tmp_path: Path, local, capsys,
+                                                              origin: str, label: str) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [CacheEntry(ADD, local, {MIN_ELEMENTS: 4321}, {"origin": origin})])
+    out = run_cli(capsys, "tune-kernels", "--cache", str(path), "--kernel", "Add",
+                  "--element-type", "float")[1]
+    assert report_rows(out)[str(ADD)][2] == label
+    (record,) = json.loads(run_cli(capsys, "tune-kernels", "--cache", str(path), "--kernel", "Add",
+                                   "--element-type", "float", "--json")[1])["keys"]
+    assert record["active_source"] == "published_profile"  # the spec's name stays in the JSON
+    assert record["active_provenance"]["origin"] == origin
+
+
+def test_tune_kernels_next_step_names_the_keys_and_the_budget(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "cache.txt"
+    selection = ["--kernel", "Add", "--kernel", "Exp", "--element-type", "float", "--cache",
+                 str(path)]
+    out = run_cli(capsys, "tune-kernels", *selection)[1]
+    command = "python -m onnx_light tune-kernels --apply " + " ".join(selection)
+    (step,) = [line for line in out.splitlines() if line.startswith("next: ")]
+    assert f"'{command}' calibrates the 2 missing key(s) of Add [float], Exp [float]" in step
+    assert "in at most 6 s (3 s per key" in step
+    out = run_cli(capsys, "tune-kernels", *selection, "--max-duration-ms", "60000")[1]
+    assert "tune-kernels --apply --max-duration-ms 60000 --kernel Add" in out
+    assert "in at most 60 s (--max-duration-ms)" in out
+    default_registry().forget()
+    onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN_ELEMENTS: 7}, path=path)
+    onnx_light.set_kernel_tuning_parameters("Exp", "float", {MIN_ELEMENTS: 7}, path=path)
+    out = run_cli(capsys, "tune-kernels", *selection)[1]
+    assert "next: every selected key is covered" in out
+    assert "tune-kernels --apply --force --kernel Add" in out
+    assert "tune-kernels --reset --kernel Add" in out
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_tune_kernels_report_fits_the_terminal(capsys, monkeypatch, columns: int) -> None:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    status, out, _ = run_cli(capsys, "tune-kernels")
+    assert status == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines if not line.startswith("cache: ")) <= columns  # a path
+    keys = [line.split()[0] for line in lines if line.startswith("onnx_light/")]
+    assert keys == list(map(str, default_registry().snapshot().keys()))  # one row each, in order
+    text = " ".join(out.split()).replace("= ", "=")  # wrapped cells joined again
+    for record in onnx_light.kernel_tuning_parameters():
+        values = " ".join(f"{name}={value}" for name, value in record["active_values"].items())
+        assert values in text, record["key"]
+
+
+def test_tune_kernels_report_to_a_pipe_keeps_one_line_per_key(capsys, monkeypatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # capsys: standard output is no terminal
+    out = run_cli(capsys, "tune-kernels", "--kernel", "Conv")[1]
+    rows = report_rows(out)
+    assert len(rows) == len(onnx_light.kernel_tuning_parameters("Conv"))
+    assert all(row[3].startswith("algorithm=") for row in rows.values())
+    assert len(out.splitlines()) == len(rows) + 5  # processor, cache, header, summary, next
+
+
+def test_tune_kernels_piped_into_head_stops_quietly(tmp_path: Path) -> None:
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache.txt")}
+    process = subprocess.Popen([sys.executable, "-m", "onnx_light", "tune-kernels", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert process.stdout.readline().strip() == b"{"
+    process.stdout.close()  # as head does after its lines
+    assert process.wait(timeout=120) == 1
+    assert process.stderr.read() == b""
+    process.stderr.close()
 
 
 def test_tune_kernels_json_report(tmp_path: Path, local, capsys) -> None:
@@ -579,7 +654,7 @@ def test_tune_kernels_bad_selection_exits_2_with_one_line(capsys, argv: list[str
     assert status == 2
     assert out == ""
     assert len(err.splitlines()) == 1
-    assert err.startswith("onnx_light tune-kernels: error: ")
+    assert err.startswith("python -m onnx_light tune-kernels: error: ")
     assert message in err
 
 
@@ -632,5 +707,80 @@ def test_module_help_lists_the_subcommands() -> None:
     done = subprocess.run([sys.executable, "-m", "onnx_light", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m onnx_light ")
     assert "tune-kernels" in done.stdout
     assert "cpu" in done.stdout.split()
+
+
+def test_the_console_script_names_itself() -> None:
+    script = Path(sys.executable).parent / "onnx-light"
+    if not script.exists():
+        pytest.skip("the onnx-light console script is not installed beside this interpreter")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: onnx-light ")
+    done = subprocess.run([str(script), "run", "absent.onnx"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith("onnx-light run: error: no ONNX model file at 'absent.onnx'")
+
+
+@pytest.mark.parametrize(("argv0", "prog"), [
+    ("/venv/bin/onnx-light", "onnx-light"), ("/venv/Scripts/onnx-light.exe", "onnx-light"),
+    ("/src/onnx_light/__main__.py", "python -m onnx_light"), ("/venv/bin/pytest", "python -m onnx_light"),
+    ("", "python -m onnx_light")])
+def test_program_name_is_the_invoked_one(argv0: str, prog: str) -> None:
+    assert cli.program_name(argv0) == prog
+
+
+@pytest.mark.parametrize("argv", [["run", "absent.onnx"], ["tune-kernels", "--threads", "0"]])
+def test_usage_and_runtime_errors_share_one_prefix(capsys, monkeypatch, argv: list[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/onnx-light"])
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        status = exit_.code
+    assert status == 2
+    assert capsys.readouterr().err.startswith(f"onnx-light {argv[0]}: error: ")
+
+
+@pytest.mark.parametrize("command", [["cpu"], ["tune-kernels", "--kernel", "Add", "--json"]])
+def test_threads_above_the_effective_count_warn(capsys, local, command: list[str]) -> None:
+    status, _, err = run_cli(capsys, *command, "--threads", str(local.num_threads + 1))
+    assert status == 0
+    assert err.startswith(f"warning: --threads {local.num_threads + 1} is more than the "
+                          f"{local.num_threads} CPU(s) this process may use")
+    status, _, err = run_cli(capsys, *command, "--threads", str(local.num_threads))
+    assert (status, err) == (0, "")
+
+
+def test_run_says_what_a_file_that_is_no_model_is(tmp_path: Path, capsys) -> None:
+    status, _, err = run_cli(capsys, "run", str(ROOT / "README.md"))
+    assert status == 2
+    assert f"{str(ROOT / 'README.md')!r} is not an ONNX model: it is a text file (first line " \
+           "'# onnx_light')" in err
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    status, _, err = run_cli(capsys, "run", str(tmp_path / "x.npy"))
+    assert status == 2 and "is not an ONNX model: it is a NumPy array (.npy)" in err
+    status, _, err = run_cli(capsys, "run", str(tmp_path))
+    assert status == 2 and f"no ONNX model file at {str(tmp_path)!r}: it is a folder" in err
+
+
+def test_run_lists_the_real_inputs_of_a_model_with_initializers_as_inputs(tmp_path: Path,
+                                                                         capsys) -> None:
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    weights = [numpy_helper.from_array(np.full(4, i, np.float32), f"w{i}") for i in range(5)]
+    node = helper.make_node("Sum", ["x", *(w.name for w in weights)], ["y"])
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4])
+              for n in ["x", *(w.name for w in weights)]]  # IR 3 style: weights listed as inputs
+    graph = helper.make_graph([node], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], weights)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.ones(4, np.float32))
+    status, _, err = run_cli(capsys, "run", str(tmp_path / "m.onnx"), "--input",
+                             f"wrong={tmp_path / 'x.npy'}")
+    assert status == 2
+    assert "unknown input(s) ['wrong']; inputs: ['x'] (5 initializer(s) listed as graph inputs " \
+           "may also be fed)" in err

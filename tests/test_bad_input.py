@@ -351,10 +351,10 @@ CLI_CASES: list[tuple[str, Callable[[Sandbox], list[str]], str]] = [
     ("tune-kernels: unknown option", lambda s: ["tune-kernels", "--fast"],
      "unrecognized arguments: --fast"),
     ("tune-kernels: duration not a number", lambda s: ["tune-kernels", "--max-duration-ms", "abc"],
-     "argument --max-duration-ms: invalid float value: 'abc'"),
+     "argument --max-duration-ms: expected a positive number, got 'abc'"),
     ("tune-kernels: negative duration",
      lambda s: ["tune-kernels", "--apply", "--kernel", "Add", "--element-type", "float", "--cache",
-                str(s.cache), "--max-duration-ms", "-5"], "max_duration_ms must be a number > 0"),
+                str(s.cache), "--max-duration-ms", "-5"], "expected a positive number, got -5"),
     ("tune-kernels: zero memory", lambda s: ["tune-kernels", "--max-memory-mb", "0"],
      "expected a positive integer, got 0"),
     ("tune-kernels: threads not a number", lambda s: ["tune-kernels", "--threads", "many"],
@@ -420,8 +420,9 @@ def test_cli_rejects_bad_input_with_one_line(sandbox: Sandbox, capsys, argv, mes
         status = exit_.code
     _, err = capsys.readouterr()
     assert status == 2
-    assert len(err.splitlines()) == 1 and err.endswith("\n"), err
-    assert message in err
+    *warnings, error = err.splitlines()  # warnings (a busy machine, a damaged cache) may come first
+    assert all(line.startswith("warning: ") for line in warnings), err
+    assert err.endswith("\n") and message in error, err
     assert "Traceback" not in err
     assert sandbox.state()[1] == files
 

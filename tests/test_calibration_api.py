@@ -7,12 +7,14 @@ core's crossover search over simulated problems, so no hardware timing is assert
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
 import onnx_light
 from onnx_light.cli import main
-from onnx_light.tuning import default_registry
+from onnx_light.tuning import calibration, default_registry
 from onnx_light.tuning.calibration import crossover_search
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.schema import KernelTuningSchema, Parameter
@@ -222,3 +224,111 @@ def test_cli_apply_plot(tmp_path, capsys):
     assert f"figure written: {figure}" in capsys.readouterr().out
     assert main(["tune-kernels", "--plot", str(tmp_path / "x.png")]) == 2
     assert "needs --apply" in capsys.readouterr().err
+
+
+def _change_rows(out):
+    """The --apply change table's rows by key (COLUMNS is wide: one line each)."""
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("key "))
+    assert re.split(r"\s{2,}", lines[header]) == ["key", "old", "new", "speedup", "reason"]
+    return {line.split()[0]: re.split(r"\s{2,}", line) for line in lines[header + 1:]
+            if line.startswith(f"{LIB}/")}
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """Table rows on one line each, and an idle machine (no load average in the reasons)."""
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(calibration, "load_average", lambda: (0.0, 0.0, 0.0))
+
+
+def test_cli_apply_rows_give_the_reason_and_a_speedup_only_for_a_change(tmp_path, capsys, wide):
+    path = tmp_path / "cache.txt"
+    common = ["tune-kernels", "--kernel", "Good", "--element-type", "float", "--cache", str(path),
+              "--apply", "--quiet"]
+    assert main([*common, "--threads", "1"]) == 0
+    row = _change_rows(capsys.readouterr().out)[str(key("Good"))]
+    assert row[1:4] == [f"{MIN}={PORTABLE}", "unchanged", "-"]
+    assert row[4] == "only 1 thread available; portable value kept"
+    assert main([*common, "--threads", "2"]) == 0
+    row = _change_rows(capsys.readouterr().out)[str(key("Good"))]
+    assert row[1:3] == [f"{MIN}={PORTABLE}", f"{MIN}={1 << 17}"]
+    assert re.fullmatch(r"\d+\.\d\dx", row[3])
+    assert row[4].startswith(f"candidate wins by >= 5% from {1 << 17} elements")
+    # a value equal to the old one is no change, whatever was measured at the crossover
+    assert main([*common, "--threads", "2", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated now: 1 (1 again)" in out
+    row = _change_rows(out)[str(key("Good"))]
+    assert row[1:4] == [f"{MIN}={1 << 17}", "unchanged", "-"]
+    assert row[4].startswith("candidate wins by >= 5%")
+
+
+def test_cli_apply_without_force_calibrates_nothing_covered(tmp_path, capsys):
+    common = ["tune-kernels", "--kernel", "Good", "--element-type", "float", "--cache",
+              str(tmp_path / "cache.txt"), "--threads", "2", "--quiet"]
+    assert main([*common, "--apply"]) == 0
+    capsys.readouterr()
+    assert main([*common, "--apply"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated now: 0" in out and "--apply --force" in out
+    assert main([*common, "--force"]) == 2
+    assert "--force acts on a calibration: it needs --apply" in capsys.readouterr().err
+
+
+def test_cli_apply_warns_before_calibrating_on_a_busy_machine(tmp_path, capsys, monkeypatch, wide):
+    busy = 10.0 * (os.cpu_count() or 1)
+    monkeypatch.setattr(calibration, "load_average", lambda: (busy, busy, busy))
+    assert main(["tune-kernels", "--kernel", "Good", "--element-type", "float", "--cache",
+                 str(tmp_path / "cache.txt"), "--threads", "2", "--apply", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    cpus = os.cpu_count() or 1
+    assert err.startswith(f"warning: load average {busy:.2f} on {cpus} CPUs: other programs")
+    assert f"load average {busy:.2f} on {cpus} CPUs when measured" in _change_rows(out)[
+        str(key("Good"))][4]
+    monkeypatch.setattr(calibration, "load_average", lambda: (0.0, 0.0, 0.0))
+    assert main(["tune-kernels", "--kernel", "Good", "--element-type", "double", "--cache",
+                 str(tmp_path / "cache.txt"), "--threads", "2", "--apply", "--quiet"]) == 0
+    assert "load average" not in "".join(capsys.readouterr())
+
+
+def test_cli_reset_forgets_this_machine_in_the_file(tmp_path, capsys):
+    path = tmp_path / "cache.txt"
+    common = ["tune-kernels", "--kernel", "Good", "--cache", str(path), "--threads", "2"]
+    assert main([*common, "--apply", "--quiet"]) == 0
+    assert main(["tune-kernels", "--kernel", "Other", "--cache", str(path), "--threads", "2",
+                 "--apply", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*common, "--reset"]) == 0
+    assert capsys.readouterr().out == (f"forgot the values of 2 key(s) for this processor at 2 "
+                                       f"threads: 2 entry(ies) removed from {path}\n")
+    text = path.read_text()
+    assert "caltest/Good/" not in text and "caltest/Other/portable[float]" in text
+    assert main([*common]) == 0
+    assert "covered 0, missing 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:  # one or the other
+        main([*common, "--reset", "--apply"])
+    assert info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    absent = tmp_path / "absent.txt"
+    assert main(["tune-kernels", "--reset", "--cache", str(absent)]) == 0
+    assert f"no cache file at {absent}" in capsys.readouterr().out
+    assert not absent.exists()
+
+
+def test_cli_reports_a_damaged_cache_and_its_backup(tmp_path, capsys):
+    path = tmp_path / "cache.txt"
+    common = ["tune-kernels", "--kernel", "Good", "--cache", str(path), "--threads", "2"]
+    assert main([*common, "--apply", "--quiet", "--element-type", "float"]) == 0
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("{broken\n")
+    capsys.readouterr()
+    assert main(common) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith(f"warning: kernel tuning cache {path} is damaged: {path}:3: not a JSON")
+    assert "covered 1, missing 1" in out  # the good entry still counts
+    assert main([*common, "--apply", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    (backup,) = tmp_path.glob("cache.txt.bad-*")
+    assert f"was copied to {backup} and rewritten without it" in err
+    assert backup.read_text().endswith("{broken\n") and "{broken" not in path.read_text()

@@ -239,7 +239,10 @@ def test_every_page_is_in_a_toctree_and_every_entry_exists():
 
 
 def _howto_script(text: str) -> str:
-    """The how-to's console commands and Python blocks, in order, as one bash script."""
+    """The how-to's console commands (``onnx-light-console`` ones included) and Python blocks,
+    in order, as one bash script."""
+    text = re.sub(r"^\.\. onnx-light-console:: (.+)$",
+                  r".. code-block:: console\n\n    $ python -m onnx_light \1", text, flags=re.M)
     parts = ["set -euo pipefail"]
     blocks = re.split(r"^\.\. code-block:: (\w+)\n", text, flags=re.M)
     for language, body in zip(blocks[1::2], blocks[2::2], strict=True):
@@ -269,11 +272,31 @@ def test_howto_commands_run_in_order(tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    assert "[covered]" in out and "published_profile" in out  # after --apply
+    add = [re.split(r"\s{2,}", line) for line in out.splitlines()
+           if line.startswith("onnx_light/Add/portable[float]@cpu#1  ")]
+    assert add[0][1:3] == ["missing", "portable default"], add  # the first report
+    assert ["covered", "calibrated"] in [row[1:3] for row in add], add  # after --apply
     assert "is not one of" in out  # the invalid manual value is refused
-    final = out.rstrip().splitlines()[-3:]  # the report after the reset
-    assert final[0].startswith("onnx_light/Add/portable[float]@cpu#1"), final
-    assert final[0].split()[1] == "portable_default" and final[0].endswith("[missing]"), final
+    assert re.search(r"^forgot the values of 1 key\(s\)", out, re.M)  # tune-kernels --reset
+    assert add[-1][1:3] == ["missing", "portable default"], add  # the report after the reset
+
+
+def test_console_directive_shows_the_command_and_what_it_printed(tmp_path):
+    text = ext.console_rst("tune-kernels --kernel Add --element-type float", tmp_path)
+    lines = text.rstrip().splitlines()
+    assert lines[:3] == [".. code-block:: console", "",
+                         "    $ python -m onnx_light tune-kernels --kernel Add --element-type float"]
+    env = _env(tmp_path, COLUMNS=str(ext.CONSOLE_COLUMNS))
+    env["ONNX_LIGHT_KERNEL_TUNING_CACHE"] = str(tmp_path / ext.CONSOLE_CACHE)
+    done = subprocess.run([sys.executable, "-m", "onnx_light", "tune-kernels", "--kernel", "Add",
+                           "--element-type", "float"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    expected = done.stdout.replace(str(tmp_path), ext.CONSOLE_HOME).rstrip().splitlines()
+    assert [line[4:] for line in lines[3:]] == expected
+    assert f"cache: {ext.CONSOLE_HOME}/{ext.CONSOLE_CACHE}" in expected
+    assert all(len(line) <= ext.CONSOLE_COLUMNS for line in expected)
+    with pytest.raises(RuntimeError, match=r"exited with status 2: .*unknown kernel Nope"):
+        ext.console_rst("tune-kernels --kernel Nope", tmp_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,6 +328,14 @@ def test_kernel_tuning_example_shows_generations(tmp_path):
     assert rows["after calibration"][2] == "published_profile", rows
     assert rows["after manual set"][3] == "parallel.minimum_elements=4096", rows
     assert all(row[-1] == "True" for row in rows.values()), rows  # every session still runs
+    # without a display (MPLBACKEND=Agg) the figures are saved, and the example says where
+    saved = [Path(line.split(": ", 1)[1]) for line in done.stdout.splitlines()
+             if line.startswith("figure saved: ")]
+    assert saved == [tmp_path / "plot_kernel_tuning-1.png", tmp_path / "plot_kernel_tuning-2.png"]
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in saved)
+    # the session plot compares paths that differ: forced serial against forced parallel
+    assert re.search(r"^Add: parallel / serial time: 4096: \d+\.\d\d \(noise \d+\.\d\d\)",
+                     done.stdout, re.M), done.stdout
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,5 +358,9 @@ def test_sphinx_build_has_no_warning(tmp_path):
     html = tmp_path / "docs" / "_build" / "html"
     keys = unescape((html / "tuning-keys.html").read_text(encoding="utf-8"))
     assert "onnx_light/Add/portable[float]@cpu#1" in keys
+    howto = unescape((html / "howto-tune-kernels.html").read_text(encoding="utf-8"))
+    howto = re.sub(r"<[^>]+>", "", howto)  # the samples, as text
+    assert re.search(r"^key +cache +values from", howto, re.M)  # run at build time
+    assert "covered before: 0, calibrated now: 2" in howto
     assert (html / "auto_examples" / "plot_kernel_tuning.html").exists()
     assert list((html / "_images").glob("sphx_glr_plot_kernel_tuning_00*.png"))

@@ -11,10 +11,13 @@ call them without Sphinx:
   since_versions and, where the library declares them, its element types.
 * :func:`cli_reference_rst`: the help of ``onnx_light.cli.build_parser()`` and of
   each subcommand.
+* :func:`console_rst`: a command of the command line and its output, run at build time so
+  that the samples of the how-to cannot drift from the code.
 * :func:`markdown_pages`: the Markdown notes in ``docs/`` that a toctree should list.
 
 :func:`setup` registers one directive per builder (``onnx-light-tuning-keys``,
-``onnx-light-operators``, ``onnx-light-cli``) and ``onnx-light-markdown-toctree``.
+``onnx-light-operators``, ``onnx-light-cli``, ``onnx-light-console``) and
+``onnx-light-markdown-toctree``.
 Sphinx and docutils are imported only there.
 """
 
@@ -23,13 +26,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "cli_reference_rst",
+    "console_rst",
     "format_value",
     "markdown_pages",
     "operators_rst",
@@ -374,7 +383,7 @@ def cli_reference_rst(parser: argparse.ArgumentParser | None = None, width: int 
     if parser is None:
         from onnx_light.cli import build_parser
 
-        parser = build_parser()
+        parser = build_parser("python -m onnx_light")  # not the name of the builder's program
     _fixed_width(parser, width)
     lines = _literal_block(parser.format_help())
     for name, help_text, sub in _subcommands(parser):
@@ -384,6 +393,36 @@ def cli_reference_rst(parser: argparse.ArgumentParser | None = None, width: int 
             lines += [_help_sentence(help_text), ""]
         lines += _literal_block(sub.format_help())
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Command output
+
+CONSOLE_COLUMNS = 100  # the width the samples are fitted to (the CLI reads $COLUMNS)
+CONSOLE_HOME = "/home/me"  # stands for the scratch folder the commands run in
+CONSOLE_CACHE = "try-kernel-tuning-cache.txt"  # the how-to's scratch cache, in that folder
+
+
+def console_rst(arguments: str, folder: str | Path, timeout: float = 300) -> str:
+    """``python -m onnx_light ARGUMENTS`` run in ``folder`` (its cache a file there), as a
+    console block: the command and what it printed, standard error included.
+
+    Commands of one page share the folder, so that a report after ``--apply`` shows what it
+    calibrated. Raises ``RuntimeError`` when the command fails with a usage error (status 2).
+    """
+    folder = Path(folder)
+    env = {**os.environ, "COLUMNS": str(CONSOLE_COLUMNS),
+           "ONNX_LIGHT_KERNEL_TUNING_CACHE": str(folder / CONSOLE_CACHE)}
+    done = subprocess.run([sys.executable, "-m", "onnx_light", *shlex.split(arguments)],
+                          cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, check=False)
+    output = done.stdout.replace(str(folder), CONSOLE_HOME)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"python -m onnx_light {arguments} exited with status "
+                           f"{done.returncode}: {output.strip()}")
+    body = [f"$ python -m onnx_light {arguments}", *output.rstrip().splitlines()]
+    return "\n".join([".. code-block:: console", "", *("    " + line if line.strip() else ""
+                                                       for line in body), ""]) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,6 +482,28 @@ def _directives() -> dict[str, type]:
     class Cli(Generated):
         builder = staticmethod(cli_reference_rst)
 
+    class Console(Directive):
+        """``python -m onnx_light ARGUMENTS`` and its output, run when the page is read, in a
+        scratch folder shared by the page's commands."""
+
+        required_arguments = 1
+        final_argument_whitespace = True
+
+        def run(self) -> list[Any]:
+            env = self.state.document.settings.env
+            _depend_on_package(env)
+            scratch = env.temp_data.setdefault(  # removed with the page's temp_data
+                "onnx_light_console", tempfile.TemporaryDirectory(prefix="onnx_light-docs-"))
+            try:
+                text = console_rst(self.arguments[0], scratch.name)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                raise self.error(str(exc)) from None
+            content = StringList(text.splitlines(), source=f"<{self.name}>")
+            node = nodes.section()
+            node.document = self.state.document
+            nested_parse_with_titles(self.state, content, node)
+            return list(node.children)
+
     class MarkdownToctree(TocTree):
         """A toctree of every ``*.md`` page in the source folder but the excluded ones."""
 
@@ -461,6 +522,7 @@ def _directives() -> dict[str, type]:
         "onnx-light-tuning-keys": TuningKeys,
         "onnx-light-operators": Operators,
         "onnx-light-cli": Cli,
+        "onnx-light-console": Console,
         "onnx-light-markdown-toctree": MarkdownToctree,
     }
 

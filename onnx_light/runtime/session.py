@@ -15,6 +15,7 @@ only.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import itertools
 import math
@@ -160,13 +161,40 @@ def _load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx
         return _without_external_data(loaded)
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
+        if os.path.isdir(path):
+            raise FileNotFoundError(f"no ONNX model file at {path!r}: it is a folder")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no ONNX model file at {path!r}")
         try:
             return onnx.load(path)
         except Exception as exc:
+            what = _what_file(path)
+            if what:
+                raise ValueError(f"{path!r} is not an ONNX model: {what}") from None
             raise ValueError(f"{path!r} is not a readable ONNX model: {exc}") from None
     raise TypeError(f"model must be an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def _what_file(path: str) -> str:
+    """What a file that does not parse as a model is, when its first bytes tell: a text file
+    (with its first line), a NumPy array, a zip archive; '' otherwise."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return ""
+    if head.startswith(b"\x93NUMPY"):
+        return "it is a NumPy array (.npy); feed it to a model's input instead"
+    if head.startswith(b"PK\x03\x04"):
+        return "it is a zip archive (an .npz file?)"
+    try:  # incremental: a character cut at the end of the head is not an error
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)
+    except UnicodeDecodeError:
+        return ""
+    if "\x00" in text or not text.strip():
+        return ""
+    first = text.strip().splitlines()[0][:60]
+    return f"it is a text file (first line {first!r}); an ONNX model is a binary protobuf file"
 
 
 def _attribute_value(attribute: onnx.AttributeProto) -> Any:
@@ -577,7 +605,10 @@ class RuntimeSession:
                                     f"outputs: {list(self._output_slots)}")
         unknown = [n for n in input_feed if n not in self._feed_slots]
         if unknown:
-            raise InvalidInputError(f"unknown input(s) {unknown}; inputs: {list(self._feed_slots)}")
+            defaults = len(self._feed_slots) - len(self._required)
+            also = f" ({defaults} initializer(s) listed as graph inputs may also be fed)" \
+                if defaults else ""
+            raise InvalidInputError(f"unknown input(s) {unknown}; inputs: {self._required}{also}")
         missing = [n for n in self._required if n not in input_feed]
         if missing:
             raise InvalidInputError(f"missing input(s) {missing}")

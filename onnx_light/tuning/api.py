@@ -18,7 +18,7 @@ from . import cache as cache_file
 from . import calibration
 from .keys import KernelTuningKey, element_type_code
 from .processor import CpuExecutionDescriptor, execution_descriptor
-from .registry import PublishedProfile, RegistrySnapshot, default_registry
+from .registry import PublishedProfile, RegistrySnapshot, Resolution, default_registry
 
 __all__ = [
     "SelectionError",
@@ -155,10 +155,18 @@ def kernel_tuning_parameters(
             "cached_values": dict(cached[key].values) if key in cached else None,
             "active_values": dict(resolution.values),
             "active_source": resolution.source,
+            "active_provenance": _provenance(resolution),
             "calibratable": snapshot.callbacks.get(key) is not None,
             "generation": resolution.generation,
         })
     return records
+
+
+def _provenance(resolution: Resolution) -> dict[str, Any] | None:
+    """How a published profile was made (``origin``: calibrated, manual, ...); None otherwise."""
+    if isinstance(resolution.profile, PublishedProfile):
+        return dict(resolution.profile.provenance)
+    return None
 
 
 def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
