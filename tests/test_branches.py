@@ -43,7 +43,7 @@ class _Named:
     """What session._plan reads of a kernel."""
 
     def __init__(self, name: str) -> None:
-        self.ctx = type("Ctx", (), {"name": name})()
+        self.ctx = type("Ctx", (), {"name": name, "op_type": "Test"})()
 
     def run(self) -> None:
         """Never called: these steps are only scheduled."""
