@@ -581,7 +581,9 @@ class RuntimeSession:
             input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         """Compute ``output_names`` (all outputs when None) from ``input_feed``.
 
-        Same signature and return type as ``onnxruntime.InferenceSession.run``.
+        Same signature and return type as ``onnxruntime.InferenceSession.run``; as there,
+        the outputs share memory with no feed, no constant and no other output, and the
+        feeds are never written (docs/reliability.md lists the feeds accepted).
         """
         if not isinstance(input_feed, Mapping):
             raise TypeError(f"input_feed must be a dict of name -> array, "
