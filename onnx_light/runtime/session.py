@@ -239,6 +239,76 @@ def _load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx
 _PYTHON_TARGET_KINDS = {"b": "biuf", "i": "iuf", "f": "f"}
 
 
+@dataclass(frozen=True)
+class _Feed:
+    """One graph input as a run takes it: its slot and what its declared type asks for,
+    read from the model once."""
+
+    name: str
+    slot: int
+    type_text: str | None  # tensor(<type>); None: not declared
+    dtype: np.dtype | None
+    rank: int | None
+    dimensions: tuple[tuple[int, int], ...]  # (axis, size) of the fixed dimensions
+    shape: list[int | str | None] | None
+
+    @classmethod
+    def of(cls, info: onnx.ValueInfoProto, slot: int) -> _Feed:
+        element_type = _element_type(info.type)
+        shape = _shape(info.type)
+        return cls(info.name, slot,
+                   None if element_type is None else f"tensor({element_type_name(element_type)})",
+                   None if element_type is None else numpy_dtype(element_type),
+                   None if shape is None else len(shape),
+                   () if shape is None else tuple((axis, size) for axis, size in enumerate(shape)
+                                                  if isinstance(size, int) and size > 0),
+                   shape)
+
+    def check(self, value: Any) -> np.ndarray:
+        """The feed as the plan sees it: a read-only ndarray (so no run can write the
+        caller's data, and views of it are read-only too) of the input's type and shape.
+
+        An ndarray subclass gives its data as a plain ndarray (a masked array its data, as
+        onnxruntime takes it; np.matrix its 2-d array); an array in the other byte order its
+        values in the native one; Python lists, tuples and scalars the input's element type
+        when that keeps their values' kind (bools and ints to ints or floats, within range;
+        floats to floats, not to ints). Arrays and numpy scalars must have the element type
+        exactly."""
+        try:
+            array = value if type(value) is np.ndarray else np.asarray(value)
+        except (ValueError, TypeError) as exc:  # ragged nested lists, say
+            raise InvalidInputError(f"input {self.name!r}: not an array: {exc}") from None
+        expected = self.dtype
+        if (expected is not None and array.dtype != expected
+                and not (expected.kind == "O" and array.dtype.kind in "OU")):
+            array = self._converted(value, array, expected)
+        if self.rank is not None:
+            if array.ndim != self.rank:
+                raise InvalidInputError(f"input {self.name!r}: expected rank {self.rank} "
+                                        f"(shape {self.shape}), got rank {array.ndim} {array.shape}")
+            for axis, size in self.dimensions:
+                if array.shape[axis] != size:
+                    raise InvalidInputError(f"input {self.name!r}: dimension {axis} must be "
+                                            f"{size}, got shape {array.shape}")
+        if array.flags.writeable:
+            array = array.view()
+            array.flags.writeable = False
+        return array
+
+    def _converted(self, value: Any, array: np.ndarray, expected: np.dtype) -> np.ndarray:
+        """A feed of another dtype in the input's type, or an error naming the input."""
+        if array.dtype.newbyteorder("=") == expected:
+            return array.astype(expected)
+        python = not isinstance(value, (np.ndarray, np.generic))
+        if python and expected.kind in _PYTHON_TARGET_KINDS.get(array.dtype.kind, ""):
+            try:
+                return np.asarray(value, dtype=expected)
+            except OverflowError as exc:  # an int out of the type's range
+                raise InvalidInputError(f"input {self.name!r}: {exc}") from None
+        raise InvalidInputError(f"input {self.name!r}: expected element type {self.type_text} "
+                                f"({expected}), got {array.dtype}")
+
+
 def _attribute_value(attribute: onnx.AttributeProto) -> Any:
     value = onnx.helper.get_attribute_value(attribute)
     if isinstance(value, bytes):
@@ -419,6 +489,7 @@ class RuntimeSession:
             array.flags.writeable = False  # kernels must never change shared data
             constants[slot(initializer.name)] = array
         self._feed_slots = {info.name: slot(info.name) for info in graph.input}
+        self._feeds = tuple(_Feed.of(info, self._feed_slots[info.name]) for info in graph.input)
         self._required = [info.name for info in graph.input if slots[info.name] not in constants]
         # Constant folding: a deterministic node whose inputs are all fixed (initializers, or
         # outputs of folded nodes) runs once, here. Initializers that are also graph inputs
@@ -533,50 +604,6 @@ class RuntimeSession:
         """Per tunable node: its name, key, values, their source and the generation."""
         return [{"node": name, **resolution.to_dict()} for name, resolution in self._tuning]
 
-    def _check_feed(self, info: onnx.ValueInfoProto, value: Any) -> np.ndarray:
-        """The feed as the plan sees it: a read-only ndarray (so no run can write the
-        caller's data, and views of it are read-only too) of the input's type and shape.
-
-        An ndarray subclass gives its data as a plain ndarray (a masked array its data, as
-        onnxruntime takes it; np.matrix its 2-d array); an array in the other byte order its
-        values in the native one; Python lists, tuples and scalars the input's element type
-        when that keeps their values' kind (bools and ints to ints or floats, within range;
-        floats to floats, not to ints).
-        Arrays and numpy scalars must have the element type exactly."""
-        python = not isinstance(value, (np.ndarray, np.generic))
-        try:
-            array = value if type(value) is np.ndarray else np.asarray(value)
-        except (ValueError, TypeError) as exc:  # ragged nested lists, say
-            raise InvalidInputError(f"input {info.name!r}: not an array: {exc}") from None
-        element_type = _element_type(info.type)
-        if element_type is not None:
-            expected = numpy_dtype(element_type)
-            if array.dtype != expected and not (expected.kind == "O" and array.dtype.kind in "OU"):
-                if array.dtype.newbyteorder("=") == expected:
-                    array = array.astype(expected)
-                elif python and expected.kind in _PYTHON_TARGET_KINDS.get(array.dtype.kind, ""):
-                    try:
-                        array = np.asarray(value, dtype=expected)
-                    except OverflowError as exc:  # an int out of the type's range
-                        raise InvalidInputError(f"input {info.name!r}: {exc}") from None
-                else:
-                    raise InvalidInputError(
-                        f"input {info.name!r}: expected element type tensor("
-                        f"{element_type_name(element_type)}) ({expected}), got {array.dtype}")
-        shape = _shape(info.type)
-        if shape is not None:
-            if array.ndim != len(shape):
-                raise InvalidInputError(f"input {info.name!r}: expected rank {len(shape)} "
-                                        f"(shape {shape}), got rank {array.ndim} {array.shape}")
-            for axis, (want, got) in enumerate(zip(shape, array.shape, strict=True)):
-                if isinstance(want, int) and want > 0 and want != got:
-                    raise InvalidInputError(f"input {info.name!r}: dimension {axis} must be "
-                                            f"{want}, got shape {array.shape}")
-        if array.flags.writeable:
-            array = array.view()
-            array.flags.writeable = False
-        return array
-
     def run(self, output_names: Sequence[str] | None,
             input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         """Compute ``output_names`` (all outputs when None) from ``input_feed``.
@@ -606,10 +633,10 @@ class RuntimeSession:
         for s, array in self._constants.items():
             values[s] = array
         fed = set()
-        for info in self._inputs:
-            if info.name in input_feed:
-                fed.add(self._feed_slots[info.name])
-                values[self._feed_slots[info.name]] = self._check_feed(info, input_feed[info.name])
+        for feed in self._feeds:
+            if feed.name in input_feed:
+                fed.add(feed.slot)
+                values[feed.slot] = feed.check(input_feed[feed.name])
         plan, handoff = self._plan, self._handoff
         if fed & self._fold_sources:  # a default the folding used is overridden
             plan, handoff = self._plan_unfolded, self._handoff_unfolded
