@@ -103,13 +103,18 @@ def fit_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], width
 
 def _stacked(table: list[list[str]], natural: list[int], wrap: Sequence[int],
              width: int) -> list[str]:
+    """Each row's unwrapped columns on one line and the others on indented lines below it;
+    where even the unwrapped columns are too wide, their last ones go below too."""
     kept = [i for i in range(len(natural)) if i not in wrap]
-    names = max(len(table[0][i]) for i in wrap)
+    while len(kept) > 1 and sum(natural[i] for i in kept) + len(GAP) * (len(kept) - 1) > width:
+        kept.pop()
+    below = [i for i in range(len(natural)) if i not in kept]
+    names = max(len(table[0][i]) for i in below)
     hanging = INDENT + " " * (names + len(GAP))
     lines = [_join([table[0][i] for i in kept], [natural[i] for i in kept])]
     for row in table[1:]:
         lines.append(_join([row[i] for i in kept], [natural[i] for i in kept]))
-        for i in wrap:
+        for i in below:
             text = wrap_words(row[i], max(width - len(hanging), 10))
             lines.append(f"{INDENT}{table[0][i]:<{names}}{GAP}{text[0]}".rstrip())
             lines += [hanging + more for more in text[1:]]

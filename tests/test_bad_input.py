@@ -581,3 +581,101 @@ def test_the_worker_reports_crashes_and_hangs(monkeypatch) -> None:
         assert worker.run("small", -1)["outcome"].startswith("crash")
     finally:
         worker.close()
+
+
+# Memory bombs (issue 14, item 5): nodes whose outputs would take hundreds of GiB.
+def _i64(name: str, values) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _f32(name: str, values) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(np.array(values, np.float32), name)
+
+
+HUGE = [100_000, 100_000, 10]  # 1e11 elements: 373 GiB of float32
+# (id, node, its initializers, output rank)
+BOMBS = [
+    ("ConstantOfShape", helper.make_node("ConstantOfShape", ["s"], ["y"], name="bomb"),
+     [_i64("s", HUGE)], 3),
+    ("Range", helper.make_node("Range", ["a", "b", "c"], ["y"], name="bomb"),
+     [_f32("a", 0), _f32("b", 1e12), _f32("c", 1)], 1),
+    ("Expand", helper.make_node("Expand", ["a", "s"], ["y"], name="bomb"),
+     [_f32("a", [1.0]), _i64("s", HUGE)], 3),
+    ("Tile", helper.make_node("Tile", ["a", "s"], ["y"], name="bomb"),
+     [_f32("a", np.ones((2, 2))), _i64("s", [100_000, 1_000_000])], 2),
+    ("broadcast Add (sized by shape inference)", helper.make_node("Add", ["a", "b"], ["y"], name="bomb"),
+     [_f32("a", np.ones((1_000_000, 1))), _f32("b", np.ones((1, 1_000_000)))], 2),
+]
+
+
+@pytest.mark.parametrize(("node", "initializers", "rank"),
+                         [pytest.param(*row[1:], id=row[0]) for row in BOMBS])
+def test_a_memory_bomb_of_constants_is_not_folded_and_fails_at_run_naming_its_node(
+        node, initializers, rank) -> None:
+    model = _model([node], [], [_info("y", shape=[None] * rank)], initializers)
+    session = RuntimeSession(model)  # before: a bare MemoryError here
+    assert session.folded_nodes == 0
+    with pytest.raises(RuntimeError) as info:
+        session.run(None, {})
+    message = str(info.value)
+    assert message.startswith(f"node 'bomb' ({node.op_type}) failed: MemoryError: Unable to allocate")
+    assert "iB for an array with shape" in message  # numpy names the size asked for
+    assert isinstance(info.value.__cause__, MemoryError)
+
+
+@pytest.mark.parametrize(("op", "feeds"), [
+    ("ConstantOfShape", {"s": np.array(HUGE, np.int64)}),
+    ("Range", {"a": np.float32(0), "b": np.float32(1e12), "c": np.float32(1)}),
+])
+def test_a_memory_bomb_that_depends_on_a_feed_fails_at_run_naming_its_node(op, feeds) -> None:
+    inputs = [_info(n, TensorProto.INT64 if op == "ConstantOfShape" else TensorProto.FLOAT,
+                    a.shape) for n, a in feeds.items()]
+    model = _model([helper.make_node(op, list(feeds), ["y"], name="bomb")], inputs,
+                   [_info("y", shape=[None] * (3 if op == "ConstantOfShape" else 1))])
+    with pytest.raises(RuntimeError, match=rf"^node 'bomb' \({op}\) failed: MemoryError: "
+                                           "Unable to allocate .* [GT]iB"):
+        RuntimeSession(model).run(None, feeds)
+
+
+def test_values_above_the_folding_bound_are_computed_by_every_run(monkeypatch) -> None:
+    """Told before computing (the kernel's count, inferred shapes) or measured after (NonZero,
+    whose output shape inference leaves open): above the bound, the node runs at run time
+    and gives the same values; at the bound it is folded."""
+    from onnx_light.runtime import session as session_module
+
+    monkeypatch.setattr(session_module, "FOLD_MAXIMUM_BYTES", 4096)
+    nodes = [helper.make_node("ConstantOfShape", ["small"], ["a"], value=_f32("v", [2.0])),
+             helper.make_node("ConstantOfShape", ["large"], ["b"], value=_f32("v", [3.0])),
+             helper.make_node("NonZero", ["ones"], ["c"]),
+             helper.make_node("Range", ["zero", "limit", "one"], ["d"])]
+    initializers = [_i64("small", [1024]), _i64("large", [1025]), _f32("ones", np.ones(600)),
+                    _f32("zero", 0), _f32("limit", 2000), _f32("one", 1)]
+    outputs = [_info("a", shape=[1024]), _info("b", shape=[1025]),
+               _info("c", TensorProto.INT64, [1, None]), _info("d", shape=[None])]
+    session = RuntimeSession(_model(nodes, [], outputs, initializers))
+    assert session.folded_nodes == 1  # a (4096 bytes); b, c (4800 bytes) and d (8000) are not
+    a, b, c, d = session.run(None, {})
+    np.testing.assert_array_equal(a, np.full(1024, 2.0, np.float32))
+    np.testing.assert_array_equal(b, np.full(1025, 3.0, np.float32))
+    np.testing.assert_array_equal(c, np.arange(600)[None])
+    np.testing.assert_array_equal(d, np.arange(2000, dtype=np.float32))
+
+
+def test_a_memory_error_while_folding_leaves_the_node_to_the_run(monkeypatch) -> None:
+    """A node whose size nothing tells in advance and whose folding runs out of memory."""
+    from onnx_light.kernels import structural
+
+    calls = []
+
+    def starved(self, x):
+        calls.append(x)
+        if len(calls) == 1:  # at construction
+            raise MemoryError("Unable to allocate 1.00 TiB")
+        return [np.array(np.nonzero(x), np.int64).reshape(x.ndim, -1)]
+
+    monkeypatch.setattr(structural.NonZero, "run", starved)
+    model = _model([helper.make_node("NonZero", ["ones"], ["c"], name="nz")], [],
+                   [_info("c", TensorProto.INT64, [1, None])], [_f32("ones", np.ones(3))])
+    session = RuntimeSession(model)
+    assert session.folded_nodes == 0
+    np.testing.assert_array_equal(session.run(None, {})[0], [[0, 1, 2]])

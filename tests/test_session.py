@@ -362,3 +362,98 @@ def test_node_hook_sees_every_step_and_may_stop_the_run(registry):
     with pytest.raises(Stop, match="scale"):
         session.run(None, {"x": x}, node_hook=stop_at_mul)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], [[2, 0, 6]] * 2)
+
+
+# Feeds that are not plain arrays of the input's type (issue 14, item 8): what onnxruntime
+# runs, onnx_light runs with the same values; what it refuses, onnx_light names.
+def _matmul_model():
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 8], np.linspace(-1, 1, 128).tolist())
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], initializers=[w])
+
+
+_X = np.linspace(-2, 2, 64, dtype=np.float32).reshape(4, 16)
+
+
+def _read_only(x):
+    x = x.copy()
+    x.flags.writeable = False
+    return x
+
+
+def _memmap(tmp_path):
+    np.save(tmp_path / "x.npy", _X)
+    return np.load(tmp_path / "x.npy", mmap_mode="r")
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda tmp: np.ma.masked_array(_X, mask=_X > 1), id="masked array (its data)"),
+    pytest.param(lambda tmp: np.matrix(_X), id="np.matrix",
+                 marks=pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")),
+    pytest.param(_memmap, id="read-only memmap"),
+    pytest.param(lambda tmp: np.asfortranarray(_X), id="Fortran order"),
+    pytest.param(lambda tmp: np.repeat(_X, 2, axis=1)[:, ::2], id="strided view"),
+    pytest.param(lambda tmp: _X.astype(_X.dtype.newbyteorder()), id="other byte order"),
+    pytest.param(lambda tmp: _read_only(_X), id="read-only"),
+    pytest.param(lambda tmp: _X.tolist(), id="list of floats"),
+    pytest.param(lambda tmp: tuple(map(tuple, _X.tolist())), id="tuples"),
+])
+def test_feeds_that_hold_the_values_run_as_plain_arrays(tmp_path, make):
+    session = RuntimeSession(_matmul_model())
+    expected = session.run(None, {"x": _X.copy()})[0]
+    feed = make(tmp_path)
+    (y,) = session.run(None, {"x": feed})
+    assert type(y) is np.ndarray and y.shape == (4, 8) and y.dtype == np.float32
+    np.testing.assert_array_equal(y, expected)
+    assert not np.shares_memory(y, np.asarray(feed))
+
+
+def _scalar_model(element_type):
+    return _model([helper.make_node("Identity", ["x"], ["y"])],
+                  [helper.make_tensor_value_info("x", element_type, [])],
+                  [helper.make_tensor_value_info("y", element_type, [])])
+
+
+@pytest.mark.parametrize(("element_type", "feed", "expected"), [
+    (TensorProto.FLOAT, np.array(1.5, np.float32), np.float32(1.5)),
+    (TensorProto.FLOAT, np.float32(1.5), np.float32(1.5)),
+    (TensorProto.FLOAT, 1.5, np.float32(1.5)),
+    (TensorProto.FLOAT, 3, np.float32(3)),
+    (TensorProto.FLOAT, True, np.float32(1)),
+    (TensorProto.INT64, 7, np.int64(7)),
+    (TensorProto.INT32, -7, np.int32(-7)),
+    (TensorProto.BOOL, False, np.False_),
+    (TensorProto.UINT8, 255, np.uint8(255)),
+])
+def test_zero_dimensional_feeds_and_python_scalars(element_type, feed, expected):
+    (y,) = RuntimeSession(_scalar_model(element_type)).run(None, {"x": feed})
+    assert y.shape == () and y.dtype == expected.dtype and y == expected
+
+
+@pytest.mark.parametrize(("element_type", "feed", "words"), [
+    (TensorProto.INT64, 1.5, ["'x'", "tensor(int64)", "float64"]),  # floats are not truncated
+    (TensorProto.INT32, 2 ** 40, ["'x'", "out of bounds for int32"]),
+    (TensorProto.UINT8, -1, ["'x'", "out of bounds for uint8"]),
+    (TensorProto.FLOAT, np.float64(1.5), ["'x'", "tensor(float)", "float64"]),  # as onnxruntime
+    (TensorProto.FLOAT, np.array(1.5), ["'x'", "tensor(float)", "float64"]),
+    (TensorProto.FLOAT, [1.5], ["'x'", "expected rank 0", "(1,)"]),
+    (TensorProto.FLOAT, "1.5", ["'x'", "tensor(float)", "<U3"]),
+    (TensorProto.BOOL, 1, ["'x'", "tensor(bool)", "int64"]),
+])
+def test_feeds_that_would_change_values_or_shapes_are_refused_naming_the_input(element_type, feed,
+                                                                               words):
+    with pytest.raises(InvalidInputError) as info:
+        RuntimeSession(_scalar_model(element_type)).run(None, {"x": feed})
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_a_matrix_of_the_wrong_rank_is_refused_not_reshaped():
+    """np.matrix is always 2-d: for a 1-d input it is refused, not flattened."""
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    with pytest.raises(InvalidInputError, match="input 'x': expected rank 1"):
+        RuntimeSession(model).run(None, {"x": np.matrix([1.0, 2.0, 3.0], np.float32)})

@@ -38,6 +38,15 @@ def test_a_narrow_terminal_stacks_the_wrapped_columns_below_each_row() -> None:
     assert lines[4].startswith("    values  algorithm=auto") and lines[5].startswith(" " * 12)
 
 
+def test_columns_that_cannot_wrap_go_below_too_when_they_alone_are_too_wide() -> None:
+    lines = fit_table(HEADER, ROWS, 42, wrap=(2,))
+    assert max(map(len, lines)) <= 42
+    assert lines[:4] == ["key",
+                         "onnx_light/Add/portable[float]@cpu#1",
+                         "    state   missing",
+                         "    values  a.b=1 c.d=2 e.f=3"]
+
+
 def test_a_table_without_header() -> None:
     lines = fit_table(None, [("features", "avx avx2 fma sse4_2"), ("cores", "2")], 20, wrap=(1,))
     assert lines == ["features  avx avx2", "          fma sse4_2", "cores     2"]

@@ -242,6 +242,20 @@ class Kernel:
         inputs can differ."""
         return None
 
+    def views(self) -> Sequence[Sequence[int]]:
+        """For each output, the inputs (by position) it may be or be a view of; an output
+        past the end or with no entry is made anew by every run. The runtime hands a caller
+        a copy of an output that may share memory with a feed, a constant or another output
+        (views between nodes stay views)."""
+        return ()
+
+    def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
+        """How many elements the outputs for these inputs would hold, told from the inputs'
+        values without computing the outputs, for kernels whose output size the values set
+        (ConstantOfShape, Range, Expand, Tile); None when not known. The runtime leaves such
+        a node unfolded when its outputs would be too large (see ``FOLD_MAXIMUM_BYTES``)."""
+        return None
+
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         """Compute the node's outputs from its inputs (None for omitted optional inputs)."""
         raise NotImplementedError

@@ -10,7 +10,7 @@ float32 and rounded back; integer results are cast back to the input type.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -69,6 +69,9 @@ class Reduce(Kernel):
         super().__init__(ctx)
         self.keepdims = bool(ctx.attribute("keepdims", 1))
         self.noop = bool(ctx.attribute("noop_with_empty_axes", 0))
+
+    def views(self) -> Sequence[Sequence[int]]:
+        return ((0,),) if self.noop else ()  # no axes and noop_with_empty_axes: the input
 
     def run(self, x: np.ndarray, axes: np.ndarray | None = None) -> Arrays:
         from_input = self.ctx.opset >= self.axes_input_since

@@ -9,6 +9,7 @@ Slice bounds, Pad pads, Reshape shape).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -177,6 +178,7 @@ class Constant(Kernel):
         if len(given) != 1:
             raise ctx.error(f"needs exactly one of the attributes {list(_CONSTANT_FORMS)}, got {given}")
         self.value = _CONSTANT_FORMS[given[0]](ctx.attributes[given[0]])
+        self.value.flags.writeable = False  # every run returns this array
 
     def run(self) -> Arrays:
         return [self.value]
@@ -192,14 +194,27 @@ class ConstantOfShape(Kernel):
             raise ctx.error(f"attribute 'value' must hold one element, got shape {list(value.shape)}")
         self.value = value.reshape(-1)[0]
 
-    def run(self, shape: np.ndarray) -> Arrays:
+    def _dims(self, shape: np.ndarray) -> list[int]:
         dims = ints(shape)
         if any(d < 0 for d in dims):
             raise self.ctx.error(f"shape {dims} has a negative dimension")
-        return [np.full(dims, self.value)]
+        return dims
+
+    def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
+        return math.prod(self._dims(inputs[0]))
+
+    def run(self, shape: np.ndarray) -> Arrays:
+        return [np.full(self._dims(shape), self.value)]
 
 
-class Identity(Kernel):
+class InputView(Kernel):
+    """A kernel whose outputs are its data input or views of it (its first input)."""
+
+    def views(self) -> Sequence[Sequence[int]]:
+        return ((0,),) * max(1, self.ctx.num_outputs)
+
+
+class Identity(InputView):
     op_type = "Identity"
 
     def run(self, x: Any) -> list[Any]:
@@ -210,6 +225,9 @@ class Dropout(Kernel):
     """Identity in inference; a random mask (seeded by ``seed``) when ``training_mode`` is true."""
 
     op_type = "Dropout"
+
+    def views(self) -> Sequence[Sequence[int]]:
+        return ((0,),)  # in inference; the mask is made anew
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -251,7 +269,7 @@ class Size(Kernel):
         return [np.array(x.size, np.int64)]
 
 
-class Reshape(Kernel):
+class Reshape(InputView):
     op_type = "Reshape"
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -279,7 +297,7 @@ class Reshape(Kernel):
         return [x.reshape(dims)]
 
 
-class Flatten(Kernel):
+class Flatten(InputView):
     op_type = "Flatten"
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -293,7 +311,7 @@ class Flatten(Kernel):
         return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
-class Transpose(Kernel):
+class Transpose(InputView):
     op_type = "Transpose"
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -307,7 +325,7 @@ class Transpose(Kernel):
         return [np.transpose(x, perm)]
 
 
-class Squeeze(Kernel):
+class Squeeze(InputView):
     op_type = "Squeeze"
 
     def run(self, x: np.ndarray, axes: np.ndarray | None = None) -> Arrays:
@@ -320,7 +338,7 @@ class Squeeze(Kernel):
         return [np.squeeze(x, axis=normalised)]
 
 
-class Unsqueeze(Kernel):
+class Unsqueeze(InputView):
     op_type = "Unsqueeze"
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -338,18 +356,23 @@ class Unsqueeze(Kernel):
 class Expand(Kernel):
     op_type = "Expand"
 
-    def run(self, x: np.ndarray, shape: np.ndarray) -> Arrays:
+    def _target(self, x: np.ndarray, shape: np.ndarray) -> tuple[int, ...]:
         try:
-            target = np.broadcast_shapes(x.shape, tuple(ints(shape)))
+            return np.broadcast_shapes(x.shape, tuple(ints(shape)))
         except ValueError:
             raise self.ctx.error(f"cannot expand shape {list(x.shape)} to {ints(shape)}") from None
-        return [np.broadcast_to(x, target).copy()]
+
+    def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
+        return math.prod(self._target(inputs[0], inputs[1]))
+
+    def run(self, x: np.ndarray, shape: np.ndarray) -> Arrays:
+        return [np.broadcast_to(x, self._target(x, shape)).copy()]
 
 
 class Tile(Kernel):
     op_type = "Tile"
 
-    def run(self, x: np.ndarray, repeats: np.ndarray, axis: np.ndarray | None = None) -> Arrays:
+    def _repeats(self, x: np.ndarray, repeats: np.ndarray, axis: np.ndarray | None) -> list[int]:
         if self.ctx.opset < 6:  # Tile-1: a count of copies along one axis
             reps = [1] * x.ndim
             reps[normalize_axis(self.ctx, int(axis), x.ndim)] = int(repeats)
@@ -357,7 +380,14 @@ class Tile(Kernel):
             reps = ints(repeats)
         if len(reps) != x.ndim or min(reps, default=0) < 0:
             raise self.ctx.error(f"repeats {reps} must be {x.ndim} non-negative counts")
-        return [np.tile(x, reps)]
+        return reps
+
+    def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
+        x, repeats, *axis = inputs
+        return x.size * math.prod(self._repeats(x, repeats, axis[0] if axis else None))
+
+    def run(self, x: np.ndarray, repeats: np.ndarray, axis: np.ndarray | None = None) -> Arrays:
+        return [np.tile(x, self._repeats(x, repeats, axis))]
 
 
 # ---------------------------------------------------------------- joining and splitting
@@ -380,7 +410,7 @@ class Concat(Kernel):
             raise self.ctx.error(f"cannot concatenate shapes {shapes} on axis {self.axis}") from None
 
 
-class Split(Kernel):
+class Split(InputView):
     op_type = "Split"
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -419,7 +449,7 @@ def _slice(start: int, end: int, step: int, dim: int) -> slice:
     return slice(start, None if end < 0 else end, step)
 
 
-class Slice(Kernel):
+class Slice(InputView):
     op_type = "Slice"
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -527,7 +557,9 @@ class Trilu(Kernel):
 class Range(Kernel):
     op_type = "Range"
 
-    def run(self, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> Arrays:
+    def _count(self, start: np.ndarray, limit: np.ndarray, delta: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+        """The first value and the step (in the type computed in) and the count."""
         dtype = start.dtype
         stash = self.ctx.opset >= 27 and self.ctx.attribute("stash_type", 1) == 1
         compute = compute_dtype(dtype) if stash else dtype
@@ -538,9 +570,16 @@ class Range(Kernel):
             count = -((int(first) - int(last)) // int(step))
         else:
             count = math.ceil((float(last) - float(first)) / float(step))
+        return first, step, max(count, 0)
+
+    def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
+        return self._count(*inputs)[2]
+
+    def run(self, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> Arrays:
+        first, step, count = self._count(start, limit, delta)
         with np.errstate(over="ignore"):
-            values = first + np.arange(max(count, 0), dtype=compute) * step
-        return [values.astype(dtype)]
+            values = first + np.arange(count, dtype=first.dtype) * step
+        return [values.astype(start.dtype)]
 
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")

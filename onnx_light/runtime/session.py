@@ -16,6 +16,7 @@ only.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import functools
 import itertools
 import math
@@ -64,14 +65,63 @@ NONDETERMINISTIC = frozenset({"Dropout", "RandomNormal", "RandomNormalLike", "Ra
                               "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
+# A folded value takes at most this many bytes; a node whose outputs would take more is left
+# to run with every run (where running out of memory is an error naming the node). The light
+# real models build their weights with ConstantOfShape: VGG-19 folds one of 392 MiB.
+FOLD_MAXIMUM_BYTES = 1 << 30
+
+Slots = tuple[int | None, ...]
+
+
 @dataclass(frozen=True)
 class _Step:
     run: Any
-    inputs: tuple[int | None, ...]
-    outputs: tuple[int | None, ...]
+    inputs: Slots
+    outputs: Slots
     release: tuple[int, ...]
     node: str
     op_type: str
+
+
+@dataclass(frozen=True)
+class _Handoff:
+    """Which outputs of a plan a run copies before handing them over: those that may share
+    memory (``roots``: per output slot, the slots whose memory it may share) with a value the
+    plan did not make (a feed, a constant) or with an output handed over before them.
+    ``every``: the flags for all outputs in graph order."""
+
+    roots: Mapping[int, frozenset[int]]
+    made: frozenset[int]
+    every: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, steps: Sequence[tuple[Kernel, Slots, Slots]], outputs: Sequence[int]) -> _Handoff:
+        """From the plan's steps: an output a step makes anew is its own root; one a step
+        makes as a view (``Kernel.views``) has the roots of the inputs it views."""
+        roots: dict[int, frozenset[int]] = {}
+        for kernel, inputs, made in steps:
+            views = kernel.views()
+            for index, s in enumerate(made):
+                if s is None:
+                    continue
+                viewed = [inputs[i] for i in (views[index] if index < len(views) else ())
+                          if i < len(inputs) and inputs[i] is not None]
+                roots[s] = (frozenset().union(*(roots.get(v, frozenset((v,))) for v in viewed))
+                            if viewed else frozenset((s,)))
+        made_slots = frozenset(s for _, _, made in steps for s in made if s is not None)
+        output_roots = {s: roots.get(s, frozenset((s,))) for s in outputs}
+        handoff = cls(output_roots, made_slots, ())
+        return dataclasses.replace(handoff, every=handoff.copies(outputs))
+
+    def copies(self, slots: Iterable[int]) -> tuple[bool, ...]:
+        """For each of ``slots`` in turn, whether it must be copied."""
+        seen: set[int] = set()
+        flags = []
+        for s in slots:
+            roots = self.roots[s]
+            flags.append(not roots <= self.made or not roots.isdisjoint(seen))
+            seen |= roots
+        return tuple(flags)
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -108,8 +158,7 @@ def _without_external_data(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _plan(steps: list[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ...]]],
-          keep: set[int]) -> tuple[_Step, ...]:
+def _plan(steps: list[tuple[Kernel, Slots, Slots]], keep: set[int]) -> tuple[_Step, ...]:
     """Bound steps; each frees the values (other than ``keep``) it reads or makes last."""
     last_use: dict[int, int] = {}
     for index, (_, inputs, outputs) in enumerate(steps):
@@ -130,7 +179,28 @@ def _plan(steps: list[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ..
     )
 
 
-def _work(steps: Sequence[tuple[Kernel, tuple[int | None, ...], tuple[int | None, ...]]],
+def _fold(kernel: Kernel, arguments: list[np.ndarray | None],
+          output_shapes: list[list[int | str | None] | None]) -> list[np.ndarray] | None:
+    """A foldable node's outputs, computed now; None when they would take more than
+    ``FOLD_MAXIMUM_BYTES`` (told before computing them from the kernel or from the inferred
+    shapes where either knows, else measured after) or do not fit in memory."""
+    itemsize = max((numpy_dtype(t).itemsize for t in kernel.ctx.output_types if t), default=8)
+    elements = kernel.output_elements(arguments)
+    if elements is None and all(shape is not None and all(isinstance(d, int) for d in shape)
+                                for shape in output_shapes):
+        elements = sum(math.prod(shape) for shape in output_shapes)
+    if elements is not None and elements * itemsize > FOLD_MAXIMUM_BYTES:
+        return None
+    try:
+        results = [np.asarray(array) for array in kernel.run(*arguments)]
+    except MemoryError:
+        return None
+    if sum(array.nbytes for array in results) > FOLD_MAXIMUM_BYTES:
+        return None
+    return results
+
+
+def _work(steps: Sequence[tuple[Kernel, Slots, Slots]],
           known: Mapping[int, np.ndarray], shapes: Mapping[int, list[int | str | None]]
           ) -> list[int | None]:
     """Each step's work estimate (``Kernel.work``) from the shapes known at construction:
@@ -195,6 +265,80 @@ def _what_file(path: str) -> str:
         return ""
     first = text.strip().splitlines()[0][:60]
     return f"it is a text file (first line {first!r}); an ONNX model is a binary protobuf file"
+
+
+# The element kinds a Python feed (list, tuple, scalar) may take, by the kind numpy reads it as.
+_PYTHON_TARGET_KINDS = {"b": "biuf", "i": "iuf", "f": "f"}
+
+
+@dataclass(frozen=True)
+class _Feed:
+    """One graph input as a run takes it: its slot and what its declared type asks for,
+    read from the model once."""
+
+    name: str
+    slot: int
+    type_text: str | None  # tensor(<type>); None: not declared
+    dtype: np.dtype | None
+    rank: int | None
+    dimensions: tuple[tuple[int, int], ...]  # (axis, size) of the fixed dimensions
+    shape: list[int | str | None] | None
+
+    @classmethod
+    def of(cls, info: onnx.ValueInfoProto, slot: int) -> _Feed:
+        element_type = _element_type(info.type)
+        shape = _shape(info.type)
+        return cls(info.name, slot,
+                   None if element_type is None else f"tensor({element_type_name(element_type)})",
+                   None if element_type is None else numpy_dtype(element_type),
+                   None if shape is None else len(shape),
+                   () if shape is None else tuple((axis, size) for axis, size in enumerate(shape)
+                                                  if isinstance(size, int) and size > 0),
+                   shape)
+
+    def check(self, value: Any) -> np.ndarray:
+        """The feed as the plan sees it: a read-only ndarray (so no run can write the
+        caller's data, and views of it are read-only too) of the input's type and shape.
+
+        An ndarray subclass gives its data as a plain ndarray (a masked array its data, as
+        onnxruntime takes it; np.matrix its 2-d array); an array in the other byte order its
+        values in the native one; Python lists, tuples and scalars the input's element type
+        when that keeps their values' kind (bools and ints to ints or floats, within range;
+        floats to floats, not to ints). Arrays and numpy scalars must have the element type
+        exactly."""
+        try:
+            array = value if type(value) is np.ndarray else np.asarray(value)
+        except (ValueError, TypeError) as exc:  # ragged nested lists, say
+            raise InvalidInputError(f"input {self.name!r}: not an array: {exc}") from None
+        expected = self.dtype
+        if (expected is not None and array.dtype != expected
+                and not (expected.kind == "O" and array.dtype.kind in "OU")):
+            array = self._converted(value, array, expected)
+        if self.rank is not None:
+            if array.ndim != self.rank:
+                raise InvalidInputError(f"input {self.name!r}: expected rank {self.rank} "
+                                        f"(shape {self.shape}), got rank {array.ndim} {array.shape}")
+            for axis, size in self.dimensions:
+                if array.shape[axis] != size:
+                    raise InvalidInputError(f"input {self.name!r}: dimension {axis} must be "
+                                            f"{size}, got shape {array.shape}")
+        if array.flags.writeable:
+            array = array.view()
+            array.flags.writeable = False
+        return array
+
+    def _converted(self, value: Any, array: np.ndarray, expected: np.dtype) -> np.ndarray:
+        """A feed of another dtype in the input's type, or an error naming the input."""
+        if array.dtype.newbyteorder("=") == expected:
+            return array.astype(expected)
+        python = not isinstance(value, (np.ndarray, np.generic))
+        if python and expected.kind in _PYTHON_TARGET_KINDS.get(array.dtype.kind, ""):
+            try:
+                return np.asarray(value, dtype=expected)
+            except OverflowError as exc:  # an int out of the type's range
+                raise InvalidInputError(f"input {self.name!r}: {exc}") from None
+        raise InvalidInputError(f"input {self.name!r}: expected element type {self.type_text} "
+                                f"({expected}), got {array.dtype}")
 
 
 def _attribute_value(attribute: onnx.AttributeProto) -> Any:
@@ -442,6 +586,7 @@ class RuntimeSession:
             array.flags.writeable = False  # kernels must never change shared data
             constants[slot(initializer.name)] = array
         self._feed_slots = {info.name: slot(info.name) for info in graph.input}
+        self._feeds = tuple(_Feed.of(info, self._feed_slots[info.name]) for info in graph.input)
         self._required = [info.name for info in graph.input if slots[info.name] not in constants]
         # Constant folding: a deterministic node whose inputs are all fixed (initializers, or
         # outputs of folded nodes) runs once, here. Initializers that are also graph inputs
@@ -461,17 +606,22 @@ class RuntimeSession:
                         s is None or s in depends for s in inputs):
                     steps.append((kernel, inputs, outputs))
                     continue
-                results = kernel.run(*(None if s is None else known[s] for s in inputs))
+                results = _fold(kernel, [None if s is None else known[s] for s in inputs],
+                                [_shape(types[name]) if name in types else None
+                                 for name in node.output if name])
+                if results is None:  # too large to keep: computed by every run instead
+                    steps.append((kernel, inputs, outputs))
+                    continue
                 sources = set().union(*(depends[s] for s in inputs if s is not None))
                 for s, array in zip(outputs, results, strict=False):
                     if s is not None:
-                        array = np.asarray(array)
                         array.flags.writeable = False
                         folded[s] = known[s] = array
                         depends[s] = sources
         self.folded_nodes = len(every_step) - len(steps)
         self._output_slots = {info.name: slots[info.name] for info in graph.output
                               if info.name in slots}
+        self._output_names = list(self._output_slots)
         missing = [info.name for info in graph.output if info.name not in slots]
         if missing:
             raise ValueError(f"graph outputs {missing} are produced by no node")
@@ -496,6 +646,8 @@ class RuntimeSession:
         steps = [(kernel.specialize([None if s is None else known.get(s) for s in inputs]) or kernel,
                   inputs, outputs) for kernel, inputs, outputs in steps]
         self._plan = _plan(steps, set(constants) | set(folded) | set(self._output_slots.values()))
+        self._handoff = _Handoff.of(steps, list(self._output_slots.values()))
+        self._handoff_unfolded = _Handoff.of(every_step, list(self._output_slots.values()))
         self._plan_unfolded = _plan(every_step, set(constants) | set(self._output_slots.values()))
         if branches and self.num_threads > 1:
             self._plan = group_branches(self._plan, _work(steps, known, shapes), self.num_threads)
@@ -526,7 +678,8 @@ class RuntimeSession:
             except KernelError:
                 raise
             except Exception as exc:
-                raise RuntimeError(f"node {step.node!r} failed: {type(exc).__name__}: {exc}") from exc
+                raise RuntimeError(f"node {step.node!r} ({step.op_type}) failed: "
+                                   f"{type(exc).__name__}: {str(exc) or '(no message)'}") from exc
             if done is not None:
                 done()
             for s, result in zip(step.outputs, results, strict=False):
@@ -559,34 +712,13 @@ class RuntimeSession:
         """Per tunable node: its name, key, values, their source and the generation."""
         return [{"node": name, **resolution.to_dict()} for name, resolution in self._tuning]
 
-    def _check_feed(self, info: onnx.ValueInfoProto, value: Any) -> np.ndarray:
-        try:
-            array = value if isinstance(value, np.ndarray) else np.asarray(value)
-        except (ValueError, TypeError) as exc:  # ragged nested lists, say
-            raise InvalidInputError(f"input {info.name!r}: not an array: {exc}") from None
-        element_type = _element_type(info.type)
-        if element_type is not None:
-            expected = numpy_dtype(element_type)
-            if array.dtype != expected and not (expected.kind == "O" and array.dtype.kind in "OU"):
-                raise InvalidInputError(
-                    f"input {info.name!r}: expected element type tensor("
-                    f"{element_type_name(element_type)}) ({expected}), got {array.dtype}")
-        shape = _shape(info.type)
-        if shape is not None:
-            if array.ndim != len(shape):
-                raise InvalidInputError(f"input {info.name!r}: expected rank {len(shape)} "
-                                        f"(shape {shape}), got rank {array.ndim} {array.shape}")
-            for axis, (want, got) in enumerate(zip(shape, array.shape, strict=True)):
-                if isinstance(want, int) and want > 0 and want != got:
-                    raise InvalidInputError(f"input {info.name!r}: dimension {axis} must be "
-                                            f"{want}, got shape {array.shape}")
-        return array
-
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
             node_hook: NodeHook | None = None) -> list[np.ndarray]:
         """Compute ``output_names`` (all outputs when None) from ``input_feed``.
 
-        Same signature and return type as ``onnxruntime.InferenceSession.run``.
+        Same signature and return type as ``onnxruntime.InferenceSession.run``; as there,
+        the outputs share memory with no feed, no constant and no other output, and the
+        feeds are never written (docs/reliability.md lists the feeds accepted).
         ``node_hook(node_name, op_type)``, when given, is called before each step of the
         plan on the thread that runs it (a fused step carries the name of its first node);
         it may raise to stop the run, and returns None or a callable to call once the step
@@ -598,7 +730,7 @@ class RuntimeSession:
         if isinstance(output_names, str):
             raise TypeError(f"output_names must be a list of names or None, got the string "
                             f"{output_names!r}")
-        names = list(self._output_slots) if output_names is None else list(output_names)
+        names = self._output_names if output_names is None else list(output_names)
         unknown_outputs = [n for n in names if n not in self._output_slots]
         if unknown_outputs:
             raise InvalidInputError(f"unknown output(s) {unknown_outputs}; "
@@ -616,13 +748,13 @@ class RuntimeSession:
         for s, array in self._constants.items():
             values[s] = array
         fed = set()
-        for info in self._inputs:
-            if info.name in input_feed:
-                fed.add(self._feed_slots[info.name])
-                values[self._feed_slots[info.name]] = self._check_feed(info, input_feed[info.name])
-        plan = self._plan
+        for feed in self._feeds:
+            if feed.name in input_feed:
+                fed.add(feed.slot)
+                values[feed.slot] = feed.check(input_feed[feed.name])
+        plan, handoff = self._plan, self._handoff
         if fed & self._fold_sources:  # a default the folding used is overridden
-            plan = self._plan_unfolded
+            plan, handoff = self._plan_unfolded, self._handoff_unfolded
         else:
             for s, array in self._folded.items():
                 values[s] = array
@@ -630,6 +762,9 @@ class RuntimeSession:
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1), quiet():
             self._execute(plan, values, node_hook)
-        # Outputs that are constants are shared, read-only arrays: give callers copies.
-        return [values[s].copy() if not values[s].flags.writeable else values[s]
-                for s in (self._output_slots[n] for n in names)]
+        # The caller gets arrays of its own: a copy of each output that may share memory with
+        # a feed, a constant or an output before it, and of any read-only one.
+        slots = [self._output_slots[n] for n in names]
+        copies = handoff.every if output_names is None else handoff.copies(slots)
+        return [values[s].copy() if copy or not values[s].flags.writeable else values[s]
+                for s, copy in zip(slots, copies, strict=True)]
