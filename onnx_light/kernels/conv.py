@@ -161,6 +161,7 @@ from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import winograd
 from .base import LIBRARY, Kernel, NodeContext, compute_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = [
     "ALGORITHM",
@@ -537,7 +538,6 @@ class ConvKernel(Kernel):
 
     op_type: ClassVar[str] = "Conv"
     tuning_abi: ClassVar[int] = TUNING_ABI
-    tunable: ClassVar[bool] = True
     accepts_epilogue: ClassVar[bool] = True
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -1392,8 +1392,8 @@ def error_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, group: in
 
     ctx = NodeContext("bound", "Conv", "", 22, dict(attributes, group=group),
                       (T.DOUBLE, T.DOUBLE, T.DOUBLE), (T.DOUBLE,), 3 if b is not None else 2, 1)
-    kernel = ConvKernel(ctx)
-    kernel.configure(REFERENCE, ThreadPool(1))
+    kernel = ConvKernel(ctx).bind(ThreadPool(1))
+    kernel.configure(REFERENCE)
     absolute_x, absolute_w = np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))
     absolute_b = None if b is None else np.abs(b.astype(np.float64))
     magnitude = kernel.run(absolute_x, absolute_w, absolute_b)[0]
@@ -1483,7 +1483,7 @@ def candidate_grid() -> list[dict[str, Value]]:
     varied alone around the portable values (11 candidates). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
-    :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
+    :data:`onnx_light.kernels.gemm.NOT_CALIBRATED_MODES`)."""
     base = dict(_DEFAULTS)
     grid: list[dict[str, Value]] = []
     for split in ("batch_and_groups", "output_rows", "filters"):
@@ -1546,8 +1546,8 @@ class ConvCalibrationProblem:
             spec = self.corpus[case]
             et = self.element_type
             ctx = NodeContext(case, "Conv", "", 22, spec.attributes(), (et, et, et), (et,), 3, 1)
-            kernel = ConvKernel(ctx)
-            kernel.configure(values, self.pool)
+            kernel = ConvKernel(ctx).bind(self.pool)
+            kernel.configure(values)
             kernel = kernel.specialize([None, w, None]) or kernel
             self._kernels[key] = kernel
         return kernel
@@ -1593,7 +1593,13 @@ def calibration_callbacks() -> dict[KernelTuningKey, Callable[..., CalibrationRe
     return {schema.key: calibrate_conv for schema in tuning_schemas()}
 
 
-# op_type -> {since_version: kernel class}; the class checks the types of ctx.opset.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Conv": {1: ConvKernel, 11: ConvKernel, 22: ConvKernel},
-}
+def _calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
+               descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
+    return calibrate_conv(key, descriptor, budget)
+
+
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(ConvKernel, (1, 11, 22), types=OPSET_TYPES, parameters=lambda _: conv_parameters(),
+            calibrate=_calibrate),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
