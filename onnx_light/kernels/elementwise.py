@@ -4,8 +4,9 @@ Every op is one :class:`ElementwiseOp` row of :data:`OPS`: its arity, the elemen
 allows, the output type rule, the ONNX attributes it reads (with ONNX's defaults), the
 precision it computes half-precision types in, and a compute function
 ``compute(*blocks, out=block, **attributes)`` that writes into a preallocated output block.
-:func:`_kernel_class` turns each row into a :class:`~onnx_light.kernels.base.Kernel`
-subclass; :data:`KERNELS` is the dispatch table ``op_type -> {since_version: class}``.
+:func:`kernel_class` turns each row into a :class:`~onnx_light.kernels.base.Kernel`
+subclass and :data:`DECLARATIONS` declares each (its versions, types, schema factory and
+calibration callback); :data:`KERNELS` is the dispatch table derived from them.
 
 Each tunable elementwise kernel has one parameter, ``parallel.minimum_elements``: below it
 the kernel makes one compute call on the calling thread; at or above it (and with more than
@@ -69,6 +70,7 @@ __all__ = [
     "cost_class",
     "default_minimum_elements",
     "elementwise_parameters",
+    "kernel_class",
     "tuning_schemas",
 ]
 
@@ -624,8 +626,11 @@ class ElementwiseKernel(Kernel):
     accepts_epilogue = True
 
     def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
         op = self.op
+        # An op declared without a schema keeps its portable default; a tunable one takes
+        # the same value from its schema, and then what configure gives it.
+        self._minimum_elements = default_minimum_elements(op, self.element_type_of(ctx))
+        super().__init__(ctx)
         arity = op.arity
         if ctx.num_inputs and (ctx.num_inputs < arity.minimum
                                or (arity.maximum is not None and ctx.num_inputs > arity.maximum)):
@@ -841,7 +846,9 @@ def _blocks(compute: Callable[..., Any], plan: _TypePlan, operands: list[np.ndar
 # Kernel classes and the dispatch table
 
 
-def _kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
+def kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
+    """The kernel class of one row (also for the rows of other modules; the class is bound
+    to its declaration when the row's module declares it)."""
     name = f"{op.op_type}Kernel"
     return type(name, (ElementwiseKernel,), {
         "__doc__": f"ONNX {op.op_type} ({op.arity.name}) on the shared elementwise machinery.",
@@ -854,7 +861,7 @@ def _kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
 
 # One declaration per row: every version takes the row's types.
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
-    declare(_kernel_class(op), op.versions, types=op.types,
+    declare(kernel_class(op), op.versions, types=op.types,
             parameters=functools.partial(_parameters, op), calibrate=calibrate_elementwise)
     for op in OPS
 )
