@@ -22,13 +22,13 @@ import heapq
 import itertools
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import platformdirs
 
 from .cache_lock import cache_lock
@@ -131,12 +131,14 @@ def _reject_constant(name: str) -> Any:
 @dataclass(frozen=True)
 class CacheLine:
     """One entry line as read: its number, raw text and identity, or the error that makes it
-    no entry (then ``text`` is empty: damaged lines are reported, never carried over)."""
+    no entry (then ``text`` is empty: damaged lines are reported, never carried over).
+    ``problem`` is what :func:`check_fields` found wrong with an entry's fields."""
 
     number: int
     text: str
     identity: tuple[str, str] | None
     error: str | None
+    problem: str | None = None
 
     @classmethod
     def parse(cls, number: int, text: str) -> CacheLine:
@@ -154,6 +156,10 @@ class CacheLine:
             identity = (key, _canonical(descriptor))
         except (ValueError, RecursionError) as exc:  # e.g. 1e400 parses as inf
             return cls(number, "", None, f"bad descriptor: {exc}")
+        try:
+            check_fields(record)
+        except ValueError as exc:
+            return cls(number, text, identity, None, str(exc))
         return cls(number, text, identity, None)
 
     @property
@@ -285,12 +291,14 @@ def _ownership_problems(path: Path, info: os.stat_result) -> list[str]:
     return problems
 
 
-# A line shorter than this cannot hold an identity ('{"key":"","descriptor":{}}'): such lines
-# are damaged whatever they hold, and past the first LISTED_LINES they are only counted, so a
-# file of millions of short lines costs a scan, not an object per line.
+# A line shorter than this cannot hold an identity ('{"key":"","descriptor":{}}'), so it is
+# damaged unless blank or a comment. Such lines are found with numpy, a window of the file at
+# a time, and past the first LISTED_LINES damaged lines only counted: a file of millions of
+# short lines costs a scan, not an object per line.
 MIN_ENTRY_BYTES = 26
-_CANDIDATE = re.compile(rb"^[ \t]*(?:#[^\n]*|[^\n]{%d,})" % MIN_ENTRY_BYTES, re.MULTILINE)
-_NON_BLANK = re.compile(rb"^[ \t\r\f\v]*[^\s][^\n]*", re.MULTILINE)
+_WINDOW_BYTES = 1 << 22
+_MAY_BE_BLANK_OR_COMMENT = np.zeros(256, dtype=bool)
+_MAY_BE_BLANK_OR_COMMENT[list(b"# \t\r\v\f")] = True
 
 
 def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
@@ -307,14 +315,23 @@ def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
             f"{path}:1: format version {version_text!r}; this onnx_light reads {FORMAT_VERSION}"])
     parser = _LineParser(CacheFile(path, "ok", FORMAT_VERSION))
     position, number = first_end + 1, 2  # the start of line ``number``
-    for match in _CANDIDATE.finditer(data, position):
-        gap = data[position:match.start()]  # whole lines, each too short to be an entry
-        parser.short_lines(gap, number)
-        number += gap.count(b"\n")
-        parser.line(number, match.group())
-        position, number = match.end() + 1, number + 1
-    parser.short_lines(data[position:], number)
+    while position < len(data):
+        stop = _window_end(data, position)
+        number += parser.window(data, position, stop, number)
+        position = stop + 1
     return parser.finish()
+
+
+def _window_end(data: bytes, position: int) -> int:
+    """Where the window of whole lines starting at ``position`` ends (a newline, or the end
+    of the data): about _WINDOW_BYTES on, further for a longer line."""
+    end = position + _WINDOW_BYTES
+    if end >= len(data):
+        return len(data)
+    stop = data.rfind(b"\n", position, end)
+    if stop < 0:
+        stop = data.find(b"\n", end)
+    return len(data) if stop < 0 else stop
 
 
 class _LineParser:
@@ -326,6 +343,25 @@ class _LineParser:
         self.entries: list[CacheLine] = []
         self.broken: list[CacheLine] = []
         self.damaged = 0
+
+    def window(self, data: bytes, start: int, stop: int, number: int) -> int:
+        """Parse the lines of ``data[start:stop]``, the first numbered ``number``; returns
+        how many lines there were."""
+        window = np.frombuffer(data, np.uint8, count=stop - start, offset=start)
+        ends = np.append(np.flatnonzero(window == 10), stop - start)
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        lengths = ends - starts
+        first = (window[np.minimum(starts, len(window) - 1)] if len(window)
+                 else np.zeros(1, np.uint8))  # each line's first byte
+        maybe = (lengths >= MIN_ENTRY_BYTES) | _MAY_BE_BLANK_OR_COMMENT[first]
+        for index in np.flatnonzero(maybe & (lengths > 0)).tolist():
+            self.line(number + index, data[start + starts[index]:start + ends[index]])
+        short = np.flatnonzero(~maybe & (lengths > 0))  # neither blank nor a comment
+        listed = short[:max(LISTED_LINES - len(self.broken), 0)].tolist()
+        for index in listed:
+            self.line(number + index, data[start + starts[index]:start + ends[index]])
+        self.damaged += len(short) - len(listed)
+        return len(ends)
 
     def line(self, number: int, raw: bytes) -> None:
         """A comment, an entry or a damaged line."""
@@ -345,18 +381,6 @@ class _LineParser:
         else:
             self._damaged(line)
 
-    def short_lines(self, gap: bytes, number: int) -> None:
-        """The non-blank lines of ``gap`` are damaged (none is long enough to be an entry):
-        parsed while fewer than LISTED_LINES are listed, to name their problem, else counted."""
-        if len(self.broken) >= LISTED_LINES:
-            self.damaged += _NON_BLANK.subn(b"", gap)[1]
-            return
-        for match in _NON_BLANK.finditer(gap):
-            if len(self.broken) >= LISTED_LINES:
-                self.damaged += _NON_BLANK.subn(b"", gap[match.start():])[1]
-                return
-            self.line(number + gap.count(b"\n", 0, match.start()), match.group())
-
     def _damaged(self, line: CacheLine) -> None:
         self.damaged += 1
         if len(self.broken) < LISTED_LINES:
@@ -364,7 +388,9 @@ class _LineParser:
 
     def finish(self) -> CacheFile:
         result = self.result
+        self.broken.sort(key=lambda line: line.number)
         result.lines = list(heapq.merge(self.entries, self.broken, key=lambda line: line.number))
+        result.comments.sort()
         result.damaged = self.damaged
         if self.damaged:
             result.status = "damaged"
@@ -372,8 +398,7 @@ class _LineParser:
             result.diagnostics += [f"{path}:{line.number}: {line.error}" for line in self.broken]
             if self.damaged > len(self.broken):
                 result.diagnostics.append(
-                    f"{path}: {self.damaged - len(self.broken)} more damaged lines "
-                    f"(after line {self.broken[-1].number}) not listed")
+                    f"{path}: {self.damaged - len(self.broken)} more damaged lines not listed")
         return result
 
 
@@ -429,6 +454,7 @@ class _ProcessorMatch:
 
     def __init__(self, local: CpuExecutionDescriptor) -> None:
         self.cpu = local.to_dict()["cpu"]
+        self.comparable = {name: _comparable(value) for name, value in self.cpu.items()}
         self.prefix = '{"cpu":' + _canonical(self.cpu) + ',"num_threads":'
 
     def differences(self, canonical: str) -> list[str]:
@@ -442,8 +468,8 @@ class _ProcessorMatch:
         if not isinstance(cpu, dict):
             return ["cpu", *extra]
         names = [*self.cpu, *sorted(set(cpu) - set(self.cpu))]
-        return [f"cpu.{name}" for name in names
-                if _comparable(cpu.get(name)) != _comparable(self.cpu.get(name))] + extra
+        return [f"cpu.{name}" for name in names if cpu.get(name) != self.cpu.get(name)
+                and _comparable(cpu.get(name)) != self.comparable.get(name)] + extra
 
 
 def _comparable(value: Any) -> Any:
@@ -458,8 +484,9 @@ def _classify_line(line: CacheLine, snapshot: RegistrySnapshot, local: CpuExecut
     if line.identity is None:
         return EntryOutcome(line.number, None, INVALID, str(line.error))
     key_text, descriptor_text = line.identity
+    if line.problem is not None:
+        return EntryOutcome(line.number, key_text, INVALID, line.problem)
     try:
-        check_fields(json.loads(line.text))
         key = _parse_key(key_text)
     except ValueError as exc:
         return EntryOutcome(line.number, key_text, INVALID, str(exc))
