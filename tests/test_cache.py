@@ -28,6 +28,7 @@ from tuning_helpers import (
     writer_key,
 )
 
+from onnx_light.tuning import cache as cache_module
 from onnx_light.tuning.cache import (
     HEADER,
     CacheEntry,
@@ -296,6 +297,27 @@ def test_an_entry_for_another_processor_is_compared_not_validated(tmp_path: Path
                      3: ("incompatible", "processor differs in cpu.colour"),
                      4: ("incompatible", "processor differs in cpu.features"),
                      5: ("loaded", "this processor at 3 threads")}
+
+
+def test_short_lines_are_blank_comments_or_damaged_and_past_the_listed_ones_only_counted(
+        tmp_path: Path, monkeypatch) -> None:
+    """Blank lines (CRLF, tabs), comments (indented too), short damaged lines (indented too,
+    not UTF-8) in numbers past the listing cap, and more comments than are kept."""
+    monkeypatch.setattr(cache_module, "MAX_COMMENTS", 3)
+    path = tmp_path / "cache.txt"
+    short = [b"\r", b"\t ", b"", b"# one", b"  # two", b" x", b"{}", b"\xff\xfe", b"#3", b"#4"]
+    write(path, entry(5).to_line(), *short * 40, entry(6, where=descriptor("zen3", 1)).to_line())
+    cache = read_cache(path)
+    assert cache.status == "damaged"
+    assert cache.comments == [(6, "# one"), (7, "# two"), (11, "#3")]
+    assert cache.damaged == 40 * 3 + (40 * 4 - 3)  # short lines and comments past the three
+    listed = [line for line in cache.lines if line.error is not None]
+    assert [(line.number, line.error[:10]) for line in listed[:4]] == [
+        (8, "not a JSON"), (9, "needs a st"), (10, "not UTF-8 "), (18, "not a JSON")]
+    assert len(listed) == cache_module.LISTED_LINES
+    assert cache.diagnostics[-1] == f"{path}: {cache.damaged - 100} more damaged lines not listed"
+    report = load_into(registry(), path, LOCAL)
+    assert report["loaded"] == 2 and report["counts"] == {"invalid": cache.damaged, "loaded": 2}
 
 
 def test_float_parameter_given_a_huge_int_is_invalid(tmp_path: Path) -> None:

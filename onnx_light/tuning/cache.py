@@ -292,13 +292,15 @@ def _ownership_problems(path: Path, info: os.stat_result) -> list[str]:
 
 
 # A line shorter than this cannot hold an identity ('{"key":"","descriptor":{}}'), so it is
-# damaged unless blank or a comment. Such lines are found with numpy, a window of the file at
-# a time, and past the first LISTED_LINES damaged lines only counted: a file of millions of
-# short lines costs a scan, not an object per line.
+# damaged unless blank or a comment. Blank, comment and short lines are told apart with numpy,
+# a window of the file at a time; past the first LISTED_LINES damaged lines, short ones are
+# only counted: a file of millions of short lines costs a scan, not an object per line.
+# Comments past MAX_COMMENTS count as damaged lines (an update backs the file up).
 MIN_ENTRY_BYTES = 26
+MAX_COMMENTS = 10_000
 _WINDOW_BYTES = 1 << 22
-_MAY_BE_BLANK_OR_COMMENT = np.zeros(256, dtype=bool)
-_MAY_BE_BLANK_OR_COMMENT[list(b"# \t\r\v\f")] = True
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[list(b" \t\n\r\v\f")] = True
 
 
 def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
@@ -350,17 +352,25 @@ class _LineParser:
         window = np.frombuffer(data, np.uint8, count=stop - start, offset=start)
         ends = np.append(np.flatnonzero(window == 10), stop - start)
         starts = np.concatenate(([0], ends[:-1] + 1))
-        lengths = ends - starts
-        first = (window[np.minimum(starts, len(window) - 1)] if len(window)
-                 else np.zeros(1, np.uint8))  # each line's first byte
-        maybe = (lengths >= MIN_ENTRY_BYTES) | _MAY_BE_BLANK_OR_COMMENT[first]
-        for index in np.flatnonzero(maybe & (lengths > 0)).tolist():
+        solid = np.append(np.flatnonzero(~_WHITESPACE[window]), stop - start)
+        first = solid[np.searchsorted(solid, starts)]  # each line's first non-blank byte
+        used = first < ends
+        comment = used & (np.append(window, 0)[first] == ord("#"))
+        entry = used & ~comment & (ends - starts >= MIN_ENTRY_BYTES)
+        comments = np.flatnonzero(comment)
+        kept = comments[:max(MAX_COMMENTS - len(self.result.comments), 0)]
+        for index in np.union1d(kept, np.flatnonzero(entry)).tolist():
             self.line(number + index, data[start + starts[index]:start + ends[index]])
-        short = np.flatnonzero(~maybe & (lengths > 0))  # neither blank nor a comment
-        listed = short[:max(LISTED_LINES - len(self.broken), 0)].tolist()
-        for index in listed:
-            self.line(number + index, data[start + starts[index]:start + ends[index]])
-        self.damaged += len(short) - len(listed)
+        too_many = f"more than {MAX_COMMENTS} comment lines"
+        for lines, comments_over in ((np.flatnonzero(used & ~comment & ~entry), False),
+                                     (comments[len(kept):], True)):
+            listed = lines[:max(LISTED_LINES - len(self.broken), 0)].tolist()
+            for index in listed:
+                if comments_over:
+                    self._damaged(CacheLine(number + index, "", None, too_many))
+                else:
+                    self.line(number + index, data[start + starts[index]:start + ends[index]])
+            self.damaged += len(lines) - len(listed)
         return len(ends)
 
     def line(self, number: int, raw: bytes) -> None:
