@@ -298,7 +298,7 @@ def _ownership_problems(path: Path, info: os.stat_result) -> list[str]:
 # Comments past MAX_COMMENTS count as damaged lines (an update backs the file up).
 MIN_ENTRY_BYTES = 26
 MAX_COMMENTS = 10_000
-_WINDOW_BYTES = 1 << 22
+_WINDOW_BYTES = 1 << 20
 _WHITESPACE = np.zeros(256, dtype=bool)
 _WHITESPACE[list(b" \t\n\r\v\f")] = True
 
