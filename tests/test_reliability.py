@@ -483,6 +483,25 @@ def test_a_read_only_cache_is_not_replaced(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.txt", "cache.txt.lock"]
 
 
+@pytest.mark.parametrize("kind", ["another user's file", "a FIFO"])
+def test_a_cache_that_is_not_a_regular_file_of_ours_is_not_replaced(tmp_path: Path, monkeypatch,
+                                                                   kind: str) -> None:
+    path = tmp_path / "cache.txt"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+        expected = (OSError, f"kernel tuning cache {path} exists and is not a regular file")
+    else:
+        path.write_text(HEADER + "\n")
+        owner = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+        expected = (PermissionError, f"kernel tuning cache {path} belongs to another user "
+                                     f"(uid {owner}), so it is not replaced: pass a path of your own")
+    with pytest.raises(expected[0]) as info:
+        onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
+    assert str(info.value).endswith(expected[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.txt"]
+
+
 def test_a_failed_rename_names_the_cache_not_the_temporary(tmp_path: Path, monkeypatch) -> None:
     """As when the cache or its folder is immutable (chattr +i)."""
     path = tmp_path / "cache.txt"

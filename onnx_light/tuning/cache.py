@@ -666,8 +666,8 @@ def _check_replaceable(path: Path, writable: bool = True) -> None:
                       f"{os.readlink(path)}); onnx_light only replaces a regular file: pass "
                       "the path of the file itself, or remove the link")
     if not stat.S_ISREG(info.st_mode):
-        raise IsADirectoryError(errno.EISDIR if stat.S_ISDIR(info.st_mode) else errno.EINVAL,
-                                f"kernel tuning cache {path} exists and is not a regular file")
+        raise OSError(errno.EISDIR if stat.S_ISDIR(info.st_mode) else errno.EINVAL,  # the
+                      f"kernel tuning cache {path} exists and is not a regular file")  # kind
     if os.name == "posix" and info.st_uid != os.geteuid():
         raise PermissionError(errno.EPERM, f"kernel tuning cache {path} belongs to another "
                               f"user (uid {info.st_uid}), so it is not replaced: pass a path "
