@@ -43,24 +43,6 @@ from ...tuning.keys import ElementType, KernelTuningKey, element_type_name
 from ...tuning.schema import KernelTuningSchema, Parameter, Value
 from ..base import LIBRARY
 
-__all__ = [
-    "ALGORITHM",
-    "ALGORITHMS",
-    "BLOCK_BYTES",
-    "CONV_TYPES",
-    "MINIMUM_FLOPS",
-    "REFERENCE",
-    "SPLIT",
-    "SPLITS",
-    "TUNING_ABI",
-    "WINOGRAD_CHANNELS",
-    "WINOGRAD_OUTPUTS",
-    "ConvConfig",
-    "conv_parameters",
-    "conv_schema",
-    "tuning_schemas",
-]
-
 T = ElementType
 CONV_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
 # Element types each ONNX version of Conv accepts.
