@@ -1,7 +1,7 @@
 """Conv: ONNX semantics against the reference, every configuration against the reference
 configuration, the schemas, and the calibration callback.
 
-Tolerances follow the bound stated in ``onnx_light.kernels.conv`` (:func:`error_bound`):
+Tolerances follow the bound stated in ``onnx_light.kernels.conv.numerics`` (:func:`error_bound`):
 two results that sum the same ``K = C/group * prod(kernel)`` products in different orders
 differ by at most ``2 (K + 2) u (|W| * |X| + |B|)``, ``u`` the unit roundoff of the compute
 type (float32 for float16 and bfloat16), plus one unit in the last place of a narrower
@@ -21,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import conv
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
-from onnx_light.parallel import ThreadPool
+from onnx_light.parallel import BLAS, ThreadPool
 from onnx_light.tuning.calibration import Budget
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import execution_descriptor
@@ -367,13 +367,13 @@ def test_a_residual_with_equal_filters_and_its_errors(pools):
 
 def test_blas_threads_never_exceed_the_pool(pools, monkeypatch):
     requested = []
-    original = conv.BLAS.limit
+    original = BLAS.limit
 
     def spy(num_threads):
         requested.append(num_threads)
         return original(num_threads)
 
-    monkeypatch.setattr(conv.BLAS, "limit", spy)
+    monkeypatch.setattr(BLAS, "limit", spy)
     rng = np.random.default_rng(5)
     x, w, b = _inputs((1, 8, 12, 12), (8, 8, 3, 3), np.float32, rng)
     for threads in (1, 2):
