@@ -11,7 +11,7 @@ sessions at the same thread count (default 2):
 The shipped models make every weight with a ConstantOfShape node: all weights are 0.02, so
 all the filters of a convolution are equal, which no trained network has and which
 onnx_light exploits (a convolution with constant, equal filters computes one of them: see
-``onnx_light/kernels/conv.py``). By default (``--weights random``) the script therefore
+``onnx_light/kernels/conv/kernel.py``). By default (``--weights random``) the script therefore
 replaces each such weight with seeded random values (0.02 times uniform in [0.5, 1.5]), as
 trained weights would be; ``--weights shipped`` runs the files as they are.
 

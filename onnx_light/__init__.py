@@ -110,7 +110,7 @@ def _load_default_cache() -> None:
     try:
         report = load_kernel_tuning_cache()
     except Exception as exc:  # the promise: a bad cache never stops an import
-        logger.warning("kernel tuning cache not loaded: %s", exc)
+        logger.warning("kernel tuning cache not loaded: %s: %s", type(exc).__name__, exc)
         return
     invalid = [e for e in report["entries"] if e["outcome"] == "invalid"]
     if report["status"] not in ("ok", "missing") or invalid or report["ownership"]:

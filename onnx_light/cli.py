@@ -658,7 +658,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (KeyError, ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        one_line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        one_line = ("; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+                    or f"{type(exc).__name__} (no message)")
         print(f"{parser.prog} {args.command}: error: {one_line}", file=sys.stderr)
         return 2
 

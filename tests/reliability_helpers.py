@@ -36,6 +36,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnx_light.tuning.cache import HEADER, CacheEntry, read_cache, update_cache
+from onnx_light.tuning.cache_lock import cache_lock
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import CpuExecutionDescriptor
 
@@ -664,9 +665,7 @@ def crash_victim(path: str, done: Any, started: Any) -> None:
 
 def lock_holder(path: str, held: Any) -> None:
     """Take the cache's lock and keep it until killed."""
-    import filelock
-
-    with filelock.FileLock(path + ".lock"):
+    with cache_lock(Path(path), timeout=60):
         held.value = 1
         time.sleep(600)
 

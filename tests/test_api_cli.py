@@ -488,6 +488,16 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+def test_an_error_without_a_message_is_named_by_its_type(capsys, monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(cli, "_tuning_report", fail)
+    status, _, err = run_cli(capsys, "tune-kernels")
+    assert status == 2
+    assert err.strip().endswith("tune-kernels: error: MemoryError (no message)")
+
+
 def report_rows(out: str) -> dict[str, list[str]]:
     """The report's table rows by key: the cells of one-line rows."""
     return {line.split()[0]: re.split(r"\s{2,}", line) for line in out.splitlines()

@@ -28,6 +28,7 @@ from tuning_helpers import (
     writer_key,
 )
 
+from onnx_light.tuning import cache as cache_module
 from onnx_light.tuning.cache import (
     HEADER,
     CacheEntry,
@@ -251,10 +252,6 @@ def _bad_lines() -> list[tuple[bytes | str, str]]:
         (variant(descriptor={**descriptor_dict, "num_threads": 0}), "num_threads"),
         (variant(descriptor={**descriptor_dict, "num_threads": True}), "num_threads"),
         (variant(descriptor={**descriptor_dict, "num_threads": 1.5}), "num_threads"),
-        (variant(descriptor={"cpu": {**descriptor_dict["cpu"], "family": "25"}, "num_threads": 8}),
-         "cpu.family"),
-        (variant(descriptor={"cpu": {**descriptor_dict["cpu"], "colour": "red"}, "num_threads": 8}),
-         "cpu.colour"),
     ]
 
 
@@ -282,6 +279,45 @@ def test_bad_lines_are_invalid_with_their_line_number_and_good_entries_still_loa
     snapshot = reg.snapshot()
     assert snapshot.resolve(K, descriptor("zen3", 1)).values[MIN_ELEMENTS] == 11
     assert snapshot.resolve(MIXED, LOCAL).values["p.str"] == "ok"
+
+
+def test_an_entry_for_another_processor_is_compared_not_validated(tmp_path: Path) -> None:
+    """Only entries for this processor are validated in full (loading must not cost a
+    validation per foreign entry): a descriptor with a bad field is another processor's."""
+    cpu = LOCAL.to_dict()["cpu"]
+    lines = [json.dumps({**json.loads(entry(5).to_line()),
+                         "descriptor": {"cpu": {**cpu, **change}, "num_threads": 8}})
+             for change in ({"family": "25"}, {"colour": "red"}, {"features": [1]})]
+    reordered = json.loads(entry(6, where=descriptor("zen3", 3)).to_line())
+    reordered["descriptor"]["cpu"]["features"].reverse()
+    path = tmp_path / "cache.txt"
+    write(path, *lines, json.dumps(reordered))
+    found = outcomes_by_line(path, registry())
+    assert found == {2: ("incompatible", "processor differs in cpu.family"),
+                     3: ("incompatible", "processor differs in cpu.colour"),
+                     4: ("incompatible", "processor differs in cpu.features"),
+                     5: ("loaded", "this processor at 3 threads")}
+
+
+def test_short_lines_are_blank_comments_or_damaged_and_past_the_listed_ones_only_counted(
+        tmp_path: Path, monkeypatch) -> None:
+    """Blank lines (CRLF, tabs), comments (indented too), short damaged lines (indented too,
+    not UTF-8) in numbers past the listing cap, and more comments than are kept."""
+    monkeypatch.setattr(cache_module, "MAX_COMMENTS", 3)
+    path = tmp_path / "cache.txt"
+    short = [b"\r", b"\t ", b"", b"# one", b"  # two", b" x", b"{}", b"\xff\xfe", b"#3", b"#4"]
+    write(path, entry(5).to_line(), *short * 40, entry(6, where=descriptor("zen3", 1)).to_line())
+    cache = read_cache(path)
+    assert cache.status == "damaged"
+    assert cache.comments == [(6, "# one"), (7, "# two"), (11, "#3")]
+    assert cache.damaged == 40 * 3 + (40 * 4 - 3)  # short lines and comments past the three
+    listed = [line for line in cache.lines if line.error is not None]
+    assert [(line.number, line.error[:10]) for line in listed[:4]] == [
+        (8, "not a JSON"), (9, "needs a st"), (10, "not UTF-8 "), (18, "not a JSON")]
+    assert len(listed) == cache_module.LISTED_LINES
+    assert cache.diagnostics[-1] == f"{path}: {cache.damaged - 100} more damaged lines not listed"
+    report = load_into(registry(), path, LOCAL)
+    assert report["loaded"] == 2 and report["counts"] == {"invalid": cache.damaged, "loaded": 2}
 
 
 def test_float_parameter_given_a_huge_int_is_invalid(tmp_path: Path) -> None:
@@ -325,7 +361,7 @@ def _make(kind: str, path: Path) -> None:
         ("missing", "missing", None),
         ("empty", "foreign", "empty file"),
         ("directory", "unreadable", "not a regular file"),
-        ("dangling symlink", "unreadable", "dangling symlink"),
+        ("dangling symlink", "unreadable", "a symbolic link"),
         ("wrong header", "foreign", "not a kernel tuning cache"),
         ("no header", "foreign", "not a kernel tuning cache"),
         ("header without version", "foreign", "not a kernel tuning cache"),
@@ -438,11 +474,13 @@ def test_update_into_a_directory_raises_a_clear_error(tmp_path: Path) -> None:
     assert [p.name for p in path.iterdir()] == ["inside"]
 
 
-def test_update_replaces_a_dangling_symlink_with_a_file(tmp_path: Path) -> None:
+def test_update_refuses_a_dangling_symlink(tmp_path: Path) -> None:
     path = tmp_path / "cache.txt"
     path.symlink_to(tmp_path / "nowhere.txt")
-    update_cache(path, [entry(1)])
-    assert read_cache(path).status == "ok"
+    with pytest.raises(OSError, match="is a symbolic link") as info:
+        update_cache(path, [entry(1)])
+    assert str(path) in str(info.value)
+    assert path.is_symlink() and not (tmp_path / "nowhere.txt").exists()
 
 
 def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch) -> None:

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 
-from onnx_light.kernels import conv, winograd
+from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.conv import winograd
 from onnx_light.parallel import ThreadPool
 
 FORCED = {conv.ALGORITHM: "winograd"}

@@ -275,6 +275,17 @@ def tuning_keys_rst(snapshot: Any | None = None) -> str:
 # Operators, from the dispatch table
 
 
+def _kernel_module(kernel_class: type) -> str:
+    """The kernel module a class belongs to: its own module, or the package of which it is a
+    module when only the package has a ``KERNELS`` table (``onnx_light.kernels.conv``)."""
+    module = kernel_class.__module__
+    package = module.rpartition(".")[0]
+    if package and not hasattr(sys.modules.get(module), "KERNELS") \
+            and hasattr(sys.modules.get(package), "KERNELS"):
+        return package
+    return module
+
+
 def _module_title(module: str) -> str:
     return module.rsplit(".", 1)[-1].replace("_", " ").capitalize()
 
@@ -310,7 +321,7 @@ def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
     by_module: dict[str, list[str]] = {}
     for op_type, versions in kernels.items():
         classes = [versions[v] for v in sorted(versions)]
-        by_module.setdefault(classes[-1].__module__, []).append(op_type)
+        by_module.setdefault(_kernel_module(classes[-1]), []).append(op_type)
 
     lines = [f"{len(kernels)} operators of the default ONNX domain (``ai.onnx``) are implemented. "
              "A node of opset *n* runs the kernel of the highest since_version not above *n*; "

@@ -1,6 +1,6 @@
 """Pooling kernels: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and LRN.
 
-Windows follow :class:`~onnx_light.kernels.conv.WindowAttributes` (the geometry Conv uses):
+Windows follow :class:`~onnx_light.kernels.window.WindowAttributes` (the geometry Conv uses):
 ``kernel_shape``, ``strides``, ``dilations``, ``pads``, ``auto_pad`` and ``ceil_mode``. A
 window position outside the input holds no value: MaxPool pads with the type's lowest value
 (-inf for floats), AveragePool with 0 and divides by the number of positions that count,
@@ -32,8 +32,8 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, compute_dtype
-from .conv import Window, WindowAttributes, pad_spatial
 from .declaration import KernelDeclaration, declare, dispatch_table
+from .window import Window, WindowAttributes, pad_spatial
 
 __all__ = [
     "KERNELS",

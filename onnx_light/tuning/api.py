@@ -118,7 +118,11 @@ def select_keys(
 def _cached_profiles(path: PathLike | None, snapshot: RegistrySnapshot,
                      local: CpuExecutionDescriptor) -> tuple[dict[str, Any], dict]:
     """Read the cache without publishing: its report and the valid profiles for ``local``."""
-    cache = cache_file.read_cache(cache_file.resolve_path(path))
+    return _profiles_in(cache_file.read_cache(cache_file.resolve_path(path)), snapshot, local)
+
+
+def _profiles_in(cache: cache_file.CacheFile, snapshot: RegistrySnapshot,
+                 local: CpuExecutionDescriptor) -> tuple[dict[str, Any], dict]:
     outcomes, profiles = cache_file.classify(cache, snapshot, local)
     mine = {p.key: p for p in profiles if p.descriptor == local}
     return {"cache": cache, "outcomes": outcomes}, mine
@@ -171,13 +175,17 @@ def _provenance(resolution: Resolution) -> dict[str, Any] | None:
 
 def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
                                 num_threads: int | None = None) -> dict[str, Any]:
-    """Describe a cache file without publishing anything or touching the file."""
+    """Describe a cache file without publishing anything or touching the file.
+
+    Lists every loadable entry and the first hundred of each other outcome; ``counts``
+    has the number of lines of each outcome.
+    """
     local = execution_descriptor(num_threads)
     state, _ = _cached_profiles(path, default_registry().snapshot(), local)
     cache, outcomes = state["cache"], state["outcomes"]
     by_line = {line.number: line for line in cache.lines}
     profiles = []
-    for outcome in outcomes:
+    for outcome in cache_file.listed_outcomes(outcomes):
         record = by_line[outcome.line].record or {}
         profiles.append({
             "line": outcome.line,
@@ -189,17 +197,17 @@ def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
             "reason": outcome.reason,
             "matches_this_machine": outcome.matches_this_machine,
         })
-    diagnostics = list(cache.diagnostics) + [
-        f"{cache.path}:{o.line}: {o.outcome}: {o.reason}" for o in outcomes
-        if o.outcome not in (cache_file.LOADED, cache_file.DUPLICATE)
-        and by_line[o.line].error is None
-    ]
+    diagnostics = list(cache.diagnostics) + cache_file.summarise(
+        ((o.outcome, f"{cache.path}:{o.line}: {o.outcome}: {o.reason}") for o in outcomes
+         if o.outcome not in (cache_file.LOADED, cache_file.DUPLICATE) and o.key is not None),
+        cache.path)
     return {
         "path": str(cache.path),
         "status": cache.status,
         "format_version": cache.format_version,
         "descriptor": local.to_dict(),
         "profiles": profiles,
+        "counts": cache_file.outcome_counts(cache, outcomes),
         "diagnostics": diagnostics,
     }
 
@@ -253,14 +261,21 @@ def set_kernel_tuning_parameters(
     local = execution_descriptor(num_threads)
     key = _single_key(kernel, element_type, library, implementation, snapshot)
     schema = snapshot.schema(key)
-    _, cached = _cached_profiles(path, snapshot, local) if persist else ({}, {})
-    base = cached[key].values if key in cached else snapshot.resolve(key, local).values
-    new_values = schema.update(base, values)
+    base = snapshot.resolve(key, local).values
+    new_values = schema.update(base, values)  # invalid input raises before the file is touched
     origin = cache_file.provenance("manual")
     update = None
     if persist:
-        update = cache_file.update_cache(cache_file.resolve_path(path),
-                                         [cache_file.CacheEntry(key, local, new_values, origin)])
+        def merged(current: cache_file.CacheFile) -> list[cache_file.CacheEntry]:
+            """The update applied to this machine's entry as the file holds it under the lock."""
+            nonlocal base, new_values
+            _, cached = _profiles_in(current, snapshot, local)
+            if key in cached:
+                base = cached[key].values
+                new_values = schema.update(base, values)
+            return [cache_file.CacheEntry(key, local, new_values, origin)]
+
+        update = cache_file.update_cache(cache_file.resolve_path(path), merged)
     generation = registry.publish([PublishedProfile(key, local, new_values, origin)])
     return {"key": str(key), "previous": dict(base), "values": new_values,
             "descriptor": local.to_dict(), "generation": generation, "cache_update": update}

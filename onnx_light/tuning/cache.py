@@ -12,20 +12,26 @@ and merges, and replaces the file atomically.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
+import errno
 import functools
 import glob
+import heapq
+import itertools
 import json
 import os
-import tempfile
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import platformdirs
 
+from .cache_lock import cache_lock
 from .keys import KernelTuningKey
 from .processor import CpuExecutionDescriptor
 from .registry import KernelTuningRegistry, PublishedProfile, RegistrySnapshot
@@ -48,7 +54,10 @@ FORMAT_VERSION = 1
 HEADER = f"{FORMAT_NAME} {FORMAT_VERSION}"
 MAX_FILE_BYTES = 64 * 1024 * 1024
 LOCK_TIMEOUT_S = 60.0
+LISTED_LINES = 100  # lines named one by one in diagnostics and reports; the rest are counted
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO for reading must not wait
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 # Per-entry load outcomes.
 LOADED, INCOMPATIBLE, STALE, INVALID, UNKNOWN_KEY, DUPLICATE = (
@@ -121,51 +130,67 @@ def _reject_constant(name: str) -> Any:
 
 @dataclass(frozen=True)
 class CacheLine:
-    """One entry line as read: its number, raw text, identity and parsed form or error."""
+    """One entry line as read: its number, raw text and identity, or the error that makes it
+    no entry (then ``text`` is empty: damaged lines are reported, never carried over).
+    ``problem`` is what :func:`check_fields` found wrong with an entry's fields."""
 
     number: int
     text: str
     identity: tuple[str, str] | None
-    record: Mapping[str, Any] | None
     error: str | None
+    problem: str | None = None
 
     @classmethod
     def parse(cls, number: int, text: str) -> CacheLine:
-        """Parse a line into its identity and record; never raises."""
+        """Parse a line into its identity; never raises."""
         try:
             record = json.loads(text, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
-            return cls(number, text, None, None, f"not a JSON object: {exc}")
+            return cls(number, "", None, f"not a JSON object: {exc}")
         if not isinstance(record, dict):
-            return cls(number, text, None, None, "not a JSON object")
+            return cls(number, "", None, "not a JSON object")
         key, descriptor = record.get("key"), record.get("descriptor")
         if not isinstance(key, str) or not isinstance(descriptor, dict):
-            return cls(number, text, None, None, "needs a string 'key' and an object 'descriptor'")
+            return cls(number, "", None, "needs a string 'key' and an object 'descriptor'")
         try:
             identity = (key, _canonical(descriptor))
         except (ValueError, RecursionError) as exc:  # e.g. 1e400 parses as inf
-            return cls(number, text, None, None, f"bad descriptor: {exc}")
-        return cls(number, text, identity, record, None)
+            return cls(number, "", None, f"bad descriptor: {exc}")
+        try:
+            check_fields(record)
+        except ValueError as exc:
+            return cls(number, text, identity, None, str(exc))
+        return cls(number, text, identity, None)
+
+    @property
+    def record(self) -> Mapping[str, Any] | None:
+        """The parsed line (parsed again on each use: only lines that matter are)."""
+        return None if self.error is not None else json.loads(self.text)
 
     def entry(self) -> CacheEntry:
         """The typed entry; ``ValueError`` naming what is wrong."""
-        if self.record is None:
+        if self.identity is None:
             raise ValueError(self.error)
-        record = self.record
-        unknown = sorted(set(record) - {"key", "descriptor", "values", "provenance"})
-        if unknown:
-            raise ValueError(f"unknown field(s) {unknown}")
+        record = json.loads(self.text)
+        check_fields(record)
         values, origin = record.get("values"), record.get("provenance", {})
-        if not isinstance(values, dict):
-            raise ValueError("'values' must be an object")
-        if not isinstance(origin, dict):
-            raise ValueError("'provenance' must be an object")
         key = KernelTuningKey.parse(record["key"])
         try:
             descriptor = _descriptor(self.identity[1])
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"bad descriptor: {exc}") from None
         return CacheEntry(key, descriptor, values, origin)
+
+
+def check_fields(record: Mapping[str, Any]) -> None:
+    """``ValueError`` unless the entry has only known fields, of the right kinds."""
+    unknown = sorted(set(record) - {"key", "descriptor", "values", "provenance"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}")
+    if not isinstance(record.get("values"), dict):
+        raise ValueError("'values' must be an object")
+    if not isinstance(record.get("provenance", {}), dict):
+        raise ValueError("'provenance' must be an object")
 
 
 @functools.lru_cache(maxsize=256)
@@ -181,6 +206,10 @@ class CacheFile:
 
     ``missing``, ``ok``, ``damaged`` (some lines unusable), ``foreign`` (no
     header), ``unsupported_version``, ``unreadable``.
+
+    ``lines`` holds every entry line and the first :data:`LISTED_LINES` damaged ones;
+    ``damaged`` counts all damaged lines; ``comments`` are the ``#`` lines with their numbers,
+    which an update carries over.
     """
 
     path: Path
@@ -189,6 +218,8 @@ class CacheFile:
     lines: list[CacheLine] = field(default_factory=list)
     diagnostics: list[str] = field(default_factory=list)
     ownership: list[str] = field(default_factory=list)
+    comments: list[tuple[int, str]] = field(default_factory=list)
+    damaged: int = 0
 
     @property
     def exists(self) -> bool:
@@ -197,31 +228,61 @@ class CacheFile:
 
 def read_cache(path: Path) -> CacheFile:
     """Read and parse ``path``; every problem becomes a diagnostic, never an exception."""
+    return _read(path)[0]
+
+
+def _read(path: Path) -> tuple[CacheFile, bytes | None, os.stat_result | None]:
+    """The parsed file, its bytes and its status. Only a regular file is read: a symbolic
+    link is not followed (its target could be any file of the user's, which diagnostics
+    and backups would disclose), a FIFO or device is not opened for reading."""
     try:
-        if not path.exists():
-            if path.is_symlink():
-                return CacheFile(path, "unreadable", diagnostics=[f"{path}: dangling symlink"])
-            return CacheFile(path, "missing")
-        if not path.is_file():
-            return CacheFile(path, "unreadable", diagnostics=[f"{path}: not a regular file"])
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return CacheFile(path, "unreadable",
-                             diagnostics=[f"{path}: larger than {MAX_FILE_BYTES} bytes"])
-        data = path.read_bytes()
-        ownership = _ownership_problems(path)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return CacheFile(path, "missing"), None, None
     except OSError as exc:
-        return CacheFile(path, "unreadable", diagnostics=[f"{path}: {exc.strerror or exc}"])
+        if os.path.islink(path):
+            return CacheFile(path, "unreadable", diagnostics=[_symlink_problem(path)]), None, None
+        return CacheFile(path, "unreadable",
+                         diagnostics=[f"{path}: {exc.strerror or exc}"]), None, None
+    info = None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return CacheFile(path, "unreadable",
+                             diagnostics=[f"{path}: not a regular file"]), None, info
+        if info.st_size > MAX_FILE_BYTES:
+            return CacheFile(path, "unreadable", diagnostics=[
+                f"{path}: larger than {MAX_FILE_BYTES} bytes"]), None, info
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        return CacheFile(path, "unreadable",
+                         diagnostics=[f"{path}: {exc.strerror or exc}"]), None, None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        return CacheFile(path, "unreadable",
+                         diagnostics=[f"{path}: larger than {MAX_FILE_BYTES} bytes"]), None, info
+    ownership = _ownership_problems(path, info)
     cache = parse_cache_bytes(path, data)
     cache.ownership = ownership
     cache.diagnostics[:0] = ownership
-    return cache
+    return cache, data, info
 
 
-def _ownership_problems(path: Path) -> list[str]:
+def _symlink_problem(path: Path) -> str:
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return (f"{path}: a symbolic link (to {target}); the cache must be a regular file: "
+            "not followed")
+
+
+def _ownership_problems(path: Path, info: os.stat_result) -> list[str]:
     """Say so when another user owns or may change the file (its content stays data only)."""
     if os.name != "posix":
         return []
-    info = path.stat()
     problems = []
     if info.st_uid != os.geteuid():
         problems.append(f"{path}: owned by another user (uid {info.st_uid})")
@@ -230,10 +291,23 @@ def _ownership_problems(path: Path) -> list[str]:
     return problems
 
 
+# A line shorter than this cannot hold an identity ('{"key":"","descriptor":{}}'), so it is
+# damaged unless blank or a comment. Blank, comment and short lines are told apart with numpy,
+# a window of the file at a time; past the first LISTED_LINES damaged lines, short ones are
+# only counted: a file of millions of short lines costs a scan, not an object per line.
+# Comments past MAX_COMMENTS count as damaged lines (an update backs the file up).
+MIN_ENTRY_BYTES = 26
+MAX_COMMENTS = 10_000
+_WINDOW_BYTES = 1 << 20
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[list(b" \t\n\r\v\f")] = True
+
+
 def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
     """Parse the bytes of a cache file (see :func:`read_cache`)."""
-    raw_lines = data.split(b"\n")
-    header = raw_lines[0].decode("utf-8", "replace").strip()
+    first_end = data.find(b"\n")
+    first_end = len(data) if first_end < 0 else first_end
+    header = data[:first_end].decode("utf-8", "replace").strip()
     if not header.startswith(FORMAT_NAME + " "):
         reason = "empty file" if not data.strip() else f"not a kernel tuning cache ({header[:60]!r})"
         return CacheFile(path, "foreign", diagnostics=[f"{path}:1: {reason}"])
@@ -241,20 +315,101 @@ def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
     if version_text != str(FORMAT_VERSION):
         return CacheFile(path, "unsupported_version", diagnostics=[
             f"{path}:1: format version {version_text!r}; this onnx_light reads {FORMAT_VERSION}"])
-    result = CacheFile(path, "ok", FORMAT_VERSION)
-    for number, raw in enumerate(raw_lines[1:], start=2):
+    parser = _LineParser(CacheFile(path, "ok", FORMAT_VERSION))
+    position, number = first_end + 1, 2  # the start of line ``number``
+    while position < len(data):
+        stop = _window_end(data, position)
+        number += parser.window(data, position, stop, number)
+        position = stop + 1
+    return parser.finish()
+
+
+def _window_end(data: bytes, position: int) -> int:
+    """Where the window of whole lines starting at ``position`` ends (a newline, or the end
+    of the data): about _WINDOW_BYTES on, further for a longer line."""
+    end = position + _WINDOW_BYTES
+    if end >= len(data):
+        return len(data)
+    stop = data.rfind(b"\n", position, end)
+    if stop < 0:
+        stop = data.find(b"\n", end)
+    return len(data) if stop < 0 else stop
+
+
+class _LineParser:
+    """Collects the lines of one file: entries, comments, and damaged lines (the first
+    :data:`LISTED_LINES` parsed and named, the others counted)."""
+
+    def __init__(self, result: CacheFile) -> None:
+        self.result = result
+        self.entries: list[CacheLine] = []
+        self.broken: list[CacheLine] = []
+        self.damaged = 0
+
+    def window(self, data: bytes, start: int, stop: int, number: int) -> int:
+        """Parse the lines of ``data[start:stop]``, the first numbered ``number``; returns
+        how many lines there were."""
+        window = np.frombuffer(data, np.uint8, count=stop - start, offset=start)
+        ends = np.append(np.flatnonzero(window == 10), stop - start)
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        solid = np.append(np.flatnonzero(~_WHITESPACE[window]), stop - start)
+        first = solid[np.searchsorted(solid, starts)]  # each line's first non-blank byte
+        used = first < ends
+        comment = used & (np.append(window, 0)[first] == ord("#"))
+        entry = used & ~comment & (ends - starts >= MIN_ENTRY_BYTES)
+        comments = np.flatnonzero(comment)
+        kept = comments[:max(MAX_COMMENTS - len(self.result.comments), 0)]
+        for index in np.union1d(kept, np.flatnonzero(entry)).tolist():
+            self.line(number + index, data[start + starts[index]:start + ends[index]])
+        too_many = f"more than {MAX_COMMENTS} comment lines"
+        for lines, comments_over in ((np.flatnonzero(used & ~comment & ~entry), False),
+                                     (comments[len(kept):], True)):
+            listed = lines[:max(LISTED_LINES - len(self.broken), 0)].tolist()
+            for index in listed:
+                if comments_over:
+                    self._damaged(CacheLine(number + index, "", None, too_many))
+                else:
+                    self.line(number + index, data[start + starts[index]:start + ends[index]])
+            self.damaged += len(lines) - len(listed)
+        return len(ends)
+
+    def line(self, number: int, raw: bytes) -> None:
+        """A comment, an entry or a damaged line."""
         try:
             text = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
-            result.lines.append(CacheLine(number, "", None, None, "not UTF-8 text"))
-            continue
-        if text and not text.startswith("#"):
-            result.lines.append(CacheLine.parse(number, text))
-    for line in result.lines:
-        if line.error is not None:
+            self._damaged(CacheLine(number, "", None, "not UTF-8 text"))
+            return
+        if not text:
+            return
+        if text.startswith("#"):
+            self.result.comments.append((number, text))
+            return
+        line = CacheLine.parse(number, text)
+        if line.error is None:
+            self.entries.append(line)
+        else:
+            self._damaged(line)
+
+    def _damaged(self, line: CacheLine) -> None:
+        self.damaged += 1
+        if len(self.broken) < LISTED_LINES:
+            self.broken.append(line)
+
+    def finish(self) -> CacheFile:
+        result = self.result
+        self.broken.sort(key=lambda line: line.number)
+        result.lines = list(heapq.merge(self.entries, self.broken, key=lambda line: line.number))
+        result.comments.sort()
+        result.damaged = self.damaged
+        if self.damaged:
             result.status = "damaged"
-            result.diagnostics.append(f"{path}:{line.number}: {line.error}")
-    return result
+            path = result.path
+            result.diagnostics += [f"{path}:{line.number}: {line.error}" for line in self.broken]
+            if self.damaged > len(self.broken):
+                result.diagnostics.append(
+                    f"{path}: {self.damaged - len(self.broken)} more damaged lines not listed")
+        return result
 
 
 @dataclass(frozen=True)
@@ -277,18 +432,21 @@ def classify(cache: CacheFile, snapshot: RegistrySnapshot, local: CpuExecutionDe
     """Decide each line's outcome against the registry and this machine.
 
     Entries for this processor at any thread count load; the one matching the
-    local thread count is flagged ``matches_this_machine``.
+    local thread count is flagged ``matches_this_machine``. Only those are validated in
+    full: an entry for another processor is compared with this one and reported
+    ``incompatible``, so that loading costs little per foreign entry.
     """
     outcomes: list[EntryOutcome] = []
     loadable: dict[tuple[str, str], tuple[int, PublishedProfile]] = {}
     last_line = {line.identity: line.number for line in cache.lines if line.identity}
+    this_processor = _ProcessorMatch(local)
     for line in cache.lines:
         key_text = line.identity[0] if line.identity else None
         if line.identity and last_line[line.identity] != line.number:
             outcomes.append(EntryOutcome(line.number, key_text, DUPLICATE,
                                          f"superseded by line {last_line[line.identity]}"))
             continue
-        outcome = _classify_line(line, snapshot, local)
+        outcome = _classify_line(line, snapshot, local, this_processor)
         if isinstance(outcome, PublishedProfile):
             matches = outcome.descriptor == local
             loadable[line.identity] = (line.number, outcome)
@@ -300,22 +458,65 @@ def classify(cache: CacheFile, snapshot: RegistrySnapshot, local: CpuExecutionDe
     return outcomes, [profile for _, profile in loadable.values()]
 
 
-def _classify_line(line: CacheLine, snapshot: RegistrySnapshot,
-                   local: CpuExecutionDescriptor) -> EntryOutcome | PublishedProfile:
-    key_text = line.identity[0] if line.identity else None
+class _ProcessorMatch:
+    """Whether a canonical descriptor text is for this processor, by text comparison first
+    (files written by onnx_light), then by value (hand-written ones)."""
+
+    def __init__(self, local: CpuExecutionDescriptor) -> None:
+        self.cpu = local.to_dict()["cpu"]
+        self.comparable = {name: _comparable(value) for name, value in self.cpu.items()}
+        self.prefix = '{"cpu":' + _canonical(self.cpu) + ',"num_threads":'
+
+    def differences(self, canonical: str) -> list[str]:
+        """The descriptor fields (other than ``num_threads``) that differ from this
+        processor's, in declaration order; empty for this processor."""
+        if canonical.startswith(self.prefix):
+            return []
+        descriptor = json.loads(canonical)
+        cpu = descriptor.get("cpu")
+        extra = sorted(set(descriptor) - {"cpu", "num_threads"})
+        if not isinstance(cpu, dict):
+            return ["cpu", *extra]
+        names = [*self.cpu, *sorted(set(cpu) - set(self.cpu))]
+        return [f"cpu.{name}" for name in names if cpu.get(name) != self.cpu.get(name)
+                and _comparable(cpu.get(name)) != self.comparable.get(name)] + extra
+
+
+def _comparable(value: Any) -> Any:
+    """Lists compare as sets (feature lists in another order are the same processor)."""
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return sorted(set(value))
+    return value
+
+
+def _classify_line(line: CacheLine, snapshot: RegistrySnapshot, local: CpuExecutionDescriptor,
+                   this_processor: _ProcessorMatch) -> EntryOutcome | PublishedProfile:
+    if line.identity is None:
+        return EntryOutcome(line.number, None, INVALID, str(line.error))
+    key_text, descriptor_text = line.identity
+    if line.problem is not None:
+        return EntryOutcome(line.number, key_text, INVALID, line.problem)
+    try:
+        key = _parse_key(key_text)
+    except ValueError as exc:
+        return EntryOutcome(line.number, key_text, INVALID, str(exc))
+    if key not in snapshot.schemas:
+        abis = sorted(k.tuning_abi for k in snapshot.schemas
+                      if replace(k, tuning_abi=key.tuning_abi) == key)
+        if abis:
+            return EntryOutcome(line.number, key_text, STALE,
+                                f"tuning ABI {key.tuning_abi}; registered ABI {abis}")
+        return EntryOutcome(line.number, key_text, UNKNOWN_KEY, "no schema registered")
+    differs = this_processor.differences(descriptor_text)
+    if differs:
+        return EntryOutcome(line.number, key_text, INCOMPATIBLE,
+                            "processor differs in " + ", ".join(differs))
     try:
         entry = line.entry()
     except ValueError as exc:
         return EntryOutcome(line.number, key_text, INVALID, str(exc))
-    if entry.key not in snapshot.schemas:
-        abis = sorted(k.tuning_abi for k in snapshot.schemas
-                      if replace(k, tuning_abi=entry.key.tuning_abi) == entry.key)
-        if abis:
-            return EntryOutcome(line.number, key_text, STALE,
-                                f"tuning ABI {entry.key.tuning_abi}; registered ABI {abis}")
-        return EntryOutcome(line.number, key_text, UNKNOWN_KEY, "no schema registered")
     differs = [d for d in entry.descriptor.differences(local) if d != "num_threads"]
-    if differs:
+    if differs:  # equal as JSON, different once validated (e.g. a float family)
         return EntryOutcome(line.number, key_text, INCOMPATIBLE,
                             "processor differs in " + ", ".join(differs))
     try:
@@ -326,102 +527,180 @@ def _classify_line(line: CacheLine, snapshot: RegistrySnapshot,
                             {**entry.provenance, "cache_line": line.number})
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse_key(text: str) -> KernelTuningKey:
+    return KernelTuningKey.parse(text)
+
+
+def summarise(diagnostics: Iterable[tuple[str, str]], path: Path) -> list[str]:
+    """``(outcome, diagnostic)`` pairs as diagnostics: the first :data:`LISTED_LINES`, then
+    one line counting the rest by outcome."""
+    listed: list[str] = []
+    unlisted: collections.Counter[str] = collections.Counter()
+    for outcome, diagnostic in diagnostics:
+        if len(listed) < LISTED_LINES:
+            listed.append(diagnostic)
+        else:
+            unlisted[outcome] += 1
+    if unlisted:
+        listed.append(f"{path}: {sum(unlisted.values())} more entries not listed ("
+                      + ", ".join(f"{n} {outcome}" for outcome, n in sorted(unlisted.items()))
+                      + ")")
+    return listed
+
+
 def load_into(registry: KernelTuningRegistry, path: Path,
               local: CpuExecutionDescriptor) -> dict[str, Any]:
     """Publish the compatible profiles of ``path`` in one new generation; never raises
-    for file content. Returns the per-entry outcomes and the generation."""
+    for file content. Returns the per-entry outcomes (every loaded one, the first
+    :data:`LISTED_LINES` of each other outcome), their counts and the generation."""
     cache = read_cache(path)
     outcomes, profiles = classify(cache, registry.snapshot(), local)
     generation = registry.publish(profiles) if profiles else registry.generation
-    unparsed = {line.number for line in cache.lines if line.error is not None}  # reported already
-    for outcome in outcomes:
-        if outcome.outcome not in (LOADED, DUPLICATE) and outcome.line not in unparsed:
-            cache.diagnostics.append(f"{path}:{outcome.line}: {outcome.outcome}: {outcome.reason}")
+    cache.diagnostics += summarise(
+        ((o.outcome, f"{path}:{o.line}: {o.outcome}: {o.reason}") for o in outcomes
+         if o.outcome not in (LOADED, DUPLICATE) and o.key is not None), path)
+    counts = outcome_counts(cache, outcomes)
     return {
         "path": str(path),
         "status": cache.status,
         "format_version": cache.format_version,
-        "entries": [o.to_dict() for o in outcomes],
-        "loaded": sum(o.outcome == LOADED for o in outcomes),
+        "entries": [o.to_dict() for o in listed_outcomes(outcomes)],
+        "counts": counts,
+        "loaded": counts.get(LOADED, 0),
         "ownership": cache.ownership,
         "diagnostics": cache.diagnostics,
         "generation": generation,
     }
 
 
-def update_cache(path: Path, entries: Iterable[CacheEntry],
+def listed_outcomes(outcomes: Iterable[EntryOutcome]) -> list[EntryOutcome]:
+    """Every loaded outcome and the first :data:`LISTED_LINES` of each other kind."""
+    seen: collections.Counter[str] = collections.Counter()
+    listed = []
+    for outcome in outcomes:
+        seen[outcome.outcome] += 1
+        if outcome.outcome == LOADED or seen[outcome.outcome] <= LISTED_LINES:
+            listed.append(outcome)
+    return listed
+
+
+def outcome_counts(cache: CacheFile, outcomes: Iterable[EntryOutcome]) -> dict[str, int]:
+    """How many lines had each outcome, damaged lines that were not listed included."""
+    counts = collections.Counter(o.outcome for o in outcomes)
+    counts[INVALID] += cache.damaged - sum(line.error is not None for line in cache.lines)
+    return {outcome: n for outcome, n in sorted(counts.items()) if n}
+
+
+EntriesOrMerge = Iterable[CacheEntry] | Callable[[CacheFile], Iterable[CacheEntry]]
+
+
+def update_cache(path: Path, entries: EntriesOrMerge,
                  remove: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
     """Merge ``entries`` into the file at ``path`` under an inter-process lock.
 
-    Re-reads the file under the lock, replaces entries of the same identity,
-    keeps every other entry verbatim (other processors, thread counts, unknown
-    libraries), writes a temporary file in the same folder, fsyncs it, replaces
-    the file atomically and fsyncs the folder. A file that cannot be parsed
-    entirely is first copied to a backup next to it; an existing file that
-    cannot be read at all is left alone and the update raises ``OSError``.
+    ``entries`` may be a function of the file as read under the lock (a partial update
+    computes its complete values from the entry then in the file, so that concurrent
+    updates of other parameters are not reverted). Re-reads the file under the lock,
+    replaces entries of the same identity, keeps every other entry and comment verbatim
+    (other processors, thread counts, unknown libraries), writes a temporary file in the
+    same folder with the file's mode (a new file: 0o644 less the umask), fsyncs it,
+    replaces the file atomically and fsyncs the folder. A file that cannot be parsed
+    entirely is first copied to a backup next to it, never more readable than the file.
+
+    Only a regular file of the user's that the user may write is replaced: a symbolic
+    link, another user's file, a read-only file or a file that cannot be read raise
+    ``OSError`` naming the cache and leave it alone, as does every failed write.
     Removing from a file that does not exist writes nothing.
     """
-    entries = list(entries)
-    new_lines = {entry.identity(): entry.to_line() for entry in entries}
+    if callable(entries):
+        merge = entries
+    else:
+        fixed = list(entries)
+        merge = lambda _current: fixed  # noqa: E731
     removed = set(remove)
-    if path.exists() and not path.is_file():
-        raise IsADirectoryError(f"kernel tuning cache {path} exists and is not a regular file")
-    if not new_lines and not path.exists():
+    _check_replaceable(path, writable=False)  # before the lock file is made next to a link
+    if not callable(entries) and not fixed and not os.path.lexists(path):
         return {"path": str(path), "written": 0, "replaced": 0, "kept": 0, "removed": 0,
                 "backup": None, "diagnostics": []}
-    import filelock  # imported when needed: it pulls in asyncio (15 ms of every import otherwise)
-
-    with filelock.FileLock(_prepare_lock_file(path), timeout=LOCK_TIMEOUT_S):
-        current = read_cache(path)
-        if current.status == "unreadable" and path.exists():
+    with cache_lock(path, LOCK_TIMEOUT_S):
+        _check_replaceable(path)
+        current, data, info = _read(path)
+        if current.status == "unreadable" and os.path.lexists(path):
             raise OSError(f"kernel tuning cache {path} cannot be read, so it is not replaced: "
                           + "; ".join(current.diagnostics))
+        new_lines = {entry.identity(): entry.to_line() for entry in merge(current)}
         backup = None
-        if current.status in ("damaged", "foreign", "unsupported_version") and path.is_file():
-            backup = _backup(path)
-        kept = [line.text for line in current.lines
+        if current.status in ("damaged", "foreign", "unsupported_version"):
+            backup = _naming_the_cache(path, "backed up", _backup, path, data, info)
+        kept = [(line.number, line.text) for line in current.lines
                 if line.identity is not None
                 and line.identity not in new_lines and line.identity not in removed]
         replaced = sum(1 for line in current.lines if line.identity in new_lines)
+        body = [text for _, text in sorted(kept + current.comments)]
         _remove_stale_temporaries(path)
-        _atomic_write(path, "\n".join([HEADER, *kept, *new_lines.values()]) + "\n")
+        mode = None if info is None else stat.S_IMODE(info.st_mode) & ~0o022
+        _naming_the_cache(path, "written", _atomic_write, path,
+                           "\n".join([HEADER, *body, *new_lines.values()]) + "\n", mode)
     return {
         "path": str(path),
         "written": len(new_lines),
         "replaced": replaced,
         "kept": len(kept),
+        "comments": len(current.comments),
         "removed": sum(1 for line in current.lines if line.identity in removed),
         "backup": None if backup is None else str(backup),
         "diagnostics": current.diagnostics,
     }
 
 
-def _prepare_lock_file(path: Path) -> str:
-    """Create the cache's folder and its lock file ``<path>.lock``; returns the lock's path.
-
-    A location that cannot hold them (a regular file as folder, ``/proc``) raises
-    ``OSError`` naming the cache at once, instead of a lock timeout a minute later.
-    The lock file is opened without following a symbolic link.
-    """
-    lock = str(path) + ".lock"
+def _check_replaceable(path: Path, writable: bool = True) -> None:
+    """Raise ``OSError`` naming the cache unless ``path`` is absent or a regular file of
+    the user's (with its owner's write permission, when ``writable``)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        info = os.lstat(path)
+    except OSError:  # absent, or no folder to hold it: creating the lock file says why
+        return
+    if stat.S_ISLNK(info.st_mode):
+        raise OSError(errno.ELOOP, f"kernel tuning cache {path} is a symbolic link (to "
+                      f"{os.readlink(path)}); onnx_light only replaces a regular file: pass "
+                      "the path of the file itself, or remove the link")
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EISDIR if stat.S_ISDIR(info.st_mode) else errno.EINVAL,  # the
+                      f"kernel tuning cache {path} exists and is not a regular file")  # kind
+    if os.name == "posix" and info.st_uid != os.geteuid():
+        raise PermissionError(errno.EPERM, f"kernel tuning cache {path} belongs to another "
+                              f"user (uid {info.st_uid}), so it is not replaced: pass a path "
+                              "of your own")
+    if writable and not info.st_mode & stat.S_IWUSR:
+        raise PermissionError(errno.EACCES, f"kernel tuning cache {path} is read-only (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}), so it is not replaced: make it "
+                              f"writable (chmod u+w {path}) to update it, or pass another path")
+
+
+def _naming_the_cache(path: Path, what: str, write: Callable[..., Any], *args: Any) -> Any:
+    """Run ``write``; an ``OSError`` (a full disk, a file too large, an immutable file or
+    folder) becomes one of the same kind that names the cache, not a temporary file."""
+    try:
+        return write(*args)
     except OSError as exc:
-        raise OSError(exc.errno, f"kernel tuning cache {path} cannot be written "
-                                 f"({exc.strerror}: {exc.filename})") from None
-    os.close(fd)
-    return lock
+        reason = exc.strerror or str(exc)
+        if what != "written" and exc.filename:
+            reason += f": {exc.filename}"
+        message = f"kernel tuning cache {path} cannot be {what} ({reason})"
+        raise (OSError(exc.errno, message) if exc.errno else OSError(message)) from exc
 
 
-def _backup(path: Path) -> Path:
-    """Copy ``path`` to a new ``<path>.bad-<UTC timestamp>``: created exclusively, never
-    through a symbolic link, never writable by other users."""
+def _backup(path: Path, data: bytes, info: os.stat_result) -> Path:
+    """Write ``data`` (the damaged file) to a new ``<path>.bad-<UTC timestamp>``: created
+    exclusively, never through a symbolic link, no more readable than the file itself and
+    never writable by other users."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     backup = path.with_name(f"{path.name}.bad-{stamp}")
-    data = path.read_bytes()
-    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    mode = stat.S_IMODE(info.st_mode) & 0o644
+    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
     with os.fdopen(fd, "wb") as handle:
+        os.fchmod(fd, mode)  # the umask may only have removed bits; keep no more than these
         handle.write(data)
     return backup
 
@@ -434,14 +713,33 @@ def _remove_stale_temporaries(path: Path) -> None:
             stale.unlink()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _temporary_names() -> Iterator[str]:
+    """Random 8-character names for temporary files."""
+    while True:
+        yield os.urandom(4).hex()
+
+
+def _atomic_write(path: Path, text: str, mode: int | None) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file (created exclusively, without
+    following links, with ``mode``, or 0o644 less the umask), fsync, rename, fsync of the
+    folder."""
+    for name in itertools.islice(_temporary_names(), 100):
+        temporary = path.parent / f".{path.name}.{name}.tmp"
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
+                         0o644)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(path.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            if mode is not None:
+                os.fchmod(fd, mode)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -458,4 +756,3 @@ def _fsync_directory(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-

@@ -9,12 +9,12 @@ transforms are additions and subtractions (every entry of ``B`` and ``A`` is 0 o
 numpy pass over the tiles per term. The filter transform has entries of 1/2 and is done once
 per filter set, in float64.
 
-Larger tiles (F(4x4, 3x3): 36 products per 16 outputs) measured slower here (their
-transforms need multiplications, one more pass each) and 20x less accurate in float32.
+Larger tiles (F(4x4, 3x3): 36 products per 16 outputs) need multiplications in their
+transforms and lose accuracy in float32 (measured: docs/conv.md).
 
 Every function also takes the matrices, so that the same passes with the absolute values
 of the matrices, on the absolute values of the data, compute the magnitudes that bound the
-rounding error (see :func:`onnx_light.kernels.conv.error_bound`).
+rounding error (see :func:`onnx_light.kernels.conv.numerics.error_bound`).
 """
 
 from __future__ import annotations

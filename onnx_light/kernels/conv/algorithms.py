@@ -1,0 +1,479 @@
+"""The Conv algorithms (one class per value of the ``algorithm`` parameter), each computing a
+block of (image, group) pairs and output rows, or everything split by filters."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ...parallel import ThreadPool
+from ..window import pad_spatial
+from . import winograd
+from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block
+from .problem import _Problem
+
+
+class _Columns(_Algorithm):
+    """im2col: copy every window's inputs for a block of output rows, then one product.
+
+    The exact variant gathers the windows of the needed output positions (any strides); the
+    wide variant copies whole padded rows (stride 1 after the first spatial axis) and drops
+    the columns between output rows when it writes the result.
+    """
+
+    wide: ClassVar[bool] = False
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = self.window
+        # the wide variant's last rows reach one row further (into the columns it drops)
+        self.xp = pad_spatial(x, window, tail=(1,) if self.wide else ())
+        self.item = self.xp.itemsize
+        strides = self.xp.strides
+        kernel_strides = tuple(d * s for d, s in zip(window.dilations, strides[2:], strict=True))
+        row_stride = window.strides[0] * strides[2]
+        if self.wide:
+            self.padded_inner = self.xp.shape[3:]
+            self.row_size = math.prod(self.padded_inner)
+            self.inner_shape: tuple[int, ...] = (self.row_size,)
+            inner_strides: tuple[int, ...] = (self.item,)
+            self.keep = tuple(slice(0, o) for o in window.output[1:])
+        else:
+            self.row_size = math.prod(window.output[1:])
+            self.inner_shape = tuple(window.output[1:])
+            inner_strides = tuple(s * t for s, t in zip(window.strides[1:], strides[3:], strict=True))
+        self.view_strides = (strides[1], *kernel_strides, row_stride, *inner_strides)
+        self.row_bytes = problem.depth * self.row_size * self.item  # one group's buffer row
+
+    def source(self, n: int, c0: int, c1: int, s: int, e: int) -> np.ndarray:
+        """The windows of channels c0:c1 for output rows s:e, shaped like the buffer."""
+        window = self.window
+        return as_strided(self.xp[n, c0:c1, s * window.strides[0]:],
+                          shape=(c1 - c0, *window.kernel, e - s, *self.inner_shape),
+                          strides=self.view_strides, writeable=False)
+
+    def product(self, n: int, g0: int, g1: int, lo: int, hi: int, s: int, e: int,
+                columns: np.ndarray, scratch: np.ndarray | None) -> None:
+        """Filters lo:hi of groups g0:g1 times their columns (count, K, rows * row_size)."""
+        count, width = g1 - g0, (e - s) * self.row_size
+        weights = self.weights[g0:g1, lo:hi]
+        target = self.out[n, g0:g1, lo:hi, s:e]
+        if not self.wide:
+            flat = target.reshape(count, hi - lo, width)
+            np.matmul(weights, columns, out=flat)
+            bias = self.bias_of(g0, g1, lo, hi, 1)
+            if bias is not None:
+                flat += bias
+            if self.epilogue is not None:
+                self.epilogue(flat)
+            return
+        product = scratch[:count * (hi - lo) * width].reshape(count, hi - lo, width)
+        np.matmul(weights, columns, out=product)
+        computed = product.reshape(count, hi - lo, e - s, *self.padded_inner)[(Ellipsis, *self.keep)]
+        self.write(target, computed, g0, g1, lo, hi, self.inner + 1)
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        problem, cg, mg = self.problem, self.cg, self.mg
+        for n, g0, g1 in _group_ranges(problem, start, stop):
+            count = g1 - g0
+            per_row = count * (self.row_bytes + (mg * self.row_size * self.item if self.wide else 0))
+            rows = _rows_per_block(self.block_bytes, per_row, r1 - r0)
+            buffer = np.empty(count * problem.depth * rows * self.row_size, self.xp.dtype)
+            scratch = np.empty(count * mg * rows * self.row_size, self.xp.dtype) if self.wide else None
+            for s in range(r0, r1, rows):
+                e = min(r1, s + rows)
+                source = self.source(n, g0 * cg, g1 * cg, s, e)
+                columns = buffer[:source.size].reshape(source.shape)
+                np.copyto(columns, source)
+                self.product(n, g0, g1, 0, mg, s, e,
+                             columns.reshape(count, problem.depth, (e - s) * self.row_size), scratch)
+
+    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
+        problem, window = self.problem, self.window
+        groups, channels, depth = problem.groups, problem.channels, problem.depth
+        per_row = groups * self.row_bytes + (problem.filters * self.row_size * self.item if self.wide else 0)
+        rows = _rows_per_block(self.block_bytes, per_row, window.output[0])
+        buffer = np.empty(groups * depth * rows * self.row_size, self.xp.dtype)
+        scratch = np.empty(problem.filters * rows * self.row_size, self.xp.dtype) if self.wide else None
+        for n in range(problem.batch):
+            for s in range(0, window.output[0], rows):
+                e = min(window.output[0], s + rows)
+                width = (e - s) * self.row_size
+                columns = buffer[:groups * depth * width].reshape(channels, *window.kernel, e - s,
+                                                                   *self.inner_shape)
+
+                def copy(c0: int, c1: int, n: int = n, s: int = s, e: int = e,
+                         columns: np.ndarray = columns) -> None:
+                    np.copyto(columns[c0:c1], self.source(n, c0, c1, s, e))
+
+                pool.parallel_for(channels, copy, max_blocks=threads)
+                grouped = columns.reshape(groups, depth, width)
+
+                def multiply(m0: int, m1: int, n: int = n, s: int = s, e: int = e,
+                             grouped: np.ndarray = grouped, width: int = width) -> None:
+                    for g, lo, hi in _filter_ranges(problem, m0, m1):
+                        part = None
+                        if scratch is not None:
+                            first = (g * self.mg + lo) * width
+                            part = scratch[first:first + (hi - lo) * width]
+                        self.product(n, g, g + 1, lo, hi, s, e, grouped[g:g + 1], part)
+
+                pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
+                                  max_blocks=threads)
+
+
+class _WideColumns(_Columns):
+    wide: ClassVar[bool] = True
+
+
+class _Shifted(_Columns):
+    """Stride 1 on every axis: one product per kernel position, of that position's filter
+    taps with the padded input read in place (whole padded rows, a contiguous slice per
+    channel starting at the position's offset), accumulated; no window buffer. The columns
+    between output rows are computed and dropped, as in ``im2col_wide``."""
+
+    wide: ClassVar[bool] = True
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = self.window
+        element_strides = [stride // self.item for stride in self.xp.strides[2:]]
+        self.offsets = [sum(k * d * s for k, d, s in zip(position, window.dilations, element_strides,
+                                                         strict=True))
+                        for position in itertools.product(*(range(k) for k in window.kernel))]
+        taps = len(self.offsets)
+        # (position, group, filter, channel): each position's taps as one contiguous matrix
+        self.taps = np.ascontiguousarray(
+            self.weights.reshape(problem.groups, self.mg, self.cg, taps).transpose(3, 0, 1, 2))
+        self.flat = self.xp.reshape(problem.batch, problem.groups, self.cg, -1)
+
+    def product(self, n: int, g0: int, g1: int, lo: int, hi: int, s: int, e: int,
+                columns: np.ndarray, scratch: np.ndarray | None) -> None:
+        """Filters lo:hi of groups g0:g1 for output rows s:e; ``columns`` and ``scratch`` are
+        two buffers of (count, hi - lo, rows * row_size) (the sum and one position's term)."""
+        count, width = g1 - g0, (e - s) * self.row_size
+        total = columns[:count * (hi - lo) * width].reshape(count, hi - lo, width)
+        term = scratch[:count * (hi - lo) * width].reshape(count, hi - lo, width)
+        first = s * self.row_size
+        for index, offset in enumerate(self.offsets):
+            source = self.flat[n, g0:g1, :, first + offset:first + offset + width]
+            np.matmul(self.taps[index, g0:g1, lo:hi], source, out=term if index else total)
+            if index:
+                total += term
+        computed = total.reshape(count, hi - lo, e - s, *self.padded_inner)[(Ellipsis, *self.keep)]
+        self.write(self.out[n, g0:g1, lo:hi, s:e], computed, g0, g1, lo, hi, self.inner + 1)
+
+    def _buffers(self, filters: int, rows: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Rows per block for ``filters`` filters within block_bytes, and the two buffers."""
+        step = _rows_per_block(self.block_bytes, 2 * filters * self.row_size * self.item, rows)
+        size = filters * step * self.row_size
+        return step, np.empty(size, self.xp.dtype), np.empty(size, self.xp.dtype)
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        for n, g0, g1 in _group_ranges(self.problem, start, stop):
+            step, total, term = self._buffers((g1 - g0) * self.mg, r1 - r0)
+            for s in range(r0, r1, step):
+                self.product(n, g0, g1, 0, self.mg, s, min(r1, s + step), total, term)
+
+    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
+        """One region: each thread its filters, every row (no shared buffer to build)."""
+        problem, rows = self.problem, self.window.output[0]
+
+        def multiply(m0: int, m1: int) -> None:
+            step, total, term = self._buffers(m1 - m0, rows)
+            for n in range(problem.batch):
+                for g, lo, hi in _filter_ranges(problem, m0, m1):
+                    for s in range(0, rows, step):
+                        self.product(n, g, g + 1, lo, hi, s, min(rows, s + step), total, term)
+
+        pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
+                          max_blocks=threads)
+
+
+class _Pointwise(_Algorithm):
+    """1x1, stride 1, no padding: the weights times the input rows themselves, no buffer (a
+    prologue maps each block of input rows into a new one first)."""
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None,
+                 prologue: Prologue | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        self.prologue = prologue
+        window = self.window
+        self.row_size = math.prod(window.output[1:])
+        self.inputs = x.reshape(problem.batch, problem.groups, self.cg, window.output[0], self.row_size)
+        self.outputs = out.reshape(problem.batch, problem.groups, self.mg, window.output[0], self.row_size)
+
+    def source(self, n: int, g0: int, g1: int, r0: int, r1: int) -> np.ndarray:
+        """The input of groups g0:g1, rows r0:r1 as (count, C/group, rows * row size)."""
+        count, width = g1 - g0, (r1 - r0) * self.row_size
+        source = self.inputs[n, g0:g1, :, r0:r1].reshape(count, self.cg, width)
+        if self.prologue is None:
+            return source
+        mapped = self.prologue.apply(source.reshape(count * self.cg, width), g0 * self.cg, g1 * self.cg)
+        return mapped.reshape(source.shape)
+
+    def product(self, n: int, g0: int, g1: int, lo: int, hi: int, r0: int, r1: int) -> None:
+        count, width = g1 - g0, (r1 - r0) * self.row_size
+        target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, width)
+        np.matmul(self.weights[g0:g1, lo:hi], self.source(n, g0, g1, r0, r1), out=target)
+        bias = self.bias_of(g0, g1, lo, hi, 1)
+        if bias is not None:
+            target += bias
+        if self.epilogue is not None:
+            self.epilogue(target)
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        for n, g0, g1 in _group_ranges(self.problem, start, stop):
+            self.product(n, g0, g1, 0, self.mg, r0, r1)
+
+    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
+        problem, rows = self.problem, self.window.output[0]
+        for n in range(problem.batch):
+            def multiply(m0: int, m1: int, n: int = n) -> None:
+                for g, lo, hi in _filter_ranges(problem, m0, m1):
+                    self.product(n, g, g + 1, lo, hi, 0, rows)
+
+            pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
+                              max_blocks=threads)
+
+
+class _PerFilter(_Pointwise):
+    """``direct_1x1`` with one product per filter (a 1-row weight matrix times the input), all
+    in one batched call: every filter goes through the same operations, so equal filters give
+    bitwise equal channels, which one blocked product does not promise (OpenBLAS rounds the
+    rows of a tile in two ways)."""
+
+    def product(self, n: int, g0: int, g1: int, lo: int, hi: int, r0: int, r1: int) -> None:
+        count, width = g1 - g0, (r1 - r0) * self.row_size
+        target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, 1, width)
+        source = self.source(n, g0, g1, r0, r1).reshape(count, 1, self.cg, width)
+        np.matmul(self.weights[g0:g1, lo:hi, None, :], source, out=target)
+        bias = self.bias_of(g0, g1, lo, hi, 2)
+        if bias is not None:
+            target += bias
+        if self.epilogue is not None:
+            self.epilogue(target)
+
+
+class _Depthwise(_Algorithm):
+    """One input channel per group: the kernel's positions as scaled shifted views of the
+    padded input, accumulated over every channel of a block at once.
+
+    The views run over whole padded rows (like ``im2col_wide``, one row more of padding), so
+    that with a stride of 1 along the first axis a block's rows form one long contiguous run
+    per channel; other strides are applied when the block is written out.
+    """
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = self.window
+        self.xp = pad_spatial(x, window, tail=(1,))
+        xp = self.xp
+        self.item = xp.itemsize
+        element_strides = [s // self.item for s in xp.strides]
+        self.padded_inner = xp.shape[3:]
+        self.row_size = math.prod(self.padded_inner)
+        positions = list(itertools.product(*(range(k) for k in window.kernel)))
+        self.offsets = [sum(k * d * s for k, d, s in zip(position, window.dilations, element_strides[2:],
+                                                           strict=True)) for position in positions]
+        flat = self.weights.reshape(problem.groups, self.mg, len(positions))
+        self.scales = [np.ascontiguousarray(flat[:, :, p]).reshape(problem.groups, self.mg, 1)
+                       for p in range(len(positions))]
+        self.keep = tuple(slice(0, (o - 1) * s + 1, s) for o, s in
+                          zip(window.output[1:], window.strides[1:], strict=True))
+        self.channel_stride, self.image_stride = element_strides[1], element_strides[0]
+
+    def view(self, n: int, g0: int, g1: int, s: int, e: int, offset: int) -> np.ndarray:
+        """Input channels g0:g1 at one kernel position, for output rows s:e, whole padded rows."""
+        step = self.window.strides[0]
+        start = n * self.image_stride + g0 * self.channel_stride + s * step * self.row_size + offset
+        item = self.item
+        if step == 1:
+            shape: tuple[int, ...] = (g1 - g0, 1, (e - s) * self.row_size)
+            strides: tuple[int, ...] = (self.channel_stride * item, 0, item)
+        else:
+            shape = (g1 - g0, 1, e - s, self.row_size)
+            strides = (self.channel_stride * item, 0, step * self.row_size * item, item)
+        # A strided view straight onto the padded input's buffer (numpy checks the bounds).
+        return np.ndarray(shape, self.xp.dtype, buffer=self.xp, offset=start * item, strides=strides)
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        mg, row_size, last = self.mg, self.row_size, len(self.offsets) - 1
+        flat_rows = self.window.strides[0] == 1
+        for n, g0, g1 in _group_ranges(self.problem, start, stop):
+            count = g1 - g0
+            rows = _rows_per_block(self.block_bytes, 2 * count * mg * row_size * self.item, r1 - r0)
+            total = np.empty(count * mg * rows * row_size, self.xp.dtype)
+            term = np.empty(count * mg * rows * row_size, self.xp.dtype)
+            bias = self.bias_of(g0, g1, 0, mg, 1 if flat_rows else 2)
+            for s in range(r0, r1, rows):
+                e = min(r1, s + rows)
+                size = count * mg * (e - s) * row_size
+                shape = (count, mg, (e - s) * row_size) if flat_rows else (count, mg, e - s, row_size)
+                accumulator = total[:size].reshape(shape)
+                scratch = term[:size].reshape(shape)
+                for index, offset in enumerate(self.offsets):
+                    view = self.view(n, g0, g1, s, e, offset)
+                    scale = self.scales[index][g0:g1]
+                    if not flat_rows:
+                        scale = scale[..., None]
+                    if index == 0:
+                        np.multiply(view, scale, out=accumulator)
+                        if bias is not None:
+                            accumulator += bias
+                    if index == 0 and last == 0:
+                        scratch.fill(0)
+                    elif index:
+                        np.multiply(view, scale, out=scratch)
+                        if index < last:
+                            accumulator += scratch
+                # the last term is added while the result is written out
+                target = self.out[n, g0:g1, :, s:e]
+                keep = (Ellipsis, *self.keep)
+                padded_shape = (count, mg, e - s, *self.padded_inner)
+                np.add(accumulator.reshape(padded_shape)[keep], scratch.reshape(padded_shape)[keep],
+                       out=target)
+                if self.epilogue is not None:
+                    self.epilogue(target)
+
+    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
+        rows = self.window.output[0]
+        items = self.problem.batch * self.problem.groups
+        pool.parallel_for(items, lambda start, stop: self.block(start, stop, 0, rows), max_blocks=threads)
+
+
+class _Winograd(_Algorithm):
+    """Winograd F(2x2, 3x3) (:mod:`onnx_light.kernels.winograd`) for 2-D 3x3 convolutions with
+    stride and dilation 1: per block of tile rows, the input transform of every channel, one
+    batched product (16 x groups products of filters x channels times channels x tiles), then
+    the output transform, written into the rows of the block.
+
+    ``filters`` are the transformed filters (16, groups, filters, channels) when the kernel
+    computed them once (constant weights); ``magnitudes`` runs the same passes with the
+    absolute values of the matrices (for :func:`error_bound`, on absolute values).
+    """
+
+    row_unit: ClassVar[int] = winograd.TILE  # threads share no tile row
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None,
+                 filters: np.ndarray | None = None, magnitudes: bool = False) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = self.window
+        self.tiles = tuple(-(-o // winograd.TILE) for o in window.output)
+        tail = tuple(winograd.TILE * t - o for t, o in zip(self.tiles, window.output, strict=True))
+        self.xp = pad_spatial(x, window, tail=tail)
+        self.input_matrix = np.abs(winograd.INPUT) if magnitudes else winograd.INPUT
+        self.output_matrix = np.abs(winograd.OUTPUT) if magnitudes else winograd.OUTPUT
+        if filters is None:
+            shaped = w.reshape(problem.groups, self.mg, self.cg, 3, 3)
+            filters = (winograd.transform_filters(shaped, x.dtype, np.abs(winograd.FILTER))
+                       if magnitudes else winograd.transform_filters(shaped, x.dtype))
+        self.filters = filters
+
+    def _tile_rows(self, r0: int, r1: int) -> tuple[int, int]:
+        """The tile rows that cover output rows r0:r1."""
+        return r0 // winograd.TILE, -(-r1 // winograd.TILE)
+
+    def _step(self, channels: int, filters: int, tile_rows: int) -> int:
+        """Tile rows per block: the transforms' buffers of one tile row within block_bytes."""
+        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
+        width = tile * tw + alpha - tile
+        per_row = self.xp.itemsize * (alpha * alpha * tw * (channels + filters) + alpha * channels * width
+                                      + tile * alpha * filters * tw + filters * tile * tile * tw)
+        return _rows_per_block(self.block_bytes, per_row, tile_rows)
+
+    def transform(self, n: int, c0: int, c1: int, a: int, b: int, out: np.ndarray) -> None:
+        """The input transform of channels c0:c1, tile rows a:b, into ``out`` (4, 4, C, th, tw)."""
+        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
+        source = self.xp[n, c0:c1, tile * a:tile * b + alpha - tile]
+        scratch = np.empty((alpha, c1 - c0, b - a, source.shape[-1]), self.xp.dtype)
+        winograd.transform_inputs(source, (b - a, tw), out, scratch, self.input_matrix)
+
+    def finish(self, n: int, g0: int, g1: int, lo: int, hi: int, a: int, b: int, r0: int, r1: int,
+               products: np.ndarray) -> None:
+        """The output transform of ``products`` (16, groups g0:g1, filters lo:hi, tiles of rows
+        a:b), written with the bias into the output rows r0:r1 it covers."""
+        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
+        count, filters, th = g1 - g0, (g1 - g0) * (hi - lo), b - a
+        dtype = self.xp.dtype
+        tiles = winograd.transform_outputs(
+            products.reshape(alpha, alpha, filters, th, tw), np.empty((filters, th, tile, tw, tile), dtype),
+            np.empty((tile, alpha, filters, th, tw), dtype), self.output_matrix)
+        s, e = max(r0, tile * a), min(r1, tile * b)
+        computed = tiles.reshape(count, hi - lo, tile * th, tile * tw)[
+            :, :, s - tile * a:e - tile * a, :self.window.output[1]]
+        self.write(self.out[n, g0:g1, lo:hi, s:e], computed, g0, g1, lo, hi, 2)
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        alpha, cg, mg, tw = winograd.ALPHA, self.cg, self.mg, self.tiles[1]
+        squares = alpha * alpha
+        first, last = self._tile_rows(r0, r1)
+        for n, g0, g1 in _group_ranges(self.problem, start, stop):
+            count = g1 - g0
+            step = self._step(count * cg, count * mg, last - first)
+            for a in range(first, last, step):
+                b = min(last, a + step)
+                inputs = np.empty((squares, count * cg, (b - a) * tw), self.xp.dtype)
+                self.transform(n, g0 * cg, g1 * cg, a, b,
+                               inputs.reshape(alpha, alpha, count * cg, b - a, tw))
+                products = np.matmul(self.filters[:, g0:g1],
+                                     inputs.reshape(squares, count, cg, (b - a) * tw))
+                self.finish(n, g0, g1, 0, mg, a, b, r0, r1, products)
+
+    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
+        """Per block of tile rows: the input transform split over the channels, then the
+        products and the output transform split over the filters."""
+        problem, alpha, tw = self.problem, winograd.ALPHA, self.tiles[1]
+        squares = alpha * alpha
+        channels, rows = problem.channels, self.window.output[0]
+        first, last = self._tile_rows(0, rows)
+        step = self._step(channels, problem.filters, last - first)
+        for n in range(problem.batch):
+            for a in range(first, last, step):
+                b = min(last, a + step)
+                inputs = np.empty((squares, channels, (b - a) * tw), self.xp.dtype)
+                shaped = inputs.reshape(alpha, alpha, channels, b - a, tw)
+
+                def transform(c0: int, c1: int, n: int = n, a: int = a, b: int = b,
+                              shaped: np.ndarray = shaped) -> None:
+                    self.transform(n, c0, c1, a, b, shaped[:, :, c0:c1])
+
+                pool.parallel_for(channels, transform, max_blocks=threads)
+
+                def multiply(m0: int, m1: int, n: int = n, a: int = a, b: int = b,
+                             inputs: np.ndarray = inputs) -> None:
+                    for g, lo, hi in _filter_ranges(problem, m0, m1):
+                        group_inputs = inputs[:, g * self.cg:(g + 1) * self.cg]
+                        products = np.matmul(self.filters[:, g, lo:hi], group_inputs)
+                        self.finish(n, g, g + 1, lo, hi, a, b, 0, rows, products)
+
+                pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
+                                  max_blocks=threads)
+
+
+_ALGORITHMS: dict[str, type[_Algorithm]] = {
+    "im2col": _Columns,
+    "im2col_wide": _WideColumns,
+    "direct_1x1": _Pointwise,
+    "per_filter": _PerFilter,
+    "depthwise": _Depthwise,
+    "winograd": _Winograd,
+    "shifted": _Shifted,
+}
+

@@ -1,0 +1,146 @@
+"""Conv's tuning parameters, their schema per element type and the typed configuration.
+
+Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``):
+
+``algorithm``
+    How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
+    ``per_filter``, ``depthwise``, ``winograd``, ``shifted`` (each described where it is
+    implemented, :mod:`onnx_light.kernels.conv.algorithms`) or ``auto``, whose rule is
+    ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
+    where it does not apply falls back to ``im2col``, which applies to every convolution.
+``im2col.block_bytes``
+    The largest buffer (bytes) one block of output rows may use: the im2col buffer, the
+    wide product's result, the depthwise accumulator, winograd's transforms, shifted's sum
+    and term. It bounds the memory a convolution needs beyond its output; a block holds at
+    least one row.
+``winograd.minimum_channels``, ``winograd.minimum_outputs``
+    ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
+    channels and as many filters, and the output at least ``minimum_outputs`` positions:
+    below, the transforms and the repacking of the transformed filters outweigh the
+    products saved.
+``parallel.split``
+    How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
+    pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
+    filters (one shared buffer), all with one BLAS thread per block; ``"blas"`` runs blocks
+    in order on the calling thread and lets BLAS use the session's threads (a manual
+    setting: OpenBLAS's spinning threads make it fragile on a shared machine). ``"auto"``'s
+    rule is ``_plan`` (:mod:`onnx_light.kernels.conv.problem`).
+``parallel.minimum_flops``
+    Multiply-adds (times :data:`DEPTHWISE_COST` for ``depthwise``) below which the kernel
+    runs on the calling thread with one BLAS thread.
+
+The reference configuration is :data:`REFERENCE`: ``im2col`` on one thread, one block. Why
+the portable defaults are what they are, with the measurements: ``docs/conv.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ...tuning.keys import ElementType
+from ...tuning.schema import Parameter, Value
+
+T = ElementType
+CONV_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
+# Element types each ONNX version of Conv accepts.
+OPSET_TYPES: dict[int, tuple[int, ...]] = {
+    1: (T.FLOAT16, T.FLOAT, T.DOUBLE),
+    11: (T.FLOAT16, T.FLOAT, T.DOUBLE),
+    22: CONV_TYPES,
+}
+
+ALGORITHM = "algorithm"
+BLOCK_BYTES = "im2col.block_bytes"
+SPLIT = "parallel.split"
+MINIMUM_FLOPS = "parallel.minimum_flops"
+WINOGRAD_CHANNELS = "winograd.minimum_channels"
+WINOGRAD_OUTPUTS = "winograd.minimum_outputs"
+# Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
+# version are reported stale and not used.
+TUNING_ABI = 2
+
+ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise", "winograd",
+              "shifted")
+SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
+
+# Portable defaults: the choices that held up on the calibration corpus and the nine light
+# models (measurements: docs/conv.md).
+_DEFAULTS: dict[str, Value] = {
+    ALGORITHM: "auto",
+    BLOCK_BYTES: 1 << 24,
+    SPLIT: "auto",
+    MINIMUM_FLOPS: 1 << 22,
+    WINOGRAD_CHANNELS: 256,
+    WINOGRAD_OUTPUTS: 784,
+}
+# The reference configuration every other one is compared with: the general path, serial.
+REFERENCE: dict[str, Value] = {
+    ALGORITHM: "im2col",
+    BLOCK_BYTES: 1 << 40,
+    SPLIT: "blas",
+    MINIMUM_FLOPS: 1 << 62,
+    WINOGRAD_CHANNELS: 256,
+    WINOGRAD_OUTPUTS: 784,
+}
+NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
+_WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
+# auto: shifted where a group has at most 1/SHIFTED_FILTERS as many filters as channels and the
+# output at least SHIFTED_OUTPUTS positions (ConvKernel._algorithm)
+SHIFTED_FILTERS = 2
+SHIFTED_OUTPUTS = 784
+# auto: an im2col convolution splits its output rows while there are this many per thread
+# (each thread copies its own windows); with fewer, the last thread's share is too uneven and
+# many filters split the filters instead (one shared copy).
+ROWS_PER_THREAD = 4
+# A depthwise multiply-add is a broadcast numpy multiply and add, much slower than one inside a
+# BLAS product: it counts this many times against parallel.minimum_flops (docs/conv.md).
+DEPTHWISE_COST = 16
+
+
+def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
+    """The parameters of the Conv schema: the same for every element type (the schema factory
+    of Conv's declaration)."""
+    return (
+        Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
+                  description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
+                              "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' (one "
+                              "input channel per group), 'winograd' (F(2x2,3x3), 2-D 3x3 stride 1 "
+                              "dilation 1), 'shifted' (one product per kernel position, stride "
+                              "1), or 'auto' (ConvKernel._algorithm's rule); inapplicable -> "
+                              "im2col"),
+        Parameter(BLOCK_BYTES, "int", _DEFAULTS[BLOCK_BYTES], minimum=1,
+                  description="largest buffer (bytes) of one block of output rows"),
+        Parameter(SPLIT, "str", _DEFAULTS[SPLIT], choices=SPLITS,
+                  description="'batch_and_groups', 'output_rows' or 'filters' split the work "
+                              "across the pool (one BLAS thread per block), 'blas' threads BLAS "
+                              "instead, 'auto' (the rule of conv.problem._plan)"),
+        Parameter(MINIMUM_FLOPS, "int", _DEFAULTS[MINIMUM_FLOPS], minimum=1,
+                  description="multiply-adds from which more than one thread is used"),
+        Parameter(WINOGRAD_CHANNELS, "int", _DEFAULTS[WINOGRAD_CHANNELS], minimum=1,
+                  description="auto uses winograd where a group has at least this many input "
+                              "channels and filters"),
+        Parameter(WINOGRAD_OUTPUTS, "int", _DEFAULTS[WINOGRAD_OUTPUTS], minimum=1,
+                  description="... and the output has at least this many positions"),
+    )
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """The typed configuration :meth:`ConvKernel.run` reads."""
+
+    algorithm: str = str(_DEFAULTS[ALGORITHM])
+    block_bytes: int = int(_DEFAULTS[BLOCK_BYTES])
+    split: str = str(_DEFAULTS[SPLIT])
+    minimum_flops: int = int(_DEFAULTS[MINIMUM_FLOPS])
+    winograd_channels: int = int(_DEFAULTS[WINOGRAD_CHANNELS])
+    winograd_outputs: int = int(_DEFAULTS[WINOGRAD_OUTPUTS])
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
+        """The configuration of a complete set of values (checked against the schema by
+        :meth:`~onnx_light.kernels.base.Kernel.configure`)."""
+        return cls(str(values[ALGORITHM]), int(values[BLOCK_BYTES]), str(values[SPLIT]),
+                   int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
+                   int(values[WINOGRAD_OUTPUTS]))
+

@@ -1,0 +1,302 @@
+"""The Conv kernel: reads the node, chooses the algorithm and the plan of each call, runs it.
+
+The kernel (:class:`ConvKernel`, every ONNX version: 1, 11, 22) computes ``Y = W * X + B`` for
+``X`` of shape (N, C, D1, ..., Dk), ``W`` (M, C / group, K1, ..., Kk) and an optional bias
+(M,), with explicit ``pads`` or ``auto_pad`` (NOTSET, VALID, SAME_UPPER, SAME_LOWER),
+``strides``, ``dilations`` and ``group`` (depthwise included). float32 and float64 compute in
+their own type; float16 and bfloat16 compute in float32 and round the result once.
+
+Everything that depends only on the node (attributes, the configuration) is read when the
+kernel is built and configured; ``run`` derives the geometry and the plan from the input
+shapes and keeps nothing. Constant weights reach the kernel once, at session construction,
+through :meth:`ConvKernel.specialize` (equal filters, or the winograd transform of the
+filters); a runtime may also set ``epilogue`` (a fused activation, applied to each finished
+block), ``prologue`` (a per-channel map of the input of a 1x1 convolution,
+:class:`~onnx_light.kernels.conv.blocks.Prologue`) and ``residual`` (a fourth input, added to
+each finished block before the epilogue: ResNet's shortcut).
+
+Equal filters. When a session's weights are constant and some filters are bitwise equal
+(group 1, float and double), each distinct filter is computed once and its channel copied to
+the others: equal filters then give bitwise equal channels, which one blocked BLAS product
+does not (it rounds the rows of a tile in two ways). Why a model needs it: ``docs/conv.md``.
+
+BLAS threads follow :data:`onnx_light.parallel.BLAS`, the mechanism Gemm uses: one BLAS
+thread on the serial and split paths, the session's thread count on the ``"blas"`` path, never
+more, the previous count restored after each call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ...tuning.schema import Value
+from ..base import Kernel, NodeContext, compute_dtype
+from ..window import Window, WindowAttributes
+from . import winograd
+from .algorithms import _ALGORITHMS
+from .blocks import Prologue, _execute
+from .config import (
+    _WIDE_OVERHEAD,
+    DEPTHWISE_COST,
+    SHIFTED_FILTERS,
+    SHIFTED_OUTPUTS,
+    TUNING_ABI,
+    ConvConfig,
+)
+from .problem import _plan, _Problem, _winograd_applies
+
+
+@dataclass(frozen=True)
+class _DistinctFilters:
+    """What :meth:`ConvKernel.specialize` found: the constant weights, their distinct filters,
+    per filter the index of its distinct one, and the kernel that multiplies the distinct ones."""
+
+    weights: np.ndarray
+    distinct: np.ndarray
+    inverse: np.ndarray
+    plain: ConvKernel
+
+
+class ConvKernel(Kernel):
+    """ONNX Conv (since versions 1, 11, 22), tunable; see the module docstring."""
+
+    op_type: ClassVar[str] = "Conv"
+    tuning_abi: ClassVar[int] = TUNING_ABI
+    accepts_epilogue: ClassVar[bool] = True
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        if ctx.num_inputs and ctx.num_inputs not in (2, 3):
+            raise ctx.error(f"expects 2 or 3 inputs (X, W, optional B), the node has {ctx.num_inputs}")
+        self.attributes = WindowAttributes.read(ctx)
+        self.group = int(ctx.attribute("group", 1))
+        if self.group < 1:
+            raise ctx.error(f"group must be positive, got {self.group}")
+        self._distinct: _DistinctFilters | None = None  # set by specialize
+        # (constant weights, their Winograd transform), set by specialize
+        self._winograd: tuple[np.ndarray, np.ndarray] | None = None
+        self.prologue: Prologue | None = None  # set by the runtime's fusion
+        self.residual = False  # set by the runtime's fusion: a fourth input to add
+
+    def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
+        """Whether a :class:`Prologue` can run inside this convolution with weights of this
+        shape: 1x1, stride 1, no padding (what ``direct_1x1`` computes)."""
+        attributes = self.attributes
+        return (len(w_shape) >= 3 and all(k == 1 for k in w_shape[2:])
+                and all(s == 1 for s in attributes.strides or (1,))
+                and not any(attributes.pads or (0,)))
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
+        """With constant weights: a kernel that computes each distinct filter once when
+        filters repeat (group 1, float or double; see the module docstring), else one that
+        keeps the weights' Winograd transform when its convolutions may use winograd."""
+        w = constants[1] if len(constants) > 1 else None
+        if w is None or w.ndim < 3:
+            return None
+        return self._with_distinct_filters(w) or self._with_winograd_filters(w)
+
+    def _with_winograd_filters(self, w: np.ndarray) -> ConvKernel | None:
+        if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+            return None
+        if not _winograd_applies(w.shape[2:], self.attributes.strides, self.attributes.dilations):
+            return None
+        algorithm = self.config.algorithm
+        if algorithm == "auto":
+            if not self._winograd_channels(w.shape[1], w.shape[0] // self.group):
+                return None
+        elif algorithm != "winograd":
+            return None
+        shaped = w.reshape(self.group, w.shape[0] // self.group, w.shape[1], 3, 3)
+        return self.variant(_winograd=(w, winograd.transform_filters(shaped, compute_dtype(w.dtype))))
+
+    def _winograd_channels(self, group_channels: int, group_filters: int) -> bool:
+        """Whether ``auto`` may use winograd for a group this wide (its channel threshold)."""
+        return min(group_channels, group_filters) >= self.config.winograd_channels
+
+    def _with_distinct_filters(self, w: np.ndarray) -> ConvKernel | None:
+        if self.group != 1 or w.shape[0] < 2 or w.dtype not in (np.float32, np.float64):
+            return None
+        bits = w.reshape(w.shape[0], -1).view(np.int32 if w.dtype == np.float32 else np.int64)
+        # Equal filters have equal sums of their bits: one pass groups them (and rules most
+        # weights out); each filter is then compared bit for bit with the first of its group.
+        first_of, inverse = np.unique(bits.sum(axis=1, dtype=np.int64), return_index=True,
+                                      return_inverse=True)[1:]
+        if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
+            return None  # all distinct, or two distinct filters share a sum: keep it simple
+        plain = self.variant(epilogue=None, residual=False)  # the distinct filters' product alone
+        return self.variant(_distinct=_DistinctFilters(w, np.ascontiguousarray(w[first_of]),
+                                                       inverse.reshape(-1), plain))
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.config = ConvConfig.from_values(values)
+
+    # ---------------------------------------------------------------- planning
+
+    def problem(self, x_shape: Sequence[int], w_shape: Sequence[int], transformed: bool = False) -> _Problem:
+        """Check the shapes and decide the algorithm and the parallel plan of one call;
+        ``transformed``: the kernel holds the Winograd transform of the call's weights."""
+        ctx = self.ctx
+        if len(x_shape) < 3:
+            raise ctx.error(f"X must have shape (N, C, D1, ...), got {list(x_shape)}")
+        if len(w_shape) != len(x_shape):
+            raise ctx.error(f"W must have the rank of X ({len(x_shape)}), got shape {list(w_shape)}")
+        batch, channels = int(x_shape[0]), int(x_shape[1])
+        filters, group_channels = int(w_shape[0]), int(w_shape[1])
+        groups = self.group
+        if group_channels * groups != channels:
+            raise ctx.error(f"X has {channels} channels but W expects {group_channels} per group "
+                            f"x {groups} groups")
+        if filters % groups:
+            raise ctx.error(f"W's {filters} filters do not divide into {groups} groups")
+        window = self.attributes.window(ctx, tuple(int(d) for d in x_shape[2:]),
+                                        tuple(int(k) for k in w_shape[2:]))
+        algorithm = self._algorithm(window, group_channels, groups, filters, transformed)
+        config = self.config
+        threads = self.num_threads
+        flops = batch * filters * math.prod(window.output) * group_channels * math.prod(window.kernel)
+        if algorithm == "depthwise":
+            flops *= DEPTHWISE_COST
+        problem = _Problem(window, batch, channels, groups, filters, algorithm, "serial")
+        if threads < 2 or flops < config.minimum_flops:
+            return problem
+        return dataclasses.replace(problem, plan=_plan(config.split, problem, threads))
+
+    def _algorithm(self, window: Window, group_channels: int, groups: int, channels_out: int,
+                   transformed: bool) -> str:
+        """The algorithm of one call. The code below is ``auto``'s rule (the first that applies,
+        in order; why each threshold: docs/conv.md); a forced algorithm that does not apply
+        falls back to im2col."""
+        pointwise = (all(k == 1 for k in window.kernel) and all(s == 1 for s in window.strides)
+                     and not window.padded)
+        depthwise = group_channels == 1 and groups > 1
+        wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
+        tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
+        choice = self.config.algorithm
+        if choice == "auto":
+            if pointwise:
+                return "direct_1x1"
+            if (tiled and transformed and self._winograd_channels(group_channels, channels_out // groups)
+                    and math.prod(window.output) >= self.config.winograd_outputs):
+                return "winograd"
+            if (all(s == 1 for s in window.strides) and len(window.input) >= 2
+                    and SHIFTED_FILTERS * (channels_out // groups) <= group_channels
+                    and math.prod(window.output) >= SHIFTED_OUTPUTS):
+                return "shifted"
+            if wide:
+                needed = math.prod(window.output[1:])
+                computed = math.prod(p for p in window.padded_shape()[1:])
+                # a depthwise product is cheap next to its copy, which whole rows make faster
+                # (docs/conv.md)
+                if depthwise or computed <= _WIDE_OVERHEAD * needed:
+                    return "im2col_wide"
+            return "im2col"
+        unit_strides = len(window.input) >= 2 and all(s == 1 for s in window.strides)
+        applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
+                   "per_filter": pointwise, "depthwise": depthwise, "winograd": tiled,
+                   "shifted": unit_strides}
+        return choice if applies[choice] else "im2col"
+
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        """Multiply-adds: each output element takes C/group x kernel size of them."""
+        written = super().work(input_shapes, output_shapes)
+        w = input_shapes[1] if len(input_shapes) > 1 else None
+        if written is None or not w:
+            return None
+        return written * math.prod(w[1:])
+
+    # ---------------------------------------------------------------- running
+
+    def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+            raise self.ctx.error("needs inputs X and W")
+        x, w = inputs[0], inputs[1]
+        b = inputs[2] if len(inputs) > 2 else None
+        residual = inputs[3] if self.residual and len(inputs) > 3 else None
+        if self.residual and residual is None:
+            raise self.ctx.error("needs the residual input (the fused addition's other operand)")
+        if self._distinct is not None and w is self._distinct.weights:
+            return self._run_distinct(x, b, residual)
+        if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+            raise self.ctx.error(f"X, W and B must have the same type, got "
+                                 f"{[a.dtype for a in (x, w, b) if a is not None]}")
+        if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+            raise self.ctx.error(f"X must be a floating point tensor, got {x.dtype}")
+        transformed = self._winograd is not None and w is self._winograd[0]
+        problem = self.problem(x.shape, w.shape, transformed)
+        if b is not None and b.shape != (problem.filters,):
+            raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
+        compute = compute_dtype(x.dtype)
+        out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
+        finish = self._finisher(out, residual)
+        if out.size == 0:
+            return (out.astype(x.dtype, copy=False),)
+        if problem.depth == 0:
+            out[...] = 0 if b is None else b.astype(compute).reshape((-1,) + (1,) * len(problem.window.input))
+            if finish is not None:
+                finish(out)
+            return (out.astype(x.dtype, copy=False),)
+        xc = np.ascontiguousarray(x, dtype=compute)
+        wc = np.ascontiguousarray(w, dtype=compute)
+        bc = None if b is None else b.astype(compute, copy=False)
+        prologue = self.prologue
+        if prologue is not None and (problem.algorithm not in ("direct_1x1", "per_filter")
+                                     or problem.plan == "filters"):
+            xc, prologue = prologue.whole(xc), None  # every thread would need all of it
+        options: dict[str, Any] = {}
+        if problem.algorithm == "winograd" and transformed:
+            options["filters"] = self._winograd[1]
+        if prologue is not None:  # direct_1x1 or per_filter
+            options["prologue"] = prologue
+        algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
+                                                   finish, **options)
+        _execute(problem, algorithm, self.pool, self.num_threads)
+        return (out if out.dtype == x.dtype else out.astype(x.dtype),)
+
+    def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
+                      residual: np.ndarray | None) -> Sequence[np.ndarray]:
+        """Each distinct filter once, then its channel copied to every filter equal to it."""
+        inverse = self._distinct.inverse
+        if b is not None and (b.shape != inverse.shape or b.dtype != x.dtype):
+            raise self.ctx.error(f"B must have shape ({inverse.size},) and X's type {x.dtype}, got "
+                                 f"{list(b.shape)} {b.dtype}")
+        channels = self._distinct.plain.run(x, self._distinct.distinct)[0]
+        out = np.take(channels, inverse, axis=1)
+        if b is not None:
+            out += b.reshape((-1,) + (1,) * (out.ndim - 2))
+        finish = self._finisher(out, residual)
+        if finish is not None:
+            finish(out)
+        return (out,)
+
+    def _finisher(self, out: np.ndarray, residual: np.ndarray | None
+                  ) -> Callable[[np.ndarray], None] | None:
+        """What each finished block of ``out`` gets: the residual's same elements added (a
+        block is a view into ``out``; the residual, laid out like ``out``, is read through a
+        view with the block's offset and strides), then the epilogue."""
+        epilogue = self.epilogue
+        if residual is None:
+            return epilogue
+        if residual.shape != out.shape or residual.dtype != out.dtype:
+            raise self.ctx.error(f"the residual must have the output's shape {list(out.shape)} "
+                                 f"and type {out.dtype}, got {list(residual.shape)} {residual.dtype}")
+        flat = np.ascontiguousarray(residual).reshape(-1)
+        start, item = out.__array_interface__["data"][0], out.itemsize
+
+        def finish(block: np.ndarray) -> None:
+            offset = (block.__array_interface__["data"][0] - start) // item
+            np.add(block, as_strided(flat[offset:], block.shape, block.strides, writeable=False),
+                   out=block)
+            if epilogue is not None:
+                epilogue(block)
+
+        return finish
+
+

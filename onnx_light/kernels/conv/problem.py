@@ -1,0 +1,72 @@
+"""One Conv call's shapes and choices, and how its work is split across the pool."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..window import Window
+from .config import ROWS_PER_THREAD
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """One call's shapes and choices; built at the start of :meth:`ConvKernel.run`."""
+
+    window: Window
+    batch: int
+    channels: int
+    groups: int
+    filters: int
+    algorithm: str
+    plan: str  # "serial", "blas", "batch_and_groups", "output_rows"
+
+    @property
+    def group_channels(self) -> int:
+        return self.channels // self.groups
+
+    @property
+    def group_filters(self) -> int:
+        return self.filters // self.groups
+
+    @property
+    def depth(self) -> int:
+        """K: products summed per output element."""
+        return self.group_channels * math.prod(self.window.kernel)
+
+
+def _winograd_applies(kernel: Sequence[int], strides: Sequence[int] | None,
+                      dilations: Sequence[int] | None) -> bool:
+    """Whether winograd can compute a convolution: 2-D, 3x3, stride 1 and dilation 1."""
+    return (tuple(kernel) == (3, 3) and all(s == 1 for s in strides or (1,))
+            and all(d == 1 for d in dilations or (1,)))
+
+
+
+def _plan(split: str, problem: _Problem, threads: int) -> str:
+    """The parallel plan of a call that is worth more than one thread."""
+    if split == "blas":
+        return "blas"
+    items = problem.batch * problem.groups
+    if problem.algorithm == "depthwise" and split == "filters":
+        split = "batch_and_groups"  # a depthwise filter is one channel: the same split
+    if split == "auto":
+        many_filters = problem.group_filters > math.prod(problem.window.output)
+        if items >= threads and (items % threads == 0 or items >= 4 * threads):
+            split = "batch_and_groups"
+        elif many_filters and (problem.algorithm in ("direct_1x1", "per_filter")
+                               or problem.window.output[0] < ROWS_PER_THREAD * threads):
+            split = "filters"  # few output positions: share them, split the weights
+        else:
+            split = "output_rows"
+    sizes = {"batch_and_groups": items, "output_rows": problem.window.output[0],
+             "filters": problem.filters if problem.algorithm != "depthwise" else 0}
+    order = {"batch_and_groups": ("batch_and_groups", "output_rows", "filters"),
+             "output_rows": ("output_rows", "filters", "batch_and_groups"),
+             "filters": ("filters", "output_rows", "batch_and_groups")}[split]
+    for plan in order:
+        if sizes[plan] >= 2:
+            return plan
+    return "blas"
+
