@@ -9,7 +9,23 @@ one all-or-nothing batch.
 from __future__ import annotations
 
 from ..tuning.registry import KernelTuningRegistry
-from . import calibration, conv, elementwise, gemm, normalization, pooling, reductions, structural
+from . import (
+    activations,
+    bitwise,
+    calibration,
+    conv,
+    elementwise,
+    feature_normalization,
+    gemm,
+    indexing,
+    matrices,
+    normalization,
+    pooling,
+    reductions,
+    scans,
+    sorting,
+    structural,
+)
 from .base import Kernel
 from .profiles import processor_profiles
 
@@ -31,6 +47,8 @@ def _merge(*tables: KernelTable) -> KernelTable:
 KERNELS: KernelTable = _merge(
     elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS,
     conv.KERNELS, pooling.KERNELS, normalization.KERNELS,
+    indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
+    feature_normalization.KERNELS, bitwise.KERNELS,
 )
 
 
