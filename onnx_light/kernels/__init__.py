@@ -19,12 +19,16 @@ from . import (
     gemm,
     indexing,
     matrices,
+    norm_pooling,
     normalization,
     pooling,
+    rearrangement,
     reductions,
     scans,
+    signal_processing,
     sorting,
     structural,
+    unpooling,
 )
 from .base import Kernel
 from .profiles import processor_profiles
@@ -48,7 +52,8 @@ KERNELS: KernelTable = _merge(
     elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS,
     conv.KERNELS, pooling.KERNELS, normalization.KERNELS,
     indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
-    feature_normalization.KERNELS, bitwise.KERNELS,
+    feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
+    signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS,
 )
 
 
