@@ -2,9 +2,9 @@
 LpNormalization, MeanVarianceNormalization.
 
 Statistics are taken in the ``stash_type`` precision where the operator has one (float32 by
-default; float64 when asked or when the input is float64) and in float32 for float16 and
-bfloat16 otherwise; the result is rounded once to the input type. None of these kernels is
-tunable: they are memory-bound passes of a few numpy calls each.
+default, as for LayerNormalization, float64 inputs included) and in the compute type
+(float32 for float16 and bfloat16) otherwise; the result is rounded once to the input type.
+None of these kernels is tunable: they are memory-bound passes of a few numpy calls each.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ Arrays = Sequence[np.ndarray]
 _STASH_TYPES = (T.FLOAT, T.DOUBLE)
 
 
-def _stash(ctx: NodeContext, x_type: int | None) -> np.dtype:
-    """The precision statistics are taken in: ``stash_type`` (float or double), or double
-    for a double input."""
+def _stash(ctx: NodeContext) -> np.dtype:
+    """The precision statistics are taken in: ``stash_type``, float (the default) or double."""
     stash = int(ctx.attribute("stash_type", T.FLOAT))
     if stash not in _STASH_TYPES:
         raise ctx.error(f"stash_type must be FLOAT (1) or DOUBLE (11), got {stash}")
-    return numpy_dtype(T.DOUBLE if x_type == T.DOUBLE else stash)
+    return numpy_dtype(stash)
 
 
 def _epsilon(ctx: NodeContext) -> float:
@@ -42,32 +41,33 @@ def _epsilon(ctx: NodeContext) -> float:
 
 
 class GroupNormalization(Kernel):
-    """ONNX GroupNormalization (18, 21): each image's channels split into ``num_groups``
-    groups, each normalized over its channels and spatial positions, then scaled and shifted
-    per channel (per group at opset 18)."""
+    """ONNX GroupNormalization (21): each image's channels split into ``num_groups`` groups,
+    each normalized over its channels and spatial positions, then scaled and shifted per
+    channel. Version 18 (one scale and bias per group) is deprecated: onnx's checker, which
+    every session runs, rejects it."""
 
     op_type: ClassVar[str] = "GroupNormalization"
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {18: FLOAT_TYPES})
+        check_element_type(ctx, self.element_type, {21: FLOAT_TYPES})
         self.epsilon = _epsilon(ctx)
         groups = ctx.attribute("num_groups")
         if groups is None or int(groups) < 1:
             raise ctx.error(f"attribute 'num_groups' must be a positive integer, got {groups!r}")
         self.groups = int(groups)
-        self.stash = _stash(ctx, self.element_type) if ctx.opset >= 21 else np.dtype(np.float32)
+        self.stash = _stash(ctx)
 
     def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Arrays:
         if x.ndim < 2 or x.shape[1] % self.groups:
             raise self.ctx.error(f"X of shape {list(x.shape)} must be (N, C, ...) with C a "
                                  f"multiple of num_groups={self.groups}")
         n, channels = x.shape[:2]
-        width = channels if self.ctx.opset >= 21 else self.groups
         for name, value in (("scale", scale), ("bias", bias)):
-            if value.size != width:
-                raise self.ctx.error(f"{name} must hold {width} values, got shape {list(value.shape)}")
-        stash = np.dtype(np.float64) if x.dtype == np.float64 else self.stash
+            if value.size != channels:
+                raise self.ctx.error(f"{name} must hold {channels} values (one per channel), "
+                                     f"got shape {list(value.shape)}")
+        stash = self.stash
         grouped = x.reshape(n, self.groups, -1).astype(stash)
         mean = grouped.mean(axis=2, keepdims=True)
         centered = grouped - mean
@@ -75,13 +75,8 @@ class GroupNormalization(Kernel):
         normalized = (centered / np.sqrt(variance + stash.type(self.epsilon))).reshape(x.shape)
         shape = (1, -1) + (1,) * (x.ndim - 2)
         compute = compute_dtype(x.dtype)
-        if width == channels:
-            y = normalized.astype(compute) * scale.astype(compute).reshape(shape) \
-                + bias.astype(compute).reshape(shape)
-        else:  # opset 18: one scale and bias per group
-            per_group = normalized.reshape(n, self.groups, -1).astype(compute)
-            y = (per_group * scale.astype(compute).reshape(1, -1, 1)
-                 + bias.astype(compute).reshape(1, -1, 1)).reshape(x.shape)
+        y = (normalized.astype(compute) * scale.astype(compute).reshape(shape)
+             + bias.astype(compute).reshape(shape))
         return [y.astype(x.dtype, copy=False)]
 
 
@@ -96,7 +91,7 @@ class RMSNormalization(Kernel):
         check_element_type(ctx, self.element_type, {23: FLOAT_TYPES})
         self.axis = int(ctx.attribute("axis", -1))
         self.epsilon = _epsilon(ctx)
-        self.stash = _stash(ctx, self.element_type)
+        self.stash = _stash(ctx)
 
     def run(self, x: np.ndarray, scale: np.ndarray) -> Arrays:
         axis = normalize_axis(self.ctx, self.axis, x.ndim)
@@ -105,7 +100,7 @@ class RMSNormalization(Kernel):
         except ValueError:
             raise self.ctx.error(f"scale of shape {list(scale.shape)} does not broadcast to the "
                                  f"normalized axes {list(x.shape[axis:])}") from None
-        stash = np.dtype(np.float64) if x.dtype == np.float64 else self.stash
+        stash = self.stash
         data = x.astype(stash, copy=False)
         mean_square = np.mean(np.square(data), axis=tuple(range(axis, x.ndim)), keepdims=True)
         y = data / np.sqrt(mean_square + stash.type(self.epsilon)) * scale.astype(stash, copy=False)
@@ -159,7 +154,7 @@ class MeanVarianceNormalization(Kernel):
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
 KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "GroupNormalization": since(GroupNormalization, 18, 21),
+    "GroupNormalization": since(GroupNormalization, 21),  # 18 is deprecated
     "LpNormalization": since(LpNormalization, 1, 22),
     "MeanVarianceNormalization": since(MeanVarianceNormalization, 9, 13),
     "RMSNormalization": since(RMSNormalization, 23),

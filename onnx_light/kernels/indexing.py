@@ -114,7 +114,7 @@ class ScatterElements(Kernel):
 
 
 class Scatter(ScatterElements):
-    """ONNX Scatter (9, deprecated at 11): ScatterElements without ``reduction``."""
+    """ONNX Scatter (9; deprecated at 11): ScatterElements without ``reduction``."""
 
     op_type: ClassVar[str] = "Scatter"
 
@@ -202,7 +202,7 @@ KERNELS: dict[str, dict[int, type[Kernel]]] = {
     "Compress": since(Compress, 9, 11, 28),
     "GatherND": since(GatherND, 11, 12, 13),
     "ReverseSequence": since(ReverseSequence, 10, 28),
-    "Scatter": since(Scatter, 9, 11),
+    "Scatter": since(Scatter, 9),  # deprecated at 11: onnx's checker rejects it
     "ScatterElements": since(ScatterElements, 11, 13, 16, 18),
     "ScatterND": since(ScatterND, 11, 13, 16, 18),
 }
