@@ -37,6 +37,8 @@ from onnx_light.kernels import (
     sorting,
     unpooling,
 )
+from onnx_light.kernels.base import Kernel, KernelError, NodeContext
+from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
 MODULES = (activations, bitwise, feature_normalization, indexing, matrices, norm_pooling,
@@ -49,8 +51,8 @@ EXAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 def model(op: str, inputs: list[np.ndarray | None], outputs: list[np.ndarray] | int, opset: int,
           **attributes: Any) -> onnx.ModelProto:
-    """A one-node model; ``outputs`` gives the output arrays (for their types and ranks) or,
-    when they are not known, how many float outputs of unknown rank... one per output."""
+    """A one-node model. ``outputs``: the output arrays (a session needs their types and
+    ranks), or only how many there are (the reference evaluator ignores declared outputs)."""
     names = ["" if x is None else f"x{i}" for i, x in enumerate(inputs)]
     examples = outputs if isinstance(outputs, list) else [np.zeros(0, np.float32)] * outputs
     node = helper.make_node(op, names, [f"y{i}" for i in range(len(examples))], name=f"{op}_node",
@@ -547,3 +549,122 @@ def test_mel_weight_matrix(mels: int, length: int, rate: int, low: float, high: 
     inputs = [np.array(v, np.int64) for v in (mels, length, rate)] + \
              [np.array(v, np.float32) for v in (low, high)]
     check("MelWeightMatrix", inputs, approx=True)
+
+
+# ---------------------------------------------------------------- bad attributes and inputs
+
+F32, I64 = np.float32, np.int64
+BAD = [
+    # (op, opset, inputs, attributes, what the message says), at construction...
+    ("ScatterND", 16, [np.zeros(3, F32), np.zeros((1, 1), I64), np.zeros(1, F32)], {"reduction": "max"},
+     "reduction must be one of ['none', 'add', 'mul'] at opset 16, got 'max'"),
+    ("ScatterElements", LATEST, [np.zeros(3, F32), np.zeros(1, I64), np.zeros(1, F32)], {"reduction": "sum"},
+     "reduction must be one of"),
+    ("GatherND", LATEST, [np.zeros((2, 2), F32), np.zeros((1, 1), I64)], {"batch_dims": -1},
+     "batch_dims must not be negative"),
+    ("ReverseSequence", LATEST, [np.zeros((2, 2), F32), np.zeros(2, I64)], {"batch_axis": 0, "time_axis": 0},
+     "batch_axis and time_axis must be 0 and 1"),
+    ("CumSum", LATEST, [np.zeros(3, np.int8), np.array(0, I64)], {}, "element type int8 is not allowed"),
+    ("TopK", 10, [np.zeros(3, np.int32), np.array([1], I64)], {},
+     "element type int32 is not allowed at opset 10"),
+    ("TopK", 1, [np.zeros(3, F32)], {}, "attribute 'k' is required before opset 10"),
+    ("EyeLike", LATEST, [np.zeros((2, 2), F32)], {"dtype": TensorProto.STRING}, "dtype must be a numeric"),
+    ("Einsum", LATEST, [np.zeros(2, F32)], {"equation": "i,i->"}, "has 2 operands, the node has 1 inputs"),
+    ("Det", LATEST, [np.zeros((2, 2), np.int32)], {}, "element type int32 is not allowed"),
+    ("Mish", LATEST, [np.zeros(2, np.int32)], {}, "element type int32 is not supported"),
+    ("Shrink", LATEST, [np.zeros(2, F32)], {"lambd": "wide"}, "attribute 'lambd' must be a float"),
+    ("BitShift", LATEST, [np.zeros(2, np.uint8)] * 2, {"direction": "UP"},
+     "attribute 'direction' must be one of ['LEFT', 'RIGHT']"),
+    ("BitShift", 11, [np.zeros(2, np.int32)] * 2, {"direction": "LEFT"},
+     "element type int32 is not allowed at opset 11"),
+    ("BitwiseAnd", LATEST, [np.zeros(2, F32)] * 2, {}, "element type float is not supported"),
+    ("GroupNormalization", LATEST, [np.zeros((1, 2, 2), F32), np.ones(2, F32), np.zeros(2, F32)], {},
+     "attribute 'num_groups' must be a positive integer"),
+    ("GroupNormalization", LATEST, [np.zeros((1, 2, 2), F32), np.ones(2, F32), np.zeros(2, F32)],
+     {"num_groups": 1, "stash_type": TensorProto.FLOAT16}, "stash_type must be FLOAT (1) or DOUBLE (11)"),
+    ("LpNormalization", LATEST, [np.zeros((2, 2), F32)], {"p": 3}, "p must be 1 or 2, got 3"),
+    ("DepthToSpace", LATEST, [np.zeros((1, 4, 1, 1), F32)], {},
+     "attribute 'blocksize' must be a positive integer"),
+    ("SpaceToDepth", 13, [np.zeros((1, 1, 2, 2), F32)], {"blocksize": 2, "mode": "CRD"},
+     "mode must be one of ['DCR'] at opset 13, got 'CRD'"),
+    ("Col2Im", LATEST, [np.zeros((1, 4, 4), F32), np.array([3, 3], I64), np.array([2, 2], I64)],
+     {"strides": [0, 1]}, "strides must be positive"),
+    ("LpPool", LATEST, [np.zeros((1, 1, 4), F32)], {"kernel_shape": [2], "p": 0}, "p must be positive"),
+    ("MaxUnpool", LATEST, [np.zeros((1, 1, 2), F32), np.zeros((1, 1, 2), I64)], {}, "kernel_shape must hold"),
+    ("HannWindow", LATEST, [np.array(4, I64)], {"output_datatype": TensorProto.STRING},
+     "output_datatype must be a numeric element type"),
+    ("DFT", LATEST, [np.zeros((1, 4, 1), np.int32)], {}, "element type int32 is not allowed"),
+    # ... and when the node runs (the model declares no dimensions)
+    ("ScatterND", LATEST, [np.zeros(3, F32), np.array([[3]], I64), np.zeros(1, F32)], {},
+     "indices must lie in [-3, 2], got [3, 3]"),
+    ("ScatterND", LATEST, [np.zeros(3, F32), np.array([[1]], I64), np.zeros(2, F32)], {},
+     "updates must have shape [1]"),
+    ("ScatterElements", LATEST, [np.zeros(3, F32), np.array([1], I64), np.zeros(2, F32)], {},
+     "must have the shape of indices"),
+    ("GatherND", LATEST, [np.zeros(3, F32), np.zeros((1, 2), I64)], {},
+     "indices address 2 axes of a tensor of rank 1"),
+    ("Compress", LATEST, [np.zeros(2, F32), np.ones(3, bool)], {"axis": 0},
+     "condition has 3 values, the axis has 2"),
+    ("ReverseSequence", LATEST, [np.zeros((2, 2), F32), np.array([3, 1], I64)], {},
+     "sequence_lens [3, 1] must hold 2 lengths in [0, 2]"),
+    ("CumSum", LATEST, [np.zeros(3, F32), np.array(5, I64)], {}, "axis 5 is out of range"),
+    ("TopK", LATEST, [np.zeros(3, F32), np.array([4], I64)], {}, "k must lie in [0, 3]"),
+    ("Einsum", LATEST, [np.zeros(2, F32), np.zeros(3, F32)], {"equation": "i,i->"}, "does not fit shapes"),
+    ("Det", LATEST, [np.zeros((2, 3), F32)], {}, "square matrices"),
+    ("GroupNormalization", LATEST, [np.zeros((1, 3, 2), F32), np.ones(3, F32), np.zeros(3, F32)],
+     {"num_groups": 2}, "multiple of num_groups=2"),
+    ("GroupNormalization", LATEST, [np.zeros((1, 2, 2), F32), np.ones(3, F32), np.zeros(2, F32)],
+     {"num_groups": 1}, "scale must hold 2 values"),
+    ("RMSNormalization", LATEST, [np.zeros((2, 3), F32), np.ones(2, F32)], {}, "does not broadcast"),
+    ("DepthToSpace", LATEST, [np.zeros((1, 3, 1, 1), F32)], {"blocksize": 2},
+     "not a multiple of blocksize^2"),
+    ("SpaceToDepth", LATEST, [np.zeros((1, 1, 3, 2), F32)], {"blocksize": 2}, "multiples of blocksize 2"),
+    ("CenterCropPad", LATEST, [np.zeros((2, 2), F32), np.array([1], I64)], {},
+     "must hold a non-negative length"),
+    ("Col2Im", LATEST, [np.zeros((1, 4, 5), F32), np.array([3, 3], I64), np.array([2, 2], I64)], {},
+     "must be (N, C * 4, 4)"),
+    ("MaxUnpool", LATEST, [np.ones((1, 1, 2), F32), np.array([[[0, 9]]], I64)],
+     {"kernel_shape": [2], "strides": [2]},
+     "indices must lie in [0, 4)"),
+    ("MaxUnpool", LATEST, [np.ones((1, 1, 2), F32), np.zeros((1, 1, 2), I64), np.array([1, 1, 3], I64)],
+     {"kernel_shape": [2], "strides": [2]}, "must be at least the unpooled shape [1, 1, 4]"),
+    ("DFT", LATEST, [np.zeros((1, 4, 2), F32), None, np.array(-1, I64)], {},
+     "names the last (real, imaginary) axis"),
+    ("STFT", LATEST, [np.zeros((1, 8, 1), F32), np.array(2, I64), None, np.array(9, I64)], {}, "do not fit"),
+    ("MelWeightMatrix", LATEST,
+     [np.array(v, I64) for v in (4, 16, 8000)] + [np.array(v, F32) for v in (0, 5000)], {},
+     "upper_edge_hertz (5000.0) <= sample_rate / 2"),
+    ("BlackmanWindow", LATEST, [np.array(-1, I64)], {}, "must be an integer of at least 0, got -1"),
+]
+
+
+def kernel_for(op: str, opset: int, inputs: list[np.ndarray | None], attributes: dict[str, Any]) -> Kernel:
+    """Our kernel for a node, built from the dispatch table as a session builds it (without
+    onnx's checker in front, which rejects some of these nodes already)."""
+    versions = KERNELS[op]
+    ctx = NodeContext(f"{op}_node", op, "", opset, attributes,
+                      tuple(None if x is None else helper.np_dtype_to_tensor_dtype(x.dtype) for x in inputs),
+                      (None,), len(inputs), 1)
+    kernel = versions[max(v for v in versions if v <= opset)](ctx)
+    kernel.configure(None, ThreadPool(1))
+    return kernel
+
+
+@pytest.mark.parametrize(("op", "opset", "inputs", "attributes", "message"), BAD,
+                         ids=[f"{row[0]}-{i}" for i, row in enumerate(BAD)])
+def test_bad_attributes_and_inputs_name_the_node_and_the_problem(
+        op: str, opset: int, inputs: list[np.ndarray | None], attributes: dict[str, Any],
+        message: str) -> None:
+    with pytest.raises(KernelError) as caught:
+        kernel_for(op, opset, inputs, attributes).run(*inputs)
+    text = str(caught.value)
+    assert text.startswith(f"node '{op}_node' ({op}): "), text
+    assert message in text, text
+
+
+def test_a_session_names_the_node_of_a_bad_attribute_at_construction() -> None:
+    """Through a session, the kernel's check is what rejects a value onnx's checker lets pass."""
+    inputs = [np.zeros(3, F32), np.zeros((1, 1), I64), np.zeros(1, F32)]
+    expected = [np.zeros(3, F32)]
+    with pytest.raises(KernelError, match=r"node 'ScatterND_node' \(ScatterND\): reduction must be"):
+        RuntimeSession(model("ScatterND", inputs, expected, 16, reduction="max"))
