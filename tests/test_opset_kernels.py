@@ -330,6 +330,26 @@ def test_activations(shape: tuple[int, ...], op: str, dtype: Any, alpha: float, 
         check(op, [x], approx=True, **attributes)
 
 
+@pytest.mark.parametrize(("op", "attributes"), [("Mish", {}), ("Swish", {"alpha": 0.7}),
+                                                ("ThresholdedRelu", {"alpha": 0.2})])
+def test_in_place_activations_run_as_the_epilogue_of_a_conv(op: str, attributes: dict[str, Any]) -> None:
+    """Mish, Swish and ThresholdedRelu compute in place, so the runtime's fusion folds them
+    into the convolution before them, with the unfused result."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node(op, ["c"], ["y"], name="activation", **attributes)]
+    graph = helper.make_graph(nodes, "conv_activation",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              initializer=[onnx.numpy_helper.from_array(w, "w")])
+    conv_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", LATEST)])
+    x = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32)}
+    fused, plain = RuntimeSession(conv_model, num_threads=1), RuntimeSession(conv_model, fuse=False)
+    assert fused.fused_nodes == 1 and plain.fused_nodes == 0
+    np.testing.assert_allclose(fused.run(None, x)[0], plain.run(None, x)[0], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int8])
 def test_shrink_integers(dtype: Any) -> None:
     check("Shrink", [arrays((4, 5), dtype, 2)], lambd=1.5, bias=1.0)
