@@ -29,6 +29,7 @@ from onnx_light.kernels import (
     bitwise,
     feature_normalization,
     indexing,
+    losses,
     matrices,
     norm_pooling,
     rearrangement,
@@ -41,7 +42,7 @@ from onnx_light.kernels.base import Kernel, KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
-MODULES = (activations, bitwise, feature_normalization, indexing, matrices, norm_pooling,
+MODULES = (activations, bitwise, feature_normalization, indexing, losses, matrices, norm_pooling,
            rearrangement, scans, signal_processing, sorting, unpooling)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10,
@@ -420,6 +421,26 @@ def test_mean_variance_normalization(axes: list[int] | None, opset: int) -> None
           **attributes)
 
 
+# ---------------------------------------------------------------- losses
+
+@EXAMPLES
+@given(st.integers(1, 3), st.integers(2, 5), st.lists(st.integers(1, 3), max_size=2).map(tuple),
+       st.sampled_from(["none", "sum", "mean"]), st.booleans(), st.sampled_from([None, 0, 1]),
+       st.sampled_from(["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"]),
+       st.sampled_from([np.float32, np.float64]), st.sampled_from([np.int32, np.int64]), SEEDS)
+def test_losses(n: int, classes: int, extra: tuple[int, ...], reduction: str, weighted: bool,
+                ignore_index: int | None, op: str, dtype: Any, index_type: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    scores = arrays((n, classes, *extra), dtype, seed)
+    if op == "NegativeLogLikelihoodLoss":
+        scores = -np.abs(scores)  # log-probabilities
+    target = rng.integers(0, classes, (n, *extra)).astype(index_type)
+    weight = rng.random(classes).astype(dtype) + 0.5 if weighted else None
+    attributes = {"reduction": reduction} | ({} if ignore_index is None else {"ignore_index": ignore_index})
+    outputs = 2 if op == "SoftmaxCrossEntropyLoss" else 1
+    check(op, [scores, target, weight], outputs=outputs, approx=True, **attributes)
+
+
 # ---------------------------------------------------------------- bitwise
 
 @pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
@@ -655,6 +676,16 @@ BAD = [
      [np.array(v, I64) for v in (4, 16, 8000)] + [np.array(v, F32) for v in (0, 5000)], {},
      "upper_edge_hertz (5000.0) <= sample_rate / 2"),
     ("BlackmanWindow", LATEST, [np.array(-1, I64)], {}, "must be an integer of at least 0, got -1"),
+    ("NegativeLogLikelihoodLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64)], {"reduction": "max"},
+     "reduction must be one of ['none', 'sum', 'mean'], got 'max'"),
+    ("NegativeLogLikelihoodLoss", 13, [np.zeros((2, 3), ml_dtypes.bfloat16), np.zeros(2, I64)], {},
+     "element type bfloat16 is not allowed at opset 13"),
+    ("NegativeLogLikelihoodLoss", LATEST, [np.zeros((2, 3), F32), np.array([0, 3], I64)], {},
+     "targets must lie in [0, 3) (or be ignore_index), got [0, 3]"),
+    ("NegativeLogLikelihoodLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(3, I64)], {},
+     "target of shape [3] must be the input's shape [2, 3] without its class axis 1"),
+    ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
+     "weight must hold 3 values, got shape [2]"),
 ]
 
 

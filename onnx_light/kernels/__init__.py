@@ -18,6 +18,7 @@ from . import (
     feature_normalization,
     gemm,
     indexing,
+    losses,
     matrices,
     norm_pooling,
     normalization,
@@ -53,7 +54,7 @@ KERNELS: KernelTable = _merge(
     conv.KERNELS, pooling.KERNELS, normalization.KERNELS,
     indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
     feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
-    signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS,
+    signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
 )
 
 
