@@ -26,6 +26,7 @@ from onnx_light import RuntimeSession
 from onnx_light.kernels import (
     KERNELS,
     activations,
+    attention,
     bitwise,
     feature_normalization,
     indexing,
@@ -42,7 +43,7 @@ from onnx_light.kernels.base import Kernel, KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
-MODULES = (activations, bitwise, feature_normalization, indexing, losses, matrices, norm_pooling,
+MODULES = (activations, attention, bitwise, feature_normalization, indexing, losses, matrices, norm_pooling,
            rearrangement, scans, signal_processing, sorting, unpooling)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10,
@@ -441,6 +442,36 @@ def test_losses(n: int, classes: int, extra: tuple[int, ...], reduction: str, we
     check(op, [scores, target, weight], outputs=outputs, approx=True, **attributes)
 
 
+# ---------------------------------------------------------------- attention
+
+@EXAMPLES
+@given(st.integers(1, 2), st.sampled_from([(2, 2), (4, 2), (3, 1)]), st.integers(1, 4), st.integers(1, 4),
+       st.integers(0, 3), st.booleans(), st.sampled_from([None, "bool", "float"]),
+       st.sampled_from([0.0, 2.0]), st.sampled_from([0, 1, 2, 3]), st.booleans(),
+       st.sampled_from([np.float32, np.float16]), SEEDS)
+def test_attention(batch: int, heads: tuple[int, int], q_length: int, kv_length: int, past: int,
+                   causal: bool, mask: str | None, softcap: float, mode: int, three_d: bool, dtype: Any,
+                   seed: int) -> None:
+    q_heads, kv_heads = heads
+    size, v_size = 4, 3
+    q = arrays((batch, q_heads, q_length, size), dtype, seed)
+    k = arrays((batch, kv_heads, kv_length, size), dtype, seed + 1)
+    v = arrays((batch, kv_heads, kv_length, v_size), dtype, seed + 2)
+    total = past + kv_length
+    masks = {None: None, "bool": np.random.default_rng(seed).random((q_length, total)) < 0.8,
+             "float": arrays((1, q_heads, q_length, total), dtype, seed + 3)}
+    pasts = ([arrays((batch, kv_heads, past, size), dtype, seed + 4),
+              arrays((batch, kv_heads, past, v_size), dtype, seed + 5)] if past else [None, None])
+    attributes = {"is_causal": int(causal), "softcap": softcap, "qk_matmul_output_mode": mode}
+    if three_d:
+        q, k, v = (x.transpose(0, 2, 1, 3).reshape(batch, x.shape[2], -1) for x in (q, k, v))
+        attributes |= {"q_num_heads": q_heads, "kv_num_heads": kv_heads}
+    inputs = [q, k, v, masks[mask], *pasts]
+    while inputs[-1] is None:
+        inputs.pop()
+    check("Attention", inputs, outputs=4, approx=True, **attributes)
+
+
 # ---------------------------------------------------------------- bitwise
 
 @pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
@@ -684,6 +715,14 @@ BAD = [
      "targets must lie in [0, 3) (or be ignore_index), got [0, 3]"),
     ("NegativeLogLikelihoodLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(3, I64)], {},
      "target of shape [3] must be the input's shape [2, 3] without its class axis 1"),
+    ("Attention", LATEST, [np.zeros((1, 2, 4), F32)] * 3, {"q_num_heads": 3, "kv_num_heads": 3},
+     "Q's hidden size 4 is not a multiple of 3 heads"),
+    ("Attention", LATEST, [np.zeros((1, 1, 2, 4), F32)] * 3, {"qk_matmul_output_mode": 4},
+     "qk_matmul_output_mode must be 0, 1, 2 or 3, got 4"),
+    ("Attention", LATEST, [np.zeros((1, 1, 2, 4), F32)] * 3 + [None, np.zeros((1, 1, 1, 4), F32)], {},
+     "past_key and past_value go together"),
+    ("Attention", LATEST, [np.zeros((1, 1, 2, 4), F32)] * 3 + [np.ones((1, 3), bool)], {},
+     "attn_mask's last axis (3) is longer than the total sequence (2)"),
     ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
      "weight must hold 3 values, got shape [2]"),
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..tuning.registry import KernelTuningRegistry
 from . import (
     activations,
+    attention,
     bitwise,
     calibration,
     conv,
@@ -55,6 +56,7 @@ KERNELS: KernelTable = _merge(
     indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
     feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
     signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
+    attention.KERNELS,
 )
 
 
