@@ -81,7 +81,8 @@ def ours(op: str, inputs: list[np.ndarray | None], outputs: list[np.ndarray] | i
 def reference(op: str, inputs: list[np.ndarray | None], opset: int = LATEST, outputs: int = 1,
               **attributes: Any) -> list[np.ndarray]:
     placeholder = model(op, inputs, outputs, opset, **attributes)
-    return [np.asarray(y) for y in ReferenceEvaluator(placeholder).run(None, feeds(inputs))]
+    with np.errstate(all="ignore"):  # 0 / 0 where a loss ignores every target, for one
+        return [np.asarray(y) for y in ReferenceEvaluator(placeholder).run(None, feeds(inputs))]
 
 
 def same(actual: np.ndarray, expected: np.ndarray, approx: bool = False) -> None:
@@ -188,6 +189,20 @@ def test_gather_nd(shape: tuple[int, ...], batch_dims: int, depth: int, count: i
     dims = np.array(shape[batch_dims:batch_dims + depth])
     indices = rng.integers(-dims, dims, (*shape[:batch_dims], count, depth)).astype(np.int64)
     check("GatherND", [arrays(shape, np.float32, seed), indices], batch_dims=batch_dims)
+
+
+@EXAMPLES
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(2, 6), st.data(), st.booleans(),
+       st.sampled_from(["linear", "circular"]), SEEDS)
+def test_tensor_scatter(batch: int, heads: int, capacity: int, data: st.DataObject, indexed: bool, mode: str,
+                        seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    length = data.draw(st.integers(1, capacity))
+    past = arrays((batch, heads, capacity, 3), np.float32, seed)
+    update = arrays((batch, heads, length, 3), np.float32, seed + 1)
+    limit = capacity if mode == "circular" else capacity - length + 1
+    indices = [rng.integers(0, limit, batch).astype(np.int64)] if indexed else []
+    check("TensorScatter", [past, update, *indices], mode=mode)
 
 
 @EXAMPLES
@@ -352,6 +367,14 @@ def test_in_place_activations_run_as_the_epilogue_of_a_conv(op: str, attributes:
     np.testing.assert_allclose(fused.run(None, x)[0], plain.run(None, x)[0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5)])
+def test_swiglu_is_swish_of_the_gate_times_the_value(shape: tuple[int, ...]) -> None:
+    a, b = arrays(shape, np.float32, 1), arrays(shape, np.float32, 2)
+    wide = a.astype(np.float64)
+    expected = (wide / (1 + np.exp(-0.5 * wide)) * b).astype(np.float32)
+    same(ours("SwiGLU", [a, b], [a], alpha=0.5)[0], expected, approx=True)
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int8])
 def test_shrink_integers(dtype: Any) -> None:
     check("Shrink", [arrays((4, 5), dtype, 2)], lambd=1.5, bias=1.0)
@@ -469,7 +492,39 @@ def test_attention(batch: int, heads: tuple[int, int], q_length: int, kv_length:
     inputs = [q, k, v, masks[mask], *pasts]
     while inputs[-1] is None:
         inputs.pop()
-    check("Attention", inputs, outputs=4, approx=True, **attributes)
+    expected = reference("Attention", inputs, outputs=4, **attributes)
+    actual = ours("Attention", inputs, expected, **attributes)
+    # mode 0 is the raw product (the spec): the reference returns it soft-capped
+    compared = 3 if softcap and mode == 0 else 4
+    for a, e in zip(actual[:compared], expected[:compared], strict=True):
+        same(a, e, approx=True)
+
+
+def test_attention_mode_0_is_the_product_before_the_soft_cap() -> None:
+    q = arrays((1, 2, 3, 4), np.float32, 1)
+    k, v = arrays((1, 2, 5, 4), np.float32, 2), arrays((1, 2, 5, 4), np.float32, 3)
+    outputs = ours("Attention", [q, k, v], [q, k, v, np.zeros((1, 2, 3, 5), np.float32)], softcap=0.5,
+                   qk_matmul_output_mode=0)
+    raw = q.astype(np.float64) @ np.swapaxes(k, -1, -2) / 2  # scale 1 / sqrt(head size 4)
+    np.testing.assert_allclose(outputs[3], raw, rtol=1e-5, atol=1e-6)
+    assert np.abs(raw).max() > 0.5  # beyond the cap: a capped product would differ
+
+
+@EXAMPLES
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.sampled_from([4, 6, 8]), st.booleans(),
+       st.booleans(), st.booleans(), st.sampled_from([np.float32, np.float16]), SEEDS)
+def test_rotary_embedding(batch: int, heads: int, length: int, size: int, partial: bool, interleaved: bool,
+                          positions: bool, dtype: Any, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    dim = size // 2 if partial and size % 4 == 0 else size
+    x = arrays((batch, heads, length, size), dtype, seed)
+    angles = rng.random((8, dim // 2)) * 6 if positions else rng.random((batch, length, dim // 2)) * 6
+    caches = [np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)]
+    ids = [rng.integers(0, 8, (batch, length)).astype(np.int64)] if positions else []
+    attributes = {"interleaved": int(interleaved)} | ({"rotary_embedding_dim": dim} if partial else {})
+    check("RotaryEmbedding", [x, *caches, *ids], approx=True, **attributes)
+    three_d = x.transpose(0, 2, 1, 3).reshape(batch, length, heads * size)
+    check("RotaryEmbedding", [three_d, *caches, *ids], approx=True, num_heads=heads, **attributes)
 
 
 # ---------------------------------------------------------------- bitwise
@@ -482,6 +537,26 @@ def test_bitwise_binary_broadcasts(op: str, dtype: Any) -> None:
 
 def test_bitwise_not() -> None:
     check("BitwiseNot", [arrays((3, 4), np.int16, 1, -100, 100)])
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    (np.float32, np.int32), (np.int64, np.float64), (np.uint16, np.float16), (np.bool_, np.uint8),
+    (ml_dtypes.bfloat16, np.int16), (np.int8, ml_dtypes.float8_e4m3fn), (np.complex64, np.uint64),
+])
+def test_bit_cast_keeps_the_bits(source: Any, target: Any) -> None:
+    x = np.random.default_rng(3).integers(0, 255, (2, 3, 8), dtype=np.uint8).view(np.dtype(source)) \
+        if np.dtype(source) != np.bool_ else np.array([[True, False, True]])
+    to = helper.np_dtype_to_tensor_dtype(np.dtype(target))
+    y = ours("BitCast", [x], [x.view(np.dtype(target))], to=to)[0]
+    assert y.dtype == np.dtype(target) and y.shape == x.shape
+    assert y.tobytes() == x.tobytes()
+    assert not np.shares_memory(x, y)
+
+
+def test_bit_cast_between_four_bit_types_keeps_the_low_bits() -> None:
+    x = np.array([-8, -1, 0, 7], ml_dtypes.int4)
+    y = ours("BitCast", [x], [np.zeros(4, ml_dtypes.uint4)], to=TensorProto.UINT4)[0]
+    same(y, np.array([8, 15, 0, 7], ml_dtypes.uint4))
 
 
 @pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
@@ -723,6 +798,20 @@ BAD = [
      "past_key and past_value go together"),
     ("Attention", LATEST, [np.zeros((1, 1, 2, 4), F32)] * 3 + [np.ones((1, 3), bool)], {},
      "attn_mask's last axis (3) is longer than the total sequence (2)"),
+    ("BitCast", LATEST, [np.zeros(2, F32)], {"to": TensorProto.INT64},
+     "cannot reinterpret float (32 bits) as int64 (64 bits)"),
+    ("BitCast", LATEST, [np.zeros(2, F32)], {"to": TensorProto.STRING},
+     "attribute 'to' must be a non-string"),
+    ("TensorScatter", LATEST, [np.zeros((1, 4, 2), F32), np.zeros((1, 2, 2), F32), np.array([3], I64)], {},
+     "write_indices [3] + 2 updates pass the cache's 4 entries (mode 'linear')"),
+    ("TensorScatter", LATEST, [np.zeros((1, 4, 2), F32), np.zeros((1, 2, 3), F32)], {},
+     "update of shape [1, 2, 3] must be past_cache's shape [1, 4, 2] but along axis 1"),
+    ("SwiGLU", LATEST, [np.zeros((2, 3), F32), np.zeros(3, F32)], {},
+     "A [2, 3] and B [3] must have one shape"),
+    ("RotaryEmbedding", LATEST, [np.zeros((1, 1, 2, 4), F32), np.zeros((2, 3), F32), np.zeros((2, 3), F32),
+                                 np.zeros((1, 2), I64)], {}, "cos_cache gives angles of shape [1, 2, 3]"),
+    ("RotaryEmbedding", LATEST, [np.zeros((1, 2, 4), F32)] + [np.zeros((1, 2, 2), F32)] * 2, {},
+     "a 3-D input of hidden size 4 needs num_heads dividing it"),
     ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
      "weight must hold 3 values, got shape [2]"),
 ]

@@ -1,6 +1,7 @@
-"""Activations beyond elementwise.py's table: Mish, Swish, ThresholdedRelu, Shrink, Hardmax.
+"""Activations beyond elementwise.py's table: Mish, Swish, ThresholdedRelu, Shrink, SwiGLU,
+Hardmax.
 
-The first four are rows of the elementwise machinery (:class:`~onnx_light.kernels.elementwise.
+The first five are rows of the elementwise machinery (:class:`~onnx_light.kernels.elementwise.
 ElementwiseOp`: type checks, attributes, broadcasting, half-precision widening, the parallel
 split) with the portable default threshold and no tuning keys of their own. Hardmax is
 Softmax's axis handling (one axis from opset 13, everything from ``axis`` on before) with a
@@ -9,13 +10,14 @@ one-hot of the first maximum in place of the exponentials.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 from onnx import TensorProto as T
 
 from .base import FLOAT_TYPES, INTEGER_TYPES, Kernel, NodeContext, check_element_type
-from .elementwise import UNARY, Attribute, ElementwiseKernel, ElementwiseOp, _sigmoid, _softplus
+from .elementwise import BINARY, UNARY, Attribute, ElementwiseKernel, ElementwiseOp, _sigmoid, _softplus
 from .reductions import Softmax
 from .structural import since
 
@@ -46,6 +48,12 @@ def _thresholded_relu(x: np.ndarray, *, out: np.ndarray, alpha: float) -> None:
     np.copyto(out, 0, where=drop)
 
 
+def _swiglu(a: np.ndarray, b: np.ndarray, *, out: np.ndarray, alpha: float) -> None:
+    """Swish(a) * b."""
+    _swish(a, out=out, alpha=alpha)
+    np.multiply(out, b, out=out)
+
+
 def _shrink(x: np.ndarray, *, out: np.ndarray, bias: float, lambd: float) -> None:
     """x + bias below -lambd, x - bias above lambd, 0 between (integers computed in float64
     and cast back, as the reference does)."""
@@ -62,6 +70,8 @@ OPS: tuple[ElementwiseOp, ...] = (
         attributes=(Attribute("alpha", 1.0),), in_place=True),
     _OP("ThresholdedRelu", UNARY, FLOAT_TYPES, _thresholded_relu, (10, 22), precision="float32",
         attributes=(Attribute("alpha", 1.0),), in_place=True),
+    _OP("SwiGLU", BINARY, FLOAT_TYPES, _swiglu, (28,), precision="float32", cost="transcendental",
+        attributes=(Attribute("alpha", 1.0),)),
     _OP("Shrink", UNARY, _SHRINK_TYPES, _shrink, (9,), precision="float32",
         attributes=(Attribute("bias", 0.0), Attribute("lambd", 0.5))),
 )
@@ -100,3 +110,17 @@ KERNELS: dict[str, dict[int, type[Kernel]]] = {
     **{op.op_type: dict.fromkeys(op.versions, _untuned_class(op)) for op in OPS},
     "Hardmax": since(Hardmax, 1, 11, 13),
 }
+
+
+class SwiGLUKernel(KERNELS["SwiGLU"][28]):  # type: ignore[misc, valid-type]
+    """SwiGLU: A and B of one shape (the operator does not broadcast)."""
+
+    def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        if len(inputs) == 2 and inputs[0] is not None and inputs[1] is not None \
+                and inputs[0].shape != inputs[1].shape:
+            raise self.ctx.error(f"A {list(inputs[0].shape)} and B {list(inputs[1].shape)} must "
+                                 "have one shape")
+        return super().run(*inputs)
+
+
+KERNELS["SwiGLU"] = {28: SwiGLUKernel}

@@ -1,13 +1,15 @@
-"""Attention (23, 24, 25): scaled dot-product attention over 3-D or 4-D Q, K and V.
+"""Transformer kernels: Attention (23, 24, 25) and RotaryEmbedding (23).
 
-The kernel follows the operator's pattern in numpy: heads split out of 3-D inputs, the
-past key and value prepended (and returned as the present ones), key and value heads
-repeated for grouped-query attention, ``(Q sqrt(scale)) (K sqrt(scale))^T`` as one batched
-matmul, the optional soft cap, one additive bias (the boolean or float ``attn_mask``, padded
-to the total length with -inf; ``is_causal``'s offset-aware lower triangle; the padding
-``nonpad_kv_seqlen`` marks; opset 25's sliding windows), a softmax along the keys in
-``softmax_precision`` (fully masked rows give zeros, not NaN), and the product with V.
-float16 and bfloat16 compute in float32 and round once. Not tunable.
+Attention is scaled dot-product attention over 3-D or 4-D Q, K and V. The kernel follows the
+operator's pattern in numpy: heads split out of 3-D inputs, the past key and value prepended
+(and returned as the present ones), key and value heads repeated for grouped-query attention,
+``(Q sqrt(scale)) (K sqrt(scale))^T`` as one batched matmul, the optional soft cap, one
+additive bias (the boolean or float ``attn_mask``, padded to the total length with -inf;
+``is_causal``'s offset-aware lower triangle; the padding ``nonpad_kv_seqlen`` marks; opset
+25's sliding windows), a softmax along the keys in ``softmax_precision`` (fully masked rows
+give zeros, not NaN), and the product with V. RotaryEmbedding rotates pairs of features by
+the angles of its cosine and sine caches. float16 and bfloat16 compute in float32 and round
+once. Neither is tunable.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from onnx import TensorProto as T
 
 from .base import FLOAT_TYPES, Kernel, NodeContext, check_element_type, compute_dtype, numpy_dtype
 
-__all__ = ["KERNELS", "Attention"]
+__all__ = ["KERNELS", "Attention", "RotaryEmbedding"]
 
 Arrays = Sequence[np.ndarray]
 _SOFTMAX_PRECISIONS = (0, T.FLOAT, T.FLOAT16, T.DOUBLE, T.BFLOAT16)
@@ -152,4 +154,64 @@ class Attention(Kernel):
         return bias + np.where(allowed, 0, -np.inf).astype(compute)
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {"Attention": dict.fromkeys((23, 24, 25), Attention)}
+class RotaryEmbedding(Kernel):
+    """ONNX RotaryEmbedding (23): the first ``rotary_embedding_dim`` features of each head
+    (all by default) rotated pairwise by the angles whose cosines and sines the caches hold,
+    per token (indexed by ``position_ids`` when given); pairs are the two halves of those
+    features, or neighbours with ``interleaved``. The other features pass unchanged."""
+
+    op_type: ClassVar[str] = "RotaryEmbedding"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        check_element_type(ctx, self.element_type, {23: FLOAT_TYPES})
+        self.interleaved = bool(ctx.attribute("interleaved", 0))
+        self.num_heads = int(ctx.attribute("num_heads", 0))
+        self.rotary_dim = int(ctx.attribute("rotary_embedding_dim", 0))
+        if self.num_heads < 0 or self.rotary_dim < 0 or self.rotary_dim % 2:
+            raise ctx.error(f"num_heads ({self.num_heads}) must not be negative and "
+                            f"rotary_embedding_dim ({self.rotary_dim}) must be even and not negative")
+
+    def run(self, x: np.ndarray, cos_cache: np.ndarray, sin_cache: np.ndarray,
+            position_ids: np.ndarray | None = None) -> Arrays:
+        if x.ndim == 4:  # (batch, heads, sequence, size) -> (batch, sequence, heads, size)
+            tokens = x.transpose(0, 2, 1, 3)
+        elif x.ndim == 3:
+            if self.num_heads < 1 or x.shape[2] % self.num_heads:
+                raise self.ctx.error(f"a 3-D input of hidden size {x.shape[2]} needs num_heads dividing it")
+            tokens = x.reshape(*x.shape[:2], self.num_heads, -1)
+        else:
+            raise self.ctx.error(f"input must be 3-D or 4-D, got shape {list(x.shape)}")
+        size = tokens.shape[3]
+        dim = self.rotary_dim or size
+        if dim > size or dim % 2:
+            raise self.ctx.error(f"rotary_embedding_dim {dim} must be even and at most the head size {size}")
+        if position_ids is not None:
+            ids = np.asarray(position_ids, np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= cos_cache.shape[0]):
+                raise self.ctx.error(f"position_ids must lie in [0, {cos_cache.shape[0]})")
+            cos_cache, sin_cache = cos_cache[ids], sin_cache[ids]
+        for name, cache in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+            if cache.shape != (*tokens.shape[:2], dim // 2):
+                raise self.ctx.error(f"{name} gives angles of shape {list(cache.shape)}, the input needs "
+                                     f"{[*tokens.shape[:2], dim // 2]}")
+        compute = compute_dtype(x.dtype)
+        cos = cos_cache.astype(compute)[:, :, np.newaxis]
+        sin = sin_cache.astype(compute)[:, :, np.newaxis]
+        rotated = tokens[..., :dim].astype(compute)
+        first, second = ((rotated[..., 0::2], rotated[..., 1::2]) if self.interleaved
+                         else (rotated[..., :dim // 2], rotated[..., dim // 2:]))
+        out = tokens.astype(compute)  # a copy: the input is never written
+        pairs = (cos * first - sin * second, sin * first + cos * second)
+        if self.interleaved:
+            out[..., 0:dim:2], out[..., 1:dim:2] = pairs
+        else:
+            out[..., :dim // 2], out[..., dim // 2:dim] = pairs
+        out = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
+        return [np.ascontiguousarray(out, dtype=x.dtype)]
+
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = {
+    "Attention": dict.fromkeys((23, 24, 25), Attention),
+    "RotaryEmbedding": {23: RotaryEmbedding},
+}

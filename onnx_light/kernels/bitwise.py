@@ -1,6 +1,8 @@
-"""Bitwise kernels: BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot and BitShift.
+"""Bitwise kernels: BitwiseAnd, BitwiseOr, BitwiseXor, BitwiseNot, BitShift and BitCast.
 
-Rows of the elementwise machinery (:class:`~onnx_light.kernels.elementwise.ElementwiseOp`:
+BitCast reinterprets each element's bits as another type of the same width (a numpy view;
+the 4- and 2-bit types, one element per byte in ml_dtypes, keep only their low bits). The
+others are rows of the elementwise machinery (:class:`~onnx_light.kernels.elementwise.ElementwiseOp`:
 type checks, broadcasting, the parallel split) over numpy's integer ufuncs, with the portable
 default threshold and no tuning keys of their own. numpy's shifts already give what ONNX
 asks of shift amounts at or past the type's width, or negative: 0, and -1 for a negative
@@ -9,14 +11,17 @@ value shifted right (arithmetic shifts on signed types).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from onnx import TensorProto as T
 
+from ..tuning.keys import element_type_name
 from .activations import _untuned_class
-from .base import INTEGER_TYPES, Kernel, NodeContext, check_element_type
+from .base import INTEGER_TYPES, Kernel, NodeContext, check_element_type, numpy_dtype
 from .elementwise import BINARY, UNARY, Attribute, ElementwiseOp
 
-__all__ = ["KERNELS", "OPS"]
+__all__ = ["KERNELS", "OPS", "BitCast"]
 
 _UNSIGNED = (T.UINT8, T.UINT16, T.UINT32, T.UINT64)
 
@@ -50,3 +55,42 @@ class BitShiftKernel(KERNELS["BitShift"][11]):  # type: ignore[misc, valid-type]
 
 
 KERNELS["BitShift"] = dict.fromkeys((11, 28), BitShiftKernel)
+
+
+_NARROW_BITS = {T.INT4: 4, T.UINT4: 4, T.FLOAT4E2M1: 4, T.INT2: 2, T.UINT2: 2}
+_ELEMENT_TYPES = frozenset(T.DataType.values()) - {T.UNDEFINED, T.STRING}
+
+
+def _bits(element_type: int) -> int:
+    return _NARROW_BITS.get(element_type) or numpy_dtype(element_type).itemsize * 8
+
+
+class BitCast(Kernel):
+    """ONNX BitCast (26): the input's bits as element type ``to`` of the same bit width."""
+
+    op_type: ClassVar[str] = "BitCast"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        to = ctx.attribute("to")
+        if not isinstance(to, int) or to not in _ELEMENT_TYPES:
+            raise ctx.error(f"attribute 'to' must be a non-string ONNX element type, got {to!r}")
+        source = self.element_type
+        if source == T.STRING:
+            raise ctx.error("strings have no bit pattern to reinterpret")
+        if source is not None and _bits(source) != _bits(to):
+            raise ctx.error(f"cannot reinterpret {element_type_name(source)} ({_bits(source)} bits) as "
+                            f"{element_type_name(to)} ({_bits(to)} bits)")
+        self.to = to
+        self.dtype = numpy_dtype(to)
+
+    def run(self, x: np.ndarray) -> list[np.ndarray]:
+        if x.dtype.kind == "O" or x.dtype.itemsize != self.dtype.itemsize:
+            raise self.ctx.error(f"cannot reinterpret {x.dtype} as {element_type_name(self.to)}")
+        data = x.copy(order="C")  # the output never aliases the input
+        if self.to in _NARROW_BITS:  # keep the low bits only
+            data = data.view(np.uint8) & np.uint8((1 << _NARROW_BITS[self.to]) - 1)
+        return [data.view(self.dtype)]
+
+
+KERNELS["BitCast"] = {26: BitCast}

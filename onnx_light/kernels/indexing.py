@@ -1,4 +1,4 @@
-"""Indexing kernels: GatherND, the Scatter family, Compress, ReverseSequence.
+"""Indexing kernels: GatherND, the Scatter family, TensorScatter, Compress, ReverseSequence.
 
 Each kernel turns ONNX's index tensors into one numpy fancy index (a tuple of integer arrays,
 negative indices counted from the end, any index out of range the node's error) and makes one
@@ -18,7 +18,7 @@ from .base import Kernel, NodeContext
 from .structural import _indices, normalize_axis, since
 
 __all__ = ["KERNELS", "Compress", "GatherND", "ReverseSequence", "Scatter", "ScatterElements",
-           "ScatterND"]
+           "ScatterND", "TensorScatter"]
 
 Arrays = list[np.ndarray]
 
@@ -119,6 +119,50 @@ class Scatter(ScatterElements):
     op_type: ClassVar[str] = "Scatter"
 
 
+class TensorScatter(Kernel):
+    """ONNX TensorScatter (24): a copy of ``past_cache`` with ``update`` written along
+    ``axis`` from each batch entry's ``write_indices`` on (0 without them), wrapping around
+    the axis in ``circular`` mode."""
+
+    op_type: ClassVar[str] = "TensorScatter"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.axis = int(ctx.attribute("axis", -2))
+        mode = ctx.attribute("mode", "linear")
+        self.mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        if self.mode not in ("linear", "circular"):
+            raise ctx.error(f"mode must be 'linear' or 'circular', got {self.mode!r}")
+
+    def run(self, past: np.ndarray, update: np.ndarray, write_indices: np.ndarray | None = None) -> Arrays:
+        axis = normalize_axis(self.ctx, self.axis, past.ndim)
+        if axis == 0:
+            raise self.ctx.error("axis must not be the batch axis 0")
+        if update.ndim != past.ndim or any(u != p for i, (u, p) in enumerate(zip(update.shape, past.shape,
+                                                                                 strict=True)) if i != axis):
+            raise self.ctx.error(f"update of shape {list(update.shape)} must be past_cache's shape "
+                                 f"{list(past.shape)} but along axis {axis}")
+        batch, capacity, length = past.shape[0], past.shape[axis], update.shape[axis]
+        starts = (np.zeros(batch, np.int64) if write_indices is None
+                  else np.asarray(write_indices, np.int64).reshape(-1))
+        if starts.size != batch or (starts.size and starts.min() < 0):
+            raise self.ctx.error(f"write_indices must hold {batch} non-negative indices, got "
+                                 f"{starts.tolist()}")
+        positions = starts[:, None] + np.arange(length)  # (batch, length)
+        if self.mode == "circular":
+            positions %= capacity
+        elif positions.size and positions.max() >= capacity:
+            raise self.ctx.error(f"write_indices {starts.tolist()} + {length} updates pass the cache's "
+                                 f"{capacity} entries (mode 'linear')")
+        shape = [1] * past.ndim
+        shape[0], shape[axis] = batch, length
+        grid = list(np.indices(update.shape, sparse=True))
+        grid[axis] = positions.reshape(shape)
+        out = past.copy()
+        out[tuple(grid)] = update
+        return [out]
+
+
 class GatherND(Kernel):
     """ONNX GatherND (11, 12, 13): slices of ``data`` at the index tuples of ``indices``, the
     first ``batch_dims`` axes shared by both."""
@@ -205,4 +249,5 @@ KERNELS: dict[str, dict[int, type[Kernel]]] = {
     "Scatter": since(Scatter, 9),  # deprecated at 11: onnx's checker rejects it
     "ScatterElements": since(ScatterElements, 11, 13, 16, 18),
     "ScatterND": since(ScatterND, 11, 13, 16, 18),
+    "TensorScatter": since(TensorScatter, 24),
 }
