@@ -28,6 +28,7 @@ from onnx_light.kernels import (
     activations,
     attention,
     bitwise,
+    detection,
     feature_normalization,
     indexing,
     losses,
@@ -43,8 +44,8 @@ from onnx_light.kernels.base import Kernel, KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
-MODULES = (activations, attention, bitwise, feature_normalization, indexing, losses, matrices, norm_pooling,
-           rearrangement, scans, signal_processing, sorting, unpooling)
+MODULES = (activations, attention, bitwise, detection, feature_normalization, indexing, losses, matrices,
+           norm_pooling, rearrangement, scans, signal_processing, sorting, unpooling)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10,
         np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
@@ -527,6 +528,26 @@ def test_rotary_embedding(batch: int, heads: int, length: int, size: int, partia
     check("RotaryEmbedding", [three_d, *caches, *ids], approx=True, num_heads=heads, **attributes)
 
 
+# ---------------------------------------------------------------- detection
+
+@EXAMPLES
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(0, 12), st.integers(0, 1), st.integers(0, 5),
+       st.sampled_from([0.0, 0.3, 0.6]), st.sampled_from([None, 0.0, 0.4]), SEEDS)
+def test_non_max_suppression(images: int, classes: int, count: int, center: int, limit: int, iou: float,
+                             floor: float | None, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    origin = rng.integers(0, 8, (images, count, 2)).astype(np.float32)  # overlaps and equal boxes
+    extent = rng.integers(0, 5, (images, count, 2)).astype(np.float32)  # some of no area
+    boxes = (np.concatenate([origin + extent / 2, extent], axis=2) if center
+             else np.concatenate([origin, origin + extent], axis=2))
+    scores = rng.integers(0, 5, (images, classes, count)).astype(np.float32) / 4  # ties
+    inputs = [boxes, scores, np.array([limit], np.int64), np.array([iou], np.float32),
+              None if floor is None else np.array([floor], np.float32)]
+    while inputs[-1] is None:
+        inputs.pop()
+    check("NonMaxSuppression", inputs, center_point_box=center)
+
+
 # ---------------------------------------------------------------- bitwise
 
 @pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
@@ -812,6 +833,13 @@ BAD = [
                                  np.zeros((1, 2), I64)], {}, "cos_cache gives angles of shape [1, 2, 3]"),
     ("RotaryEmbedding", LATEST, [np.zeros((1, 2, 4), F32)] + [np.zeros((1, 2, 2), F32)] * 2, {},
      "a 3-D input of hidden size 4 needs num_heads dividing it"),
+    ("NonMaxSuppression", LATEST, [np.zeros((1, 2, 4), F32), np.zeros((1, 1, 3), F32)], {},
+     "boxes [1, 2, 4] must be (images, boxes, 4) and scores [1, 1, 3] (images, classes, boxes)"),
+    ("NonMaxSuppression", LATEST, [np.zeros((1, 2, 4), F32), np.zeros((1, 1, 2), F32)],
+     {"center_point_box": 2},
+     "center_point_box must be 0 or 1, got 2"),
+    ("NonMaxSuppression", LATEST, [np.zeros((1, 2, 4), F32), np.zeros((1, 1, 2), F32), np.array([1], I64),
+                                   np.array([1.5], F32)], {}, "iou_threshold must lie in [0, 1], got 1.5"),
     ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
      "weight must hold 3 values, got shape [2]"),
 ]

@@ -15,6 +15,7 @@ from . import (
     bitwise,
     calibration,
     conv,
+    detection,
     elementwise,
     feature_normalization,
     gemm,
@@ -56,7 +57,7 @@ KERNELS: KernelTable = _merge(
     indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
     feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
     signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
-    attention.KERNELS,
+    attention.KERNELS, detection.KERNELS,
 )
 
 
