@@ -38,6 +38,7 @@ from onnx_light.kernels import (
     scans,
     signal_processing,
     sorting,
+    strings,
     unpooling,
 )
 from onnx_light.kernels.base import Kernel, KernelError, NodeContext
@@ -45,7 +46,7 @@ from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
 MODULES = (activations, attention, bitwise, detection, feature_normalization, indexing, losses, matrices,
-           norm_pooling, rearrangement, scans, signal_processing, sorting, unpooling)
+           norm_pooling, rearrangement, scans, signal_processing, sorting, strings, unpooling)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10,
         np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
@@ -88,6 +89,8 @@ def reference(op: str, inputs: list[np.ndarray | None], opset: int = LATEST, out
 
 def same(actual: np.ndarray, expected: np.ndarray, approx: bool = False) -> None:
     """Same dtype, shape and values (NaN equal to NaN); ``approx`` uses the dtype's tolerance."""
+    if expected.dtype.kind == "U":  # the reference sometimes returns numpy str arrays
+        expected = expected.astype(object)
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     if actual.dtype == BF16:
@@ -548,6 +551,53 @@ def test_non_max_suppression(images: int, classes: int, count: int, center: int,
     check("NonMaxSuppression", inputs, center_point_box=center)
 
 
+# ---------------------------------------------------------------- strings
+
+WORDS = st.lists(st.sampled_from(["", " ", "a", "B", "ab", "a b", " x  y ", "to", "TO", "é", "a,b,,c"]),
+                 min_size=1, max_size=6)
+
+
+@EXAMPLES
+@given(WORDS, WORDS)
+def test_string_concat_broadcasts(left: list[str], right: list[str]) -> None:
+    x = np.array(left, object).reshape(-1, 1)
+    y = np.array(right, object)
+    check("StringConcat", [x, y])
+
+
+@EXAMPLES
+@given(WORDS, st.sampled_from([None, ",", " ", "ab"]), st.sampled_from([None, 0, 1, 2]))
+def test_string_split(words: list[str], delimiter: str | None, maxsplit: int | None) -> None:
+    attributes = ({} if delimiter is None else {"delimiter": delimiter}) | \
+                 ({} if maxsplit is None else {"maxsplit": maxsplit})
+    check("StringSplit", [np.array(words, object).reshape(1, -1)], outputs=2, **attributes)
+
+
+@pytest.mark.parametrize(("words", "case_sensitive", "action", "expected"), [
+    (["To", "be", "or", "NOT", "to"], 0, "LOWER", ["be", "or"]),
+    (["To", "be", "or", "NOT", "to"], 1, "NONE", ["To", "be", "or", "NOT"]),
+    (["To", "be", "or", "NOT", "to"], 0, "UPPER", ["BE", "OR"]),
+    (["to", "NOT"], 0, "NONE", [""]),
+])
+@pytest.mark.parametrize("row", [False, True])
+def test_string_normalizer(words: list[str], case_sensitive: int, action: str, expected: list[str],
+                           row: bool) -> None:
+    """By definition: stop words are whole elements, compared case-insensitively by default
+    (the reference keeps "To" for the stop word "to", cuts stop words out of elements with
+    spaces, drops empty strings and strips accents)."""
+    shape = (1, -1) if row else (-1,)
+    x = np.array(words, object).reshape(shape)
+    y = ours("StringNormalizer", [x], [x], stopwords=["to", "not"], is_case_sensitive=case_sensitive,
+             case_change_action=action)[0]
+    same(y, np.array(expected, object).reshape(shape))
+
+
+@pytest.mark.parametrize("pattern", [r"a.*", r"[a-z]+ [a-z]+", r"\s*x\s+y\s*", r"(?i)to", r"é|"])
+def test_regex_full_match(pattern: str) -> None:
+    words = np.array(["", " ", "a", "B", "ab", "a b", " x  y ", "to", "TO", "é"], object).reshape(2, 5)
+    check("RegexFullMatch", [words], pattern=pattern)
+
+
 # ---------------------------------------------------------------- bitwise
 
 @pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
@@ -840,6 +890,16 @@ BAD = [
      "center_point_box must be 0 or 1, got 2"),
     ("NonMaxSuppression", LATEST, [np.zeros((1, 2, 4), F32), np.zeros((1, 1, 2), F32), np.array([1], I64),
                                    np.array([1.5], F32)], {}, "iou_threshold must lie in [0, 1], got 1.5"),
+    ("RegexFullMatch", LATEST, [np.array(["a"], object)], {"pattern": "(a"},
+     "pattern '(a' is not a valid regular expression"),
+    ("StringNormalizer", LATEST, [np.array(["a"], object)], {"case_change_action": "TITLE"},
+     "case_change_action must be 'LOWER', 'UPPER' or 'NONE', got 'TITLE'"),
+    ("StringNormalizer", LATEST, [np.array([["a"], ["b"]], object)], {},
+     "input must have shape [C] or [1, C], got [2, 1]"),
+    ("StringConcat", LATEST, [np.array(["a", "b"], object), np.array(["c", "d", "e"], object)], {},
+     "cannot broadcast shapes [2] and [3]"),
+    ("StringSplit", LATEST, [np.array(["a"], object)], {"maxsplit": -2}, "maxsplit must not be negative"),
+    ("StringSplit", LATEST, [np.zeros(2, F32)], {}, "element type float is not allowed"),
     ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
      "weight must hold 3 values, got shape [2]"),
 ]

@@ -30,6 +30,7 @@ from . import (
     scans,
     signal_processing,
     sorting,
+    strings,
     structural,
     unpooling,
 )
@@ -57,7 +58,7 @@ KERNELS: KernelTable = _merge(
     indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
     feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
     signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
-    attention.KERNELS, detection.KERNELS,
+    attention.KERNELS, detection.KERNELS, strings.KERNELS,
 )
 
 
