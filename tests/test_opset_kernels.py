@@ -35,6 +35,7 @@ from onnx_light.kernels import (
     matrices,
     norm_pooling,
     rearrangement,
+    sampling,
     scans,
     signal_processing,
     sorting,
@@ -46,7 +47,7 @@ from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
 MODULES = (activations, attention, bitwise, detection, feature_normalization, indexing, losses, matrices,
-           norm_pooling, rearrangement, scans, signal_processing, sorting, strings, unpooling)
+           norm_pooling, rearrangement, sampling, scans, signal_processing, sorting, strings, unpooling)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10,
         np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
@@ -718,6 +719,33 @@ def test_max_unpool_inverts_max_pool_indices() -> None:
     same(unpooled, expected.reshape(x.shape))
 
 
+# ---------------------------------------------------------------- sampling
+
+@EXAMPLES
+@given(st.integers(1, 3), st.sampled_from(["linear", "nearest", "cubic"]),
+       st.sampled_from(["zeros", "border", "reflection"]), st.integers(0, 1), SEEDS)
+def test_grid_sample(rank: int, mode: str, padding: str, align_corners: int, seed: int) -> None:
+    if mode == "cubic" and rank == 3:
+        rank = 2  # the reference's cubic walk over 4^3 taps per pixel is slow
+    rng = np.random.default_rng(seed)
+    x = arrays((1, 2, *rng.integers(1, 5, rank)), np.float32, seed)
+    # positions inside, outside and on pixel centres and edges (rounding ties for nearest)
+    grid = (rng.integers(-6, 7, (1, *rng.integers(1, 4, rank), rank)) / 4).astype(np.float32)
+    attributes = {"mode": mode, "padding_mode": padding, "align_corners": align_corners}
+    expected = check("GridSample", [x, grid], approx=True, **attributes)
+    if rank == 2:  # opset 16 names the modes bilinear and bicubic (the reference does not)
+        attributes["mode"] = {"linear": "bilinear", "cubic": "bicubic"}.get(mode, mode)
+        same(ours("GridSample", [x, grid], expected, opset=16, **attributes)[0], expected[0])
+
+
+@pytest.mark.parametrize("size", [(2, 1, 3, 4), (1, 2, 1, 1), (2, 1, 2, 3, 4)])
+@pytest.mark.parametrize("align_corners", [0, 1])
+def test_affine_grid(size: tuple[int, ...], align_corners: int) -> None:
+    rank = len(size) - 2
+    theta = arrays((size[0], rank, rank + 1), np.float32, 4)
+    check("AffineGrid", [theta, np.array(size, np.int64)], approx=True, align_corners=align_corners)
+
+
 # ---------------------------------------------------------------- signal processing
 
 @pytest.mark.parametrize("op", ["HannWindow", "HammingWindow", "BlackmanWindow"])
@@ -900,6 +928,15 @@ BAD = [
      "cannot broadcast shapes [2] and [3]"),
     ("StringSplit", LATEST, [np.array(["a"], object)], {"maxsplit": -2}, "maxsplit must not be negative"),
     ("StringSplit", LATEST, [np.zeros(2, F32)], {}, "element type float is not allowed"),
+    ("GridSample", 16, [np.zeros((1, 1, 2, 2), F32), np.zeros((1, 2, 2, 2), F32)], {"mode": "linear"},
+     "mode must be one of ['bilinear', 'nearest', 'bicubic'] at opset 16, got 'linear'"),
+    ("GridSample", LATEST, [np.zeros((1, 1, 2, 2), F32), np.zeros((1, 2, 2, 2), F32)],
+     {"padding_mode": "wrap"},
+     "padding_mode must be 'zeros', 'border' or 'reflection', got 'wrap'"),
+    ("GridSample", LATEST, [np.zeros((1, 1, 2, 2), F32), np.zeros((1, 2, 2, 3), F32)], {},
+     "grid [1, 2, 2, 3] (N, ..., 2) with as many axes"),
+    ("AffineGrid", LATEST, [np.zeros((1, 2, 3), F32), np.array([1, 1, 2, 2, 2], I64)], {},
+     "must be (N, 2, 3) with (N, C, H, W) or (N, 3, 4) with (N, C, D, H, W)"),
     ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
      "weight must hold 3 values, got shape [2]"),
 ]

@@ -27,6 +27,7 @@ from . import (
     pooling,
     rearrangement,
     reductions,
+    sampling,
     scans,
     signal_processing,
     sorting,
@@ -58,7 +59,7 @@ KERNELS: KernelTable = _merge(
     indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
     feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
     signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
-    attention.KERNELS, detection.KERNELS, strings.KERNELS,
+    attention.KERNELS, detection.KERNELS, strings.KERNELS, sampling.KERNELS,
 )
 
 
