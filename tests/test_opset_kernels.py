@@ -253,6 +253,12 @@ def test_cumulative(shape: tuple[int, ...], data: st.DataObject, exclusive: int,
         check(op, [x, np.array(axis, np.int64)], approx=True, exclusive=exclusive, reverse=reverse)
 
 
+@pytest.mark.parametrize("op", ["CumSum", "CumProd"])
+def test_cumulative_over_an_empty_axis(op: str) -> None:
+    x = np.zeros((2, 0), np.float32)
+    same(ours(op, [x, np.array(1, np.int64)], [x], exclusive=1, reverse=1)[0], x)
+
+
 # ---------------------------------------------------------------- sorting
 
 @EXAMPLES

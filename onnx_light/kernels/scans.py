@@ -46,7 +46,7 @@ class Scan(Kernel):
         if self.reverse:
             data = np.flip(data, along)
         total = type(self).accumulate(data, axis=along, dtype=data.dtype)
-        if self.exclusive:
+        if self.exclusive and total.shape[along]:
             first = np.full_like(np.take(total, [0], axis=along), self.identity)
             total = np.concatenate([first, np.delete(total, -1, axis=along)], axis=along)
         if self.reverse:
