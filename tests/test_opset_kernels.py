@@ -39,6 +39,7 @@ from onnx_light.kernels import (
     scans,
     signal_processing,
     sorting,
+    state_space,
     strings,
     unpooling,
 )
@@ -47,7 +48,8 @@ from onnx_light.parallel import ThreadPool
 
 LATEST = onnx.defs.onnx_opset_version()
 MODULES = (activations, attention, bitwise, detection, feature_normalization, indexing, losses, matrices,
-           norm_pooling, rearrangement, sampling, scans, signal_processing, sorting, strings, unpooling)
+           norm_pooling, rearrangement, sampling, scans, signal_processing, sorting, state_space, strings,
+           unpooling)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-10,
         np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
@@ -540,6 +542,42 @@ def test_rotary_embedding(batch: int, heads: int, length: int, size: int, partia
     check("RotaryEmbedding", [three_d, *caches, *ids], approx=True, num_heads=heads, **attributes)
 
 
+@EXAMPLES
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.booleans(),
+       st.booleans(), st.sampled_from(["none", "silu"]), SEEDS)
+def test_causal_conv_with_state(batch: int, channels: int, length: int, k: int, biased: bool, stateful: bool,
+                                activation: str, seed: int) -> None:
+    inputs = [arrays((batch, channels, length), np.float32, seed),
+              arrays((channels, 1, k), np.float32, seed + 1),
+              arrays((channels,), np.float32, seed + 2) if biased else None,
+              arrays((batch, channels, k - 1), np.float32, seed + 3) if stateful else None]
+    while inputs[-1] is None:
+        inputs.pop()
+    check("CausalConvWithState", inputs, outputs=2, approx=True, activation=activation)
+
+
+@EXAMPLES
+@given(st.integers(1, 2), st.integers(1, 4), st.sampled_from([(2, 2), (4, 2), (2, 1)]),
+       st.sampled_from(["linear", "gated", "delta", "gated_delta"]), st.booleans(), st.booleans(), SEEDS)
+def test_linear_attention(batch: int, steps: int, heads: tuple[int, int], rule: str, stateful: bool,
+                          per_key_decay: bool, seed: int) -> None:
+    q_heads, kv_heads = heads
+    dk, dv = 3, 2
+    rng = np.random.default_rng(seed)
+    key = arrays((batch, steps, kv_heads, dk), np.float32, seed + 1)
+    key /= np.linalg.norm(key, axis=-1, keepdims=True)  # L2-normalized, as the delta rules expect
+    decay = -rng.random((batch, steps, kv_heads * (dk if per_key_decay else 1))).astype(np.float32)
+    beta = rng.random((batch, steps, kv_heads)).astype(np.float32)
+    inputs = [arrays((batch, steps, q_heads * dk), np.float32, seed), key.reshape(batch, steps, -1),
+              arrays((batch, steps, kv_heads * dv), np.float32, seed + 2),
+              arrays((batch, kv_heads, dk, dv), np.float32, seed + 3) if stateful else None,
+              decay if "gated" in rule else None, beta if "delta" in rule else None]
+    while inputs[-1] is None:
+        inputs.pop()
+    check("LinearAttention", inputs, outputs=2, approx=True, q_num_heads=q_heads, kv_num_heads=kv_heads,
+          update_rule=rule)
+
+
 # ---------------------------------------------------------------- detection
 
 @EXAMPLES
@@ -947,6 +985,14 @@ BAD = [
      "grid [1, 2, 2, 3] (N, ..., 2) with as many axes"),
     ("AffineGrid", LATEST, [np.zeros((1, 2, 3), F32), np.array([1, 1, 2, 2, 2], I64)], {},
      "must be (N, 2, 3) with (N, C, H, W) or (N, 3, 4) with (N, C, D, H, W)"),
+    ("CausalConvWithState", LATEST, [np.zeros((1, 2, 3), F32), np.zeros((2, 1, 2), F32)],
+     {"activation": "relu"}, "activation must be 'silu', 'swish' or 'none', got 'relu'"),
+    ("CausalConvWithState", LATEST, [np.zeros((1, 2, 3), F32), np.zeros((2, 1, 3), F32), None,
+                                     np.zeros((1, 2, 1), F32)], {}, "past_state must have shape [1, 2, 2]"),
+    ("LinearAttention", LATEST, [np.zeros((1, 1, 6), F32)] * 3, {"q_num_heads": 3, "kv_num_heads": 2},
+     "q_num_heads (3) must be a positive multiple of kv_num_heads (2)"),
+    ("LinearAttention", LATEST, [np.zeros((1, 1, 4), F32)] * 3, {"q_num_heads": 2, "kv_num_heads": 2},
+     "update_rule 'gated_delta' needs the input 'decay'"),
     ("SoftmaxCrossEntropyLoss", LATEST, [np.zeros((2, 3), F32), np.zeros(2, I64), np.ones(2, F32)], {},
      "weight must hold 3 values, got shape [2]"),
 ]

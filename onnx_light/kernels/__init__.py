@@ -31,6 +31,7 @@ from . import (
     scans,
     signal_processing,
     sorting,
+    state_space,
     strings,
     structural,
     unpooling,
@@ -60,6 +61,7 @@ KERNELS: KernelTable = _merge(
     feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
     signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
     attention.KERNELS, detection.KERNELS, strings.KERNELS, sampling.KERNELS,
+    state_space.KERNELS,
 )
 
 
