@@ -9,7 +9,33 @@ one all-or-nothing batch.
 from __future__ import annotations
 
 from ..tuning.registry import KernelTuningRegistry
-from . import calibration, conv, elementwise, gemm, normalization, pooling, reductions, structural
+from . import (
+    activations,
+    attention,
+    bitwise,
+    calibration,
+    conv,
+    detection,
+    elementwise,
+    feature_normalization,
+    gemm,
+    indexing,
+    losses,
+    matrices,
+    norm_pooling,
+    normalization,
+    pooling,
+    rearrangement,
+    reductions,
+    sampling,
+    scans,
+    signal_processing,
+    sorting,
+    state_space,
+    strings,
+    structural,
+    unpooling,
+)
 from .base import Kernel
 from .profiles import processor_profiles
 
@@ -31,6 +57,11 @@ def _merge(*tables: KernelTable) -> KernelTable:
 KERNELS: KernelTable = _merge(
     elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS,
     conv.KERNELS, pooling.KERNELS, normalization.KERNELS,
+    indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
+    feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
+    signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
+    attention.KERNELS, detection.KERNELS, strings.KERNELS, sampling.KERNELS,
+    state_space.KERNELS,
 )
 
 
