@@ -25,6 +25,10 @@ EXCLUDED: dict[str, str] = {
         "float16 Softmax is computed in float32 (0.5 ulp worst case against the exact result, "
         "1.4 ulp for the reference); after MatMul the outputs differ by 1.2e-3, just over the "
         "test's 1e-3 tolerance"),
+    "test_mvn": (
+        "onnx.checker.check_model(full_check=True), which every session runs, rejects the model "
+        "(opset 13): inferring the MeanVarianceNormalization-13 function body fails on its "
+        "Constant node; the opset 18 expansion, test_mvn_expanded_ver18, runs"),
 }
 
 

@@ -16,7 +16,32 @@ from ..tuning.calibration import CalibrationResult
 from ..tuning.keys import KernelTuningKey
 from ..tuning.registry import KernelTuningRegistry
 from ..tuning.schema import KernelTuningSchema
-from . import conv, elementwise, gemm, normalization, pooling, reductions, structural
+from . import (
+    activations,
+    attention,
+    bitwise,
+    conv,
+    detection,
+    elementwise,
+    feature_normalization,
+    gemm,
+    indexing,
+    losses,
+    matrices,
+    norm_pooling,
+    normalization,
+    pooling,
+    rearrangement,
+    reductions,
+    sampling,
+    scans,
+    signal_processing,
+    sorting,
+    state_space,
+    strings,
+    structural,
+    unpooling,
+)
 from .base import Kernel
 from .declaration import KernelDeclaration, declarations_by_op, dispatch_table
 from .profiles import processor_profiles
@@ -26,6 +51,11 @@ __all__ = ["DECLARATIONS", "KERNELS", "calibration_callbacks", "register", "tuni
 DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     elementwise.DECLARATIONS, gemm.DECLARATIONS, structural.DECLARATIONS,
     reductions.DECLARATIONS, conv.DECLARATIONS, pooling.DECLARATIONS, normalization.DECLARATIONS,
+    indexing.DECLARATIONS, scans.DECLARATIONS, sorting.DECLARATIONS, matrices.DECLARATIONS,
+    activations.DECLARATIONS, feature_normalization.DECLARATIONS, bitwise.DECLARATIONS,
+    rearrangement.DECLARATIONS, signal_processing.DECLARATIONS, norm_pooling.DECLARATIONS,
+    unpooling.DECLARATIONS, losses.DECLARATIONS, detection.DECLARATIONS, strings.DECLARATIONS,
+    attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
