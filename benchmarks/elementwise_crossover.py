@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 outputs = []
                 for variant, pool in pools.items():
                     kernel = kernels[case.name, variant]
-                    kernel.configure(SERIAL if variant == "serial" else PARALLEL, pool)
+                    kernel.bind(pool).configure(SERIAL if variant == "serial" else PARALLEL)
                     outputs.append(kernel.run(*xs)[0])
                 for variant, out in zip(parallel_variants, outputs[1:], strict=True):
                     if not np.array_equal(outputs[0].view(np.uint8), out.view(np.uint8)):
@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         pools = {v: ThreadPool(n) for v, n in thread_counts.items()}
         for variant, pool in pools.items():
             for case in cases:
-                kernels[case.name, variant].configure(
-                    SERIAL if variant == "serial" else PARALLEL, pool)
+                kernels[case.name, variant].bind(pool).configure(SERIAL if variant == "serial" else PARALLEL)
         probes.append(headroom(pools[parallel_variants[0]]))
         shift = round_index % len(thread_counts)
         order = [*thread_counts][shift:] + [*thread_counts][:shift]

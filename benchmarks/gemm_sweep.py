@@ -166,7 +166,7 @@ def _kernel(case: Case, values: dict, pool: ThreadPool) -> gemm._ProductKernel:
         attributes = {"transA": int(case.trans_a), "transB": int(case.trans_b)}
         ctx = NodeContext("sweep", "Gemm", "", 13, attributes, (element_type,) * 2, (element_type,), 2, 1)
         kernel = gemm.GemmKernel(ctx)
-    kernel.configure(values, pool)
+    kernel.bind(pool).configure(values)
     return kernel
 
 

@@ -98,7 +98,7 @@ class Strategies:
         self.kernels = {}
         for name, minimum in values.items():
             kernel = elementwise_crossover.build(case)
-            kernel.configure({MINIMUM_ELEMENTS: minimum}, ctx.pool)
+            kernel.bind(ctx.pool).configure({MINIMUM_ELEMENTS: minimum})
             self.kernels[name] = kernel
         self.session = onnxruntime_session(onnx_model(case), ctx.config.threads)
         self.numpy = NUMPY[case.op]

@@ -47,7 +47,7 @@ def _kernel(op: str, case: gemm_sweep.Case, values: dict[str, Any], ctx: Context
         return gemm_sweep._kernel(case, values, ctx.pool)
     node = NodeContext("bench", "MatMul", "", 13, {}, (T.FLOAT, T.FLOAT), (T.FLOAT,), 2, 1)
     kernel = gemm.MatMulKernel(node)
-    kernel.configure(values, ctx.pool)
+    kernel.bind(ctx.pool).configure(values)
     return kernel
 
 

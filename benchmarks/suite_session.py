@@ -100,9 +100,9 @@ def session_overhead(ctx: Context) -> SectionResult:
         # The pieces of one onnx_light node, in the same rounds.
         case = elementwise_crossover.Case("Add", T.FLOAT, "equal")
         add = elementwise_crossover.build(case)
-        add.configure(None, ctx.pool)
+        add.bind(ctx.pool)
         relu = elementwise_crossover.build(elementwise_crossover.Case("Relu", T.FLOAT, "unary"))
-        relu.configure(None, ctx.pool)
+        relu.bind(ctx.pool)
         c = np.linspace(-0.5, 0.5, elements, dtype=np.float32)
 
         def errstate() -> None:

@@ -14,7 +14,7 @@ import onnx.backend.test
 from onnx.backend.test.loader import load_model_tests
 
 from onnx_light.backend import OnnxLightBackend
-from onnx_light.kernels import KERNELS
+from onnx_light.kernels import DECLARATIONS
 from onnx_light.runtime.dispatch import ONNX_DOMAINS, find_kernel
 
 # Test name -> why it is excluded. Keep reasons specific.
@@ -47,7 +47,7 @@ def _supported(model: onnx.ModelProto) -> bool:
     for domain, op_type in _operators(model.graph):
         if domain not in ONNX_DOMAINS:
             return False
-        if not isinstance(find_kernel(KERNELS, domain, op_type, opsets.get(domain)), type):
+        if not isinstance(find_kernel(DECLARATIONS, domain, op_type, opsets.get(domain)), type):
             return False
     return True
 

@@ -168,7 +168,7 @@ def test_operators_table_lists_every_operator_with_versions_and_types():
         if op_type in ELEMENTWISE_TYPES:
             listed = ext.escape(", ".join(element_type_name(t) for t in ELEMENTWISE_TYPES[op_type]))
             assert row[2] == listed, op_type
-        tunable = any(getattr(cls, "tunable", False) for cls in versions.values())
+        tunable = any(cls.declaration.tunable for cls in versions.values())
         assert row[3].startswith(":ref:`yes") or row[3] == ("yes" if tunable else "no"), op_type
     assert f"{len(KERNELS)} operators" in text
 

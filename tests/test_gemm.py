@@ -23,6 +23,7 @@ from onnx_light.kernels import gemm
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
+from onnx_light.tuning.keys import element_type_name
 from onnx_light.tuning.registry import KernelTuningRegistry
 from onnx_light.tuning.schema import TuningValidationError
 
@@ -84,7 +85,7 @@ def _context(op_type, element_type, opset=13, num_inputs=2, **attributes):
 def _kernel(op_type, element_type, values=None, pool=None, opset=13, num_inputs=2, **attributes):
     ctx = _context(op_type, element_type, opset, num_inputs, **attributes)
     kernel = gemm.KERNELS[op_type][max(v for v in gemm.KERNELS[op_type] if v <= opset)](ctx)
-    kernel.configure(values, pool)
+    kernel.bind(pool).configure(values)
     return kernel
 
 
@@ -164,7 +165,10 @@ def test_gemm_versions(opset):
 ])
 def test_element_type_not_allowed_at_opset(op_type, opset, element_type):
     cls = gemm.GemmKernel if op_type == "Gemm" else gemm.MatMulKernel
-    with pytest.raises(KernelError, match="not allowed at opset"):
+    expected = (f"{op_type} is implemented from opset 7 on" if opset < min(gemm.KERNELS[op_type]) else
+                f"{op_type}-{opset} \\(opset {opset}\\) does not take element type "
+                f"{element_type_name(element_type)}")
+    with pytest.raises(KernelError, match=expected):
         cls(_context(op_type, element_type, opset))
 
 
@@ -340,11 +344,11 @@ def test_defaults_without_configuration():
 
 def test_configure_copies_typed_values(pools):
     kernel = _kernel("Gemm", T.DOUBLE)
-    kernel.configure(_forced("split_columns", 8, 123), pools[2])
+    kernel.bind(pools[2]).configure(_forced("split_columns", 8, 123))
     assert (kernel.minimum_flops, kernel.mode, kernel.minimum_rows) == (123, "split_columns", 8)
     assert kernel.num_threads == 2
     with pytest.raises(KernelError, match=r"parallel\.mode"):
-        _kernel("MatMul", T.INT32).configure(_forced("blas"), pools[2])
+        _kernel("MatMul", T.INT32).bind(pools[2]).configure(_forced("blas"))
 
 
 def test_concurrent_runs_of_one_kernel(pools):
@@ -483,7 +487,7 @@ def test_schemas_validate_defaults_and_reject_bad_values():
         if integer:
             with pytest.raises(TuningValidationError):
                 schema.update(schema.defaults, {gemm.MODE: "blas"})
-    with pytest.raises(ValueError, match="no 'Gemm' schema"):
+    with pytest.raises(ValueError, match="no Gemm schema for element type int8"):
         gemm.gemm_schema("Gemm", T.INT8)
 
 
@@ -500,9 +504,9 @@ def test_kernel_table_and_keys():
     keys = {s.key for s in gemm.tuning_schemas()}
     for op_type, versions in gemm.KERNELS.items():
         for cls in versions.values():
-            assert cls.tunable and cls.op_type == op_type
+            assert cls.declaration.tunable and cls.op_type == op_type
         for element_type in ALL_TYPES:
             kernel = versions[13](_context(op_type, element_type))
             key = kernel.tuning_key()
             assert key in keys and key.element_type == element_type
-            kernel.configure(gemm.gemm_schema(op_type, element_type).defaults, None)
+            kernel.configure(gemm.gemm_schema(op_type, element_type).defaults)

@@ -136,7 +136,7 @@ def test_initialization_follows_the_five_steps_in_order(monkeypatch, registry):
     monkeypatch.setattr(RegistrySnapshot, "resolve",
                         lambda self, k, d: (events.append("resolve"), original_resolve(self, k, d))[1])
     monkeypatch.setattr(add_class, "configure",
-                        lambda self, v, p: (events.append("configure"), original_configure(self, v, p))[1])
+                        lambda self, v: (events.append("configure"), original_configure(self, v))[1])
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])
     nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Add", ["a", "x"], ["z"])]

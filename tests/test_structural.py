@@ -70,7 +70,7 @@ def build(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1
                       tuple(None if x is None else element_type(x) for x in inputs),
                       (None,) * outputs, len(inputs), outputs)
     kernel = kernel_class(op, opset)(ctx)
-    kernel.configure(None, POOL)
+    kernel.bind(POOL)
     return model, kernel
 
 
@@ -146,7 +146,7 @@ def test_tables_list_every_onnx_since_version() -> None:
                 expected.add(onnx.defs.get_schema(op, opset).since_version)
         assert set(versions) == expected, op
         assert {cls.op_type for cls in versions.values()} == {op}
-        assert not any(cls.tunable for cls in versions.values())
+        assert not any(cls.declaration.tunable for cls in versions.values())
 
 
 def test_modules_do_not_share_ops() -> None:

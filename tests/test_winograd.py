@@ -20,7 +20,7 @@ LOW = {conv.WINOGRAD_CHANNELS: 128, conv.WINOGRAD_OUTPUTS: 196}
 def _kernel(attributes, values=None, threads=1, element_type=T.FLOAT):
     ctx = NodeContext("conv", "Conv", "", 22, attributes, (element_type,) * 3, (element_type,), 3, 1)
     kernel = conv.ConvKernel(ctx)
-    kernel.configure(values, ThreadPool(threads))
+    kernel.bind(ThreadPool(threads)).configure(values)
     return kernel
 
 

@@ -34,7 +34,7 @@ from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner
 
-from onnx_light.kernels import KERNELS
+from onnx_light.kernels import DECLARATIONS, KERNELS
 from onnx_light.runtime import RuntimeSession
 from onnx_light.runtime.dispatch import ONNX_DOMAINS, find_kernel
 
@@ -58,7 +58,7 @@ def supported(model: onnx.ModelProto) -> bool:
     """Whether every operator of the model has an onnx_light kernel at the model's opset."""
     opsets = {entry.domain or "": entry.version for entry in model.opset_import}
     for domain, op_type in operators(model.graph):
-        if not isinstance(find_kernel(KERNELS, domain, op_type, opsets.get(domain)), type):
+        if not isinstance(find_kernel(DECLARATIONS, domain, op_type, opsets.get(domain)), type):
             return False
     return True
 

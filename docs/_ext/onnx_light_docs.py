@@ -290,17 +290,21 @@ def _module_title(module: str) -> str:
     return module.rsplit(".", 1)[-1].replace("_", " ").capitalize()
 
 
+def _tunable(kernel_class: type) -> bool:
+    declaration = getattr(kernel_class, "declaration", None)
+    return declaration is not None and declaration.tunable
+
+
 def operator_element_types(op_type: str, kernel_class: type, snapshot: Any) -> tuple[list[str], str]:
-    """The element types the library declares for an operator, and where they come from."""
+    """The element types the library declares for an operator's newest version, and where
+    they come from: the kernel's declaration, else the tuning keys registered for it."""
     from onnx_light.tuning import element_type_name
 
-    try:
-        from onnx_light.kernels.elementwise import ELEMENTWISE_TYPES
-    except ImportError:
-        ELEMENTWISE_TYPES = {}
-    if op_type in ELEMENTWISE_TYPES:
-        return [element_type_name(t) for t in ELEMENTWISE_TYPES[op_type]], "elementwise"
-    if getattr(kernel_class, "tunable", False):
+    declaration = getattr(kernel_class, "declaration", None)
+    if declaration is not None and declaration.versions[max(declaration.versions)]:
+        return ([element_type_name(t) for t in declaration.versions[max(declaration.versions)]],
+                "declaration")
+    if _tunable(kernel_class):
         registered = snapshot.keys()
         implementation = getattr(kernel_class, "implementation", "portable")
         keys = [k for k in registered if k.kernel == op_type and k.implementation == implementation]
@@ -338,7 +342,7 @@ def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
             versions = kernels[op_type]
             newest = versions[max(versions)]
             types, _ = operator_element_types(op_type, newest, snapshot)
-            tunable = getattr(newest, "tunable", False)
+            tunable = _tunable(newest)
             group = (getattr(newest, "__module__", "").split(".")[0], op_type,
                      getattr(newest, "implementation", "portable"))
             tuning = (f":ref:`yes <{tuning_label(*group)}>`" if tunable and group in groups
@@ -347,10 +351,11 @@ def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
                          escape(", ".join(types)) if types else "-", tuning])
         lines += list_table(["Operator", "since_versions", "Element types", "Tunable"], rows,
                             widths=[18, 22, 48, 12], css="onnx-light-operators")
-    lines += ["Element types are listed where the library declares them: the elementwise table "
-              "(exactly the types the latest ONNX version of the operator allows) and the tuning "
-              "keys of tunable kernels. For the other operators, \"-\" means the kernel checks "
-              "the types when a session builds the node.", ""]
+    lines += ["Element types are those the kernel's declaration takes at the newest "
+              "since_version (for the elementwise ops exactly the types the latest ONNX version "
+              "of the operator allows); a session refuses a node of another type, naming the "
+              "operator, version and type. \"-\" means the kernel checks the types itself when "
+              "a session builds the node.", ""]
     return "\n".join(lines) + "\n"
 
 

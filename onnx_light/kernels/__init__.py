@@ -1,19 +1,25 @@
-"""The onnx_light kernel library: its dispatch table, tuning schemas and profiles.
+"""The onnx_light kernel library: its declarations, dispatch table, tuning schemas and profiles.
 
-:data:`KERNELS` is the one table the runtime dispatches through:
-``op_type -> {since_version: kernel class}`` for the default ONNX domain.
-:func:`register` hands everything tunable to a registry of the tuning core in
-one all-or-nothing batch.
+:data:`DECLARATIONS` holds one
+:class:`~onnx_light.kernels.declaration.KernelDeclaration` per operator of the default ONNX
+domain, gathered from the kernel modules; the runtime dispatches through it, and everything
+else is derived from it: :data:`KERNELS` (``op_type -> {since_version: kernel class}``) and
+:func:`register`, which hands every schema and calibration callback, with the shipped
+processor profiles, to a registry of the tuning core in one all-or-nothing batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..tuning.calibration import CalibrationResult
+from ..tuning.keys import KernelTuningKey
 from ..tuning.registry import KernelTuningRegistry
+from ..tuning.schema import KernelTuningSchema
 from . import (
     activations,
     attention,
     bitwise,
-    calibration,
     conv,
     detection,
     elementwise,
@@ -37,37 +43,37 @@ from . import (
     unpooling,
 )
 from .base import Kernel
+from .declaration import KernelDeclaration, declarations_by_op, dispatch_table
 from .profiles import processor_profiles
 
-__all__ = ["KERNELS", "register"]
+__all__ = ["DECLARATIONS", "KERNELS", "calibration_callbacks", "register", "tuning_schemas"]
 
-KernelTable = dict[str, dict[int, type[Kernel]]]
-
-
-def _merge(*tables: KernelTable) -> KernelTable:
-    merged: KernelTable = {}
-    for table in tables:
-        for op_type, versions in table.items():
-            if op_type in merged:
-                raise RuntimeError(f"operator {op_type} is implemented by two kernel modules")
-            merged[op_type] = dict(versions)
-    return merged
-
-
-KERNELS: KernelTable = _merge(
-    elementwise.KERNELS, gemm.KERNELS, structural.KERNELS, reductions.KERNELS,
-    conv.KERNELS, pooling.KERNELS, normalization.KERNELS,
-    indexing.KERNELS, scans.KERNELS, sorting.KERNELS, matrices.KERNELS, activations.KERNELS,
-    feature_normalization.KERNELS, bitwise.KERNELS, rearrangement.KERNELS,
-    signal_processing.KERNELS, norm_pooling.KERNELS, unpooling.KERNELS, losses.KERNELS,
-    attention.KERNELS, detection.KERNELS, strings.KERNELS, sampling.KERNELS,
-    state_space.KERNELS,
+DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
+    elementwise.DECLARATIONS, gemm.DECLARATIONS, structural.DECLARATIONS,
+    reductions.DECLARATIONS, conv.DECLARATIONS, pooling.DECLARATIONS, normalization.DECLARATIONS,
+    indexing.DECLARATIONS, scans.DECLARATIONS, sorting.DECLARATIONS, matrices.DECLARATIONS,
+    activations.DECLARATIONS, feature_normalization.DECLARATIONS, bitwise.DECLARATIONS,
+    rearrangement.DECLARATIONS, signal_processing.DECLARATIONS, norm_pooling.DECLARATIONS,
+    unpooling.DECLARATIONS, losses.DECLARATIONS, detection.DECLARATIONS, strings.DECLARATIONS,
+    attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
+
+
+def tuning_schemas() -> list[KernelTuningSchema]:
+    """Every tunable kernel's schema for each element type it takes."""
+    return [schema for declaration in DECLARATIONS.values() for schema in declaration.schemas()]
+
+
+def calibration_callbacks() -> dict[KernelTuningKey, Callable[..., CalibrationResult]]:
+    """Every calibration callback under each of its kernel's keys."""
+    return {key: callback for declaration in DECLARATIONS.values()
+            for key, callback in declaration.callbacks().items()}
 
 
 def register(registry: KernelTuningRegistry) -> int:
     """Register the library's schemas, shipped processor profiles and calibration callbacks
     in one batch; returns the generation."""
-    schemas = [*elementwise.tuning_schemas(), *gemm.tuning_schemas(), *conv.tuning_schemas()]
-    callbacks = {**calibration.calibration_callbacks(), **conv.calibration_callbacks()}
-    return registry.register(schemas=schemas, profiles=processor_profiles(), callbacks=callbacks)
+    return registry.register(schemas=tuning_schemas(), profiles=processor_profiles(),
+                             callbacks=calibration_callbacks())

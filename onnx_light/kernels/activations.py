@@ -16,8 +16,9 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT_TYPES, INTEGER_TYPES, Kernel, NodeContext, check_element_type, since
-from .elementwise import BINARY, UNARY, Attribute, ElementwiseKernel, ElementwiseOp, _sigmoid, _softplus
+from .base import FLOAT_TYPES, INTEGER_TYPES, Kernel
+from .declaration import KernelDeclaration, declare, dispatch_table
+from .elementwise import BINARY, UNARY, Attribute, ElementwiseOp, _sigmoid, _softplus, kernel_class
 from .reductions import Softmax
 
 __all__ = ["KERNELS", "OPS", "Hardmax"]
@@ -77,24 +78,10 @@ OPS: tuple[ElementwiseOp, ...] = (
 del _OP
 
 
-def _untuned_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
-    """The elementwise kernel of ``op``, without tuning keys (portable default threshold)."""
-    name = f"{op.op_type}Kernel"
-    return type(name, (ElementwiseKernel,), {
-        "__doc__": f"ONNX {op.op_type} on the shared elementwise machinery (not tunable).",
-        "__module__": __name__, "__qualname__": name,
-        "op_type": op.op_type, "op": op, "tunable": False,
-    })
-
-
 class Hardmax(Softmax):
     """ONNX Hardmax (1, 11, 13): 1 at the first maximum along the axis, 0 elsewhere."""
 
     op_type: ClassVar[str] = "Hardmax"
-
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: FLOAT_TYPES})
 
     @staticmethod
     def normalise(shifted: np.ndarray, axis: int) -> np.ndarray:
@@ -104,14 +91,11 @@ class Hardmax(Softmax):
         return (positions == first).astype(shifted.dtype)
 
 
-# Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    **{op.op_type: dict.fromkeys(op.versions, _untuned_class(op)) for op in OPS},
-    "Hardmax": since(Hardmax, 1, 11, 13),
-}
+# The rows' kernels: elementwise machinery without tuning keys (the portable threshold).
+_CLASSES = {op.op_type: kernel_class(op) for op in OPS}
 
 
-class SwiGLUKernel(KERNELS["SwiGLU"][28]):  # type: ignore[misc, valid-type]
+class SwiGLUKernel(_CLASSES["SwiGLU"]):  # type: ignore[misc, valid-type]
     """SwiGLU: A and B of one shape (the operator does not broadcast)."""
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
@@ -122,4 +106,10 @@ class SwiGLUKernel(KERNELS["SwiGLU"][28]):  # type: ignore[misc, valid-type]
         return super().run(*inputs)
 
 
-KERNELS["SwiGLU"] = {28: SwiGLUKernel}
+_CLASSES["SwiGLU"] = SwiGLUKernel
+# Every since_version ONNX 1.23 defines for each op; one class serves them all.
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *(declare(cls, cls.op.versions, types=cls.op.types) for cls in _CLASSES.values()),
+    declare(Hardmax, (1, 11, 13), types=FLOAT_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

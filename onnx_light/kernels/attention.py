@@ -21,7 +21,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT_TYPES, Kernel, NodeContext, check_element_type, compute_dtype, numpy_dtype
+from .base import FLOAT_TYPES, Kernel, NodeContext, compute_dtype, numpy_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "Attention", "RotaryEmbedding"]
 
@@ -42,7 +43,6 @@ class Attention(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {23: FLOAT_TYPES})
         self.causal = bool(ctx.attribute("is_causal", 0))
         self.q_heads = int(ctx.attribute("q_num_heads", 0))
         self.kv_heads = int(ctx.attribute("kv_num_heads", 0))
@@ -164,7 +164,6 @@ class RotaryEmbedding(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {23: FLOAT_TYPES})
         self.interleaved = bool(ctx.attribute("interleaved", 0))
         self.num_heads = int(ctx.attribute("num_heads", 0))
         self.rotary_dim = int(ctx.attribute("rotary_embedding_dim", 0))
@@ -211,7 +210,8 @@ class RotaryEmbedding(Kernel):
         return [np.ascontiguousarray(out, dtype=x.dtype)]
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Attention": dict.fromkeys((23, 24, 25), Attention),
-    "RotaryEmbedding": {23: RotaryEmbedding},
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(Attention, (23, 24, 25), types=FLOAT_TYPES),
+    declare(RotaryEmbedding, (23,), types=FLOAT_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -1,27 +1,34 @@
 """What every kernel shares: the node context, the kernel interface, element type groups.
 
-The runtime builds one :class:`Kernel` per node. A tunable kernel returns its
-exact :class:`~onnx_light.tuning.keys.KernelTuningKey` for the node's element
-type, then receives the resolved values in :meth:`Kernel.configure`, validates
-them and copies them into its own typed configuration. ``run`` afterwards reads
-only that configuration: never the registry, never the cache.
+The runtime builds one :class:`Kernel` per node. Each class is bound to its
+:class:`~onnx_light.kernels.declaration.KernelDeclaration`, which gives a tunable kernel
+its exact :class:`~onnx_light.tuning.keys.KernelTuningKey` for the node's element type and
+its schema. :meth:`Kernel.configure` checks the resolved values against that schema and
+hands them to the kernel's :meth:`Kernel._configure`, which copies them into its own typed
+configuration; :meth:`Kernel.bind` gives it the thread pool. ``run`` afterwards reads only
+that configuration: never the registry, never the cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from ..parallel import ThreadPool
-from ..tuning.keys import ElementType, KernelTuningKey, element_type_name
-from ..tuning.schema import Value
+from ..tuning.keys import ElementType, KernelTuningKey
+from ..tuning.schema import KernelTuningSchema, TuningValidationError, Value
+from .declaration import LIBRARY
+
+if TYPE_CHECKING:
+    from .declaration import KernelDeclaration
 
 __all__ = [
     "ALL_TYPES",
@@ -34,7 +41,6 @@ __all__ = [
     "Kernel",
     "KernelError",
     "NodeContext",
-    "check_element_type",
     "compute_dtype",
     "ints",
     "item_size",
@@ -44,10 +50,7 @@ __all__ = [
     "numpy_dtype",
     "quiet",
     "quiet_already",
-    "since",
 ]
-
-LIBRARY = "onnx_light"
 
 T = ElementType
 FLOAT_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
@@ -146,17 +149,6 @@ class NodeContext:
         return KernelError(f"node {self.name!r} ({self.op_type}): {message}")
 
 
-def check_element_type(ctx: NodeContext, element_type: int | None,
-                       by_opset: Mapping[int, tuple[int, ...]]) -> None:
-    """Reject an element type the node's opset does not allow (``by_opset``: since_version ->
-    allowed types), naming the node, the type and the valid ones."""
-    usable = [v for v in by_opset if v <= ctx.opset]
-    allowed = by_opset[max(usable)] if usable else ()
-    if element_type is not None and element_type not in allowed:
-        raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at opset "
-                        f"{ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
-
-
 def normalize_axis(ctx: NodeContext, axis: int, rank: int) -> int:
     """``axis`` in ``[-rank, rank)`` as a non-negative axis; anything else is the node's error."""
     if not -rank <= axis < rank:
@@ -180,18 +172,23 @@ def ints(value: Any) -> list[int] | None:
     return [int(v) for v in np.asarray(value).reshape(-1)]
 
 
+_K = TypeVar("_K", bound="Kernel")
+
+
 class Kernel:
     """One node's implementation.
 
-    Subclasses set ``op_type`` and implement :meth:`run`. Tunable kernels set
-    ``tunable = True`` and implement :meth:`_configure` to copy the validated
-    values into attributes of their own.
+    Subclasses set ``op_type`` and implement :meth:`run`;
+    :func:`~onnx_light.kernels.declaration.declare` binds the class to its declaration. A node
+    whose opset or element type the declaration does not take is refused at construction. A
+    tunable kernel (its declaration has a schema factory) starts from the schema's portable
+    defaults and implements :meth:`_configure` to copy checked values into attributes of its own.
     """
 
     op_type: ClassVar[str] = ""
     implementation: ClassVar[str] = "portable"
     tuning_abi: ClassVar[int] = 1
-    tunable: ClassVar[bool] = False
+    declaration: ClassVar[KernelDeclaration | None] = None
     # Whether run applies ``epilogue`` (an in-place activation the runtime fused into this
     # node) to every block of its first output while the block is still in cache.
     accepts_epilogue: ClassVar[bool] = False
@@ -200,30 +197,86 @@ class Kernel:
         self.ctx = ctx
         self.pool: ThreadPool | None = None
         self.epilogue: Callable[[np.ndarray], None] | None = None
+        declaration = self.declaration
+        if declaration is not None:
+            reason = declaration.refusal(ctx.opset, self.element_type)
+            if reason is not None:
+                raise ctx.error(reason)
+            schema = self.tuning_schema()
+            if schema is not None:
+                self._configure(schema.defaults)
+            elif declaration.parameters is not None:  # element type unknown: the general defaults
+                self._configure({p.name: p.default for p in declaration.parameters(None)})
 
-    @property
-    def element_type(self) -> int | None:
-        """The element type the kernel computes in (its first typed input by default)."""
-        for element_type in (*self.ctx.input_types, *self.ctx.output_types):
+    @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
+        """The element type a kernel of this class computes in for ``ctx`` (its first typed
+        input or output by default): the type its declaration and tuning key are about."""
+        for element_type in (*ctx.input_types, *ctx.output_types):
             if element_type:
                 return element_type
         return None
 
+    @property
+    def element_type(self) -> int | None:
+        """The element type the kernel computes in (:meth:`element_type_of` its node)."""
+        return self.element_type_of(self.ctx)
+
     def tuning_key(self) -> KernelTuningKey | None:
         """The exact key for this kernel and element type, or None if not tunable."""
-        if not self.tunable or self.element_type is None:
-            return None
-        return KernelTuningKey(LIBRARY, self.op_type, self.implementation, self.element_type,
-                               "cpu", self.tuning_abi)
+        schema = self.tuning_schema()
+        return None if schema is None else schema.key
 
-    def configure(self, values: Mapping[str, Value] | None, pool: ThreadPool) -> None:
-        """Step 5 of session initialization: take the resolved values and the pool."""
-        self.pool = pool
-        if values is not None:
-            self._configure(values)
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The schema of this kernel and element type, or None if not tunable."""
+        declaration, element_type = self.declaration, self.element_type
+        if declaration is None or not declaration.tunable or element_type is None:
+            return None
+        return declaration.schema(element_type)
+
+    def configure(self, values: Mapping[str, Value] | None) -> None:
+        """Step 5 of session initialization: take the resolved values (None keeps the
+        configuration; a partial set takes the portable defaults for the names it omits).
+
+        The values are checked against the kernel's schema, one path for every kernel:
+        unknown names, types, bounds and choices, the schema's rule across parameters; a
+        value that breaks one is the node's error, naming the key and the parameter.
+        """
+        if values is None:
+            return
+        schema = self.tuning_schema()
+        if schema is None:
+            tunable = self.declaration is not None and self.declaration.tunable
+            reason = "its element type is not known" if tunable else "it is not tunable"
+            raise self.ctx.error(f"cannot take tuning values: {reason}")
+        try:
+            checked = schema.update(schema.defaults, values)
+        except TuningValidationError as exc:
+            raise self.ctx.error(str(exc)) from None
+        self._configure(checked)
 
     def _configure(self, values: Mapping[str, Value]) -> None:
-        """Copy validated values into the kernel's typed configuration."""
+        """Copy a complete set of checked values into the kernel's typed configuration."""
+
+    def bind(self: _K, pool: ThreadPool | None) -> _K:
+        """Give the kernel the session's intra-op thread pool (returned for chaining)."""
+        self.pool = pool
+        return self
+
+    @property
+    def num_threads(self) -> int:
+        """Threads of the pool the kernel is bound to (1 without a pool)."""
+        return self.pool.num_threads if self.pool is not None else 1
+
+    def variant(self: _K, **attributes: Any) -> _K:
+        """A copy of this kernel, configured and bound alike, with ``attributes`` replaced
+        (for the runtime's fusion and :meth:`specialize`); this kernel is left as it is."""
+        kernel = copy.copy(self)
+        for name, value in attributes.items():
+            if not hasattr(kernel, name):
+                raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+            setattr(kernel, name, value)
+        return kernel
 
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
              output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
@@ -260,7 +313,3 @@ class Kernel:
         """Compute the node's outputs from its inputs (None for omitted optional inputs)."""
         raise NotImplementedError
 
-
-def since(kernel: type[Kernel], *versions: int) -> dict[int, type[Kernel]]:
-    """A dispatch table row: the same kernel class under each of ONNX's since_versions."""
-    return dict.fromkeys(versions, kernel)

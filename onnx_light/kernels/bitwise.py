@@ -17,9 +17,9 @@ import numpy as np
 
 from ..tuning.keys import ELEMENT_TYPE_CODES, element_type_name
 from ..tuning.keys import ElementType as T
-from .activations import _untuned_class
-from .base import INTEGER_TYPES, Kernel, NodeContext, check_element_type, numpy_dtype
-from .elementwise import BINARY, UNARY, Attribute, ElementwiseOp
+from .base import INTEGER_TYPES, Kernel, NodeContext, numpy_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
+from .elementwise import BINARY, UNARY, Attribute, ElementwiseOp, kernel_class
 
 __all__ = ["KERNELS", "OPS", "BitCast"]
 
@@ -41,20 +41,8 @@ OPS: tuple[ElementwiseOp, ...] = (
 )
 del _OP
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    op.op_type: dict.fromkeys(op.versions, _untuned_class(op)) for op in OPS
-}
-
-
-class BitShiftKernel(KERNELS["BitShift"][11]):  # type: ignore[misc, valid-type]
-    """BitShift: unsigned types only before opset 28."""
-
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {11: _UNSIGNED, 28: INTEGER_TYPES})
-
-
-KERNELS["BitShift"] = dict.fromkeys((11, 28), BitShiftKernel)
+# The rows' kernels: elementwise machinery without tuning keys (the portable threshold).
+_CLASSES = {op.op_type: kernel_class(op) for op in OPS}
 
 
 _NARROW_BITS = {T.INT4: 4, T.UINT4: 4, T.FLOAT4E2M1: 4, T.INT2: 2, T.UINT2: 2}
@@ -93,4 +81,11 @@ class BitCast(Kernel):
         return [data.view(self.dtype)]
 
 
-KERNELS["BitCast"] = {26: BitCast}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *(declare(cls, cls.op.versions, types=cls.op.types) for name, cls in _CLASSES.items()
+      if name != "BitShift"),
+    # BitShift: unsigned types only before opset 28.
+    declare(_CLASSES["BitShift"], (11, 28), types={11: _UNSIGNED, 28: INTEGER_TYPES}),
+    declare(BitCast, (26,)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

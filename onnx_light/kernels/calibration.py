@@ -1,20 +1,20 @@
-"""Calibration callbacks of the kernel library, on the tuning core's searches.
+"""Calibration problems of the kernel library, on the tuning core's searches.
 
-Elementwise kernels use the shared crossover search: every op and element type
-gets a callback; they differ only in the data they feed (:data:`DOMAINS`), so
-this is registration, not code per op. The serial reference and the parallel
-candidate are the same kernel class, configured with
-``parallel.minimum_elements`` out of reach and at 1.
+Elementwise kernels use the shared crossover search (:func:`calibrate_elementwise`, the
+callback every elementwise declaration names): the ops differ only in the data they feed
+(:data:`DOMAINS`), so this is registration, not code per op. The serial reference and the
+parallel candidate are the same kernel class, configured with the threshold out of reach
+and at 1.
 
-Gemm and MatMul use the multi-parameter configuration search over a fixed
-corpus of shapes (:data:`GEMM_CORPUS`) and a grid of configurations
-(:func:`gemm_candidates`); each configuration's output must stay within the
-kernels' stated error bound of the portable configuration's.
+Gemm and MatMul use the multi-parameter configuration search over a fixed corpus of shapes
+(:data:`GEMM_CORPUS`) and the grid of configurations their module chooses; each
+configuration's output must stay within the kernels' stated error bound of the portable
+configuration's. The problems take the kernel's declaration (its class, versions and
+schema), so this module imports no kernel module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,30 +23,19 @@ from ..parallel import get_pool
 from ..tuning.calibration import (
     Budget,
     CalibrationResult,
-    configuration_search,
     crossover_search,
 )
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
-from . import gemm
-from .base import LIBRARY, NodeContext, numpy_dtype
-from .elementwise import (
-    KERNELS,
-    MINIMUM_ELEMENTS,
-    OPS,
-    UNARY,
-    ElementwiseOp,
-    default_minimum_elements,
-)
+from .base import NodeContext, numpy_dtype
+from .declaration import KernelDeclaration
 
 __all__ = [
     "DOMAINS",
     "GEMM_CORPUS",
-    "NOT_CALIBRATED_MODES",
     "ElementwiseCrossover",
     "GemmConfigurations",
-    "calibration_callbacks",
-    "gemm_candidates",
+    "calibrate_elementwise",
 ]
 
 SERIAL = 1 << 62
@@ -85,23 +74,25 @@ def _values(rng: np.random.Generator, element_type: int, shape: tuple[int, ...],
 
 
 class ElementwiseCrossover:
-    """The shared search's problem for one elementwise op and element type."""
+    """The shared search's problem for one elementwise kernel (its declaration) and element
+    type; the threshold searched is the schema's one parameter."""
 
-    def __init__(self, op: ElementwiseOp, element_type: int, num_threads: int) -> None:
+    def __init__(self, declaration: KernelDeclaration, element_type: int, num_threads: int) -> None:
+        op = declaration.kernel.op
         self.op, self.element_type = op, element_type
-        self.inputs = 1 if op.arity is UNARY or op.arity.optional else max(2, op.arity.minimum)
+        self.parameter = declaration.schema(element_type).names[0]
+        self.inputs = 1 if op.arity.maximum == 1 or op.arity.optional else max(2, op.arity.minimum)
         self.cases = ("equal",) if self.inputs == 1 else ("equal", "scalar", "broadcast")
         types = [element_type] * self.inputs
         if op.key_input:  # Where: the condition first
             types[0] = ElementType.BOOL
-        version = max(op.versions)
-        ctx = NodeContext(f"calibrate_{op.op_type}", op.op_type, "", version,
+        ctx = NodeContext(f"calibrate_{op.op_type}", op.op_type, "", max(declaration.versions),
                           input_types=tuple(types), num_inputs=self.inputs)
         pool = get_pool(num_threads)
-        kernel_class = KERNELS[op.op_type][version]
-        self._serial, self._parallel = kernel_class(ctx), kernel_class(ctx)
-        self._serial.configure({MINIMUM_ELEMENTS: SERIAL}, pool)
-        self._parallel.configure({MINIMUM_ELEMENTS: 1}, pool)
+        kernel_class = declaration.kernel
+        self._serial, self._parallel = kernel_class(ctx).bind(pool), kernel_class(ctx).bind(pool)
+        self._serial.configure({self.parameter: SERIAL})
+        self._parallel.configure({self.parameter: 1})
         self._types = types
 
     def _shapes(self, size: int, case: str) -> list[tuple[int, ...]]:
@@ -138,17 +129,14 @@ class ElementwiseCrossover:
         return reference.tobytes() == candidate.tobytes()
 
 
-def _callback(op: ElementwiseOp) -> Callable[[KernelTuningKey, CpuExecutionDescriptor, Budget],
-                                             CalibrationResult]:
-    def calibrate(key: KernelTuningKey, descriptor: CpuExecutionDescriptor,
-                  budget: Budget) -> CalibrationResult:
-        threads = min(descriptor.num_threads, budget.max_threads)
-        problem = ElementwiseCrossover(op, key.element_type, threads)
-        portable = {MINIMUM_ELEMENTS: default_minimum_elements(op, key.element_type)}
-        return crossover_search(key, problem, MINIMUM_ELEMENTS, portable,
-                                Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
-
-    return calibrate
+def calibrate_elementwise(declaration: KernelDeclaration, key: KernelTuningKey,
+                          descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
+    """The crossover search of an elementwise kernel's threshold, from its portable default."""
+    threads = min(descriptor.num_threads, budget.max_threads)
+    problem = ElementwiseCrossover(declaration, key.element_type, threads)
+    portable = dict(declaration.schema(key.element_type).defaults)
+    return crossover_search(key, problem, problem.parameter, portable,
+                            Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
 
 
 # (name, M, K, N, transA, transB): small, skinny, square, wide, tall, transposed, and products
@@ -168,25 +156,6 @@ GEMM_CORPUS: tuple[tuple[str, int, int, int, bool, bool], ...] = (
 )
 
 
-# Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product
-# (OpenBLAS: about 0.1 s), and the pool's next regions share their cores with them. Measured
-# on 2 threads: the next 20 pool regions of two matrix products each ran 1.6-2x slower after
-# one 1x1024x1000 BLAS-threaded Gemm; Inception v1 1.2x and ResNet-50 1.4x the time with their
-# last Gemm in "blas" mode, though the Gemm alone is faster. A search times each candidate
-# apart from the model's other kernels, so it cannot see this; "blas" stays a manual setting
-# (for models of products only).
-NOT_CALIBRATED_MODES = ("blas", "split_columns")
-
-
-def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
-    """The configurations tried: each mode the schema allows but :data:`NOT_CALIBRATED_MODES`,
-    at three thresholds."""
-    modes = gemm.gemm_schema("Gemm", element_type).parameter(gemm.MODE).choices or ()
-    return [{gemm.MINIMUM_FLOPS: 1 << exponent, gemm.MODE: mode, gemm.MINIMUM_ROWS: 16}
-            for mode in modes if mode not in NOT_CALIBRATED_MODES
-            for exponent in (17, 21, 25)]
-
-
 class _GemmInputs(NamedTuple):
     case: str
     arrays: list[np.ndarray]
@@ -195,10 +164,12 @@ class _GemmInputs(NamedTuple):
 
 
 class GemmConfigurations:
-    """The configuration search's problem for Gemm or MatMul of one element type."""
+    """The configuration search's problem for Gemm or MatMul (its declaration) of one
+    element type."""
 
-    def __init__(self, op_type: str, element_type: int, num_threads: int) -> None:
-        self.op_type, self.element_type = op_type, element_type
+    def __init__(self, declaration: KernelDeclaration, element_type: int, num_threads: int) -> None:
+        op_type = declaration.op_type
+        self.declaration, self.op_type, self.element_type = declaration, op_type, element_type
         self.dtype = numpy_dtype(element_type)
         self.pool = get_pool(num_threads)
         self.corpus = {entry[0]: entry for entry in GEMM_CORPUS
@@ -213,12 +184,12 @@ class GemmConfigurations:
         if kernel is None:
             attributes = {"transA": int(trans[0]), "transB": int(trans[1])} \
                 if self.op_type == "Gemm" else {}
-            version = max(gemm.KERNELS[self.op_type])
+            version = max(self.declaration.versions)
             count = 3 if self.op_type == "Gemm" else 2
             ctx = NodeContext(f"calibrate_{self.op_type}", self.op_type, "", version, attributes,
                               (self.element_type,) * count, (self.element_type,), count)
-            kernel = gemm.KERNELS[self.op_type][version](ctx)
-            kernel.configure(values, self.pool)
+            kernel = self.declaration.kernel(ctx).bind(self.pool)
+            kernel.configure(values)
             self._kernels[cache_key] = kernel
         return kernel
 
@@ -262,30 +233,3 @@ class GemmConfigurations:
             bound = bound + np.abs(expected.astype(np.float64)) * float(ml_dtypes.finfo(expected.dtype).eps)
         difference = np.abs(expected.astype(np.float64) - got.astype(np.float64))
         return bool(np.all(difference <= bound))
-
-
-def _gemm_callback(op_type: str) -> Callable[[KernelTuningKey, CpuExecutionDescriptor, Budget],
-                                             CalibrationResult]:
-    def calibrate(key: KernelTuningKey, descriptor: CpuExecutionDescriptor,
-                  budget: Budget) -> CalibrationResult:
-        threads = min(descriptor.num_threads, budget.max_threads)
-        problem = GemmConfigurations(op_type, key.element_type, threads)
-        portable = dict(gemm.gemm_schema(op_type, key.element_type).defaults)
-        return configuration_search(key, problem, portable, gemm_candidates(key.element_type),
-                                    Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
-
-    return calibrate
-
-
-def calibration_callbacks() -> dict[KernelTuningKey, Callable[..., CalibrationResult]]:
-    """One callback per elementwise op and element type, and per Gemm/MatMul element type."""
-    callbacks = {
-        KernelTuningKey(LIBRARY, op.op_type, "portable", element_type): _callback(op)
-        for op in OPS
-        for element_type in op.types
-    }
-    for op_type, types in gemm.GEMM_TYPES.items():
-        for element_type in types:
-            callbacks[KernelTuningKey(LIBRARY, op_type, "portable", element_type)] = \
-                _gemm_callback(op_type)
-    return callbacks

@@ -16,7 +16,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, since
+from .base import Kernel, NodeContext
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "NonMaxSuppression"]
 
@@ -52,7 +53,6 @@ class NonMaxSuppression(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {10: (T.FLOAT,)})
         self.center = int(ctx.attribute("center_point_box", 0))
         if self.center not in (0, 1):
             raise ctx.error(f"center_point_box must be 0 or 1, got {self.center}")
@@ -92,4 +92,7 @@ class NonMaxSuppression(Kernel):
         return [np.array(selected, np.int64).reshape(-1, 3)]
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {"NonMaxSuppression": since(NonMaxSuppression, 10, 11)}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(NonMaxSuppression, (10, 11), types=(T.FLOAT,)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

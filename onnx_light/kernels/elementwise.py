@@ -4,8 +4,9 @@ Every op is one :class:`ElementwiseOp` row of :data:`OPS`: its arity, the elemen
 allows, the output type rule, the ONNX attributes it reads (with ONNX's defaults), the
 precision it computes half-precision types in, and a compute function
 ``compute(*blocks, out=block, **attributes)`` that writes into a preallocated output block.
-:func:`_kernel_class` turns each row into a :class:`~onnx_light.kernels.base.Kernel`
-subclass; :data:`KERNELS` is the dispatch table ``op_type -> {since_version: class}``.
+:func:`kernel_class` turns each row into a :class:`~onnx_light.kernels.base.Kernel`
+subclass and :data:`DECLARATIONS` declares each (its versions, types, schema factory and
+calibration callback); :data:`KERNELS` is the dispatch table derived from them.
 
 Each tunable elementwise kernel has one parameter, ``parallel.minimum_elements``: below it
 the kernel makes one compute call on the calling thread; at or above it (and with more than
@@ -30,13 +31,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from ..tuning.keys import KernelTuningKey, element_type_name
+from ..tuning.keys import element_type_name
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import math_functions
 from .base import (
     FLOAT8_TYPES,
     FLOAT_TYPES,
-    LIBRARY,
     NUMERIC_TYPES,
     SIGNED_TYPES,
     Kernel,
@@ -46,10 +46,13 @@ from .base import (
     numpy_dtype,
     quiet_already,
 )
+from .calibration import calibrate_elementwise
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = [
     "BINARY",
     "CHEAP_MINIMUM_BYTES",
+    "DECLARATIONS",
     "DEFAULT_MINIMUM_ELEMENTS",
     "ELEMENTWISE_TYPES",
     "EXPENSIVE_MINIMUM_ELEMENTS",
@@ -67,20 +70,17 @@ __all__ = [
     "cost_class",
     "default_minimum_elements",
     "elementwise_parameters",
+    "kernel_class",
     "tuning_schemas",
 ]
 
 MINIMUM_ELEMENTS = "parallel.minimum_elements"
-# Portable defaults of parallel.minimum_elements, from benchmarks/elementwise_crossover.py
-# (2026-11-29, 2 cores; docs/elementwise.md): per cost class, the one threshold with the
-# smallest mean slowdown against always taking the faster path (medians and best samples).
-# * Cheap ops on native numpy types are memory-bound, their crossover scales with bytes:
-#   8 MiB of the key element type (2**21 float32/int32, 2**20 float64, 2**23 bool/int8).
+# The portable defaults of parallel.minimum_elements, one per cost class (cost_class);
+# docs/elementwise.md ("Measurements") has the runs that chose them.
+# Cheap ops are memory-bound, so their threshold is in bytes of the key element type.
 CHEAP_MINIMUM_BYTES = 1 << 23
-# * Transcendental ops, and every op on float16, bfloat16 and float8 (converted element by
-#   element): measured crossovers 2**14 .. 2**17 elements with free cores.
 EXPENSIVE_MINIMUM_ELEMENTS = 1 << 16
-# * String (object) loops hold the GIL: blocks cannot overlap, so never parallel by default.
+# String (object) loops hold the GIL: blocks cannot overlap, so never parallel by default.
 SERIAL_ONLY = 1 << 62
 # The default of a cheap op on a 4-byte type (float32, int32).
 DEFAULT_MINIMUM_ELEMENTS = CHEAP_MINIMUM_BYTES // 4
@@ -212,10 +212,10 @@ def _against_constant(ufunc: np.ufunc, x: np.ndarray, value: Any, out: np.ndarra
     """``ufunc(x, value, out=out)`` for a one-element ``value`` of x's type (np.maximum,
     np.minimum).
 
-    numpy's maximum and minimum against a broadcast scalar take a strided loop about three
-    times slower than their contiguous one (800K floats: 420 us against 160 us, numpy 2.4 on
-    AVX2), so the data is viewed as rows of :data:`CONSTANT_ROW` elements and compared with
-    one contiguous row holding the value: the same operation on the same values.
+    numpy's maximum and minimum against a broadcast scalar take a strided loop much slower
+    than their contiguous one (docs/elementwise.md), so the data is viewed as rows of
+    :data:`CONSTANT_ROW` elements and compared with one contiguous row holding the value: the
+    same operation on the same values.
     """
     if isinstance(value, np.ndarray):
         if value.size != 1:
@@ -280,8 +280,8 @@ def _prelu(x: np.ndarray, slope: np.ndarray, *, out: np.ndarray) -> None:
 
 def _sigmoid(x: np.ndarray, *, out: np.ndarray) -> None:
     # exp(-|x|) never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0. The
-    # numerator is max(e, [x >= 0]) (e <= 1; NaN stays NaN): whole-array passes, 3.4 times
-    # faster than a divide with ``where=`` (numpy's masked loops are slow), same results.
+    # numerator is max(e, [x >= 0]) (e <= 1; NaN stays NaN): whole-array passes instead of a
+    # divide with ``where=`` (numpy's masked loops are slow), same results.
     e = np.abs(x)
     np.negative(e, out=e)
     np.exp(e, out=e)
@@ -552,14 +552,14 @@ def default_minimum_elements(op: ElementwiseOp, element_type: int | None) -> int
     return max(1, CHEAP_MINIMUM_BYTES // item_size(element_type))
 
 
+def _parameters(op: ElementwiseOp, element_type: int | None) -> tuple[Parameter, ...]:
+    """The schema factory of one op: its parameters with the default for ``element_type``."""
+    return elementwise_parameters(default_minimum_elements(op, element_type))
+
+
 def tuning_schemas() -> list[KernelTuningSchema]:
-    """One schema per elementwise op and element type."""
-    return [
-        KernelTuningSchema(KernelTuningKey(LIBRARY, op.op_type, "portable", element_type),
-                           elementwise_parameters(default_minimum_elements(op, element_type)))
-        for op in OPS
-        for element_type in op.types
-    ]
+    """One schema per elementwise op and element type (from the declarations)."""
+    return [schema for declaration in DECLARATIONS for schema in declaration.schemas()]
 
 
 ELEMENTWISE_TYPES: dict[str, tuple[int, ...]] = {op.op_type: op.types for op in OPS}
@@ -623,12 +623,14 @@ class ElementwiseKernel(Kernel):
     """The kernel every row of :data:`OPS` becomes; ``op`` is the row."""
 
     op: ClassVar[ElementwiseOp]
-    tunable = True
     accepts_epilogue = True
 
     def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
         op = self.op
+        # An op declared without a schema keeps its portable default; a tunable one takes
+        # the same value from its schema, and then what configure gives it.
+        self._minimum_elements = default_minimum_elements(op, self.element_type_of(ctx))
+        super().__init__(ctx)
         arity = op.arity
         if ctx.num_inputs and (ctx.num_inputs < arity.minimum
                                or (arity.maximum is not None and ctx.num_inputs > arity.maximum)):
@@ -638,13 +640,7 @@ class ElementwiseKernel(Kernel):
         })
         self._compute = (functools.partial(op.compute, **self.attributes) if self.attributes
                          else op.compute)
-        element_type = self.element_type
-        if element_type is not None and element_type not in op.types:
-            raise ctx.error(f"element type {element_type_name(element_type)} is not supported; "
-                            f"supported: {[element_type_name(t) for t in op.types]}")
         self._plans: dict[np.dtype, _TypePlan] = {numpy_dtype(t): _type_plan(op, t) for t in op.types}
-        self._parameter = elementwise_parameters(default_minimum_elements(op, element_type))[0]
-        self._minimum_elements: int = int(self._parameter.default)
 
     def _arity_text(self) -> str:
         arity = self.op.arity
@@ -654,11 +650,11 @@ class ElementwiseKernel(Kernel):
             return str(arity.minimum)
         return f"{arity.minimum} to {arity.maximum}"
 
-    @property
-    def element_type(self) -> int | None:
+    @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
         """The type of the key input (X for Where, the base for Pow); the output's or another
         input's when the graph does not say."""
-        op, ctx = self.op, self.ctx
+        op = cls.op
         candidates = list(ctx.input_types[op.key_input:op.key_input + 1])
         if op.output == "same":
             candidates += ctx.output_types[:1]
@@ -667,12 +663,7 @@ class ElementwiseKernel(Kernel):
         return next((t for t in candidates if t), None)
 
     def _configure(self, values: Mapping[str, Value]) -> None:
-        for name in values:
-            if name != MINIMUM_ELEMENTS:
-                raise self.ctx.error(f"unknown tuning parameter {name!r}; valid: [{MINIMUM_ELEMENTS!r}]")
-        if MINIMUM_ELEMENTS in values:
-            self._minimum_elements = int(self._parameter.check(values[MINIMUM_ELEMENTS],
-                                                               self.tuning_key()))
+        self._minimum_elements = int(values[MINIMUM_ELEMENTS])
 
     @property
     def minimum_elements(self) -> int:
@@ -855,7 +846,9 @@ def _blocks(compute: Callable[..., Any], plan: _TypePlan, operands: list[np.ndar
 # Kernel classes and the dispatch table
 
 
-def _kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
+def kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
+    """The kernel class of one row (also for the rows of other modules; the class is bound
+    to its declaration when the row's module declares it)."""
     name = f"{op.op_type}Kernel"
     return type(name, (ElementwiseKernel,), {
         "__doc__": f"ONNX {op.op_type} ({op.arity.name}) on the shared elementwise machinery.",
@@ -866,14 +859,10 @@ def _kernel_class(op: ElementwiseOp) -> type[ElementwiseKernel]:
     })
 
 
-def _dispatch_table(ops: Sequence[ElementwiseOp]) -> dict[str, dict[int, type[Kernel]]]:
-    table: dict[str, dict[int, type[Kernel]]] = {}
-    for op in ops:
-        if op.op_type in table:
-            raise ValueError(f"elementwise op {op.op_type!r} declared twice")
-        cls = _kernel_class(op)
-        table[op.op_type] = dict.fromkeys(op.versions, cls)
-    return table
-
-
-KERNELS: dict[str, dict[int, type[Kernel]]] = _dispatch_table(OPS)
+# One declaration per row: every version takes the row's types.
+DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
+    declare(kernel_class(op), op.versions, types=op.types,
+            parameters=functools.partial(_parameters, op), calibrate=calibrate_elementwise)
+    for op in OPS
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

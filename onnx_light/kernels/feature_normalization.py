@@ -19,14 +19,13 @@ from .base import (
     FLOAT_TYPES,
     Kernel,
     NodeContext,
-    check_element_type,
     compute_dtype,
     ints,
     normalize_axes,
     normalize_axis,
     numpy_dtype,
-    since,
 )
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
            "RMSNormalization"]
@@ -60,7 +59,6 @@ class GroupNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {21: FLOAT_TYPES})
         self.epsilon = _epsilon(ctx)
         groups = ctx.attribute("num_groups")
         if groups is None or int(groups) < 1:
@@ -98,7 +96,6 @@ class RMSNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {23: FLOAT_TYPES})
         self.axis = int(ctx.attribute("axis", -1))
         self.epsilon = _epsilon(ctx)
         self.stash = _stash(ctx)
@@ -125,7 +122,6 @@ class LpNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: FLOAT_TYPES})
         self.axis = int(ctx.attribute("axis", -1))
         self.p = int(ctx.attribute("p", 2))
         if self.p not in (1, 2):
@@ -150,7 +146,6 @@ class MeanVarianceNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {9: FLOAT_TYPES})
         self.axes = ints(ctx.attribute("axes", [0, 2, 3]))
 
     def run(self, x: np.ndarray) -> Arrays:
@@ -163,9 +158,10 @@ class MeanVarianceNormalization(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "GroupNormalization": since(GroupNormalization, 21),  # 18 is deprecated
-    "LpNormalization": since(LpNormalization, 1, 22),
-    "MeanVarianceNormalization": since(MeanVarianceNormalization, 9, 13),
-    "RMSNormalization": since(RMSNormalization, 23),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(GroupNormalization, (21,), types=FLOAT_TYPES),  # 18 is deprecated
+    declare(LpNormalization, (1, 22), types=FLOAT_TYPES),
+    declare(MeanVarianceNormalization, (9, 13), types=FLOAT_TYPES),
+    declare(RMSNormalization, (23,), types=FLOAT_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

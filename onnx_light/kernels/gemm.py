@@ -36,58 +36,55 @@ for float16 and bfloat16, one unit in the last place of the output type for the 
 Integer results are exact (wrapping like numpy on overflow) whatever the configuration.
 
 float16 and bfloat16 accumulate in float32 and cast the result back: numpy's float16 matmul
-is a scalar loop (about 35x slower than sgemm here) and bfloat16 has no BLAS at all. This is
-also more accurate than accumulating in the narrow type.
+is a scalar loop and bfloat16 has no BLAS at all; this is also more accurate than
+accumulating in the narrow type.
 
-BLAS threads. threadpoolctl's ``threadpool_limits`` costs 0.36-0.9 ms to enter and leave here
-(it rescans the loaded libraries), far more than a small product, so kernels never use it.
-:data:`BLAS` keeps one cached ``ThreadpoolController`` and talks to its library controllers
-directly: reading the thread count costs about 1 us; changing it and changing it back about
-12 us (most of it threadpoolctl 3.8's bookkeeping of which thread owns OpenBLAS's limit).
-Before its BLAS call(s) a kernel reads the count and changes it only if it differs from what
-the plan needs (1 for the serial and split paths, the pool's thread count for ``"blas"``),
-restoring it afterwards, so the process's own setting is never left changed. A runtime that
-enters ``BLAS.scope(1)`` once around a whole run (one change, one restore) therefore pays one
-read per serial or split call and nothing else; only ``"blas"`` plans then change the count.
-The limit is process-wide (for OpenBLAS with pthreads): kernels of concurrent sessions may see
-each other's setting, which changes speed, never results. threadpoolctl 3.8 lets only one live
-Python thread at a time own OpenBLAS's limit; kernels hand that ownership back after each
-change, and while another thread holds a ``threadpool_limits`` block the kernel's change is
-silently skipped (the user's limit wins). With an OpenMP-threaded BLAS the limit is per thread,
-so each split block also limits its own thread. Calling BLAS concurrently from several pool
-threads is safe: the BLAS libraries numpy ships are thread-safe, and with one BLAS thread each
-call runs entirely on its caller's thread.
+BLAS threads. Kernels never use threadpoolctl's ``threadpool_limits`` (it rescans the loaded
+libraries on every entry, costlier than a small product). Before its BLAS call(s) a kernel
+reads :data:`BLAS`'s thread count and changes it only if it differs from what the plan needs
+(1 for the serial and split paths, the pool's thread count for ``"blas"``), restoring it
+afterwards, so the process's own setting is never left changed; a runtime that enters
+``BLAS.scope(1)`` around a whole run leaves serial and split calls one read each. The limit
+is process-wide for OpenBLAS with pthreads (concurrent sessions may see each other's setting:
+speed changes, never results); while another thread holds a ``threadpool_limits`` block the
+kernel's change is skipped (the user's limit wins). Calling BLAS from several pool threads
+at once is safe: with one BLAS thread each call runs on its caller's thread.
 
-Why the default mode is ``"split"``: see the comment above the defaults and docs/gemm.md.
+docs/gemm.md has the measurements: the costs of changing BLAS's threads, and the runs that
+chose the portable defaults (why the default mode is ``"split"``) and what calibration tries.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..parallel import BLAS
+from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import ElementType, KernelTuningKey
+from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import LIBRARY, Kernel, NodeContext, check_element_type, compute_dtype
+from .base import Kernel, NodeContext, compute_dtype
+from .calibration import GemmConfigurations
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = [
     "BLAS",
-    "GEMM_TYPES",
+    "DECLARATIONS",
     "INTEGER_MODES",
     "KERNELS",
     "MINIMUM_FLOPS",
     "MINIMUM_ROWS",
     "MODE",
     "MODES",
-    "OPSET_TYPES",
+    "NOT_CALIBRATED_MODES",
     "PLANS",
     "GemmKernel",
     "MatMulKernel",
+    "gemm_candidates",
     "gemm_parameters",
     "gemm_schema",
     "tuning_schemas",
@@ -97,16 +94,10 @@ T = ElementType
 _FLOATS = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
 _INTEGERS = (T.INT32, T.INT64, T.UINT32, T.UINT64)
 
-GEMM_TYPES: dict[str, tuple[int, ...]] = {"Gemm": _FLOATS + _INTEGERS, "MatMul": _FLOATS + _INTEGERS}
-
-# Element types each ONNX version of the operators accepts.
+# Element types each ONNX version of the operators takes.
 _OLD = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _V9 = _OLD + _INTEGERS
 _V13 = (*_V9, T.BFLOAT16)
-OPSET_TYPES: dict[str, dict[int, tuple[int, ...]]] = {
-    "Gemm": {7: _OLD, 9: _V9, 11: _V9, 13: _V13},
-    "MatMul": {1: _OLD, 9: _V9, 13: _V13},
-}
 
 MODES = ("blas", "split_rows", "split_columns", "split")
 INTEGER_MODES = ("split_rows", "split_columns", "split")
@@ -116,23 +107,21 @@ MINIMUM_FLOPS = "parallel.minimum_flops"
 MODE = "parallel.mode"
 MINIMUM_ROWS = "split.minimum_rows"
 
-# Portable defaults, measured with benchmarks/gemm_sweep.py on a 2-core machine (docs/gemm.md has
-# the tables). Floats: "blas" is fastest on a quiet machine but 10-25x slower than serial on some
-# shapes as soon as another process takes a core (OpenBLAS's spinning workers); "split" stayed
-# within 2.4x of the best plan everywhere, and its best threshold was 2^25 in every run for
-# float, double and bfloat16 (float16: within 2% of its best).
-# minimum_rows made no difference from 1 to 64 in "split" mode on 2 threads.
+# The portable defaults of floats (BLAS) and of integers (numpy's own loop); docs/gemm.md
+# ("Parameters and portable defaults") has the measurements that chose them.
 _FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16}
-# Integers (numpy's own loop, about 2-3 GMAC/s): splitting pays from 2^19 multiply-adds, quiet
-# or contended; "split" and minimum_rows from 1 to 32 ranked equal.
 _INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
+# Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product,
+# slowing the pool's next regions, which a search timing each candidate alone cannot see
+# (docs/gemm.md, "What calibration tries"); "blas" stays a manual setting.
+NOT_CALIBRATED_MODES = ("blas", "split_columns")
 
 
 def _is_integer(element_type: int | None) -> bool:
     return element_type in _INTEGERS
 
 
-def gemm_parameters(element_type: int = T.FLOAT) -> tuple[Parameter, ...]:
+def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]:
     """The parameters of the Gemm and MatMul schemas for ``element_type``."""
     integer = _is_integer(element_type)
     defaults = _INTEGER_DEFAULTS if integer else _FLOAT_DEFAULTS
@@ -148,19 +137,35 @@ def gemm_parameters(element_type: int = T.FLOAT) -> tuple[Parameter, ...]:
     )
 
 
-@functools.cache
 def gemm_schema(op_type: str, element_type: int) -> KernelTuningSchema:
     """The schema of one op (``"Gemm"`` or ``"MatMul"``) and element type."""
-    if element_type not in GEMM_TYPES.get(op_type, ()):
-        raise ValueError(f"no {op_type!r} schema for element type {element_type}; "
-                         f"valid ops and types: {GEMM_TYPES}")
-    return KernelTuningSchema(KernelTuningKey(LIBRARY, op_type, "portable", element_type),
-                              gemm_parameters(element_type))
+    if op_type not in KERNELS:
+        raise ValueError(f"no schema for {op_type!r}; valid: {sorted(KERNELS)}")
+    return KERNELS[op_type][max(KERNELS[op_type])].declaration.schema(element_type)
 
 
 def tuning_schemas() -> list[KernelTuningSchema]:
-    """One schema per op and element type."""
-    return [gemm_schema(op, element_type) for op, types in GEMM_TYPES.items() for element_type in types]
+    """One schema per op and element type (from the declarations)."""
+    return [schema for declaration in DECLARATIONS for schema in declaration.schemas()]
+
+
+def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
+    """The configurations a calibration tries: each mode the schema allows but
+    :data:`NOT_CALIBRATED_MODES`, at three thresholds."""
+    modes = gemm_schema("Gemm", element_type).parameter(MODE).choices or ()
+    return [{MINIMUM_FLOPS: 1 << exponent, MODE: mode, MINIMUM_ROWS: 16}
+            for mode in modes if mode not in NOT_CALIBRATED_MODES
+            for exponent in (17, 21, 25)]
+
+
+def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
+              descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
+    """The configuration search of Gemm or MatMul over :func:`gemm_candidates`."""
+    threads = min(descriptor.num_threads, budget.max_threads)
+    problem = GemmConfigurations(declaration, key.element_type, threads)
+    portable = dict(declaration.schema(key.element_type).defaults)
+    return configuration_search(key, problem, portable, gemm_candidates(key.element_type),
+                                Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
 
 
 
@@ -176,32 +181,16 @@ def _same(out: np.ndarray, result: np.ndarray) -> np.ndarray:
 class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
-    tunable: ClassVar[bool] = True
     trans_a = False  # Gemm's transA: A is (K, M)
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        element_type = self.element_type
-        check_element_type(ctx, element_type, OPSET_TYPES[self.op_type])
-        self.integer = _is_integer(element_type)
-        self.minimum_flops = 1
-        self.mode = "split"
-        self.minimum_rows = 1
-        self._configure(_INTEGER_DEFAULTS if self.integer else _FLOAT_DEFAULTS)
+        self.integer = _is_integer(self.element_type)
 
     def _configure(self, values: Mapping[str, Value]) -> None:
-        modes = INTEGER_MODES if self.integer else MODES
-        mode = str(values[MODE])
-        if mode not in modes:
-            raise self.ctx.error(f"{MODE} must be one of {list(modes)}, got {mode!r}")
-        self.minimum_flops = max(1, int(values[MINIMUM_FLOPS]))
-        self.mode = mode
-        self.minimum_rows = max(1, int(values[MINIMUM_ROWS]))
-
-    @property
-    def num_threads(self) -> int:
-        """Threads of the pool the kernel was configured with (1 without a pool)."""
-        return self.pool.num_threads if self.pool is not None else 1
+        self.minimum_flops = int(values[MINIMUM_FLOPS])
+        self.mode = str(values[MODE])
+        self.minimum_rows = int(values[MINIMUM_ROWS])
 
     def plan(self, m: int, n: int, k: int, batch: Sequence[int] = ()) -> str:
         """How a product of ``batch`` (M, K) x (K, N) matrices runs: one of :data:`PLANS`."""
@@ -448,8 +437,10 @@ class MatMulKernel(_ProductKernel):
         return (y,)
 
 
-# op_type -> {since_version: kernel class}; each class reads ctx.opset for what changed.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Gemm": {7: GemmKernel, 9: GemmKernel, 11: GemmKernel, 13: GemmKernel},
-    "MatMul": {1: MatMulKernel, 9: MatMulKernel, 13: MatMulKernel},
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(GemmKernel, (7, 9, 11, 13), types={7: _OLD, 9: _V9, 13: _V13},
+            parameters=gemm_parameters, calibrate=calibrate),
+    declare(MatMulKernel, (1, 9, 13), types={1: _OLD, 9: _V9, 13: _V13},
+            parameters=gemm_parameters, calibrate=calibrate),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Kernel, NodeContext, normalize_axis, since
+from .base import Kernel, NodeContext, normalize_axis
+from .declaration import KernelDeclaration, declare, dispatch_table
 from .structural import _indices
 
 __all__ = ["KERNELS", "Compress", "GatherND", "ReverseSequence", "Scatter", "ScatterElements",
@@ -242,12 +243,13 @@ class ReverseSequence(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Compress": since(Compress, 9, 11, 28),
-    "GatherND": since(GatherND, 11, 12, 13),
-    "ReverseSequence": since(ReverseSequence, 10, 28),
-    "Scatter": since(Scatter, 9),  # deprecated at 11: onnx's checker rejects it
-    "ScatterElements": since(ScatterElements, 11, 13, 16, 18),
-    "ScatterND": since(ScatterND, 11, 13, 16, 18),
-    "TensorScatter": since(TensorScatter, 24),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(Compress, (9, 11, 28)),
+    declare(GatherND, (11, 12, 13)),
+    declare(ReverseSequence, (10, 28)),
+    declare(Scatter, (9,)),  # deprecated at 11: onnx's checker rejects it
+    declare(ScatterElements, (11, 13, 16, 18)),
+    declare(ScatterND, (11, 13, 16, 18)),
+    declare(TensorScatter, (24,)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -16,7 +16,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, compute_dtype, since
+from .base import Kernel, NodeContext, compute_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 from .reductions import LogSoftmax
 from .structural import outputs_of
 
@@ -31,11 +32,9 @@ class NegativeLogLikelihoodLoss(Kernel):
     """ONNX NegativeLogLikelihoodLoss (12, 13, 22): the loss of log-probabilities."""
 
     op_type: ClassVar[str] = "NegativeLogLikelihoodLoss"
-    types: ClassVar[dict[int, tuple[int, ...]]] = _TYPES
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, self.types)
         reduction = ctx.attribute("reduction", "mean")
         self.reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
         if self.reduction not in _REDUCTIONS:
@@ -81,7 +80,6 @@ class SoftmaxCrossEntropyLoss(NegativeLogLikelihoodLoss):
     and those log-probabilities as an optional second output."""
 
     op_type: ClassVar[str] = "SoftmaxCrossEntropyLoss"
-    types: ClassVar[dict[int, tuple[int, ...]]] = {12: _TYPES[12], 13: _TYPES[22]}
 
     def run(self, scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> Arrays:
         if scores.ndim < 2:
@@ -94,7 +92,8 @@ class SoftmaxCrossEntropyLoss(NegativeLogLikelihoodLoss):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "NegativeLogLikelihoodLoss": since(NegativeLogLikelihoodLoss, 12, 13, 22),
-    "SoftmaxCrossEntropyLoss": since(SoftmaxCrossEntropyLoss, 12, 13),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(NegativeLogLikelihoodLoss, (12, 13, 22), types=_TYPES),
+    declare(SoftmaxCrossEntropyLoss, (12, 13), types={12: _TYPES[12], 13: _TYPES[22]}),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -13,17 +13,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import (
-    FLOAT_TYPES,
-    INTEGER_TYPES,
-    NUMERIC_TYPES,
-    Kernel,
-    NodeContext,
-    check_element_type,
-    compute_dtype,
-    numpy_dtype,
-    since,
-)
+from .base import FLOAT_TYPES, INTEGER_TYPES, NUMERIC_TYPES, Kernel, NodeContext, compute_dtype, numpy_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "Det", "Einsum", "EyeLike"]
 
@@ -40,7 +31,6 @@ class EyeLike(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _EYE_TYPES})
         self.k = int(ctx.attribute("k", 0))
         dtype = ctx.attribute("dtype")
         if dtype is not None and dtype not in _EYE_TYPES:
@@ -60,7 +50,6 @@ class Einsum(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, _EINSUM_TYPES)
         equation = ctx.attribute("equation")
         if equation is None:
             raise ctx.error("attribute 'equation' is required")
@@ -89,7 +78,6 @@ class Det(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: FLOAT_TYPES})
 
     def run(self, x: np.ndarray) -> Arrays:
         if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
@@ -99,8 +87,9 @@ class Det(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Det": since(Det, 11, 22),
-    "Einsum": since(Einsum, 12, 28),
-    "EyeLike": since(EyeLike, 9, 22),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(Det, (11, 22), types=FLOAT_TYPES),
+    declare(Einsum, (12, 28), types=_EINSUM_TYPES),
+    declare(EyeLike, (9, 22), types=_EYE_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

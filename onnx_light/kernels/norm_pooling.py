@@ -13,7 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Kernel, NodeContext, check_element_type, compute_dtype, since
+from .base import Kernel, NodeContext, compute_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 from .pooling import _FLOATS, _FLOATS_22, _planes, _Pool, _positions, _separable
 from .window import pad_spatial
 
@@ -71,7 +72,6 @@ class GlobalLpPool(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
         self.p = _p(ctx)
 
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
@@ -83,7 +83,9 @@ class GlobalLpPool(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "GlobalLpPool": since(GlobalLpPool, 1, 2, 22),
-    "LpPool": since(LpPool, 1, 2, 11, 18, 22),
-}
+_TYPES = {1: _FLOATS, 22: _FLOATS_22}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(GlobalLpPool, (1, 2, 22), types=_TYPES),
+    declare(LpPool, (1, 2, 11, 18, 22), types=_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

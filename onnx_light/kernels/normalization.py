@@ -23,7 +23,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, compute_dtype, numpy_dtype
+from .base import Kernel, NodeContext, compute_dtype, numpy_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "ChannelAffine",
            "InstanceNormalization", "LayerNormalization", "batch_norm_affine"]
@@ -99,7 +100,6 @@ class BatchNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 15: _FLOATS_BF16})
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
         self.momentum = float(np.float32(ctx.attribute("momentum", 0.9)))
         self.training = ctx.opset >= 14 and bool(ctx.attribute("training_mode", 0))
@@ -186,7 +186,6 @@ class InstanceNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_BF16})
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
 
     def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Sequence[np.ndarray]:
@@ -211,7 +210,6 @@ class LayerNormalization(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {17: _FLOATS_BF16})
         self.axis = int(ctx.attribute("axis", -1))
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
         stash = int(ctx.attribute("stash_type", T.FLOAT))
@@ -239,8 +237,9 @@ class LayerNormalization(Kernel):
         return outputs[:max(1, self.ctx.num_outputs)]
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "BatchNormalization": dict.fromkeys((1, 6, 7, 9, 14, 15), BatchNormalization),
-    "InstanceNormalization": dict.fromkeys((1, 6, 22), InstanceNormalization),
-    "LayerNormalization": {17: LayerNormalization},
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(BatchNormalization, (1, 6, 7, 9, 14, 15), types={1: _FLOATS, 15: _FLOATS_BF16}),
+    declare(InstanceNormalization, (1, 6, 22), types={1: _FLOATS, 22: _FLOATS_BF16}),
+    declare(LayerNormalization, (17,), types=_FLOATS_BF16),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -31,7 +31,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, compute_dtype
+from .base import Kernel, NodeContext, compute_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
 
 __all__ = [
@@ -109,11 +110,8 @@ def _planes(kernel: Kernel, count: int, work: int, block: Callable[[int, int], N
 class _Pool(Kernel):
     """What MaxPool and AveragePool share: attributes, geometry, input checks."""
 
-    types: ClassVar[dict[int, tuple[int, ...]]] = {1: _FLOATS, 22: _FLOATS_22}
-
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, self.types)
         self.attributes = WindowAttributes.read(ctx, ceil_mode=bool(ctx.attribute("ceil_mode", 0)))
         if self.attributes.kernel_shape is None:
             raise ctx.error("attribute kernel_shape is required")
@@ -138,8 +136,6 @@ class MaxPool(_Pool):
     """
 
     op_type: ClassVar[str] = "MaxPool"
-    types: ClassVar[dict[int, tuple[int, ...]]] = {
-        1: _FLOATS, 12: (*_FLOATS, T.INT8, T.UINT8), 22: (*_FLOATS_22, T.INT8, T.UINT8)}
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -262,10 +258,6 @@ class AveragePool(_Pool):
 class _GlobalPool(Kernel):
     """A reduction over every spatial axis of (N, C, ...), kept as size 1 (opsets 1, 22)."""
 
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 22: _FLOATS_22})
-
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 2:
             raise self.ctx.error(f"X must have shape (N, C, ...), got {list(x.shape)}")
@@ -305,7 +297,6 @@ class LRN(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _FLOATS, 13: _FLOATS_22})
         size = ctx.attribute("size")
         if size is None or int(size) < 1:
             raise ctx.error(f"attribute size must be a positive int, got {size!r}")
@@ -351,10 +342,13 @@ class LRN(Kernel):
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "AveragePool": dict.fromkeys((1, 7, 10, 11, 19, 22), AveragePool),
-    "GlobalAveragePool": dict.fromkeys((1, 22), GlobalAveragePool),
-    "GlobalMaxPool": dict.fromkeys((1, 22), GlobalMaxPool),
-    "LRN": dict.fromkeys((1, 13), LRN),
-    "MaxPool": dict.fromkeys((1, 8, 10, 11, 12, 22), MaxPool),
-}
+_POOL_TYPES = {1: _FLOATS, 22: _FLOATS_22}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(AveragePool, (1, 7, 10, 11, 19, 22), types=_POOL_TYPES),
+    declare(GlobalAveragePool, (1, 22), types=_POOL_TYPES),
+    declare(GlobalMaxPool, (1, 22), types=_POOL_TYPES),
+    declare(LRN, (1, 13), types={1: _FLOATS, 13: _FLOATS_22}),
+    declare(MaxPool, (1, 8, 10, 11, 12, 22),
+            types={1: _FLOATS, 12: (*_FLOATS, T.INT8, T.UINT8), 22: (*_FLOATS_22, T.INT8, T.UINT8)}),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

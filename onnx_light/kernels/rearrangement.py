@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Kernel, NodeContext, ints, normalize_axes, since
+from .base import Kernel, NodeContext, ints, normalize_axes
+from .declaration import KernelDeclaration, declare, dispatch_table
 from .structural import zero
 
 __all__ = ["KERNELS", "CenterCropPad", "Col2Im", "DepthToSpace", "SpaceToDepth"]
@@ -170,9 +171,10 @@ class Col2Im(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "CenterCropPad": since(CenterCropPad, 18),
-    "Col2Im": since(Col2Im, 18),
-    "DepthToSpace": since(DepthToSpace, 1, 11, 13, 28),
-    "SpaceToDepth": since(SpaceToDepth, 1, 13, 28),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(CenterCropPad, (18,)),
+    declare(Col2Im, (18,)),
+    declare(DepthToSpace, (1, 11, 13, 28)),
+    declare(SpaceToDepth, (1, 13, 28)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

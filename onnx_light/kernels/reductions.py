@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis, since
+from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "Reduce"]
 
@@ -201,19 +202,20 @@ class LogSoftmax(Softmax):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "ArgMax": since(ArgMax, 1, 11, 12, 13),
-    "ArgMin": since(ArgMin, 1, 11, 12, 13),
-    "LogSoftmax": since(LogSoftmax, 1, 11, 13),
-    "ReduceL1": since(ReduceL1, 1, 11, 13, 18),
-    "ReduceL2": since(ReduceL2, 1, 11, 13, 18),
-    "ReduceLogSum": since(ReduceLogSum, 1, 11, 13, 18, 28),
-    "ReduceLogSumExp": since(ReduceLogSumExp, 1, 11, 13, 18, 28),
-    "ReduceMax": since(ReduceMax, 1, 11, 12, 13, 18, 20),
-    "ReduceMean": since(ReduceMean, 1, 11, 13, 18),
-    "ReduceMin": since(ReduceMin, 1, 11, 12, 13, 18, 20),
-    "ReduceProd": since(ReduceProd, 1, 11, 13, 18),
-    "ReduceSum": since(ReduceSum, 1, 11, 13),
-    "ReduceSumSquare": since(ReduceSumSquare, 1, 11, 13, 18),
-    "Softmax": since(Softmax, 1, 11, 13),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(ArgMax, (1, 11, 12, 13)),
+    declare(ArgMin, (1, 11, 12, 13)),
+    declare(LogSoftmax, (1, 11, 13)),
+    declare(ReduceL1, (1, 11, 13, 18)),
+    declare(ReduceL2, (1, 11, 13, 18)),
+    declare(ReduceLogSum, (1, 11, 13, 18, 28)),
+    declare(ReduceLogSumExp, (1, 11, 13, 18, 28)),
+    declare(ReduceMax, (1, 11, 12, 13, 18, 20)),
+    declare(ReduceMean, (1, 11, 13, 18)),
+    declare(ReduceMin, (1, 11, 12, 13, 18, 20)),
+    declare(ReduceProd, (1, 11, 13, 18)),
+    declare(ReduceSum, (1, 11, 13)),
+    declare(ReduceSumSquare, (1, 11, 13, 18)),
+    declare(Softmax, (1, 11, 13)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -20,16 +20,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import (
-    FLOAT_TYPES,
-    NUMERIC_TYPES,
-    Kernel,
-    NodeContext,
-    check_element_type,
-    compute_dtype,
-    ints,
-    since,
-)
+from .base import FLOAT_TYPES, NUMERIC_TYPES, Kernel, NodeContext, compute_dtype, ints
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "AffineGrid", "GridSample"]
 
@@ -50,7 +42,6 @@ class AffineGrid(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {20: FLOAT_TYPES})
         self.align_corners = bool(ctx.attribute("align_corners", 0))
 
     def run(self, theta: np.ndarray, size: np.ndarray) -> Arrays:
@@ -105,7 +96,6 @@ class GridSample(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {16: NUMERIC_TYPES})
         modes = _MODES[20 if ctx.opset >= 20 else 16]
         mode = ctx.attribute("mode", modes[0])
         mode = mode.decode() if isinstance(mode, bytes) else str(mode)
@@ -183,7 +173,8 @@ class GridSample(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "AffineGrid": since(AffineGrid, 20),
-    "GridSample": since(GridSample, 16, 20, 22),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(AffineGrid, (20,), types=FLOAT_TYPES),
+    declare(GridSample, (16, 20, 22), types=NUMERIC_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

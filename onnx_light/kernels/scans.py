@@ -15,7 +15,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, compute_dtype, normalize_axis, since
+from .base import Kernel, NodeContext, compute_dtype, normalize_axis
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "CumProd", "CumSum", "Scan"]
 
@@ -31,7 +32,6 @@ class Scan(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {1: _TYPES})
         self.exclusive = bool(ctx.attribute("exclusive", 0))
         self.reverse = bool(ctx.attribute("reverse", 0))
 
@@ -66,7 +66,8 @@ class CumProd(Scan):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "CumProd": since(CumProd, 26),
-    "CumSum": since(CumSum, 11, 14),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(CumProd, (26,), types=_TYPES),
+    declare(CumSum, (11, 14), types=_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -16,16 +16,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import (
-    FLOAT_TYPES,
-    NUMERIC_TYPES,
-    Kernel,
-    NodeContext,
-    check_element_type,
-    normalize_axis,
-    numpy_dtype,
-    since,
-)
+from .base import FLOAT_TYPES, NUMERIC_TYPES, Kernel, NodeContext, normalize_axis, numpy_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = [
     "DFT",
@@ -70,14 +62,13 @@ class _Window(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.ctx.input_types[0] if ctx.input_types else None,
-                           {17: (T.INT32, T.INT64)})
         self.periodic = bool(ctx.attribute("periodic", 1))
         self.dtype = _output_dtype(ctx)
 
-    @property
-    def element_type(self) -> int | None:
-        return self.ctx.output_types[0] if self.ctx.output_types else None
+    @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
+        """The type of ``size`` (the declaration's): the output's is ``output_datatype``."""
+        return ctx.input_types[0] if ctx.input_types else None
 
     def run(self, size: np.ndarray) -> Arrays:
         points = _count(self.ctx, "size", size)
@@ -130,7 +121,6 @@ class DFT(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {17: FLOAT_TYPES})
         self.inverse = bool(ctx.attribute("inverse", 0))
         self.onesided = bool(ctx.attribute("onesided", 0))
         self.axis = int(ctx.attribute("axis", 1))
@@ -165,7 +155,6 @@ class STFT(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {17: FLOAT_TYPES})
         self.onesided = bool(ctx.attribute("onesided", 1))
 
     def run(self, signal: np.ndarray, frame_step: np.ndarray, window: np.ndarray | None = None,
@@ -205,10 +194,6 @@ class MelWeightMatrix(Kernel):
         super().__init__(ctx)
         self.dtype = _output_dtype(ctx)
 
-    @property
-    def element_type(self) -> int | None:
-        return self.ctx.output_types[0] if self.ctx.output_types else None
-
     def run(self, num_mel_bins: np.ndarray, dft_length: np.ndarray, sample_rate: np.ndarray,
             lower_edge_hertz: np.ndarray, upper_edge_hertz: np.ndarray) -> Arrays:
         ctx = self.ctx
@@ -235,9 +220,10 @@ class MelWeightMatrix(Kernel):
 _WINDOWS = {"BlackmanWindow": BlackmanWindow, "HammingWindow": HammingWindow, "HannWindow": HannWindow}
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    **{name: since(cls, 17) for name, cls in _WINDOWS.items()},
-    "DFT": since(DFT, 17, 20),
-    "MelWeightMatrix": since(MelWeightMatrix, 17),
-    "STFT": since(STFT, 17),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *(declare(cls, (17,), op_type=name, types=(T.INT32, T.INT64)) for name, cls in _WINDOWS.items()),
+    declare(DFT, (17, 20), types=FLOAT_TYPES),
+    declare(MelWeightMatrix, (17,)),
+    declare(STFT, (17,), types=FLOAT_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

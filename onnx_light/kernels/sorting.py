@@ -14,16 +14,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import (
-    FLOAT_TYPES,
-    INTEGER_TYPES,
-    Kernel,
-    NodeContext,
-    check_element_type,
-    compute_dtype,
-    normalize_axis,
-    since,
-)
+from .base import FLOAT_TYPES, INTEGER_TYPES, Kernel, NodeContext, compute_dtype, normalize_axis
+from .declaration import KernelDeclaration, declare, dispatch_table
 from .structural import outputs_of
 
 __all__ = ["KERNELS", "TopK", "Unique"]
@@ -41,7 +33,6 @@ class TopK(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, _TOPK_TYPES)
         self.axis = int(ctx.attribute("axis", -1))
         self.largest = ctx.opset < 11 or bool(ctx.attribute("largest", 1))
         self.k = ctx.attribute("k")
@@ -94,7 +85,8 @@ class Unique(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "TopK": since(TopK, 1, 10, 11, 24),
-    "Unique": since(Unique, 11, 28),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(TopK, (1, 10, 11, 24), types=_TOPK_TYPES),
+    declare(Unique, (11, 28)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

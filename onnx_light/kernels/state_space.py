@@ -16,7 +16,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, since
+from .base import Kernel, NodeContext
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "CausalConvWithState", "LinearAttention"]
 
@@ -37,7 +38,6 @@ class CausalConvWithState(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, _TYPES)
         activation = ctx.attribute("activation", "none")
         self.activation = activation.decode() if isinstance(activation, bytes) else str(activation)
         if self.activation not in ("silu", "swish", "none"):
@@ -79,7 +79,6 @@ class LinearAttention(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, _TYPES)
         self.q_heads = int(ctx.attribute("q_num_heads", 0))
         self.kv_heads = int(ctx.attribute("kv_num_heads", 0))
         if self.kv_heads < 1 or self.q_heads < 1 or self.q_heads % self.kv_heads:
@@ -131,7 +130,8 @@ class LinearAttention(Kernel):
         return [out.reshape(batch, steps, -1).astype(query.dtype), state.astype(query.dtype)]
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "CausalConvWithState": since(CausalConvWithState, 27),
-    "LinearAttention": since(LinearAttention, 27),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(CausalConvWithState, (27,), types=_TYPES),
+    declare(LinearAttention, (27,), types=_TYPES),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

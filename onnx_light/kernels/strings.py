@@ -16,7 +16,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, check_element_type, since
+from .base import Kernel, NodeContext
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "RegexFullMatch", "StringConcat", "StringNormalizer", "StringSplit"]
 
@@ -31,7 +32,6 @@ def _text(value: object) -> str:
 class _StringKernel(Kernel):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, _STRING)
 
 
 class StringConcat(_StringKernel):
@@ -121,9 +121,10 @@ class RegexFullMatch(_StringKernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "RegexFullMatch": since(RegexFullMatch, 20),
-    "StringConcat": since(StringConcat, 20),
-    "StringNormalizer": since(StringNormalizer, 10),
-    "StringSplit": since(StringSplit, 20),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(RegexFullMatch, (20,), types=_STRING),
+    declare(StringConcat, (20,), types=_STRING),
+    declare(StringNormalizer, (10,), types=_STRING),
+    declare(StringSplit, (20,), types=_STRING),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

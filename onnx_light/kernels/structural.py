@@ -16,7 +16,8 @@ import numpy as np
 
 from ..tuning.keys import ELEMENT_TYPE_CODES
 from ..tuning.keys import ElementType as TensorProto
-from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis, numpy_dtype, since
+from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis, numpy_dtype
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "cast"]
 
@@ -623,31 +624,32 @@ class Pad(Kernel):
 
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Cast": since(Cast, 1, 6, 9, 13, 19, 21, 23, 24, 25, 28),
-    "CastLike": since(CastLike, 15, 19, 21, 23, 24, 25),
-    "Concat": since(Concat, 1, 4, 11, 13),
-    "Constant": since(Constant, 1, 9, 11, 12, 13, 19, 21, 23, 24, 25),
-    "ConstantOfShape": since(ConstantOfShape, 9, 20, 21, 23, 24, 25),
-    "Dropout": since(Dropout, 1, 6, 7, 10, 12, 13, 22),
-    "Expand": since(Expand, 8, 13),
-    "Flatten": since(Flatten, 1, 9, 11, 13, 21, 23, 24, 25),
-    "Gather": since(Gather, 1, 11, 13),
-    "GatherElements": since(GatherElements, 11, 13),
-    "Identity": since(Identity, 1, 13, 14, 16, 19, 21, 23, 24, 25),
-    "NonZero": since(NonZero, 9, 13),
-    "OneHot": since(OneHot, 9, 11, 28),
-    "Pad": since(Pad, 1, 2, 11, 13, 18, 19, 21, 23, 24, 25),
-    "Range": since(Range, 11, 27),
-    "Reshape": since(Reshape, 1, 5, 13, 14, 19, 21, 23, 24, 25),
-    "Shape": since(Shape, 1, 13, 15, 19, 21, 23, 24, 25),
-    "Size": since(Size, 1, 13, 19, 21, 23, 24, 25),
-    "Slice": since(Slice, 1, 10, 11, 13),
-    "Split": since(Split, 1, 2, 11, 13, 18),
-    "Squeeze": since(Squeeze, 1, 11, 13, 21, 23, 24, 25),
-    "Tile": since(Tile, 1, 6, 13),
-    "Transpose": since(Transpose, 1, 13, 21, 23, 24, 25),
-    "Trilu": since(Trilu, 14),
-    "Unsqueeze": since(Unsqueeze, 1, 11, 13, 21, 23, 24, 25),
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(Cast, (1, 6, 9, 13, 19, 21, 23, 24, 25, 28)),
+    declare(CastLike, (15, 19, 21, 23, 24, 25)),
+    declare(Concat, (1, 4, 11, 13)),
+    declare(Constant, (1, 9, 11, 12, 13, 19, 21, 23, 24, 25)),
+    declare(ConstantOfShape, (9, 20, 21, 23, 24, 25)),
+    declare(Dropout, (1, 6, 7, 10, 12, 13, 22)),
+    declare(Expand, (8, 13)),
+    declare(Flatten, (1, 9, 11, 13, 21, 23, 24, 25)),
+    declare(Gather, (1, 11, 13)),
+    declare(GatherElements, (11, 13)),
+    declare(Identity, (1, 13, 14, 16, 19, 21, 23, 24, 25)),
+    declare(NonZero, (9, 13)),
+    declare(OneHot, (9, 11, 28)),
+    declare(Pad, (1, 2, 11, 13, 18, 19, 21, 23, 24, 25)),
+    declare(Range, (11, 27)),
+    declare(Reshape, (1, 5, 13, 14, 19, 21, 23, 24, 25)),
+    declare(Shape, (1, 13, 15, 19, 21, 23, 24, 25)),
+    declare(Size, (1, 13, 19, 21, 23, 24, 25)),
+    declare(Slice, (1, 10, 11, 13)),
+    declare(Split, (1, 2, 11, 13, 18)),
+    declare(Squeeze, (1, 11, 13, 21, 23, 24, 25)),
+    declare(Tile, (1, 6, 13)),
+    declare(Transpose, (1, 13, 21, 23, 24, 25)),
+    declare(Trilu, (14,)),
+    declare(Unsqueeze, (1, 11, 13, 21, 23, 24, 25)),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
 

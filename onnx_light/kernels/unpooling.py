@@ -10,7 +10,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT_TYPES, Kernel, NodeContext, check_element_type, ints, since
+from .base import FLOAT_TYPES, Kernel, NodeContext, ints
+from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "MaxUnpool"]
 
@@ -24,7 +25,6 @@ class MaxUnpool(Kernel):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        check_element_type(ctx, self.element_type, {9: (T.FLOAT16, T.FLOAT, T.DOUBLE), 22: FLOAT_TYPES})
         self.kernel_shape = ints(ctx.attribute("kernel_shape"))
         if not self.kernel_shape or min(self.kernel_shape) < 1:
             raise ctx.error(f"attribute kernel_shape must hold positive sizes, got {self.kernel_shape}")
@@ -60,4 +60,7 @@ class MaxUnpool(Kernel):
         return (out,)
 
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = {"MaxUnpool": since(MaxUnpool, 9, 11, 22)}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(MaxUnpool, (9, 11, 22), types={9: (T.FLOAT16, T.FLOAT, T.DOUBLE), 22: FLOAT_TYPES}),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -1,8 +1,10 @@
-"""Dispatch: (domain, op type, opset) -> kernel class, from the kernel library's table.
+"""Dispatch: (domain, op type, opset, element type) -> kernel class, from the kernel
+library's declarations.
 
-The table maps ``op_type -> {since_version: class}``; the kernel chosen is the
-one with the highest ``since_version`` not above the model's opset, as ONNX's
-own versioning rules say.
+The declarations map ``op_type`` to a
+:class:`~onnx_light.kernels.declaration.KernelDeclaration`; the version in force is the
+highest ``since_version`` not above the model's opset, as ONNX's own versioning rules say,
+and the node's element type must be one that version of the kernel takes.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..kernels.base import Kernel
+from ..kernels.base import Kernel, NodeContext
+from ..kernels.declaration import KernelDeclaration
 
 __all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "find_kernel"]
 
 ONNX_DOMAINS = frozenset({"", "ai.onnx"})
-KernelTable = Mapping[str, Mapping[int, type[Kernel]]]
+Declarations = Mapping[str, KernelDeclaration]
 
 
 @dataclass(frozen=True)
@@ -41,19 +44,25 @@ class UnsupportedOperatorError(ValueError):
         super().__init__(f"the model uses {len(operators)} unsupported operator(s):\n  {lines}")
 
 
-def find_kernel(table: KernelTable, domain: str, op_type: str,
-                opset: int | None) -> type[Kernel] | UnsupportedOperator:
-    """The kernel class for an operator at an opset, or why there is none."""
+def find_kernel(declarations: Declarations, domain: str, op_type: str, opset: int | None,
+                ctx: NodeContext | None = None,
+                since_version: int | None = None) -> type[Kernel] | UnsupportedOperator:
+    """The kernel class for an operator at an opset, or why there is none.
+
+    With the node's context the element type is checked too, and with ``since_version`` (the
+    operator's version at the opset, from the onnx that checked the model) a version newer
+    than the kernel's is refused; without them only the operator and the opset are, enough
+    to tell whether a model's operators are implemented at all.
+    """
     if domain not in ONNX_DOMAINS:
         return UnsupportedOperator(domain, op_type, opset, f"domain {domain!r} is not supported")
     if opset is None:
         return UnsupportedOperator(domain, op_type, opset, "the model imports no opset for the domain")
-    versions = table.get(op_type)
-    if not versions:
+    declaration = declarations.get(op_type)
+    if declaration is None:
         return UnsupportedOperator(domain, op_type, opset, "operator not implemented")
-    eligible = [v for v in versions if v <= opset]
-    if not eligible:
-        return UnsupportedOperator(
-            domain, op_type, opset,
-            f"implemented from opset {min(versions)} on, the model uses opset {opset}")
-    return versions[max(eligible)]
+    element_type = None if ctx is None else declaration.kernel.element_type_of(ctx)
+    reason = declaration.refusal(opset, element_type, since_version)
+    if reason is not None:
+        return UnsupportedOperator(domain, op_type, opset, reason)
+    return declaration.kernel

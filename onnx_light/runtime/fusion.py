@@ -34,7 +34,6 @@ activations fuse exactly. ``RuntimeSession(..., fuse=False)`` runs the graph as 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -123,14 +122,13 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                     continue
             if isinstance(previous, ChannelAffine) and previous.epilogue is None:
                 composed = ChannelAffine(previous.ctx, previous.multiplier * affine.multiplier,
-                                         previous.offset * affine.multiplier + affine.offset)
-                composed.configure(None, previous.pool)
+                                         previous.offset * affine.multiplier + affine.offset
+                                         ).bind(previous.pool)
                 sources.update(affine.constants)
                 absorb(index, composed, result[index][1], outputs)
                 continue
             replacement = ChannelAffine(dataclasses.replace(kernel.ctx, op_type="ChannelAffine"),
-                                        affine.multiplier, affine.offset)
-            replacement.configure(None, kernel.pool)
+                                        affine.multiplier, affine.offset).bind(kernel.pool)
             sources.update(affine.constants)
             kernel, inputs = replacement, (affine.x,)
         elif isinstance(kernel, ConvKernel) and len(inputs) > 1 and inputs[0] is not None:
@@ -140,8 +138,8 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
             if (isinstance(previous, ChannelAffine) and kernel.prologue is None
                     and w is not None and kernel.accepts_prologue(w.shape)
                     and {previous.multiplier.size, previous.offset.size} <= {1, w.shape[1] * kernel.group}):
-                kernel = copy.copy(kernel)
-                kernel.prologue = Prologue(previous.multiplier, previous.offset, previous.epilogue)
+                kernel = kernel.variant(prologue=Prologue(previous.multiplier, previous.offset,
+                                                          previous.epilogue))
                 inputs = (result[index][1][0], *inputs[1:])
                 result[index] = None  # the affine step runs inside the convolution now
         elif (isinstance(kernel, ElementwiseKernel) and kernel.ctx.op_type in ("Add", "Sum")
@@ -158,8 +156,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                             if previous.accepts_epilogue and previous.epilogue is None
                             and element_type in FUSED_TYPES else None)
                 if function is not None:
-                    with_epilogue = copy.copy(previous)  # the unfused plan keeps the original
-                    with_epilogue.epilogue = function
+                    with_epilogue = previous.variant(epilogue=function)  # the unfused plan keeps the original
                     absorb(index, with_epilogue, result[index][1], outputs)
                     continue
         result.append([kernel, inputs, outputs])
@@ -189,8 +186,7 @@ def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None
                 or not conv.ctx.output_types or conv.ctx.output_types[0] not in FUSED_TYPES
                 or producer.get(other, -1) > index):  # the other operand comes later
             continue
-        fused = copy.copy(conv)  # the unfused plan keeps the original
-        fused.residual = True
+        fused = conv.variant(residual=True)  # the unfused plan keeps the original
         conv_inputs = result[index][1]
         bias = conv_inputs[2] if len(conv_inputs) > 2 else None
         return index, fused, (conv_inputs[0], conv_inputs[1], bias, other)

@@ -30,14 +30,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..kernels import KERNELS
+from ..kernels import DECLARATIONS
 from ..kernels.base import Kernel, KernelError, NodeContext, numpy_dtype, quiet
 from ..parallel import BLAS, get_pool
 from ..tuning.keys import element_type_name
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
 from .branches import Branches, group_branches
-from .dispatch import UnsupportedOperator, UnsupportedOperatorError, find_kernel
+from .dispatch import ONNX_DOMAINS, UnsupportedOperator, UnsupportedOperatorError, find_kernel
 from .fusion import fuse as fuse_steps
 
 __all__ = ["InvalidInputError", "NodeArg", "RuntimeSession"]
@@ -394,6 +394,16 @@ _NEWEST_OPSETS = {"": onnx.defs.onnx_opset_version, "ai.onnx": onnx.defs.onnx_op
                   "ai.onnx.ml": onnx.defs.onnx_ml_opset_version}
 
 
+@functools.cache
+def _since_version(op_type: str, opset: int) -> int | None:
+    """The version of an ONNX operator in force at ``opset``, as the installed onnx defines
+    it; None for an operator it does not know."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "").since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
 def _check_opsets(model: onnx.ModelProto) -> None:
     """Refuse an opset newer than the installed onnx defines: its operators' meaning is unknown here."""
     for entry in model.opset_import:
@@ -529,22 +539,25 @@ class RuntimeSession:
         # Step 1: dispatch constructs every kernel (and lists every unsupported operator).
         kernels, unsupported = [], []
         for index, node in enumerate(graph.node):
-            found = find_kernel(KERNELS, node.domain or "", node.op_type, opsets.get(node.domain or ""))
-            if isinstance(found, UnsupportedOperator):
-                if found not in unsupported:
-                    unsupported.append(found)
-                continue
-            ctx = NodeContext(
+            domain = node.domain or ""
+            opset = opsets.get(domain)
+            ctx = None if opset is None or domain not in ONNX_DOMAINS else NodeContext(
                 name=node.name or f"{node.op_type}_{index}",
                 op_type=node.op_type,
                 domain=node.domain,
-                opset=opsets[node.domain or ""],
+                opset=opset,
                 attributes={a.name: _attribute_value(a) for a in node.attribute},
                 input_types=tuple(_element_type(types.get(n)) if n else None for n in node.input),
                 output_types=tuple(_element_type(types.get(n)) if n else None for n in node.output),
                 num_inputs=len(node.input),
                 num_outputs=len(node.output),
             )
+            found = find_kernel(DECLARATIONS, domain, node.op_type, opset, ctx,
+                                None if ctx is None else _since_version(node.op_type, opset))
+            if isinstance(found, UnsupportedOperator):
+                if found not in unsupported:
+                    unsupported.append(found)
+                continue
             kernels.append(found(ctx))
         if unsupported:
             raise UnsupportedOperatorError(unsupported)
@@ -557,7 +570,7 @@ class RuntimeSession:
         resolutions = [None if key is None else snapshot.resolve(key, self.descriptor)
                        for key in keys]
         for kernel, resolution in zip(kernels, resolutions, strict=True):
-            kernel.configure(None if resolution is None else resolution.values, self._pool)
+            kernel.bind(self._pool).configure(None if resolution is None else resolution.values)
         self.tuning_resolution_seconds = time.perf_counter() - tuning_started
         self._tuning = [(kernel.ctx.name, resolution) for kernel, resolution
                         in zip(kernels, resolutions, strict=True) if resolution is not None]

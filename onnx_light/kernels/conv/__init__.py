@@ -14,7 +14,9 @@ history behind the defaults: ``docs/conv.md``.
 
 from __future__ import annotations
 
+from ...tuning.schema import KernelTuningSchema
 from ..base import Kernel
+from ..declaration import KernelDeclaration, declare, dispatch_table
 from ..window import Window, WindowAttributes
 from .blocks import Prologue
 from .calibration import (
@@ -22,7 +24,6 @@ from .calibration import (
     ConvCalibrationProblem,
     CorpusCase,
     calibrate_conv,
-    calibration_callbacks,
     candidate_grid,
 )
 from .config import (
@@ -31,6 +32,7 @@ from .config import (
     BLOCK_BYTES,
     CONV_TYPES,
     MINIMUM_FLOPS,
+    OPSET_TYPES,
     REFERENCE,
     SPLIT,
     SPLITS,
@@ -39,8 +41,6 @@ from .config import (
     WINOGRAD_OUTPUTS,
     ConvConfig,
     conv_parameters,
-    conv_schema,
-    tuning_schemas,
 )
 from .kernel import ConvKernel
 from .numerics import error_bound
@@ -51,6 +51,7 @@ __all__ = [
     "BLOCK_BYTES",
     "CONV_TYPES",
     "CORPUS",
+    "DECLARATIONS",
     "KERNELS",
     "MINIMUM_FLOPS",
     "REFERENCE",
@@ -67,7 +68,6 @@ __all__ = [
     "Window",
     "WindowAttributes",
     "calibrate_conv",
-    "calibration_callbacks",
     "candidate_grid",
     "conv_parameters",
     "conv_schema",
@@ -75,7 +75,18 @@ __all__ = [
     "tuning_schemas",
 ]
 
-# op_type -> {since_version: kernel class}; the class checks the types of ctx.opset.
-KERNELS: dict[str, dict[int, type[Kernel]]] = {
-    "Conv": {1: ConvKernel, 11: ConvKernel, 22: ConvKernel},
-}
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare(ConvKernel, (1, 11, 22), types=OPSET_TYPES, parameters=conv_parameters,
+            calibrate=calibrate_conv),
+)
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
+
+
+def conv_schema(element_type: int) -> KernelTuningSchema:
+    """The Conv schema of one element type (from the declaration)."""
+    return DECLARATIONS[0].schema(element_type)
+
+
+def tuning_schemas() -> list[KernelTuningSchema]:
+    """One Conv schema per element type (from the declaration)."""
+    return DECLARATIONS[0].schemas()

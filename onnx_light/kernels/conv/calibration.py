@@ -18,6 +18,7 @@ from ...tuning.keys import KernelTuningKey
 from ...tuning.processor import CpuExecutionDescriptor
 from ...tuning.schema import Value
 from ..base import NodeContext, compute_dtype
+from ..declaration import KernelDeclaration
 from ..window import Window, WindowAttributes
 from .config import (
     _DEFAULTS,
@@ -27,14 +28,11 @@ from .config import (
     NEVER,
     SPLIT,
     WINOGRAD_CHANNELS,
-    conv_schema,
-    tuning_schemas,
 )
 from .kernel import ConvKernel
 from .numerics import error_bound
 
-__all__ = ["CORPUS", "ConvCalibrationProblem", "CorpusCase", "calibrate_conv", "calibration_callbacks",
-           "candidate_grid"]
+__all__ = ["CORPUS", "ConvCalibrationProblem", "CorpusCase", "calibrate_conv", "candidate_grid"]
 
 
 @dataclass(frozen=True)
@@ -155,8 +153,8 @@ class ConvCalibrationProblem:
             spec = self.corpus[case]
             et = self.element_type
             ctx = NodeContext(case, "Conv", "", 22, spec.attributes(), (et, et, et), (et,), 3, 1)
-            kernel = ConvKernel(ctx)
-            kernel.configure(values, self.pool)
+            kernel = ConvKernel(ctx).bind(self.pool)
+            kernel.configure(values)
             kernel = kernel.specialize([None, w, None]) or kernel
             self._kernels[key] = kernel
         return kernel
@@ -178,10 +176,12 @@ class ConvCalibrationProblem:
 SAMPLES = 3  # interleaved samples per case (what the corpus's search costs: docs/conv.md)
 
 
-def calibrate_conv(key: KernelTuningKey, descriptor: CpuExecutionDescriptor, budget: Budget, *,
+def calibrate_conv(declaration: KernelDeclaration, key: KernelTuningKey,
+                   descriptor: CpuExecutionDescriptor, budget: Budget, *,
                    timer: Callable[[], float] = time.perf_counter,
                    corpus: Sequence[CorpusCase] = CORPUS) -> CalibrationResult:
-    """Conv's calibration callback: :func:`configuration_search` over :data:`CORPUS`.
+    """Conv's calibration callback (its declaration names it): :func:`configuration_search`
+    over :data:`CORPUS`.
 
     Runs on the process-wide pool of ``min(descriptor.num_threads, budget.max_threads)``
     threads; every candidate of :func:`candidate_grid` is validated against the portable
@@ -189,14 +189,10 @@ def calibrate_conv(key: KernelTuningKey, descriptor: CpuExecutionDescriptor, bud
     """
     threads = max(1, min(descriptor.num_threads, budget.max_threads))
     problem = ConvCalibrationProblem(key.element_type, get_pool(threads), corpus)
-    portable = dict(conv_schema(key.element_type).defaults)
+    portable = dict(declaration.schema(key.element_type).defaults)
     result = configuration_search(key, problem, portable, candidate_grid(), budget, samples=SAMPLES,
                                   timer=timer)
     result.diagnostics.insert(0, f"{key}: corpus of {len(corpus)} convolutions, "
                                  f"{len(candidate_grid())} candidates, {threads} thread(s)")
     return result
 
-
-def calibration_callbacks() -> dict[KernelTuningKey, Callable[..., CalibrationResult]]:
-    """Conv's calibration callback for every element type's key."""
-    return {schema.key: calibrate_conv for schema in tuning_schemas()}

@@ -35,13 +35,11 @@ the portable defaults are what they are, with the measurements: ``docs/conv.md``
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ...tuning.keys import ElementType, KernelTuningKey, element_type_name
-from ...tuning.schema import KernelTuningSchema, Parameter, Value
-from ..base import LIBRARY
+from ...tuning.keys import ElementType
+from ...tuning.schema import Parameter, Value
 
 T = ElementType
 CONV_TYPES = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
@@ -100,8 +98,9 @@ ROWS_PER_THREAD = 4
 DEPTHWISE_COST = 16
 
 
-def conv_parameters() -> tuple[Parameter, ...]:
-    """The parameters of every Conv schema."""
+def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
+    """The parameters of the Conv schema: the same for every element type (the schema factory
+    of Conv's declaration)."""
     return (
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
@@ -126,24 +125,9 @@ def conv_parameters() -> tuple[Parameter, ...]:
     )
 
 
-@functools.cache
-def conv_schema(element_type: int) -> KernelTuningSchema:
-    """The Conv schema of one element type."""
-    if element_type not in CONV_TYPES:
-        raise ValueError(f"no Conv schema for element type {element_type}; valid: "
-                         f"{[element_type_name(t) for t in CONV_TYPES]}")
-    return KernelTuningSchema(KernelTuningKey(LIBRARY, "Conv", "portable", element_type,
-                                              tuning_abi=TUNING_ABI), conv_parameters())
-
-
-def tuning_schemas() -> list[KernelTuningSchema]:
-    """One Conv schema per element type."""
-    return [conv_schema(element_type) for element_type in CONV_TYPES]
-
-
 @dataclass(frozen=True)
 class ConvConfig:
-    """The validated, typed configuration :meth:`ConvKernel.run` reads."""
+    """The typed configuration :meth:`ConvKernel.run` reads."""
 
     algorithm: str = str(_DEFAULTS[ALGORITHM])
     block_bytes: int = int(_DEFAULTS[BLOCK_BYTES])
@@ -153,15 +137,10 @@ class ConvConfig:
     winograd_outputs: int = int(_DEFAULTS[WINOGRAD_OUTPUTS])
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Value], key: KernelTuningKey | None = None) -> ConvConfig:
-        """Check every value against the schema's rules; unknown names are errors."""
-        parameters = {p.name: p for p in conv_parameters()}
-        unknown = sorted(set(values) - set(parameters))
-        if unknown:
-            raise ValueError(f"unknown Conv tuning parameter(s) {unknown}; valid: {sorted(parameters)}")
-        merged = {**_DEFAULTS, **values}
-        checked = {name: parameters[name].check(merged[name], key) for name in parameters}
-        return cls(str(checked[ALGORITHM]), int(checked[BLOCK_BYTES]), str(checked[SPLIT]),
-                   int(checked[MINIMUM_FLOPS]), int(checked[WINOGRAD_CHANNELS]),
-                   int(checked[WINOGRAD_OUTPUTS]))
+    def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
+        """The configuration of a complete set of values (checked against the schema by
+        :meth:`~onnx_light.kernels.base.Kernel.configure`)."""
+        return cls(str(values[ALGORITHM]), int(values[BLOCK_BYTES]), str(values[SPLIT]),
+                   int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
+                   int(values[WINOGRAD_OUTPUTS]))
 

@@ -27,7 +27,6 @@ more, the previous count restored after each call.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +36,6 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ...tuning.keys import element_type_name
 from ...tuning.schema import Value
 from ..base import Kernel, NodeContext, compute_dtype
 from ..window import Window, WindowAttributes
@@ -47,7 +45,6 @@ from .blocks import Prologue, _execute
 from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
-    OPSET_TYPES,
     SHIFTED_FILTERS,
     SHIFTED_OUTPUTS,
     TUNING_ABI,
@@ -72,24 +69,16 @@ class ConvKernel(Kernel):
 
     op_type: ClassVar[str] = "Conv"
     tuning_abi: ClassVar[int] = TUNING_ABI
-    tunable: ClassVar[bool] = True
     accepts_epilogue: ClassVar[bool] = True
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        element_type = self.element_type
-        usable = [v for v in OPSET_TYPES if v <= ctx.opset]
-        allowed = OPSET_TYPES[max(usable)] if usable else ()
-        if element_type is not None and element_type not in allowed:
-            raise ctx.error(f"element type {element_type_name(element_type)} is not allowed at "
-                            f"opset {ctx.opset}; valid: {[element_type_name(t) for t in allowed]}")
         if ctx.num_inputs and ctx.num_inputs not in (2, 3):
             raise ctx.error(f"expects 2 or 3 inputs (X, W, optional B), the node has {ctx.num_inputs}")
         self.attributes = WindowAttributes.read(ctx)
         self.group = int(ctx.attribute("group", 1))
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
-        self.config = ConvConfig()
         self._distinct: _DistinctFilters | None = None  # set by specialize
         # (constant weights, their Winograd transform), set by specialize
         self._winograd: tuple[np.ndarray, np.ndarray] | None = None
@@ -124,10 +113,8 @@ class ConvKernel(Kernel):
                 return None
         elif algorithm != "winograd":
             return None
-        kernel = copy.copy(self)
         shaped = w.reshape(self.group, w.shape[0] // self.group, w.shape[1], 3, 3)
-        kernel._winograd = (w, winograd.transform_filters(shaped, compute_dtype(w.dtype)))
-        return kernel
+        return self.variant(_winograd=(w, winograd.transform_filters(shaped, compute_dtype(w.dtype))))
 
     def _winograd_channels(self, group_channels: int, group_filters: int) -> bool:
         """Whether ``auto`` may use winograd for a group this wide (its channel threshold)."""
@@ -143,23 +130,12 @@ class ConvKernel(Kernel):
                                       return_inverse=True)[1:]
         if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
             return None  # all distinct, or two distinct filters share a sum: keep it simple
-        plain = copy.copy(self)  # the product of the distinct filters: no bias, no epilogue
-        plain.epilogue, plain.residual = None, False
-        kernel = copy.copy(self)
-        kernel._distinct = _DistinctFilters(w, np.ascontiguousarray(w[first_of]), inverse.reshape(-1),
-                                            plain)
-        return kernel
+        plain = self.variant(epilogue=None, residual=False)  # the distinct filters' product alone
+        return self.variant(_distinct=_DistinctFilters(w, np.ascontiguousarray(w[first_of]),
+                                                       inverse.reshape(-1), plain))
 
     def _configure(self, values: Mapping[str, Value]) -> None:
-        try:
-            self.config = ConvConfig.from_values(values, self.tuning_key())
-        except (KeyError, TypeError, ValueError) as exc:
-            raise self.ctx.error(str(exc)) from None
-
-    @property
-    def num_threads(self) -> int:
-        """Threads of the pool the kernel was configured with (1 without a pool)."""
-        return self.pool.num_threads if self.pool is not None else 1
+        self.config = ConvConfig.from_values(values)
 
     # ---------------------------------------------------------------- planning
 

@@ -53,8 +53,8 @@ def error_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, *, group: in
 
     ctx = NodeContext("bound", "Conv", "", 22, dict(attributes, group=group),
                       (T.DOUBLE, T.DOUBLE, T.DOUBLE), (T.DOUBLE,), 3 if b is not None else 2, 1)
-    kernel = ConvKernel(ctx)
-    kernel.configure(REFERENCE, ThreadPool(1))
+    kernel = ConvKernel(ctx).bind(ThreadPool(1))
+    kernel.configure(REFERENCE)
     absolute_x, absolute_w = np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))
     absolute_b = None if b is None else np.abs(b.astype(np.float64))
     magnitude = kernel.run(absolute_x, absolute_w, absolute_b)[0]
