@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
+from onnx_light.cli import main  # noqa: E402
 from onnx_light.fleet import Predictor, calibrate_cluster  # noqa: E402
 from onnx_light.runtime import RuntimeSession  # noqa: E402
 from onnx_light.tuning.cache import read_cache  # noqa: E402
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
 NODE_CPUS = (1, 2)  # the head node's, then the worker node's
 STORE = 80 * 1024 * 1024
 KERNELS = ["Add", "Abs"]
+BUDGET_MS = 1000  # per node, for both keys: a small share of a busy machine is enough
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def calibrated(cluster, tmp_path_factory):
     output = tmp_path_factory.mktemp("fleet") / "merged.txt"
     seen = []
     report = calibrate_cluster(kernels=KERNELS, element_types="float", output=output,
-                               max_duration_ms=200, progress=seen.append)
+                               max_duration_ms=BUDGET_MS, progress=seen.append)
     return output, report, seen
 
 
@@ -65,7 +67,7 @@ def test_every_node_calibrates_at_its_cpu_count_into_one_entry_per_descriptor(ca
     assert {n["node_id"] for n in seen} == {n["node_id"] for n in report["nodes"]}  # progress
     for node in report["nodes"]:
         assert node["descriptor"]["num_threads"] == node["cpus"]
-        assert len(node["calibrated"]) == 2
+        assert len(node["calibrated"]) == 2, (node["failed"], node["skipped"])
     entries = merged_entries(output)
     identities = [(e["key"], json.dumps(e["descriptor"], sort_keys=True)) for e in entries]
     assert len(identities) == len(set(identities)) == 2 * len(NODE_CPUS) == report["written"]
@@ -77,7 +79,7 @@ def test_calibrating_again_measures_only_what_the_file_lacks(cluster, calibrated
     output, _, _ = calibrated
     before = output.read_text()
     again = calibrate_cluster(kernels=KERNELS, element_types="float", output=output,
-                              max_duration_ms=200)
+                              max_duration_ms=BUDGET_MS)
     assert again["written"] == 0 and output.read_text() == before
     assert all(len(n["covered"]) == 2 and n["calibrated"] == [] for n in again["nodes"])
 
@@ -142,6 +144,29 @@ def test_a_ray_data_pipeline_gives_the_outputs_of_a_local_session(cluster, calib
     np.testing.assert_array_equal(got, expected)
 
 
+def test_the_command_line_calibrates_a_cluster_into_its_output(cluster, tmp_path):
+    output = tmp_path / "cli.txt"
+    done = subprocess.run(
+        [sys.executable, "-m", "onnx_light", "tune-kernels", "--apply", "--ray", cluster.address,
+         "--output", str(output), "--kernel", "Abs", "--element-type", "float",
+         "--max-duration-ms", str(BUDGET_MS)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count(": 1 key(s) calibrated, 0 covered already") == len(NODE_CPUS), done.stderr
+    assert f"{len(NODE_CPUS)} node(s), 0 failed or timed out: {len(NODE_CPUS)} entry(ies) merged " \
+        f"into {output}" in done.stdout
+    assert {e["descriptor"]["num_threads"] for e in merged_entries(output)} == set(NODE_CPUS)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ray", "auto"], "--ray calibrates the nodes of a cluster: it needs --apply"),
+    (["--apply", "--output", "x.txt"], "--output names the merged cache of a cluster calibration"),
+    (["--apply", "--ray", "auto", "--threads", "2"], "--threads does not apply to --ray"),
+])
+def test_the_command_line_rejects_options_a_cluster_calibration_does_not_take(argv, message, capsys):
+    assert main(["tune-kernels", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_node_lost_during_calibration_is_reported_and_the_others_are_kept(cluster, tmp_path):
     victim = cluster.add_node(num_cpus=3, object_store_memory=STORE)
     cluster.wait_for_nodes()
@@ -154,7 +179,7 @@ def test_a_node_lost_during_calibration_is_reported_and_the_others_are_kept(clus
 
     def calibrate() -> None:
         outcome.update(calibrate_cluster(kernels=KERNELS, element_types="float", output=output,
-                                         max_duration_ms=200, timeout_s=120,
+                                         max_duration_ms=BUDGET_MS, timeout_s=120,
                                          progress=lambda _: finished.release()))
 
     worker = threading.Thread(target=calibrate)
