@@ -8,6 +8,7 @@ the same and their descriptors differ by thread count (their CPU counts) only.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -142,6 +143,24 @@ def test_a_ray_data_pipeline_gives_the_outputs_of_a_local_session(cluster, calib
     got = np.stack([row["Y"] for row in sorted(results, key=lambda row: row["id"])])
     expected = RuntimeSession(model).run(None, {"X": x})[0]
     np.testing.assert_array_equal(got, expected)
+
+
+def documented_example() -> str:
+    """The Ray Data example of docs/fleet.md: the Python block of its batch inference section."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "fleet.md").read_text(encoding="utf-8")
+    section = text.split("## Batch inference on Ray Data", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_example_runs(cluster, calibrated, tmp_path):
+    output, _, _ = calibrated
+    (tmp_path / "model.onnx").write_bytes(small_model())
+    (tmp_path / "fleet-cache.txt").write_bytes(output.read_bytes())
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}
+    done = subprocess.run([sys.executable, "-c", documented_example()], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1000 rows, columns ['Y', 'id']" in done.stdout  # the inputs are fed, not passed on
 
 
 def test_the_command_line_calibrates_a_cluster_into_its_output(cluster, tmp_path):
