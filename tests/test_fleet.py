@@ -186,14 +186,32 @@ def test_the_command_line_rejects_options_a_cluster_calibration_does_not_take(ar
     assert message in capsys.readouterr().err
 
 
-def test_a_node_lost_during_calibration_is_reported_and_the_others_are_kept(cluster, tmp_path):
-    victim = cluster.add_node(num_cpus=3, object_store_memory=STORE)
+@pytest.fixture(scope="module")
+def blocked_node(cluster):
+    """A third node of 3 CPUs, one of them held, so that a calibration task (which takes all
+    three) waits on it: a node that does not answer."""
+    node = cluster.add_node(num_cpus=3, object_store_memory=STORE)
     cluster.wait_for_nodes()
-    # Occupy one of the victim's CPUs so that its calibration task (which takes all three)
-    # is still waiting on the victim when the node goes.
     blocker = ray.remote(num_cpus=1)(threading.Event).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(victim.node_id, soft=False)).remote()
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote()
     ray.get(blocker.is_set.remote())
+    yield node  # the actor lives as long as its handle: until the tests that need it are done
+    del blocker
+
+
+def test_a_node_that_does_not_answer_in_time_is_reported(blocked_node, calibrated, tmp_path):
+    output = tmp_path / "merged.txt"
+    output.write_bytes(calibrated[0].read_bytes())  # the other nodes have nothing to measure
+    outcome = calibrate_cluster(kernels=KERNELS, element_types="float", output=output,
+                                max_duration_ms=BUDGET_MS, timeout_s=15)
+    by_cpus = {n["cpus"]: n for n in outcome["nodes"]}
+    assert by_cpus[3]["status"] == "timed out" and "15 s" in by_cpus[3]["error"], by_cpus[3]
+    assert all(by_cpus[c]["status"] == "ok" and len(by_cpus[c]["covered"]) == 2 for c in NODE_CPUS)
+    assert outcome["written"] == 0 and output.read_bytes() == calibrated[0].read_bytes()
+
+
+def test_a_node_lost_during_calibration_is_reported_and_the_others_are_kept(cluster, blocked_node,
+                                                                            tmp_path):
     output, finished, outcome = tmp_path / "merged.txt", threading.Semaphore(0), {}
 
     def calibrate() -> None:
@@ -203,9 +221,9 @@ def test_a_node_lost_during_calibration_is_reported_and_the_others_are_kept(clus
 
     worker = threading.Thread(target=calibrate)
     worker.start()
-    for _ in NODE_CPUS:
+    for _ in NODE_CPUS:  # the other nodes are done; the blocked node's task still waits on it
         assert finished.acquire(timeout=120)
-    cluster.remove_node(victim)
+    cluster.remove_node(blocked_node)
     worker.join(timeout=150)
     assert not worker.is_alive()
     by_cpus = {n["cpus"]: n for n in outcome["nodes"]}
