@@ -111,8 +111,9 @@ def calibrate_cluster(
 ) -> dict[str, Any]:
     """Calibrate the selected keys on every node of a Ray cluster; merge into ``output``.
 
-    ``address`` is the cluster's (as for ``ray.init``); None uses the connection this process
-    has, else starts or finds one as ``ray.init()`` does. ``output`` is the cache file to merge
+    A process connected to Ray already uses that connection. Otherwise this connects to
+    ``address`` (as ``ray.init(address)`` does: None finds or starts a local Ray) and
+    disconnects at the end. ``output`` is the cache file to merge
     into (default: this machine's cache); keys it already holds for a node's descriptor are
     not calibrated again. ``max_duration_ms`` is each node's calibration budget;
     ``timeout_s`` how long to wait for the nodes (default: twice the budget plus two minutes).
