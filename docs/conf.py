@@ -51,6 +51,7 @@ autodoc_typehints = "description"
 autodoc_typehints_description_target = "all"
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True}
+autodoc_mock_imports = ["ray"]  # onnx_light.fleet's pages build without the ray extra
 
 # -- MyST ------------------------------------------------------------------------------------
 myst_heading_anchors = 3

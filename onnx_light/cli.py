@@ -379,12 +379,64 @@ def _reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_cluster_options(args: argparse.Namespace) -> None:
+    """``--ray`` needs ``--apply`` and excludes what a cluster calibration does not take."""
+    if args.ray is None:
+        if args.output is not None:
+            raise ValueError("--output names the merged cache of a cluster calibration: it needs --ray")
+        return
+    if not args.apply:
+        raise ValueError("--ray calibrates the nodes of a cluster: it needs --apply")
+    for option, given in (("--threads", args.threads is not None), ("--force", args.force),
+                          ("--plot", args.plot), ("--max-memory-mb", args.max_memory_mb is not None)):
+        if given:
+            raise ValueError(f"{option} does not apply to --ray (each node calibrates the keys "
+                             "the output lacks, at its own CPU count)")
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    """One node's outcome in a cluster calibration, for the progress lines."""
+    where = f"node {node['node_id'][:12]} ({node['address']}, {node['cpus']} CPUs)"
+    if node["status"] != "ok":
+        return f"{where}: {node['status']}" + (f": {node['error']}" if node["error"] else "")
+    return (f"{where}: {len(node['calibrated'])} key(s) calibrated, {len(node['covered'])} covered "
+            f"already, {len(node['failed']) + len(node['skipped'])} failed or skipped, in "
+            f"{node['duration_s']:.3g} s")
+
+
+def _apply_on_cluster(args: argparse.Namespace) -> int:
+    try:
+        from .fleet import calibrate_cluster  # Ray only when asked for
+    except ImportError as exc:
+        raise RuntimeError(f"--ray needs Ray: pip install 'onnx_light[ray]' ({exc})") from None
+
+    def progress(node: dict[str, Any]) -> None:
+        if not args.quiet and not args.json:
+            print(_node_line(node), file=sys.stderr)
+
+    result = calibrate_cluster(args.ray, kernels=args.kernel, element_types=args.element_type,
+                               output=args.output or args.cache,
+                               max_duration_ms=args.max_duration_ms, progress=progress)
+    lost = [n for n in result["nodes"] if n["status"] in ("failed", "timed out")]
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"{len(result['nodes'])} node(s), {len(lost)} failed or timed out: "
+              f"{result['written']} entry(ies) merged into {result['output']} in "
+              f"{result['duration_s']:.3g} s")
+    _report_backup(result["cache_update"])
+    return 1 if lost or any(n["failed"] or n["skipped"] for n in result["nodes"]) else 0
+
+
 def _cmd_tune_kernels(args: argparse.Namespace) -> int:
     for option, given in (("--plot", args.plot), ("--force", args.force)):
         if given and not args.apply:
             raise ValueError(f"{option} acts on a calibration: it needs --apply")
+    _check_cluster_options(args)
     select_keys(tuning.default_registry().snapshot(), args.kernel, args.element_type)  # or raise
     _warn_about_cache(args)
+    if args.ray is not None:
+        return _apply_on_cluster(args)
     if args.reset:
         return _reset(args)
     if args.apply:
@@ -589,6 +641,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     tune.add_argument("--plot", metavar="FILE.png",
                       help="with --apply: draw serial and parallel times per size with the "
                            "chosen crossover (needs matplotlib)")
+    tune.add_argument("--ray", metavar="ADDRESS",
+                      help="with --apply: calibrate every node of this Ray cluster ('auto', "
+                           "host:port or ray://...) at its CPU count, --max-duration-ms per node; "
+                           "needs onnx_light[ray] (docs/fleet.md)")
+    tune.add_argument("--output", metavar="PATH",
+                      help="with --ray: the cache file the nodes' entries are merged into "
+                           "(default: --cache, else the user cache)")
     tune.set_defaults(handler=_cmd_tune_kernels)
 
     run = commands.add_parser("run", help="run a model and time it",
