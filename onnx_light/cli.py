@@ -154,10 +154,18 @@ def _use_cache(args: argparse.Namespace) -> None:
 
 
 def _tuning_report(args: argparse.Namespace) -> dict[str, Any]:
-    """The read-only report: active values per key and the cache's coverage."""
-    _use_cache(args)
+    """The read-only report: active values per key and the cache's coverage.
+
+    With ``--cache``, the values are that file's, loaded into a copy of the registry: the
+    report leaves this process's registry as it was.
+    """
+    registry = tuning.default_registry()
+    if args.cache is not None:
+        registry = registry.copy(published=False)
+        tuning.load_kernel_tuning_cache(args.cache, num_threads=args.threads, registry=registry)
     records = tuning.kernel_tuning_parameters(
-        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
+        args.kernel, args.element_type, path=args.cache, num_threads=args.threads,
+        registry=registry)
     covered = [r for r in records if r["cached_values"] is not None]
     missing = [r for r in records if r["cached_values"] is None]
     return {

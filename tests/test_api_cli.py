@@ -619,12 +619,15 @@ def test_tune_kernels_cache_report_shows_that_file_only(tmp_path: Path, local, c
     onnx_light.load_kernel_tuning_cache()  # as the import does with the default cache
     other = tmp_path / "other.txt"
     update_cache(other, [CacheEntry(ADD, local, {MIN_ELEMENTS: 22})])
+    before = default_registry().snapshot()
     status, out, _ = run_cli(capsys, "tune-kernels", "--cache", str(other), "--kernel", "Abs",
                              "--kernel", "Add", "--element-type", "float", "--json")
     assert status == 0
     active_by_key = {r["key"]: (r["active_source"], r["active_values"]) for r in json.loads(out)["keys"]}
     assert active_by_key[str(ADD)] == ("published_profile", {MIN_ELEMENTS: 22})
     assert active_by_key[str(ABS)][0] != "published_profile"
+    assert default_registry().snapshot() is before  # the report left this process's values alone
+    assert default_registry().snapshot().resolve(ABS, local).values == {MIN_ELEMENTS: 11}
 
 
 @pytest.mark.parametrize("spelling", ["float", "FLOAT", "float32", "1"])
