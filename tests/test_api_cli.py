@@ -25,7 +25,15 @@ import pytest
 import onnx_light
 from onnx_light import cli
 from onnx_light.tuning import api
-from onnx_light.tuning.cache import CACHE_ENV, CacheEntry, classify, read_cache, update_cache
+from onnx_light.tuning.cache import (
+    CACHE_ENV,
+    CacheEntry,
+    CacheStatus,
+    LineOutcome,
+    classify,
+    read_cache,
+    update_cache,
+)
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import CpuExecutionDescriptor, execution_descriptor
 from onnx_light.tuning.registry import KernelTuningRegistry, default_registry
@@ -272,7 +280,8 @@ def test_set_starts_from_the_cached_profile_persists_and_publishes(tmp_path: Pat
     outcomes, profiles = classify(read_cache(path), default_registry().snapshot(), local)
     assert {(str(p.key), p.descriptor == local): dict(p.values) for p in profiles} == {
         (str(GEMM), True): expected}
-    assert [o.outcome for o in outcomes] == ["incompatible", "loaded"]  # the other entry is kept
+    # the other entry is kept
+    assert [o.outcome for o in outcomes] == [LineOutcome.INCOMPATIBLE, LineOutcome.LOADED]
     record = active("Gemm", path=path)
     assert record["active_source"] == "published_profile"
     assert record["active_values"] == record["cached_values"] == expected
@@ -285,7 +294,7 @@ def test_set_without_cached_profile_starts_from_active_values(tmp_path: Path) ->
                                                      path=path)
     assert result["previous"] == defaults
     assert result["values"] == {MIN_ELEMENTS: 123}
-    assert read_cache(path).status == "ok"
+    assert read_cache(path).status == CacheStatus.OK
     assert active("Add", path=path)["cached_values"] == {MIN_ELEMENTS: 123}
     assert active("Add")["active_source"] == "published_profile"
 

@@ -60,7 +60,14 @@ from onnx_light import RuntimeSession
 from onnx_light.cli import main
 from onnx_light.tuning import api, default_registry
 from onnx_light.tuning import cache as cache_module
-from onnx_light.tuning.cache import CACHE_ENV, HEADER, CacheEntry, read_cache, update_cache
+from onnx_light.tuning.cache import (
+    CACHE_ENV,
+    HEADER,
+    CacheEntry,
+    CacheStatus,
+    read_cache,
+    update_cache,
+)
 from onnx_light.tuning.calibration import CalibrationResult, crossover_search
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import CpuExecutionDescriptor, execution_descriptor
@@ -400,7 +407,7 @@ def test_a_stopped_lock_holder_gives_an_error_naming_the_cache_and_the_process(
     assert not path.exists()
     monkeypatch.undo()
     onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
-    assert read_cache(path).status == "ok"  # the kernel released the killed holder's lock
+    assert read_cache(path).status == CacheStatus.OK  # the kernel released the killed holder's lock
 
 
 @pytest.mark.parametrize("target", ["a private file", "/proc/self/environ", "a valid cache"])
@@ -826,7 +833,7 @@ def test_the_cache_is_data_only(tmp_path: Path, corpus) -> None:
         onnx_light.calibrate_kernel_tuning("X", library="evil", path=path)
     _import_with(path)
     onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
-    assert read_cache(path).status == "ok"  # the rewrite carried over entries only
+    assert read_cache(path).status == CacheStatus.OK  # the rewrite carried over entries only
     assert not marker.exists()
 
 
@@ -880,7 +887,7 @@ def test_an_update_removes_planted_temporaries_without_following_them(tmp_path: 
     onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
     assert snapshot_folder(outside) == {"victim.txt": b"precious"}
     assert sorted(p.name for p in folder.iterdir()) == ["cache.txt", "cache.txt.lock"]
-    assert read_cache(path).status == "ok"
+    assert read_cache(path).status == CacheStatus.OK
 
 
 @pytest.mark.parametrize("target", ["existing file", "absent file"])

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import cache as cache_file
 from . import calibration
+from .cache import LineOutcome
 from .keys import KernelTuningKey, element_type_code
 from .processor import CpuExecutionDescriptor, execution_descriptor
 from .registry import (
@@ -222,7 +223,7 @@ def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
         })
     diagnostics = list(cache.diagnostics) + cache_file.summarise(
         ((o.outcome, f"{cache.path}:{o.line}: {o.outcome}: {o.reason}") for o in outcomes
-         if o.outcome not in (cache_file.LOADED, cache_file.DUPLICATE) and o.key is not None),
+         if o.outcome not in (LineOutcome.LOADED, LineOutcome.DUPLICATE) and o.key is not None),
         cache.path)
     return {
         "path": str(cache.path),
