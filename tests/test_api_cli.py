@@ -48,13 +48,7 @@ RECORD_FIELDS = {"key", "parameters", "defaults", "cached_values", "active_value
                  "calibratable"}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """No published profile leaks in or out; the default cache path is a fresh, absent file."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "default" / "kernel-tuning-cache.txt"))
-    default_registry().forget()
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 @pytest.fixture

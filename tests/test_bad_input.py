@@ -34,7 +34,7 @@ from onnx_light import RuntimeSession
 from onnx_light.cli import main
 from onnx_light.runtime import InvalidInputError, UnsupportedOperatorError
 from onnx_light.tuning import default_registry
-from onnx_light.tuning.cache import CACHE_ENV, CacheEntry, update_cache
+from onnx_light.tuning.cache import CacheEntry, update_cache
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import execution_descriptor
 from onnx_light.tuning.schema import KernelTuningSchema, Parameter
@@ -81,9 +81,7 @@ class Sandbox:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "default" / "kernel-tuning-cache.txt"))
-    default_registry().forget()
+def sandbox(tmp_path: Path, isolated_tuning: Path) -> Sandbox:
     cache = tmp_path / "cache.txt"
     update_cache(cache, [CacheEntry(ADD, execution_descriptor(2), {MIN: 4321}, {"origin": "manual"})])
     with cache.open("a") as handle:
@@ -104,7 +102,6 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
     (bad / "garbage.onnx").write_bytes(b"\x00\x01 this is no model \xff" * 10)
     onnx.save(_unsupported_model(), bad / "unsupported.onnx")
     yield Sandbox(tmp_path, cache, blocker, model)
-    default_registry().forget()
     assert not (tmp_path / "executed").exists()
 
 

@@ -94,11 +94,10 @@ def toy_registry() -> KernelTuningRegistry:
 
 
 @pytest.fixture
-def untouched_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The default cache path is a fresh file; the test must leave it absent and the
-    process-wide registry at its generation."""
-    default_cache = tmp_path / "default" / "kernel-tuning-cache.txt"
-    monkeypatch.setenv(CACHE_ENV, str(default_cache))
+def untouched_default(isolated_tuning: Path):
+    """The test must leave the (fresh) default cache absent and the process-wide registry
+    at its generation."""
+    default_cache = isolated_tuning
     generation = default_registry().generation
     yield
     assert default_registry().generation == generation

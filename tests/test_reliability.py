@@ -76,13 +76,7 @@ from onnx_light.tuning.schema import KernelTuningSchema, Parameter
 MIN = "parallel.minimum_elements"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A fresh default cache location; no published profile leaks in or out."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "default" / "kernel-tuning-cache.txt"))
-    default_registry().forget()
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 @pytest.fixture(scope="module")
