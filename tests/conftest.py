@@ -2,10 +2,14 @@
 isolates a test from the process-wide tuning state."""
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# The harnesses the tests share with tools/ (tools/_*.py, tools/cache_contention.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 # Set before onnx_light is imported anywhere, so the import-time load reads an empty location.
 os.environ["ONNX_LIGHT_KERNEL_TUNING_CACHE"] = os.path.join(

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from _model_fuzzing import ModelWorker, feeds_for, model_source
+from _small_model import small_feeds, small_model
 from onnx import TensorProto, helper
-from reliability_helpers import ModelWorker, small_feeds, small_model
 
 import onnx_light
 from onnx_light import RuntimeSession
@@ -445,8 +446,6 @@ def _short_initializer() -> onnx.ModelProto:
 
 
 def _light(name: str) -> bytes:
-    from reliability_helpers import model_source
-
     return model_source(name)
 
 
@@ -530,9 +529,7 @@ def test_broken_models_give_a_clear_error(model, feeds, stage: str, error: type,
     try:
         built = RuntimeSession(source, num_threads=2)
         if feeds is None and stage == "any":
-            from reliability_helpers import _feeds_for
-
-            built.run(None, _feeds_for(built, np.random.default_rng(0)))
+            built.run(None, feeds_for(built, np.random.default_rng(0)))
             return  # a mutation that still runs is fine
         built.run(None, small_feeds() if feeds is None else feeds())
     except Exception as exc:
