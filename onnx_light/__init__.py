@@ -33,6 +33,7 @@ from .tuning import (
     reset_kernel_tuning_parameters,
     set_kernel_tuning_parameters,
 )
+from .tuning.cache import CacheStatus, LineOutcome
 
 if TYPE_CHECKING:
     from .inference_session import (
@@ -112,8 +113,8 @@ def _load_default_cache() -> None:
     except Exception as exc:  # the promise: a bad cache never stops an import
         logger.warning("kernel tuning cache not loaded: %s: %s", type(exc).__name__, exc)
         return
-    invalid = [e for e in report["entries"] if e["outcome"] == "invalid"]
-    if report["status"] not in ("ok", "missing") or invalid or report["ownership"]:
+    invalid = [e for e in report["entries"] if e["outcome"] == LineOutcome.INVALID]
+    if report["status"] not in (CacheStatus.OK, CacheStatus.MISSING) or invalid or report["ownership"]:
         # Entries of other processors, ABIs or libraries are expected in a shared file.
         logger.warning("kernel tuning cache %s (%s): %s", report["path"], report["status"],
                        "; ".join(report["diagnostics"][:5]))

@@ -27,6 +27,7 @@ from .runtime.memory import hold_freed_memory
 from .terminal import fit_table, terminal_width, wrap_words
 from .tuning import calibration
 from .tuning.api import select_keys
+from .tuning.cache import REWRITTEN_STATUSES, CacheStatus, LineOutcome
 
 __all__ = ["main"]
 
@@ -96,10 +97,6 @@ def _warn(message: str) -> None:
           file=sys.stderr)
 
 
-# Cache statuses that a write first backs up (see tuning/cache.py's update_cache).
-REWRITTEN_STATUSES = ("damaged", "foreign", "unsupported_version")
-
-
 def _warn_about_cache(args: argparse.Namespace) -> None:
     """Say when the ``--cache`` file is damaged, foreign or unsafe, as the import does for
     the default cache (which it has warned about already)."""
@@ -107,8 +104,9 @@ def _warn_about_cache(args: argparse.Namespace) -> None:
             tuning.default_kernel_tuning_cache_path()):
         return
     info = tuning.inspect_kernel_tuning_cache(args.cache, num_threads=args.threads)
-    invalid = [p for p in info["profiles"] if p["outcome"] == "invalid"]
-    if info["status"] in ("ok", "missing") and not invalid and not info.get("ownership"):
+    invalid = [p for p in info["profiles"] if p["outcome"] == LineOutcome.INVALID]
+    clean = info["status"] in (CacheStatus.OK, CacheStatus.MISSING)
+    if clean and not invalid and not info.get("ownership"):
         return
     details = "; ".join(info["diagnostics"][:3])
     more = len(info["diagnostics"]) - 3
@@ -154,10 +152,18 @@ def _use_cache(args: argparse.Namespace) -> None:
 
 
 def _tuning_report(args: argparse.Namespace) -> dict[str, Any]:
-    """The read-only report: active values per key and the cache's coverage."""
-    _use_cache(args)
+    """The read-only report: active values per key and the cache's coverage.
+
+    With ``--cache``, the values are that file's, loaded into a copy of the registry: the
+    report leaves this process's registry as it was.
+    """
+    registry = tuning.default_registry()
+    if args.cache is not None:
+        registry = registry.copy(published=False)
+        tuning.load_kernel_tuning_cache(args.cache, num_threads=args.threads, registry=registry)
     records = tuning.kernel_tuning_parameters(
-        args.kernel, args.element_type, path=args.cache, num_threads=args.threads)
+        args.kernel, args.element_type, path=args.cache, num_threads=args.threads,
+        registry=registry)
     covered = [r for r in records if r["cached_values"] is not None]
     missing = [r for r in records if r["cached_values"] is None]
     return {

@@ -1,12 +1,38 @@
-"""Test settings: never touch the user's real kernel tuning cache."""
+"""Test settings: never touch the user's real kernel tuning cache; the one fixture that
+isolates a test from the process-wide tuning state."""
 
 import os
+import sys
 import tempfile
+from pathlib import Path
+
+import pytest
+
+# The harnesses the tests share with tools/ (tools/_*.py, tools/cache_contention.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 # Set before onnx_light is imported anywhere, so the import-time load reads an empty location.
 os.environ["ONNX_LIGHT_KERNEL_TUNING_CACHE"] = os.path.join(
     tempfile.mkdtemp(prefix="onnx_light-tests-"), "kernel-tuning-cache.txt"
 )
+
+
+@pytest.fixture
+def isolated_tuning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh default cache path (absent: ``tmp_path/default/kernel-tuning-cache.txt``,
+    yielded) and no published profile of the process-wide registry leaking in or out.
+
+    Files whose tests publish or read the default cache use it with
+    ``pytestmark = pytest.mark.usefixtures("isolated_tuning")``.
+    """
+    from onnx_light.tuning.cache import CACHE_ENV
+    from onnx_light.tuning.registry import default_registry
+
+    default_cache = tmp_path / "default" / "kernel-tuning-cache.txt"
+    monkeypatch.setenv(CACHE_ENV, str(default_cache))
+    default_registry().forget()
+    yield default_cache
+    default_registry().forget()
 
 
 def pytest_collection_modifyitems(config, items):

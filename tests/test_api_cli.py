@@ -25,7 +25,15 @@ import pytest
 import onnx_light
 from onnx_light import cli
 from onnx_light.tuning import api
-from onnx_light.tuning.cache import CACHE_ENV, CacheEntry, classify, read_cache, update_cache
+from onnx_light.tuning.cache import (
+    CACHE_ENV,
+    CacheEntry,
+    CacheStatus,
+    LineOutcome,
+    classify,
+    read_cache,
+    update_cache,
+)
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import CpuExecutionDescriptor, execution_descriptor
 from onnx_light.tuning.registry import KernelTuningRegistry, default_registry
@@ -40,13 +48,7 @@ RECORD_FIELDS = {"key", "parameters", "defaults", "cached_values", "active_value
                  "calibratable"}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """No published profile leaks in or out; the default cache path is a fresh, absent file."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "default" / "kernel-tuning-cache.txt"))
-    default_registry().forget()
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 @pytest.fixture
@@ -272,7 +274,8 @@ def test_set_starts_from_the_cached_profile_persists_and_publishes(tmp_path: Pat
     outcomes, profiles = classify(read_cache(path), default_registry().snapshot(), local)
     assert {(str(p.key), p.descriptor == local): dict(p.values) for p in profiles} == {
         (str(GEMM), True): expected}
-    assert [o.outcome for o in outcomes] == ["incompatible", "loaded"]  # the other entry is kept
+    # the other entry is kept
+    assert [o.outcome for o in outcomes] == [LineOutcome.INCOMPATIBLE, LineOutcome.LOADED]
     record = active("Gemm", path=path)
     assert record["active_source"] == "published_profile"
     assert record["active_values"] == record["cached_values"] == expected
@@ -285,7 +288,7 @@ def test_set_without_cached_profile_starts_from_active_values(tmp_path: Path) ->
                                                      path=path)
     assert result["previous"] == defaults
     assert result["values"] == {MIN_ELEMENTS: 123}
-    assert read_cache(path).status == "ok"
+    assert read_cache(path).status == CacheStatus.OK
     assert active("Add", path=path)["cached_values"] == {MIN_ELEMENTS: 123}
     assert active("Add")["active_source"] == "published_profile"
 
@@ -619,12 +622,15 @@ def test_tune_kernels_cache_report_shows_that_file_only(tmp_path: Path, local, c
     onnx_light.load_kernel_tuning_cache()  # as the import does with the default cache
     other = tmp_path / "other.txt"
     update_cache(other, [CacheEntry(ADD, local, {MIN_ELEMENTS: 22})])
+    before = default_registry().snapshot()
     status, out, _ = run_cli(capsys, "tune-kernels", "--cache", str(other), "--kernel", "Abs",
                              "--kernel", "Add", "--element-type", "float", "--json")
     assert status == 0
     active_by_key = {r["key"]: (r["active_source"], r["active_values"]) for r in json.loads(out)["keys"]}
     assert active_by_key[str(ADD)] == ("published_profile", {MIN_ELEMENTS: 22})
     assert active_by_key[str(ABS)][0] != "published_profile"
+    assert default_registry().snapshot() is before  # the report left this process's values alone
+    assert default_registry().snapshot().resolve(ABS, local).values == {MIN_ELEMENTS: 11}
 
 
 @pytest.mark.parametrize("spelling", ["float", "FLOAT", "float32", "1"])

@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from _model_fuzzing import ModelWorker, feeds_for, model_source
+from _small_model import small_feeds, small_model
 from onnx import TensorProto, helper
-from reliability_helpers import ModelWorker, small_feeds, small_model
 
 import onnx_light
 from onnx_light import RuntimeSession
 from onnx_light.cli import main
 from onnx_light.runtime import InvalidInputError, UnsupportedOperatorError
 from onnx_light.tuning import default_registry
-from onnx_light.tuning.cache import CACHE_ENV, CacheEntry, update_cache
+from onnx_light.tuning.cache import CacheEntry, update_cache
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import execution_descriptor
 from onnx_light.tuning.schema import KernelTuningSchema, Parameter
@@ -81,9 +82,7 @@ class Sandbox:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "default" / "kernel-tuning-cache.txt"))
-    default_registry().forget()
+def sandbox(tmp_path: Path, isolated_tuning: Path) -> Sandbox:
     cache = tmp_path / "cache.txt"
     update_cache(cache, [CacheEntry(ADD, execution_descriptor(2), {MIN: 4321}, {"origin": "manual"})])
     with cache.open("a") as handle:
@@ -104,7 +103,6 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
     (bad / "garbage.onnx").write_bytes(b"\x00\x01 this is no model \xff" * 10)
     onnx.save(_unsupported_model(), bad / "unsupported.onnx")
     yield Sandbox(tmp_path, cache, blocker, model)
-    default_registry().forget()
     assert not (tmp_path / "executed").exists()
 
 
@@ -448,8 +446,6 @@ def _short_initializer() -> onnx.ModelProto:
 
 
 def _light(name: str) -> bytes:
-    from reliability_helpers import model_source
-
     return model_source(name)
 
 
@@ -533,9 +529,7 @@ def test_broken_models_give_a_clear_error(model, feeds, stage: str, error: type,
     try:
         built = RuntimeSession(source, num_threads=2)
         if feeds is None and stage == "any":
-            from reliability_helpers import _feeds_for
-
-            built.run(None, _feeds_for(built, np.random.default_rng(0)))
+            built.run(None, feeds_for(built, np.random.default_rng(0)))
             return  # a mutation that still runs is fine
         built.run(None, small_feeds() if feeds is None else feeds())
     except Exception as exc:

@@ -32,6 +32,8 @@ from onnx_light.tuning import cache as cache_module
 from onnx_light.tuning.cache import (
     HEADER,
     CacheEntry,
+    CacheStatus,
+    LineOutcome,
     classify,
     load_into,
     read_cache,
@@ -90,10 +92,10 @@ def test_update_then_read_gives_the_same_profiles(values: dict, threads: int) ->
         path = Path(folder) / "cache.txt"
         update_cache(path, [mixed(values, where), entry(7, where=where)])
         cache = read_cache(path)
-        assert cache.status == "ok"
+        assert cache.status == CacheStatus.OK
         assert cache.diagnostics == []
         outcomes, profiles = classify(cache, reg.snapshot(), where)
-    assert [o.outcome for o in outcomes] == ["loaded", "loaded"]
+    assert [o.outcome for o in outcomes] == [LineOutcome.LOADED, LineOutcome.LOADED]
     assert all(o.matches_this_machine for o in outcomes)
     by_key = {p.key: p for p in profiles}
     assert by_key[MIXED].descriptor == where
@@ -157,8 +159,9 @@ def test_each_entry_gets_its_outcome(tmp_path: Path) -> None:
     )
     found = outcomes_by_line(path, registry())
     assert {n: o for n, (o, _) in found.items()} == {
-        2: "loaded", 3: "loaded", 4: "incompatible", 5: "stale", 6: "unknown_key",
-        7: "invalid", 8: "invalid", 9: "duplicate", 10: "loaded"}
+        2: LineOutcome.LOADED, 3: LineOutcome.LOADED, 4: LineOutcome.INCOMPATIBLE,
+        5: LineOutcome.STALE, 6: LineOutcome.UNKNOWN_KEY, 7: LineOutcome.INVALID,
+        8: LineOutcome.INVALID, 9: LineOutcome.DUPLICATE, 10: LineOutcome.LOADED}
     assert found[2][1] == "matches this machine"
     assert found[3][1] == "this processor at 4 threads"
     assert found[4][1] == "processor differs in cpu.model, cpu.features"
@@ -184,11 +187,16 @@ def test_load_into_publishes_every_loadable_entry_in_one_generation(tmp_path: Pa
     reg = registry()
     before = reg.generation
     report = load_into(reg, path, LOCAL)
-    json.dumps(report)
     assert report["generation"] == reg.generation == before + 1
     assert report["loaded"] == 2
-    assert report["status"] == "damaged"
-    assert [e["outcome"] for e in report["entries"]] == ["loaded", "loaded", "incompatible", "invalid"]
+    assert report["status"] is CacheStatus.DAMAGED
+    assert [e["outcome"] for e in report["entries"]] == [
+        LineOutcome.LOADED, LineOutcome.LOADED, LineOutcome.INCOMPATIBLE, LineOutcome.INVALID]
+    text = json.loads(json.dumps(report))  # the enums are their text in JSON and messages
+    assert text["status"] == "damaged" and type(text["status"]) is str
+    assert [e["outcome"] for e in text["entries"]] == ["loaded", "loaded", "incompatible", "invalid"]
+    assert text["counts"] == {"incompatible": 1, "invalid": 1, "loaded": 2}
+    assert any(":4: incompatible: processor differs in " in d for d in report["diagnostics"])
     assert any(":5:" in d for d in report["diagnostics"])
     snapshot = reg.snapshot()
     assert snapshot.resolve(K, LOCAL).values[MIN_ELEMENTS] == 5
@@ -308,7 +316,7 @@ def test_short_lines_are_blank_comments_or_damaged_and_past_the_listed_ones_only
     short = [b"\r", b"\t ", b"", b"# one", b"  # two", b" x", b"{}", b"\xff\xfe", b"#3", b"#4"]
     write(path, entry(5).to_line(), *short * 40, entry(6, where=descriptor("zen3", 1)).to_line())
     cache = read_cache(path)
-    assert cache.status == "damaged"
+    assert cache.status == CacheStatus.DAMAGED
     assert cache.comments == [(6, "# one"), (7, "# two"), (11, "#3")]
     assert cache.damaged == 40 * 3 + (40 * 4 - 3)  # short lines and comments past the three
     listed = [line for line in cache.lines if line.error is not None]
@@ -358,18 +366,18 @@ def _make(kind: str, path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "status", "diagnostic"),
     [
-        ("missing", "missing", None),
-        ("empty", "foreign", "empty file"),
-        ("directory", "unreadable", "not a regular file"),
-        ("dangling symlink", "unreadable", "a symbolic link"),
-        ("wrong header", "foreign", "not a kernel tuning cache"),
-        ("no header", "foreign", "not a kernel tuning cache"),
-        ("header without version", "foreign", "not a kernel tuning cache"),
-        ("newer version", "unsupported_version", "format version '2'"),
-        ("binary", "foreign", "not a kernel tuning cache"),
+        ("missing", CacheStatus.MISSING, None),
+        ("empty", CacheStatus.FOREIGN, "empty file"),
+        ("directory", CacheStatus.UNREADABLE, "not a regular file"),
+        ("dangling symlink", CacheStatus.UNREADABLE, "a symbolic link"),
+        ("wrong header", CacheStatus.FOREIGN, "not a kernel tuning cache"),
+        ("no header", CacheStatus.FOREIGN, "not a kernel tuning cache"),
+        ("header without version", CacheStatus.FOREIGN, "not a kernel tuning cache"),
+        ("newer version", CacheStatus.UNSUPPORTED_VERSION, "format version '2'"),
+        ("binary", CacheStatus.FOREIGN, "not a kernel tuning cache"),
     ],
 )
-def test_unusable_files_give_diagnostics_not_exceptions(tmp_path: Path, kind: str, status: str,
+def test_unusable_files_give_diagnostics_not_exceptions(tmp_path: Path, kind: str, status: CacheStatus,
                                                         diagnostic: str | None) -> None:
     path = tmp_path / "cache.txt"
     _make(kind, path)
@@ -452,7 +460,7 @@ def test_damaged_file_is_backed_up_before_being_rewritten(tmp_path: Path, kind: 
     assert backup.read_bytes() == old
     assert report["diagnostics"]
     cache = read_cache(path)
-    assert cache.status == "ok"
+    assert cache.status == CacheStatus.OK
     values = [line.record["values"][MIN_ELEMENTS] for line in cache.lines]
     assert values == ([1, 5] if kind in ("garbage line", "non-utf8") else [5])
 
@@ -528,7 +536,7 @@ def test_concurrent_processes_lose_no_update_and_readers_never_see_a_partial_fil
     assert counts == sorted(counts)  # entries only ever accumulate
     assert counts[-1] == 40
     cache = read_cache(path)
-    assert cache.status == "ok"
+    assert cache.status == CacheStatus.OK
     found = {line.record["key"]: line.record["values"][MIN_ELEMENTS] for line in cache.lines}
     expected = {str(writer_key(w, i)): w * 100 + i for w in range(4) for i in range(10)}
     assert found == expected
@@ -558,5 +566,5 @@ def test_a_cache_other_users_may_change_is_reported(tmp_path: Path) -> None:
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     path.chmod(0o666)
     cache = read_cache(path)
-    assert cache.status == "ok"
+    assert cache.status == CacheStatus.OK
     assert any("writable by other users" in d for d in cache.diagnostics)

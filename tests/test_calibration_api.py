@@ -80,10 +80,7 @@ def _registered():
             key(k, t): cb for k, cb in KERNELS.items() if cb is not None for t in ("float", "double")})
 
 
-@pytest.fixture(autouse=True)
-def _forget_published():
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 def test_calibrate_publishes_and_saves(tmp_path):

@@ -15,15 +15,11 @@ from onnx_light.kernels.calibration import ElementwiseCrossover
 from onnx_light.kernels.elementwise import OPS, tuning_schemas
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
-from onnx_light.tuning import default_registry
 
 SLACK_S = 1.0  # the search checks its budget between measurements, so it may overrun by one
 
 
-@pytest.fixture(autouse=True)
-def _forget_published():
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 def test_every_elementwise_key_is_calibratable():

@@ -15,10 +15,7 @@ from onnx_light.tuning import default_registry
 T = TensorProto
 
 
-@pytest.fixture(autouse=True)
-def _forget_published():
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 def test_every_gemm_and_matmul_key_is_calibratable():

@@ -727,6 +727,23 @@ def test_forget_by_key_and_by_descriptor() -> None:
     assert registry.snapshot().keys() == (K, other)  # schemas stay
 
 
+def test_a_copy_is_independent_of_its_original() -> None:
+    registry = registry_with(profile(ZEN3, 5))
+    here = descriptor("zen3")
+    registry.publish([PublishedProfile(K, here, {MIN_ELEMENTS: 1})])
+    bare, full = registry.copy(published=False), registry.copy()
+    assert bare.generation == full.generation == registry.generation
+    assert bare.snapshot().published_profiles() == ()
+    assert bare.snapshot().resolve(K, here).values == {MIN_ELEMENTS: 5}  # the shipped profile
+    assert full.snapshot().resolve(K, here).values == {MIN_ELEMENTS: 1}
+    bare.publish([PublishedProfile(K, here, {MIN_ELEMENTS: 2})])
+    full.register([simple_schema(key("Sub"))])
+    assert registry.snapshot().resolve(K, here).values == {MIN_ELEMENTS: 1}
+    assert registry.snapshot().keys() == (K,)
+    registry.forget()
+    assert bare.snapshot().resolve(K, here).values == {MIN_ELEMENTS: 2}
+
+
 def test_snapshot_is_unchanged_by_later_publications() -> None:
     registry = registry_with(profile(ZEN3, 5))
     here = descriptor("zen3")

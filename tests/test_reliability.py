@@ -1,7 +1,7 @@
 """Reliability and security of the kernel tuning cache and of model loading (issue 7).
 
 * corruption: mutated cache files never stop an import, a load or a session, and every
-  untouched entry still loads (hypothesis over the mutations of reliability_helpers);
+  untouched entry still loads (hypothesis over the mutations of tools/_cache_fuzzing.py);
 * concurrency: writer and reader processes on one file lose no update and read no partial file;
 * crash safety: writers killed with SIGKILL leave the old or the new file and no held lock;
 * calibration under faults: a callback that raises, exceeds its memory budget, ignores its
@@ -31,51 +31,41 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cache_contention  # the harnesses of tools/ (on sys.path: conftest.py), shared with the tools
 import numpy as np
 import onnx
 import pytest
+from _cache_fuzzing import MUTATIONS, cache_bytes, check_cache_file, corpus_lines, mutate
+from _cache_processes import kill_writers, lock_holder, lock_is_free, run_stress
+from _small_model import check_small_session, small_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from reliability_helpers import (
-    MUTATIONS,
-    ROOT,
-    TESTS,
-    cache_bytes,
-    check_cache_file,
-    check_small_session,
-    corpus_lines,
-    kill_writers,
-    lock_holder,
-    lock_is_free,
-    mutate,
-    run_stress,
-)
-
-sys.path.insert(0, str(ROOT / "tools"))  # the contention harness, shared with the full-size tool
-import cache_contention
 
 import onnx_light
 from onnx_light import RuntimeSession
 from onnx_light.cli import main
 from onnx_light.tuning import api, default_registry
 from onnx_light.tuning import cache as cache_module
-from onnx_light.tuning.cache import CACHE_ENV, HEADER, CacheEntry, read_cache, update_cache
+from onnx_light.tuning.cache import (
+    CACHE_ENV,
+    HEADER,
+    CacheEntry,
+    CacheStatus,
+    read_cache,
+    update_cache,
+)
 from onnx_light.tuning.calibration import CalibrationResult, crossover_search
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.processor import CpuExecutionDescriptor, execution_descriptor
 from onnx_light.tuning.schema import KernelTuningSchema, Parameter
 
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / "tools"
 MIN = "parallel.minimum_elements"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A fresh default cache location; no published profile leaks in or out."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "default" / "kernel-tuning-cache.txt"))
-    default_registry().forget()
-    yield
-    default_registry().forget()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +107,6 @@ def test_the_corpus_loads_completely_and_drives_the_session(tmp_path: Path, corp
 
 
 def _small_model_bytes() -> bytes:
-    from reliability_helpers import small_model
-
     return small_model().SerializeToString()
 
 
@@ -229,13 +217,13 @@ class Collect(logging.Handler):
 
 logging.getLogger("onnx_light").addHandler(Collect())
 import onnx_light
-import reliability_helpers
-print(json.dumps({"messages": messages, "session": reliability_helpers.check_small_session(2)}))
+import _small_model
+print(json.dumps({"messages": messages, "session": _small_model.check_small_session(2)}))
 """
 
 
 def _import_with(path: Path) -> dict[str, Any]:
-    environment = {**os.environ, CACHE_ENV: str(path), "PYTHONPATH": str(TESTS)}
+    environment = {**os.environ, CACHE_ENV: str(path), "PYTHONPATH": str(TOOLS)}
     done = subprocess.run([sys.executable, "-c", _IMPORT_CHECK], env=environment, cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -400,7 +388,7 @@ def test_a_stopped_lock_holder_gives_an_error_naming_the_cache_and_the_process(
     assert not path.exists()
     monkeypatch.undo()
     onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
-    assert read_cache(path).status == "ok"  # the kernel released the killed holder's lock
+    assert read_cache(path).status == CacheStatus.OK  # the kernel released the killed holder's lock
 
 
 @pytest.mark.parametrize("target", ["a private file", "/proc/self/environ", "a valid cache"])
@@ -826,7 +814,7 @@ def test_the_cache_is_data_only(tmp_path: Path, corpus) -> None:
         onnx_light.calibrate_kernel_tuning("X", library="evil", path=path)
     _import_with(path)
     onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
-    assert read_cache(path).status == "ok"  # the rewrite carried over entries only
+    assert read_cache(path).status == CacheStatus.OK  # the rewrite carried over entries only
     assert not marker.exists()
 
 
@@ -880,7 +868,7 @@ def test_an_update_removes_planted_temporaries_without_following_them(tmp_path: 
     onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path, num_threads=2)
     assert snapshot_folder(outside) == {"victim.txt": b"precious"}
     assert sorted(p.name for p in folder.iterdir()) == ["cache.txt", "cache.txt.lock"]
-    assert read_cache(path).status == "ok"
+    assert read_cache(path).status == CacheStatus.OK
 
 
 @pytest.mark.parametrize("target", ["existing file", "absent file"])
@@ -1051,8 +1039,6 @@ def test_external_data_in_an_attribute_is_refused_too(model_folder: Path) -> Non
 
 def test_check_small_session_is_a_real_oracle() -> None:
     """The session check does catch a wrong result (so a silent miscomputation would fail)."""
-    from reliability_helpers import small_model
-
     model = small_model()
     model.graph.node[1].op_type = "Abs"  # Relu -> Abs: a different function
     assert "differs from the reference" in (check_small_session(2, model) or "")

@@ -1,5 +1,7 @@
-"""The code base stays ruff clean (the linter is part of the test extras)."""
+"""The code base stays ruff clean (the linter is part of the test extras), and the tools
+under ``tools/`` stand on their own: they import nothing from ``tests/``."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -19,3 +21,29 @@ def test_ruff_clean() -> None:
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+_TOOL_IMPORTS = """
+import json, runpy, sys
+tool = sys.argv[1]
+sys.path.insert(0, sys.argv[2])  # as running the script does
+sys.argv = [tool, "--help"]
+try:
+    runpy.run_path(tool, run_name="__main__")
+except SystemExit as exc:
+    status = exc.code
+print(json.dumps({"status": status, "files": sorted(
+    str(m.__file__) for m in list(sys.modules.values()) if getattr(m, "__file__", None))}))
+"""
+
+
+@pytest.mark.parametrize("tool", sorted(p.name for p in (ROOT / "tools").glob("[!_]*.py")))
+def test_tools_import_nothing_from_tests(tool: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _TOOL_IMPORTS, str(ROOT / "tools" / tool),
+                           str(ROOT / "tools")], cwd=ROOT / "tools", capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] in (0, None)
+    tests = str(ROOT / "tests")
+    assert [f for f in report["files"] if f.startswith(tests)] == []

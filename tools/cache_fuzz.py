@@ -30,9 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import reliability_helpers as helpers
+import _cache_fuzzing as fuzzing
 
 from onnx_light.tuning.processor import execution_descriptor
 
@@ -41,10 +39,10 @@ def run_case(folder: Path, data: bytes, good: list[str], seed: int,
              stats: dict) -> tuple[list[str], list[str]]:
     """Mutate, write, check one case; returns (mutations applied, problems)."""
     count = random.Random(seed).choice([1, 1, 2, 3])
-    mutated, applied = helpers.mutate(data, seed, count=count)
+    mutated, applied = fuzzing.mutate(data, seed, count=count)
     path = folder / "cache.txt"
     path.write_bytes(mutated)
-    return applied, helpers.check_cache_file(path, good, stats=stats)
+    return applied, fuzzing.check_cache_file(path, good, stats=stats)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, help="run the case of this seed only, verbosely")
     parser.add_argument("--json", help="write the summary here")
     args = parser.parse_args(argv)
-    lines, good = helpers.corpus_lines(execution_descriptor())
-    data = helpers.cache_bytes(lines)
+    lines, good = fuzzing.corpus_lines(execution_descriptor())
+    data = fuzzing.cache_bytes(lines)
     seeds = [args.replay] if args.replay is not None else range(args.seed, args.seed + args.cases)
     by_mutation: collections.Counter[str] = collections.Counter()
     failures_by_mutation: collections.Counter[str] = collections.Counter()

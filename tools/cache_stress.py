@@ -27,9 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import reliability_helpers as helpers
+import _cache_processes as processes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     report = {}
     with tempfile.TemporaryDirectory() as folder:
         if args.writers:
-            report["concurrency"] = helpers.run_stress(Path(folder) / "concurrent.txt", args.writers,
+            report["concurrency"] = processes.run_stress(Path(folder) / "concurrent.txt", args.writers,
                                                        args.updates, args.readers, timeout=3600)
             print(json.dumps({"concurrency": report["concurrency"]}, indent=2), flush=True)
         if args.kills:
-            report["crashes"] = helpers.kill_writers(
+            report["crashes"] = processes.kill_writers(
                 Path(folder) / "killed.txt", args.kills, args.padding,
                 None if args.window_ms is None else args.window_ms / 1000, args.seed)
             report["crashes"]["padding_entries"] = args.padding

@@ -30,9 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import reliability_helpers as helpers
+import _model_fuzzing as fuzzing
 
 
 def allowed(outcome: str) -> bool:
@@ -41,7 +39,7 @@ def allowed(outcome: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    models = ["small", *(p.stem for p in helpers.light_model_paths())]
+    models = ["small", *(p.stem for p in fuzzing.light_model_paths())]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=2000, help="cases in all, spread over the models")
     parser.add_argument("--models", nargs="+", default=models, choices=models, metavar="MODEL")
@@ -54,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ["RELIABILITY_MEMORY_LIMIT"] = str(int(args.memory_gb * (1 << 30)))
-    worker = helpers.ModelWorker(args.timeout)
+    worker = fuzzing.ModelWorker(args.timeout)
     counts: dict[str, collections.Counter[str]] = {m: collections.Counter() for m in args.models}
     unexpected = []
     samples: dict[str, list[str]] = collections.defaultdict(list)

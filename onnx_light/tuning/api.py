@@ -1,12 +1,16 @@
 """The public kernel tuning functions named in the spec.
 
-Each returns JSON-serialisable dicts. They act on the process-wide registry
-(:func:`~onnx_light.tuning.registry.default_registry`) and on the cache file at
-``path`` (default: :func:`default_kernel_tuning_cache_path`).
+Each returns JSON-serialisable dicts. They act on ``registry`` (default: the
+process-wide one, :func:`~onnx_light.tuning.registry.default_registry`) and on the
+cache file at ``path`` (default: :func:`default_kernel_tuning_cache_path`), so that
+another kernel library uses them with its own registry exactly as ours does with
+the default one. No function names a kernel library: ``library=None`` selects the
+matching keys of every library in the registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -16,12 +20,21 @@ import numpy as np
 
 from . import cache as cache_file
 from . import calibration
+from .cache import LineOutcome
 from .keys import KernelTuningKey, element_type_code
 from .processor import CpuExecutionDescriptor, execution_descriptor
-from .registry import PublishedProfile, RegistrySnapshot, Resolution, default_registry
+from .registry import (
+    KernelTuningRegistry,
+    PublishedProfile,
+    RegistrySnapshot,
+    Resolution,
+    default_registry,
+)
 
 __all__ = [
     "SelectionError",
+    "apply_kernel_tuning_updates",
+    "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
@@ -51,6 +64,15 @@ def default_kernel_tuning_cache_path() -> str:
     in the platform's user cache directory.
     """
     return str(cache_file.default_cache_path())
+
+
+def _registry(registry: KernelTuningRegistry | None) -> KernelTuningRegistry:
+    """``registry``, or the process-wide one when it is None."""
+    if registry is None:
+        return default_registry()
+    if not isinstance(registry, KernelTuningRegistry):
+        raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
+    return registry
 
 
 def _as_set(value: str | Iterable[str] | None, what: str) -> set[str] | None:
@@ -136,10 +158,11 @@ def kernel_tuning_parameters(
     implementation: str | None = None,
     path: PathLike | None = None,
     num_threads: int | None = None,
+    registry: KernelTuningRegistry | None = None,
 ) -> list[dict[str, Any]]:
     """One record per selected key: schema, defaults, this machine's cached and active values."""
     local = execution_descriptor(num_threads)
-    snapshot = default_registry().snapshot()
+    snapshot = _registry(registry).snapshot()
     keys = select_keys(snapshot, kernel, element_type, library=library,
                        implementation=implementation)
     _, cached = _cached_profiles(path, snapshot, local)
@@ -174,14 +197,15 @@ def _provenance(resolution: Resolution) -> dict[str, Any] | None:
 
 
 def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
-                                num_threads: int | None = None) -> dict[str, Any]:
+                                num_threads: int | None = None,
+                                registry: KernelTuningRegistry | None = None) -> dict[str, Any]:
     """Describe a cache file without publishing anything or touching the file.
 
     Lists every loadable entry and the first hundred of each other outcome; ``counts``
     has the number of lines of each outcome.
     """
     local = execution_descriptor(num_threads)
-    state, _ = _cached_profiles(path, default_registry().snapshot(), local)
+    state, _ = _cached_profiles(path, _registry(registry).snapshot(), local)
     cache, outcomes = state["cache"], state["outcomes"]
     by_line = {line.number: line for line in cache.lines}
     profiles = []
@@ -199,7 +223,7 @@ def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
         })
     diagnostics = list(cache.diagnostics) + cache_file.summarise(
         ((o.outcome, f"{cache.path}:{o.line}: {o.outcome}: {o.reason}") for o in outcomes
-         if o.outcome not in (cache_file.LOADED, cache_file.DUPLICATE) and o.key is not None),
+         if o.outcome not in (LineOutcome.LOADED, LineOutcome.DUPLICATE) and o.key is not None),
         cache.path)
     return {
         "path": str(cache.path),
@@ -213,17 +237,18 @@ def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
 
 
 def load_kernel_tuning_cache(path: PathLike | None = None, *,
-                             num_threads: int | None = None) -> dict[str, Any]:
+                             num_threads: int | None = None,
+                             registry: KernelTuningRegistry | None = None) -> dict[str, Any]:
     """Publish the cache's profiles for this processor in one new generation.
 
     Never raises for what the file contains: a missing, unreadable or corrupt
     file yields diagnostics and leaves the portable values in force.
     """
     local = execution_descriptor(num_threads)
-    return cache_file.load_into(default_registry(), cache_file.resolve_path(path), local)
+    return cache_file.load_into(_registry(registry), cache_file.resolve_path(path), local)
 
 
-def _single_key(kernel: str, element_type: ElementTypes, library: str,
+def _single_key(kernel: str, element_type: ElementTypes, library: str | None,
                 implementation: str | None, snapshot: RegistrySnapshot) -> KernelTuningKey:
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a string, got {type(kernel).__name__}")
@@ -231,7 +256,7 @@ def _single_key(kernel: str, element_type: ElementTypes, library: str,
                        implementation=implementation)
     if len(keys) > 1:
         raise ValueError(f"ambiguous selection: {', '.join(map(str, keys))}; "
-                         "pass implementation= or a single element type")
+                         "pass library=, implementation= or a single element type")
     return keys[0]
 
 
@@ -240,11 +265,12 @@ def set_kernel_tuning_parameters(
     element_type: int | str | np.dtype,
     values: Mapping[str, Any],
     *,
-    library: str = "onnx_light",
+    library: str | None = None,
     implementation: str | None = None,
     path: PathLike | None = None,
     num_threads: int | None = None,
     persist: bool = True,
+    registry: KernelTuningRegistry | None = None,
 ) -> dict[str, Any]:
     """Validated partial update of one key's values for this processor and thread count.
 
@@ -252,11 +278,12 @@ def set_kernel_tuning_parameters(
     applies ``values``, validates the complete set, persists it to the cache
     (unless ``persist=False``) and publishes it. Invalid input raises
     (``KeyError``, ``TypeError`` or ``ValueError``) and changes neither the
-    registry nor the file.
+    registry nor the file; so does a selection of several keys (the same kernel
+    in two libraries: pass ``library=``).
     """
     if not isinstance(values, Mapping):
         raise TypeError(f"values must be a mapping of parameter names, got {type(values).__name__}")
-    registry = default_registry()
+    registry = _registry(registry)
     snapshot = registry.snapshot()
     local = execution_descriptor(num_threads)
     key = _single_key(kernel, element_type, library, implementation, snapshot)
@@ -290,13 +317,14 @@ def reset_kernel_tuning_parameters(
     path: PathLike | None = None,
     num_threads: int | None = None,
     persist: bool = True,
+    registry: KernelTuningRegistry | None = None,
 ) -> dict[str, Any]:
     """Forget this machine's published values for the selected keys (FFTW's *forget*).
 
     Removes them from the registry and, with ``persist``, from the cache file,
     so the next session resolves shipped profiles or portable defaults again.
     """
-    registry = default_registry()
+    registry = _registry(registry)
     local = execution_descriptor(num_threads)
     keys = select_keys(registry.snapshot(), kernel, element_type, library=library,
                        implementation=implementation)
@@ -364,7 +392,8 @@ def _run_callbacks(
         try:
             result = snapshot.callbacks[key](key, local, budget)
             _check_result(result, key, budget, time.perf_counter() - key_started)
-            result.values = snapshot.schema(key).validate(result.values)
+            # A copy: the callback's own result object stays as it returned it.
+            result = dataclasses.replace(result, values=snapshot.schema(key).validate(result.values))
         except Exception as exc:  # a failing callback must publish nothing
             failures.append({"key": str(key), "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -375,10 +404,10 @@ def _run_callbacks(
             "duration_s": time.perf_counter() - started}
 
 
-def _publish_results(results: list[calibration.CalibrationResult], local: CpuExecutionDescriptor,
-                     path: PathLike | None, save: bool) -> tuple[int, dict[str, Any] | None]:
+def _publish_results(registry: KernelTuningRegistry, results: list[calibration.CalibrationResult],
+                     local: CpuExecutionDescriptor, path: PathLike | None,
+                     save: bool) -> tuple[int, dict[str, Any] | None]:
     """Persist (when ``save``) then publish every result in one generation."""
-    registry = default_registry()
     origins = {id(r): cache_file.provenance("calibrated", crossover=r.crossover,
                                             portable_kept=r.portable_kept) for r in results}
     update = None
@@ -396,13 +425,14 @@ def calibrate_kernel_tuning(
     kernel: str | Iterable[str],
     element_types: ElementTypes | None = None,
     *,
-    library: str = "onnx_light",
+    library: str | None = None,
     implementation: str | None = None,
     num_threads: int | None = None,
     max_duration_ms: float | None = None,
     max_memory_bytes: int | None = None,
     save: bool = True,
     path: PathLike | None = None,
+    registry: KernelTuningRegistry | None = None,
 ) -> dict[str, Any]:
     """Calibrate the selected keys on this processor and thread count.
 
@@ -410,7 +440,8 @@ def calibrate_kernel_tuning(
     results published, in one generation, and (with ``save``) persisted to the
     cache. Schema-only keys are listed as ``unsupported``.
     """
-    snapshot = default_registry().snapshot()
+    registry = _registry(registry)
+    snapshot = registry.snapshot()
     local = execution_descriptor(num_threads)
     keys = select_keys(snapshot, kernel, element_types, library=library,
                        implementation=implementation)
@@ -421,9 +452,9 @@ def calibrate_kernel_tuning(
     diagnostics += [f"{f['key']}: calibration failed: {f['error']}" for f in outcome["failures"]]
     if outcome["failures"]:
         diagnostics.append("a calibration failed: nothing was published or saved")
-        generation, update = default_registry().generation, None
+        generation, update = registry.generation, None
     else:
-        generation, update = _publish_results(outcome["results"], local, path, save)
+        generation, update = _publish_results(registry, outcome["results"], local, path, save)
     return {
         "descriptor": local.to_dict(),
         "calibrated": [] if outcome["failures"] else [r.to_dict() for r in outcome["results"]],
@@ -444,13 +475,14 @@ def propose_kernel_tuning_updates(
     library: str | None = None,
     path: PathLike | None = None,
     num_threads: int | None = None,
+    registry: KernelTuningRegistry | None = None,
 ) -> dict[str, Any]:
     """Which selected keys the cache covers for this processor and thread count (read-only).
 
     Missing keys are split into those with a calibration callback and
     schema-only keys that need values set by hand.
     """
-    snapshot = default_registry().snapshot()
+    snapshot = _registry(registry).snapshot()
     local = execution_descriptor(num_threads)
     keys = select_keys(snapshot, kernels, element_types, library=library)
     _, cached = _cached_profiles(path, snapshot, local)
@@ -474,6 +506,7 @@ def apply_kernel_tuning_updates(
     max_duration_ms: float | None = None,
     max_memory_bytes: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    registry: KernelTuningRegistry | None = None,
 ) -> dict[str, Any]:
     """Calibrate the proposal's missing calibratable keys and persist the results.
 
@@ -491,14 +524,15 @@ def apply_kernel_tuning_updates(
     if local != descriptor:
         raise ValueError("the proposal was made for another processor: "
                          + ", ".join(descriptor.differences(local)))
-    snapshot = default_registry().snapshot()
+    registry = _registry(registry)
+    snapshot = registry.snapshot()
     keys = [KernelTuningKey.parse(text) for text in proposal["missing_calibratable"]]
     for key in keys:
         if snapshot.callback(key) is None:
             raise ValueError(f"{key} has no calibration callback")
     target = proposal.get("path") if path is None else path
     outcome = _run_callbacks(keys, snapshot, local, max_duration_ms, max_memory_bytes, progress)
-    generation, update = _publish_results(outcome["results"], local, target, save=True)
+    generation, update = _publish_results(registry, outcome["results"], local, target, save=True)
     failed = {f["key"] for f in outcome["failures"]} | {s["key"] for s in outcome["skipped"]}
     return {
         "descriptor": local.to_dict(),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import enum
 import errno
 import functools
 import glob
@@ -42,6 +43,8 @@ __all__ = [
     "FORMAT_VERSION",
     "CacheEntry",
     "CacheFile",
+    "CacheStatus",
+    "LineOutcome",
     "default_cache_path",
     "load_into",
     "read_cache",
@@ -59,9 +62,39 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO for reading must not wait
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
-# Per-entry load outcomes.
-LOADED, INCOMPATIBLE, STALE, INVALID, UNKNOWN_KEY, DUPLICATE = (
-    "loaded", "incompatible", "stale", "invalid", "unknown_key", "duplicate")
+
+class _Text(str, enum.Enum):
+    """An enum whose members are their text: JSON, reports and f-strings show the value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CacheStatus(_Text):
+    """What reading a cache path found."""
+
+    MISSING = "missing"
+    OK = "ok"
+    DAMAGED = "damaged"  # some lines unusable
+    FOREIGN = "foreign"  # no header
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNREADABLE = "unreadable"
+
+
+#: Statuses of a file that a write first backs up: it holds something the rewrite drops.
+REWRITTEN_STATUSES = frozenset({CacheStatus.DAMAGED, CacheStatus.FOREIGN,
+                                CacheStatus.UNSUPPORTED_VERSION})
+
+
+class LineOutcome(_Text):
+    """What loading did with one line of a cache."""
+
+    LOADED = "loaded"
+    INCOMPATIBLE = "incompatible"  # another processor
+    STALE = "stale"  # another tuning ABI of a registered key
+    INVALID = "invalid"
+    UNKNOWN_KEY = "unknown_key"
+    DUPLICATE = "duplicate"  # superseded by a later line of the same identity
 
 
 def default_cache_path() -> Path:
@@ -202,10 +235,7 @@ def _descriptor(canonical: str) -> CpuExecutionDescriptor:
 
 @dataclass
 class CacheFile:
-    """What was read from a cache path. ``status`` is one of:
-
-    ``missing``, ``ok``, ``damaged`` (some lines unusable), ``foreign`` (no
-    header), ``unsupported_version``, ``unreadable``.
+    """What was read from a cache path, and its :class:`CacheStatus`.
 
     ``lines`` holds every entry line and the first :data:`LISTED_LINES` damaged ones;
     ``damaged`` counts all damaged lines; ``comments`` are the ``#`` lines with their numbers,
@@ -213,7 +243,7 @@ class CacheFile:
     """
 
     path: Path
-    status: str
+    status: CacheStatus
     format_version: int | None = None
     lines: list[CacheLine] = field(default_factory=list)
     diagnostics: list[str] = field(default_factory=list)
@@ -223,7 +253,7 @@ class CacheFile:
 
     @property
     def exists(self) -> bool:
-        return self.status != "missing"
+        return self.status != CacheStatus.MISSING
 
 
 def read_cache(path: Path) -> CacheFile:
@@ -238,30 +268,31 @@ def _read(path: Path) -> tuple[CacheFile, bytes | None, os.stat_result | None]:
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
-        return CacheFile(path, "missing"), None, None
+        return CacheFile(path, CacheStatus.MISSING), None, None
     except OSError as exc:
         if os.path.islink(path):
-            return CacheFile(path, "unreadable", diagnostics=[_symlink_problem(path)]), None, None
-        return CacheFile(path, "unreadable",
+            return (CacheFile(path, CacheStatus.UNREADABLE, diagnostics=[_symlink_problem(path)]),
+                    None, None)
+        return CacheFile(path, CacheStatus.UNREADABLE,
                          diagnostics=[f"{path}: {exc.strerror or exc}"]), None, None
     info = None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            return CacheFile(path, "unreadable",
+            return CacheFile(path, CacheStatus.UNREADABLE,
                              diagnostics=[f"{path}: not a regular file"]), None, info
         if info.st_size > MAX_FILE_BYTES:
-            return CacheFile(path, "unreadable", diagnostics=[
+            return CacheFile(path, CacheStatus.UNREADABLE, diagnostics=[
                 f"{path}: larger than {MAX_FILE_BYTES} bytes"]), None, info
         with os.fdopen(os.dup(fd), "rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        return CacheFile(path, "unreadable",
+        return CacheFile(path, CacheStatus.UNREADABLE,
                          diagnostics=[f"{path}: {exc.strerror or exc}"]), None, None
     finally:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
-        return CacheFile(path, "unreadable",
+        return CacheFile(path, CacheStatus.UNREADABLE,
                          diagnostics=[f"{path}: larger than {MAX_FILE_BYTES} bytes"]), None, info
     ownership = _ownership_problems(path, info)
     cache = parse_cache_bytes(path, data)
@@ -310,12 +341,12 @@ def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
     header = data[:first_end].decode("utf-8", "replace").strip()
     if not header.startswith(FORMAT_NAME + " "):
         reason = "empty file" if not data.strip() else f"not a kernel tuning cache ({header[:60]!r})"
-        return CacheFile(path, "foreign", diagnostics=[f"{path}:1: {reason}"])
+        return CacheFile(path, CacheStatus.FOREIGN, diagnostics=[f"{path}:1: {reason}"])
     version_text = header[len(FORMAT_NAME) + 1 :].strip()
     if version_text != str(FORMAT_VERSION):
-        return CacheFile(path, "unsupported_version", diagnostics=[
+        return CacheFile(path, CacheStatus.UNSUPPORTED_VERSION, diagnostics=[
             f"{path}:1: format version {version_text!r}; this onnx_light reads {FORMAT_VERSION}"])
-    parser = _LineParser(CacheFile(path, "ok", FORMAT_VERSION))
+    parser = _LineParser(CacheFile(path, CacheStatus.OK, FORMAT_VERSION))
     position, number = first_end + 1, 2  # the start of line ``number``
     while position < len(data):
         stop = _window_end(data, position)
@@ -403,7 +434,7 @@ class _LineParser:
         result.comments.sort()
         result.damaged = self.damaged
         if self.damaged:
-            result.status = "damaged"
+            result.status = CacheStatus.DAMAGED
             path = result.path
             result.diagnostics += [f"{path}:{line.number}: {line.error}" for line in self.broken]
             if self.damaged > len(self.broken):
@@ -418,7 +449,7 @@ class EntryOutcome:
 
     line: int
     key: str | None
-    outcome: str
+    outcome: LineOutcome
     reason: str
     matches_this_machine: bool = False
 
@@ -443,7 +474,7 @@ def classify(cache: CacheFile, snapshot: RegistrySnapshot, local: CpuExecutionDe
     for line in cache.lines:
         key_text = line.identity[0] if line.identity else None
         if line.identity and last_line[line.identity] != line.number:
-            outcomes.append(EntryOutcome(line.number, key_text, DUPLICATE,
+            outcomes.append(EntryOutcome(line.number, key_text, LineOutcome.DUPLICATE,
                                          f"superseded by line {last_line[line.identity]}"))
             continue
         outcome = _classify_line(line, snapshot, local, this_processor)
@@ -452,7 +483,7 @@ def classify(cache: CacheFile, snapshot: RegistrySnapshot, local: CpuExecutionDe
             loadable[line.identity] = (line.number, outcome)
             reason = "matches this machine" if matches else (
                 f"this processor at {outcome.descriptor.num_threads} threads")
-            outcomes.append(EntryOutcome(line.number, key_text, LOADED, reason, matches))
+            outcomes.append(EntryOutcome(line.number, key_text, LineOutcome.LOADED, reason, matches))
         else:
             outcomes.append(outcome)
     return outcomes, [profile for _, profile in loadable.values()]
@@ -492,37 +523,37 @@ def _comparable(value: Any) -> Any:
 def _classify_line(line: CacheLine, snapshot: RegistrySnapshot, local: CpuExecutionDescriptor,
                    this_processor: _ProcessorMatch) -> EntryOutcome | PublishedProfile:
     if line.identity is None:
-        return EntryOutcome(line.number, None, INVALID, str(line.error))
+        return EntryOutcome(line.number, None, LineOutcome.INVALID, str(line.error))
     key_text, descriptor_text = line.identity
     if line.problem is not None:
-        return EntryOutcome(line.number, key_text, INVALID, line.problem)
+        return EntryOutcome(line.number, key_text, LineOutcome.INVALID, line.problem)
     try:
         key = _parse_key(key_text)
     except ValueError as exc:
-        return EntryOutcome(line.number, key_text, INVALID, str(exc))
+        return EntryOutcome(line.number, key_text, LineOutcome.INVALID, str(exc))
     if key not in snapshot.schemas:
         abis = sorted(k.tuning_abi for k in snapshot.schemas
                       if replace(k, tuning_abi=key.tuning_abi) == key)
         if abis:
-            return EntryOutcome(line.number, key_text, STALE,
+            return EntryOutcome(line.number, key_text, LineOutcome.STALE,
                                 f"tuning ABI {key.tuning_abi}; registered ABI {abis}")
-        return EntryOutcome(line.number, key_text, UNKNOWN_KEY, "no schema registered")
+        return EntryOutcome(line.number, key_text, LineOutcome.UNKNOWN_KEY, "no schema registered")
     differs = this_processor.differences(descriptor_text)
     if differs:
-        return EntryOutcome(line.number, key_text, INCOMPATIBLE,
+        return EntryOutcome(line.number, key_text, LineOutcome.INCOMPATIBLE,
                             "processor differs in " + ", ".join(differs))
     try:
         entry = line.entry()
     except ValueError as exc:
-        return EntryOutcome(line.number, key_text, INVALID, str(exc))
+        return EntryOutcome(line.number, key_text, LineOutcome.INVALID, str(exc))
     differs = [d for d in entry.descriptor.differences(local) if d != "num_threads"]
     if differs:  # equal as JSON, different once validated (e.g. a float family)
-        return EntryOutcome(line.number, key_text, INCOMPATIBLE,
+        return EntryOutcome(line.number, key_text, LineOutcome.INCOMPATIBLE,
                             "processor differs in " + ", ".join(differs))
     try:
         values = snapshot.schema(entry.key).validate(entry.values)
     except (ValueError, TypeError, KeyError) as exc:
-        return EntryOutcome(line.number, key_text, INVALID, str(exc).strip("'\""))
+        return EntryOutcome(line.number, key_text, LineOutcome.INVALID, str(exc).strip("'\""))
     return PublishedProfile(entry.key, entry.descriptor, values,
                             {**entry.provenance, "cache_line": line.number})
 
@@ -559,7 +590,7 @@ def load_into(registry: KernelTuningRegistry, path: Path,
     generation = registry.publish(profiles) if profiles else registry.generation
     cache.diagnostics += summarise(
         ((o.outcome, f"{path}:{o.line}: {o.outcome}: {o.reason}") for o in outcomes
-         if o.outcome not in (LOADED, DUPLICATE) and o.key is not None), path)
+         if o.outcome not in (LineOutcome.LOADED, LineOutcome.DUPLICATE) and o.key is not None), path)
     counts = outcome_counts(cache, outcomes)
     return {
         "path": str(path),
@@ -567,7 +598,7 @@ def load_into(registry: KernelTuningRegistry, path: Path,
         "format_version": cache.format_version,
         "entries": [o.to_dict() for o in listed_outcomes(outcomes)],
         "counts": counts,
-        "loaded": counts.get(LOADED, 0),
+        "loaded": counts.get(LineOutcome.LOADED, 0),
         "ownership": cache.ownership,
         "diagnostics": cache.diagnostics,
         "generation": generation,
@@ -580,7 +611,7 @@ def listed_outcomes(outcomes: Iterable[EntryOutcome]) -> list[EntryOutcome]:
     listed = []
     for outcome in outcomes:
         seen[outcome.outcome] += 1
-        if outcome.outcome == LOADED or seen[outcome.outcome] <= LISTED_LINES:
+        if outcome.outcome == LineOutcome.LOADED or seen[outcome.outcome] <= LISTED_LINES:
             listed.append(outcome)
     return listed
 
@@ -588,7 +619,7 @@ def listed_outcomes(outcomes: Iterable[EntryOutcome]) -> list[EntryOutcome]:
 def outcome_counts(cache: CacheFile, outcomes: Iterable[EntryOutcome]) -> dict[str, int]:
     """How many lines had each outcome, damaged lines that were not listed included."""
     counts = collections.Counter(o.outcome for o in outcomes)
-    counts[INVALID] += cache.damaged - sum(line.error is not None for line in cache.lines)
+    counts[LineOutcome.INVALID] += cache.damaged - sum(line.error is not None for line in cache.lines)
     return {outcome: n for outcome, n in sorted(counts.items()) if n}
 
 
@@ -626,12 +657,12 @@ def update_cache(path: Path, entries: EntriesOrMerge,
     with cache_lock(path, LOCK_TIMEOUT_S):
         _check_replaceable(path)
         current, data, info = _read(path)
-        if current.status == "unreadable" and os.path.lexists(path):
+        if current.status == CacheStatus.UNREADABLE and os.path.lexists(path):
             raise OSError(f"kernel tuning cache {path} cannot be read, so it is not replaced: "
                           + "; ".join(current.diagnostics))
         new_lines = {entry.identity(): entry.to_line() for entry in merge(current)}
         backup = None
-        if current.status in ("damaged", "foreign", "unsupported_version"):
+        if current.status in REWRITTEN_STATUSES:
             backup = _naming_the_cache(path, "backed up", _backup, path, data, info)
         kept = [(line.number, line.text) for line in current.lines
                 if line.identity is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -208,6 +208,18 @@ class KernelTuningRegistry:
     def generation(self) -> int:
         """The current generation number."""
         return self._snapshot.generation
+
+    def copy(self, *, published: bool = True) -> KernelTuningRegistry:
+        """A new registry starting from this one's current generation, with its schemas,
+        profiles and callbacks and (unless ``published=False``) its published profiles.
+
+        Changes to either registry do not reach the other: a read-only report can load a
+        cache file into a copy without changing what this process's sessions resolve.
+        """
+        copied = KernelTuningRegistry()
+        current = self._snapshot
+        copied._snapshot = current if published else replace(current, published=_EMPTY)
+        return copied
 
     def register(
         self,
