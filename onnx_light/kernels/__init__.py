@@ -25,6 +25,7 @@ from . import (
     pooling,
     recurrent,
     reductions,
+    roi,
     structural,
 )
 from .base import Kernel
@@ -36,7 +37,7 @@ __all__ = ["DECLARATIONS", "KERNELS", "calibration_callbacks", "register", "tuni
 DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     elementwise.DECLARATIONS, gemm.DECLARATIONS, structural.DECLARATIONS,
     reductions.DECLARATIONS, conv.DECLARATIONS, pooling.DECLARATIONS, normalization.DECLARATIONS,
-    recurrent.DECLARATIONS, conv_transpose.DECLARATIONS,
+    recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
