@@ -122,32 +122,37 @@ class ConvTranspose(Kernel):
         return (y.astype(x.dtype, copy=False),)
 
     def _columns(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """(N, M, k1, ..., kr, D1, ..., Dr): every filter at every kernel position times
-        every input pixel, one batched product over the groups."""
+        """(K, N, group, M/group, D): every filter at every kernel position (K of them, the
+        leading axis, so that each position's block is contiguous) times every input pixel,
+        one batched product over the groups."""
         n, _, *spatial = x.shape
         channels, per_filter, *kernel = w.shape
-        group = self.group
+        group, positions = self.group, math.prod(kernel)
         per_group = channels // group
         x_groups = x.reshape(n, group, per_group, math.prod(spatial))
-        w_groups = w.reshape(group, per_group, per_filter * math.prod(kernel)).transpose(0, 2, 1)
-        columns = np.matmul(w_groups, x_groups)  # (N, group, M/group * K, D)
-        return columns.reshape(n, group * per_filter, *kernel, *spatial)
+        w_groups = np.ascontiguousarray(  # (group, K * M/group, C/group), position-major rows
+            w.reshape(group, per_group, per_filter, positions).transpose(0, 3, 2, 1)
+        ).reshape(group, positions * per_filter, per_group)
+        columns = np.matmul(w_groups, x_groups)  # (N, group, K * M/group, D)
+        columns = columns.reshape(n, group, positions, per_filter, -1)
+        return np.moveaxis(columns, 2, 0)
 
     def _scatter(self, columns: np.ndarray, spatial: Sequence[int], kernel: Sequence[int],
                  strides: Sequence[int], dilations: Sequence[int], begin: Sequence[int],
                  output: Sequence[int]) -> np.ndarray:
-        """The canvas, large enough for the output window: one strided add per kernel position."""
-        rank = len(spatial)
+        """The (N, M, ...) canvas, large enough for the output window: one strided add per
+        kernel position."""
         full = [s * (i - 1) + (k - 1) * d + 1 for i, k, s, d in
                 zip(spatial, kernel, strides, dilations, strict=True)]
         size = [max(f, b + o) for f, b, o in zip(full, begin, output, strict=True)]
-        canvas = np.zeros((*columns.shape[:2], *size), columns.dtype)
-        for position in itertools.product(*(range(k) for k in kernel)):
+        _, n, group, per_filter, _ = columns.shape
+        canvas = np.zeros((n, group, per_filter, *size), columns.dtype)
+        lead = (slice(None),) * 3
+        for index, position in enumerate(itertools.product(*(range(k) for k in kernel))):
             target = tuple(slice(p * d, p * d + s * (i - 1) + 1, s) for p, d, s, i in
                            zip(position, dilations, strides, spatial, strict=True))
-            canvas[(slice(None), slice(None), *target)] += columns[(slice(None), slice(None),
-                                                                    *position, *(slice(None),) * rank)]
-        return canvas
+            canvas[(*lead, *target)] += columns[index].reshape(n, group, per_filter, *spatial)
+        return canvas.reshape(n, group * per_filter, *size)
 
     @staticmethod
     def _window(canvas: np.ndarray, begin: Sequence[int], output: Sequence[int]) -> np.ndarray:

@@ -97,6 +97,7 @@ class _Recurrent(Kernel):
     default_activations: ClassVar[tuple[str, ...]] = ("Tanh",)
     # Inputs after initial_h: LSTM's initial_c and P.
     extra_inputs: ClassVar[tuple[str, ...]] = ()
+    max_outputs: ClassVar[int] = 2  # Y, Y_h (and LSTM's Y_c)
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -119,9 +120,8 @@ class _Recurrent(Kernel):
         if self.layout and ctx.opset < 14:
             raise ctx.error(f"layout is an attribute from opset 14 on, the model uses opset {ctx.opset}")
         self.activations = _activations(ctx, self.default_activations, self.directions)
-        if ctx.num_outputs > 2 + len(self.extra_inputs) // 2:
-            raise ctx.error(f"has {ctx.num_outputs} outputs, at most "
-                            f"{2 + len(self.extra_inputs) // 2}")
+        if ctx.num_outputs > self.max_outputs:
+            raise ctx.error(f"has {ctx.num_outputs} outputs, at most {self.max_outputs}")
 
     def _clip(self, x: np.ndarray) -> np.ndarray:
         return x if self.clip is None else np.clip(x, -self.clip, self.clip)
@@ -268,6 +268,7 @@ class LSTM(_Recurrent):
     gates: ClassVar[int] = 4
     default_activations: ClassVar[tuple[str, ...]] = ("Sigmoid", "Tanh", "Tanh")
     extra_inputs: ClassVar[tuple[str, ...]] = ("initial_c", "P")
+    max_outputs: ClassVar[int] = 3
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
