@@ -21,6 +21,7 @@ from . import (
     attention,
     bitwise,
     conv,
+    conv_transpose,
     detection,
     elementwise,
     feature_normalization,
@@ -32,7 +33,9 @@ from . import (
     normalization,
     pooling,
     rearrangement,
+    recurrent,
     reductions,
+    roi,
     sampling,
     scans,
     signal_processing,
@@ -56,6 +59,7 @@ DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     rearrangement.DECLARATIONS, signal_processing.DECLARATIONS, norm_pooling.DECLARATIONS,
     unpooling.DECLARATIONS, losses.DECLARATIONS, detection.DECLARATIONS, strings.DECLARATIONS,
     attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
+    recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
