@@ -254,3 +254,177 @@ def test_dequantize_linear_errors() -> None:
         ours("DequantizeLinear", [x, np.ones((2, 1), np.float32), np.zeros((2, 1), np.uint8)], 19)
     with pytest.raises(KernelError, match=r"DequantizeLinear-19 .*does not take element type int4"):
         ours("DequantizeLinear", [x.astype(ml_dtypes.int4), np.float32(1)], 19)
+
+
+# ---------------------------------------------------------------- integer products
+
+BYTE_TYPES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
+
+
+def _bytes(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
+    low, high = BYTE_TYPES[np.dtype(dtype)]
+    return rng.integers(low, high + 1, shape).astype(dtype)
+
+
+def _python_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The product in Python integers (object arrays): exact whatever the sizes."""
+    return np.matmul(a.astype(np.int64).astype(object), b.astype(np.int64).astype(object))
+
+
+@st.composite
+def matmul_problems(draw: st.DrawFn) -> dict[str, Any]:
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    m, k, n = (draw(st.integers(1, 6)) for _ in range(3))
+    a_type, b_type = (draw(st.sampled_from([np.int8, np.uint8])) for _ in range(2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    return {"a": _bytes(rng, a_type, (*batch, m, k)), "b": _bytes(rng, b_type, (*batch, k, n)),
+            "per_row": draw(st.booleans()), "per_column": draw(st.booleans()), "rng": rng}
+
+
+@SETTINGS
+@given(problem=matmul_problems())
+def test_matmul_integer_is_exact(problem: dict[str, Any]) -> None:
+    a, b, rng = problem["a"], problem["b"], problem["rng"]
+    a_zero = _bytes(rng, a.dtype, (a.shape[-2],) if problem["per_row"] else ())
+    b_zero = _bytes(rng, b.dtype, (b.shape[-1],) if problem["per_column"] else ())
+    y = ours("MatMulInteger", [a, b, a_zero, b_zero], 10)[0]
+    expected = _python_matmul(a.astype(np.int64) - a_zero.reshape(-1, 1).astype(np.int64),
+                              b.astype(np.int64) - b_zero.astype(np.int64))
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y.astype(object), expected)
+    if not problem["per_row"]:  # the reference broadcasts a per-row zero point along K
+        check("MatMulInteger", [a, b, a_zero, b_zero], 10)
+
+
+def test_matmul_integer_long_sums_beyond_float32() -> None:
+    """Sums past 2**24, which a float32 product would round."""
+    a = np.full((2, 4099), -128, np.int8)
+    b = np.full((4099, 3), 127, np.int8)
+    b[0, 0] = -128
+    y = ours("MatMulInteger", [a, b, np.array(127, np.int8), np.array(-128, np.int8)], 10)[0]
+    expected = _python_matmul(a.astype(np.int64) - 127, b.astype(np.int64) + 128)
+    assert int(np.abs(expected).max()) > 2**24
+    np.testing.assert_array_equal(y.astype(object), expected)
+
+
+def _naive_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dilation: int, group: int
+                ) -> np.ndarray:
+    """A 2-D convolution summed in int64, one kernel position at a time."""
+    x = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    m, cg, kh, kw = w.shape
+    oh = (x.shape[2] - (kh - 1) * dilation - 1) // stride + 1
+    ow = (x.shape[3] - (kw - 1) * dilation - 1) // stride + 1
+    out = np.zeros((x.shape[0], m, oh, ow), np.int64)
+    mg = m // group
+    for g in range(group):
+        for i in range(kh):
+            for j in range(kw):
+                patch = x[:, g * cg:(g + 1) * cg, i * dilation:i * dilation + stride * (oh - 1) + 1:stride,
+                          j * dilation:j * dilation + stride * (ow - 1) + 1:stride]
+                out[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", patch,
+                                                         w[g * mg:(g + 1) * mg, :, i, j].astype(np.int64))
+    return out
+
+
+@st.composite
+def conv_problems(draw: st.DrawFn) -> dict[str, Any]:
+    group = draw(st.integers(1, 2))
+    channels, filters = group * draw(st.integers(1, 3)), group * draw(st.integers(1, 3))
+    kernel, dilation, stride, pad = (draw(st.integers(1, 3)), draw(st.integers(1, 2)),
+                                     draw(st.integers(1, 2)), draw(st.integers(0, 2)))
+    size = draw(st.integers((kernel - 1) * dilation + 1, 7))
+    x_type, w_type = (draw(st.sampled_from([np.int8, np.uint8])) for _ in range(2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    return {"x": _bytes(rng, x_type, (draw(st.integers(1, 2)), channels, size, size + 1)),
+            "w": _bytes(rng, w_type, (filters, channels // group, kernel, kernel)),
+            "attributes": {"group": group, "strides": [stride] * 2, "dilations": [dilation] * 2,
+                           "pads": [pad] * 4},
+            "per_channel": draw(st.booleans()), "rng": rng}
+
+
+@SETTINGS
+@given(problem=conv_problems())
+def test_conv_integer_is_exact(problem: dict[str, Any]) -> None:
+    x, w, rng, attributes = problem["x"], problem["w"], problem["rng"], problem["attributes"]
+    x_zero = _bytes(rng, x.dtype, ())
+    w_zero = _bytes(rng, w.dtype, (w.shape[0],) if problem["per_channel"] else ())
+    y = check("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[0]
+    assert y.dtype == np.int32
+    expected = _naive_conv(x.astype(np.int64) - int(x_zero),
+                           w.astype(np.int64) - w_zero.astype(np.int64).reshape(-1, 1, 1, 1),
+                           attributes["strides"][0], attributes["pads"][0], attributes["dilations"][0],
+                           attributes["group"])
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_conv_integer_auto_pad_and_one_dimension() -> None:
+    rng = np.random.default_rng(3)
+    x, w = _bytes(rng, np.uint8, (1, 2, 9)), _bytes(rng, np.uint8, (3, 2, 4))
+    check("ConvInteger", [x, w, np.array(100, np.uint8)], 10, auto_pad="SAME_UPPER", strides=[2])
+
+
+# ---------------------------------------------------------------- QLinearMatMul, QLinearConv
+
+
+@SETTINGS
+@given(problem=matmul_problems(), scale_type=st.sampled_from([np.float32, np.float16]),
+       y_type=st.sampled_from([np.int8, np.uint8]))
+def test_qlinear_matmul(problem: dict[str, Any], scale_type: Any, y_type: Any) -> None:
+    a, b, rng = problem["a"], problem["b"], problem["rng"]
+    columns = (b.shape[-1],) if problem["per_column"] else ()
+    inputs = [a, np.array(rng.uniform(0.01, 0.1), scale_type), _bytes(rng, a.dtype, ()),
+              b, rng.uniform(0.01, 0.1, columns).astype(scale_type), _bytes(rng, b.dtype, columns),
+              np.array(rng.uniform(0.05, 0.5), scale_type), _bytes(rng, y_type, ())]
+    check("QLinearMatMul", inputs, 21 if scale_type == np.float16 else 10)
+
+
+def test_qlinear_matmul_per_row_scales() -> None:
+    """Row i of the result is the per-tensor result with row i's scale and zero point."""
+    rng = np.random.default_rng(5)
+    a, b = _bytes(rng, np.uint8, (3, 4)), _bytes(rng, np.int8, (4, 2))
+    a_scale, a_zero = np.float32([0.02, 0.05, 0.1]), np.uint8([3, 128, 250])
+    rest = [b, np.float32(0.03), np.int8(1), np.float32(0.2), np.uint8(7)]
+    y = ours("QLinearMatMul", [a, a_scale, a_zero, *map(np.asarray, rest)], 21)[0]
+    for i in range(3):
+        row = ours("QLinearMatMul", [a[i:i + 1], a_scale[i:i + 1], a_zero[i:i + 1],
+                                     *map(np.asarray, rest)], 21)
+        np.testing.assert_array_equal(y[i:i + 1], row[0])
+
+
+@SETTINGS
+@given(problem=conv_problems(), bias=st.booleans(), y_type=st.sampled_from([np.int8, np.uint8]))
+def test_qlinear_conv(problem: dict[str, Any], bias: bool, y_type: Any) -> None:
+    x, w, rng = problem["x"], problem["w"], problem["rng"]
+    channels = (w.shape[0],) if problem["per_channel"] else ()
+    inputs = [x, np.array(rng.uniform(0.01, 0.1), np.float32), _bytes(rng, x.dtype, ()),
+              w, rng.uniform(0.01, 0.1, channels).astype(np.float32), _bytes(rng, w.dtype, channels),
+              np.array(rng.uniform(0.5, 2), np.float32), _bytes(rng, y_type, ())]
+    if bias:
+        inputs.append(rng.integers(-5000, 5000, w.shape[0]).astype(np.int32))
+    check("QLinearConv", inputs, 10, **problem["attributes"])
+
+
+# ---------------------------------------------------------------- errors of the integer products
+
+A8, B8 = np.zeros((2, 3), np.uint8), np.zeros((3, 4), np.uint8)
+X8, W8 = np.zeros((1, 2, 4, 4), np.uint8), np.zeros((3, 2, 2, 2), np.uint8)
+
+
+@pytest.mark.parametrize(("op", "inputs", "attributes", "message"), [
+    ("MatMulInteger", [A8, B8, np.array(0, np.int8)], {}, "a_zero_point's type int8 differs"),
+    ("MatMulInteger", [A8, B8, None, np.zeros(3, np.uint8)], {}, r"b_zero_point of shape \[3\] does not fit"),
+    ("MatMulInteger", [A8, np.zeros((4, 3), np.uint8)], {}, r"cannot multiply shapes \[2, 3\] and \[4, 3\]"),
+    ("ConvInteger", [X8, W8, np.zeros(2, np.uint8)], {}, "x_zero_point must be a scalar"),
+    ("ConvInteger", [X8, W8], {"group": 2}, "do not match group 2"),
+    ("ConvInteger", [X8, W8], {"strides": [0, 1]}, "strides must be positive"),
+    ("QLinearConv", [X8, np.float32(1), np.uint8(0), W8, np.ones(2, np.float32), np.uint8(0),
+                     np.float32(1), np.uint8(0)], {}, r"w_scale of shape \[2\] does not fit"),
+    ("QLinearConv", [X8, np.float32(1), np.uint8(0), W8, np.float32(1), np.uint8(0),
+                     np.float32(1), np.uint8(0), np.zeros(3, np.int64)], {}, "the bias must be int32"),
+    ("QLinearMatMul", [A8, np.float32(1), np.uint8(0), B8, np.float16(1), np.uint8(0),
+                       np.float32(1), np.uint8(0)], {}, "the scales' types differ"),
+])
+def test_integer_product_errors(op: str, inputs: list[Any], attributes: dict[str, Any], message: str) -> None:
+    arrays = [None if v is None else np.asarray(v) for v in inputs]
+    with pytest.raises(KernelError, match=rf"node '{op.lower()}_node' \({op}\): .*{message}"):
+        ours(op, arrays, 21 if op == "QLinearMatMul" else 10, **attributes)

@@ -16,7 +16,17 @@ from ..tuning.calibration import CalibrationResult
 from ..tuning.keys import KernelTuningKey
 from ..tuning.registry import KernelTuningRegistry
 from ..tuning.schema import KernelTuningSchema
-from . import conv, elementwise, gemm, normalization, pooling, quantization, reductions, structural
+from . import (
+    conv,
+    elementwise,
+    gemm,
+    normalization,
+    pooling,
+    quantization,
+    quantized_products,
+    reductions,
+    structural,
+)
 from .base import Kernel
 from .declaration import KernelDeclaration, declarations_by_op, dispatch_table
 from .profiles import processor_profiles
@@ -26,7 +36,7 @@ __all__ = ["DECLARATIONS", "KERNELS", "calibration_callbacks", "register", "tuni
 DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     elementwise.DECLARATIONS, gemm.DECLARATIONS, structural.DECLARATIONS,
     reductions.DECLARATIONS, conv.DECLARATIONS, pooling.DECLARATIONS, normalization.DECLARATIONS,
-    quantization.DECLARATIONS,
+    quantization.DECLARATIONS, quantized_products.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
