@@ -11,7 +11,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import DECLARATIONS
@@ -428,3 +428,59 @@ def test_integer_product_errors(op: str, inputs: list[Any], attributes: dict[str
     arrays = [None if v is None else np.asarray(v) for v in inputs]
     with pytest.raises(KernelError, match=rf"node '{op.lower()}_node' \({op}\): .*{message}"):
         ours(op, arrays, 21 if op == "QLinearMatMul" else 10, **attributes)
+
+
+# ---------------------------------------------------------------- a QDQ model from onnxruntime's quantizer
+
+
+def _float_conv_matmul_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """x (1, 3, 8, 8) -> Conv (4 filters, 3x3) -> Relu -> Flatten -> MatMul (144 x 5)."""
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3, "w")
+    b = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32) * 0.1, "b")
+    m = numpy_helper.from_array(rng.standard_normal((144, 5)).astype(np.float32) * 0.1, "m")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Flatten", ["r"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "m"], ["y"], name="matmul")]
+    graph = helper.make_graph(nodes, "conv_matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], [w, b, m])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_qdq_model_from_quantize_static_matches_onnxruntime(tmp_path: Any) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from onnx_light.runtime import RuntimeSession
+
+    rng = np.random.default_rng(11)
+    samples = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(8)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter({"x": s} for s in samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    source, quantized = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
+    onnx.save(_float_conv_matmul_model(rng), source)
+    quantize_static(str(source), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    model = onnx.load(quantized)
+    ops = {node.op_type for node in model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "MatMul"} <= ops, ops
+    per_axis = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
+                and any(i.name == n.input[1] and len(i.dims) == 1 for i in model.graph.initializer)]
+    assert per_axis, "per-channel weights expected"
+    # the output's quantization step: the scale of the last QuantizeLinear
+    last = next(n for n in reversed(model.graph.node) if n.op_type == "QuantizeLinear")
+    step = next(float(numpy_helper.to_array(i)) for i in model.graph.initializer if i.name == last.input[1])
+    theirs = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    session = RuntimeSession(str(quantized))
+    for x in [*samples[:3], rng.standard_normal((1, 3, 8, 8)).astype(np.float32) * 2]:
+        expected = theirs.run(None, {"x": x})[0]
+        actual = session.run(None, {"x": x})[0]
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=step * 1.0001)
