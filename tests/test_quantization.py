@@ -484,3 +484,15 @@ def test_qdq_model_from_quantize_static_matches_onnxruntime(tmp_path: Any) -> No
         actual = session.run(None, {"x": x})[0]
         assert actual.dtype == expected.dtype and actual.shape == expected.shape
         np.testing.assert_allclose(actual, expected, rtol=0, atol=step * 1.0001)
+
+
+def test_products_report_their_multiply_adds() -> None:
+    a, b = np.zeros((2, 3, 5), np.uint8), np.zeros((5, 4), np.uint8)
+    assert build("MatMulInteger", [a, b], 10)[1].work([a.shape, b.shape], [(2, 3, 4)]) == 2 * 3 * 4 * 5
+    x, w = np.zeros((1, 4, 6, 6), np.uint8), np.zeros((6, 2, 3, 3), np.uint8)
+    conv = build("ConvInteger", [x, w], 10, group=2)[1]
+    assert conv.work([x.shape, w.shape], [(1, 6, 4, 4)]) == 6 * 16 * 2 * 9
+    scalar = np.float32(1)
+    qconv = build("QLinearConv", [x, scalar, np.uint8(0), w, scalar, np.uint8(0), scalar, np.uint8(0)], 10,
+                  group=2)[1]
+    assert qconv.work([x.shape, (), (), w.shape, (), (), (), ()], [(1, 6, 4, 4)]) == 6 * 16 * 2 * 9

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -79,8 +80,29 @@ def integer_matmul(ctx: NodeContext, a: np.ndarray, b: np.ndarray, a_zero: np.nd
         raise ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}") from None
 
 
-class _IntegerConv(Kernel):
-    """What ConvInteger and QLinearConv share: the window attributes and the int32 product."""
+class _IntegerProduct(Kernel):
+    """A product whose cost is its multiply-adds: the output's elements times the reduced
+    length, the product of the dimensions after the first of input ``reduced_input``
+    (``reduced_axes`` of them, counted from the end)."""
+
+    reduced_input: ClassVar[int] = 0
+    reduced_axes: ClassVar[int | None] = 1
+
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        written = super().work(input_shapes, output_shapes)
+        shape = input_shapes[self.reduced_input] if len(input_shapes) > self.reduced_input else None
+        if written is None or not shape:
+            return None
+        return written * math.prod(shape[-self.reduced_axes:] if self.reduced_axes else shape[1:])
+
+
+class _IntegerConv(_IntegerProduct):
+    """What ConvInteger and QLinearConv share: the window attributes and the int32 product
+    (each output element takes C/group x kernel size multiply-adds)."""
+
+    reduced_input = 1
+    reduced_axes = None
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -152,7 +174,7 @@ def _output(ctx: NodeContext, values: np.ndarray, y_zero: np.ndarray | None,
     return requantize(values + _parameter(ctx, "y_zero_point", y_zero, None).astype(np.float64), target)
 
 
-class MatMulInteger(Kernel):
+class MatMulInteger(_IntegerProduct):
     """``(A - a_zero_point) @ (B - b_zero_point)`` as int32."""
 
     op_type = "MatMulInteger"
@@ -172,7 +194,7 @@ class ConvInteger(_IntegerConv):
         return [self.convolve(*self.operands(x, x_zero_point, w, w_zero_point))]
 
 
-class QLinearMatMul(Kernel):
+class QLinearMatMul(_IntegerProduct):
     """The int32 product of two quantized matrices, requantized to the output's scale and
     zero point."""
 
@@ -197,6 +219,7 @@ class QLinearConv(_IntegerConv):
     the int32 bias, requantized to the output's scale and zero point."""
 
     op_type = "QLinearConv"
+    reduced_input = 3
 
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
