@@ -496,3 +496,27 @@ def test_products_report_their_multiply_adds() -> None:
     qconv = build("QLinearConv", [x, scalar, np.uint8(0), w, scalar, np.uint8(0), scalar, np.uint8(0)], 10,
                   group=2)[1]
     assert qconv.work([x.shape, (), (), w.shape, (), (), (), ()], [(1, 6, 4, 4)]) == 6 * 16 * 2 * 9
+
+
+@pytest.mark.parametrize("target", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2, TensorProto.UINT8])
+def test_qlinear_matmul_float8_operands(target: int) -> None:
+    """QLinearMatMul-21 on float8: the shifted products summed in float64, the output cast with
+    saturation (or rounded and saturated for an integer output)."""
+    rng = np.random.default_rng(9)
+    f8 = ml_dtypes.float8_e4m3fn
+    a, b = rng.uniform(-4, 4, (3, 5)).astype(f8), rng.uniform(-4, 4, (5, 2)).astype(f8)
+    a_scale, b_scale, y_scale = np.float32(0.5), np.float32([0.25, 2.0]), np.float32(0.125)
+    a_zero, b_zero = np.zeros((), f8), np.zeros(2, f8)
+    y_type = FLOAT_TARGETS.get(target, np.uint8)
+    y_zero = np.array(3, y_type)
+    y = ours("QLinearMatMul", [a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero], 21)[0]
+    real = a.astype(np.float64) @ b.astype(np.float64) * (a_scale * b_scale / y_scale).astype(np.float64) + 3
+    if target == TensorProto.UINT8:
+        expected = np.clip(np.rint(real), 0, 255).astype(np.uint8)
+    else:
+        limit = float(ml_dtypes.finfo(y_type).max)
+        expected = np.clip(real, -limit, limit).astype(y_type)
+    assert y.dtype == expected.dtype
+    np.testing.assert_array_equal(y.astype(np.float64), expected.astype(np.float64))
+    with pytest.raises(KernelError, match=r"QLinearMatMul-10 .*does not take element type float8e4m3fn"):
+        ours("QLinearMatMul", [a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero], 10)

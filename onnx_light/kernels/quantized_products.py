@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext
+from .base import FLOAT8_TYPES, Kernel, NodeContext, numpy_dtype
 from .conv import WindowAttributes, pad_spatial
 from .declaration import KernelDeclaration, declare
 from .quantization import quantized_type, requantize
@@ -31,18 +31,21 @@ __all__ = ["DECLARATIONS", "integer_conv", "integer_matmul"]
 
 Arrays = list[np.ndarray]
 _BYTES = (T.INT8, T.UINT8)
+_BYTES_AND_FLOAT8 = (*_BYTES, *FLOAT8_TYPES)  # QLinearMatMul-21
 
 
 def _shifted(ctx: NodeContext, name: str, operand: np.ndarray, zero_point: np.ndarray | None,
              shape: Sequence[int] | None) -> np.ndarray:
-    """``operand - zero_point`` in int32; ``zero_point`` (of the operand's type) is reshaped
-    to ``shape`` unless it is a scalar."""
-    shifted = operand.astype(np.int32)
+    """``operand - zero_point`` in int32 (float64 for float8 operands, which hold no
+    integers); ``zero_point`` (of the operand's type) is reshaped to ``shape`` unless it is a
+    scalar."""
+    exact = np.int32 if quantized_type(operand.dtype) in _BYTES else np.float64
+    shifted = operand.astype(exact)
     if zero_point is None:
         return shifted
     if zero_point.dtype != operand.dtype:
         raise ctx.error(f"{name}'s type {zero_point.dtype} differs from its operand's {operand.dtype}")
-    return shifted - _parameter(ctx, name, zero_point, shape).astype(np.int32)
+    return shifted - _parameter(ctx, name, zero_point, shape).astype(exact)
 
 
 def _parameter(ctx: NodeContext, name: str, value: np.ndarray, shape: Sequence[int] | None
@@ -163,14 +166,15 @@ def _multiplier(ctx: NodeContext, scales: Sequence[tuple[str, np.ndarray, tuple[
 
 
 def _output(ctx: NodeContext, values: np.ndarray, y_zero: np.ndarray | None,
-            operand: np.ndarray) -> np.ndarray:
+            operand: np.ndarray, allowed: tuple[int, ...] = _BYTES) -> np.ndarray:
     """Rescaled ``values`` plus the output zero point, rounded and saturated to its type
-    (the first operand's type without one)."""
+    (the first operand's type without one); ``allowed``: the output types the node takes."""
     if y_zero is None:
         return requantize(values, quantized_type(operand.dtype))
     target = quantized_type(y_zero.dtype)
-    if target not in _BYTES:
-        raise ctx.error(f"y_zero_point must be int8 or uint8, got {y_zero.dtype}")
+    if target not in allowed:
+        raise ctx.error(f"y_zero_point's type {y_zero.dtype} is not one of the output types "
+                        f"{[str(numpy_dtype(t)) for t in allowed]}")
     return requantize(values + _parameter(ctx, "y_zero_point", y_zero, None).astype(np.float64), target)
 
 
@@ -196,7 +200,8 @@ class ConvInteger(_IntegerConv):
 
 class QLinearMatMul(_IntegerProduct):
     """The int32 product of two quantized matrices, requantized to the output's scale and
-    zero point."""
+    zero point. From opset 21 the operands and output may be float8: their products are
+    summed in float64 and the output cast, saturating."""
 
     op_type = "QLinearMatMul"
 
@@ -211,7 +216,8 @@ class QLinearMatMul(_IntegerProduct):
         multiplier = _multiplier(self.ctx, (
             ("a_scale", a_scale, _row_shape(a, a_scale)), ("b_scale", b_scale, _column_shape(b, b_scale)),
             ("y_scale", y_scale, _column_shape(b, y_scale))))
-        return [_output(self.ctx, product * multiplier, y_zero_point, a)]
+        allowed = _BYTES_AND_FLOAT8 if self.ctx.opset >= 21 else _BYTES
+        return [_output(self.ctx, product * multiplier, y_zero_point, a, allowed)]
 
 
 class QLinearConv(_IntegerConv):
@@ -240,6 +246,6 @@ class QLinearConv(_IntegerConv):
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     declare(MatMulInteger, (10,), types=_BYTES),
     declare(ConvInteger, (10,), types=_BYTES),
-    declare(QLinearMatMul, (10, 21), types=_BYTES),
+    declare(QLinearMatMul, (10, 21), types={10: _BYTES, 21: _BYTES_AND_FLOAT8}),
     declare(QLinearConv, (10,), types=_BYTES),
 )
