@@ -1,11 +1,12 @@
 """Integer products: MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
 
-The operands minus their zero points are multiplied and summed in int32 numpy arithmetic,
-never through floats, so the sums are exact (wrapping modulo 2**32 where the spec allows
-accumulation to overflow). The QLinear operators then rescale the int32 sums by the combined
+Integer operands minus their zero points are multiplied and summed in int32 numpy
+arithmetic, never through floats, so the sums are exact (wrapping modulo 2**32 where the
+spec allows accumulation to overflow). The QLinear operators then rescale the int32 sums by the combined
 scale ``a_scale * b_scale / y_scale`` (computed in the scales' type, as the reference does)
 in float64, add the output zero point, round half to even and saturate to the output type
-(:func:`~onnx_light.kernels.quantization.requantize`).
+(:func:`~onnx_light.kernels.quantization.requantize`). QLinearMatMul-21's float8 operands
+hold no integers: they are shifted and summed in float64.
 
 Convolutions use Conv's window geometry (:class:`~onnx_light.kernels.conv.WindowAttributes`,
 :func:`~onnx_light.kernels.conv.pad_spatial`) and an im2col: padding holds the zero point,
