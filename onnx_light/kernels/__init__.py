@@ -32,6 +32,8 @@ from . import (
     norm_pooling,
     normalization,
     pooling,
+    quantization,
+    quantized_products,
     rearrangement,
     recurrent,
     reductions,
@@ -60,6 +62,7 @@ DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     unpooling.DECLARATIONS, losses.DECLARATIONS, detection.DECLARATIONS, strings.DECLARATIONS,
     attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
+    quantization.DECLARATIONS, quantized_products.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())

@@ -26,8 +26,9 @@ from typing import ClassVar
 import numpy as np
 
 from .base import Kernel, NodeContext, compute_dtype, ints
-from .conv import OPSET_TYPES, WindowAttributes
+from .conv import OPSET_TYPES
 from .declaration import KernelDeclaration, declare, dispatch_table
+from .window import WindowAttributes
 
 __all__ = ["KERNELS", "ConvTranspose"]
 
