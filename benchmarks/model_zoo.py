@@ -36,6 +36,7 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,7 +191,12 @@ def torch_export(spec: ModelSpec, feeds: Feeds, path: Path) -> None:
     torch.manual_seed(SEED)
     module = spec.build(spec.config).eval()
     arguments = tuple(torch.from_numpy(value) for value in feeds.values())
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # the TorchScript exporter is chosen (see the module's docstring), and torch deprecates
+        # it and its helpers; its tracer warns of every Python branch on a shape, which the
+        # outputs' comparison with onnxruntime covers
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         torch.onnx.export(module, arguments, str(path), opset_version=OPSET, dynamo=False,
                           do_constant_folding=EXPORT_SETTINGS["constant_folding"],
                           input_names=list(feeds), output_names=["output"])
@@ -268,27 +274,29 @@ def describe_error(error: BaseException) -> str:
 
 def measure(name: str, model: onnx.ModelProto, feeds: Feeds, threads: Sequence[int], rounds: int,
             timing: real_models.Rounds) -> Result:
-    """Time onnx_light and onnxruntime at every thread count, interleaved in the same rounds."""
+    """Time onnx_light and onnxruntime at every thread count, interleaved in the same rounds. A
+    runtime that cannot build or run the model is left out of the timing and named in ``error``."""
     result = Result(name, parameters=parameter_count(model))
     serialized = model.SerializeToString()
+    builders = {"onnx_light": lambda count: RuntimeSession(serialized, num_threads=count),
+                "onnxruntime": lambda count: _common.onnxruntime_session(model, count)}
     functions: list[tuple[str, int, Callable[[], object]]] = []
-    outputs = {}
-    for count in threads:
-        peer = _common.onnxruntime_session(model, count)
-        outputs["onnxruntime"] = peer.run(None, feeds)
-        functions.append(("onnxruntime", count, lambda s=peer: s.run(None, feeds)))
-    try:
-        for count in threads:
-            session = RuntimeSession(serialized, num_threads=count)
-            outputs["onnx_light"] = session.run(None, feeds)
-            functions.append(("onnx_light", count, lambda s=session: s.run(None, feeds)))
-    except Exception as error:  # the row says why; the other models go on
-        result.error = describe_error(error)
-        functions = [f for f in functions if f[0] == "onnxruntime"]
-    samples = timing.run([fn for _, _, fn in functions], rounds)
+    outputs, errors = {}, []
+    for runtime, build in builders.items():
+        try:
+            for count in threads:
+                session = build(count)
+                outputs[runtime] = session.run(None, feeds)
+                functions.append((runtime, count, lambda s=session: s.run(None, feeds)))
+        except Exception as error:  # the row says why; the other models go on
+            errors.append(("" if runtime == "onnx_light" else f"{runtime}: ") + describe_error(error))
+            functions = [f for f in functions if f[0] != runtime]
+            outputs.pop(runtime, None)
+    result.error = "; ".join(errors) or None
+    samples = timing.run([fn for _, _, fn in functions], rounds) if functions else []
     for (runtime, count, _), values in zip(functions, samples, strict=True):
         getattr(result, runtime)[count] = statistics.median(values)
-    if "onnx_light" in outputs:
+    if len(outputs) == 2:
         result.max_abs_diff, result.max_rel_diff = _differences(outputs["onnx_light"],
                                                                 outputs["onnxruntime"])
     return result
@@ -365,7 +373,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = _common.log) -> l
         feeds = model_feeds(spec)
         started = time.perf_counter()
         try:
-            path, exported = cached_model(spec, feeds, cache_dir, versions)
+            path, exported = cached_model(spec, feeds, cache_dir, versions, export=torch_export)
         except Exception as error:  # no torch, or the exporter failed: a row, not a crash
             results.append(Result(name, error="export: " + describe_error(error)))
             log(f"{name}: export failed: {results[-1].error}")
