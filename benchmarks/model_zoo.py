@@ -88,6 +88,10 @@ def _tokens(vocab: int, batch: int, sequence: int) -> Callable[[np.random.Genera
     return lambda rng: {"input_ids": rng.integers(0, vocab, (batch, sequence), dtype=np.int64)}
 
 
+def _waveform(batch: int, samples: int) -> Callable[[np.random.Generator], Feeds]:
+    return lambda rng: {"input_values": rng.standard_normal((batch, samples), dtype=np.float32)}
+
+
 def _torchvision(constructor: str) -> Callable[[dict[str, Any]], Any]:
     def build(config: dict[str, Any]) -> Any:
         import torchvision
@@ -148,11 +152,16 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
               _image(1, 224),
               {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
                "intermediate_size": 1024, "image_size": 224, "patch_size": 16}),
+    ModelSpec("wav2vec2", "transformers", _transformers("Wav2Vec2Config", "Wav2Vec2Model", "input_values"),
+              _waveform(1, 16000),
+              {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+               "intermediate_size": 1024, "conv_dim": [128] * 7, "num_conv_pos_embeddings": 64}),
     ModelSpec("mobilenet_v2", "torchvision", _torchvision("mobilenet_v2"), _image()),
     ModelSpec("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small"), _image()),
     ModelSpec("efficientnet_b0", "torchvision", _torchvision("efficientnet_b0"), _image()),
     ModelSpec("shufflenet_v2", "torchvision", _torchvision("shufflenet_v2_x1_0"), _image()),
     ModelSpec("resnet50", "torchvision", _torchvision("resnet50"), _image()),
+    ModelSpec("convnext_tiny", "torchvision", _torchvision("convnext_tiny"), _image()),
 )}
 
 
@@ -363,10 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace, log: Callable[[str], None] = _common.log) -> list[Result]:
+def run(args: argparse.Namespace, timing: real_models.Rounds,
+        log: Callable[[str], None] = _common.log) -> list[Result]:
     cache_dir = args.cache_dir or default_cache_dir()
     versions = package_versions()
-    timing = real_models.Rounds(args.max_retakes)
     results = []
     for name in args.models:
         spec = MODELS[name]
@@ -411,7 +420,8 @@ def _load(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started, load_start = time.perf_counter(), _common.load_average()
-    results = run(args)
+    timing = real_models.Rounds(args.max_retakes)
+    results = run(args, timing)
     print(f"# onnx_light vs onnxruntime on the model zoo ({', '.join(map(str, args.threads))} threads)\n")
     print(header(args))
     if args.export_only:
@@ -420,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {result.name}: {state}")
     else:
         print(table(results, args.threads, args.rounds).markdown() + "\n")
+        print(f"{timing.retaken} round(s) retaken because other processes were busy (at most "
+              f"{args.max_retakes} per model)  ")
         for line in summary(results, args.threads):
             print(line + "  ")
     print(f"\nload average (1 min) at start {_load(load_start)}, at end {_load(_common.load_average())}; "
