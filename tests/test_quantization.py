@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import DECLARATIONS
 from onnx_light.kernels.base import Kernel, KernelError, NodeContext
+from onnx_light.kernels.quantized_products import exact_matmul
 from onnx_light.parallel import ThreadPool
 
 POOL = ThreadPool(1)
@@ -305,6 +306,21 @@ def test_matmul_integer_long_sums_beyond_float32() -> None:
     expected = _python_matmul(a.astype(np.int64) - 127, b.astype(np.int64) + 128)
     assert int(np.abs(expected).max()) > 2**24
     np.testing.assert_array_equal(y.astype(object), expected)
+
+
+@pytest.mark.parametrize(("magnitude", "length"), [
+    (255, 70_000),       # 8-bit operands: the float64 product, past 2**31 (wraps as int32 does)
+    (2**20, 2**14),      # partial sums up to 2**54: the int32 product instead
+])
+def test_exact_matmul_wraps_like_int32_on_either_path(magnitude: int, length: int) -> None:
+    rng = np.random.default_rng(7)
+    a = rng.integers(magnitude // 2, magnitude + 1, size=(2, length)).astype(np.int32)
+    b = rng.integers(magnitude // 2, magnitude + 1, size=(length, 3)).astype(np.int32)
+    exact = a.astype(object) @ b.astype(object)
+    wrapped = ((exact + 2**31) % 2**32 - 2**31).astype(np.int64)
+    y = exact_matmul(a, b)
+    assert y.dtype == np.int32 and np.abs(exact).max() > 2**31
+    np.testing.assert_array_equal(y, wrapped)
 
 
 def _naive_conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dilation: int, group: int
