@@ -11,11 +11,10 @@ import warnings
 
 import onnx
 import onnx.backend.test
+from node_test_coverage import supported  # tools/: the coverage tool counts the same cases
 from onnx.backend.test.loader import load_model_tests
 
 from onnx_light.backend import OnnxLightBackend
-from onnx_light.kernels import DECLARATIONS
-from onnx_light.runtime.dispatch import ONNX_DOMAINS, find_kernel
 
 # Test name -> why it is excluded. Keep reasons specific.
 EXCLUDED: dict[str, str] = {
@@ -32,31 +31,11 @@ EXCLUDED: dict[str, str] = {
 }
 
 
-def _operators(graph: onnx.GraphProto) -> set[tuple[str, str]]:
-    found = set()
-    for node in graph.node:
-        found.add((node.domain or "", node.op_type))
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                found |= _operators(attribute.g)
-    return found
-
-
-def _supported(model: onnx.ModelProto) -> bool:
-    opsets = {entry.domain or "": entry.version for entry in model.opset_import}
-    for domain, op_type in _operators(model.graph):
-        if domain not in ONNX_DOMAINS:
-            return False
-        if not isinstance(find_kernel(DECLARATIONS, domain, op_type, opsets.get(domain)), type):
-            return False
-    return True
-
-
 # ONNX generates its node test data on import, with numpy warnings we don't own.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     SUPPORTED_NODE_TESTS = sorted(
-        case.name for case in load_model_tests(kind="node") if _supported(case.model)
+        case.name for case in load_model_tests(kind="node") if supported(case.model)
     )
     _runner = onnx.backend.test.BackendTest(OnnxLightBackend, __name__)
 _runner.include("^(" + "|".join(SUPPORTED_NODE_TESTS) + ")_cpu$")

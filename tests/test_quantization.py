@@ -11,15 +11,13 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_cases import build
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light.kernels import DECLARATIONS
-from onnx_light.kernels.base import Kernel, KernelError, NodeContext
+from onnx_light.kernels.base import KernelError
 from onnx_light.kernels.quantized_products import exact_matmul
-from onnx_light.parallel import ThreadPool
 
-POOL = ThreadPool(1)
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 
 INTEGER_TARGETS = {
@@ -33,32 +31,6 @@ FLOAT_TARGETS = {
     TensorProto.FLOAT8E5M2: ml_dtypes.float8_e5m2, TensorProto.FLOAT8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
     TensorProto.FLOAT4E2M1: ml_dtypes.float4_e2m1fn,
 }
-
-
-def element_type(array: np.ndarray) -> int:
-    return helper.np_dtype_to_tensor_dtype(array.dtype)
-
-
-def build(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1,
-          **attributes: Any) -> tuple[onnx.ModelProto, Kernel]:
-    """The one-node model and our kernel for it."""
-    names = ["" if x is None else f"x{i}" for i, x in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"y{i}" for i in range(outputs)], name=f"{op.lower()}_node",
-                            **attributes)
-    graph = helper.make_graph(
-        [node], "one_node",
-        [helper.make_tensor_value_info(n, element_type(x), x.shape)
-         for n, x in zip(names, inputs, strict=True) if x is not None],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(outputs)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    attribute_values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    ctx = NodeContext(node.name, op, "", opset, attribute_values,
-                      tuple(None if x is None else element_type(x) for x in inputs),
-                      (None,) * outputs, len(inputs), outputs)
-    declaration = DECLARATIONS[op]
-    kernel = declaration.kernel(ctx)
-    kernel.bind(POOL)
-    return model, kernel
 
 
 def ours(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1,

@@ -17,61 +17,19 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
+from kernel_cases import build
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import reductions, structural
-from onnx_light.kernels.base import Kernel, KernelError, NodeContext, compute_dtype, narrow_float_dtypes
-from onnx_light.parallel import ThreadPool
+from onnx_light.kernels.base import KernelError, compute_dtype, narrow_float_dtypes
 
 LATEST = onnx.defs.onnx_opset_version()
 KERNELS = {**structural.KERNELS, **reductions.KERNELS}
-POOL = ThreadPool(1)
 BF16 = ml_dtypes.bfloat16
 RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12,
         np.dtype(np.float16): 1e-3, np.dtype(BF16): 1e-2}
 RNG = np.random.default_rng(20240601)
-
-
-def decode(attribute: onnx.AttributeProto) -> Any:
-    """An attribute as the runtime hands it to kernels: str, numpy arrays, Python values."""
-    value = helper.get_attribute_value(attribute)
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
-    if isinstance(value, list) and value and isinstance(value[0], bytes):
-        return [v.decode() for v in value]
-    return value
-
-
-def element_type(array: np.ndarray) -> int:
-    return helper.np_dtype_to_tensor_dtype(array.dtype)
-
-
-def kernel_class(op: str, opset: int) -> type[Kernel]:
-    versions = KERNELS[op]
-    return versions[max(v for v in versions if v <= opset)]
-
-
-def build(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1,
-          **attributes: Any) -> tuple[onnx.ModelProto, Kernel]:
-    """The one-node model and our kernel for it."""
-    names = ["" if x is None else f"x{i}" for i, x in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"y{i}" for i in range(outputs)], name=f"{op.lower()}_node",
-                            **attributes)
-    graph = helper.make_graph(
-        [node], "one_node",
-        [helper.make_tensor_value_info(n, element_type(x), x.shape)
-         for n, x in zip(names, inputs, strict=True) if x is not None],
-        [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(outputs)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    ctx = NodeContext(node.name, op, "", opset, {a.name: decode(a) for a in node.attribute},
-                      tuple(None if x is None else element_type(x) for x in inputs),
-                      (None,) * outputs, len(inputs), outputs)
-    kernel = kernel_class(op, opset)(ctx)
-    kernel.bind(POOL)
-    return model, kernel
 
 
 def ours(op: str, inputs: list[np.ndarray | None], opset: int = LATEST, outputs: int = 1,

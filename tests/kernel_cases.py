@@ -1,0 +1,53 @@
+"""One-node kernel cases the kernel tests share: the model onnx's reference runs, and our
+kernel for the same node, built as the runtime builds it (attributes decoded, bound to a pool)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light.kernels import DECLARATIONS
+from onnx_light.kernels.base import Kernel, NodeContext
+from onnx_light.parallel import ThreadPool
+
+POOL = ThreadPool(1)
+
+
+def decode(attribute: onnx.AttributeProto) -> Any:
+    """An attribute as the runtime hands it to kernels: str, numpy arrays, Python values."""
+    value = helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    return value
+
+
+def element_type(array: np.ndarray) -> int:
+    return helper.np_dtype_to_tensor_dtype(array.dtype)
+
+
+def build(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1,
+          **attributes: Any) -> tuple[onnx.ModelProto, Kernel]:
+    """The one-node model and our kernel for it (inputs ``x0, x1, ...``, None for an absent
+    optional input; outputs ``y0, y1, ...``)."""
+    names = ["" if x is None else f"x{i}" for i, x in enumerate(inputs)]
+    node = helper.make_node(op, names, [f"y{i}" for i in range(outputs)], name=f"{op.lower()}_node",
+                            **attributes)
+    graph = helper.make_graph(
+        [node], "one_node",
+        [helper.make_tensor_value_info(n, element_type(x), x.shape)
+         for n, x in zip(names, inputs, strict=True) if x is not None],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.UNDEFINED, None) for i in range(outputs)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    ctx = NodeContext(node.name, op, "", opset, {a.name: decode(a) for a in node.attribute},
+                      tuple(None if x is None else element_type(x) for x in inputs),
+                      (None,) * outputs, len(inputs), outputs)
+    kernel = DECLARATIONS[op].kernel(ctx)
+    kernel.bind(POOL)
+    return model, kernel
