@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import onnx_light
-from onnx_light import cli
+from onnx_light import cli, cli_tune
 from onnx_light.tuning import api
 from onnx_light.tuning.cache import (
     CACHE_ENV,
@@ -495,7 +495,7 @@ def test_an_error_without_a_message_is_named_by_its_type(capsys, monkeypatch) ->
     def fail(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr(cli, "_tuning_report", fail)
+    monkeypatch.setattr(cli_tune, "_tuning_report", fail)
     status, _, err = run_cli(capsys, "tune-kernels")
     assert status == 2
     assert err.strip().endswith("tune-kernels: error: MemoryError (no message)")

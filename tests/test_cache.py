@@ -29,6 +29,7 @@ from tuning_helpers import (
 )
 
 from onnx_light.tuning import cache as cache_module
+from onnx_light.tuning import cache_format
 from onnx_light.tuning.cache import (
     HEADER,
     CacheEntry,
@@ -311,7 +312,7 @@ def test_short_lines_are_blank_comments_or_damaged_and_past_the_listed_ones_only
         tmp_path: Path, monkeypatch) -> None:
     """Blank lines (CRLF, tabs), comments (indented too), short damaged lines (indented too,
     not UTF-8) in numbers past the listing cap, and more comments than are kept."""
-    monkeypatch.setattr(cache_module, "MAX_COMMENTS", 3)
+    monkeypatch.setattr(cache_format, "MAX_COMMENTS", 3)
     path = tmp_path / "cache.txt"
     short = [b"\r", b"\t ", b"", b"# one", b"  # two", b" x", b"{}", b"\xff\xfe", b"#3", b"#4"]
     write(path, entry(5).to_line(), *short * 40, entry(6, where=descriptor("zen3", 1)).to_line())

@@ -265,7 +265,7 @@ def test_configuration_search_needs_the_whole_corpus():
 
 def test_reports_of_both_searches_plot_and_print(tmp_path):
     pytest.importorskip("matplotlib")
-    from onnx_light.cli import _speedup_at_crossover
+    from onnx_light.cli_tune import _speedup_at_crossover
     from onnx_light.plotting import plot_calibration
 
     clock = Clock()

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnx_light.kernels import elementwise
+from onnx_light.kernels import elementwise_compute
 from onnx_light.kernels.base import KernelError
 from onnx_light.kernels.normalization import ChannelAffine
 from onnx_light.runtime import RuntimeSession
@@ -250,7 +250,7 @@ def test_activations_that_cannot_work_in_place_are_not_fused():
     _check(_model(nodes, []), {"x": _x()}, steps=2, fused=0)
 
 
-ROW = elementwise.CONSTANT_ROW
+ROW = elementwise_compute.CONSTANT_ROW
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, ROW - 1, ROW, 3 * ROW + 5])
@@ -265,12 +265,12 @@ def test_comparisons_against_a_constant_row_equal_numpy(n, dtype, ufunc, value):
         x[:3] = [np.nan, -np.inf, np.inf]
     expected = ufunc(x, np.asarray(value, dtype))
     out = np.empty_like(x)
-    elementwise._against_constant(ufunc, x, value, out)
+    elementwise_compute._against_constant(ufunc, x, value, out)
     np.testing.assert_array_equal(out, expected)
     strided = np.repeat(x, 2)[::2]  # not contiguous
-    elementwise._against_constant(ufunc, strided, value, out)
+    elementwise_compute._against_constant(ufunc, strided, value, out)
     np.testing.assert_array_equal(out, expected)
-    elementwise._against_constant(ufunc, x, value, x)  # in place
+    elementwise_compute._against_constant(ufunc, x, value, x)  # in place
     np.testing.assert_array_equal(x, expected)
 
 
@@ -280,10 +280,10 @@ def test_leaky_relu_without_a_mask_equals_the_masked_definition(alpha):
     x[:4] = [np.nan, -np.inf, np.inf, -0.0]
     expected = np.where(x > 0, x, np.float32(alpha) * x)
     out = np.empty_like(x)
-    elementwise._leaky_relu(x, out=out, alpha=float(np.float32(alpha)))
+    elementwise_compute._leaky_relu(x, out=out, alpha=float(np.float32(alpha)))
     np.testing.assert_array_equal(out, expected)
     slope = np.full((1,), alpha, np.float32)
-    elementwise._prelu(x, slope, out=out)
+    elementwise_compute._prelu(x, slope, out=out)
     np.testing.assert_array_equal(out, expected)
 
 

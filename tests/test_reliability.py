@@ -45,7 +45,7 @@ from onnx import TensorProto, helper
 import onnx_light
 from onnx_light import RuntimeSession
 from onnx_light.cli import main
-from onnx_light.tuning import api, default_registry
+from onnx_light.tuning import api, cache_format, default_registry
 from onnx_light.tuning import cache as cache_module
 from onnx_light.tuning.cache import (
     CACHE_ENV,
@@ -596,7 +596,7 @@ def test_loading_validates_only_the_entries_of_this_processor(tmp_path: Path, mo
     real = CpuExecutionDescriptor.from_dict.__func__
     monkeypatch.setattr(CpuExecutionDescriptor, "from_dict",
                         classmethod(lambda cls, data: validated.append(1) or real(cls, data)))
-    cache_module._descriptor.cache_clear()
+    cache_format._descriptor.cache_clear()
     report = onnx_light.load_kernel_tuning_cache(path, num_threads=2)
     assert report["loaded"] == 2 and len(validated) == 2
     assert report["counts"] == {"incompatible": 3000, "loaded": 2}
