@@ -97,6 +97,13 @@ def test_resize_nearest_of_integers_picks_values():
     np.testing.assert_array_equal(got, _reference(inputs, attributes))
 
 
+def test_resize_by_one_returns_a_copy():
+    x = np.ones((1, 1, 2, 2), np.float32)
+    got = _run(Resize, [x, None, np.ones(4, np.float32)], {"mode": "nearest"})
+    np.testing.assert_array_equal(got, x)
+    assert not np.shares_memory(got, x)
+
+
 def test_upsample_is_asymmetric_floor_resize():
     rng = np.random.default_rng(3)
     x = rng.uniform(-1, 1, (1, 2, 3, 4)).astype(np.float32)

@@ -4,8 +4,9 @@ For each resized axis the output positions are mapped to input coordinates by th
 coordinate transformation mode; the interpolation (nearest, linear or cubic, widened by
 ``1 / scale`` with antialias when downsampling) gives each output position a few taps, an
 input index (clamped to the edge) and a weight. The axis is then resized by one gather per
-tap and a weighted sum, in float64 as the ONNX reference computes. ``tf_crop_and_resize``
-sets positions whose coordinate falls outside the input to ``extrapolation_value``.
+tap and a weighted sum, in float64 as the ONNX reference computes (nearest: one gather in
+the input's type). ``tf_crop_and_resize`` sets positions whose coordinate falls outside the
+input to ``extrapolation_value``.
 Upsample is Resize with ``asymmetric`` coordinates and ``floor`` rounding. Not tunable.
 """
 
@@ -110,17 +111,17 @@ class Resize(Kernel):
             starts, ends = roi.reshape(2, -1).astype(np.float64)
         else:
             starts, ends = np.zeros(len(axes)), np.ones(len(axes))
-        integer = not np.issubdtype(x.dtype, np.floating)
-        result = x.astype(np.float64)
+        nearest = self.mode == "nearest"
+        result = x if nearest else x.astype(np.float64)  # nearest picks values: no arithmetic
         for axis, n, o, f, lo, hi in zip(axes, shape, out, factors, starts, ends, strict=True):
             if o == n and f == 1.0 and (self.transform != "tf_crop_and_resize"
                                         or (lo == 0.0 and hi == 1.0)):
                 continue
             result = self._apply(result, axis, self._plan(n, o, f, lo, hi))
-        if integer:
+        if not nearest and not np.issubdtype(x.dtype, np.floating):
             info = np.iinfo(x.dtype)
             result = np.clip(np.rint(result), info.min, info.max)
-        return result.astype(x.dtype)
+        return result.astype(x.dtype, copy=result is x)
 
     def _coordinates(self, n: int, o: int, f: float, lo: float, hi: float) -> np.ndarray:
         """The input coordinate of each of the ``o`` output positions along an axis of ``n``."""
@@ -188,6 +189,11 @@ class Resize(Kernel):
         return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
     def _apply(self, data: np.ndarray, axis: int, plan: _AxisPlan) -> np.ndarray:
+        if self.mode == "nearest":
+            result = np.take(data, plan.indices[:, 0], axis=axis)
+            if plan.outside is not None:
+                np.moveaxis(result, axis, -1)[..., plan.outside] = self.extrapolation
+            return result
         moved = np.moveaxis(data, axis, -1)
         result = np.zeros((*moved.shape[:-1], plan.indices.shape[0]))
         for tap in range(plan.indices.shape[1]):
