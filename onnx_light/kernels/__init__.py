@@ -37,6 +37,7 @@ from . import (
     rearrangement,
     recurrent,
     reductions,
+    resize,
     roi,
     sampling,
     scans,
@@ -62,7 +63,7 @@ DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     unpooling.DECLARATIONS, losses.DECLARATIONS, detection.DECLARATIONS, strings.DECLARATIONS,
     attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
-    quantization.DECLARATIONS, quantized_products.DECLARATIONS,
+    quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
