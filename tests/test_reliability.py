@@ -16,6 +16,7 @@ The larger runs are ``tools/cache_fuzz.py``, ``tools/cache_stress.py`` and
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import json
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,10 +269,10 @@ def test_concurrent_writers_and_readers_lose_nothing(tmp_path: Path) -> None:
     assert result["reads"] >= 2
 
 
-def test_the_lock_is_an_flock_the_kernel_releases_when_its_holder_dies(tmp_path: Path) -> None:
-    path = tmp_path / "cache.txt"
-    update_cache(path, [])
-    lock = Path(str(path) + ".lock")
+@contextlib.contextmanager
+def child_holding_the_lock(path: Path) -> Iterator[multiprocessing.Process]:
+    """A child process that has taken the cache's lock (and holds it until killed); killed
+    and joined on leaving."""
     context = multiprocessing.get_context("spawn")
     held = context.Value("b", 0, lock=False)
     holder = context.Process(target=lock_holder, args=(str(path), held))
@@ -280,6 +282,18 @@ def test_the_lock_is_an_flock_the_kernel_releases_when_its_holder_dies(tmp_path:
         while not held.value and time.monotonic() < deadline:
             time.sleep(0.01)
         assert held.value
+        yield holder
+    finally:
+        if holder.is_alive():
+            holder.kill()
+        holder.join(timeout=30)
+
+
+def test_the_lock_is_an_flock_the_kernel_releases_when_its_holder_dies(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [])
+    lock = Path(str(path) + ".lock")
+    with child_holding_the_lock(path) as holder:
         assert not lock_is_free(lock)
         inode = lock.stat().st_ino
         flocks = [line for line in Path("/proc/locks").read_text().splitlines()
@@ -287,9 +301,6 @@ def test_the_lock_is_an_flock_the_kernel_releases_when_its_holder_dies(tmp_path:
         assert len(flocks) == 1 and f" {holder.pid} " in flocks[0], flocks
         os.kill(holder.pid, signal.SIGKILL)
         holder.join(timeout=30)
-    finally:
-        if holder.is_alive():
-            holder.kill()
     assert lock_is_free(lock)  # released by the kernel, at once: no stale lock
     started = time.monotonic()
     update_cache(path, [CacheEntry(KernelTuningKey("reltest", "After", "portable", "float"),
@@ -366,22 +377,12 @@ def test_a_partial_update_merges_with_the_file_as_it_is_under_the_lock(
 def test_a_stopped_lock_holder_gives_an_error_naming_the_cache_and_the_process(
         tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "cache.txt"
-    context = multiprocessing.get_context("spawn")
-    held = context.Value("b", 0, lock=False)
-    holder = context.Process(target=lock_holder, args=(str(path), held))
-    holder.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not held.value and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with child_holding_the_lock(path) as holder:
         os.kill(holder.pid, signal.SIGSTOP)
         monkeypatch.setattr(cache_module, "LOCK_TIMEOUT_S", 0.5)
         with pytest.raises(TimeoutError) as info:
             onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path,
                                                     num_threads=2)
-    finally:
-        holder.kill()
-        holder.join(timeout=30)
     message = str(info.value)
     assert f"kernel tuning cache {path} is locked by process {holder.pid} (stopped)" in message
     assert f"kill -CONT {holder.pid}" in message and "0.5 s" in message
