@@ -268,7 +268,9 @@ def _howto_script(text: str) -> str:
 def test_howto_commands_run_in_order(tmp_path):
     script = _howto_script((DOCS / "howto-tune-kernels.rst").read_text(encoding="utf-8"))
     assert "tune-kernels --apply" in script and "reset_kernel_tuning_parameters" in script
-    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=_env(tmp_path),
+    # The how-to says `python`: the interpreter running these tests, as a user's venv gives it.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=_env(tmp_path, PATH=path),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
