@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import DECLARATIONS
 from onnx_light.kernels.base import Kernel, NodeContext
@@ -51,3 +52,14 @@ def build(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1
     kernel = DECLARATIONS[op].kernel(ctx)
     kernel.bind(POOL)
     return model, kernel
+
+
+def ours_and_reference(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1,
+                       **attributes: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The outputs of our kernel and of onnx's reference for the same one-node case."""
+    model, kernel = build(op, inputs, opset, outputs, **attributes)
+    feeds = {f"x{i}": x for i, x in enumerate(inputs) if x is not None}
+    expected = ReferenceEvaluator(model).run(None, feeds)
+    actual = list(kernel.run(*inputs))
+    assert len(actual) == len(expected)
+    return actual, expected

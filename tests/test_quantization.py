@@ -11,9 +11,8 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import build
+from kernel_cases import build, ours_and_reference
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels.base import KernelError
 from onnx_light.kernels.quantized_products import exact_matmul
@@ -48,11 +47,7 @@ def same(actual: np.ndarray, expected: np.ndarray) -> None:
 def check(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1,
           **attributes: Any) -> list[np.ndarray]:
     """Run ``op`` through the reference and our kernel and compare every output exactly."""
-    model, kernel = build(op, inputs, opset, outputs, **attributes)
-    feeds = {f"x{i}": x for i, x in enumerate(inputs) if x is not None}
-    expected = ReferenceEvaluator(model).run(None, feeds)
-    actual = list(kernel.run(*inputs))
-    assert len(actual) == len(expected)
+    actual, expected = ours_and_reference(op, inputs, opset, outputs, **attributes)
     for a, e in zip(actual, expected, strict=True):
         same(a, e)
     return actual

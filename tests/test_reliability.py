@@ -413,17 +413,22 @@ def test_a_symlink_at_the_cache_path_is_never_followed(tmp_path: Path, corpus, t
     assert secret.stat().st_mode & 0o777 == 0o600 and path.is_symlink()
 
 
+def update_under_umask_zero(path: Path) -> dict[str, Any]:
+    """One update of ``path`` with the umask cleared, so that only onnx_light limits modes."""
+    previous = os.umask(0)
+    try:
+        return onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path,
+                                                       num_threads=2)
+    finally:
+        os.umask(previous)
+
+
 @pytest.mark.parametrize("mode", [0o600, 0o640])
 def test_a_backup_is_never_more_readable_than_the_damaged_file(tmp_path: Path, mode: int) -> None:
     path = tmp_path / "cache.txt"
     path.write_text(HEADER + "\na damaged line\n")
     path.chmod(mode)
-    previous = os.umask(0)
-    try:
-        result = onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path,
-                                                         num_threads=2)
-    finally:
-        os.umask(previous)
+    result = update_under_umask_zero(path)
     backup = Path(result["cache_update"]["backup"])
     assert backup.read_text() == HEADER + "\na damaged line\n"
     assert backup.stat().st_mode & 0o777 == mode
@@ -924,12 +929,7 @@ def test_written_files_are_never_writable_by_others(tmp_path: Path) -> None:
     path = tmp_path / "cache.txt"
     path.write_text(HEADER + "\na damaged line\n")
     path.chmod(0o666)
-    previous = os.umask(0)
-    try:
-        result = onnx_light.set_kernel_tuning_parameters("Add", "float", {MIN: 5}, path=path,
-                                                         num_threads=2)
-    finally:
-        os.umask(previous)
+    result = update_under_umask_zero(path)
     backup = Path(result["cache_update"]["backup"])
     for written in (path, backup, Path(str(path) + ".lock")):
         assert written.stat().st_mode & 0o022 == 0, (written.name, oct(written.stat().st_mode))

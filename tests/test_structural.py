@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from kernel_cases import build
+from kernel_cases import build, ours_and_reference
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -55,11 +55,7 @@ def same(actual: np.ndarray, expected: np.ndarray, approx: bool = False) -> None
 def check(op: str, inputs: list[np.ndarray | None], opset: int = LATEST, outputs: int = 1,
           approx: bool = False, **attributes: Any) -> list[np.ndarray]:
     """Run ``op`` through the reference and our kernel and compare every output."""
-    model, kernel = build(op, inputs, opset, outputs, **attributes)
-    feeds = {f"x{i}": x for i, x in enumerate(inputs) if x is not None}
-    expected = ReferenceEvaluator(model).run(None, feeds)
-    actual = list(kernel.run(*inputs))
-    assert len(actual) == len(expected)
+    actual, expected = ours_and_reference(op, inputs, opset, outputs, **attributes)
     for a, e in zip(actual, expected, strict=True):
         same(a, e, approx)
     return actual
