@@ -1,0 +1,107 @@
+"""Compiled kernels: Python functions that numba compiles for this processor on first use.
+
+``@compiled`` marks a kernel function for numba's ``njit`` without importing numba: the
+decorator only records the function and its options, and numba is imported (and the function
+compiled for the argument types it meets) when a session first asks for it. ``import
+onnx_light`` therefore stays free of numba and LLVM; a session that runs only numpy kernels
+never loads them.
+
+Every compiled function is ``nogil`` (the intra-op pool's threads run them in parallel) and
+cached on disk by numba, in a folder of onnx_light's user cache directory named after the
+numba version (``$ONNX_LIGHT_NUMBA_CACHE`` or numba's own ``$NUMBA_CACHE_DIR`` override it).
+numba keys each cached entry by the source file, the argument types and the target machine
+(LLVM's triple, processor name and features), so another processor or another numba version
+compiles anew instead of loading code built for something else.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import types
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["CACHE_ENV", "CompiledFunction", "compiled", "load_numba", "numba_cache_dir"]
+
+#: Environment variable naming the folder for numba's compiled-code cache.
+CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
+
+#: Options every compiled kernel gets; a kernel may add to them (``fastmath``, ``parallel``).
+DEFAULT_OPTIONS = {"nogil": True, "cache": True, "error_model": "numpy", "boundscheck": False}
+
+_load_lock = threading.Lock()
+
+
+def numba_cache_dir(numba_version: str) -> Path:
+    """The folder numba caches compiled kernels in: the override, or one per numba version."""
+    override = os.environ.get(CACHE_ENV) or os.environ.get("NUMBA_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("onnx_light")) / f"numba-{numba_version}"
+
+
+@functools.cache
+def load_numba() -> ModuleType:
+    """Import numba once, pointing its cache at :func:`numba_cache_dir`."""
+    with _load_lock:
+        import numba
+
+        numba.config.CACHE_DIR = str(numba_cache_dir(numba.__version__))
+        return numba
+
+
+class CompiledFunction:
+    """A Python kernel function and the numba options it is compiled with, compiled on demand.
+
+    Calling it compiles on first use for the argument types given. Hot paths take
+    :attr:`dispatcher` once (at configuration) and call that directly: numba's dispatcher
+    without this wrapper's attribute lookup.
+    """
+
+    def __init__(self, function: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.function = function
+        self.options = {**DEFAULT_OPTIONS, **options}
+        functools.update_wrapper(self, function)
+
+    @functools.cached_property
+    def dispatcher(self) -> Any:
+        """numba's dispatcher for the function (imports numba on first access)."""
+        return load_numba().njit(**self.options)(_calling_dispatchers(self.function))
+
+    def __call__(self, *args: Any) -> Any:
+        return self.dispatcher(*args)
+
+    def __repr__(self) -> str:
+        return f"<compiled kernel {self.function.__module__}.{self.function.__qualname__}>"
+
+
+def _calling_dispatchers(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` with globals in which other compiled kernels are numba dispatchers.
+
+    numba compiles a call to another compiled kernel only if the name resolves to a
+    dispatcher; the module's own globals hold the lazy wrappers. The copy keeps the code
+    object, so numba's disk cache still finds the function by its file and line.
+    """
+    names = function.__code__.co_names
+    calls = {name: value.dispatcher for name, value in function.__globals__.items()
+             if name in names and isinstance(value, CompiledFunction)}
+    if not calls:
+        return function
+    copy = types.FunctionType(function.__code__, {**function.__globals__, **calls},
+                              function.__name__, function.__defaults__, function.__closure__)
+    functools.update_wrapper(copy, function)
+    del copy.__wrapped__
+    return copy
+
+
+def compiled(function: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Mark ``function`` as a compiled kernel; ``@compiled`` or ``@compiled(fastmath=True)``."""
+    if function is None:
+        return lambda f: CompiledFunction(f, options)
+    return CompiledFunction(function, options)

@@ -1,0 +1,114 @@
+"""The compiled-kernel layer: numba on first use, nogil, a disk cache in its own folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnx_light.kernels import compiled as compiled_module
+from onnx_light.kernels.compiled import CompiledFunction, compiled, numba_cache_dir
+
+
+@compiled
+def _add_one(x):
+    out = np.empty_like(x)
+    for i in range(x.size):
+        out[i] = x[i] + 1.0
+    return out
+
+
+@compiled(fastmath=True)
+def _add_two(x):
+    return _add_one(_add_one(x))
+
+
+def test_a_marked_function_compiles_on_first_call_and_matches_python() -> None:
+    assert isinstance(_add_one, CompiledFunction)
+    x = np.arange(5, dtype=np.float64)
+    np.testing.assert_array_equal(_add_one(x), x + 1)
+    assert _add_one.dispatcher.signatures, "numba compiled no signature"
+    assert _add_one.options["nogil"] and _add_one.options["cache"]
+
+
+def test_a_compiled_kernel_calls_another_compiled_kernel() -> None:
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(_add_two(x), x + 2)
+    assert _add_two.options["fastmath"] is True
+
+
+def test_the_cache_folder_is_named_after_the_numba_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(compiled_module.CACHE_ENV, raising=False)
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    assert numba_cache_dir("0.99.0").name == "numba-0.99.0"
+    monkeypatch.setenv(compiled_module.CACHE_ENV, "/some/where")
+    assert numba_cache_dir("0.99.0") == Path("/some/where")
+
+
+@compiled
+def _busy(n):
+    total = 0.0
+    for i in range(n):
+        total += np.sqrt(i + total * 1e-12)
+    return total
+
+
+def test_kernels_run_without_the_gil() -> None:
+    """A Python thread keeps its pace while a compiled kernel runs on another thread.
+
+    Holding the GIL would let the counting thread run only between switch intervals: a few
+    percent of the pace it keeps while the main thread sleeps.
+    """
+    _busy(10)  # compile first
+    stop = threading.Event()
+    counter = [0]
+
+    def count() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    def pace(work: Callable[[], object]) -> float:
+        before, start = counter[0], time.perf_counter()
+        work()
+        return (counter[0] - before) / (time.perf_counter() - start)
+
+    ticker = threading.Thread(target=count)
+    ticker.start()
+    try:
+        asleep = max(pace(lambda: time.sleep(0.1)) for _ in range(3))
+        computing = max(pace(lambda: _busy(30_000_000)) for _ in range(3))
+    finally:
+        stop.set()
+        ticker.join()
+    assert computing > 0.25 * asleep, (computing, asleep)
+
+
+def test_a_second_process_loads_the_compiled_code_from_the_disk_cache(tmp_path: Path) -> None:
+    module = tmp_path / "cached_kernel.py"
+    module.write_text(textwrap.dedent("""
+        from onnx_light.kernels.compiled import compiled
+
+        @compiled
+        def triple(x):
+            return 3 * x
+    """))
+    probe = textwrap.dedent("""
+        import cached_kernel
+        print(cached_kernel.triple(2.5))
+        print(len(cached_kernel.triple.dispatcher.stats.cache_hits))
+    """)
+    env = {**os.environ, compiled_module.CACHE_ENV: str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    runs = [subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                           check=True, timeout=300).stdout.split() for _ in range(2)]
+    assert runs[0][0] == runs[1][0] == "7.5"
+    assert runs[0][1] == "0" and runs[1][1] == "1", runs
+    assert any((tmp_path / "cache").rglob("*.nbi")), "no numba index in the cache folder"
