@@ -19,7 +19,6 @@ import contextlib
 import datetime
 import errno
 import functools
-import glob
 import itertools
 import json
 import os
@@ -470,6 +469,8 @@ def _backup(path: Path, data: bytes, info: os.stat_result) -> Path:
 def _remove_stale_temporaries(path: Path) -> None:
     """Remove the temporary files of writers killed mid-write. Writers create them only while
     holding the lock, which the caller holds, so any that exist are stale."""
+    import glob  # on first write only
+
     for stale in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):
         with contextlib.suppress(OSError):
             stale.unlink()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -186,6 +185,8 @@ def load_average() -> tuple[float, float, float] | None:
 
 
 def _quantiles(samples: list[float]) -> tuple[float, float]:
+    import statistics  # on first use: it imports fractions and decimal
+
     median = statistics.median(samples)
     if len(samples) < 4 or median <= 0:
         return median, 0.0
@@ -413,7 +414,7 @@ def configuration_search(
     best, best_gain = 0, 1.0
     for index in range(1, len(options)):
         worst = min(speedups[index])
-        gain = math.exp(statistics.fmean(math.log(s) for s in speedups[index]))
+        gain = math.exp(math.fsum(math.log(s) for s in speedups[index]) / len(speedups[index]))
         if worst < 1.0 / (1.0 + max_regression):
             continue
         if gain >= 1.0 + min_gain and gain > best_gain:

@@ -11,7 +11,6 @@ import glob
 import logging
 import os
 import platform
-import subprocess
 import threading
 import warnings
 
@@ -110,6 +109,8 @@ def _detect_linux(architecture: str, logical: int | None) -> CpuDescriptor:
 
 
 def _run_sysctl(*names: str) -> str:
+    import subprocess  # macOS only: not imported on Linux
+
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([env.get("PATH", ""), "/usr/sbin", "/sbin"])
     completed = subprocess.run(

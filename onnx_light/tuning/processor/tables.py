@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from importlib import resources
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -22,7 +22,8 @@ SCHEMA_FILE = "cpu_tables.schema.json"
 
 
 def _read_json(name: str) -> Any:
-    text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    # beside this module: importlib.resources would import zipfile for a plain folder
+    text = (Path(__file__).parent / name).read_text(encoding="utf-8")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
