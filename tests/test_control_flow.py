@@ -1,0 +1,311 @@
+"""If, Loop, Scan and sequences: a model shaped like exporters write them, against onnxruntime;
+bodies that read outer values, share the session's kernels and hand over arrays of their own;
+errors that name the node and the graph.
+
+ONNX's node test cases for these operators run in tests/test_backend.py.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.backend.test.loader import load_model_tests
+
+from onnx_light.runtime import InvalidInputError, RuntimeSession, UnsupportedOperatorError
+from onnx_light.runtime.subgraphs import free_names
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+OPSET = 17
+BATCH, STEPS, FEATURES, HIDDEN = 2, 5, 3, 4
+
+
+def _info(name: str, element_type: int, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, element_type, shape)
+
+
+def _constant(name: str, values, dtype=np.float32) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, dtype), name)
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=OPSET) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _rnn_scan() -> onnx.NodeProto:
+    """An RNN cell over the time axis of x (axis 1): h = tanh(x_t Wx + h Wh + b), the states
+    stacked on axis 1. The weights are the main graph's initializers (outer scope)."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x_t", "Wx"], ["xw"], name="input_product"),
+         helper.make_node("MatMul", ["h_prev", "Wh"], ["hw"], name="state_product"),
+         helper.make_node("Add", ["xw", "hw"], ["pre"]),
+         helper.make_node("Add", ["pre", "b"], ["pre_b"]),
+         helper.make_node("Tanh", ["pre_b"], ["h"]),
+         helper.make_node("Identity", ["h"], ["h_out"])],
+        "rnn_cell",
+        [_info("h_prev", F, [BATCH, HIDDEN]), _info("x_t", F, [BATCH, FEATURES])],
+        [_info("h", F, [BATCH, HIDDEN]), _info("h_out", F, [BATCH, HIDDEN])])
+    return helper.make_node("Scan", ["h0", "x"], ["h_last", "states"], name="rnn", body=body,
+                            num_scan_inputs=1, scan_input_axes=[1], scan_output_axes=[1])
+
+
+def _accumulating_loop() -> onnx.NodeProto:
+    """As torch.jit.script exports ``for i in range(x.shape[1])``: the trip count from Shape
+    and Gather, cond a constant true; the body reads ``states`` and ``decay`` of the main
+    graph and holds an If (odd steps subtract) that reads them two levels out."""
+    odd = helper.make_graph([helper.make_node("Mul", ["state_i", "decay"], ["scaled"]),
+                             helper.make_node("Sub", ["acc_in", "scaled"], ["acc_odd"])],
+                            "odd", [], [_info("acc_odd", F, [BATCH, HIDDEN])])
+    even = helper.make_graph([helper.make_node("Add", ["acc_in", "state_i"], ["acc_even"])],
+                             "even", [], [_info("acc_even", F, [BATCH, HIDDEN])])
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["states", "i"], ["state_i"], axis=1, name="step_state"),
+         helper.make_node("Mod", ["i", "two"], ["parity"]),
+         helper.make_node("Cast", ["parity"], ["is_odd"], to=B),
+         helper.make_node("If", ["is_odd"], ["acc_out"], name="odd_or_even",
+                          then_branch=odd, else_branch=even),
+         helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "accumulate",
+        [_info("i", I64, []), _info("cond_in", B, []), _info("acc_in", F, [BATCH, HIDDEN])],
+        [_info("cond_out", B, []), _info("acc_out", F, [BATCH, HIDDEN]), _info("total", F, [])],
+        initializer=[_constant("two", 2, np.int64)])
+    return helper.make_node("Loop", ["steps", "true", "acc0"], ["acc", "totals"], name="accumulate",
+                            body=body)
+
+
+def exported_model() -> onnx.ModelProto:
+    """An RNN (Scan), an accumulating loop with an If inside (Loop), and a data-dependent If
+    whose else branch returns an outer value as it is (through Identity: the checker refuses
+    a graph output that no node of the graph makes)."""
+    then_branch = helper.make_graph([helper.make_node("MatMul", ["acc", "Wo"], ["projected"]),
+                                     helper.make_node("Relu", ["projected"], ["positive"])],
+                                    "then", [], [_info("positive", F, [BATCH, HIDDEN])])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["acc"], ["acc_as_is"])],
+                                    "else", [], [_info("acc_as_is", F, [BATCH, HIDDEN])])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Gather", ["x_shape", "one"], ["steps"], axis=0),
+        helper.make_node("Gather", ["x_shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Concat", ["batch", "hidden"], ["state_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["state_shape"], ["h0"]),
+        helper.make_node("ConstantOfShape", ["state_shape"], ["acc0"]),
+        _rnn_scan(),
+        _accumulating_loop(),
+        helper.make_node("ReduceSum", ["x"], ["x_sum"], keepdims=0),
+        helper.make_node("Greater", ["x_sum", "zero_f"], ["positive_input"]),
+        helper.make_node("If", ["positive_input"], ["y"], name="head", then_branch=then_branch,
+                         else_branch=else_branch),
+    ]
+    rng = np.random.default_rng(7)
+    weights = [_constant("Wx", rng.standard_normal((FEATURES, HIDDEN))),
+               _constant("Wh", rng.standard_normal((HIDDEN, HIDDEN)) * 0.5),
+               _constant("b", rng.standard_normal(HIDDEN)),
+               _constant("Wo", rng.standard_normal((HIDDEN, HIDDEN))),
+               _constant("decay", 0.5),
+               _constant("zero_f", 0.0),
+               _constant("one", 1, np.int64), _constant("zero", [0], np.int64),
+               _constant("hidden", [HIDDEN], np.int64),
+               _constant("true", True, np.bool_)]
+    return _model(nodes, [_info("x", F, ["batch", "time", FEATURES])],
+                  [_info("h_last", F, None), _info("states", F, None), _info("acc", F, None),
+                   _info("totals", F, None), _info("y", F, None)], weights)
+
+
+def _onnxruntime(model: onnx.ModelProto):
+    ort = pytest.importorskip("onnxruntime")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_an_exported_model_with_scan_loop_and_if_matches_onnxruntime(num_threads):
+    model = exported_model()
+    ours, theirs = RuntimeSession(model, num_threads=num_threads), _onnxruntime(model)
+    rng = np.random.default_rng(0)
+    for shift in (0.5, -0.5):  # the head's If takes each branch
+        x = (rng.standard_normal((BATCH, STEPS, FEATURES)) + shift).astype(np.float32)
+        expected = theirs.run(None, {"x": x})
+        got = ours.run(None, {"x": x})
+        for name, a, b in zip(["h_last", "states", "acc", "totals", "y"], got, expected,
+                              strict=True):
+            assert a.shape == b.shape, name
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_the_rnn_scan_is_the_recurrence():
+    """The Scan's outputs against the recurrence written out in numpy."""
+    model = exported_model()
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    x = np.random.default_rng(1).standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32)
+    h_last, states, *_ = RuntimeSession(model).run(None, {"x": x})
+    h = np.zeros((BATCH, HIDDEN), np.float32)
+    for t in range(STEPS):
+        h = np.tanh(x[:, t] @ weights["Wx"] + h @ weights["Wh"] + weights["b"])
+        np.testing.assert_allclose(states[:, t], h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h_last, h, rtol=1e-5, atol=1e-6)
+
+
+def test_bodies_run_the_sessions_configured_kernels_on_its_pool():
+    session = RuntimeSession(exported_model(), num_threads=2)
+    loop = next(step for step in session._plan if getattr(step, "node", "") == "accumulate")
+    body = loop.run.__self__.bodies["body"]
+    kernels = [step.run.__self__ for step in body.steps]
+    assert all(kernel.pool is session._pool and kernel.num_threads == 2 for kernel in kernels)
+    inner_if = next(kernel for kernel in kernels if kernel.ctx.name == "odd_or_even")
+    assert set(inner_if.bodies) == {"then_branch", "else_branch"}
+    assert set(inner_if.outer_names) == {"state_i", "decay", "acc_in"}
+    # the body's products are tuned from the session's one snapshot, with the top-level ones
+    report = {entry["node"]: entry for entry in session.tuning_report()}
+    assert {"input_product", "state_product"} <= set(report)
+    assert {entry["generation"] for entry in report.values()} == {session.generation}
+
+
+def test_the_outer_values_of_a_graph_are_what_it_reads_and_does_not_define():
+    loop = _accumulating_loop()
+    assert free_names(loop.attribute[0].g) == ("states", "decay")
+    scan = _rnn_scan()
+    assert free_names(scan.attribute[0].g) == ("Wx", "Wh", "b")
+
+
+def _pass_through_models():
+    """Graphs whose outputs are feeds as they are, through control flow."""
+    x = _info("x", F, [3])
+    returns_outer = helper.make_graph([helper.make_node("Identity", ["x"], ["x_as_is"])], "then",
+                                      [], [_info("x_as_is", F, [3])])
+    negates = helper.make_graph([helper.make_node("Neg", ["x"], ["n"])], "else", [],
+                                [_info("n", F, [3])])
+    yield "an If branch that returns an outer value", _model(
+        [helper.make_node("If", ["c"], ["y"], then_branch=returns_outer, else_branch=negates)],
+        [_info("c", B, []), x], [_info("y", F, [3])]), {"c": np.array(True)}
+    carries = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_info("i", I64, []), _info("c_in", B, []), _info("v", F, [3])],
+        [_info("c_out", B, []), _info("v", F, [3])])
+    for trips in (0, 3):
+        yield f"a Loop of {trips} trips that carries a value unchanged", _model(
+            [helper.make_node("Loop", ["m", "", "x"], ["y"], body=carries)],
+            [_info("m", I64, []), x], [_info("y", F, [3])]), {"m": np.array(trips)}
+    scan_body = helper.make_graph([], "body", [_info("s", F, [3]), _info("e", F, [])],
+                                  [_info("s", F, [3])])
+    yield "a Scan whose state passes through", _model(
+        [helper.make_node("Scan", ["x", "seq"], ["y"], body=scan_body, num_scan_inputs=1)],
+        [x, _info("seq", F, [4])], [_info("y", F, [3])]), {"seq": np.zeros(4, np.float32)}
+
+
+@pytest.mark.parametrize(("what", "model", "feeds"),
+                         [pytest.param(*case, id=case[0]) for case in _pass_through_models()])
+def test_outputs_that_pass_a_feed_through_are_copies(what, model, feeds):
+    x = np.array([1, 2, 3], np.float32)
+    (y,) = RuntimeSession(model).run(None, {**feeds, "x": x})
+    np.testing.assert_array_equal(y, x)
+    assert y.flags.writeable and not np.shares_memory(y, x)
+
+
+def _failing_loop() -> onnx.ModelProto:
+    inner = helper.make_graph(
+        [helper.make_node("Reshape", ["v", "bad_shape"], ["r"], name="bad_reshape")], "then", [],
+        [_info("r", F, None)])
+    keep = helper.make_graph([helper.make_node("Identity", ["v"], ["same"])], "else", [],
+                             [_info("same", F, None)])
+    body = helper.make_graph(
+        [helper.make_node("If", ["c_in"], ["w"], name="inner_if", then_branch=inner,
+                          else_branch=keep),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_info("i", I64, []), _info("c_in", B, []), _info("v", F, [4])],
+        [_info("c_out", B, []), _info("w", F, None)])
+    return _model([helper.make_node("Loop", ["m", "c", "x"], ["y"], name="outer_loop", body=body)],
+                  [_info("m", I64, []), _info("c", B, []), _info("x", F, [4])],
+                  [_info("y", F, None)], [_constant("bad_shape", [3], np.int64)])
+
+
+def test_an_error_in_a_body_names_the_node_and_every_graph_around_it():
+    session = RuntimeSession(_failing_loop())
+    feeds = {"m": np.array(2), "x": np.zeros(4, np.float32)}
+    np.testing.assert_array_equal(session.run(None, {**feeds, "c": np.array(False)})[0],
+                                  np.zeros(4))  # cond false: no iteration
+    with pytest.raises(ValueError) as info:
+        session.run(None, {**feeds, "c": np.array(True)})
+    message = str(info.value)
+    assert "'bad_reshape' (Reshape)" in message
+    assert "graph 'then_branch' of node 'inner_if' (If)" in message
+    assert "graph 'body' of node 'outer_loop' (Loop)" in message
+
+
+def test_an_unsupported_operator_in_a_body_is_listed_with_the_top_level_ones():
+    body = helper.make_graph(
+        [helper.make_node("InBody", ["v"], ["w"], domain="example.unknown"),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_info("i", I64, []), _info("c_in", B, []), _info("v", F, [4])],
+        [_info("c_out", B, []), _info("w", F, [4])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["m", "", "x"], ["y"], body=body),
+         helper.make_node("AtTop", ["y"], ["z"], domain="example.unknown")],
+        "g", [_info("m", I64, []), _info("x", F, [4])], [_info("z", F, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("example.unknown", 1)])
+    with pytest.raises(UnsupportedOperatorError) as info:
+        RuntimeSession(model)
+    assert {op.op_type for op in info.value.operators} == {"InBody", "AtTop"}
+
+
+def test_a_loop_of_constants_is_folded_at_construction():
+    count = helper.make_graph(
+        [helper.make_node("Add", ["v_in", "step"], ["v_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_info("i", I64, []), _info("c_in", B, []), _info("v_in", F, [2])],
+        [_info("c_out", B, []), _info("v_out", F, [2]), _info("v_out", F, [2])])
+    model = _model([helper.make_node("Loop", ["m", "", "v0"], ["v", "trace"], body=count),
+                    helper.make_node("Add", ["v", "x"], ["y"])],
+                   [_info("x", F, [2])], [_info("y", F, [2]), _info("trace", F, [3, 2])],
+                   [_constant("m", 3, np.int64), _constant("v0", [0, 1]), _constant("step", 1.0)])
+    x = np.array([10, 20], np.float32)
+    folded, unfolded = RuntimeSession(model), RuntimeSession(model, fold=False)
+    assert folded.folded_nodes == 1 and unfolded.folded_nodes == 0
+    for session in (folded, unfolded):
+        y, trace = session.run(None, {"x": x})
+        np.testing.assert_array_equal(y, [13, 24])
+        np.testing.assert_array_equal(trace, [[1, 2], [2, 3], [3, 4]])
+
+
+def _sequence_model() -> onnx.ModelProto:
+    sequence = helper.make_tensor_sequence_value_info
+    return _model([helper.make_node("SequenceInsert", ["s", "x"], ["t"]),
+                   helper.make_node("ConcatFromSequence", ["t"], ["y"], axis=0)],
+                  [sequence("s", F, [None]), _info("x", F, [None])],
+                  [sequence("t", F, None), _info("y", F, [None])])
+
+
+def test_sequence_feeds_are_checked_and_outputs_hold_copies():
+    session = RuntimeSession(_sequence_model())
+    assert [arg.type for arg in session.get_inputs()] == ["seq(tensor(float))", "tensor(float)"]
+    a, x = np.array([1, 2], np.float32), np.array([3], np.float32)
+    t, y = session.run(None, {"s": [a], "x": x})
+    np.testing.assert_array_equal(y, [1, 2, 3])
+    assert len(t) == 2 and not any(np.shares_memory(v, f) for v in t for f in (a, x))
+    with pytest.raises(InvalidInputError, match="input 's': expected a sequence"):
+        session.run(None, {"s": a, "x": x})
+    with pytest.raises(InvalidInputError, match="input 's': expected element type"):
+        session.run(None, {"s": [a.astype(np.int64)], "x": x})
+
+
+def test_a_loop_carrying_an_optional_sequence_matches_onnxs_expected_outputs():
+    """test_loop16_seq_none, which onnx's runner cannot compare (tests/test_backend.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        case = next(c for c in load_model_tests(kind="node") if c.name == "test_loop16_seq_none")
+    (inputs, (expected,)), = case.data_sets
+    session = RuntimeSession(case.model)
+    (got,) = session.run(None, dict(zip([i.name for i in session.get_inputs()], inputs,
+                                        strict=True)))
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
