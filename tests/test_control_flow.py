@@ -7,6 +7,7 @@ ONNX's node test cases for these operators run in tests/test_backend.py.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -309,3 +310,37 @@ def test_a_loop_carrying_an_optional_sequence_matches_onnxs_expected_outputs():
     for a, b in zip(got, expected, strict=True):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_node_refused_in_a_body_is_named_with_the_graph_at_construction():
+    state = helper.make_graph([helper.make_node("Identity", ["s"], ["s_out"])], "state",
+                              [_info("s", F, [2])], [_info("s_out", F, [2])])
+    body = helper.make_graph(
+        [helper.make_node("Scan", ["v"], ["w"], name="no_scan_inputs", body=state,
+                          num_scan_inputs=0),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_info("i", I64, []), _info("c_in", B, []), _info("v", F, [2])],
+        [_info("c_out", B, []), _info("w", F, [2])])
+    model = _model([helper.make_node("Loop", ["m", "", "x"], ["y"], name="outer_loop", body=body)],
+                   [_info("m", I64, []), _info("x", F, [2])], [_info("y", F, [2])])
+    with pytest.raises(ValueError, match=r"node 'no_scan_inputs' \(Scan\): attribute "
+                                         r"'num_scan_inputs' must be 1 or more, got 0, in graph "
+                                         r"'body' of node 'outer_loop' \(Loop\)"):
+        RuntimeSession(model)
+
+
+@pytest.mark.parametrize(("op", "position", "message"), [
+    ("SequenceAt", 2, "position 2 is out of range for a sequence of 2 element(s) (valid: -2 to 1)"),
+    ("SequenceErase", -3, "position -3 is out of range for a sequence of 2 element(s)"),
+])
+def test_a_position_outside_the_sequence_is_the_nodes_error(op, position, message):
+    sequence = helper.make_tensor_sequence_value_info
+    output = _info("y", F, None) if op == "SequenceAt" else sequence("y", F, None)
+    model = _model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"]),
+                    helper.make_node(op, ["s", "p"], ["y"], name="pick")],
+                   [_info("a", F, [1]), _info("b", F, [1]), _info("p", I64, [])], [output])
+    session = RuntimeSession(model)
+    feeds = {"a": np.ones(1, np.float32), "b": np.zeros(1, np.float32)}
+    session.run(None, {**feeds, "p": np.array(1)})
+    with pytest.raises(ValueError, match=re.escape(f"node 'pick' ({op}): {message}")):
+        session.run(None, {**feeds, "p": np.array(position)})

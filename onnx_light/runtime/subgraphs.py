@@ -36,7 +36,7 @@ __all__ = ["Subgraph", "attach_subgraphs", "free_names", "outer_names"]
 
 #: The session's dispatch of one node: ``(node, index in its graph, opsets, value types)``.
 Dispatch = Callable[[onnx.NodeProto, int, Mapping[str, int], Mapping[str, onnx.TypeProto]],
-                    "Kernel | UnsupportedOperator"]
+                    Kernel | UnsupportedOperator]
 
 
 def free_names(graph: onnx.GraphProto) -> tuple[str, ...]:
@@ -136,14 +136,18 @@ def _build(graph: onnx.GraphProto, attribute: str, owner: NodeContext, outer: Se
                         if name in reads)
     steps, complete = [], True
     for index, node in enumerate(graph.node):
-        found = dispatch(node, index, opsets, local_types)
+        try:
+            found = dispatch(node, index, opsets, local_types)
+            nested = [] if isinstance(found, UnsupportedOperator) else attach_subgraphs(
+                found, node, local_types, opsets, dispatch, unsupported)
+        except KernelError as exc:  # a node the kernel refuses (its attributes, say)
+            raise KernelError(f"{exc}, in {where}") from None
         if isinstance(found, UnsupportedOperator):
             if found not in unsupported:
                 unsupported.append(found)
             complete = False
             continue
-        built.append(found)
-        built.extend(attach_subgraphs(found, node, local_types, opsets, dispatch, unsupported))
+        built += [found, *nested]
         inputs = tuple(slot(name) if name else None for name in (*node.input, *outer_names(found)))
         outputs = tuple(slot(name) if name else None for name in node.output)
         steps.append(_Step(found.run, inputs, outputs, found.ctx.name, found.ctx.op_type))
