@@ -158,7 +158,7 @@ def test_bodies_run_the_sessions_configured_kernels_on_its_pool():
     session = RuntimeSession(exported_model(), num_threads=2)
     loop = next(step for step in session._plan if getattr(step, "node", "") == "accumulate")
     body = loop.run.__self__.bodies["body"]
-    kernels = [step.run.__self__ for step in body.steps]
+    kernels = [run.__self__ for run, *_ in body.steps]
     assert all(kernel.pool is session._pool and kernel.num_threads == 2 for kernel in kernels)
     inner_if = next(kernel for kernel in kernels if kernel.ctx.name == "odd_or_even")
     assert set(inner_if.bodies) == {"then_branch", "else_branch"}

@@ -61,13 +61,10 @@ def outer_names(kernel: Kernel) -> tuple[str, ...]:
     return kernel.outer_names if isinstance(kernel, ControlFlow) else ()
 
 
-@dataclass(frozen=True)
-class _Step:
-    run: Any
-    inputs: tuple[int | None, ...]
-    outputs: tuple[int | None, ...]
-    node: str
-    op_type: str
+# A nested plan's step: (bound run, input slots, output slots, node name, op type). Slot -2
+# holds None for every omitted input, slot -1 takes every omitted output.
+_Step = tuple[Callable[..., Sequence[Any]], tuple[int, ...], tuple[int, ...], str, str]
+_ABSENT, _DISCARDED = -2, -1
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ class Subgraph:
     inputs and the node's outer values and returns the graph's outputs."""
 
     where: str  # "graph 'body' of node 'loop' (Loop)"
-    template: tuple[Any, ...]  # a run's values before it starts: the graph's constants
+    template: tuple[Any, ...]  # a run's values before it starts: constants, then None, None
     input_slots: tuple[int, ...]
     outer_slots: tuple[tuple[int, int], ...]  # (position among the outer values, slot)
     steps: tuple[_Step, ...]
@@ -91,17 +88,17 @@ class Subgraph:
             values[s] = value
         for position, s in self.outer_slots:
             values[s] = outer[position]
-        for step in self.steps:
-            try:
-                results = step.run(*[None if s is None else values[s] for s in step.inputs])
-            except KernelError as exc:
-                raise KernelError(f"{exc}, in {self.where}") from exc
-            except Exception as exc:
-                raise KernelError(f"node {step.node!r} ({step.op_type}) in {self.where} failed: "
-                                  f"{type(exc).__name__}: {str(exc) or '(no message)'}") from exc
-            for s, result in zip(step.outputs, results, strict=False):
-                if s is not None:
+        node = op_type = ""  # the step running, for the error below
+        try:
+            for run, step_inputs, step_outputs, node, op_type in self.steps:  # noqa: B007
+                for s, result in zip(step_outputs, run(*[values[s] for s in step_inputs]),
+                                     strict=False):
                     values[s] = result
+        except KernelError as exc:
+            raise KernelError(f"{exc}, in {self.where}") from exc
+        except Exception as exc:
+            raise KernelError(f"node {node!r} ({op_type}) in {self.where} failed: "
+                              f"{type(exc).__name__}: {str(exc) or '(no message)'}") from exc
         return [values[s] for s in self.output_slots]
 
 
@@ -148,15 +145,16 @@ def _build(graph: onnx.GraphProto, attribute: str, owner: NodeContext, outer: Se
             complete = False
             continue
         built += [found, *nested]
-        inputs = tuple(slot(name) if name else None for name in (*node.input, *outer_names(found)))
-        outputs = tuple(slot(name) if name else None for name in node.output)
-        steps.append(_Step(found.run, inputs, outputs, found.ctx.name, found.ctx.op_type))
+        inputs = tuple(slot(name) if name else _ABSENT
+                       for name in (*node.input, *outer_names(found)))
+        outputs = tuple(slot(name) if name else _DISCARDED for name in node.output)
+        steps.append((found.run, inputs, outputs, found.ctx.name, found.ctx.op_type))
     if not complete:
         return None
     missing = [info.name for info in graph.output if info.name not in slots]
     if missing:
         raise KernelError(f"outputs {missing} of {where} are produced by no node")
-    template = [None] * len(slots)
+    template = [None] * (len(slots) + 2)  # the last two: _ABSENT and _DISCARDED
     for s, array in constants.items():
         template[s] = array
     return Subgraph(where, tuple(template), input_slots, outer_slots, tuple(steps),
