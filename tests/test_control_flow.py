@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from _control_flow_model import SIZES, accumulating_loop, exported_model, rnn_scan
 from onnx import TensorProto, helper, numpy_helper
 from onnx.backend.test.loader import load_model_tests
 
@@ -21,7 +22,8 @@ from onnx_light.runtime.subgraphs import free_names
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 OPSET = 17
-BATCH, STEPS, FEATURES, HIDDEN = 2, 5, 3, 4
+BATCH, FEATURES, HIDDEN = SIZES
+STEPS = 5
 
 
 def _info(name: str, element_type: int, shape) -> onnx.ValueInfoProto:
@@ -35,86 +37,6 @@ def _constant(name: str, values, dtype=np.float32) -> onnx.TensorProto:
 def _model(nodes, inputs, outputs, initializers=(), opset=OPSET) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def _rnn_scan() -> onnx.NodeProto:
-    """An RNN cell over the time axis of x (axis 1): h = tanh(x_t Wx + h Wh + b), the states
-    stacked on axis 1. The weights are the main graph's initializers (outer scope)."""
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["x_t", "Wx"], ["xw"], name="input_product"),
-         helper.make_node("MatMul", ["h_prev", "Wh"], ["hw"], name="state_product"),
-         helper.make_node("Add", ["xw", "hw"], ["pre"]),
-         helper.make_node("Add", ["pre", "b"], ["pre_b"]),
-         helper.make_node("Tanh", ["pre_b"], ["h"]),
-         helper.make_node("Identity", ["h"], ["h_out"])],
-        "rnn_cell",
-        [_info("h_prev", F, [BATCH, HIDDEN]), _info("x_t", F, [BATCH, FEATURES])],
-        [_info("h", F, [BATCH, HIDDEN]), _info("h_out", F, [BATCH, HIDDEN])])
-    return helper.make_node("Scan", ["h0", "x"], ["h_last", "states"], name="rnn", body=body,
-                            num_scan_inputs=1, scan_input_axes=[1], scan_output_axes=[1])
-
-
-def _accumulating_loop() -> onnx.NodeProto:
-    """As torch.jit.script exports ``for i in range(x.shape[1])``: the trip count from Shape
-    and Gather, cond a constant true; the body reads ``states`` and ``decay`` of the main
-    graph and holds an If (odd steps subtract) that reads them two levels out."""
-    odd = helper.make_graph([helper.make_node("Mul", ["state_i", "decay"], ["scaled"]),
-                             helper.make_node("Sub", ["acc_in", "scaled"], ["acc_odd"])],
-                            "odd", [], [_info("acc_odd", F, [BATCH, HIDDEN])])
-    even = helper.make_graph([helper.make_node("Add", ["acc_in", "state_i"], ["acc_even"])],
-                             "even", [], [_info("acc_even", F, [BATCH, HIDDEN])])
-    body = helper.make_graph(
-        [helper.make_node("Gather", ["states", "i"], ["state_i"], axis=1, name="step_state"),
-         helper.make_node("Mod", ["i", "two"], ["parity"]),
-         helper.make_node("Cast", ["parity"], ["is_odd"], to=B),
-         helper.make_node("If", ["is_odd"], ["acc_out"], name="odd_or_even",
-                          then_branch=odd, else_branch=even),
-         helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
-        "accumulate",
-        [_info("i", I64, []), _info("cond_in", B, []), _info("acc_in", F, [BATCH, HIDDEN])],
-        [_info("cond_out", B, []), _info("acc_out", F, [BATCH, HIDDEN]), _info("total", F, [])],
-        initializer=[_constant("two", 2, np.int64)])
-    return helper.make_node("Loop", ["steps", "true", "acc0"], ["acc", "totals"], name="accumulate",
-                            body=body)
-
-
-def exported_model() -> onnx.ModelProto:
-    """An RNN (Scan), an accumulating loop with an If inside (Loop), and a data-dependent If
-    whose else branch returns an outer value as it is (through Identity: the checker refuses
-    a graph output that no node of the graph makes)."""
-    then_branch = helper.make_graph([helper.make_node("MatMul", ["acc", "Wo"], ["projected"]),
-                                     helper.make_node("Relu", ["projected"], ["positive"])],
-                                    "then", [], [_info("positive", F, [BATCH, HIDDEN])])
-    else_branch = helper.make_graph([helper.make_node("Identity", ["acc"], ["acc_as_is"])],
-                                    "else", [], [_info("acc_as_is", F, [BATCH, HIDDEN])])
-    nodes = [
-        helper.make_node("Shape", ["x"], ["x_shape"]),
-        helper.make_node("Gather", ["x_shape", "one"], ["steps"], axis=0),
-        helper.make_node("Gather", ["x_shape", "zero"], ["batch"], axis=0),
-        helper.make_node("Concat", ["batch", "hidden"], ["state_shape"], axis=0),
-        helper.make_node("ConstantOfShape", ["state_shape"], ["h0"]),
-        helper.make_node("ConstantOfShape", ["state_shape"], ["acc0"]),
-        _rnn_scan(),
-        _accumulating_loop(),
-        helper.make_node("ReduceSum", ["x"], ["x_sum"], keepdims=0),
-        helper.make_node("Greater", ["x_sum", "zero_f"], ["positive_input"]),
-        helper.make_node("If", ["positive_input"], ["y"], name="head", then_branch=then_branch,
-                         else_branch=else_branch),
-    ]
-    rng = np.random.default_rng(7)
-    weights = [_constant("Wx", rng.standard_normal((FEATURES, HIDDEN))),
-               _constant("Wh", rng.standard_normal((HIDDEN, HIDDEN)) * 0.5),
-               _constant("b", rng.standard_normal(HIDDEN)),
-               _constant("Wo", rng.standard_normal((HIDDEN, HIDDEN))),
-               _constant("decay", 0.5),
-               _constant("zero_f", 0.0),
-               _constant("one", 1, np.int64), _constant("zero", [0], np.int64),
-               _constant("hidden", [HIDDEN], np.int64),
-               _constant("true", True, np.bool_)]
-    return _model(nodes, [_info("x", F, ["batch", "time", FEATURES])],
-                  [_info("h_last", F, None), _info("states", F, None), _info("acc", F, None),
-                   _info("totals", F, None), _info("y", F, None)], weights)
 
 
 def _onnxruntime(model: onnx.ModelProto):
@@ -170,9 +92,9 @@ def test_bodies_run_the_sessions_configured_kernels_on_its_pool():
 
 
 def test_the_outer_values_of_a_graph_are_what_it_reads_and_does_not_define():
-    loop = _accumulating_loop()
+    loop = accumulating_loop()
     assert free_names(loop.attribute[0].g) == ("states", "decay")
-    scan = _rnn_scan()
+    scan = rnn_scan()
     assert free_names(scan.attribute[0].g) == ("Wx", "Wh", "b")
 
 
