@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -61,6 +62,25 @@ def test_an_exported_model_with_scan_loop_and_if_matches_onnxruntime(num_threads
                               strict=True):
             assert a.shape == b.shape, name
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_a_model_torch_exported_with_loop_and_if_matches_onnxruntime():
+    """tests/data/torch_control_flow.onnx (tools/export_torch_control_flow.py): a scripted
+    recurrence over the time axis (Loop) and an If on its sum, as torch's exporter writes
+    them; every time length, none included, and both branches."""
+    model = onnx.load(str(Path(__file__).parent / "data" / "torch_control_flow.onnx"))
+    assert {"Loop", "If"} <= {node.op_type for node in model.graph.node}
+    ours, theirs = RuntimeSession(model), _onnxruntime(model)
+    rng = np.random.default_rng(0)
+    branches = set()
+    for batch, steps in [(2, 5), (3, 1), (1, 7), (2, 0), (4, 3), (1, 2), (2, 9)]:
+        x = rng.standard_normal((batch, steps, 8)).astype(np.float32)
+        expected, got = theirs.run(None, {"x": x}), ours.run(None, {"x": x})
+        for a, b in zip(got, expected, strict=True):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        branches.add(bool(got[1].sum() > 0))
+    assert branches == {True, False}
 
 
 def test_the_rnn_scan_is_the_recurrence():
