@@ -755,7 +755,8 @@ class RuntimeSession:
 
         Same signature and return type as ``onnxruntime.InferenceSession.run``; as there,
         the outputs share memory with no feed, no constant and no other output, and the
-        feeds are never written (docs/reliability.md lists the feeds accepted).
+        feeds are never written (docs/reliability.md lists the feeds accepted). A sequence
+        is fed and returned as a list of arrays, an optional as its element or None.
         ``node_hook(node_name, op_type)``, when given, is called before each step of the
         plan on the thread that runs it (a fused step carries the name of its first node);
         it may raise to stop the run, and returns None or a callable to call once the step
