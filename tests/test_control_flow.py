@@ -218,6 +218,21 @@ def test_a_loop_of_constants_is_folded_at_construction():
         np.testing.assert_array_equal(trace, [[1, 2], [2, 3], [3, 4]])
 
 
+def test_a_loop_of_constants_that_draws_random_numbers_is_left_to_the_runs():
+    drop = helper.make_graph(
+        [helper.make_node("Dropout", ["v_in", "ratio", "training"], ["v_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_info("i", I64, []), _info("c_in", B, []), _info("v_in", F, [64])],
+        [_info("c_out", B, []), _info("v_out", F, [64])],
+        initializer=[_constant("ratio", 0.5), _constant("training", True, np.bool_)])
+    model = _model([helper.make_node("Loop", ["m", "", "v0"], ["v"], body=drop)], [],
+                   [_info("v", F, [64])], [_constant("m", 1, np.int64), _constant("v0", np.ones(64))])
+    session = RuntimeSession(model)
+    assert session.folded_nodes == 0
+    first, second = session.run(None, {})[0], session.run(None, {})[0]
+    assert set(np.unique(first)) <= {0.0, 2.0} and not np.array_equal(first, second)
+
+
 def _sequence_model() -> onnx.ModelProto:
     sequence = helper.make_tensor_sequence_value_info
     return _model([helper.make_node("SequenceInsert", ["s", "x"], ["t"]),

@@ -39,7 +39,7 @@ from ..tuning.registry import KernelTuningRegistry, default_registry
 from .branches import Branches, group_branches
 from .dispatch import ONNX_DOMAINS, UnsupportedOperator, UnsupportedOperatorError, find_kernel
 from .fusion import fuse as fuse_steps
-from .subgraphs import attach_subgraphs, outer_names
+from .subgraphs import attach_subgraphs, op_types, outer_names
 from .values import ValueFeed, hand_over
 from .values import type_text as value_type_text
 
@@ -639,7 +639,7 @@ class RuntimeSession:
                                for name in (*node.input, *outer_names(kernel)))
                 outputs = tuple(slot(name) if name else None for name in node.output)
                 every_step.append((kernel, inputs, outputs))
-                if not fold or node.op_type in NONDETERMINISTIC or not all(
+                if not fold or not NONDETERMINISTIC.isdisjoint(op_types(node)) or not all(
                         s is None or s in depends for s in inputs):
                     steps.append((kernel, inputs, outputs))
                     continue

@@ -32,7 +32,7 @@ from ..kernels.base import Kernel, KernelError, NodeContext
 from ..kernels.control_flow import ControlFlow
 from .dispatch import UnsupportedOperator
 
-__all__ = ["Subgraph", "attach_subgraphs", "free_names", "outer_names"]
+__all__ = ["Subgraph", "attach_subgraphs", "free_names", "op_types", "outer_names"]
 
 #: The session's dispatch of one node: ``(node, index in its graph, opsets, value types)``.
 Dispatch = Callable[[onnx.NodeProto, int, Mapping[str, int], Mapping[str, onnx.TypeProto]],
@@ -54,6 +54,17 @@ def free_names(graph: onnx.GraphProto) -> tuple[str, ...]:
         defined.update(name for name in node.output if name)
     read.update((info.name, None) for info in graph.output if info.name not in defined)
     return tuple(read)
+
+
+def op_types(node: onnx.NodeProto) -> frozenset[str]:
+    """The operators of a node and of the nodes of every graph inside it (what folding asks:
+    a Loop whose body draws random numbers is not deterministic)."""
+    found = {node.op_type}
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            for inner in attribute.g.node:
+                found |= op_types(inner)
+    return frozenset(found)
 
 
 def outer_names(kernel: Kernel) -> tuple[str, ...]:
