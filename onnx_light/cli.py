@@ -63,6 +63,9 @@ def _size(value: int | None) -> str:
 
 def _random_input(arg: Any, rng: np.random.Generator) -> np.ndarray:
     """Random data of an input's declared type, symbolic dimensions taken as 1."""
+    if not arg.type.startswith("tensor("):
+        raise ValueError(f"input {arg.name!r} has type {arg.type}: random inputs are made for "
+                         "tensors only")
     shape = [d if isinstance(d, int) and d > 0 else 1 for d in (arg.shape or [])]
     dtype = numpy_dtype(tuning.element_type_code(arg.type))
     if dtype == np.bool_:
@@ -91,6 +94,16 @@ def _summary(array: np.ndarray) -> str:
     return f"min {values.min():.6g} max {values.max():.6g} mean {values.mean():.6g}"
 
 
+def _described(value: Any) -> str:
+    """An output as ``run`` prints it: a tensor's shape, type and summary; a sequence's
+    length and its tensors' shapes; an empty optional."""
+    if value is None:
+        return "empty optional"
+    if isinstance(value, list):
+        return f"sequence of {len(value)} tensor(s), shapes {[list(v.shape) for v in value]}"
+    return f"shape {list(value.shape)} dtype {value.dtype} {_summary(value)}".rstrip()
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.hold_memory and not hold_freed_memory():
         print("--hold-memory: not available here (the C library is not glibc)", file=sys.stderr)
@@ -111,8 +124,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if profiler is not None:
             profiler.session_event("model_run", started)
     names = [arg.name for arg in session.get_outputs()]
-    for name, array in zip(names, outputs, strict=True):
-        print(f"{name}: shape {list(array.shape)} dtype {array.dtype} {_summary(array)}".rstrip())
+    for name, value in zip(names, outputs, strict=True):
+        print(f"{name}: {_described(value)}")
     print(f"session construction {construction * 1e3:.2f} ms "
           f"(tuning resolution {session.tuning_resolution_seconds * 1e3:.2f} ms), "
           f"{session.num_threads} threads")

@@ -801,3 +801,23 @@ def test_run_lists_the_real_inputs_of_a_model_with_initializers_as_inputs(tmp_pa
     assert status == 2
     assert "unknown input(s) ['wrong']; inputs: ['x'] (5 initializer(s) listed as graph inputs " \
            "may also be fed)" in err
+
+
+def test_run_prints_sequence_outputs_and_refuses_to_invent_a_sequence_input(tmp_path: Path,
+                                                                           capsys) -> None:
+    from onnx import TensorProto, helper, save
+
+    sequence, tensor = helper.make_tensor_sequence_value_info, helper.make_tensor_value_info
+    split = helper.make_graph(
+        [helper.make_node("SplitToSequence", ["x"], ["s"], keepdims=0)], "g",
+        [tensor("x", TensorProto.FLOAT, [3, 2])], [sequence("s", TensorProto.FLOAT, None)])
+    save(helper.make_model(split, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "out.onnx")
+    status, out, _ = run_cli(capsys, "run", str(tmp_path / "out.onnx"), "--repeat", "1")
+    assert status == 0 and "s: sequence of 3 tensor(s), shapes [[2], [2], [2]]" in out
+    concat = helper.make_graph(
+        [helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)], "g",
+        [sequence("s", TensorProto.FLOAT, [2])], [tensor("y", TensorProto.FLOAT, None)])
+    save(helper.make_model(concat, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "in.onnx")
+    status, _, err = run_cli(capsys, "run", str(tmp_path / "in.onnx"))
+    assert status == 2 and ("input 's' has type seq(tensor(float)): random inputs are made for "
+                            "tensors only") in err

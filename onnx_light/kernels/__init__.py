@@ -20,6 +20,7 @@ from . import (
     activations,
     attention,
     bitwise,
+    control_flow,
     conv,
     conv_transpose,
     detection,
@@ -41,6 +42,7 @@ from . import (
     roi,
     sampling,
     scans,
+    sequences,
     signal_processing,
     sorting,
     state_space,
@@ -64,6 +66,7 @@ DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
+    sequences.DECLARATIONS, control_flow.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())

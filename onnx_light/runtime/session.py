@@ -39,6 +39,9 @@ from ..tuning.registry import KernelTuningRegistry, default_registry
 from .branches import Branches, group_branches
 from .dispatch import ONNX_DOMAINS, UnsupportedOperator, UnsupportedOperatorError, find_kernel
 from .fusion import fuse as fuse_steps
+from .subgraphs import attach_subgraphs, op_types, outer_names
+from .values import ValueFeed, hand_over
+from .values import type_text as value_type_text
 
 __all__ = ["InvalidInputError", "NodeArg", "RuntimeSession"]
 
@@ -192,9 +195,12 @@ def _fold(kernel: Kernel, arguments: list[np.ndarray | None],
     if elements is not None and elements * itemsize > FOLD_MAXIMUM_BYTES:
         return None
     try:
-        results = [np.asarray(array) for array in kernel.run(*arguments)]
+        results = list(kernel.run(*arguments))
     except MemoryError:
         return None
+    if any(value is None or isinstance(value, list) for value in results):
+        return None  # sequences and optionals are left to the runs: only tensors are folded
+    results = [np.asarray(array) for array in results]
     if sum(array.nbytes for array in results) > FOLD_MAXIMUM_BYTES:
         return None
     return results
@@ -285,7 +291,11 @@ class _Feed:
     shape: list[int | str | None] | None
 
     @classmethod
-    def of(cls, info: onnx.ValueInfoProto, slot: int) -> _Feed:
+    def of(cls, info: onnx.ValueInfoProto, slot: int) -> _Feed | ValueFeed:
+        kind = info.type.WhichOneof("value")
+        if kind in ("sequence_type", "optional_type"):
+            element = onnx.ValueInfoProto(name=info.name, type=getattr(info.type, kind).elem_type)
+            return ValueFeed(kind, cls.of(element, slot))
         element_type = _element_type(info.type)
         shape = _shape(info.type)
         return cls(info.name, slot,
@@ -494,9 +504,31 @@ def _shape(type_proto: onnx.TypeProto) -> list[int | str | None] | None:
             for d in type_proto.tensor_type.shape.dim]
 
 
+def _node_kernel(node: onnx.NodeProto, index: int, opsets: Mapping[str, int],
+                 types: Mapping[str, onnx.TypeProto]) -> Kernel | UnsupportedOperator:
+    """Step 1 for one node (``index``: its place in its graph): its kernel, or why none."""
+    domain = node.domain or ""
+    opset = opsets.get(domain)
+    ctx = None if opset is None or domain not in ONNX_DOMAINS else NodeContext(
+        name=node.name or f"{node.op_type}_{index}",
+        op_type=node.op_type,
+        domain=node.domain,
+        opset=opset,
+        attributes={a.name: _attribute_value(a) for a in node.attribute},
+        input_types=tuple(_element_type(types.get(n)) if n else None for n in node.input),
+        output_types=tuple(_element_type(types.get(n)) if n else None for n in node.output),
+        num_inputs=len(node.input),
+        num_outputs=len(node.output),
+    )
+    found = find_kernel(DECLARATIONS, domain, node.op_type, opset, ctx,
+                        None if ctx is None else _since_version(node.op_type, opset))
+    return found if isinstance(found, UnsupportedOperator) else found(ctx)
+
+
 def _node_arg(info: onnx.ValueInfoProto) -> NodeArg:
     element_type = _element_type(info.type)
-    type_text = f"tensor({element_type_name(element_type)})" if element_type else "unknown"
+    type_text = (f"tensor({element_type_name(element_type)})" if element_type
+                 else value_type_text(info.type) or "unknown")
     return NodeArg(info.name, type_text, _shape(info.type))
 
 
@@ -537,43 +569,34 @@ class RuntimeSession:
         types = _value_types(skeleton, inferred)
 
         # Step 1: dispatch constructs every kernel (and lists every unsupported operator).
-        kernels, unsupported = [], []
+        # Control-flow nodes' graphs are dispatched with them (runtime/subgraphs.py); their
+        # kernels (``nested``) are configured with the session's own in steps 2-5.
+        kernels, nested, unsupported = [], [], []
         for index, node in enumerate(graph.node):
-            domain = node.domain or ""
-            opset = opsets.get(domain)
-            ctx = None if opset is None or domain not in ONNX_DOMAINS else NodeContext(
-                name=node.name or f"{node.op_type}_{index}",
-                op_type=node.op_type,
-                domain=node.domain,
-                opset=opset,
-                attributes={a.name: _attribute_value(a) for a in node.attribute},
-                input_types=tuple(_element_type(types.get(n)) if n else None for n in node.input),
-                output_types=tuple(_element_type(types.get(n)) if n else None for n in node.output),
-                num_inputs=len(node.input),
-                num_outputs=len(node.output),
-            )
-            found = find_kernel(DECLARATIONS, domain, node.op_type, opset, ctx,
-                                None if ctx is None else _since_version(node.op_type, opset))
+            found = _node_kernel(node, index, opsets, types)
             if isinstance(found, UnsupportedOperator):
                 if found not in unsupported:
                     unsupported.append(found)
                 continue
-            kernels.append(found(ctx))
+            kernels.append(found)
+            nested += attach_subgraphs(found, inferred.graph.node[index], types, opsets,
+                                       _node_kernel, unsupported)
         if unsupported:
             raise UnsupportedOperatorError(unsupported)
 
         # Steps 2-5: keys, one snapshot, resolution, configuration.
         tuning_started = time.perf_counter()
-        keys = [kernel.tuning_key() for kernel in kernels]
+        tuned = [*kernels, *nested]
+        keys = [kernel.tuning_key() for kernel in tuned]
         snapshot = (registry or default_registry()).snapshot()
         self.generation = snapshot.generation
         resolutions = [None if key is None else snapshot.resolve(key, self.descriptor)
                        for key in keys]
-        for kernel, resolution in zip(kernels, resolutions, strict=True):
+        for kernel, resolution in zip(tuned, resolutions, strict=True):
             kernel.bind(self._pool).configure(None if resolution is None else resolution.values)
         self.tuning_resolution_seconds = time.perf_counter() - tuning_started
         self._tuning = [(kernel.ctx.name, resolution) for kernel, resolution
-                        in zip(kernels, resolutions, strict=True) if resolution is not None]
+                        in zip(tuned, resolutions, strict=True) if resolution is not None]
 
         self._inputs = [info for info in graph.input]
         self._outputs = [info for info in graph.output]
@@ -612,10 +635,11 @@ class RuntimeSession:
         every_step, steps = [], []
         with BLAS.scope(1):
             for node, kernel in zip(graph.node, kernels, strict=True):
-                inputs = tuple(slot(name) if name else None for name in node.input)
+                inputs = tuple(slot(name) if name else None
+                               for name in (*node.input, *outer_names(kernel)))
                 outputs = tuple(slot(name) if name else None for name in node.output)
                 every_step.append((kernel, inputs, outputs))
-                if not fold or node.op_type in NONDETERMINISTIC or not all(
+                if not fold or not NONDETERMINISTIC.isdisjoint(op_types(node)) or not all(
                         s is None or s in depends for s in inputs):
                     steps.append((kernel, inputs, outputs))
                     continue
@@ -731,7 +755,8 @@ class RuntimeSession:
 
         Same signature and return type as ``onnxruntime.InferenceSession.run``; as there,
         the outputs share memory with no feed, no constant and no other output, and the
-        feeds are never written (docs/reliability.md lists the feeds accepted).
+        feeds are never written (docs/reliability.md lists the feeds accepted). A sequence
+        is fed and returned as a list of arrays, an optional as its element or None.
         ``node_hook(node_name, op_type)``, when given, is called before each step of the
         plan on the thread that runs it (a fused step carries the name of its first node);
         it may raise to stop the run, and returns None or a callable to call once the step
@@ -779,5 +804,4 @@ class RuntimeSession:
         # a feed, a constant or an output before it, and of any read-only one.
         slots = [self._output_slots[n] for n in names]
         copies = handoff.every if output_names is None else handoff.copies(slots)
-        return [values[s].copy() if copy or not values[s].flags.writeable else values[s]
-                for s, copy in zip(slots, copies, strict=True)]
+        return [hand_over(values[s], copy) for s, copy in zip(slots, copies, strict=True)]
