@@ -10,6 +10,8 @@ import json
 import math
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -620,3 +622,17 @@ def test_a_file_of_format_1_loads_and_says_its_versions_are_unknown(tmp_path: Pa
     assert result["backup"] is None
     lines = path.read_text(encoding="utf-8").splitlines()
     assert lines[0] == HEADER and lines[1] == old_line
+
+
+def test_versions_are_read_without_importing_anything() -> None:
+    code = ("import sys, importlib.metadata as m; from onnx_light.tuning import identity; "
+            "found = identity.environment(); "
+            "assert 'numba' not in sys.modules, 'numba imported'; "
+            "assert found['numba'] == m.version('numba'), found; "
+            "assert identity.distribution_version('onnx_light') == m.version('onnx_light'); "
+            "assert identity.distribution_version('no-such-distribution') == 'unknown'; "
+            "print(found['blas'])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() and run.stdout.strip() != "unknown unknown"

@@ -44,3 +44,14 @@ def test_calibration_keeps_to_its_duration_budget(kernel, threads, tmp_path):
     assert report["failed"] == [], report["failed"]
     (result,) = report["calibrated"]
     assert result["duration_s"] <= 2 * BUDGET_MS / 1000
+
+
+@pytest.mark.parametrize("kernel", ["Gemm", "MatMul"])
+def test_gemm_on_one_thread_keeps_its_portable_values_without_measuring(kernel, tmp_path):
+    """Every parameter of Gemm and MatMul chooses how to use more than one thread: a search on
+    one thread would time the same serial product under several names and adopt noise."""
+    report = onnx_light.calibrate_kernel_tuning(kernel, "float", num_threads=1,
+                                                path=tmp_path / "c.txt", max_duration_ms=5000)
+    (result,) = report["calibrated"]
+    assert result["portable_kept"] and result["measurements"] == []
+    assert "only 1 thread available" in result["diagnostics"][0]

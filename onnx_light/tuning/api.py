@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import cache as cache_file
-from . import calibration
+from . import calibration, profile_files
 from .cache import LineOutcome
 from .identity import identity
 from .keys import KernelTuningKey, element_type_code
@@ -38,6 +38,7 @@ __all__ = [
     "apply_kernel_tuning_updates",
     "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
+    "export_kernel_tuning_profile",
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
     "load_kernel_tuning_cache",
@@ -208,8 +209,9 @@ def kernel_tuning_parameters(
 
 
 def _provenance(resolution: Resolution) -> dict[str, Any] | None:
-    """How a published profile was made (``origin``: calibrated, manual, ...); None otherwise."""
-    if isinstance(resolution.profile, PublishedProfile):
+    """How the winning profile was made: a published one's ``origin`` (calibrated, manual,
+    ...), a processor profile's file, ``source`` and measurements; None for the defaults."""
+    if resolution.profile is not None:
         return dict(resolution.profile.provenance)
     return None
 
@@ -235,6 +237,7 @@ def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
             "descriptor": record.get("descriptor"),
             "values": record.get("values"),
             "provenance": record.get("provenance"),
+            "measured_under": record.get("measured_under"),
             "outcome": outcome.outcome,
             "reason": outcome.reason,
             "matches_this_machine": outcome.matches_this_machine,
@@ -590,3 +593,46 @@ def apply_kernel_tuning_updates(
         "cache_update": update,
         "duration_s": outcome["duration_s"],
     }
+
+
+def export_kernel_tuning_profile(
+    output: PathLike,
+    selector: str = "microarchitecture",
+    kernels: str | Iterable[str] | None = None,
+    element_types: ElementTypes | None = None,
+    *,
+    library: str | None = None,
+    path: PathLike | None = None,
+    num_threads: int | None = None,
+    command: str = "",
+    notes: str = "",
+    registry: KernelTuningRegistry | None = None,
+) -> dict[str, Any]:
+    """Write the cache's entries for this processor and thread count (the selected keys')
+    as a shippable profile file at ``output`` (:mod:`onnx_light.tuning.profile_files`).
+
+    ``selector`` is ``"exact"`` (this vendor, family and model), ``"microarchitecture"``
+    (this archspec target and its descendants) or ``"isa"`` (processors with this one's
+    instruction sets). An existing file of this processor keeps its other profiles.
+    ``ValueError`` when the cache holds none of the selected keys for this machine.
+    """
+    snapshot = _registry(registry).snapshot()
+    local = execution_descriptor(num_threads)
+    keys = select_keys(snapshot, kernels, element_types, library=library)
+    _, cached = _cached_profiles(path, snapshot, local)
+    entries = []
+    for key in keys:
+        if key not in cached:
+            continue
+        provenance = dict(cached[key].provenance)
+        measured_under = provenance.pop("measured_under", None)
+        provenance.pop("cache_line", None)
+        entries.append({"key": str(key), "values": dict(cached[key].values),
+                        "provenance": provenance, "measured_under": measured_under,
+                        "revision": snapshot.schema(key).revision})
+    if not entries:
+        raise ValueError(f"the cache {cache_file.resolve_path(path)} holds no entry of the "
+                         f"selected keys for this processor at {local.num_threads} threads: "
+                         "calibrate first (tune-kernels --apply)")
+    return profile_files.export_profiles(output, selector, local, entries, command=command,
+                                         notes=notes)

@@ -93,9 +93,11 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_profile_file(name: str, text: str) -> ProfileFile:
+def parse_profile_file(name: str, text: str, *, priority: int = 0,
+                       provenance: Mapping[str, Any] | None = None) -> ProfileFile:
     """Parse and check the JSON ``text`` of file ``name``; :class:`ProfileFileError` names the
-    file and the first field that breaks the format."""
+    file and the first field that breaks the format. ``priority`` is added to each profile's,
+    ``provenance`` to each profile's provenance (with its ``revision``)."""
     try:
         data = json.loads(text, parse_constant=lambda c: _reject(name, c))
     except ValueError as exc:
@@ -110,22 +112,24 @@ def parse_profile_file(name: str, text: str) -> ProfileFile:
     if data["version"] != VERSION or not _is_int(data["version"]):
         raise _fail(name, "version", f"this onnx_light reads version {VERSION}, got "
                                      f"{data['version']!r}")
-    provenance = data["provenance"]
-    if not isinstance(provenance, dict):
+    extra, file_provenance = provenance, data["provenance"]
+    if not isinstance(file_provenance, dict):
         raise _fail(name, "provenance", "must be an object")
-    _check_fields(name, "provenance", provenance, set(_FILE_PROVENANCE), {"machine"})
+    _check_fields(name, "provenance", file_provenance, set(_FILE_PROVENANCE), {"machine"})
     for key, kind in _FILE_PROVENANCE.items():
-        if key in provenance and not isinstance(provenance[key], kind):
+        if key in file_provenance and not isinstance(file_provenance[key], kind):
             raise _fail(name, f"provenance.{key}", f"must be a{'n object' if kind is dict else ' string'}")
     try:
-        CpuDescriptor.from_dict(provenance["machine"])
+        CpuDescriptor.from_dict(file_provenance["machine"])
     except ValueError as exc:
         raise _fail(name, "provenance.machine", str(exc)) from None
     if not isinstance(data["profiles"], list):
         raise _fail(name, "profiles", "must be a list")
-    profiles = tuple(_profile(name, f"profiles[{index}]", item)
+    selectors: dict[str, Any] = {}  # a file repeats a few selectors: each is checked once
+    profiles = tuple(_profile(name, f"profiles[{index}]", item, selectors, priority,
+                              extra or {})
                      for index, item in enumerate(data["profiles"]))
-    return ProfileFile(name, provenance, profiles)
+    return ProfileFile(name, file_provenance, profiles)
 
 
 def _reject(name: str, constant: str) -> Any:
@@ -143,7 +147,8 @@ def _check_fields(name: str, where: str, data: Mapping[str, Any], allowed: set[s
         raise _fail(name, f"{prefix}{missing[0]}", "missing")
 
 
-def _profile(name: str, where: str, item: Any) -> tuple[ProcessorProfile, int]:
+def _profile(name: str, where: str, item: Any, selectors: dict[str, Any], priority: int,
+             extra: Mapping[str, Any]) -> tuple[ProcessorProfile, int]:
     if not isinstance(item, dict):
         raise _fail(name, where, "must be an object")
     _check_fields(name, where, item, _PROFILE, _REQUIRED_PROFILE)
@@ -166,23 +171,28 @@ def _profile(name: str, where: str, item: Any) -> tuple[ProcessorProfile, int]:
         key = KernelTuningKey.parse(item["key"])
     except ValueError as exc:
         raise _fail(name, f"{where}.key", str(exc)) from None
+    text = repr(item["selector"])  # files written by onnx_light repeat it verbatim
     try:
-        selector = selector_from_dict(item["selector"])
+        if text not in selectors:
+            selectors[text] = selector_from_dict(item["selector"])
     except (ValueError, TypeError) as exc:
         raise _fail(name, f"{where}.selector", str(exc)) from None
     try:
-        profile = ProcessorProfile(key, selector, item["values"],
+        profile = ProcessorProfile(key, selectors[text], item["values"],
                                    tuple(threads) if threads is not None else None,
-                                   item.get("priority", 0), item["provenance"], f"{name}#{where}")
+                                   item.get("priority", 0) + priority,
+                                   {**item["provenance"], "revision": revision, **extra},
+                                   f"{name}#{where}")
     except (ValueError, TypeError) as exc:
         raise _fail(name, where, str(exc)) from None
     return profile, revision
 
 
 def register_profile_files(registry: KernelTuningRegistry, files: Iterable[tuple[str, str]], *,
-                           priority: int = 0) -> list[dict[str, Any]]:
+                           priority: int = 0, source: str = "shipped") -> list[dict[str, Any]]:
     """Register the profiles of each ``(name, text)`` file, one batch per file, adding
-    ``priority`` to each profile's; never raises for what a file contains.
+    ``priority`` to each profile's and recording the ``file`` and its ``source`` (shipped,
+    organisation) in its provenance; never raises for what a file contains.
 
     Returns one report per file: ``registered`` (a count), ``skipped`` (each profile not
     registered, with its ``outcome``: ``stale`` or ``unknown_key``, and the reason) and
@@ -193,7 +203,8 @@ def register_profile_files(registry: KernelTuningRegistry, files: Iterable[tuple
         report: dict[str, Any] = {"file": name, "registered": 0, "skipped": [], "error": None}
         reports.append(report)
         try:
-            parsed = parse_profile_file(name, text)
+            parsed = parse_profile_file(name, text, priority=priority,
+                                        provenance={"file": name, "source": source})
         except ProfileFileError as exc:
             report["error"] = str(exc)
             continue
@@ -205,8 +216,7 @@ def register_profile_files(registry: KernelTuningRegistry, files: Iterable[tuple
                 report["skipped"].append({"profile": profile.origin, "key": str(profile.key),
                                           **skipped})
                 continue
-            usable.append(replace(profile, priority=profile.priority + priority, provenance={
-                **profile.provenance, "revision": revision, "file": name}))
+            usable.append(profile)
         try:
             registry.register(profiles=usable)
         except (ValueError, TypeError, KeyError) as exc:
@@ -296,9 +306,10 @@ def export_profiles(path: str | os.PathLike[str], kind: str, descriptor: CpuExec
             raise ProfileFileError(f"{target}: its profiles were measured on another processor "
                                    f"({CpuDescriptor.from_dict(existing.provenance['machine']).short()}): "
                                    "export to another file")
-        kept = [{**p.to_dict(), "revision": revision} for p, revision in existing.profiles]
-        notes = notes or existing.provenance.get("notes", "")
-        command = command or existing.provenance.get("command", "")
+        kept = [{**p.to_dict(), "revision": revision, "provenance": {
+            k: v for k, v in p.provenance.items() if k != "revision"}}
+            for p, revision in existing.profiles]
+        notes = existing.provenance.get("notes") or notes  # a shipped file's notes are edited
     new = [{
         "key": entry["key"], "selector": selector.to_dict(), "threads": threads,
         "revision": entry["revision"], "values": dict(entry["values"]), "priority": 0,
