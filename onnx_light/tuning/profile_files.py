@@ -53,7 +53,9 @@ __all__ = [
     "export_profiles",
     "organisation_profile_paths",
     "parse_profile_file",
+    "read_profile_text",
     "register_profile_files",
+    "selector_for",
 ]
 
 FORMAT = "onnx_light-processor-profiles"
