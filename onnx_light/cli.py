@@ -273,6 +273,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     tune.add_argument("--output", metavar="PATH",
                       help="with --ray: the cache file the nodes' entries are merged into "
                            "(default: --cache, else the user cache)")
+    tune.add_argument("--export-profile", metavar="FILE.json",
+                      help="with --apply: also write this machine's values of the selected "
+                           "kernels as a shippable processor profile file (docs/kernel-tuning.md)")
+    tune.add_argument("--selector", choices=("exact", "microarchitecture", "isa"),
+                      help="with --export-profile: the processors the profile covers: this "
+                           "vendor/family/model, this microarchitecture and its descendants "
+                           "(default), or this instruction set")
     tune.set_defaults(handler=_cmd_tune_kernels)
 
     run = commands.add_parser("run", help="run a model and time it",

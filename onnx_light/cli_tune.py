@@ -30,11 +30,17 @@ ORIGIN_LABELS = {"calibrated": "calibrated", "manual": "set by hand"}
 
 def _source_label(record: dict[str, Any]) -> str:
     """Where a key's active values come from, in words: a published profile says how it was
-    made (calibrated for this processor and thread count, set by hand)."""
+    made (calibrated for this processor and thread count, set by hand), a processor profile
+    whose file it is (shipped with onnx_light, or the organisation's)."""
+    provenance = record.get("active_provenance") or {}
     if record["active_source"] == "published_profile":
-        origin = (record.get("active_provenance") or {}).get("origin")
-        return ORIGIN_LABELS.get(origin, "published")
-    return SOURCE_LABELS.get(record["active_source"], record["active_source"])
+        return ORIGIN_LABELS.get(provenance.get("origin"), "published")
+    label = SOURCE_LABELS.get(record["active_source"], record["active_source"])
+    if "file" in provenance:
+        if provenance.get("source") == "organisation":
+            label = label.replace("shipped:", "organisation:")
+        label += f" ({Path(provenance['file']).name})"
+    return label
 
 
 def _warn_about_cache(args: argparse.Namespace) -> None:
@@ -97,10 +103,13 @@ def _tuning_report(args: argparse.Namespace) -> dict[str, Any]:
         registry=registry)
     covered = [r for r in records if r["cached_values"] is not None]
     missing = [r for r in records if r["cached_values"] is None]
+    stale = tuning.propose_kernel_tuning_updates(args.kernel, args.element_type, path=args.cache,
+                                                 num_threads=args.threads)["stale"]
     return {
         "descriptor": tuning.execution_descriptor(args.threads).to_dict(),
         "cache": str(args.cache or tuning.default_kernel_tuning_cache_path()),
         "keys": records,
+        "stale": stale,
         "summary": {
             "selected": len(records),
             "covered": len(covered),
@@ -173,6 +182,8 @@ def _next_step(args: argparse.Namespace, report: dict[str, Any]) -> list[str]:
     todo = [r["key"] for r in records if r["cached_values"] is None and r["calibratable"]]
     manual = [r["key"] for r in records if r["cached_values"] is None and not r["calibratable"]]
     lines = []
+    if report["stale"]:
+        lines.append(_stale_line(report["stale"]) + " The next step recalibrates them.")
     if todo:
         budget = _duration_budget_s(args, len(todo))
         per_key = " (--max-duration-ms)" if args.max_duration_ms is not None else (
@@ -200,8 +211,10 @@ def _print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
     _print_paragraph(f"processor: {descriptor.short()}", width)
     print(f"cache: {report['cache']}")  # a path is never cut, so that it can be copied
     rows = []
+    stale = {entry["key"] for entry in report["stale"]}
     for record in report["keys"]:
         state = "covered" if record["cached_values"] is not None else (
+            "stale" if record["key"] in stale else
             "missing" if record["calibratable"] else "schema-only")
         rows.append((record["key"], state, _source_label(record),
                      _format_values(record["active_values"])))
@@ -213,6 +226,14 @@ def _print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
           f"{summary['missing_schema_only']} schema-only)")
     for line in _next_step(args, report):
         _print_paragraph(line, width)
+
+
+def _stale_line(stale: Sequence[dict[str, Any]]) -> str:
+    """This machine's stale entries in one sentence, with the first one's reason."""
+    first = stale[0]
+    return (f"{len(stale)} cache entry(ies) of this machine are stale and not applied (line "
+            f"{first['line']}, {first['key']}: {first['reason']}"
+            + (f"; and {len(stale) - 1} more" if len(stale) > 1 else "") + ").")
 
 
 def _print_paragraph(text: str, width: int | None) -> None:
@@ -254,6 +275,8 @@ def _apply(args: argparse.Namespace) -> int:
         proposal["missing_calibratable"] = [r["key"] for r in records if r["key"] in wanted]
     before = {r["key"]: r["active_values"] for r in records}
     todo = proposal["missing_calibratable"]
+    if proposal["stale"] and not args.json:
+        print(_stale_line(proposal["stale"]) + " Recalibrating them.", file=sys.stderr)
     if todo:
         _warn_about_load()
         if not args.quiet and not args.json:
@@ -286,12 +309,33 @@ def _apply(args: argparse.Namespace) -> int:
         if outcome["cache_update"]:
             print(f"cache written: {outcome['cache_update']['path']}")
     _report_backup(outcome["cache_update"])
+    if args.export_profile:
+        _export_profile(args, outcome)
     if args.plot and outcome["applied"]:
         from .plotting import plot_calibration  # matplotlib only when asked for
 
         plot_calibration(outcome["applied"], args.plot)
         print(f"figure written: {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 1 if outcome["failed"] or outcome["skipped"] else 0
+
+
+def _export_profile(args: argparse.Namespace, outcome: dict[str, Any]) -> None:
+    """Write this machine's values of the selected keys as a shippable profile file, its
+    provenance saying where, how and under which load they were measured."""
+    descriptor = tuning.CpuExecutionDescriptor.from_dict(outcome["descriptor"])
+    load = calibration.load_average()
+    notes = (f"measured on {descriptor.cpu.short()} at {descriptor.num_threads} thread(s)"
+             + (f"; {_busy(load)} at export: other programs shared the processor, so the "
+                "timings are noisy" if _busy(load) else ""))
+    selector = args.selector or "microarchitecture"
+    result = tuning.export_kernel_tuning_profile(
+        args.export_profile, selector, args.kernel, args.element_type, path=args.cache,
+        num_threads=args.threads, notes=notes,
+        command=_command(args, "--apply", "--export-profile", args.export_profile,
+                         "--selector", selector))
+    print(f"profile written: {result['path']} ({result['written']} profile(s) for "
+          f"{result['selector']} at {descriptor.num_threads} thread(s), {result['kept']} kept)",
+          file=sys.stderr if args.json else sys.stdout)
 
 
 def _report_backup(update: dict[str, Any] | None) -> None:
@@ -366,9 +410,16 @@ def _apply_on_cluster(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune_kernels(args: argparse.Namespace) -> int:
-    for option, given in (("--plot", args.plot), ("--force", args.force)):
+    for option, given in (("--plot", args.plot), ("--force", args.force),
+                          ("--export-profile", args.export_profile)):
         if given and not args.apply:
             raise ValueError(f"{option} acts on a calibration: it needs --apply")
+    if args.selector and not args.export_profile:
+        raise ValueError("--selector chooses the processors of an exported profile: it needs "
+                         "--export-profile")
+    if args.export_profile and args.ray is not None:
+        raise ValueError("--export-profile writes this machine's profile: it does not apply to "
+                         "--ray (load the merged cache on each node type and export there)")
     _check_cluster_options(args)
     select_keys(tuning.default_registry().snapshot(), args.kernel, args.element_type)  # or raise
     _warn_about_cache(args)

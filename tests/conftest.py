@@ -15,6 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 os.environ["ONNX_LIGHT_KERNEL_TUNING_CACHE"] = os.path.join(
     tempfile.mkdtemp(prefix="onnx_light-tests-"), "kernel-tuning-cache.txt"
 )
+# Without the shipped processor profiles and an organisation's folder, the portable defaults
+# apply on every processor the suite runs on; tests/test_profile_files.py loads them itself.
+os.environ["ONNX_LIGHT_SHIPPED_PROFILES"] = "0"
+os.environ.pop("ONNX_LIGHT_KERNEL_PROFILES", None)
 
 
 @pytest.fixture

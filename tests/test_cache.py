@@ -10,6 +10,8 @@ import json
 import math
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -40,7 +42,9 @@ from onnx_light.tuning.cache import (
     read_cache,
     update_cache,
 )
+from onnx_light.tuning.identity import identity
 from onnx_light.tuning.registry import KernelTuningRegistry
+from onnx_light.tuning.schema import KernelTuningSchema
 
 K = key()
 MIXED = key("Mixed")
@@ -52,7 +56,8 @@ def registry() -> KernelTuningRegistry:
 
 
 def entry(value: int = 5, k=K, where=LOCAL, **provenance) -> CacheEntry:
-    return CacheEntry(k, where, {MIN_ELEMENTS: value}, provenance)
+    """An entry measured now (it records this process's versions)."""
+    return CacheEntry(k, where, {MIN_ELEMENTS: value}, provenance, identity(k, 1))
 
 
 def write(path: Path, *lines: str | bytes, header: str = HEADER) -> bytes:
@@ -69,7 +74,7 @@ def outcomes_by_line(path: Path, reg: KernelTuningRegistry, local=LOCAL) -> dict
 
 
 def mixed(values: dict, where=LOCAL) -> CacheEntry:
-    return CacheEntry(MIXED, where, values, {"origin": "test"})
+    return CacheEntry(MIXED, where, values, {"origin": "test"}, identity(MIXED, 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,11 +133,11 @@ def test_written_file_format(tmp_path: Path) -> None:
     assert (report["replaced"], report["kept"], report["backup"]) == (0, 0, None)
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
-    assert lines[0] == HEADER == "onnx_light-kernel-tuning-cache 1"
+    assert lines[0] == HEADER == "onnx_light-kernel-tuning-cache 2"
     assert text.endswith("\n")
     records = [json.loads(line) for line in lines[1:] if line]
     assert [r["key"] for r in records] == [str(K), str(MIXED)]
-    assert set(records[0]) == {"key", "descriptor", "values", "provenance"}
+    assert set(records[0]) == {"key", "descriptor", "values", "provenance", "measured_under"}
     assert records[0]["descriptor"] == LOCAL.to_dict()
 
 
@@ -359,7 +364,7 @@ def _make(kind: str, path: Path) -> None:
     elif kind == "header without version":
         path.write_text("onnx_light-kernel-tuning-cache\n" + entry(5).to_line() + "\n")
     elif kind == "newer version":
-        path.write_text("onnx_light-kernel-tuning-cache 2\n" + entry(5).to_line() + "\n")
+        path.write_text("onnx_light-kernel-tuning-cache 3\n" + entry(5).to_line() + "\n")
     elif kind == "binary":
         path.write_bytes(bytes(range(256)) * 4)
 
@@ -374,7 +379,7 @@ def _make(kind: str, path: Path) -> None:
         ("wrong header", CacheStatus.FOREIGN, "not a kernel tuning cache"),
         ("no header", CacheStatus.FOREIGN, "not a kernel tuning cache"),
         ("header without version", CacheStatus.FOREIGN, "not a kernel tuning cache"),
-        ("newer version", CacheStatus.UNSUPPORTED_VERSION, "format version '2'"),
+        ("newer version", CacheStatus.UNSUPPORTED_VERSION, "format version '3'"),
         ("binary", CacheStatus.FOREIGN, "not a kernel tuning cache"),
     ],
 )
@@ -451,7 +456,7 @@ def test_damaged_file_is_backed_up_before_being_rewritten(tmp_path: Path, kind: 
     elif kind == "no header":
         old = write(path, keep, header="not a cache")
     elif kind == "newer version":
-        old = write(path, keep, header="onnx_light-kernel-tuning-cache 2")
+        old = write(path, keep, header="onnx_light-kernel-tuning-cache 3")
     else:
         old = write(path, keep, b"\xc3\x28 broken utf-8")
     report = update_cache(path, [entry(5)])
@@ -569,3 +574,65 @@ def test_a_cache_other_users_may_change_is_reported(tmp_path: Path) -> None:
     cache = read_cache(path)
     assert cache.status == CacheStatus.OK
     assert any("writable by other users" in d for d in cache.diagnostics)
+
+
+# --------------------------------------------------------------------------------------------
+# Staleness: the versions an entry was measured under, and files of format 1
+
+
+@pytest.mark.parametrize("field", ["numpy", "blas", "numba", "testlib", "revision"])
+def test_an_entry_measured_under_other_versions_is_stale_and_not_applied(tmp_path: Path,
+                                                                         field: str) -> None:
+    path = tmp_path / "cache.txt"
+    measured = {**identity(K, 1), field: "0.0.1-other"}
+    update_cache(path, [CacheEntry(K, LOCAL, {MIN_ELEMENTS: 5}, {}, measured)])
+    reg = registry()
+    report = load_into(reg, path, LOCAL)
+    (outcome,) = report["entries"]
+    assert outcome["outcome"] == LineOutcome.STALE
+    assert f"{field} 0.0.1-other (now {identity(K, 1)[field]})" in outcome["reason"]
+    assert report["loaded"] == 0
+    resolution = reg.snapshot().resolve(K, LOCAL)
+    assert (resolution.source, dict(resolution.values)) == ("portable_default", {MIN_ELEMENTS: 1000})
+
+
+def test_a_new_kernel_revision_makes_earlier_entries_stale(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    update_cache(path, [entry(5)])  # measured under revision 1
+    revised = fresh_registry([KernelTuningSchema(K, simple_schema(K).parameters, revision=2)])
+    (outcome,) = load_into(revised, path, LOCAL)["entries"]
+    assert outcome["outcome"] == LineOutcome.STALE
+    assert "revision 1 (now 2)" in outcome["reason"]
+    assert load_into(registry(), path, LOCAL)["loaded"] == 1  # the same file under revision 1
+
+
+def test_a_file_of_format_1_loads_and_says_its_versions_are_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "cache.txt"
+    old_line = CacheEntry(K, LOCAL, {MIN_ELEMENTS: 5}, {"origin": "calibrated"}).to_line()
+    assert "measured_under" not in old_line
+    write(path, old_line, header="onnx_light-kernel-tuning-cache 1")
+    reg = registry()
+    report = load_into(reg, path, LOCAL)
+    assert (report["status"], report["format_version"], report["loaded"]) == (CacheStatus.OK, 1, 1)
+    assert "does not record" in report["entries"][0]["reason"]
+    assert any(":1: format version 1" in d for d in report["diagnostics"])
+    assert dict(reg.snapshot().resolve(K, LOCAL).values) == {MIN_ELEMENTS: 5}
+    # An update writes format 2, keeps the old entry verbatim and makes no backup.
+    result = update_cache(path, [entry(6, where=descriptor("zen3", 2))])
+    assert result["backup"] is None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == HEADER and lines[1] == old_line
+
+
+def test_versions_are_read_without_importing_anything() -> None:
+    code = ("import sys, importlib.metadata as m; from onnx_light.tuning import identity; "
+            "found = identity.environment(); "
+            "assert 'numba' not in sys.modules, 'numba imported'; "
+            "assert found['numba'] == m.version('numba'), found; "
+            "assert identity.distribution_version('onnx_light') == m.version('onnx_light'); "
+            "assert identity.distribution_version('no-such-distribution') == 'unknown'; "
+            "print(found['blas'])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() and run.stdout.strip() != "unknown unknown"

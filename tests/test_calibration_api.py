@@ -329,3 +329,28 @@ def test_cli_reports_a_damaged_cache_and_its_backup(tmp_path, capsys):
     (backup,) = tmp_path.glob("cache.txt.bad-*")
     assert f"was copied to {backup} and rewritten without it" in err
     assert backup.read_text().endswith("{broken\n") and "{broken" not in path.read_text()
+
+
+def test_cli_says_an_entry_is_stale_and_apply_recalibrates_it(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "cache.txt"
+    common = ["tune-kernels", "--kernel", "Good", "--element-type", "float", "--cache", str(path),
+              "--threads", "2"]
+    assert main([*common, "--apply", "--quiet"]) == 0
+    # The same entry, as if measured under another numpy (an upgrade since).
+    text = path.read_text(encoding="utf-8")
+    numpy_version = json.loads(text.splitlines()[1])["measured_under"]["numpy"]
+    path.write_text(text.replace(f'"numpy":"{numpy_version}"', '"numpy":"1.0.0"'), encoding="utf-8")
+    monkeypatch.setenv("COLUMNS", "200")
+    capsys.readouterr()
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"{re.escape(str(key('Good')))}\s+stale\s+portable default", out), out
+    assert (f"1 cache entry(ies) of this machine are stale and not applied (line 2, "
+            f"{key('Good')}: measured under other versions: numpy 1.0.0 (now {numpy_version}))") in out
+    assert "recalibrates them" in out
+    assert main([*common, "--apply", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "are stale and not applied" in err and "calibrated now: 1" in out
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["measured_under"]["numpy"] == numpy_version
+    assert main(common) == 0 and "stale" not in capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from onnx_light.tuning import calibration
 from onnx_light.tuning.calibration import (
     Budget,
     CalibrationFailure,
@@ -280,3 +281,53 @@ def test_reports_of_both_searches_plot_and_print(tmp_path):
     assert list(portable.get_ydata()) == pytest.approx([1000e-9, 1000e-9])
     assert _speedup_at_crossover(crossover).endswith("x")
     assert _speedup_at_crossover(configured) == "-"
+
+
+class PricedConfigurations(FakeConfigurations):
+    """Making a case's inputs costs 10 ns per byte; each case has ``nbytes`` of inputs."""
+
+    def __init__(self, clock, costs, nbytes):
+        super().__init__(clock, costs)
+        self.nbytes, self.made = nbytes, []
+
+    def input_bytes(self, case):
+        return self.nbytes[case]
+
+    def make_inputs(self, case):
+        self.made.append(case)
+        self.clock.now += self.nbytes[case] * 1e-8
+        return case
+
+
+def test_configuration_search_does_not_start_a_measurement_past_its_budget():
+    # One call of each of the three configurations of case b costs 0.3 s: measuring it takes
+    # about 6 rounds, far more than the 0.5 s the budget has left after validating it.
+    costs = {"a": {1: 1e6, 2: 1e6, 4: 1e6}, "b": {1: 1e8, 2: 1e8, 4: 1e8}}
+    result = configuration(costs, budget=Budget(max_duration_s=1.0, max_threads=2))
+    assert {m.case for m in result.measurements} == {"a"}
+    assert result.duration_s < 1.0
+    assert "measuring case b would take about" in result.diagnostics[-1]
+
+
+def test_configuration_search_projects_the_cost_of_making_inputs():
+    clock = Clock()
+    costs = {"a": {1: 1000, 2: 1000, 4: 1000}, "b": {1: 1000, 2: 1000, 4: 1000}}
+    problem = PricedConfigurations(clock, costs, {"a": 20 << 20, "b": 100 << 20})
+    result = configuration_search(KEY, problem, {"tile": 1}, [{"tile": 2}, {"tile": 4}],
+                                  Budget(max_duration_s=1.0, max_threads=2), timer=clock)
+    assert problem.made == ["a"]  # b's inputs would take about 1.05 s to make: never made
+    assert "making the inputs of case b would take about 1.05 s" in result.diagnostics[-1]
+
+
+def test_crossover_search_does_not_start_a_measurement_past_its_budget():
+    clock = Clock()
+    problem = FakeProblem(clock)
+    budget = Budget(max_duration_s=0.05, max_threads=2)
+    result = search(problem, clock, budget=budget)
+    assert result.duration_s <= budget.max_duration_s + 2 * max(problem.made)[0] * 1e-9
+    assert any("would take about" in d for d in result.diagnostics)
+
+
+def test_projected_measurement_counts_the_estimates_and_the_samples():
+    assert calibration.projected_measurement_s(0.1, 2, samples=5) == pytest.approx(
+        0.1 + 5 * (0.1 + 2 * calibration.SAMPLE_TARGET_S))

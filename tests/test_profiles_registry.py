@@ -541,10 +541,10 @@ def test_vendor_is_normalised_to_lower_case() -> None:
 def test_selector_and_profile_data_round_trip(selector) -> None:
     data = json.loads(json.dumps(selector.to_dict()))
     assert selector_from_dict(data) == selector
-    original = profile(selector, 5, threads=(2, 8), priority=3, provenance="measured")
+    original = profile(selector, 5, threads=(2, 8), priority=3, provenance={"origin": "measured"})
     again = profile_from_dict(json.loads(json.dumps(original.to_dict())), origin="x.json#0")
     assert again == original
-    assert again.origin == "x.json#0"
+    assert again.origin == "x.json#0" and dict(again.provenance) == {"origin": "measured"}
 
 
 @pytest.mark.parametrize(

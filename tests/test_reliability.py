@@ -137,7 +137,7 @@ def _descriptor_line(good: list[str], text: str) -> str:
 @pytest.mark.parametrize("case", [
     "inf in descriptor", "-inf in descriptor", "NaN in descriptor", "huge int in descriptor",
     "huge key ABI", "pickle line", "every line truncated", "header only", "BOM before header",
-    "header of another program", "version 2", "non-UTF-8 header", "duplicate with later invalid",
+    "header of another program", "version 3", "non-UTF-8 header", "duplicate with later invalid",
 ])
 def test_named_corruptions(tmp_path: Path, corpus, case: str) -> None:
     data, good = corpus
@@ -158,8 +158,8 @@ def test_named_corruptions(tmp_path: Path, corpus, case: str) -> None:
         lines[0] = b"\xef\xbb\xbf" + lines[0]
     elif case == "header of another program":
         lines[0] = b"SQLite format 3\x00"
-    elif case == "version 2":
-        lines[0] = b"onnx_light-kernel-tuning-cache 2"
+    elif case == "version 3":
+        lines[0] = b"onnx_light-kernel-tuning-cache 3"
     elif case == "non-UTF-8 header":
         lines[0] += b"\xff"
     elif case == "duplicate with later invalid":

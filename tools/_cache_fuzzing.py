@@ -253,7 +253,7 @@ def remove_field(rng: random.Random, data: bytes) -> bytes:
     return _edit_record(rng, data, edit)
 
 
-VERSION_HEADERS = ("onnx_light-kernel-tuning-cache 0", "onnx_light-kernel-tuning-cache 2",
+VERSION_HEADERS = ("onnx_light-kernel-tuning-cache 0", "onnx_light-kernel-tuning-cache 3",
                    "onnx_light-kernel-tuning-cache 999", "onnx_light-kernel-tuning-cache 1.0",
                    "onnx_light-kernel-tuning-cache", "onnx_light-kernel-tuning-cache one",
                    "onnx_light-kernel-tuning-cache -1", "ONNX_LIGHT-KERNEL-TUNING-CACHE 1",

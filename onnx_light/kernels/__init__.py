@@ -4,8 +4,8 @@
 :class:`~onnx_light.kernels.declaration.KernelDeclaration` per operator of the default ONNX
 domain, gathered from the kernel modules; the runtime dispatches through it, and everything
 else is derived from it: :data:`KERNELS` (``op_type -> {since_version: kernel class}``) and
-:func:`register`, which hands every schema and calibration callback, with the shipped
-processor profiles, to a registry of the tuning core in one all-or-nothing batch.
+:func:`register`, which hands every schema and calibration callback to a registry of the
+tuning core in one all-or-nothing batch, then the processor profiles of each file.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from . import (
 )
 from .base import Kernel
 from .declaration import KernelDeclaration, declarations_by_op, dispatch_table
-from .profiles import processor_profiles
+from .profiles import register_profiles
 
 __all__ = ["DECLARATIONS", "KERNELS", "calibration_callbacks", "register", "tuning_schemas"]
 
@@ -84,7 +84,10 @@ def calibration_callbacks() -> dict[KernelTuningKey, Callable[..., CalibrationRe
 
 
 def register(registry: KernelTuningRegistry) -> int:
-    """Register the library's schemas, shipped processor profiles and calibration callbacks
-    in one batch; returns the generation."""
-    return registry.register(schemas=tuning_schemas(), profiles=processor_profiles(),
-                             callbacks=calibration_callbacks())
+    """Register the library's schemas and calibration callbacks in one batch, then the
+    shipped and the organisation's processor profiles, one batch per file (a bad file costs
+    its profiles only: :func:`~onnx_light.kernels.profiles.register_profiles`); returns the
+    generation."""
+    registry.register(schemas=tuning_schemas(), callbacks=calibration_callbacks())
+    register_profiles(registry)
+    return registry.generation

@@ -188,6 +188,9 @@ class Kernel:
     op_type: ClassVar[str] = ""
     implementation: ClassVar[str] = "portable"
     tuning_abi: ClassVar[int] = 1
+    # Bumped when the implementation's speed changes but its parameters keep their meaning:
+    # values calibrated before are then reported stale (onnx_light/tuning/identity.py).
+    tuning_revision: ClassVar[int] = 1
     declaration: ClassVar[KernelDeclaration | None] = None
     # Whether run applies ``epilogue`` (an in-place activation the runtime fused into this
     # node) to every block of its first output while the block is still in cache.

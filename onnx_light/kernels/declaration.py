@@ -110,7 +110,7 @@ class KernelDeclaration:
                              f"{element_type_name(element_type)}; valid: "
                              f"{[element_type_name(t) for t in self.element_types]}")
         return KernelTuningSchema(self.key(element_type), tuple(self.parameters(element_type)),
-                                  self.validator)
+                                  self.validator, self.kernel.tuning_revision)
 
     def schemas(self) -> list[KernelTuningSchema]:
         """One schema per element type (none if the kernel is not tunable)."""

@@ -160,10 +160,14 @@ def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
 
 def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
               descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
-    """The configuration search of Gemm or MatMul over :func:`gemm_candidates`."""
+    """The configuration search of Gemm or MatMul over :func:`gemm_candidates`; on one thread
+    every candidate runs the same serial product, so the portable values stay unmeasured."""
     threads = min(descriptor.num_threads, budget.max_threads)
-    problem = GemmConfigurations(declaration, key.element_type, threads)
     portable = dict(declaration.schema(key.element_type).defaults)
+    if threads < 2:
+        return CalibrationResult(key, portable, portable_kept=True, diagnostics=[
+            f"{key}: only {threads} thread available; portable values kept"])
+    problem = GemmConfigurations(declaration, key.element_type, threads)
     return configuration_search(key, problem, portable, gemm_candidates(key.element_type),
                                 Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
 

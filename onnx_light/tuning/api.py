@@ -11,6 +11,7 @@ matching keys of every library in the registry.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -19,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from . import cache as cache_file
-from . import calibration
+from . import calibration, profile_files
 from .cache import LineOutcome
+from .identity import identity
 from .keys import KernelTuningKey, element_type_code
 from .processor import CpuExecutionDescriptor, execution_descriptor
 from .registry import (
@@ -36,9 +38,11 @@ __all__ = [
     "apply_kernel_tuning_updates",
     "calibrate_kernel_tuning",
     "default_kernel_tuning_cache_path",
+    "export_kernel_tuning_profile",
     "inspect_kernel_tuning_cache",
     "kernel_tuning_parameters",
     "load_kernel_tuning_cache",
+    "measurement_summary",
     "propose_kernel_tuning_updates",
     "reset_kernel_tuning_parameters",
     "select_keys",
@@ -150,6 +154,21 @@ def _profiles_in(cache: cache_file.CacheFile, snapshot: RegistrySnapshot,
     return {"cache": cache, "outcomes": outcomes}, mine
 
 
+def _stale_here(state: dict[str, Any], local: CpuExecutionDescriptor) -> list[dict[str, Any]]:
+    """The stale entries of the cache for exactly this processor and thread count."""
+    here = cache_file.CacheEntry(KernelTuningKey("x", "x", "x", 1), local, {}).identity()[1]
+    by_line = {line.number: line for line in state["cache"].lines}
+    return [{"key": o.key, "line": o.line, "reason": o.reason} for o in state["outcomes"]
+            if o.outcome == LineOutcome.STALE and by_line[o.line].identity[1] == here]
+
+
+def _entry(key: KernelTuningKey, local: CpuExecutionDescriptor, values: Mapping[str, Any],
+           origin: Mapping[str, Any], snapshot: RegistrySnapshot) -> cache_file.CacheEntry:
+    """A cache entry measured (or set) now: it records the versions it depends on."""
+    return cache_file.CacheEntry(key, local, values, origin,
+                                 identity(key, snapshot.schema(key).revision))
+
+
 def kernel_tuning_parameters(
     kernel: str | Iterable[str] | None = None,
     element_type: ElementTypes | None = None,
@@ -190,8 +209,9 @@ def kernel_tuning_parameters(
 
 
 def _provenance(resolution: Resolution) -> dict[str, Any] | None:
-    """How a published profile was made (``origin``: calibrated, manual, ...); None otherwise."""
-    if isinstance(resolution.profile, PublishedProfile):
+    """How the winning profile was made: a published one's ``origin`` (calibrated, manual,
+    ...), a processor profile's file, ``source`` and measurements; None for the defaults."""
+    if resolution.profile is not None:
         return dict(resolution.profile.provenance)
     return None
 
@@ -217,6 +237,7 @@ def inspect_kernel_tuning_cache(path: PathLike | None = None, *,
             "descriptor": record.get("descriptor"),
             "values": record.get("values"),
             "provenance": record.get("provenance"),
+            "measured_under": record.get("measured_under"),
             "outcome": outcome.outcome,
             "reason": outcome.reason,
             "matches_this_machine": outcome.matches_this_machine,
@@ -300,7 +321,7 @@ def set_kernel_tuning_parameters(
             if key in cached:
                 base = cached[key].values
                 new_values = schema.update(base, values)
-            return [cache_file.CacheEntry(key, local, new_values, origin)]
+            return [_entry(key, local, new_values, origin, snapshot)]
 
         update = cache_file.update_cache(cache_file.resolve_path(path), merged)
     generation = registry.publish([PublishedProfile(key, local, new_values, origin)])
@@ -404,16 +425,36 @@ def _run_callbacks(
             "duration_s": time.perf_counter() - started}
 
 
+def measurement_summary(result: calibration.CalibrationResult) -> dict[str, Any]:
+    """How many measurements a calibration took, their spreads ((p75 - p25) / median, the
+    larger of the two sides; median and largest) and the best finite speedup seen: the
+    evidence a cache entry or a shipped profile keeps."""
+    spreads = sorted(max(getattr(m, "serial_spread", getattr(m, "portable_spread", 0.0)),
+                         m.candidate_spread) for m in result.measurements)
+    speedups = [m.speedup for m in result.measurements if math.isfinite(m.speedup)]
+    return {
+        "count": len(result.measurements),
+        "median_spread": round(spreads[len(spreads) // 2], 4) if spreads else None,
+        "max_spread": round(spreads[-1], 4) if spreads else None,
+        "best_speedup": round(max(speedups), 4) if speedups else None,
+        "duration_s": round(result.duration_s, 3),
+        "load_average": None if result.load_average is None else list(result.load_average),
+    }
+
+
 def _publish_results(registry: KernelTuningRegistry, results: list[calibration.CalibrationResult],
                      local: CpuExecutionDescriptor, path: PathLike | None,
                      save: bool) -> tuple[int, dict[str, Any] | None]:
     """Persist (when ``save``) then publish every result in one generation."""
     origins = {id(r): cache_file.provenance("calibrated", crossover=r.crossover,
-                                            portable_kept=r.portable_kept) for r in results}
+                                            portable_kept=r.portable_kept,
+                                            measurements=measurement_summary(r))
+               for r in results}
     update = None
+    snapshot = registry.snapshot()
     if save and results:
         update = cache_file.update_cache(cache_file.resolve_path(path), [
-            cache_file.CacheEntry(r.key, local, r.values, origins[id(r)]) for r in results])
+            _entry(r.key, local, r.values, origins[id(r)], snapshot) for r in results])
     if not results:
         return registry.generation, update
     generation = registry.publish(
@@ -479,18 +520,23 @@ def propose_kernel_tuning_updates(
 ) -> dict[str, Any]:
     """Which selected keys the cache covers for this processor and thread count (read-only).
 
+    ``stale`` lists this machine's entries measured under other versions (see
+    :mod:`onnx_light.tuning.identity`): they are not applied, so their keys are missing.
+
     Missing keys are split into those with a calibration callback and
     schema-only keys that need values set by hand.
     """
     snapshot = _registry(registry).snapshot()
     local = execution_descriptor(num_threads)
     keys = select_keys(snapshot, kernels, element_types, library=library)
-    _, cached = _cached_profiles(path, snapshot, local)
+    state, cached = _cached_profiles(path, snapshot, local)
     missing = [k for k in keys if k not in cached]
+    selected = {str(k) for k in keys}
     return {
         "descriptor": local.to_dict(),
         "path": str(cache_file.resolve_path(path)),
         "covered": [str(k) for k in keys if k in cached],
+        "stale": [s for s in _stale_here(state, local) if s["key"] in selected],
         "missing_calibratable": [str(k) for k in missing if k in snapshot.callbacks],
         "missing_schema_only": [
             {"key": str(k), "parameters": snapshot.schema(k).describe()}
@@ -547,3 +593,46 @@ def apply_kernel_tuning_updates(
         "cache_update": update,
         "duration_s": outcome["duration_s"],
     }
+
+
+def export_kernel_tuning_profile(
+    output: PathLike,
+    selector: str = "microarchitecture",
+    kernels: str | Iterable[str] | None = None,
+    element_types: ElementTypes | None = None,
+    *,
+    library: str | None = None,
+    path: PathLike | None = None,
+    num_threads: int | None = None,
+    command: str = "",
+    notes: str = "",
+    registry: KernelTuningRegistry | None = None,
+) -> dict[str, Any]:
+    """Write the cache's entries for this processor and thread count (the selected keys')
+    as a shippable profile file at ``output`` (:mod:`onnx_light.tuning.profile_files`).
+
+    ``selector`` is ``"exact"`` (this vendor, family and model), ``"microarchitecture"``
+    (this archspec target and its descendants) or ``"isa"`` (processors with this one's
+    instruction sets). An existing file of this processor keeps its other profiles.
+    ``ValueError`` when the cache holds none of the selected keys for this machine.
+    """
+    snapshot = _registry(registry).snapshot()
+    local = execution_descriptor(num_threads)
+    keys = select_keys(snapshot, kernels, element_types, library=library)
+    _, cached = _cached_profiles(path, snapshot, local)
+    entries = []
+    for key in keys:
+        if key not in cached:
+            continue
+        provenance = dict(cached[key].provenance)
+        measured_under = provenance.pop("measured_under", None)
+        provenance.pop("cache_line", None)
+        entries.append({"key": str(key), "values": dict(cached[key].values),
+                        "provenance": provenance, "measured_under": measured_under,
+                        "revision": snapshot.schema(key).revision})
+    if not entries:
+        raise ValueError(f"the cache {cache_file.resolve_path(path)} holds no entry of the "
+                         f"selected keys for this processor at {local.num_threads} threads: "
+                         "calibrate first (tune-kernels --apply)")
+    return profile_files.export_profiles(output, selector, local, entries, command=command,
+                                         notes=notes)

@@ -1,10 +1,11 @@
 """The kernel tuning cache: a versioned text file of execution profiles.
 
-Format (``docs/cache-format.md``): a header line ``onnx_light-kernel-tuning-cache 1``
-then one JSON object per line with ``key``, ``descriptor``, ``values`` and
-``provenance``. One entry per line keeps damage local: a bad line costs that
-entry only. Nothing read from the file is ever executed; values are plain JSON
-scalars checked against the registered schema.
+Format (``docs/cache-format.md``): a header line ``onnx_light-kernel-tuning-cache 2``
+then one JSON object per line with ``key``, ``descriptor``, ``values``, ``provenance``
+and ``measured_under`` (the versions that invalidate the entry when they change). One
+entry per line keeps damage local: a bad line costs that entry only. Nothing read from
+the file is ever executed; values are plain JSON scalars checked against the registered
+schema.
 
 Reading never raises; writing happens under an inter-process lock, re-reads
 and merges, and replaces the file atomically. The format itself (entries, lines,
@@ -43,6 +44,7 @@ from .cache_format import (
     parse_cache_bytes,
 )
 from .cache_lock import cache_lock
+from .identity import identity, stale_fields
 from .keys import KernelTuningKey
 from .processor import CpuExecutionDescriptor
 from .registry import KernelTuningRegistry, PublishedProfile, RegistrySnapshot
@@ -195,24 +197,35 @@ def classify(cache: CacheFile, snapshot: RegistrySnapshot, local: CpuExecutionDe
     Entries for this processor at any thread count load; the one matching the
     local thread count is flagged ``matches_this_machine``. Only those are validated in
     full: an entry for another processor is compared with this one and reported
-    ``incompatible``, so that loading costs little per foreign entry.
+    ``incompatible``, so that loading costs little per foreign entry. An entry for this
+    processor measured under other versions (``measured_under``) is ``stale``; one that
+    records none (format 1) cannot be shown stale and loads, its reason saying so.
     """
     outcomes: list[EntryOutcome] = []
     loadable: dict[tuple[str, str], tuple[int, PublishedProfile]] = {}
     last_line = {line.identity: line.number for line in cache.lines if line.identity}
     this_processor = _ProcessorMatch(local)
+    identities: dict[KernelTuningKey, dict[str, Any]] = {}
+
+    def current(key: KernelTuningKey) -> dict[str, Any]:
+        if key not in identities:
+            identities[key] = identity(key, snapshot.schema(key).revision)
+        return identities[key]
+
     for line in cache.lines:
         key_text = line.identity[0] if line.identity else None
         if line.identity and last_line[line.identity] != line.number:
             outcomes.append(EntryOutcome(line.number, key_text, LineOutcome.DUPLICATE,
                                          f"superseded by line {last_line[line.identity]}"))
             continue
-        outcome = _classify_line(line, snapshot, local, this_processor)
+        outcome = _classify_line(line, snapshot, local, this_processor, current)
         if isinstance(outcome, PublishedProfile):
             matches = outcome.descriptor == local
             loadable[line.identity] = (line.number, outcome)
             reason = "matches this machine" if matches else (
                 f"this processor at {outcome.descriptor.num_threads} threads")
+            if outcome.provenance["measured_under"] is None:
+                reason += "; measured under versions it does not record (cache format 1)"
             outcomes.append(EntryOutcome(line.number, key_text, LineOutcome.LOADED, reason, matches))
         else:
             outcomes.append(outcome)
@@ -251,7 +264,9 @@ def _comparable(value: Any) -> Any:
 
 
 def _classify_line(line: CacheLine, snapshot: RegistrySnapshot, local: CpuExecutionDescriptor,
-                   this_processor: _ProcessorMatch) -> EntryOutcome | PublishedProfile:
+                   this_processor: _ProcessorMatch,
+                   current: Callable[[KernelTuningKey], dict[str, Any]],
+                   ) -> EntryOutcome | PublishedProfile:
     if line.identity is None:
         return EntryOutcome(line.number, None, LineOutcome.INVALID, str(line.error))
     key_text, descriptor_text = line.identity
@@ -280,12 +295,18 @@ def _classify_line(line: CacheLine, snapshot: RegistrySnapshot, local: CpuExecut
     if differs:  # equal as JSON, different once validated (e.g. a float family)
         return EntryOutcome(line.number, key_text, LineOutcome.INCOMPATIBLE,
                             "processor differs in " + ", ".join(differs))
+    changed = [] if entry.measured_under is None else stale_fields(entry.measured_under,
+                                                                   current(entry.key))
+    if changed:
+        return EntryOutcome(line.number, key_text, LineOutcome.STALE,
+                            "measured under other versions: " + ", ".join(changed))
     try:
         values = snapshot.schema(entry.key).validate(entry.values)
     except (ValueError, TypeError, KeyError) as exc:
         return EntryOutcome(line.number, key_text, LineOutcome.INVALID, str(exc).strip("'\""))
     return PublishedProfile(entry.key, entry.descriptor, values,
-                            {**entry.provenance, "cache_line": line.number})
+                            {**entry.provenance, "cache_line": line.number,
+                             "measured_under": entry.measured_under})
 
 
 @functools.lru_cache(maxsize=1024)

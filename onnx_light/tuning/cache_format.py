@@ -1,7 +1,8 @@
 """The kernel tuning cache's file format: entries, lines, and parsing a file's bytes.
 
-A header line ``onnx_light-kernel-tuning-cache 1`` then one JSON object per line
-(``docs/cache-format.md``). Parsing never raises: each damaged line becomes a diagnostic
+A header line ``onnx_light-kernel-tuning-cache 2`` then one JSON object per line
+(``docs/cache-format.md``); files of version 1 (whose entries lack ``measured_under``) are
+read too. Parsing never raises: each damaged line becomes a diagnostic
 naming its number, and blank, comment and short lines are told apart with numpy a window at
 a time, so a file of millions of damaged lines costs a scan. Reading, loading and updating
 the file are :mod:`onnx_light.tuning.cache`'s.
@@ -25,7 +26,8 @@ from .processor import CpuExecutionDescriptor
 from .schema import Value
 
 FORMAT_NAME = "onnx_light-kernel-tuning-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 added each entry's ``measured_under``
 HEADER = f"{FORMAT_NAME} {FORMAT_VERSION}"
 LISTED_LINES = 100  # lines named one by one in diagnostics and reports; the rest are counted
 
@@ -53,7 +55,7 @@ class LineOutcome(_Text):
 
     LOADED = "loaded"
     INCOMPATIBLE = "incompatible"  # another processor
-    STALE = "stale"  # another tuning ABI of a registered key
+    STALE = "stale"  # another tuning ABI of a registered key, or measured under other versions
     INVALID = "invalid"
     UNKNOWN_KEY = "unknown_key"
     DUPLICATE = "duplicate"  # superseded by a later line of the same identity
@@ -65,12 +67,15 @@ def _canonical(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One profile to persist: key, execution descriptor, complete values, provenance."""
+    """One profile to persist: key, execution descriptor, complete values, provenance, and
+    the versions it was measured under (:func:`onnx_light.tuning.identity.identity`; None for
+    an entry of format 1, which did not record them)."""
 
     key: KernelTuningKey
     descriptor: CpuExecutionDescriptor
     values: Mapping[str, Value]
     provenance: Mapping[str, Any] = field(default_factory=dict)
+    measured_under: Mapping[str, Any] | None = None
 
     def identity(self) -> tuple[str, str]:
         """What makes two entries the same profile: the key and the descriptor."""
@@ -78,11 +83,11 @@ class CacheEntry:
 
     def to_line(self) -> str:
         """The entry as one line of the file (no newline)."""
-        return json.dumps(
-            {"key": str(self.key), "descriptor": self.descriptor.to_dict(),
-             "values": dict(self.values), "provenance": dict(self.provenance)},
-            separators=(",", ":"), allow_nan=False,
-        )
+        record = {"key": str(self.key), "descriptor": self.descriptor.to_dict(),
+                  "values": dict(self.values), "provenance": dict(self.provenance)}
+        if self.measured_under is not None:
+            record["measured_under"] = dict(self.measured_under)
+        return json.dumps(record, separators=(",", ":"), allow_nan=False)
 
 
 def _reject_constant(name: str) -> Any:
@@ -140,18 +145,19 @@ class CacheLine:
             descriptor = _descriptor(self.identity[1])
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"bad descriptor: {exc}") from None
-        return CacheEntry(key, descriptor, values, origin)
+        return CacheEntry(key, descriptor, values, origin, record.get("measured_under"))
 
 
 def check_fields(record: Mapping[str, Any]) -> None:
     """``ValueError`` unless the entry has only known fields, of the right kinds."""
-    unknown = sorted(set(record) - {"key", "descriptor", "values", "provenance"})
+    unknown = sorted(set(record) - {"key", "descriptor", "values", "provenance", "measured_under"})
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}")
     if not isinstance(record.get("values"), dict):
         raise ValueError("'values' must be an object")
-    if not isinstance(record.get("provenance", {}), dict):
-        raise ValueError("'provenance' must be an object")
+    for name in ("provenance", "measured_under"):
+        if not isinstance(record.get(name, {}), dict):
+            raise ValueError(f"{name!r} must be an object")
 
 
 @functools.lru_cache(maxsize=256)
@@ -205,10 +211,17 @@ def parse_cache_bytes(path: Path, data: bytes) -> CacheFile:
         reason = "empty file" if not data.strip() else f"not a kernel tuning cache ({header[:60]!r})"
         return CacheFile(path, CacheStatus.FOREIGN, diagnostics=[f"{path}:1: {reason}"])
     version_text = header[len(FORMAT_NAME) + 1 :].strip()
-    if version_text != str(FORMAT_VERSION):
+    readable = {str(version): version for version in READABLE_VERSIONS}
+    if version_text not in readable:
         return CacheFile(path, CacheStatus.UNSUPPORTED_VERSION, diagnostics=[
-            f"{path}:1: format version {version_text!r}; this onnx_light reads {FORMAT_VERSION}"])
-    parser = _LineParser(CacheFile(path, CacheStatus.OK, FORMAT_VERSION))
+            f"{path}:1: format version {version_text!r}; this onnx_light reads "
+            f"{', '.join(readable)}"])
+    version = readable[version_text]
+    diagnostics = [] if version == FORMAT_VERSION else [
+        f"{path}:1: format version {version}: its entries do not record the versions they were "
+        f"measured under, so they load unchecked; recalibrating records them (the next update "
+        f"writes version {FORMAT_VERSION})"]
+    parser = _LineParser(CacheFile(path, CacheStatus.OK, version, diagnostics=diagnostics))
     position, number = first_end + 1, 2  # the start of line ``number``
     while position < len(data):
         stop = _window_end(data, position)

@@ -45,6 +45,7 @@ __all__ = [
     "configuration_search",
     "crossover_search",
     "measure_interleaved",
+    "projected_measurement_s",
     "stable_crossover",
 ]
 
@@ -55,6 +56,7 @@ DEFAULT_MARGIN = 0.05  # the candidate must be at least 5% faster
 MAX_SPREAD = 0.25  # (p75 - p25) / median above this: measure the size again
 MAX_REPEATS = 2
 SAMPLE_TARGET_S = 2e-4  # inner repetitions make one sample last at least this long
+PACE_MIN_BYTES = 1 << 20  # cases from this size on project the cost of making inputs
 
 
 class CalibrationFailure(RuntimeError):
@@ -223,6 +225,44 @@ def measure_interleaved(
     return [_quantiles(t) for t in times]
 
 
+def projected_measurement_s(round_s: float, functions: int, samples: int) -> float:
+    """What :func:`measure_interleaved` of ``functions`` will take, from ``round_s``, the time
+    of one call of each: an estimating call each, then ``samples`` samples of each lasting
+    about one call or :data:`SAMPLE_TARGET_S`, whichever is longer.
+
+    The searches check it against the duration left before measuring, so that a budget is
+    overrun by at most the validating calls of one case, not by a whole measurement.
+    """
+    return round_s + samples * (round_s + functions * SAMPLE_TARGET_S)
+
+
+class InputPace:
+    """How long making inputs takes per byte, over the cases made so far of at least
+    :data:`PACE_MIN_BYTES` (total time over total bytes: below that size, fixed costs
+    dominate, and such cases are cheap anyway): the searches project the next case's cost
+    with it before making its inputs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.bytes = 0
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        """Record that inputs of ``nbytes`` took ``seconds`` to make."""
+        if nbytes >= PACE_MIN_BYTES:
+            self.seconds += max(seconds, 0.0)
+            self.bytes += nbytes
+
+    def projected_s(self, nbytes: int) -> float:
+        """The time inputs of ``nbytes`` should take (0 before any case)."""
+        return self.seconds * nbytes / self.bytes if self.bytes else 0.0
+
+
+def _over_budget(what: str, projected_s: float, budget: Budget, elapsed_s: float) -> str:
+    left = max(budget.max_duration_s - elapsed_s, 0.0)
+    return (f"{what} would take about {projected_s:.3g} s, more than the {left:.3g} s "
+            f"left of the duration budget of {budget.max_duration_s:g} s")
+
+
 def crossover_search(
     key: KernelTuningKey,
     problem: CrossoverProblem,
@@ -252,9 +292,10 @@ def crossover_search(
         return result
     wins: list[tuple[int, bool]] = []
     stop_reason = ""
+    pace = InputPace()
     for size in sorted(sizes):
         size_wins, stop_reason = _measure_size(key, problem, size, budget, margin, samples,
-                                               timer, started, result)
+                                               timer, started, result, pace)
         if stop_reason:
             break
         wins.append((size, size_wins))
@@ -288,7 +329,7 @@ def stable_crossover(wins: Sequence[tuple[int, bool]]) -> int | None:
 
 def _measure_size(key: KernelTuningKey, problem: CrossoverProblem, size: int, budget: Budget,
                   margin: float, samples: int, timer: Callable[[], float], started: float,
-                  result: CalibrationResult) -> tuple[bool, str]:
+                  result: CalibrationResult, pace: InputPace) -> tuple[bool, str]:
     """Measure every case of one size; returns (candidate wins every case, stop reason)."""
     all_win = True
     for case in problem.cases:
@@ -298,24 +339,38 @@ def _measure_size(key: KernelTuningKey, problem: CrossoverProblem, size: int, bu
                            f"budget of {budget.max_memory_bytes}")
         if timer() - started > budget.max_duration_s:
             return False, f"duration budget of {budget.max_duration_s:g} s used up at size {size}"
+        if timer() - started + pace.projected_s(needed) > budget.max_duration_s:
+            return False, _over_budget(f"making the inputs of size {size} case {case}",
+                                       pace.projected_s(needed), budget, timer() - started)
+        making = timer()
         inputs = problem.make_inputs(size, case)
+        pace.observe(needed, timer() - making)
+        round_started = timer()
         reference = problem.serial(inputs)
         if not problem.same_output(reference, problem.candidate(inputs)):
             raise CalibrationFailure(
                 f"{key}: the parallel candidate's output differs from the serial reference "
                 f"at size {size}, case {case!r}; nothing published")
-        for repeat in range(MAX_REPEATS + 1):
+        projected = projected_measurement_s(timer() - round_started, 2, samples)
+        repeats = 0
+        while repeats <= MAX_REPEATS:
+            if timer() - started + projected > budget.max_duration_s:
+                if repeats == 0:
+                    return False, _over_budget(f"measuring size {size} case {case}", projected, budget,
+                                               timer() - started)
+                break  # the last measurement stands, still marked noisy
             (s_med, s_spread), (c_med, c_spread) = measure_interleaved(
                 [lambda x=inputs: problem.serial(x), lambda x=inputs: problem.candidate(x)],
                 samples=samples, timer=timer)
+            repeats += 1
             noisy = max(s_spread, c_spread) > MAX_SPREAD
-            if not noisy or repeat == MAX_REPEATS or timer() - started > budget.max_duration_s:
+            if not noisy:
                 break
         speedup = s_med / c_med if c_med > 0 else math.inf
         wins = speedup >= 1.0 + margin and not noisy
         note = "spread too large after repeats; not trusted" if noisy else ""
         result.measurements.append(Measurement(
-            size, case, s_med, s_spread, c_med, c_spread, samples, repeat + 1, speedup, wins,
+            size, case, s_med, s_spread, c_med, c_spread, samples, repeats, speedup, wins,
             note=note))
         all_win = all_win and wins
     return all_win, ""
@@ -380,6 +435,7 @@ def configuration_search(
     labels = [_label(c, portable) for c in options]
     speedups: list[list[float]] = [[] for _ in options]
     stop_reason = ""
+    pace = InputPace()
     for case in problem.cases:
         needed = problem.input_bytes(case)
         if needed > budget.max_memory_bytes:
@@ -389,13 +445,24 @@ def configuration_search(
         if timer() - started > budget.max_duration_s:
             stop_reason = f"duration budget of {budget.max_duration_s:g} s used up before {case}"
             break
+        if timer() - started + pace.projected_s(needed) > budget.max_duration_s:
+            stop_reason = _over_budget(f"making the inputs of case {case}",
+                                       pace.projected_s(needed), budget, timer() - started)
+            break
+        making = timer()
         inputs = problem.make_inputs(case)
+        pace.observe(needed, timer() - making)
+        round_started = timer()
         reference = problem.run(options[0], inputs)
         for label, values in zip(labels[1:], options[1:], strict=True):
             if not problem.same_output(reference, problem.run(values, inputs)):
                 raise CalibrationFailure(
                     f"{key}: configuration {label} gives a different result on case {case!r}; "
                     "nothing published")
+        projected = projected_measurement_s(timer() - round_started, len(options), samples)
+        if timer() - started + projected > budget.max_duration_s:
+            stop_reason = _over_budget(f"measuring case {case}", projected, budget, timer() - started)
+            break
         timings = measure_interleaved(
             [lambda v=values, x=inputs: problem.run(v, x) for values in options],
             samples=samples, timer=timer)

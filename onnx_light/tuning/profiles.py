@@ -286,7 +286,10 @@ class ProcessorProfile:
     """Values a kernel library ships for one key on the processors a selector covers.
 
     ``values`` may be partial: the rest comes from the portable defaults.
-    ``threads`` is an inclusive ``(min, max)`` range or None for any count.
+    ``threads`` is an inclusive ``(min, max)`` range or None for any count. ``provenance``
+    says how the values were obtained (for a profile file: when, on which versions, the
+    measurements; :mod:`onnx_light.tuning.profile_files`), ``origin`` where the profile was
+    read (``file.json#3``); neither takes part in comparisons.
     """
 
     key: KernelTuningKey
@@ -294,7 +297,7 @@ class ProcessorProfile:
     values: Mapping[str, Value]
     threads: tuple[int, int] | None = None
     priority: int = 0
-    provenance: str = ""
+    provenance: Mapping[str, Any] = field(default_factory=dict, compare=False)
     origin: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -311,7 +314,10 @@ class ProcessorProfile:
                                  f"got {self.threads!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise TypeError(f"{self.key}: priority must be an int, got {self.priority!r}")
+        if not isinstance(self.provenance, Mapping):
+            raise TypeError(f"{self.key}: provenance must be a mapping, got {self.provenance!r}")
         object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+        object.__setattr__(self, "provenance", MappingProxyType(dict(self.provenance)))
 
     @property
     def source(self) -> str:
@@ -336,7 +342,7 @@ class ProcessorProfile:
             "values": dict(self.values),
             "threads": list(self.threads) if self.threads else None,
             "priority": self.priority,
-            "provenance": self.provenance,
+            "provenance": dict(self.provenance),
         }
 
 
@@ -436,6 +442,6 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "") -> ProcessorPro
         values=data["values"],
         threads=tuple(threads) if threads is not None else None,
         priority=data.get("priority", 0),
-        provenance=data.get("provenance", ""),
+        provenance=data.get("provenance", {}),
         origin=origin,
     )

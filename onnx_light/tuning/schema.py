@@ -175,16 +175,22 @@ class KernelTuningSchema:
     """The complete set of tuning values of one exact key.
 
     ``validator`` checks rules across parameters; it receives the complete,
-    individually valid values and raises ``ValueError`` to reject them.
+    individually valid values and raises ``ValueError`` to reject them. ``revision`` is the
+    kernel's revision: its author bumps it when the implementation's speed changes while its
+    parameters keep their meaning, so that values measured before are reported stale
+    (:mod:`onnx_light.tuning.identity`); a change of meaning bumps the key's tuning ABI.
     """
 
     key: KernelTuningKey
     parameters: tuple[Parameter, ...]
     validator: Validator | None = field(default=None, compare=False)
+    revision: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, KernelTuningKey):
             raise TypeError(f"schema key must be a KernelTuningKey, got {type(self.key).__name__}")
+        if isinstance(self.revision, bool) or not isinstance(self.revision, int) or self.revision < 1:
+            raise ValueError(f"{self.key}: revision must be an int >= 1, got {self.revision!r}")
         parameters = tuple(self.parameters)
         if not parameters:
             raise ValueError(f"{self.key}: a schema needs at least one parameter")
