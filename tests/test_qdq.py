@@ -160,6 +160,38 @@ def test_a_product_output_read_elsewhere_keeps_its_float_value() -> None:
     np.testing.assert_allclose(ours[0], theirs[0], rtol=0, atol=Y_SCALE * 1.0001)
 
 
+def _moving(op: str, same_parameters: bool = True, **attributes: Any) -> onnx.ModelProto:
+    """x -> Q -> DQ -> op -> Q -> DQ -> y, the second Q with the first's parameters or others."""
+    inits = {"s": np.array(X_SCALE, np.float32), "z": np.array(120, np.uint8),
+             "s2": np.array(X_SCALE if same_parameters else Y_SCALE, np.float32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"], name="qx"),
+             helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"], name="dqx"),
+             helper.make_node(op, ["x_dq"], ["p"], name="moved", **attributes),
+             helper.make_node("QuantizeLinear", ["p", "s2", "z"], ["p_q"], name="qp"),
+             helper.make_node("DequantizeLinear", ["p_q", "s2", "z"], ["y"], name="dqy")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    graph = helper.make_graph(nodes, op, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("op", "attributes"), [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("Transpose", {"perm": [0, 2, 3, 1]}),
+    ("Flatten", {}),
+])
+def test_moving_operators_run_on_the_bytes(op: str, attributes: dict[str, Any]) -> None:
+    model = _moving(op, **attributes)
+    rewritten = rewrite_qdq(model)
+    assert [n.op_type for n in rewritten.graph.node] == ["QuantizeLinear", op, "DequantizeLinear"]
+    feeds = _feeds(model, 2)
+    ours = RuntimeSession(model, num_threads=1).run(None, feeds)[0]
+    np.testing.assert_array_equal(ours, _onnxruntime(model).run(None, feeds)[0])
+    np.testing.assert_array_equal(ours, RuntimeSession(model, fuse=False).run(None, feeds)[0])
+    other_scale = _moving(op, same_parameters=False, **attributes)
+    assert rewrite_qdq(other_scale) is other_scale
+
+
 def test_a_float_model_is_returned_as_it_is() -> None:
     model = quantized_models.cnn(np.random.default_rng(0))
     assert rewrite_qdq(model) is model

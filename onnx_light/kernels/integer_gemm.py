@@ -43,7 +43,7 @@ from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import Parameter, Value
 from .base import Kernel, NodeContext
 from .declaration import KernelDeclaration
-from .integer_loops import correct, dot_tiles
+from .integer_loops import correct, dot_tiles, row_sums
 
 __all__ = ["ALGORITHM", "MINIMUM_MACS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS", "ByteRows",
            "IntegerProductKernel", "calibrate_integer_product", "integer_candidates",
@@ -89,7 +89,9 @@ class ByteRows:
         self.data = np.ascontiguousarray(data)
         rows = self.data.shape[0]
         self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (rows,)))
-        self.sums = self.data.sum(axis=1, dtype=np.int32)
+        self.sums = np.empty(rows, np.int32)
+        if rows:
+            row_sums.dispatcher(self.data, self.sums)
 
     @functools.cached_property
     def real(self) -> np.ndarray:

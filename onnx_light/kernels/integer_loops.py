@@ -14,6 +14,7 @@ instructions (AVX-VNNI ``vpdpwssd`` where the processor has them).
 
 :func:`requantize` is onnxruntime's arithmetic: ``float32(acc) * multiplier`` in float32,
 rounded half to even, plus the output zero point, saturated to the output type.
+:func:`row_sums` gives the operands' row sums.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 from .compiled import compiled
 
-__all__ = ["correct", "dot_tiles", "requantize"]
+__all__ = ["correct", "dot_tiles", "requantize", "row_sums"]
 
 
 @compiled
@@ -82,3 +83,15 @@ def requantize(acc, row_start, row_stop, column_start, column_stop,
             elif value > high:
                 value = np.float32(high)
             out[i, j] = value
+
+
+@compiled
+def row_sums(data, out):
+    """``out[r] = sum(data[r])`` in int32 (the zero-point correction's sums)."""
+    for r in range(data.shape[0]):
+        row = data[r]
+        total = np.int32(0)
+        for k in range(row.shape[0]):
+            total += np.int32(row[k])
+        out[r] = total
+

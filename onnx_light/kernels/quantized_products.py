@@ -22,12 +22,12 @@ no integers and are shifted and summed in float64.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..tuning.keys import ElementType as T
 from .base import FLOAT8_TYPES, NodeContext, numpy_dtype
@@ -41,7 +41,7 @@ from .integer_gemm import (
 )
 from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
-from .window import WindowAttributes, pad_spatial
+from .window import Window, WindowAttributes, pad_spatial
 
 __all__ = ["DECLARATIONS", "exact_matmul", "integer_matmul"]
 
@@ -401,28 +401,30 @@ class _ConvProduct(_IntegerProduct):
         zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
         window = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:])
         padded = pad_spatial(x, window, value=zero)
-        steps = padded.strides
-        windows = as_strided(
-            padded, shape=(n, c, *window.output, *window.kernel),
-            strides=(steps[0], steps[1],
-                     *(s * t for s, t in zip(window.strides, steps[2:], strict=True)),
-                     *(d * t for d, t in zip(window.dilations, steps[2:], strict=True))),
-            writeable=False)
-        rank = len(window.output)
         positions, per_group = math.prod(window.output), c // group
-        order = (*range(1, 1 + rank), 0, *range(1 + rank, 1 + 2 * rank))
         channels_out = m // group
         acc = np.empty((n, m, positions), np.int32)
         for image in range(n):
             for g in range(group):
-                # (C/group, *out, *kernel) -> (*out, C/group, *kernel): one row per position
-                columns = windows[image, g * per_group:(g + 1) * per_group].transpose(order)
-                right = ByteRows(columns.reshape(positions, -1), zero)
+                columns = _im2col(padded[image, g * per_group:(g + 1) * per_group], window)
+                right = ByteRows(columns, zero)
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(-1, 1)
                 acc[image, channels] = self.product(weights[g], right, group_bias,
                                                     finish(acc, image, channels))
         return acc.reshape(n, m, *window.output)
+
+
+def _im2col(padded: np.ndarray, window: Window) -> np.ndarray:
+    """The windows of a padded (C, *spatial) image as rows (positions, C x kernel size), each
+    row ordered as the weights' (C, *kernel): one strided copy per kernel offset."""
+    columns = np.empty((*window.output, padded.shape[0], *window.kernel), padded.dtype)
+    for offsets in itertools.product(*(range(k) for k in window.kernel)):
+        source = padded[(slice(None), *(
+            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
+                offsets, window.dilations, window.strides, window.output, strict=True)))]
+        columns[(Ellipsis, *offsets)] = np.moveaxis(source, 0, -1)
+    return columns.reshape(math.prod(window.output), -1)
 
 
 class ConvInteger(_ConvProduct):

@@ -14,7 +14,11 @@ requantized once, as onnxruntime's own QDQ fusion does:
   weights are Gemm's output columns: ``Reshape(a, [M, K, 1])``, QLinearConv, ``Reshape`` back;
 - ``DQ(x), DQ(w) -> MatMul`` or ``-> Conv`` whose output stays float: MatMulInteger or
   ConvInteger, then ``Cast`` to float and ``Mul`` by ``a_scale * w_scale`` (and ``Add`` of the
-  dequantized bias).
+  dequantized bias);
+- ``DQ -> op -> Q`` with the same scale and zero point on both sides, for an operator that
+  only moves or selects elements (:data:`MOVING`: MaxPool, Reshape, Transpose, ...): the
+  operator on the bytes, exactly (dequantizing is monotonic, and quantizing a dequantized
+  byte with the same parameters gives it back).
 
 The inputs must be uint8 or int8 with constant scales and zero points: per tensor for
 activations, per tensor or per output channel for weights. The DequantizeLinear nodes that
@@ -55,8 +59,9 @@ class _Dequantized:
 class _Graph:
     """The graph's constants, producers and readers, and the new nodes and constants."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(self, graph: onnx.GraphProto, opset: int) -> None:
         self.graph = graph
+        self.opset = opset
         self.constants = {i.name: i for i in graph.initializer}
         self.producer = {name: node for node in graph.node for name in node.output}
         self.readers = Counter(name for node in graph.node for name in node.input if name)
@@ -282,7 +287,31 @@ def _node(op_type: str, inputs: list[str], outputs: list[str], name: str,
     return node
 
 
-_REWRITES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm}
+# Operators that only move or select elements, and the opset from which they take bytes.
+MOVING = {"MaxPool": 12, "Reshape": 1, "Flatten": 1, "Transpose": 1, "Squeeze": 1, "Unsqueeze": 1,
+          "Identity": 1}
+
+
+def _moving(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """``DQ -> op -> Q`` with the same scale and zero point: the op on the bytes."""
+    if len(node.output) != 1 or g.opset < MOVING[node.op_type]:
+        return None
+    x = g.dequantized(node.input[0])
+    requantized = _requantized(g, node.output[0])
+    if not _per_tensor(x) or requantized is None or g.only_reader(node.input[0]) is not node:
+        return None
+    q, y = requantized
+    if y.zero.dtype != x.zero.dtype or y.scale.reshape(()) != x.scale.reshape(()) \
+            or y.zero.reshape(()) != x.zero.reshape(()):
+        return None
+    moved = onnx.NodeProto()
+    moved.CopyFrom(node)
+    moved.input[0] = x.quantized
+    moved.output[0] = q.output[0]
+    return [moved]
+
+
+_REWRITES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, **dict.fromkeys(MOVING, _moving)}
 
 
 def rewrite_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -291,7 +320,8 @@ def rewrite_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     if not any(n.op_type == "DequantizeLinear" for n in graph.node):
         return model
-    g = _Graph(graph)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    g = _Graph(graph, opset)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
     for index, node in enumerate(graph.node):
