@@ -58,7 +58,6 @@ _DEFAULTS: dict[str, Value] = {ALGORITHM: "blas", TILE_ROWS: 16, TILE_COLUMNS: 6
                                MINIMUM_MACS: 1 << 21}
 # The largest magnitude of each byte type, for the exact float32 chunk length.
 _MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
-_NO_BIAS = np.zeros((0, 0), np.int32)
 
 #: ``epilogue(acc, row_start, row_stop, column_start, column_stop)``: a finished block.
 Epilogue = Callable[[np.ndarray, int, int, int, int], None]
@@ -123,7 +122,9 @@ class IntegerProductKernel(Kernel):
         rows, depth = left.data.shape
         columns = right.data.shape[0]
         acc = np.empty((rows, columns), np.int32)
-        bias = _NO_BIAS if bias is None else bias
+        row_bias, column_bias = np.zeros(rows, np.int32), np.zeros(columns, np.int32)
+        if bias is not None:
+            (row_bias if bias.shape[0] > 1 or columns == 1 else column_bias)[:] = bias.reshape(-1)
         blas = self.algorithm == "blas"
         dot = None if blas else dot_tiles.dispatcher
         fix = correct.dispatcher
@@ -136,7 +137,8 @@ class IntegerProductKernel(Kernel):
                 _blas_block(left.real, right.real, r0, r1, c0, c1, chunk, acc)
             else:
                 dot(left.data, right.data, r0, r1, c0, c1, self.tile_rows, self.tile_columns, acc)
-            fix(acc, r0, r1, c0, c1, left.zero, left.sums, right.zero, right.sums, depth, bias)
+            fix(acc, r0, r1, c0, c1, left.zero, left.sums, right.zero, right.sums, depth,
+                row_bias, column_bias)
             if epilogue is not None:
                 epilogue(acc, r0, r1, c0, c1)
 

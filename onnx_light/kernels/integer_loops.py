@@ -49,21 +49,17 @@ def dot_tiles(a, b, row_start, row_stop, column_start, column_stop,
 
 @compiled
 def correct(acc, row_start, row_stop, column_start, column_stop,
-            a_zero, a_sums, b_zero, b_sums, depth, bias):
-    """Apply the zero points (per row of each operand) and the int32 ``bias`` (shape (rows, 1)
-    or (1, columns); (0, 0): none) to a block of raw sums, in place, wrapping like int32."""
-    with_bias = bias.shape[0] > 0
-    bias_rows = bias.shape[0] > 1
-    bias_columns = bias.shape[1] > 1
+            a_zero, a_sums, b_zero, b_sums, depth, row_bias, column_bias):
+    """Apply the zero points (per row of each operand) and the int32 biases (one per row and
+    one per column) to a block of raw sums, in place, wrapping like int32: ``acc[i, j] +=
+    (depth za_i - A_i) zb_j - za_i B_j + row_bias_i + column_bias_j``."""
     for i in range(row_start, row_stop):
-        za = np.int64(a_zero[i])
-        sa = np.int64(a_sums[i])
+        za = a_zero[i]
+        scaled = depth * za - a_sums[i]
+        offset = row_bias[i]
+        row = acc[i]
         for j in range(column_start, column_stop):
-            zb = np.int64(b_zero[j])
-            value = np.int64(acc[i, j]) - zb * sa - za * np.int64(b_sums[j]) + depth * za * zb
-            if with_bias:
-                value += np.int64(bias[i if bias_rows else 0, j if bias_columns else 0])
-            acc[i, j] = np.int32(value)  # truncation: int32's wrapping
+            row[j] = np.int32(row[j] + scaled * b_zero[j] - za * b_sums[j] + offset + column_bias[j])
 
 
 @compiled

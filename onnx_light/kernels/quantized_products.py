@@ -113,8 +113,11 @@ def integer_matmul(ctx: NodeContext, a: np.ndarray, b: np.ndarray, a_zero: np.nd
         raise ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}") from None
 
 
+_BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
 def _bytes(array: np.ndarray | None) -> bool:
-    return array is not None and quantized_type(array.dtype) in _BYTES
+    return array is not None and array.dtype in _BYTE_DTYPES
 
 
 def _vector(value: np.ndarray | None, size: int) -> np.ndarray | None:
@@ -221,29 +224,37 @@ class _MatMulProduct(_IntegerProduct):
         return None
 
     def rows(self, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
-             b_zero: np.ndarray | None) -> tuple[ByteRows, ByteRows, tuple[int, ...]] | None:
-        """The operands as byte rows (A's batch folded into its rows) and the output's batch
-        shape, when the product takes them: B 2-D, both of byte types, zero points per
-        tensor, per row of A or per column of B."""
-        if not (_bytes(a) and _bytes(b)) or a.ndim < 2 or b.ndim != 2:
+             b_zero: np.ndarray | None) -> tuple[list[tuple[ByteRows, ByteRows]], tuple[int, ...]] | None:
+        """The products as pairs of byte rows, and the output's batch shape, when the product
+        takes them: both operands of byte types and 2-D or more, zero points per tensor, per
+        row of A or per column of B. A 2-D B makes one product, A's batch folded into its
+        rows; a batched B one product per batch entry (broadcast)."""
+        if not (_bytes(a) and _bytes(b)) or a.ndim < 2 or b.ndim < 2:
             return None
         for name, zero, operand in (("a", a_zero, a), ("b", b_zero, b)):
             if zero is not None and zero.dtype != operand.dtype:
                 raise self.ctx.error(f"{name}_zero_point's type {zero.dtype} differs from its "
                                      f"operand's {operand.dtype}")
-        if a.shape[-1] != b.shape[0]:
+        if a.shape[-1] != b.shape[-2]:
             raise self.ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}")
-        row_zero, column_zero = _vector(a_zero, a.shape[-2]), _vector(b_zero, b.shape[1])
+        row_zero, column_zero = _vector(a_zero, a.shape[-2]), _vector(b_zero, b.shape[-1])
         if row_zero is None or column_zero is None:
             return None
-        batch = a.shape[:-2]
-        left = ByteRows(a.reshape(-1, a.shape[-1]), np.tile(row_zero, math.prod(batch)))
-        packed = self.packed
-        if packed is not None and packed[0] is b and packed[1] is b_zero:
-            right = packed[2]
-        else:
-            right = ByteRows(b.T, column_zero)
-        return left, right, batch
+        if b.ndim == 2:
+            batch = a.shape[:-2]
+            left = ByteRows(a.reshape(-1, a.shape[-1]), np.tile(row_zero, math.prod(batch)))
+            packed = self.packed
+            if packed is not None and packed[0] is b and packed[1] is b_zero:
+                return [(left, packed[2])], batch
+            return [(left, ByteRows(b.T, column_zero))], batch
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise self.ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}") from None
+        a_all = np.broadcast_to(a, (*batch, *a.shape[-2:]))
+        b_all = np.broadcast_to(b, (*batch, *b.shape[-2:]))
+        return [(ByteRows(a_all[index], row_zero), ByteRows(b_all[index].T, column_zero))
+                for index in np.ndindex(*batch)], batch
 
 
 class MatMulInteger(_MatMulProduct):
@@ -258,9 +269,13 @@ class MatMulInteger(_MatMulProduct):
         operands = self.rows(a, a_zero_point, b, b_zero_point)
         if operands is None:
             return [integer_matmul(self.ctx, a, b, a_zero_point, b_zero_point)]
-        left, right, batch = operands
-        acc = self.product(left, right)
-        return [acc.reshape(*batch, a.shape[-2], b.shape[-1])]
+        pairs, batch = operands
+        if len(pairs) == 1:
+            return [self.product(*pairs[0]).reshape(*batch, a.shape[-2], b.shape[-1])]
+        y = np.empty((len(pairs), a.shape[-2], b.shape[-1]), np.int32)
+        for index, (left, right) in enumerate(pairs):
+            y[index] = self.product(left, right)
+        return [y.reshape(*batch, a.shape[-2], b.shape[-1])]
 
 
 class QLinearMatMul(_MatMulProduct):
@@ -294,14 +309,16 @@ class QLinearMatMul(_MatMulProduct):
             product = integer_matmul(self.ctx, a, b, a_zero_point, b_zero_point)
             allowed = _BYTES_AND_FLOAT8 if self.ctx.opset >= 21 else _BYTES
             return [_output(self.ctx, product, multiplier, y_zero_point, a, allowed)]
-        left, right, batch = operands
+        pairs, batch = operands
         dtype, zero, low, high = self.output_range(y_zero_point, a)
         m, n = a.shape[-2], b.shape[-1]
+        rows = pairs[0][0].data.shape[0]  # M, or M times A's batch folded in
         multiplier = multiplier.reshape((1,) * (2 - multiplier.ndim) + multiplier.shape)
         if multiplier.shape[0] > 1:  # per row of A: the same rows in every batch entry
-            multiplier = np.tile(multiplier, (math.prod(batch), 1))
-        y = np.empty((math.prod(batch) * m, n), dtype)
-        self.product(left, right, epilogue=self.requantizing(y, multiplier, zero, low, high))
+            multiplier = np.ascontiguousarray(np.tile(multiplier, (rows // m, 1)))
+        y = np.empty((len(pairs), rows, n), dtype)
+        for index, (left, right) in enumerate(pairs):
+            self.product(left, right, epilogue=self.requantizing(y[index], multiplier, zero, low, high))
         return [y.reshape(*batch, m, n)]
 
 
