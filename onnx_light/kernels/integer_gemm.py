@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -105,8 +105,6 @@ def _chunk(left: np.dtype, right: np.dtype) -> int:
 
 class IntegerProductKernel(Kernel):
     """The integer products' configuration and their blocked, exact product."""
-
-    accepts_epilogue: ClassVar[bool] = False
 
     def _configure(self, values: Mapping[str, Value]) -> None:
         self.algorithm = str(values[ALGORITHM])

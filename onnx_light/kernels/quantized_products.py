@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT8_TYPES, NodeContext, numpy_dtype
+from .base import FLOAT8_TYPES, KernelError, NodeContext, numpy_dtype
 from .declaration import KernelDeclaration, declare
 from .integer_gemm import (
     ByteRows,
@@ -346,8 +346,7 @@ class _ConvProduct(_IntegerProduct):
 
     reduced_input = 1
     reduced_axes = None
-    w_inputs: ClassVar[tuple[int, int]]
-    x_zero_input: ClassVar[int]
+    w_inputs: ClassVar[tuple[int, int]]  # positions of W and its zero point
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -368,7 +367,7 @@ class _ConvProduct(_IntegerProduct):
             return None
         try:
             return self.variant(packed=(w, w_zero, self.weight_rows(w, w_zero)))
-        except Exception:  # a bad zero point: the run reports it, naming the node
+        except KernelError:  # a bad zero point: the run reports it
             return None
 
     def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
