@@ -52,7 +52,8 @@ Case = tuple[str, onnx.ModelProto, np.ndarray, float, onnx.ModelProto | None]
 
 
 def node_cases() -> list[Case]:
-    """The four products on a transformer projection and two ResNet-50 convolutions."""
+    """The four products on a transformer projection, two ResNet-50 convolutions and a
+    MobileNetV2 depthwise one."""
     b, x = _bytes(np.int8, (768, 768)), _bytes(np.uint8, (128, 768))
     scales = {"as": np.float32(0.02), "az": np.uint8(3), "bs": np.float32(0.01), "bz": np.int8(0),
               "ys": np.float32(2.0), "yz": np.uint8(128)}
@@ -64,19 +65,21 @@ def node_cases() -> list[Case]:
             "QLinearMatMul", ["x", "as", "az", "b", "bs", "bz", "ys", "yz"], x, TensorProto.UINT8,
             {**scales, "b": b}), x, 1, None),
     ]
-    for label, channels, size, kernel, filters in (("3x3", 64, 56, 3, 64), ("1x1", 256, 28, 1, 64)):
-        w = _bytes(np.int8, (filters, channels, kernel, kernel))
+    for label, channels, size, kernel, filters, group in (
+            ("3x3", 64, 56, 3, 64, 1), ("1x1", 256, 28, 1, 64, 1), ("3x3 depthwise", 144, 56, 3, 144, 144)):
+        w = _bytes(np.int8, (filters, channels // group, kernel, kernel))
         image = _bytes(np.uint8, (1, channels, size, size))
-        pads = [kernel // 2] * 4
-        shape = f"1x{channels}x{size}x{size}, {filters}x{channels}x{label}"
-        cases.append((f"ConvInteger {shape}", _node_model(
-            "ConvInteger", ["x", "w", "xz", "wz"], image, TensorProto.INT32,
-            {"w": w, "xz": np.uint8(128), "wz": np.int8(0)}, pads=pads), image, 0, None))
+        attributes = {"pads": [kernel // 2] * 4, "group": group}
+        shape = f"1x{channels}x{size}x{size}, {filters}x{channels // group}x{label}"
+        if group == 1:
+            cases.append((f"ConvInteger {shape}", _node_model(
+                "ConvInteger", ["x", "w", "xz", "wz"], image, TensorProto.INT32,
+                {"w": w, "xz": np.uint8(128), "wz": np.int8(0)}, **attributes), image, 0, None))
         cases.append((f"QLinearConv {shape}", _node_model(
             "QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], image, TensorProto.UINT8,
             {"xs": np.float32(0.02), "xz": np.uint8(128), "w": w,
              "ws": RNG.uniform(0.005, 0.02, filters).astype(np.float32),
-             "wz": np.zeros(filters, np.int8), "ys": np.float32(0.5), "yz": np.uint8(100)}, pads=pads),
+             "wz": np.zeros(filters, np.int8), "ys": np.float32(0.5), "yz": np.uint8(100)}, **attributes),
             image, 1, None))
     return cases
 

@@ -131,6 +131,30 @@ def test_qlinear_products_are_onnxruntimes(op: str, make: Any, attributes: dict[
             assert difference <= tolerance, (values, difference)
 
 
+def _depthwise_inputs(rng: np.random.Generator, x_type: Any, per_channel: bool) -> list[np.ndarray]:
+    channels = (16,) if per_channel else ()
+    return [_bytes(rng, x_type, (2, 16, 9, 10)), np.array(0.03, np.float32), _bytes(rng, x_type, ()),
+            _bytes(rng, np.int8, (16, 1, 3, 3)), rng.uniform(0.002, 0.02, channels).astype(np.float32),
+            _bytes(rng, np.int8, channels), np.array(0.05, np.float32), _bytes(rng, x_type, ()),
+            rng.integers(-3000, 3000, 16).astype(np.int32)]
+
+
+@pytest.mark.parametrize("signed", [False, True])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_depthwise_qlinear_conv_is_onnxruntimes(signed: bool, per_channel: bool) -> None:
+    """Depthwise convolutions (one channel per group) take their own per-tap path."""
+    inputs = _depthwise_inputs(np.random.default_rng(9), np.int8 if signed else np.uint8, per_channel)
+    attributes = {"group": 16, "pads": [1, 2, 1, 0], "strides": [2, 1]}
+    expected = _onnxruntime("QLinearConv", inputs, 13, **attributes)
+    got = _kernel("QLinearConv", inputs, 13, CONFIGURATIONS[0], **attributes).run(*inputs)[0]
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert np.abs(got.astype(np.int32) - expected.astype(np.int32)).max() <= (0 if EXACT_IN_ORT else 1)
+    if not per_channel:  # onnxruntime's ConvInteger takes per-tensor weight zero points only
+        integer = [inputs[0], inputs[3], inputs[2], inputs[5]]
+        sums = _kernel("ConvInteger", integer, 13, CONFIGURATIONS[0], **attributes).run(*integer)[0]
+        np.testing.assert_array_equal(sums, _onnxruntime("ConvInteger", integer, 13, **attributes))
+
+
 @pytest.mark.parametrize(("op", "make", "attributes"), [
     ("MatMulInteger", _qlinear_matmul_inputs, {}),
     ("ConvInteger", _qlinear_conv_inputs, CONV_ATTRIBUTES),

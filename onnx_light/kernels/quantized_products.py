@@ -420,6 +420,16 @@ class _ConvProduct(_IntegerProduct):
         positions, per_group = math.prod(window.output), c // group
         channels_out = m // group
         acc = np.empty((n, m, positions), np.int32)
+        if per_group == channels_out == 1 and group > 1:  # depthwise: one pass per tap, all channels
+            shifted = w.reshape(m, -1).astype(np.int32) - _vector(w_zero, m).astype(np.int32)[:, None]
+            for image in range(n):
+                acc[image] = _depthwise(padded[image], shifted, zero, window)
+                if bias is not None:
+                    acc[image] += bias[:, None]
+                epilogue = finish(acc, image, slice(0, m))
+                if epilogue is not None:
+                    epilogue(acc[image], 0, m, 0, positions)
+            return acc.reshape(n, m, *window.output)
         for image in range(n):
             for g in range(group):
                 columns = _im2col(padded[image, g * per_group:(g + 1) * per_group], window)
@@ -441,6 +451,23 @@ def _im2col(padded: np.ndarray, window: Window) -> np.ndarray:
                 offsets, window.dilations, window.strides, window.output, strict=True)))]
         columns[(Ellipsis, *offsets)] = np.moveaxis(source, 0, -1)
     return columns.reshape(math.prod(window.output), -1)
+
+
+def _depthwise(padded: np.ndarray, shifted: np.ndarray, zero: int, window: Window) -> np.ndarray:
+    """A depthwise convolution's int32 sums (C, positions): for each kernel offset, the
+    strided input of every channel minus the zero point times that tap of each channel's
+    shifted weights (C, kernel size), accumulated in place."""
+    channels = padded.shape[0]
+    acc = np.zeros((channels, math.prod(window.output)), np.int32)
+    term = np.empty_like(acc)
+    for tap, offsets in enumerate(itertools.product(*(range(k) for k in window.kernel))):
+        source = padded[(slice(None), *(
+            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
+                offsets, window.dilations, window.strides, window.output, strict=True)))]
+        np.subtract(source.reshape(channels, -1), zero, out=term, dtype=np.int32)
+        term *= shifted[:, tap:tap + 1]
+        acc += term
+    return acc
 
 
 class ConvInteger(_ConvProduct):
