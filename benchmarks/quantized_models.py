@@ -120,9 +120,9 @@ def calibration_samples(model: onnx.ModelProto, count: int, seed: int) -> list[n
 
 
 def quantize(model: onnx.ModelProto, folder: Path, mode: str = "static",
-             per_channel: bool = True) -> Path:
-    """The quantized model's path: ``mode`` "static" (QDQ, calibrated on 8 seeded samples)
-    or "dynamic"."""
+             per_channel: bool = True, signed_activations: bool = False) -> Path:
+    """The quantized model's path: ``mode`` "static" (QDQ, calibrated on 8 seeded samples;
+    uint8 activations, or int8 with ``signed_activations``) or "dynamic"."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -133,7 +133,8 @@ def quantize(model: onnx.ModelProto, folder: Path, mode: str = "static",
 
     name = model.graph.name
     source = folder / f"{name}.onnx"
-    target = folder / f"{name}-{mode}{'-per-channel' if per_channel else ''}.onnx"
+    target = folder / (f"{name}-{mode}{'-per-channel' if per_channel else ''}"
+                       f"{'-int8' if signed_activations else ''}.onnx")
     onnx.save(model, source)
     if mode == "dynamic":
         quantize_dynamic(str(source), str(target), per_channel=per_channel, weight_type=QuantType.QInt8)
@@ -148,6 +149,7 @@ def quantize(model: onnx.ModelProto, folder: Path, mode: str = "static",
             return next(self.feeds, None)
 
     quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel, activation_type=QuantType.QUInt8,
+                    per_channel=per_channel,
+                    activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
     return target

@@ -203,13 +203,14 @@ def test_a_float_model_is_returned_as_it_is() -> None:
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp("quantized")
-    made: dict[tuple[str, str, bool], Path] = {}
+    made: dict[tuple[str, str, bool, bool], Path] = {}
 
-    def make(name: str, mode: str, per_channel: bool) -> Path:
-        if (name, mode, per_channel) not in made:
+    def make(name: str, mode: str, per_channel: bool, signed: bool) -> Path:
+        if (name, mode, per_channel, signed) not in made:
             model = quantized_models.MODELS[name](np.random.default_rng(0))
-            made[name, mode, per_channel] = quantized_models.quantize(model, folder, mode, per_channel)
-        return made[name, mode, per_channel]
+            made[name, mode, per_channel, signed] = quantized_models.quantize(
+                model, folder, mode, per_channel, signed)
+        return made[name, mode, per_channel, signed]
 
     return make
 
@@ -222,16 +223,17 @@ def _output_step(model: onnx.ModelProto) -> float:
     return float(next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == last.input[1]))
 
 
-@pytest.mark.parametrize(("name", "mode", "per_channel", "integer_ops"), [
-    ("cnn", "static", True, {"QLinearConv"}),
-    ("cnn", "static", False, {"QLinearConv"}),
-    ("transformer", "static", True, {"QLinearMatMul"}),
-    ("cnn", "dynamic", True, {"ConvInteger", "MatMulInteger"}),
-    ("mlp", "dynamic", True, {"MatMulInteger"}),
+@pytest.mark.parametrize(("name", "mode", "per_channel", "signed", "integer_ops"), [
+    ("cnn", "static", True, False, {"QLinearConv"}),
+    ("cnn", "static", False, False, {"QLinearConv"}),
+    ("cnn", "static", True, True, {"QLinearConv"}),
+    ("transformer", "static", True, False, {"QLinearMatMul"}),
+    ("cnn", "dynamic", True, False, {"ConvInteger", "MatMulInteger"}),
+    ("mlp", "dynamic", True, False, {"MatMulInteger"}),
 ])
 def test_quantized_models_match_onnxruntime(quantized: Any, name: str, mode: str, per_channel: bool,
-                                            integer_ops: set[str]) -> None:
-    path = str(quantized(name, mode, per_channel))
+                                            signed: bool, integer_ops: set[str]) -> None:
+    path = str(quantized(name, mode, per_channel, signed))
     model = onnx.load(path)
     step = _output_step(model)
     session, theirs = RuntimeSession(path, num_threads=1), _onnxruntime(path)
