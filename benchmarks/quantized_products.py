@@ -1,25 +1,29 @@
-"""The integer products (MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv) of onnx_light
-against onnxruntime, one node each, side by side in one run.
+"""Quantized inference in onnx_light against onnxruntime: the integer products one node each,
+and int8 models made by onnxruntime's quantizer, at 1 and 2 threads, side by side in one run.
 
-Each round times every runtime once per case, in turn (the best of ``--rounds``); the
-table gives both times, their ratio and the largest difference of the outputs (0 for the
-exact int32 products; the QLinear outputs may differ by one step of the output scale, which
-onnxruntime's fixed-point requantization rounds otherwise). The "float64 BLAS" column times
-numpy's float64 product of the same shifted operands: exact too for int8 operands (each sum
-stays far below 2**53), and the measure of what a BLAS path would gain over numpy's integer
-loop, which onnx_light uses.
+Each round times every runtime once per case, in turn (the best of ``--rounds`` is kept). The
+node cases are MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv on shapes of real
+layers; the model cases are ``quantized_models``' CNN (static QDQ, per channel, and dynamic)
+and encoder-shaped MatMul stack (static QDQ; the MLP part dynamic), at a larger size than the
+tests use, with onnx_light's time for the float model beside them (what int8 has to beat). The
+last column is the largest difference of the outputs, in steps of the output scale for
+quantized outputs (0: bit-for-bit) and absolute for float ones. onnx_light uses the portable
+defaults of its integer products (``product.algorithm``: docs/quantization.md).
 
-Run: ``python benchmarks/quantized_products.py [--threads 1] [--rounds 5]``.
+Run: ``python benchmarks/quantized_products.py [--threads 1 2] [--rounds 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
+import quantized_models
 from _common import onnxruntime_session
 from onnx import TensorProto, helper, numpy_helper
 
@@ -33,80 +37,117 @@ def _bytes(dtype: type, shape: tuple[int, ...]) -> np.ndarray:
     return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
 
 
-def _model(op: str, inputs: list[str], x_shape: tuple[int, ...], y_type: int,
-           constants: dict[str, np.ndarray], **attributes: object) -> onnx.ModelProto:
+def _node_model(op: str, inputs: list[str], x: np.ndarray, y_type: int,
+                constants: dict[str, np.ndarray], **attributes: object) -> onnx.ModelProto:
     node = helper.make_node(op, inputs, ["y"], **attributes)
     graph = helper.make_graph(
-        [node], op, [helper.make_tensor_value_info("x", TensorProto.UINT8, x_shape)],
+        [node], op, [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape)],
         [helper.make_tensor_value_info("y", y_type, None)],
         [numpy_helper.from_array(np.asarray(v), name) for name, v in constants.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def cases() -> list[tuple[str, onnx.ModelProto, np.ndarray, Callable[[np.ndarray], object]]]:
-    """(name, model, input, the float64 BLAS product of the same operands)."""
-    b = _bytes(np.int8, (768, 768))
-    x = _bytes(np.uint8, (128, 768))
-    matmul = _model("MatMulInteger", ["x", "b", "az", "bz"], x.shape, TensorProto.INT32,
-                    {"b": b, "az": np.uint8(3), "bz": np.int8(0)})
-    qmatmul = _model("QLinearMatMul", ["x", "as", "az", "b", "bs", "bz", "ys", "yz"], x.shape,
-                     TensorProto.UINT8, {"as": np.float32(0.02), "az": np.uint8(3), "b": b,
-                                         "bs": np.float32(0.01), "bz": np.int8(0),
-                                         "ys": np.float32(2.0), "yz": np.uint8(128)})
-    b64 = b.astype(np.float64)
-
-    def blas_matmul(v: np.ndarray) -> object:
-        return (v.astype(np.float64) - 3) @ b64
-
-    w = _bytes(np.int8, (64, 64, 3, 3))
-    image = _bytes(np.uint8, (1, 64, 56, 56))
-    conv = _model("ConvInteger", ["x", "w", "xz", "wz"], image.shape, TensorProto.INT32,
-                  {"w": w, "xz": np.uint8(128), "wz": np.int8(0)}, pads=[1, 1, 1, 1])
-    qconv = _model("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], image.shape,
-                   TensorProto.UINT8, {"xs": np.float32(0.02), "xz": np.uint8(128), "w": w,
-                                       "ws": np.full(64, 0.01, np.float32), "wz": np.zeros(64, np.int8),
-                                       "ys": np.float32(0.5), "yz": np.uint8(100)}, pads=[1, 1, 1, 1])
-    w64 = w.reshape(64, -1).astype(np.float64)
-
-    def blas_conv(v: np.ndarray) -> object:
-        padded = np.pad(v[0].astype(np.float64) - 128, ((0, 0), (1, 1), (1, 1)))
-        windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(1, 2))
-        return w64 @ windows.transpose(0, 3, 4, 1, 2).reshape(64 * 9, -1)
-
-    return [("MatMulInteger 128x768 @ 768x768", matmul, x, blas_matmul),
-            ("QLinearMatMul 128x768 @ 768x768", qmatmul, x, blas_matmul),
-            ("ConvInteger 1x64x56x56, 64x64x3x3", conv, image, blas_conv),
-            ("QLinearConv 1x64x56x56, 64x64x3x3", qconv, image, blas_conv)]
+# (name, model, input, output step (0: not quantized), float model or None)
+Case = tuple[str, onnx.ModelProto, np.ndarray, float, onnx.ModelProto | None]
 
 
-def row(name: str, model: onnx.ModelProto, x: np.ndarray, blas: Callable[[np.ndarray], object],
-        threads: int, rounds: int) -> str:
-    """One case's table row: the best time of each runtime over interleaved rounds."""
-    ours = RuntimeSession(model, num_threads=threads)
-    theirs = onnxruntime_session(model, threads)
-    runs = {"ours": lambda: ours.run(None, {"x": x}), "theirs": lambda: theirs.run(None, {"x": x}),
-            "blas": lambda: blas(x)}
+def node_cases() -> list[Case]:
+    """The four products on a transformer projection, two ResNet-50 convolutions and a
+    MobileNetV2 depthwise one."""
+    b, x = _bytes(np.int8, (768, 768)), _bytes(np.uint8, (128, 768))
+    scales = {"as": np.float32(0.02), "az": np.uint8(3), "bs": np.float32(0.01), "bz": np.int8(0),
+              "ys": np.float32(2.0), "yz": np.uint8(128)}
+    cases: list[Case] = [
+        ("MatMulInteger 128x768 @ 768x768", _node_model(
+            "MatMulInteger", ["x", "b", "az", "bz"], x, TensorProto.INT32, {"b": b, "az": scales["az"],
+                                                                            "bz": scales["bz"]}), x, 0, None),
+        ("QLinearMatMul 128x768 @ 768x768", _node_model(
+            "QLinearMatMul", ["x", "as", "az", "b", "bs", "bz", "ys", "yz"], x, TensorProto.UINT8,
+            {**scales, "b": b}), x, 1, None),
+    ]
+    for label, channels, size, kernel, filters, group in (
+            ("3x3", 64, 56, 3, 64, 1), ("1x1", 256, 28, 1, 64, 1), ("3x3 depthwise", 144, 56, 3, 144, 144)):
+        w = _bytes(np.int8, (filters, channels // group, kernel, kernel))
+        image = _bytes(np.uint8, (1, channels, size, size))
+        attributes = {"pads": [kernel // 2] * 4, "group": group}
+        shape = f"1x{channels}x{size}x{size}, {filters}x{channels // group}x{label}"
+        if group == 1:
+            cases.append((f"ConvInteger {shape}", _node_model(
+                "ConvInteger", ["x", "w", "xz", "wz"], image, TensorProto.INT32,
+                {"w": w, "xz": np.uint8(128), "wz": np.int8(0)}, **attributes), image, 0, None))
+        cases.append((f"QLinearConv {shape}", _node_model(
+            "QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], image, TensorProto.UINT8,
+            {"xs": np.float32(0.02), "xz": np.uint8(128), "w": w,
+             "ws": RNG.uniform(0.005, 0.02, filters).astype(np.float32),
+             "wz": np.zeros(filters, np.int8), "ys": np.float32(0.5), "yz": np.uint8(100)}, **attributes),
+            image, 1, None))
+    return cases
+
+
+def model_cases(folder: Path) -> list[Case]:
+    """The quantized models (made here, in ``folder``) with their float originals."""
+    made = [("CNN 32x64x64 static QDQ", quantized_models.cnn(RNG, channels=32, size=64), "static"),
+            ("CNN 32x64x64 dynamic", quantized_models.cnn(RNG, channels=32, size=64), "dynamic"),
+            ("encoder 128x256 static QDQ", quantized_models.transformer(RNG, tokens=128, width=256),
+             "static"),
+            ("MLP 128x256 dynamic", quantized_models.transformer(RNG, tokens=128, width=256,
+                                                                   attention=False), "dynamic")]
+    cases: list[Case] = []
+    for index, (name, model, mode) in enumerate(made):
+        model.graph.name = f"{model.graph.name}{index}"
+        path = quantized_models.quantize(model, folder, mode)
+        quantized = onnx.load(path)
+        x = quantized_models.calibration_samples(model, 1, seed=3)[0]
+        last = quantized.graph.node[-1]
+        step = 0.0
+        if last.op_type == "DequantizeLinear":
+            step = float(next(numpy_helper.to_array(i) for i in quantized.graph.initializer
+                              if i.name == last.input[1]))
+        cases.append((name, quantized, x, step, model))
+    return cases
+
+
+def _best(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(rounds):
         for key, run in runs.items():
             start = time.perf_counter()
             run()
             best[key] = min(best[key], time.perf_counter() - start)
-    difference = np.abs(runs["ours"]()[0].astype(np.int64) - runs["theirs"]()[0].astype(np.int64)).max()
-    return (f"| {name} | {best['ours'] * 1e3:.2f} | {best['theirs'] * 1e3:.2f} | "
-            f"{best['ours'] / best['theirs']:.0f} | {best['blas'] * 1e3:.2f} | {difference} |")
+    return best
+
+
+def row(case: Case, threads: int, rounds: int) -> str:
+    """One case's table row at one thread count."""
+    name, model, x, step, float_model = case
+    ours = RuntimeSession(model, num_threads=threads)
+    theirs = onnxruntime_session(model, threads)
+    runs: dict[str, Callable[[], object]] = {"ours": lambda: ours.run(None, {"x": x}),
+                                             "theirs": lambda: theirs.run(None, {"x": x})}
+    if float_model is not None:
+        ours_float = RuntimeSession(float_model, num_threads=threads)
+        runs["float"] = lambda: ours_float.run(None, {"x": x})
+    best = _best(runs, rounds)
+    mine, reference = ours.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0]
+    difference = float(np.abs(mine.astype(np.float64) - reference.astype(np.float64)).max())
+    shown = f"{difference / step:.0f} steps" if step and mine.dtype.kind == "f" else f"{difference:.3g}"
+    float_ms = f"{best['float'] * 1e3:.2f}" if "float" in best else "-"
+    return (f"| {name} | {threads} | {best['ours'] * 1e3:.2f} | {best['theirs'] * 1e3:.2f} | "
+            f"{best['ours'] / best['theirs']:.1f} | {float_ms} | {shown} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    print("| case | onnx_light (ms) | onnxruntime (ms) | onnx_light / onnxruntime | "
-          "float64 BLAS (ms) | max output difference |")
-    print("|---|---|---|---|---|---|")
-    for case in cases():
-        print(row(*case, args.threads, args.rounds))
+    print("| case | threads | onnx_light (ms) | onnxruntime (ms) | onnx_light / onnxruntime | "
+          "onnx_light float model (ms) | max output difference |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for case in (*node_cases(), *model_cases(Path(folder))):
+            for threads in args.threads:
+                print(row(case, threads, args.rounds), flush=True)
 
 
 if __name__ == "__main__":

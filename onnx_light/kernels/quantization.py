@@ -101,9 +101,11 @@ def requantize(values: np.ndarray, element_type: int, saturate: bool = True,
     zero = None if zero_point is None else _real(zero_point)
     if element_type in INTEGER_RANGES:
         low, high = INTEGER_RANGES[element_type]
-        rounded = np.rint(values) if zero is None else np.rint(values) + zero
+        rounded = np.rint(values)
+        if zero is not None:  # in the values' type: exact below 2**24, saturated above
+            rounded += zero.astype(rounded.dtype)
         with np.errstate(invalid="ignore"):
-            return np.clip(rounded, low, high).astype(numpy_dtype(element_type))
+            return np.clip(rounded, low, high, out=rounded).astype(numpy_dtype(element_type))
     return cast(values if zero is None else values + zero, element_type, saturate)
 
 
@@ -212,9 +214,13 @@ class DequantizeLinear(_Linear):
         else:
             out = x_scale.dtype
         scale, zero = self.parameters(x, x_scale, x_zero_point)
+        if x.dtype.kind in "iu" and x.dtype.itemsize <= 2:  # the difference is exact in float32
+            real = x.astype(np.float32) if zero is None else np.subtract(x, zero, dtype=np.float32)
+            real *= scale.astype(np.float32)
+            return [real.astype(out, copy=False)]
         difference = _real(x) if zero is None else _real(x) - _real(zero)
-        real = np.float64 if x.dtype == np.int32 else np.float32
-        return [(difference.astype(real) * scale.astype(np.float32)).astype(out)]
+        real_type = np.float64 if x.dtype == np.int32 else np.float32
+        return [(difference.astype(real_type) * scale.astype(np.float32)).astype(out)]
 
 
 class DynamicQuantizeLinear(Kernel):

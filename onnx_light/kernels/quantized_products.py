@@ -1,36 +1,49 @@
 """Integer products: MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
 
-Integer operands minus their zero points are multiplied and summed exactly, wrapping modulo
-2**32 where the spec allows accumulation to overflow: through float64 BLAS products where every
-partial sum is an integer below 2**53 (so no rounding can happen; always the case for 8-bit
-operands), else in int32 numpy arithmetic (:func:`exact_matmul`). The QLinear operators then
-rescale the int32 sums by the combined scale ``a_scale * b_scale / y_scale`` (computed in the
-scales' type, as the reference does) in float64, add the output zero point, round half to even
-and saturate to the output type
-(:func:`~onnx_light.kernels.quantization.requantize`). QLinearMatMul-21's float8 operands
-hold no integers: they are shifted and summed in float64.
+Byte operands (uint8, int8) run through the tunable integer product of
+:mod:`~onnx_light.kernels.integer_gemm`: exact int32 sums of the operands minus their zero
+points (per tensor, per row of A, per column of B, per output channel of W), wrapping modulo
+2**32 as the spec allows. The QLinear operators requantize each finished block as onnxruntime
+does: ``float32(acc + bias) * multiplier`` in float32, the multiplier
+``a_scale * b_scale / y_scale`` computed in the scales' type, rounded half to even, plus the
+output zero point, saturated to the output type. onnx's reference rescales in float64 instead,
+so the two can differ by one step where the float32 product rounds across a half.
 
-Convolutions use Conv's window geometry (:class:`~onnx_light.kernels.conv.WindowAttributes`,
-:func:`~onnx_light.kernels.conv.pad_spatial`) and an im2col: padding holds the zero point,
-so the shifted operand is padded with zeros.
+Convolutions use Conv's window geometry (:class:`~onnx_light.kernels.window.WindowAttributes`,
+:func:`~onnx_light.kernels.window.pad_spatial`) and an im2col of the raw bytes: padding holds
+the input's zero point, so padded positions add nothing once it is subtracted. The weights
+are the left operand (one row per output channel), the windows the right one, so the product
+comes out channel-major, as the output is laid out.
+
+What the product does not take runs through :func:`integer_matmul` (numpy, exact): zero points
+or scales with a batch shape, 1-D operands, and QLinearMatMul-21's float8 operands, which hold
+no integers and are shifted and summed in float64.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT8_TYPES, Kernel, NodeContext, numpy_dtype
+from .base import FLOAT8_TYPES, KernelError, NodeContext, numpy_dtype
 from .declaration import KernelDeclaration, declare
-from .quantization import quantized_type, requantize
-from .window import WindowAttributes, pad_spatial
+from .integer_gemm import (
+    ByteRows,
+    Epilogue,
+    IntegerProductKernel,
+    calibrate_integer_product,
+    integer_parameters,
+)
+from .integer_loops import requantize as requantize_block
+from .quantization import INTEGER_RANGES, quantized_type, requantize
+from .window import Window, WindowAttributes, pad_spatial
 
-__all__ = ["DECLARATIONS", "exact_matmul", "integer_conv", "integer_matmul"]
+__all__ = ["DECLARATIONS", "exact_matmul", "integer_matmul"]
 
 Arrays = list[np.ndarray]
 _BYTES = (T.INT8, T.UINT8)
@@ -100,7 +113,26 @@ def integer_matmul(ctx: NodeContext, a: np.ndarray, b: np.ndarray, a_zero: np.nd
         raise ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}") from None
 
 
-class _IntegerProduct(Kernel):
+_BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _bytes(array: np.ndarray | None) -> bool:
+    return array is not None and array.dtype in _BYTE_DTYPES
+
+
+def _vector(value: np.ndarray | None, size: int) -> np.ndarray | None:
+    """A zero point or scale as ``size`` values (a scalar repeated), or None when it has
+    another shape (the numpy path takes it)."""
+    if value is None:
+        return np.zeros(size, np.int32)
+    if value.size == 1 and value.ndim <= 1:
+        return np.full(size, value.reshape(())[()])
+    if value.ndim == 1 and value.size == size:
+        return value
+    return None
+
+
+class _IntegerProduct(IntegerProductKernel):
     """A product whose cost is its multiply-adds: the output's elements times the reduced
     length, the product of the dimensions after the first of input ``reduced_input``
     (``reduced_axes`` of them, counted from the end)."""
@@ -116,111 +148,151 @@ class _IntegerProduct(Kernel):
             return None
         return written * math.prod(shape[-self.reduced_axes:] if self.reduced_axes else shape[1:])
 
+    def output_range(self, zero: np.ndarray | None, operand: np.ndarray,
+                     allowed: tuple[int, ...] = _BYTES) -> tuple[np.dtype, int, int, int]:
+        """The output's dtype, zero point and saturation range: the zero point's type (the
+        first operand's without one)."""
+        if zero is None:
+            target = quantized_type(operand.dtype)
+        else:
+            target = quantized_type(zero.dtype)
+            if target not in allowed:
+                raise self.ctx.error(f"y_zero_point's type {zero.dtype} is not one of the output "
+                                     f"types {[str(numpy_dtype(t)) for t in allowed]}")
+            if zero.size != 1:
+                raise self.ctx.error(f"y_zero_point must be a scalar (per tensor), got shape "
+                                     f"{list(zero.shape)}")
+        low, high = INTEGER_RANGES[target]
+        value = 0 if zero is None else int(zero.reshape(-1)[0])
+        return numpy_dtype(target), value, low, high
 
-class _IntegerConv(_IntegerProduct):
-    """What ConvInteger and QLinearConv share: the window attributes and the int32 product
-    (each output element takes C/group x kernel size multiply-adds)."""
+    def requantizing(self, out: np.ndarray, multiplier: np.ndarray, zero: int, low: int,
+                     high: int) -> Epilogue:
+        """The epilogue writing each block of sums requantized into ``out`` (rows, columns)."""
+        run = requantize_block.dispatcher
 
-    reduced_input = 1
-    reduced_axes = None
+        def epilogue(acc: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> None:
+            run(acc, r0, r1, c0, c1, multiplier, zero, low, high, out)
 
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        self.window_attributes = WindowAttributes.read(ctx)
-        self.group = int(ctx.attribute("group", 1))
-        if self.group < 1:
-            raise ctx.error(f"group must be positive, got {self.group}")
+        return epilogue
 
-    def convolve(self, x32: np.ndarray, w32: np.ndarray) -> np.ndarray:
-        return integer_conv(self.ctx, self.window_attributes, self.group, x32, w32)
-
-    def operands(self, x: np.ndarray, x_zero: np.ndarray | None, w: np.ndarray,
-                 w_zero: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """``x - x_zero`` (per tensor) and ``w - w_zero`` (per tensor or output channel)."""
-        if x.ndim < 3 or w.ndim != x.ndim:
-            raise self.ctx.error(f"input of shape {list(x.shape)} and weights of shape "
-                                 f"{list(w.shape)}: both need rank 3 or more, alike")
-        channel = (w.shape[0],) + (1,) * (w.ndim - 1)
-        return (_shifted(self.ctx, "x_zero_point", x, x_zero, None),
-                _shifted(self.ctx, "w_zero_point", w, w_zero, channel))
-
-
-def integer_conv(ctx: NodeContext, attributes: WindowAttributes, group: int, x32: np.ndarray,
-                 w32: np.ndarray) -> np.ndarray:
-    """The int32 convolution of shifted int32 operands (N, C, *spatial) and (M, C/group, *kernel)."""
-    n, c = x32.shape[:2]
-    m = w32.shape[0]
-    if c != w32.shape[1] * group or m % group:
-        raise ctx.error(f"input channels {c} and weights of shape {list(w32.shape)} do not "
-                        f"match group {group}")
-    window = attributes.window(ctx, x32.shape[2:], w32.shape[2:])
-    padded = pad_spatial(x32, window)
-    steps = padded.strides
-    windows = as_strided(
-        padded, shape=(n, c, *window.output, *window.kernel),
-        strides=(steps[0], steps[1], *(s * t for s, t in zip(window.strides, steps[2:], strict=True)),
-                 *(d * t for d, t in zip(window.dilations, steps[2:], strict=True))),
-        writeable=False)
-    rank = len(window.output)
-    positions, depth = math.prod(window.output), c // group * math.prod(window.kernel)
-    # (n, group, C/group, *out, *kernel) -> (n, group, *out, C/group, *kernel): one row per position
-    grouped = windows.reshape(n, group, c // group, *window.output, *window.kernel)
-    order = (0, 1, *range(3, 3 + rank), 2, *range(3 + rank, 3 + 2 * rank))
-    columns = grouped.transpose(order).reshape(n, group, positions, depth)
-    weights = w32.reshape(group, m // group, depth)
-    product = exact_matmul(columns, weights.transpose(0, 2, 1))  # (n, group, positions, M/group)
-    return np.ascontiguousarray(product.transpose(0, 1, 3, 2)).reshape(n, m, *window.output)
+    def warm_up(self, left: np.dtype, right: np.dtype, output: np.dtype | None) -> None:
+        """Compile the loops the runs will call (at session construction)."""
+        self.compile_for(left, right)
+        if output is not None:
+            requantize_block(np.zeros((1, 1), np.int32), 0, 1, 0, 1, np.ones((1, 1), np.float32),
+                             0, 0, 1, np.zeros((1, 1), output))
 
 
 def _multiplier(ctx: NodeContext, scales: Sequence[tuple[str, np.ndarray, tuple[int, ...] | None]]
                 ) -> np.ndarray:
-    """``first * second / output`` in the scales' type, reshaped, as float64."""
+    """``first * second / output`` in the scales' type, reshaped, as float32."""
     (a_name, a, a_shape), (b_name, b, b_shape), (y_name, y, y_shape) = scales
     if not a.dtype == b.dtype == y.dtype:
         raise ctx.error(f"the scales' types differ: {a.dtype}, {b.dtype}, {y.dtype}")
     combined = _parameter(ctx, a_name, a, a_shape) * _parameter(ctx, b_name, b, b_shape)
-    return (combined / _parameter(ctx, y_name, y, y_shape)).astype(np.float64)
+    return (combined / _parameter(ctx, y_name, y, y_shape)).astype(np.float32)
 
 
-def _output(ctx: NodeContext, values: np.ndarray, y_zero: np.ndarray | None,
-            operand: np.ndarray, allowed: tuple[int, ...] = _BYTES) -> np.ndarray:
-    """Rescaled ``values`` plus the output zero point, rounded and saturated to its type
-    (the first operand's type without one); ``allowed``: the output types the node takes."""
-    if y_zero is None:
-        return requantize(values, quantized_type(operand.dtype))
-    target = quantized_type(y_zero.dtype)
-    if target not in allowed:
-        raise ctx.error(f"y_zero_point's type {y_zero.dtype} is not one of the output types "
-                        f"{[str(numpy_dtype(t)) for t in allowed]}")
-    return requantize(values + _parameter(ctx, "y_zero_point", y_zero, None).astype(np.float64), target)
+class _MatMulProduct(_IntegerProduct):
+    """What MatMulInteger and QLinearMatMul share: A (..., M, K) times B (..., K, N), B's
+    rows packed once when B and its zero point are constants."""
+
+    a_inputs: ClassVar[tuple[int, int]]  # positions of A and its zero point
+    b_inputs: ClassVar[tuple[int, int]]
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.packed: tuple[np.ndarray, np.ndarray | None, ByteRows] | None = None
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> _MatMulProduct | None:
+        b, b_zero = (constants[i] if i < len(constants) else None for i in self.b_inputs)
+        left = self.ctx.input_types[self.a_inputs[0]] if self.ctx.input_types else None
+        if not _bytes(b) or left not in _BYTES:
+            return None
+        self.warm_up(numpy_dtype(left), b.dtype, self.output_dtype(constants))
+        has_zero = self.b_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.b_inputs[1]]
+        if b.ndim != 2 or (has_zero and b_zero is None):
+            return None
+        zero = _vector(b_zero, b.shape[1])
+        if zero is None or (b_zero is not None and b_zero.dtype != b.dtype):
+            return None
+        return self.variant(packed=(b, b_zero, ByteRows(b.T, zero)))
+
+    def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
+        """The requantized output's type (None: an int32 product)."""
+        return None
+
+    def rows(self, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
+             b_zero: np.ndarray | None) -> tuple[list[tuple[ByteRows, ByteRows]], tuple[int, ...]] | None:
+        """The products as pairs of byte rows, and the output's batch shape, when the product
+        takes them: both operands of byte types and 2-D or more, zero points per tensor, per
+        row of A or per column of B. A 2-D B makes one product, A's batch folded into its
+        rows; a batched B one product per batch entry (broadcast)."""
+        if not (_bytes(a) and _bytes(b)) or a.ndim < 2 or b.ndim < 2:
+            return None
+        for name, zero, operand in (("a", a_zero, a), ("b", b_zero, b)):
+            if zero is not None and zero.dtype != operand.dtype:
+                raise self.ctx.error(f"{name}_zero_point's type {zero.dtype} differs from its "
+                                     f"operand's {operand.dtype}")
+        if a.shape[-1] != b.shape[-2]:
+            raise self.ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}")
+        row_zero, column_zero = _vector(a_zero, a.shape[-2]), _vector(b_zero, b.shape[-1])
+        if row_zero is None or column_zero is None:
+            return None
+        if b.ndim == 2:
+            batch = a.shape[:-2]
+            left = ByteRows(a.reshape(-1, a.shape[-1]), np.tile(row_zero, math.prod(batch)))
+            packed = self.packed
+            if packed is not None and packed[0] is b and packed[1] is b_zero:
+                return [(left, packed[2])], batch
+            return [(left, ByteRows(b.T, column_zero))], batch
+        try:
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            raise self.ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}") from None
+        a_all = np.broadcast_to(a, (*batch, *a.shape[-2:]))
+        b_all = np.broadcast_to(b, (*batch, *b.shape[-2:]))
+        return [(ByteRows(a_all[index], row_zero), ByteRows(b_all[index].T, column_zero))
+                for index in np.ndindex(*batch)], batch
 
 
-class MatMulInteger(_IntegerProduct):
+class MatMulInteger(_MatMulProduct):
     """``(A - a_zero_point) @ (B - b_zero_point)`` as int32."""
 
     op_type = "MatMulInteger"
+    a_inputs = (0, 2)
+    b_inputs = (1, 3)
 
     def run(self, a: np.ndarray, b: np.ndarray, a_zero_point: np.ndarray | None = None,
             b_zero_point: np.ndarray | None = None) -> Arrays:
-        return [integer_matmul(self.ctx, a, b, a_zero_point, b_zero_point)]
+        operands = self.rows(a, a_zero_point, b, b_zero_point)
+        if operands is None:
+            return [integer_matmul(self.ctx, a, b, a_zero_point, b_zero_point)]
+        pairs, batch = operands
+        if len(pairs) == 1:
+            return [self.product(*pairs[0]).reshape(*batch, a.shape[-2], b.shape[-1])]
+        y = np.empty((len(pairs), a.shape[-2], b.shape[-1]), np.int32)
+        for index, (left, right) in enumerate(pairs):
+            y[index] = self.product(left, right)
+        return [y.reshape(*batch, a.shape[-2], b.shape[-1])]
 
 
-class ConvInteger(_IntegerConv):
-    """Conv of ``x - x_zero_point`` and ``w - w_zero_point`` as int32."""
-
-    op_type = "ConvInteger"
-
-    def run(self, x: np.ndarray, w: np.ndarray, x_zero_point: np.ndarray | None = None,
-            w_zero_point: np.ndarray | None = None) -> Arrays:
-        return [self.convolve(*self.operands(x, x_zero_point, w, w_zero_point))]
-
-
-class QLinearMatMul(_IntegerProduct):
+class QLinearMatMul(_MatMulProduct):
     """The int32 product of two quantized matrices, requantized to the output's scale and
     zero point. From opset 21 the operands and output may be float8: their products are
     summed in float64 and the output cast, saturating."""
 
     op_type = "QLinearMatMul"
+    a_inputs = (0, 2)
+    b_inputs = (3, 5)
+
+    def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
+        zero = constants[7] if len(constants) > 7 else None
+        left = self.ctx.input_types[0] if self.ctx.input_types else None
+        if zero is not None:
+            return zero.dtype if _bytes(zero) else None
+        return numpy_dtype(left) if left in _BYTES else None
 
     def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
             b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
@@ -229,40 +301,230 @@ class QLinearMatMul(_IntegerProduct):
             if zero is not None and zero.size != scale.size:
                 raise self.ctx.error(f"{name}_scale has {scale.size} values, {name}_zero_point "
                                      f"{zero.size}")
-        product = integer_matmul(self.ctx, a, b, a_zero_point, b_zero_point)
         multiplier = _multiplier(self.ctx, (
             ("a_scale", a_scale, _row_shape(a, a_scale)), ("b_scale", b_scale, _column_shape(b, b_scale)),
             ("y_scale", y_scale, _column_shape(b, y_scale))))
-        allowed = _BYTES_AND_FLOAT8 if self.ctx.opset >= 21 else _BYTES
-        return [_output(self.ctx, product * multiplier, y_zero_point, a, allowed)]
+        operands = self.rows(a, a_zero_point, b, b_zero_point)
+        if operands is None or multiplier.ndim > 2 or (y_zero_point is not None and not _bytes(y_zero_point)):
+            product = integer_matmul(self.ctx, a, b, a_zero_point, b_zero_point)
+            allowed = _BYTES_AND_FLOAT8 if self.ctx.opset >= 21 else _BYTES
+            return [_output(self.ctx, product, multiplier, y_zero_point, a, allowed)]
+        pairs, batch = operands
+        dtype, zero, low, high = self.output_range(y_zero_point, a)
+        m, n = a.shape[-2], b.shape[-1]
+        rows = pairs[0][0].data.shape[0]  # M, or M times A's batch folded in
+        multiplier = multiplier.reshape((1,) * (2 - multiplier.ndim) + multiplier.shape)
+        if multiplier.shape[0] > 1:  # per row of A: the same rows in every batch entry
+            multiplier = np.ascontiguousarray(np.tile(multiplier, (rows // m, 1)))
+        y = np.empty((len(pairs), rows, n), dtype)
+        for index, (left, right) in enumerate(pairs):
+            self.product(left, right, epilogue=self.requantizing(y[index], multiplier, zero, low, high))
+        return [y.reshape(*batch, m, n)]
 
 
-class QLinearConv(_IntegerConv):
+def _output(ctx: NodeContext, product: np.ndarray, multiplier: np.ndarray, y_zero: np.ndarray | None,
+            operand: np.ndarray, allowed: tuple[int, ...]) -> np.ndarray:
+    """The numpy path's requantization: float32 rescaling (float64 for float8 operands, whose
+    sums are float64), plus the output zero point, rounded and saturated to its type."""
+    if product.dtype == np.float64:  # float8 operands: float64 sums
+        values = product * multiplier.astype(np.float64)
+    else:
+        values = product.astype(np.float32) * multiplier
+    if y_zero is None:
+        return requantize(values, quantized_type(operand.dtype))
+    target = quantized_type(y_zero.dtype)
+    if target not in allowed:
+        raise ctx.error(f"y_zero_point's type {y_zero.dtype} is not one of the output types "
+                        f"{[str(numpy_dtype(t)) for t in allowed]}")
+    return requantize(values + _parameter(ctx, "y_zero_point", y_zero, None).astype(values.dtype), target)
+
+
+class _ConvProduct(_IntegerProduct):
+    """What ConvInteger and QLinearConv share: the window attributes and the int32
+    convolution (each output element takes C/group x kernel size multiply-adds), the
+    weights' rows packed once when they and their zero point are constants."""
+
+    reduced_input = 1
+    reduced_axes = None
+    w_inputs: ClassVar[tuple[int, int]]  # positions of W and its zero point
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.window_attributes = WindowAttributes.read(ctx)
+        self.group = int(ctx.attribute("group", 1))
+        if self.group < 1:
+            raise ctx.error(f"group must be positive, got {self.group}")
+        self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> _ConvProduct | None:
+        w, w_zero = (constants[i] if i < len(constants) else None for i in self.w_inputs)
+        x = self.ctx.input_types[0] if self.ctx.input_types else None
+        if not _bytes(w) or x not in _BYTES or w.ndim < 3:
+            return None
+        self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
+        has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
+        if has_zero and w_zero is None:
+            return None
+        try:
+            return self.variant(packed=(w, w_zero, self.weight_rows(w, w_zero)))
+        except KernelError:  # a bad zero point: the run reports it
+            return None
+
+    def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
+        return None
+
+    def weight_rows(self, w: np.ndarray, w_zero: np.ndarray | None) -> list[ByteRows]:
+        """One operand per group: its output channels' weights as rows, with their zero points."""
+        if w_zero is not None and w_zero.dtype != w.dtype:
+            raise self.ctx.error(f"w_zero_point's type {w_zero.dtype} differs from its operand's {w.dtype}")
+        zero = _vector(w_zero, w.shape[0])
+        if zero is None:
+            raise self.ctx.error(f"w_zero_point must be a scalar or have one value per output "
+                                 f"channel ({w.shape[0]}), got shape {list(w_zero.shape)}")
+        m = w.shape[0]
+        if m % self.group:
+            raise self.ctx.error(f"{m} output channels do not split into group {self.group}")
+        per_group = m // self.group
+        rows = w.reshape(m, -1)
+        return [ByteRows(rows[g * per_group:(g + 1) * per_group], zero[g * per_group:(g + 1) * per_group])
+                for g in range(self.group)]
+
+    def convolve(self, x: np.ndarray, x_zero: np.ndarray | None, w: np.ndarray,
+                 w_zero: np.ndarray | None, bias: np.ndarray | None,
+                 finish: Callable[[np.ndarray, int, slice], Epilogue | None]) -> np.ndarray:
+        """The int32 sums (N, M, positions) of the convolution; ``finish(out, image,
+        channels)`` gives the epilogue for one image's group of channels (or None)."""
+        if x.ndim < 3 or w.ndim != x.ndim:
+            raise self.ctx.error(f"input of shape {list(x.shape)} and weights of shape "
+                                 f"{list(w.shape)}: both need rank 3 or more, alike")
+        if not (_bytes(x) and _bytes(w)):
+            raise self.ctx.error(f"input {x.dtype} and weights {w.dtype} must be int8 or uint8")
+        if x_zero is not None:
+            if x_zero.dtype != x.dtype:
+                raise self.ctx.error(f"x_zero_point's type {x_zero.dtype} differs from its "
+                                     f"operand's {x.dtype}")
+            if x_zero.size != 1:
+                raise self.ctx.error(f"x_zero_point must be a scalar (per tensor), got shape "
+                                     f"{list(x_zero.shape)}")
+        n, c = x.shape[:2]
+        m, group = w.shape[0], self.group
+        if c != w.shape[1] * group or m % group:
+            raise self.ctx.error(f"input channels {c} and weights of shape {list(w.shape)} do not "
+                                 f"match group {group}")
+        packed = self.packed
+        weights = (packed[2] if packed is not None and packed[0] is w and packed[1] is w_zero
+                   else self.weight_rows(w, w_zero))
+        zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
+        window = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:])
+        padded = pad_spatial(x, window, value=zero)
+        positions, per_group = math.prod(window.output), c // group
+        channels_out = m // group
+        acc = np.empty((n, m, positions), np.int32)
+        if per_group == channels_out == 1 and group > 1:  # depthwise: one pass per tap, all channels
+            shifted = w.reshape(m, -1).astype(np.int32) - _vector(w_zero, m).astype(np.int32)[:, None]
+            for image in range(n):
+                acc[image] = _depthwise(padded[image], shifted, zero, window)
+                if bias is not None:
+                    acc[image] += bias[:, None]
+                epilogue = finish(acc, image, slice(0, m))
+                if epilogue is not None:
+                    epilogue(acc[image], 0, m, 0, positions)
+            return acc.reshape(n, m, *window.output)
+        for image in range(n):
+            for g in range(group):
+                columns = _im2col(padded[image, g * per_group:(g + 1) * per_group], window)
+                right = ByteRows(columns, zero)
+                channels = slice(g * channels_out, (g + 1) * channels_out)
+                group_bias = None if bias is None else bias[channels].reshape(-1, 1)
+                acc[image, channels] = self.product(weights[g], right, group_bias,
+                                                    finish(acc, image, channels))
+        return acc.reshape(n, m, *window.output)
+
+
+def _im2col(padded: np.ndarray, window: Window) -> np.ndarray:
+    """The windows of a padded (C, *spatial) image as rows (positions, C x kernel size), each
+    row ordered as the weights' (C, *kernel): one strided copy per kernel offset."""
+    columns = np.empty((*window.output, padded.shape[0], *window.kernel), padded.dtype)
+    for offsets in itertools.product(*(range(k) for k in window.kernel)):
+        source = padded[(slice(None), *(
+            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
+                offsets, window.dilations, window.strides, window.output, strict=True)))]
+        columns[(Ellipsis, *offsets)] = np.moveaxis(source, 0, -1)
+    return columns.reshape(math.prod(window.output), -1)
+
+
+def _depthwise(padded: np.ndarray, shifted: np.ndarray, zero: int, window: Window) -> np.ndarray:
+    """A depthwise convolution's int32 sums (C, positions): for each kernel offset, the
+    strided input of every channel minus the zero point times that tap of each channel's
+    shifted weights (C, kernel size), accumulated in place."""
+    channels = padded.shape[0]
+    acc = np.zeros((channels, math.prod(window.output)), np.int32)
+    term = np.empty_like(acc)
+    for tap, offsets in enumerate(itertools.product(*(range(k) for k in window.kernel))):
+        source = padded[(slice(None), *(
+            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
+                offsets, window.dilations, window.strides, window.output, strict=True)))]
+        np.subtract(source.reshape(channels, -1), zero, out=term, dtype=np.int32)
+        term *= shifted[:, tap:tap + 1]
+        acc += term
+    return acc
+
+
+class ConvInteger(_ConvProduct):
+    """Conv of ``x - x_zero_point`` and ``w - w_zero_point`` as int32."""
+
+    op_type = "ConvInteger"
+    w_inputs = (1, 3)
+
+    def run(self, x: np.ndarray, w: np.ndarray, x_zero_point: np.ndarray | None = None,
+            w_zero_point: np.ndarray | None = None) -> Arrays:
+        return [self.convolve(x, x_zero_point, w, w_zero_point, None, lambda *_: None)]
+
+
+class QLinearConv(_ConvProduct):
     """The int32 convolution of quantized input and weights (per-channel weight scales), plus
     the int32 bias, requantized to the output's scale and zero point."""
 
     op_type = "QLinearConv"
     reduced_input = 3
+    w_inputs = (3, 5)
+
+    def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
+        zero = constants[7] if len(constants) > 7 else None
+        x = self.ctx.input_types[0] if self.ctx.input_types else None
+        if zero is not None:
+            return zero.dtype if _bytes(zero) else None
+        return numpy_dtype(x) if x in _BYTES else None
 
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
-        accumulated = self.convolve(*self.operands(x, x_zero_point, w, w_zero_point))
-        channel = (1, w.shape[0]) + (1,) * (w.ndim - 2)
-        if bias is not None:
-            if bias.dtype != np.int32 or bias.shape != (w.shape[0],):
-                raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
-                                     f"{bias.dtype} of shape {list(bias.shape)}")
-            accumulated += bias.reshape(channel)
-        multiplier = _multiplier(self.ctx, (("x_scale", x_scale, None), ("w_scale", w_scale, channel),
+        if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
+            raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
+                                 f"{bias.dtype} of shape {list(bias.shape)}")
+        multiplier = _multiplier(self.ctx, (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
                                             ("y_scale", y_scale, None)))
-        return [_output(self.ctx, accumulated * multiplier, y_zero_point, x)]
+        multiplier = np.broadcast_to(multiplier.reshape(-1, 1), (w.shape[0], 1))
+        dtype, zero, low, high = self.output_range(y_zero_point, x)
+        spatial = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:]).output \
+            if x.ndim >= 3 and w.ndim == x.ndim else ()
+        y = np.empty((x.shape[0], w.shape[0], math.prod(spatial)), dtype)
+
+        def finish(acc: np.ndarray, image: int, channels: slice) -> Epilogue:
+            return self.requantizing(y[image, channels], np.ascontiguousarray(multiplier[channels]),
+                                     zero, low, high)
+
+        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish)
+        return [y.reshape(x.shape[0], w.shape[0], *spatial)]
 
 
-DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(MatMulInteger, (10,), types=_BYTES),
-    declare(ConvInteger, (10,), types=_BYTES),
-    declare(QLinearMatMul, (10, 21), types={10: _BYTES, 21: _BYTES_AND_FLOAT8}),
-    declare(QLinearConv, (10,), types=_BYTES),
-)
+DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
+    declare(kernel, versions, types=types, parameters=integer_parameters,
+            calibrate=calibrate_integer_product)
+    for kernel, versions, types in (
+        (MatMulInteger, (10,), _BYTES),
+        (ConvInteger, (10,), _BYTES),
+        (QLinearMatMul, (10, 21), {10: _BYTES, 21: _BYTES_AND_FLOAT8}),
+        (QLinearConv, (10,), _BYTES),
+    ))

@@ -39,6 +39,7 @@ from ..tuning.registry import KernelTuningRegistry, default_registry
 from .branches import Branches, group_branches
 from .dispatch import ONNX_DOMAINS, UnsupportedOperator, UnsupportedOperatorError, find_kernel
 from .fusion import fuse as fuse_steps
+from .qdq import rewrite_qdq
 from .subgraphs import attach_subgraphs, op_types, outer_names
 from .values import ValueFeed, hand_over
 from .values import type_text as value_type_text
@@ -559,6 +560,8 @@ class RuntimeSession:
         for name, flag in (("fuse", fuse), ("branches", branches), ("fold", fold)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
+        if fuse:  # QDQ products as integer operators (runtime/qdq.py)
+            model = rewrite_qdq(model)
         skeleton = _skeleton(model)
         inferred = _check(skeleton)
         self.descriptor = execution_descriptor(num_threads)

@@ -1,0 +1,258 @@
+"""The tunable integer product that MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv
+share: rows of bytes times rows of bytes into int32 sums, then an epilogue per block.
+
+Both operands are :class:`ByteRows`, matrices of uint8 or int8 whose rows run along the reduced
+axis, with a zero point per row. ``product(left, right)`` computes
+``(left - left.zero) @ (right - right.zero).T`` exactly in int32 (wrapping modulo 2**32), adds
+an int32 bias per column, and hands each finished block to an epilogue (the QLinear
+operators' requantization) while it is in cache.
+
+Parameters (one schema per operator and element type, :func:`integer_parameters`):
+
+``product.algorithm``
+    ``"compiled"``: the byte dot products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`,
+    compiled by numba for this processor. ``"blas"``: float32 BLAS products of the raw bytes in
+    chunks of the reduced axis short enough that every partial sum is an integer float32 holds
+    exactly (at most 2**24: 514 terms of uint8 x int8), summed in int32. Both are exact, so
+    they give identical outputs; which is faster depends on the processor's BLAS and vector
+    units.
+``tile.rows``, ``tile.columns``
+    The compiled product's tile: the rows of each operand one tile reads while it stays in
+    cache. They also bound the parallel split: a block is never smaller than a tile.
+``parallel.minimum_macs``
+    Multiply-adds (rows x columns x depth) from which the product's output is split across the
+    session's pool (along its longer side, in blocks of whole tiles).
+
+docs/quantization.md has the measurements behind the portable defaults.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..parallel import BLAS, get_pool
+from ..tuning.calibration import Budget, CalibrationResult, configuration_search
+from ..tuning.keys import ElementType as T
+from ..tuning.keys import KernelTuningKey
+from ..tuning.processor import CpuExecutionDescriptor
+from ..tuning.schema import Parameter, Value
+from .base import Kernel, NodeContext
+from .declaration import KernelDeclaration
+from .integer_loops import correct, dot_tiles, row_sums
+
+__all__ = ["ALGORITHM", "MINIMUM_MACS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS", "ByteRows",
+           "IntegerProductKernel", "calibrate_integer_product", "integer_candidates",
+           "integer_parameters"]
+
+ALGORITHM = "product.algorithm"
+TILE_ROWS = "tile.rows"
+TILE_COLUMNS = "tile.columns"
+MINIMUM_MACS = "parallel.minimum_macs"
+ALGORITHMS = ("compiled", "blas")
+_DEFAULTS: dict[str, Value] = {ALGORITHM: "blas", TILE_ROWS: 16, TILE_COLUMNS: 64,
+                               MINIMUM_MACS: 1 << 21}
+# The largest magnitude of each byte type, for the exact float32 chunk length.
+_MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
+
+#: ``epilogue(acc, row_start, row_stop, column_start, column_stop)``: a finished block.
+Epilogue = Callable[[np.ndarray, int, int, int, int], None]
+
+
+def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, ...]:
+    """The parameters of an integer product's schema (the same for every byte type)."""
+    return (
+        Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
+                  description="'compiled': numba's byte dot products; 'blas': exact float32 BLAS "
+                              "products of the bytes in short chunks of the reduced axis"),
+        Parameter(TILE_ROWS, "int", _DEFAULTS[TILE_ROWS], minimum=1, maximum=4096,
+                  description="rows of the left operand per tile (and the smallest parallel block)"),
+        Parameter(TILE_COLUMNS, "int", _DEFAULTS[TILE_COLUMNS], minimum=1, maximum=4096,
+                  description="rows of the right operand per tile (and the smallest parallel block)"),
+        Parameter(MINIMUM_MACS, "int", _DEFAULTS[MINIMUM_MACS], minimum=1,
+                  description="multiply-adds from which the output is split across the pool"),
+    )
+
+
+class ByteRows:
+    """One operand of a product: ``data`` (R, K) uint8 or int8, C-contiguous, its zero point
+    per row (int32, R values) and the row sums the zero-point correction needs."""
+
+    __slots__ = ("__dict__", "data", "sums", "zero")
+
+    def __init__(self, data: np.ndarray, zero: np.ndarray | int) -> None:
+        self.data = np.ascontiguousarray(data)
+        rows = self.data.shape[0]
+        self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (rows,)))
+        self.sums = np.empty(rows, np.int32)
+        if rows:
+            row_sums.dispatcher(self.data, self.sums)
+
+    @functools.cached_property
+    def real(self) -> np.ndarray:
+        """The bytes as float32 (for the BLAS product; made once per operand)."""
+        return self.data.astype(np.float32)
+
+
+def _chunk(left: np.dtype, right: np.dtype) -> int:
+    """The longest run of the reduced axis whose byte products sum exactly in float32."""
+    return (1 << 24) // (_MAGNITUDE[left] * _MAGNITUDE[right])
+
+
+class IntegerProductKernel(Kernel):
+    """The integer products' configuration and their blocked, exact product."""
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.algorithm = str(values[ALGORITHM])
+        self.tile_rows = int(values[TILE_ROWS])
+        self.tile_columns = int(values[TILE_COLUMNS])
+        self.minimum_macs = int(values[MINIMUM_MACS])
+
+    def product(self, left: ByteRows, right: ByteRows, bias: np.ndarray | None = None,
+                epilogue: Epilogue | None = None) -> np.ndarray:
+        """The int32 sums ``(left - zero) @ (right - zero).T + bias`` (``bias`` int32 of shape
+        (rows, 1) or (1, columns)); each block goes to ``epilogue`` once final. Returns the
+        (rows, columns) int32 accumulator."""
+        rows, depth = left.data.shape
+        columns = right.data.shape[0]
+        acc = np.empty((rows, columns), np.int32)
+        row_bias, column_bias = np.zeros(rows, np.int32), np.zeros(columns, np.int32)
+        if bias is not None:
+            (row_bias if bias.shape[0] > 1 or columns == 1 else column_bias)[:] = bias.reshape(-1)
+        blas = self.algorithm == "blas"
+        dot = None if blas else dot_tiles.dispatcher
+        fix = correct.dispatcher
+        chunk = _chunk(left.data.dtype, right.data.dtype)
+
+        def block(r0: int, r1: int, c0: int, c1: int) -> None:
+            if r0 >= r1 or c0 >= c1:
+                return
+            if blas:
+                _blas_block(left.real, right.real, r0, r1, c0, c1, chunk, acc)
+            else:
+                dot(left.data, right.data, r0, r1, c0, c1, self.tile_rows, self.tile_columns, acc)
+            fix(acc, r0, r1, c0, c1, left.zero, left.sums, right.zero, right.sums, depth,
+                row_bias, column_bias)
+            if epilogue is not None:
+                epilogue(acc, r0, r1, c0, c1)
+
+        with BLAS.limited(1 if blas else None):
+            threads = self.num_threads
+            if threads < 2 or depth == 0 or rows * columns * depth < self.minimum_macs:
+                block(0, rows, 0, columns)
+                return acc
+            if rows * self.tile_columns >= columns * self.tile_rows:  # more row tiles
+                blocks = min(threads, -(-rows // self.tile_rows))
+                self.pool.parallel_for(rows, lambda s, e: block(s, e, 0, columns), max_blocks=blocks)
+            else:
+                blocks = min(threads, -(-columns // self.tile_columns))
+                self.pool.parallel_for(columns, lambda s, e: block(0, rows, s, e), max_blocks=blocks)
+        return acc
+
+    def compile_for(self, left: np.dtype, right: np.dtype) -> None:
+        """Compile the loops this kernel's product runs for operands of these types (at
+        session construction, so that no run pays for it)."""
+        one = ByteRows(np.zeros((1, 1), left), 0)
+        self.product(one, ByteRows(np.zeros((1, 1), right), 0))
+
+
+def _blas_block(left: np.ndarray, right: np.ndarray, r0: int, r1: int, c0: int, c1: int,
+                chunk: int, acc: np.ndarray) -> None:
+    """``acc[r0:r1, c0:c1] = left[r0:r1] @ right[c0:c1].T`` from float32 products over chunks
+    of the reduced axis, each exact, summed in int32."""
+    depth = left.shape[1]
+    a, b = left[r0:r1], right[c0:c1].T
+    target = acc[r0:r1, c0:c1]
+    target[...] = np.matmul(a[:, :chunk], b[:chunk])
+    for k in range(chunk, depth, chunk):
+        target += np.matmul(a[:, k:k + chunk], b[k:k + chunk]).astype(np.int32)
+
+
+# ---------------------------------------------------------------- calibration
+
+SEED = 20261202
+# (name, rows, depth, columns): products quantized models make (a transformer's projection,
+# a 3x3 convolution's im2col, a classifier head, a small 1x1 convolution).
+PRODUCT_CORPUS: tuple[tuple[str, int, int, int], ...] = (
+    ("projection 128x256x256", 128, 256, 256),
+    ("conv3x3 64x576x784", 64, 576, 784),
+    ("head 1x1024x1000", 1, 1024, 1000),
+    ("conv1x1 32x64x3136", 32, 64, 3136),
+)
+
+
+def integer_candidates() -> list[dict[str, Value]]:
+    """What a calibration tries: both algorithms, three tiles, three thresholds."""
+    return [{ALGORITHM: algorithm, TILE_ROWS: rows, TILE_COLUMNS: columns, MINIMUM_MACS: 1 << exp}
+            for algorithm in ALGORITHMS for rows, columns in ((4, 64), (16, 64), (64, 16))
+            for exp in (17, 21, 25)]
+
+
+class _Inputs(NamedTuple):
+    case: str
+    left: ByteRows
+    right: ByteRows
+    bias: np.ndarray
+
+
+class IntegerProductConfigurations:
+    """The configuration search's problem for an integer product of one element type: the
+    left operand of that type, int8 weights on the right, a bias, outputs compared exactly."""
+
+    def __init__(self, declaration: KernelDeclaration, element_type: int, num_threads: int) -> None:
+        self.declaration, self.element_type = declaration, element_type
+        self.pool = get_pool(num_threads)
+        self.corpus = {entry[0]: entry for entry in PRODUCT_CORPUS}
+        self.cases = tuple(self.corpus)
+        self._kernels: dict[tuple[Any, ...], IntegerProductKernel] = {}
+
+    def _kernel(self, values: dict[str, Value]) -> IntegerProductKernel:
+        cache_key = tuple(sorted(values.items()))
+        kernel = self._kernels.get(cache_key)
+        if kernel is None:
+            op = self.declaration.op_type
+            ctx = NodeContext(f"calibrate_{op}", op, "", max(self.declaration.versions), {},
+                              (self.element_type,), (self.element_type,), 1)
+            kernel = self.declaration.kernel(ctx).bind(self.pool)
+            kernel.configure(values)
+            self._kernels[cache_key] = kernel
+        return kernel
+
+    def work(self, case: str) -> int:
+        return math.prod(self.corpus[case][1:])
+
+    def input_bytes(self, case: str) -> int:
+        _, m, k, n = self.corpus[case]
+        return 5 * (m * k + n * k) + 4 * m * n
+
+    def make_inputs(self, case: str) -> _Inputs:
+        _, m, k, n = self.corpus[case]
+        rng = np.random.default_rng([SEED, self.cases.index(case)])
+        dtype = np.uint8 if self.element_type == T.UINT8 else np.int8
+        info = np.iinfo(dtype)
+        left = ByteRows(rng.integers(info.min, info.max + 1, (m, k)).astype(dtype),
+                        rng.integers(info.min, info.max + 1, m).astype(np.int32))
+        right = ByteRows(rng.integers(-128, 128, (n, k)).astype(np.int8),
+                         rng.integers(-3, 4, n).astype(np.int32))
+        return _Inputs(case, left, right, rng.integers(-5000, 5000, (1, n)).astype(np.int32))
+
+    def run(self, values: dict[str, Value], inputs: _Inputs) -> np.ndarray:
+        return self._kernel(values).product(inputs.left, inputs.right, inputs.bias)
+
+    def same_output(self, reference: np.ndarray, candidate: np.ndarray) -> bool:
+        """Bit-exact: every configuration computes the same int32 sums."""
+        return reference.dtype == candidate.dtype and np.array_equal(reference, candidate)
+
+
+def calibrate_integer_product(declaration: KernelDeclaration, key: KernelTuningKey,
+                              descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
+    """The configuration search of an integer product over :data:`PRODUCT_CORPUS`."""
+    threads = min(descriptor.num_threads, budget.max_threads)
+    problem = IntegerProductConfigurations(declaration, key.element_type, threads)
+    portable = dict(declaration.schema(key.element_type).defaults)
+    return configuration_search(key, problem, portable, integer_candidates(),
+                                Budget(budget.max_duration_s, budget.max_memory_bytes, threads))

@@ -1,0 +1,93 @@
+"""Compiled loops of the integer products: byte dot products, zero-point corrections and
+requantization.
+
+The products multiply raw bytes (uint8 or int8, unshifted) into int32 sums; the zero points
+come in afterwards through the row sums of both operands::
+
+    sum_k (a_ik - za_i)(b_jk - zb_j) = sum_k a_ik b_jk - zb_j A_i - za_i B_j + K za_i zb_j
+
+(``A_i``, ``B_j`` the row sums), every step in int32 arithmetic that wraps modulo 2**32, so the
+result is exact whenever the true value fits int32 (always for bytes with K below 33,000). Both
+operands are rows along the reduced axis: :func:`dot_tiles` computes ``out[i, j] = a[i] . b[j]``,
+a reduction over contiguous bytes that LLVM turns into the processor's integer dot-product
+instructions (AVX-VNNI ``vpdpwssd`` where the processor has them).
+
+:func:`requantize` is onnxruntime's arithmetic: ``float32(acc) * multiplier`` in float32,
+rounded half to even, plus the output zero point, saturated to the output type.
+:func:`row_sums` gives the operands' row sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compiled import compiled
+
+__all__ = ["correct", "dot_tiles", "requantize", "row_sums"]
+
+
+@compiled
+def dot_tiles(a, b, row_start, row_stop, column_start, column_stop,
+              tile_rows, tile_columns, out):
+    """``out[i, j] = sum_k a[i, k] * b[j, k]`` (int32) over a block of rows and columns, in
+    tiles of ``tile_rows`` x ``tile_columns`` (the rows of ``a`` and ``b`` a tile reads stay
+    in cache while it runs)."""
+    depth = a.shape[1]
+    for i0 in range(row_start, row_stop, tile_rows):
+        i1 = min(row_stop, i0 + tile_rows)
+        for j0 in range(column_start, column_stop, tile_columns):
+            j1 = min(column_stop, j0 + tile_columns)
+            for i in range(i0, i1):
+                left = a[i]
+                for j in range(j0, j1):
+                    right = b[j]
+                    total = np.int32(0)
+                    for k in range(depth):
+                        total += np.int32(left[k]) * np.int32(right[k])
+                    out[i, j] = total
+
+
+@compiled
+def correct(acc, row_start, row_stop, column_start, column_stop,
+            a_zero, a_sums, b_zero, b_sums, depth, row_bias, column_bias):
+    """Apply the zero points (per row of each operand) and the int32 biases (one per row and
+    one per column) to a block of raw sums, in place, wrapping like int32: ``acc[i, j] +=
+    (depth za_i - A_i) zb_j - za_i B_j + row_bias_i + column_bias_j``."""
+    for i in range(row_start, row_stop):
+        za = a_zero[i]
+        scaled = depth * za - a_sums[i]
+        offset = row_bias[i]
+        row = acc[i]
+        for j in range(column_start, column_stop):
+            row[j] = np.int32(row[j] + scaled * b_zero[j] - za * b_sums[j] + offset + column_bias[j])
+
+
+@compiled
+def requantize(acc, row_start, row_stop, column_start, column_stop,
+               multiplier, zero, low, high, out):
+    """``out = saturate(round_half_even(float32(acc) * multiplier) + zero)`` over a block;
+    ``multiplier`` is float32 of shape (1 or rows, 1 or columns)."""
+    per_row = multiplier.shape[0] > 1
+    per_column = multiplier.shape[1] > 1
+    for i in range(row_start, row_stop):
+        mi = i if per_row else 0
+        for j in range(column_start, column_stop):
+            scaled = np.float32(acc[i, j]) * multiplier[mi, j if per_column else 0]
+            value = np.rint(scaled) + np.float32(zero)
+            if value < low:
+                value = np.float32(low)
+            elif value > high:
+                value = np.float32(high)
+            out[i, j] = value
+
+
+@compiled
+def row_sums(data, out):
+    """``out[r] = sum(data[r])`` in int32 (the zero-point correction's sums)."""
+    for r in range(data.shape[0]):
+        row = data[r]
+        total = np.int32(0)
+        for k in range(row.shape[0]):
+            total += np.int32(row[k])
+        out[r] = total
+
