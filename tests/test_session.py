@@ -203,6 +203,28 @@ def test_tuning_report(registry):
     assert session.tuning_resolution_seconds >= 0
 
 
+def test_tuning_report_describes_the_plan_that_runs(registry):
+    """Folding and fusion come before the tuning step: a folded product has no entry, and a
+    Relu fused into its Add leaves the Add's, as the step that runs."""
+    w = np.ones((4, 4), np.float32)
+    initializers = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(w, "v")]
+    nodes = [helper.make_node("MatMul", ["w", "v"], ["wv"], name="folded"),
+             helper.make_node("MatMul", ["x", "wv"], ["p"], name="product"),
+             helper.make_node("Add", ["p", "x"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["z"], name="relu")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 4])
+    session = RuntimeSession(_model(nodes, [x], [z], initializers=initializers), registry=registry)
+    assert (session.folded_nodes, session.fused_nodes) == (1, 1)
+    assert [entry["node"] for entry in session.tuning_report()] == ["product", "add"]
+    unfused = RuntimeSession(_model(nodes, [x], [z], initializers=initializers), registry=registry,
+                             fold=False, fuse=False)
+    assert [entry["node"] for entry in unfused.tuning_report()] == ["folded", "product", "add",
+                                                                    "relu"]
+    feeds = {"x": np.arange(16, dtype=np.float32).reshape(4, 4) - 8}
+    np.testing.assert_allclose(session.run(None, feeds)[0], unfused.run(None, feeds)[0])
+
+
 def test_sessions_run_from_many_threads(registry):
     _publish(registry, 2, 1)
     session = RuntimeSession(_add_model(), num_threads=2, registry=registry)
@@ -299,7 +321,7 @@ def _large_initializer_model(values, element_type=TensorProto.FLOAT):
 def test_large_initializers_are_checked_without_being_serialized_again():
     """The checker and shape inference see a copy without large initializer data (they would
     serialize the whole model); the session still validates and uses that data."""
-    from onnx_light.runtime.session import SKELETON_MINIMUM
+    from onnx_light.runtime.loading import SKELETON_MINIMUM
 
     n = 4 * SKELETON_MINIMUM
     values = np.arange(n, dtype=np.float32)

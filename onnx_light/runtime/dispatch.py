@@ -5,17 +5,26 @@ The declarations map ``op_type`` to a
 :class:`~onnx_light.kernels.declaration.KernelDeclaration`; the version in force is the
 highest ``since_version`` not above the model's opset, as ONNX's own versioning rules say,
 and the node's element type must be one that version of the kernel takes.
+:func:`dispatch_graph` is the first step of a session's construction: one kernel per node,
+built from its context (attributes, element types), or every unsupported operator at once.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import onnx
+from onnx import numpy_helper
 
 from ..kernels.base import Kernel, NodeContext
 from ..kernels.declaration import KernelDeclaration
+from .loading import tensor_element_type
 
-__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "find_kernel"]
+__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "dispatch_graph",
+           "find_kernel"]
 
 ONNX_DOMAINS = frozenset({"", "ai.onnx"})
 Declarations = Mapping[str, KernelDeclaration]
@@ -66,3 +75,58 @@ def find_kernel(declarations: Declarations, domain: str, op_type: str, opset: in
     if reason is not None:
         return UnsupportedOperator(domain, op_type, opset, reason)
     return declaration.kernel
+
+
+@functools.cache
+def _since_version(op_type: str, opset: int) -> int | None:
+    """The version of an ONNX operator in force at ``opset``, as the installed onnx defines
+    it; None for an operator it does not know."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "").since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _attribute_value(attribute: onnx.AttributeProto) -> Any:
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", "replace") for v in value]
+    if isinstance(value, list) and value and isinstance(value[0], onnx.TensorProto):
+        return [numpy_helper.to_array(v) for v in value]
+    return value
+
+
+def dispatch_graph(graph: onnx.GraphProto, opsets: Mapping[str, int],
+                   types: Mapping[str, onnx.TypeProto], declarations: Declarations) -> list[Kernel]:
+    """One kernel per node of ``graph``, in order, built from the node's context (its
+    attributes, and its values' element types from ``types``); raises
+    :class:`UnsupportedOperatorError` listing every operator no declaration runs."""
+    kernels, unsupported = [], []
+    for index, node in enumerate(graph.node):
+        domain = node.domain or ""
+        opset = opsets.get(domain)
+        ctx = None if opset is None or domain not in ONNX_DOMAINS else NodeContext(
+            name=node.name or f"{node.op_type}_{index}",
+            op_type=node.op_type,
+            domain=node.domain,
+            opset=opset,
+            attributes={a.name: _attribute_value(a) for a in node.attribute},
+            input_types=tuple(tensor_element_type(types.get(n)) if n else None for n in node.input),
+            output_types=tuple(tensor_element_type(types.get(n)) if n else None for n in node.output),
+            num_inputs=len(node.input),
+            num_outputs=len(node.output),
+        )
+        found = find_kernel(declarations, domain, node.op_type, opset, ctx,
+                            None if ctx is None else _since_version(node.op_type, opset))
+        if isinstance(found, UnsupportedOperator):
+            if found not in unsupported:
+                unsupported.append(found)
+            continue
+        kernels.append(found(ctx))
+    if unsupported:
+        raise UnsupportedOperatorError(unsupported)
+    return kernels
