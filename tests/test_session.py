@@ -271,12 +271,25 @@ def test_blas_threads_held_at_one_during_run(monkeypatch, registry):
         pytest.skip("no BLAS library visible to threadpoolctl")
     seen = []
     add_class = kernels.KERNELS["Add"][max(kernels.KERNELS["Add"])]
-    original = add_class.run
+    original, original_prepare = add_class.run, add_class.prepare
     monkeypatch.setattr(add_class, "run",
                         lambda self, *xs: (seen.append(BLAS.get()), original(self, *xs))[1])
+
+    def prepare(self, specs):  # the prepared computation the plan calls instead of run
+        prepared = original_prepare(self, specs)
+
+        def compute(*xs, out):
+            seen.append(BLAS.get())
+            prepared.compute(*xs, out=out)
+
+        return None if prepared is None else prepared._replace(compute=compute)
+
+    monkeypatch.setattr(add_class, "prepare", prepare)
     before = BLAS.get()
-    RuntimeSession(_add_model(), num_threads=2, registry=registry).run(None, _feeds())
-    assert seen == [(1,) * len(before)]
+    session = RuntimeSession(_add_model(), num_threads=2, registry=registry)
+    session.run(None, _feeds())
+    session.run(None, _feeds(), node_hook=lambda name, op_type: None)  # the walk with a hook
+    assert seen == [(1,) * len(before)] * 2
     assert BLAS.get() == before  # restored after the run
 
 

@@ -18,7 +18,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -41,6 +41,8 @@ __all__ = [
     "Kernel",
     "KernelError",
     "NodeContext",
+    "Prepared",
+    "TensorSpec",
     "compute_dtype",
     "ints",
     "item_size",
@@ -174,6 +176,21 @@ def ints(value: Any) -> list[int] | None:
 
 _K = TypeVar("_K", bound="Kernel")
 
+#: An input's shape and numpy dtype, fixed for every run of a plan.
+TensorSpec = tuple[tuple[int, ...], np.dtype]
+
+
+class Prepared(NamedTuple):
+    """A node's computation for inputs of fixed shapes and types (:meth:`Kernel.prepare`):
+    ``compute(*inputs, out=buffer)`` writes the node's one output, of ``shape`` and
+    ``dtype``, into ``buffer`` (C-contiguous, not one of the inputs); the inputs are
+    C-contiguous arrays of the specs given, and the values are those :meth:`Kernel.run`
+    gives, bit for bit."""
+
+    compute: Callable[..., None]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
 
 class Kernel:
     """One node's implementation.
@@ -301,6 +318,14 @@ class Kernel:
         a copy of an output that may share memory with a feed, a constant or another output
         (views between nodes stay views)."""
         return ()
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The node's computation with every input's shape and type fixed (the runtime's
+        memory plan then hands it a buffer reused run to run), or None to be run by
+        :meth:`run`. Called once, at construction, after :meth:`configure` and
+        :meth:`bind`: the result may rely on the configuration and thread count (a kernel
+        whose configuration would split the work returns None)."""
+        return None
 
     def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
         """How many elements the outputs for these inputs would hold, told from the inputs'

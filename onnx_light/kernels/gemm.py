@@ -67,7 +67,7 @@ from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import Kernel, NodeContext, compute_dtype
+from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype
 from .calibration import GemmConfigurations
 from .declaration import KernelDeclaration, declare, dispatch_table
 
@@ -435,6 +435,17 @@ class MatMulKernel(_ProductKernel):
         if vector_a:
             y = y[..., 0, :] if not vector_b else y[..., 0]
         return (y,)
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """One ``np.matmul`` into the given buffer: what :meth:`run` computes for two
+        matrices of one type computed as it is, on a serial plan; None otherwise."""
+        if len(inputs) != 2:
+            return None
+        (a, a_dtype), (b, b_dtype) = inputs
+        if (len(a) != 2 or len(b) != 2 or a_dtype != b_dtype or a[1] != b[0]
+                or compute_dtype(a_dtype) != a_dtype or self.plan(a[0], b[1], a[1]) != "serial"):
+            return None
+        return Prepared(np.matmul, (a[0], b[1]), a_dtype)
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

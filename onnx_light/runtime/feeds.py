@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..kernels.base import numpy_dtype
+from ..kernels.base import TensorSpec, numpy_dtype
 from ..tuning.keys import element_type_name
 from .loading import tensor_element_type, tensor_shape
 
@@ -27,7 +27,6 @@ class NodeArg:
     shape: list[int | str | None] | None
 
 
-
 # The element kinds a Python feed (list, tuple, scalar) may take, by the kind numpy reads it as.
 _PYTHON_TARGET_KINDS = {"b": "biuf", "i": "iuf", "f": "f"}
 
@@ -35,7 +34,8 @@ _PYTHON_TARGET_KINDS = {"b": "biuf", "i": "iuf", "f": "f"}
 @dataclass(frozen=True)
 class Feed:
     """One graph input as a run takes it: its slot and what its declared type asks for,
-    read from the model once."""
+    read from the model once; ``contiguous``: the run hands the plan a C-contiguous array
+    (a copy of a feed that is not), as prepared steps reading it require."""
 
     name: str
     slot: int
@@ -44,6 +44,17 @@ class Feed:
     rank: int | None
     dimensions: tuple[tuple[int, int], ...]  # (axis, size) of the fixed dimensions
     shape: list[int | str | None] | None
+    contiguous: bool = False
+
+    @property
+    def spec(self) -> TensorSpec | None:
+        """The feed's shape and dtype when :meth:`check` fixes both for every run (a tensor
+        type with every dimension a positive size), else None."""
+        shape, dtype = self.shape, self.dtype
+        if (shape is None or dtype is None or dtype.kind == "O"
+                or not all(isinstance(d, int) and d > 0 for d in shape)):
+            return None
+        return tuple(shape), dtype
 
     @classmethod
     def of(cls, info: onnx.ValueInfoProto, slot: int) -> Feed:
@@ -83,6 +94,8 @@ class Feed:
                 if array.shape[axis] != size:
                     raise InvalidInputError(f"input {self.name!r}: dimension {axis} must be "
                                             f"{size}, got shape {array.shape}")
+        if self.contiguous and not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
         if array.flags.writeable:
             array = array.view()
             array.flags.writeable = False

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.base import Kernel
+from ..kernels.base import Kernel, Prepared
 
-__all__ = ["Handoff", "NodeStep", "Slots", "Step", "plan_steps", "work_estimates"]
+__all__ = ["Handoff", "NodeStep", "Slots", "Step", "memory_roots", "plan_steps", "work_estimates"]
 
 Slots = tuple[int | None, ...]
 #: A node of the graph as the construction steps pass it on: its kernel, input and output slots.
@@ -26,7 +26,9 @@ NodeStep = tuple[Kernel, Slots, Slots]
 @dataclass(frozen=True)
 class Step:
     """One step of a plan: ``run(*inputs)`` returns the outputs to store in ``outputs``;
-    ``release`` lists the slots to free after it; ``kernel`` is the kernel it runs."""
+    ``release`` lists the slots to free after it; ``kernel`` is the kernel it runs, and
+    ``prepared`` its computation for fixed input specs when the memory plan gave its output
+    a buffer (``runtime/arena.py``)."""
 
     run: Any
     inputs: Slots
@@ -35,6 +37,23 @@ class Step:
     node: str
     op_type: str
     kernel: Kernel
+    prepared: Prepared | None = None
+
+
+def memory_roots(steps: Sequence[NodeStep]) -> dict[int, frozenset[int]]:
+    """For every slot the steps make, the slots whose memory it may share: its own for a
+    value made anew, those of the inputs it may view (``Kernel.views``) for a view."""
+    roots: dict[int, frozenset[int]] = {}
+    for kernel, inputs, made in steps:
+        views = kernel.views()
+        for index, s in enumerate(made):
+            if s is None:
+                continue
+            viewed = [inputs[i] for i in (views[index] if index < len(views) else ())
+                      if i < len(inputs) and inputs[i] is not None]
+            roots[s] = (frozenset().union(*(roots.get(v, frozenset((v,))) for v in viewed))
+                        if viewed else frozenset((s,)))
+    return roots
 
 
 @dataclass(frozen=True)
@@ -49,20 +68,15 @@ class Handoff:
     every: tuple[bool, ...]
 
     @classmethod
-    def of(cls, steps: Sequence[NodeStep], outputs: Sequence[int]) -> Handoff:
+    def of(cls, steps: Sequence[NodeStep], outputs: Sequence[int],
+           reused: Iterable[int] = ()) -> Handoff:
         """From the plan's steps: an output a step makes anew is its own root; one a step
-        makes as a view (``Kernel.views``) has the roots of the inputs it views."""
-        roots: dict[int, frozenset[int]] = {}
-        for kernel, inputs, made in steps:
-            views = kernel.views()
-            for index, s in enumerate(made):
-                if s is None:
-                    continue
-                viewed = [inputs[i] for i in (views[index] if index < len(views) else ())
-                          if i < len(inputs) and inputs[i] is not None]
-                roots[s] = (frozenset().union(*(roots.get(v, frozenset((v,))) for v in viewed))
-                            if viewed else frozenset((s,)))
-        made_slots = frozenset(s for _, _, made in steps for s in made if s is not None)
+        makes as a view (``Kernel.views``) has the roots of the inputs it views. ``reused``:
+        slots written into buffers the memory plan reuses run to run, which a caller's
+        output must never share."""
+        roots = memory_roots(steps)
+        made_slots = frozenset(s for _, _, made in steps for s in made
+                               if s is not None) - frozenset(reused)
         output_roots = {s: roots.get(s, frozenset((s,))) for s in outputs}
         handoff = cls(output_roots, made_slots, ())
         return dataclasses.replace(handoff, every=handoff.copies(outputs))

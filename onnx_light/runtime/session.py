@@ -12,42 +12,50 @@ Construction is a sequence of named steps, each a module of its own, run once pe
    (``runtime/configuration.py``; the spec's steps 2-5);
 6. kernels specialize for the plan's constant inputs (``Kernel.specialize``);
 7. the plan: bound steps over value slots, the hand-off copies and the branch groups
-   (``runtime/plan.py``, ``runtime/branches.py``).
+   (``runtime/plan.py``, ``runtime/branches.py``);
+8. the memory plan: steps whose inputs are fixed for every run are prepared and write into
+   buffers reused by lifetime (``runtime/arena.py``).
 
-``run`` then walks the plan. It never reads the registry or the cache, so publishing new
+``run`` then calls the plan bound to one set of buffers (``runtime/execution.py``), or walks
+it when a node hook is given. It never reads the registry or the cache, so publishing new
 values later changes new sessions only.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
 from ..kernels import DECLARATIONS
-from ..kernels.base import Kernel, KernelError, quiet
+from ..kernels.base import Kernel, TensorSpec, quiet
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
+from .arena import Arenas, plan_memory, prepare_steps
 from .branches import Branches, group_branches
 from .configuration import configure_kernels
 from .dispatch import dispatch_graph
+from .execution import BoundPlan, NodeHook, bind_plan, execute, run_bound
 from .feeds import Feed, InvalidInputError, NodeArg, node_arg
 from .folding import fold_constants
 from .fusion import fuse as fuse_steps
 from .loading import check_model, constant_arrays, load_model, skeleton, tensor_shape, value_types
-from .plan import Handoff, NodeStep, plan_steps, work_estimates
+from .plan import Handoff, NodeStep, memory_roots, plan_steps, work_estimates
 
 __all__ = ["InvalidInputError", "NodeArg", "NodeHook", "RuntimeSession"]
 
-# Called before each step of a run with the node's name and op type; may return a callable to
-# call once the step is done.
-NodeHook = Callable[[str, str], Callable[[], None] | None]
+
+def _steps_of(item: Any) -> Sequence[Any]:
+    """The steps of a plan item: itself, or every step of a :class:`Branches` item."""
+    if type(item) is Branches:
+        return [step for branch in item.branches for step in branch]
+    return (item,)
 
 
 class RuntimeSession:
@@ -170,6 +178,8 @@ class RuntimeSession:
                                                  work_estimates(every_step, constants, shapes),
                                                  self.num_threads)
         self.branch_groups = sum(type(item) is Branches for item in self._plan)
+        # Step 8: the memory plan, and the plan bound to each run's buffers.
+        self._plan_memory(steps, known, graph_outputs)
         self._fold_sources = frozenset(fold_sources)
         self._constants = constants
         self._folded = folded
@@ -177,39 +187,33 @@ class RuntimeSession:
         self._slots = slots
         self._steps = steps
 
-    def _execute(self, plan: Sequence[Any], values: list[Any], hook: NodeHook | None = None) -> None:
-        """Run ``plan``'s steps in order, each writing its outputs into ``values`` and freeing
-        the values it reads last; a :class:`Branches` item runs its branches on the pool."""
-        for step in plan:
-            if type(step) is Branches:
-                step.run(functools.partial(self._execute_branch, values=values, hook=hook),
-                         self._pool)
-                for s in step.release:
-                    values[s] = None
-                continue
-            done = None if hook is None else hook(step.node, step.op_type)
-            arguments = [None if s is None else values[s] for s in step.inputs]
-            try:
-                results = step.run(*arguments)
-            except KernelError:
-                raise
-            except Exception as exc:
-                raise RuntimeError(f"node {step.node!r} ({step.op_type}) failed: "
-                                   f"{type(exc).__name__}: {str(exc) or '(no message)'}") from exc
-            if done is not None:
-                done()
-            for s, result in zip(step.outputs, results, strict=False):
-                if s is not None:
-                    values[s] = result
-            for s in step.release:
-                values[s] = None
-
-    def _execute_branch(self, steps: Sequence[Any], values: list[Any],
-                        hook: NodeHook | None) -> None:
-        """One branch, on whichever pool thread took it; numpy's error state is per thread,
-        so the branch sets it there too (its kernels then skip their own)."""
-        with quiet():
-            self._execute(steps, values, hook)
+    def _plan_memory(self, steps: Sequence[NodeStep], known: Mapping[int, np.ndarray],
+                     graph_outputs: Sequence[int]) -> None:
+        """Prepare the plan's steps whose inputs are fixed (contiguous constants, feeds the
+        run checks fully, prepared steps' outputs), give their outputs reused buffers, and
+        set up the bound plans (``runtime/arena.py``, ``runtime/execution.py``)."""
+        overridable = set(self._feed_slots.values())
+        specs: dict[int, TensorSpec] = {
+            s: (array.shape, array.dtype) for s, array in known.items()
+            if s not in overridable and array.flags.c_contiguous and array.dtype.kind != "O"}
+        for feed in self._feeds:  # an initializer listed as an input: its value must fit too
+            default = known.get(feed.slot)
+            if feed.spec is not None and (default is None or (
+                    default.flags.c_contiguous and (default.shape, default.dtype) == feed.spec)):
+                specs[feed.slot] = feed.spec
+        self._plan, writes = prepare_steps(self._plan, specs)
+        read_by_prepared = {s for item in self._plan if getattr(item, "prepared", None) is not None
+                            for s in item.inputs}
+        self._feeds = tuple(dataclasses.replace(feed, contiguous=feed.slot in read_by_prepared)
+                            for feed in self._feeds)
+        reads = [sorted({s for step in _steps_of(item) for s in step.inputs if s is not None})
+                 for item in self._plan]
+        memory = plan_memory(writes, reads, memory_roots(steps), set(graph_outputs))
+        self.arena_bytes = memory.nbytes
+        self._bound_handoff = Handoff.of(steps, graph_outputs, reused=memory.assignment)
+        self._arenas: Arenas[BoundPlan] = Arenas(
+            lambda: bind_plan(self._plan, memory.allocate(), memory.assignment, self._num_slots,
+                              self._pool))
 
     def folded_values(self) -> dict[str, np.ndarray]:
         """The values of the graph computed once at construction (constant folding), by
@@ -262,7 +266,7 @@ class RuntimeSession:
         missing = [n for n in self._required if n not in input_feed]
         if missing:
             raise InvalidInputError(f"missing input(s) {missing}")
-        values: list[Any] = [None] * self._num_slots
+        values: list[Any] = [None] * (self._num_slots + 1)  # the last: an omitted input
         for s, array in self._constants.items():
             values[s] = array
         fed = set()
@@ -279,7 +283,15 @@ class RuntimeSession:
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1), quiet():
-            self._execute(plan, values, node_hook)
+            if plan is self._plan and node_hook is None:  # the steady state: the bound plan
+                bound = self._arenas.take()
+                try:
+                    run_bound(bound, values)
+                finally:
+                    self._arenas.give(bound)
+                handoff = self._bound_handoff
+            else:
+                execute(plan, values, self._pool, node_hook)
         # The caller gets arrays of its own: a copy of each output that may share memory with
         # a feed, a constant or an output before it, and of any read-only one.
         slots = [self._output_slots[n] for n in names]
