@@ -25,7 +25,6 @@ import numpy as np
 from ..parallel import ThreadPool
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.schema import KernelTuningSchema, TuningValidationError, Value
-from .declaration import LIBRARY
 
 if TYPE_CHECKING:
     from .declaration import KernelDeclaration
@@ -35,7 +34,6 @@ __all__ = [
     "FLOAT8_TYPES",
     "FLOAT_TYPES",
     "INTEGER_TYPES",
-    "LIBRARY",
     "NUMERIC_TYPES",
     "SIGNED_TYPES",
     "Kernel",

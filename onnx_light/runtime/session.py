@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ import onnx
 
 from ..kernels import DECLARATIONS
 from ..kernels.base import Kernel, TensorSpec, quiet
+from ..kernels.declaration import KernelDeclaration, declarations_by_op
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
@@ -49,6 +50,31 @@ from .loading import check_model, constant_arrays, load_model, skeleton, tensor_
 from .plan import Handoff, NodeStep, memory_roots, plan_steps, work_estimates
 
 __all__ = ["InvalidInputError", "NodeArg", "NodeHook", "RuntimeSession"]
+
+
+def _declaration_table(declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
+                       | None) -> Mapping[str, KernelDeclaration]:
+    """The session's dispatch table: ours by default, else the given mapping or declarations
+    by operator (an operator declared twice is an error)."""
+    if declarations is None:
+        return DECLARATIONS
+    if isinstance(declarations, Mapping):
+        table = dict(declarations)
+        wrong = {op: d for op, d in table.items()
+                 if not isinstance(d, KernelDeclaration) or d.op_type != op}
+        if wrong:
+            op, value = next(iter(wrong.items()))
+            raise TypeError(f"declarations[{op!r}] must be the KernelDeclaration of {op}, got "
+                            f"{value!r}")
+        return table
+    if isinstance(declarations, (str, bytes)) or not isinstance(declarations, Iterable):
+        raise TypeError(f"declarations must be a mapping op_type -> KernelDeclaration or "
+                        f"KernelDeclarations, got {type(declarations).__name__}")
+    listed = list(declarations)
+    wrong = [d for d in listed if not isinstance(d, KernelDeclaration)]
+    if wrong:
+        raise TypeError(f"declarations must be KernelDeclarations, got {wrong[0]!r}")
+    return declarations_by_op(listed)
 
 
 def _steps_of(item: Any) -> Sequence[Any]:
@@ -71,17 +97,24 @@ class RuntimeSession:
     of the graph side by side, each on one thread (``runtime/branches.py``);
     the results are the same either way. ``fold`` lets construction run the
     nodes whose inputs are all constant once (constant folding); False leaves
-    every node to the runs.
+    every node to the runs. ``declarations`` are the kernels dispatch chooses from
+    (default: onnx_light's, ``kernels.DECLARATIONS``): a mapping ``op_type -> declaration``
+    or the declarations themselves, so that a session can run another kernel library's
+    kernels (with ``registry=`` holding that library's schemas), alone or with ours
+    (``{**kernels.DECLARATIONS, **mine}``).
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
                  num_threads: int | None = None,
                  registry: KernelTuningRegistry | None = None, fuse: bool = True,
-                 branches: bool = True, fold: bool = True) -> None:
+                 branches: bool = True, fold: bool = True,
+                 declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
+                 | None = None) -> None:
         started = time.perf_counter()
         model = load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
+        table = _declaration_table(declarations)
         for name, flag in (("fuse", fuse), ("branches", branches), ("fold", fold)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
@@ -92,7 +125,7 @@ class RuntimeSession:
         self._pool = get_pool(self.num_threads)
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
-        kernels = dispatch_graph(graph, opsets, types, DECLARATIONS)
+        kernels = dispatch_graph(graph, opsets, types, table)
         self._inputs = list(graph.input)
         self._outputs = list(graph.output)
         self._build_plan(graph, kernels, types, registry or default_registry(), fuse, branches,
