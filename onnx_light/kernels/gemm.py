@@ -68,7 +68,7 @@ from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype
-from .calibration import GemmConfigurations
+from .calibration import GemmConfigurations, calibration_setup
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = [
@@ -161,11 +161,10 @@ def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
 def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
               descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
     """The configuration search of Gemm or MatMul over :func:`gemm_candidates`."""
-    threads = min(descriptor.num_threads, budget.max_threads)
-    problem = GemmConfigurations(declaration, key.element_type, threads)
-    portable = dict(declaration.schema(key.element_type).defaults)
-    return configuration_search(key, problem, portable, gemm_candidates(key.element_type),
-                                Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
+    setup = calibration_setup(declaration, key, descriptor, budget)
+    problem = GemmConfigurations(declaration, key.element_type, setup.threads)
+    return configuration_search(key, problem, setup.portable, gemm_candidates(key.element_type),
+                                setup.budget)
 
 
 
