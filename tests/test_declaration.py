@@ -3,6 +3,7 @@ callbacks; dispatch refuses an operator version or element type with both named.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import numpy as np
@@ -159,3 +160,23 @@ def test_bind_and_variant_leave_the_original_alone():
         assert (other.blocks, other.pool, kernel.blocks) == (7, pool, 2)
     with pytest.raises(AttributeError, match="no attribute 'block'"):
         kernel.variant(block=1)
+
+
+@pytest.mark.parametrize("op_type, opset, attributes, message", [
+    ("Pad", 1, {}, "attribute 'paddings' is required before opset 2"),
+    ("Pad", 2, {"paddings": [0, 0]}, "attribute 'pads' is required before opset 11"),
+    ("Reshape", 1, {}, "attribute 'shape' is required before opset 5"),
+    ("Slice", 1, {"starts": [0]}, "attribute 'ends' is required before opset 10"),
+    ("Unsqueeze", 11, {}, "attribute 'axes' is required before opset 13"),
+    ("TopK", 1, {}, "attribute 'k' is required before opset 10"),
+])
+def test_attributes_an_opset_requires_are_declared_and_checked_at_construction(
+        op_type, opset, attributes, message):
+    declaration = kernels.DECLARATIONS[op_type]
+    assert declaration.required  # the rule is data of the declaration, not code in the class
+    ctx = NodeContext(op_type.lower(), op_type, "", opset, attributes, (T.FLOAT,), (T.FLOAT,), 1)
+    assert declaration.missing(ctx) == message
+    with pytest.raises(KernelError, match=rf"node '{op_type.lower()}' \({op_type}\): {message}"):
+        declaration.kernel(ctx)
+    later = dataclasses.replace(ctx, opset=max(rule.before for rule in declaration.required))
+    assert declaration.missing(later) is None

@@ -195,7 +195,8 @@ class Kernel:
 
     Subclasses set ``op_type`` and implement :meth:`run`;
     :func:`~onnx_light.kernels.declaration.declare` binds the class to its declaration. A node
-    whose opset or element type the declaration does not take is refused at construction. A
+    whose opset or element type the declaration does not take, or that lacks an attribute
+    its opset requires (``Required``), is refused at construction. A
     tunable kernel (its declaration has a schema factory) starts from the schema's portable
     defaults and implements :meth:`_configure` to copy checked values into attributes of its own.
     """
@@ -214,7 +215,7 @@ class Kernel:
         self.epilogue: Callable[[np.ndarray], None] | None = None
         declaration = self.declaration
         if declaration is not None:
-            reason = declaration.refusal(ctx.opset, self.element_type)
+            reason = declaration.refusal(ctx.opset, self.element_type) or declaration.missing(ctx)
             if reason is not None:
                 raise ctx.error(reason)
             schema = self.tuning_schema()

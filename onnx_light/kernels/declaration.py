@@ -19,14 +19,24 @@ from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.schema import KernelTuningSchema, Parameter, Validator
 
 if TYPE_CHECKING:
-    from .base import Kernel
+    from .base import Kernel, NodeContext
 
-__all__ = ["KernelDeclaration", "declarations_by_op", "declare", "dispatch_table"]
+__all__ = ["KernelDeclaration", "Required", "declarations_by_op", "declare", "dispatch_table"]
 
 #: The parameters of a tunable kernel's schema for one element type (None: not known).
 ParameterFactory = Callable[[int | None], Sequence[Parameter]]
 #: ``calibrate(declaration, key, descriptor, budget)``: the registry's callback, given its kernel.
 Calibrate = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Required:
+    """An attribute a node must set under the opsets from ``since`` to before ``before``
+    (where a later version of the operator made it optional or turned it into an input)."""
+
+    attribute: str
+    before: int
+    since: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,7 +47,8 @@ class KernelDeclaration:
     ``versions`` maps each ONNX since-version the class implements to the element types it
     takes there (None: any type; the kernel checks its inputs itself). ``library`` names the
     kernel library in the tuning keys; by default the top-level package of the kernel's
-    module (``onnx_light`` for ours, a user's own package for theirs).
+    module (``onnx_light`` for ours, a user's own package for theirs). ``required``: the
+    attributes some versions require (checked when a kernel is built, :meth:`missing`).
     """
 
     op_type: str
@@ -47,6 +58,7 @@ class KernelDeclaration:
     validator: Validator | None = None
     calibrate: Calibrate | None = None
     library: str = ""
+    required: tuple[Required, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.library:
@@ -97,6 +109,13 @@ class KernelDeclaration:
                 f"{element_type_name(element_type)}; it takes "
                 f"{[element_type_name(t) for t in allowed]}")
 
+    def missing(self, ctx: NodeContext) -> str | None:
+        """Which attribute the node's opset requires and the node does not set, or None."""
+        for rule in self.required:
+            if rule.since <= ctx.opset < rule.before and ctx.attribute(rule.attribute) is None:
+                return f"attribute {rule.attribute!r} is required before opset {rule.before}"
+        return None
+
     def key(self, element_type: int) -> KernelTuningKey:
         """The exact tuning key of this kernel for ``element_type``."""
         kernel = self.kernel
@@ -131,14 +150,14 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
             types: tuple[int, ...] | Mapping[int, tuple[int, ...]] | None = None,
             op_type: str | None = None, parameters: ParameterFactory | None = None,
             validator: Validator | None = None, calibrate: Calibrate | None = None,
-            library: str = "") -> KernelDeclaration:
+            library: str = "", required: Iterable[Required] = ()) -> KernelDeclaration:
     """The one dispatch row helper: ``kernel`` declared for its since-``versions`` and bound
     to the class.
 
     ``types``: the element types every version takes, or where they change, a mapping
     ``since-version -> types`` in force from that version on; None leaves the types to the
     kernel. ``library``: the tuning keys' library name (default: the kernel's top-level
-    package, see :class:`KernelDeclaration`).
+    package, see :class:`KernelDeclaration`); ``required``: attributes some versions require.
     """
     versions = sorted(versions)
     if isinstance(types, Mapping):
@@ -149,7 +168,7 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
     else:
         by_version = dict.fromkeys(versions, types)
     declaration = KernelDeclaration(op_type or kernel.op_type, kernel, by_version, parameters,
-                                    validator, calibrate, library)
+                                    validator, calibrate, library, tuple(required))
     if kernel.__dict__.get("declaration") is not None:
         raise ValueError(f"{kernel.__name__} is declared twice")
     kernel.declaration = declaration
