@@ -6,9 +6,11 @@ arithmetic is negligible next to what a runtime spends per node:
 * ``add/relu``: Add(previous, C) and Relu alternating on 1x8 floats;
 * ``matmul/add``: MatMul(previous, W) with W 8x8 and Add(previous, B) alternating on 1x8 floats.
 
-Each chain runs in onnx_light (fused: each Relu runs inside its Add; and ``fuse=False``, every
-node a step) and onnxruntime (same ``intra_op_num_threads``, sequential, no spinning), all
-interleaved round by round in this one process. Per node: the chain's median run time
+Each chain runs in onnx_light (fused: each Relu runs inside its Add, each Add of a constant
+becomes a ChannelAffine step; ``fuse=False``, every node a step; and ``fuse=False`` with a
+node hook, which walks the plan calling each kernel's ``run`` instead of the bound plan's
+prepared steps and buffers) and onnxruntime (same ``intra_op_num_threads``, sequential, no
+spinning), all interleaved round by round in this one process. Per node: the chain's median run time
 divided by its node count, and the marginal cost ``(t_N - t_1) / (N - 1)`` against a
 one-node model, which leaves out the per-run cost (feed checks, the hand-off).
 
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     x = np.linspace(-1, 1, ELEMENTS, dtype=np.float32).reshape(1, ELEMENTS)
     feeds = {"X": x}
     groups: dict[str, dict[str, object]] = {}
-    runtimes = ("onnx_light", "onnx_light fuse=False", "onnxruntime")
+    runtimes = ("onnx_light", "onnx_light fuse=False", "onnx_light fuse=False, walk", "onnxruntime")
+    hook = lambda name, op_type: None  # noqa: E731 (a run with a hook walks the plan)
     for kind in ("add/relu", "matmul/add"):
         functions = {}
         for nodes in (1, args.nodes):
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                 np.testing.assert_allclose(session.run(None, feeds)[0], expected, rtol=1e-5,
                                            atol=1e-6)
                 functions[f"{name}/{nodes}"] = lambda s=session: s.run(None, feeds)
+            unfused = sessions["onnx_light fuse=False"]
+            functions[f"onnx_light fuse=False, walk/{nodes}"] = \
+                lambda s=unfused: s.run(None, feeds, node_hook=hook)
         groups[kind] = functions
     medians = interleaved(groups, args.rounds, args.sample)
     n = args.nodes
