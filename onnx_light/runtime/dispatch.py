@@ -12,19 +12,20 @@ built from its context (attributes, element types), or every unsupported operato
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import onnx
 from onnx import numpy_helper
 
+from ..kernels import DECLARATIONS
 from ..kernels.base import Kernel, NodeContext
-from ..kernels.declaration import KernelDeclaration
+from ..kernels.declaration import KernelDeclaration, declarations_by_op
 from .loading import tensor_element_type
 
-__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "dispatch_graph",
-           "find_kernel"]
+__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "declaration_table",
+           "dispatch_graph", "find_kernel"]
 
 ONNX_DOMAINS = frozenset({"", "ai.onnx"})
 Declarations = Mapping[str, KernelDeclaration]
@@ -130,3 +131,28 @@ def dispatch_graph(graph: onnx.GraphProto, opsets: Mapping[str, int],
     if unsupported:
         raise UnsupportedOperatorError(unsupported)
     return kernels
+
+
+def declaration_table(declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
+                      | None) -> Declarations:
+    """The session's dispatch table: ours by default, else the given mapping or declarations
+    by operator (an operator declared twice is an error)."""
+    if declarations is None:
+        return DECLARATIONS
+    if isinstance(declarations, Mapping):
+        table = dict(declarations)
+        wrong = {op: d for op, d in table.items()
+                 if not isinstance(d, KernelDeclaration) or d.op_type != op}
+        if wrong:
+            op, value = next(iter(wrong.items()))
+            raise TypeError(f"declarations[{op!r}] must be the KernelDeclaration of {op}, got "
+                            f"{value!r}")
+        return table
+    if isinstance(declarations, (str, bytes)) or not isinstance(declarations, Iterable):
+        raise TypeError(f"declarations must be a mapping op_type -> KernelDeclaration or "
+                        f"KernelDeclarations, got {type(declarations).__name__}")
+    listed = list(declarations)
+    wrong = [d for d in listed if not isinstance(d, KernelDeclaration)]
+    if wrong:
+        raise TypeError(f"declarations must be KernelDeclarations, got {wrong[0]!r}")
+    return declarations_by_op(listed)

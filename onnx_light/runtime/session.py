@@ -32,16 +32,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..kernels import DECLARATIONS
 from ..kernels.base import Kernel, TensorSpec, quiet
-from ..kernels.declaration import KernelDeclaration, declarations_by_op
+from ..kernels.declaration import KernelDeclaration
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
 from .arena import Arenas, plan_memory, prepare_steps
 from .branches import Branches, group_branches
 from .configuration import configure_kernels
-from .dispatch import dispatch_graph
+from .dispatch import declaration_table, dispatch_graph
 from .execution import BoundPlan, NodeHook, bind_plan, execute, run_bound
 from .feeds import Feed, InvalidInputError, NodeArg, node_arg
 from .folding import fold_constants
@@ -50,31 +49,6 @@ from .loading import check_model, constant_arrays, load_model, skeleton, tensor_
 from .plan import Handoff, NodeStep, memory_roots, plan_steps, work_estimates
 
 __all__ = ["InvalidInputError", "NodeArg", "NodeHook", "RuntimeSession"]
-
-
-def _declaration_table(declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
-                       | None) -> Mapping[str, KernelDeclaration]:
-    """The session's dispatch table: ours by default, else the given mapping or declarations
-    by operator (an operator declared twice is an error)."""
-    if declarations is None:
-        return DECLARATIONS
-    if isinstance(declarations, Mapping):
-        table = dict(declarations)
-        wrong = {op: d for op, d in table.items()
-                 if not isinstance(d, KernelDeclaration) or d.op_type != op}
-        if wrong:
-            op, value = next(iter(wrong.items()))
-            raise TypeError(f"declarations[{op!r}] must be the KernelDeclaration of {op}, got "
-                            f"{value!r}")
-        return table
-    if isinstance(declarations, (str, bytes)) or not isinstance(declarations, Iterable):
-        raise TypeError(f"declarations must be a mapping op_type -> KernelDeclaration or "
-                        f"KernelDeclarations, got {type(declarations).__name__}")
-    listed = list(declarations)
-    wrong = [d for d in listed if not isinstance(d, KernelDeclaration)]
-    if wrong:
-        raise TypeError(f"declarations must be KernelDeclarations, got {wrong[0]!r}")
-    return declarations_by_op(listed)
 
 
 def _steps_of(item: Any) -> Sequence[Any]:
@@ -114,7 +88,7 @@ class RuntimeSession:
         model = load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
-        table = _declaration_table(declarations)
+        table = declaration_table(declarations)
         for name, flag in (("fuse", fuse), ("branches", branches), ("fold", fold)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
