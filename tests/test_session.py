@@ -492,3 +492,37 @@ def test_a_matrix_of_the_wrong_rank_is_refused_not_reshaped():
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
     with pytest.raises(InvalidInputError, match="input 'x': expected rank 1"):
         RuntimeSession(model).run(None, {"x": np.matrix([1.0, 2.0, 3.0], np.float32)})
+
+
+def _conv_model(batch):
+    rng = np.random.default_rng(11)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+                  [x], [y], initializers=[w])
+
+
+@pytest.mark.parametrize("batch", [2, "n"])
+def test_conv_decides_its_algorithm_once_for_the_inferred_shapes(monkeypatch, registry, batch):
+    """With the shapes known, construction decides the algorithm and parallel plan once and
+    the report says which; with a symbolic dimension every run decides, with the same values."""
+    from onnx_light.kernels.conv import ConvKernel
+
+    session = RuntimeSession(_conv_model(batch), num_threads=1, registry=registry)
+    (entry,) = session.tuning_report()
+    calls = []
+    original = ConvKernel.problem
+    monkeypatch.setattr(ConvKernel, "problem",
+                        lambda self, *args: (calls.append(args[0]), original(self, *args))[1])
+    x = np.random.default_rng(12).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    got = session.run(None, {"x": x})[0]
+    if batch == 2:
+        assert entry["decisions"]["algorithm"] in ("im2col", "im2col_wide", "shifted", "winograd")
+        assert entry["decisions"]["parallel plan"] == "serial"
+        assert calls == []
+    else:  # a symbolic batch: nothing settled, every run decides
+        assert "decisions" not in entry
+        assert calls == [(2, 3, 8, 8)]
+    plain = RuntimeSession(_conv_model("n"), num_threads=1, registry=registry, fold=False)
+    np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0])

@@ -311,6 +311,18 @@ class Kernel:
         inputs can differ."""
         return None
 
+    def settle(self, input_shapes: Sequence[tuple[int, ...] | None]) -> Kernel | None:
+        """A kernel that has made, once, the decisions :meth:`run` would make on every call
+        for inputs of these shapes (the session's inferred ones, None where unknown): it keeps
+        them for runs whose inputs have those shapes and decides again for others. None keeps
+        this kernel. The runtime calls it at construction, after :meth:`configure`,
+        :meth:`bind` and :meth:`specialize`."""
+        return None
+
+    def decisions(self) -> Mapping[str, Any]:
+        """What :meth:`settle` decided, for the session's tuning report (empty: nothing)."""
+        return {}
+
     def views(self) -> Sequence[Sequence[int]]:
         """For each output, the inputs (by position) it may be or be a view of; an output
         past the end or with no entry is made anew by every run. The runtime hands a caller

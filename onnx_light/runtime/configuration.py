@@ -34,9 +34,19 @@ class Configuration:
     def report(self, kernels: Iterable[Kernel]) -> list[dict[str, Any]]:
         """Per tunable kernel among ``kernels`` (a plan's, in plan order; a specialized or
         fused copy has its original's key and values): its node's name, key, values, their
-        source and the generation."""
-        return [{"node": kernel.ctx.name, **self.resolutions[key].to_dict()}
-                for kernel in kernels if (key := kernel.tuning_key()) is not None]
+        source and the generation, and what the kernel settled from the session's shapes
+        (``decisions``, where it settled anything: Conv's algorithm and parallel plan)."""
+        report = []
+        for kernel in kernels:
+            key = kernel.tuning_key()
+            if key is None:
+                continue
+            entry = {"node": kernel.ctx.name, **self.resolutions[key].to_dict()}
+            decisions = kernel.decisions()
+            if decisions:
+                entry["decisions"] = dict(decisions)
+            report.append(entry)
+        return report
 
 
 def configure_kernels(kernels: Iterable[Kernel], registry: KernelTuningRegistry,

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..kernels.base import Kernel, Prepared
 
-__all__ = ["Handoff", "NodeStep", "Slots", "Step", "memory_roots", "plan_steps", "work_estimates"]
+__all__ = ["Handoff", "NodeStep", "Slots", "Step", "memory_roots", "plan_steps", "static_shape",
+           "work_estimates"]
 
 Slots = tuple[int | None, ...]
 #: A node of the graph as the construction steps pass it on: its kernel, input and output slots.
@@ -116,21 +117,24 @@ def plan_steps(steps: Sequence[NodeStep], keep: set[int]) -> tuple[Step, ...]:
 
 
 
-def work_estimates(steps: Sequence[NodeStep],
-          known: Mapping[int, np.ndarray], shapes: Mapping[int, list[int | str | None]]
-          ) -> list[int | None]:
-    """Each step's work estimate (``Kernel.work``) from the shapes known at construction:
-    the constants' and the inferred ones (None where a dimension is symbolic; outputs the
-    node leaves out are not passed)."""
-    def shape(s: int | None) -> tuple[int, ...] | None:
-        if s is None:
-            return None
-        if s in known:
-            return known[s].shape
-        dims = shapes.get(s)
-        if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
-            return None
-        return tuple(dims)
+def static_shape(s: int | None, known: Mapping[int, np.ndarray],
+                 shapes: Mapping[int, Sequence[int | str | None]]) -> tuple[int, ...] | None:
+    """A slot's shape as construction knows it: a constant's, or the inferred one (None where
+    a dimension is symbolic or the slot is an omitted input)."""
+    if s is None:
+        return None
+    if s in known:
+        return known[s].shape
+    dims = shapes.get(s)
+    if dims is None or not all(isinstance(d, int) and d >= 0 for d in dims):
+        return None
+    return tuple(dims)
 
-    return [kernel.work([shape(s) for s in inputs], [shape(s) for s in outputs if s is not None])
+
+def work_estimates(steps: Sequence[NodeStep], known: Mapping[int, np.ndarray],
+                   shapes: Mapping[int, Sequence[int | str | None]]) -> list[int | None]:
+    """Each step's work estimate (``Kernel.work``) from the shapes known at construction
+    (:func:`static_shape`; outputs the node leaves out are not passed)."""
+    return [kernel.work([static_shape(s, known, shapes) for s in inputs],
+                        [static_shape(s, known, shapes) for s in outputs if s is not None])
             for kernel, inputs, outputs in steps]

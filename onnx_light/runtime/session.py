@@ -10,7 +10,9 @@ Construction is a sequence of named steps, each a module of its own, run once pe
 5. tuning: one registry snapshot resolves every key of the kernels that run, and each kernel
    is bound to the pool and configured with its values, the only configuration there is
    (``runtime/configuration.py``; the spec's steps 2-5);
-6. kernels specialize for the plan's constant inputs (``Kernel.specialize``);
+6. kernels specialize for the plan's constant inputs (``Kernel.specialize``) and settle
+   what they would decide on every run from the inferred shapes (``Kernel.settle``: Conv's
+   algorithm and parallel plan);
 7. the plan: bound steps over value slots, the hand-off copies and the branch groups
    (``runtime/plan.py``, ``runtime/branches.py``);
 8. the memory plan: steps whose inputs are fixed for every run are prepared and write into
@@ -46,7 +48,7 @@ from .feeds import Feed, InvalidInputError, NodeArg, node_arg
 from .folding import fold_constants
 from .fusion import fuse as fuse_steps
 from .loading import check_model, constant_arrays, load_model, skeleton, tensor_shape, value_types
-from .plan import Handoff, NodeStep, memory_roots, plan_steps, work_estimates
+from .plan import Handoff, NodeStep, memory_roots, plan_steps, static_shape, work_estimates
 
 __all__ = ["InvalidInputError", "NodeArg", "NodeHook", "RuntimeSession"]
 
@@ -169,8 +171,11 @@ class RuntimeSession:
             self._pool)
         self.generation = self._configuration.generation
         self.tuning_resolution_seconds = time.perf_counter() - tuning_started
-        # Step 6: kernels may specialize for the inputs that are constant in the folded plan.
+        # Step 6: kernels may specialize for the inputs that are constant in the folded plan,
+        # and settle what they decide from the inferred shapes once.
         steps = [(kernel.specialize([None if s is None else known.get(s) for s in inputs]) or kernel,
+                  inputs, outputs) for kernel, inputs, outputs in steps]
+        steps = [(kernel.settle([static_shape(s, known, shapes) for s in inputs]) or kernel,
                   inputs, outputs) for kernel, inputs, outputs in steps]
         # Step 7: the plans.
         graph_outputs = list(self._output_slots.values())
