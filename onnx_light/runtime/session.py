@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,7 +111,7 @@ class RuntimeSession:
     def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel],
                     types: Mapping[str, onnx.TypeProto], registry: KernelTuningRegistry,
                     fuse: bool, branches: bool, fold: bool) -> None:
-        """Steps 3-7 of the construction (see the module docstring)."""
+        """Steps 3-8 of the construction (see the module docstring), over value slots."""
         slots: dict[str, int] = {}
 
         def slot(name: str) -> int:
@@ -127,43 +127,22 @@ class RuntimeSession:
             (kernel, tuple(slot(name) if name else None for name in node.input),
              tuple(slot(name) if name else None for name in node.output))
             for node, kernel in zip(graph.node, kernels, strict=True)]
-        outputs_of = {id(kernel): node.output for node, kernel in zip(graph.node, kernels, strict=True)}
-
-        def output_shapes(kernel: Kernel) -> list[list[int | str | None] | None]:
-            return [tensor_shape(types[name]) if name in types else None
-                    for name in outputs_of[id(kernel)] if name]
-
-        # Step 3: constant folding.
-        folding = fold_constants(every_step, constants,
-                                 set(self._feed_slots.values()) & set(constants), output_shapes,
-                                 fold)
-        steps, folded = folding.steps, dict(folding.folded)
-        known = {**constants, **folded}  # what the folded plan starts with
-        self.folded_nodes = len(every_step) - len(steps)
         self._output_slots = {info.name: slots[info.name] for info in graph.output
                               if info.name in slots}
         self._output_names = list(self._output_slots)
         missing = [info.name for info in graph.output if info.name not in slots]
         if missing:
             raise ValueError(f"graph outputs {missing} are produced by no node")
-        fold_sources = set(folding.sources(folded))
-        num_slots = len(slots)
         shapes = {slots[name]: shape for name, value_type in types.items()
                   if name in slots and (shape := tensor_shape(value_type)) is not None}
-        # Step 4: fusion.
-        unfused = len(steps)
-        if fuse:
-            def add_constant(array: np.ndarray) -> int:
-                nonlocal num_slots
-                num_slots += 1
-                return num_slots - 1
+        outputs_of = {id(kernel): node.output for node, kernel in zip(graph.node, kernels, strict=True)}
 
-            fusion = fuse_steps(steps, known, set(self._output_slots.values()), shapes, add_constant)
-            steps = fusion.steps
-            folded.update(fusion.constants)
-            known.update(fusion.constants)
-            fold_sources.update(folding.sources(fusion.sources))
-        self.fused_nodes = unfused - len(steps)
+        def output_shapes(kernel: Kernel) -> list[list[int | str | None] | None]:
+            return [tensor_shape(types[name]) if name in types else None
+                    for name in outputs_of[id(kernel)] if name]
+
+        self._slots, self._constants = slots, constants
+        steps, known = self._fold_and_fuse(every_step, output_shapes, shapes, fold, fuse)
         # Step 5: tuning, for the kernels of both plans.
         tuning_started = time.perf_counter()
         self._configuration = configure_kernels(
@@ -175,11 +154,48 @@ class RuntimeSession:
         # and settle what they decide from the inferred shapes once.
         steps = [(kernel.specialize([None if s is None else known.get(s) for s in inputs]) or kernel,
                   inputs, outputs) for kernel, inputs, outputs in steps]
-        steps = [(kernel.settle([static_shape(s, known, shapes) for s in inputs]) or kernel,
-                  inputs, outputs) for kernel, inputs, outputs in steps]
-        # Step 7: the plans.
+        self._steps = [(kernel.settle([static_shape(s, known, shapes) for s in inputs]) or kernel,
+                        inputs, outputs) for kernel, inputs, outputs in steps]
+        self._plans(every_step, known, shapes, branches)
+
+    def _fold_and_fuse(self, every_step: list[NodeStep],
+                       output_shapes: Callable[[Kernel], list[list[int | str | None] | None]],
+                       shapes: Mapping[int, list[int | str | None]], fold: bool, fuse: bool
+                       ) -> tuple[list[NodeStep], dict[int, np.ndarray]]:
+        """Steps 3 and 4: the steps left to run and the values the folded plan starts with;
+        sets the folded values, the initializers they depend on and the slot count."""
+        constants = self._constants
+        folding = fold_constants(every_step, constants,
+                                 set(self._feed_slots.values()) & set(constants), output_shapes,
+                                 fold)
+        steps, folded = folding.steps, dict(folding.folded)
+        known = {**constants, **folded}
+        self.folded_nodes = len(every_step) - len(steps)
+        fold_sources = set(folding.sources(folded))
+        self._num_slots = len(self._slots)
+        unfused = len(steps)
+        if fuse:
+            def add_constant(array: np.ndarray) -> int:
+                self._num_slots += 1
+                return self._num_slots - 1
+
+            fusion = fuse_steps(steps, known, set(self._output_slots.values()), shapes, add_constant)
+            steps = fusion.steps
+            folded.update(fusion.constants)
+            known.update(fusion.constants)
+            fold_sources.update(folding.sources(fusion.sources))
+        self.fused_nodes = unfused - len(steps)
+        self._folded = folded
+        self._fold_sources = frozenset(fold_sources)
+        return steps, known
+
+    def _plans(self, every_step: list[NodeStep], known: Mapping[int, np.ndarray],
+               shapes: Mapping[int, list[int | str | None]], branches: bool) -> None:
+        """Steps 7 and 8: the folded and unfolded plans with their hand-offs and branch
+        groups, and the memory plan."""
+        steps, constants = self._steps, self._constants
         graph_outputs = list(self._output_slots.values())
-        self._plan = plan_steps(steps, set(constants) | set(folded) | set(graph_outputs))
+        self._plan = plan_steps(steps, set(constants) | set(self._folded) | set(graph_outputs))
         self._handoff = Handoff.of(steps, graph_outputs)
         self._handoff_unfolded = Handoff.of(every_step, graph_outputs)
         self._plan_unfolded = plan_steps(every_step, set(constants) | set(graph_outputs))
@@ -190,14 +206,7 @@ class RuntimeSession:
                                                  work_estimates(every_step, constants, shapes),
                                                  self.num_threads)
         self.branch_groups = sum(type(item) is Branches for item in self._plan)
-        # Step 8: the memory plan, and the plan bound to each run's buffers.
         self._plan_memory(steps, known, graph_outputs)
-        self._fold_sources = frozenset(fold_sources)
-        self._constants = constants
-        self._folded = folded
-        self._num_slots = num_slots
-        self._slots = slots
-        self._steps = steps
 
     def _plan_memory(self, steps: Sequence[NodeStep], known: Mapping[int, np.ndarray],
                      graph_outputs: Sequence[int]) -> None:
@@ -223,8 +232,9 @@ class RuntimeSession:
         memory = plan_memory(writes, reads, memory_roots(steps), set(graph_outputs))
         self.arena_bytes = memory.nbytes
         self._bound_handoff = Handoff.of(steps, graph_outputs, reused=memory.assignment)
+        none_slot = self._num_slots  # every run's values end with one slot that stays None
         self._arenas: Arenas[BoundPlan] = Arenas(
-            lambda: bind_plan(self._plan, memory.allocate(), memory.assignment, self._num_slots,
+            lambda: bind_plan(self._plan, memory.allocate(), memory.assignment, none_slot,
                               self._pool))
 
     def folded_values(self) -> dict[str, np.ndarray]:
