@@ -25,7 +25,9 @@ import onnx
 from onnx import numpy_helper
 
 from .profiling import PROVIDER, Profiler, profile_file_name
-from .runtime.session import NodeArg, NodeHook, RuntimeSession, _load_model, _node_arg
+from .runtime.feeds import NodeArg, node_arg
+from .runtime.loading import load_model
+from .runtime.session import NodeHook, RuntimeSession
 
 __all__ = ["ExecutionMode", "GraphOptimizationLevel", "InferenceSession", "ModelMetadata",
            "RunOptions", "RunTerminatedError", "SessionOptions", "get_available_providers",
@@ -302,7 +304,7 @@ class InferenceSession:
                              f"positive, got {threads}")
         self._profiler = Profiler() if options.enable_profiling else None
         started = time.perf_counter_ns()
-        model = _load_model(path_or_bytes)
+        model = load_model(path_or_bytes)
         loaded = time.perf_counter_ns()
         optimization = options.graph_optimization_level
         self._session = RuntimeSession(
@@ -322,7 +324,7 @@ class InferenceSession:
             version=model.model_version,
             custom_metadata_map={p.key: p.value for p in model.metadata_props})
         initializers = {t.name for t in graph.initializer}
-        self._overridable = [_node_arg(info) for info in graph.input if info.name in initializers]
+        self._overridable = [node_arg(info) for info in graph.input if info.name in initializers]
         if options.optimized_model_filepath:
             self._write_optimized(model, options.optimized_model_filepath)
 

@@ -635,9 +635,9 @@ def test_values_above_the_folding_bound_are_computed_by_every_run(monkeypatch) -
     """Told before computing (the kernel's count, inferred shapes) or measured after (NonZero,
     whose output shape inference leaves open): above the bound, the node runs at run time
     and gives the same values; at the bound it is folded."""
-    from onnx_light.runtime import session as session_module
+    from onnx_light.runtime import folding
 
-    monkeypatch.setattr(session_module, "FOLD_MAXIMUM_BYTES", 4096)
+    monkeypatch.setattr(folding, "FOLD_MAXIMUM_BYTES", 4096)
     nodes = [helper.make_node("ConstantOfShape", ["small"], ["a"], value=_f32("v", [2.0])),
              helper.make_node("ConstantOfShape", ["large"], ["b"], value=_f32("v", [3.0])),
              helper.make_node("NonZero", ["ones"], ["c"]),

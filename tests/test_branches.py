@@ -19,7 +19,7 @@ from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
 from onnx_light.runtime.branches import Branches, group_branches
-from onnx_light.runtime.session import _plan
+from onnx_light.runtime.plan import plan_steps
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(11)
@@ -35,7 +35,7 @@ class Step:
 
 def _steps(edges: list[tuple[str, tuple[int, ...], int]], keep: set[int]) -> list[Step]:
     """Steps named by ``edges`` (name, input slots, output slot), with the session's releases."""
-    bound = _plan([(_Named(name), inputs, (output,)) for name, inputs, output in edges], keep)
+    bound = plan_steps([(_Named(name), inputs, (output,)) for name, inputs, output in edges], keep)
     return [Step(step.node, step.inputs, step.outputs, step.release) for step in bound]
 
 

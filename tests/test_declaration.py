@@ -3,6 +3,7 @@ callbacks; dispatch refuses an operator version or element type with both named.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import numpy as np
@@ -14,7 +15,6 @@ from onnx_light.kernels.base import Kernel, KernelError, NodeContext
 from onnx_light.kernels.declaration import KernelDeclaration, declarations_by_op, declare, dispatch_table
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
-from onnx_light.runtime import session as session_module
 from onnx_light.runtime.dispatch import UnsupportedOperator, UnsupportedOperatorError, find_kernel
 from onnx_light.tuning.keys import KernelTuningKey
 from onnx_light.tuning.registry import KernelTuningRegistry
@@ -49,18 +49,19 @@ def test_a_type_the_kernel_does_not_take_fails_at_construction_naming_it(op_type
     assert f"ai.onnx::{op_type} (opset {opset}): {named}; it takes [" in str(info.value)
 
 
-def test_an_operator_version_newer_than_the_kernel_fails_at_construction(monkeypatch):
+def test_an_operator_version_newer_than_the_kernel_fails_at_construction():
     """A declaration that stops at Relu-13 must not run a Relu-14 node with Relu-13's meaning."""
     registry = KernelTuningRegistry()
     kernels.register(registry)
     relu = kernels.DECLARATIONS["Relu"]
     older = KernelDeclaration("Relu", relu.kernel, {v: t for v, t in relu.versions.items() if v < 14})
-    monkeypatch.setitem(session_module.DECLARATIONS, "Relu", older)
+    declarations = {**kernels.DECLARATIONS, "Relu": older}
     with pytest.raises(UnsupportedOperatorError,
                        match=r"ai\.onnx::Relu \(opset 17\): Relu-14 \(opset 17\) is newer than the "
                              r"kernel, which implements since-versions \[1, 6, 13\]"):
-        RuntimeSession(_model("Relu", T.FLOAT, 17), registry=registry)
-    (y,) = RuntimeSession(_model("Relu", T.FLOAT, 13), registry=registry).run(
+        RuntimeSession(_model("Relu", T.FLOAT, 17), registry=registry, declarations=declarations)
+    (y,) = RuntimeSession(_model("Relu", T.FLOAT, 13), registry=registry,
+                          declarations=declarations).run(
         None, {"a": np.full((1, 2, 3), -1, np.float32)})  # Relu-13 runs
     assert not y.any()
 
@@ -104,13 +105,17 @@ def _toy_parameters(element_type):
                       maximum=64),)
 
 
-TOY = declare(_Toy, (3, 7), types={3: (T.FLOAT,), 7: (T.FLOAT, T.DOUBLE)}, parameters=_toy_parameters)
+TOY = declare(_Toy, (3, 7), types={3: (T.FLOAT,), 7: (T.FLOAT, T.DOUBLE)}, parameters=_toy_parameters,
+              library="toylib")
 
 
 def test_declare_expands_types_by_version_and_builds_the_key_once():
     assert dict(TOY.versions) == {3: (T.FLOAT,), 7: (T.FLOAT, T.DOUBLE)}
     assert TOY.element_types == (T.FLOAT, T.DOUBLE)
-    assert TOY.key(T.DOUBLE) == KernelTuningKey("onnx_light", "Toy", "portable", T.DOUBLE)
+    assert TOY.key(T.DOUBLE) == KernelTuningKey("toylib", "Toy", "portable", T.DOUBLE)
+    # without a name: the top-level package of the kernel's module
+    elsewhere = type("Elsewhere", (Kernel,), {"op_type": "Elsewhere", "__module__": "mylib.ops"})
+    assert declare(elsewhere, (1,)).library == "mylib"
     assert TOY.version(2) is None and TOY.version(6) == 3 and TOY.version(30) == 7
     assert TOY.refusal(5, T.DOUBLE) == ("Toy-3 (opset 5) does not take element type double; "
                                         "it takes ['float']")
@@ -134,7 +139,7 @@ def test_configure_checks_every_value_against_the_schema_in_one_message():
                          ({"toy.blocks": 65}, "above the maximum 64"),
                          ({"toy.blocks": 2.0}, "expected int"),
                          ({"toy.other": 1}, "unknown parameter 'toy.other'")):
-        with pytest.raises(KernelError, match=rf"node 'toy' \(Toy\): onnx_light/Toy/portable"
+        with pytest.raises(KernelError, match=rf"node 'toy' \(Toy\): toylib/Toy/portable"
                                               rf"\[double\]@cpu#1: .*{rule}"):
             kernel.configure(values)
     assert kernel.blocks == 9
@@ -155,3 +160,23 @@ def test_bind_and_variant_leave_the_original_alone():
         assert (other.blocks, other.pool, kernel.blocks) == (7, pool, 2)
     with pytest.raises(AttributeError, match="no attribute 'block'"):
         kernel.variant(block=1)
+
+
+@pytest.mark.parametrize("op_type, opset, attributes, message", [
+    ("Pad", 1, {}, "attribute 'paddings' is required before opset 2"),
+    ("Pad", 2, {"paddings": [0, 0]}, "attribute 'pads' is required before opset 11"),
+    ("Reshape", 1, {}, "attribute 'shape' is required before opset 5"),
+    ("Slice", 1, {"starts": [0]}, "attribute 'ends' is required before opset 10"),
+    ("Unsqueeze", 11, {}, "attribute 'axes' is required before opset 13"),
+    ("TopK", 1, {}, "attribute 'k' is required before opset 10"),
+])
+def test_attributes_an_opset_requires_are_declared_and_checked_at_construction(
+        op_type, opset, attributes, message):
+    declaration = kernels.DECLARATIONS[op_type]
+    assert declaration.required  # the rule is data of the declaration, not code in the class
+    ctx = NodeContext(op_type.lower(), op_type, "", opset, attributes, (T.FLOAT,), (T.FLOAT,), 1)
+    assert declaration.missing(ctx) == message
+    with pytest.raises(KernelError, match=rf"node '{op_type.lower()}' \({op_type}\): {message}"):
+        declaration.kernel(ctx)
+    later = dataclasses.replace(ctx, opset=max(rule.before for rule in declaration.required))
+    assert declaration.missing(later) is None

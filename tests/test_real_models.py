@@ -60,7 +60,7 @@ def _onnxruntime(model: onnx.ModelProto | str):
 def _kernel_state(session: RuntimeSession) -> list[dict[str, object]]:
     """Every kernel's attributes, by identity (and a copy of any dict, list or set)."""
     state = []
-    for kernel in session._kernels:
+    for kernel, _, _ in session._steps:
         attributes = {}
         for name, value in vars(kernel).items():
             attributes[name] = (id(value), dict(value) if isinstance(value, dict) else
@@ -75,7 +75,7 @@ def test_light_model_matches_onnxruntime_and_does_no_lazy_work(name):
     model = onnx.load(path)
     session = RuntimeSession(path, num_threads=THREADS)
     # Construction configured every tunable kernel with the resolved values.
-    convs = [k for k in session._kernels if isinstance(k, ConvKernel)]
+    convs = [k for k, _, _ in session._steps if isinstance(k, ConvKernel)]
     assert convs
     resolved = {entry["node"]: entry["values"] for entry in session.tuning_report()}
     for kernel in convs:

@@ -203,6 +203,28 @@ def test_tuning_report(registry):
     assert session.tuning_resolution_seconds >= 0
 
 
+def test_tuning_report_describes_the_plan_that_runs(registry):
+    """Folding and fusion come before the tuning step: a folded product has no entry, and a
+    Relu fused into its Add leaves the Add's, as the step that runs."""
+    w = np.ones((4, 4), np.float32)
+    initializers = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(w, "v")]
+    nodes = [helper.make_node("MatMul", ["w", "v"], ["wv"], name="folded"),
+             helper.make_node("MatMul", ["x", "wv"], ["p"], name="product"),
+             helper.make_node("Add", ["p", "x"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["z"], name="relu")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 4])
+    session = RuntimeSession(_model(nodes, [x], [z], initializers=initializers), registry=registry)
+    assert (session.folded_nodes, session.fused_nodes) == (1, 1)
+    assert [entry["node"] for entry in session.tuning_report()] == ["product", "add"]
+    unfused = RuntimeSession(_model(nodes, [x], [z], initializers=initializers), registry=registry,
+                             fold=False, fuse=False)
+    assert [entry["node"] for entry in unfused.tuning_report()] == ["folded", "product", "add",
+                                                                    "relu"]
+    feeds = {"x": np.arange(16, dtype=np.float32).reshape(4, 4) - 8}
+    np.testing.assert_allclose(session.run(None, feeds)[0], unfused.run(None, feeds)[0])
+
+
 def test_sessions_run_from_many_threads(registry):
     _publish(registry, 2, 1)
     session = RuntimeSession(_add_model(), num_threads=2, registry=registry)
@@ -249,12 +271,25 @@ def test_blas_threads_held_at_one_during_run(monkeypatch, registry):
         pytest.skip("no BLAS library visible to threadpoolctl")
     seen = []
     add_class = kernels.KERNELS["Add"][max(kernels.KERNELS["Add"])]
-    original = add_class.run
+    original, original_prepare = add_class.run, add_class.prepare
     monkeypatch.setattr(add_class, "run",
                         lambda self, *xs: (seen.append(BLAS.get()), original(self, *xs))[1])
+
+    def prepare(self, specs):  # the prepared computation the plan calls instead of run
+        prepared = original_prepare(self, specs)
+
+        def compute(*xs, out):
+            seen.append(BLAS.get())
+            prepared.compute(*xs, out=out)
+
+        return None if prepared is None else prepared._replace(compute=compute)
+
+    monkeypatch.setattr(add_class, "prepare", prepare)
     before = BLAS.get()
-    RuntimeSession(_add_model(), num_threads=2, registry=registry).run(None, _feeds())
-    assert seen == [(1,) * len(before)]
+    session = RuntimeSession(_add_model(), num_threads=2, registry=registry)
+    session.run(None, _feeds())
+    session.run(None, _feeds(), node_hook=lambda name, op_type: None)  # the walk with a hook
+    assert seen == [(1,) * len(before)] * 2
     assert BLAS.get() == before  # restored after the run
 
 
@@ -299,7 +334,7 @@ def _large_initializer_model(values, element_type=TensorProto.FLOAT):
 def test_large_initializers_are_checked_without_being_serialized_again():
     """The checker and shape inference see a copy without large initializer data (they would
     serialize the whole model); the session still validates and uses that data."""
-    from onnx_light.runtime.session import SKELETON_MINIMUM
+    from onnx_light.runtime.loading import SKELETON_MINIMUM
 
     n = 4 * SKELETON_MINIMUM
     values = np.arange(n, dtype=np.float32)
@@ -457,3 +492,37 @@ def test_a_matrix_of_the_wrong_rank_is_refused_not_reshaped():
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
     with pytest.raises(InvalidInputError, match="input 'x': expected rank 1"):
         RuntimeSession(model).run(None, {"x": np.matrix([1.0, 2.0, 3.0], np.float32)})
+
+
+def _conv_model(batch):
+    rng = np.random.default_rng(11)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+                  [x], [y], initializers=[w])
+
+
+@pytest.mark.parametrize("batch", [2, "n"])
+def test_conv_decides_its_algorithm_once_for_the_inferred_shapes(monkeypatch, registry, batch):
+    """With the shapes known, construction decides the algorithm and parallel plan once and
+    the report says which; with a symbolic dimension every run decides, with the same values."""
+    from onnx_light.kernels.conv import ConvKernel
+
+    session = RuntimeSession(_conv_model(batch), num_threads=1, registry=registry)
+    (entry,) = session.tuning_report()
+    calls = []
+    original = ConvKernel.problem
+    monkeypatch.setattr(ConvKernel, "problem",
+                        lambda self, *args: (calls.append(args[0]), original(self, *args))[1])
+    x = np.random.default_rng(12).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    got = session.run(None, {"x": x})[0]
+    if batch == 2:
+        assert entry["decisions"]["algorithm"] in ("im2col", "im2col_wide", "shifted", "winograd")
+        assert entry["decisions"]["parallel plan"] == "serial"
+        assert calls == []
+    else:  # a symbolic batch: nothing settled, every run decides
+        assert "decisions" not in entry
+        assert calls == [(2, 3, 8, 8)]
+    plain = RuntimeSession(_conv_model("n"), num_threads=1, registry=registry, fold=False)
+    np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0])

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from onnx_light.kernels import DECLARATIONS
 from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
-from onnx_light.runtime import session as session_module
 from onnx_light.tuning import (
     KernelTuningRegistry,
     calibrate_kernel_tuning,
@@ -29,7 +29,7 @@ from onnx_light.tuning import (
 )
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples_src" / "rows_lp_normalization.py"
-_spec = importlib.util.spec_from_file_location("rows_lp_normalization", EXAMPLE)
+_spec = importlib.util.spec_from_file_location("onnx_light.kernels.rows_lp_normalization", EXAMPLE)
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)
 (DECLARATION,) = example.DECLARATIONS
@@ -87,13 +87,13 @@ def test_serial_and_parallel_match_the_reference_and_each_other(shape, attribute
     np.testing.assert_allclose(got, _reference(x, **attributes), rtol=1e-6, atol=1e-7)
 
 
-def test_a_session_resolves_the_example_from_the_given_registry(registry, monkeypatch) -> None:
-    monkeypatch.setitem(session_module.DECLARATIONS, "LpNormalization", DECLARATION)
+def test_a_session_resolves_the_example_from_the_given_registry(registry) -> None:
     node = helper.make_node("LpNormalization", ["x"], ["y"])
     info = helper.make_tensor_value_info
     graph = helper.make_graph([node], "g", [info("x", F, [8, 16])], [info("y", F, [8, 16])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
-    session = RuntimeSession(model, registry=registry)
+    session = RuntimeSession(model, registry=registry,
+                             declarations={**DECLARATIONS, "LpNormalization": DECLARATION})
     (report,) = session.tuning_report()
     assert report["key"] == str(DECLARATION.key(F))
     x = np.random.default_rng(3).standard_normal((8, 16)).astype(np.float32)

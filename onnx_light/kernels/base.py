@@ -18,14 +18,13 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 
 from ..parallel import ThreadPool
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.schema import KernelTuningSchema, TuningValidationError, Value
-from .declaration import LIBRARY
 
 if TYPE_CHECKING:
     from .declaration import KernelDeclaration
@@ -35,12 +34,13 @@ __all__ = [
     "FLOAT8_TYPES",
     "FLOAT_TYPES",
     "INTEGER_TYPES",
-    "LIBRARY",
     "NUMERIC_TYPES",
     "SIGNED_TYPES",
     "Kernel",
     "KernelError",
     "NodeContext",
+    "Prepared",
+    "TensorSpec",
     "compute_dtype",
     "ints",
     "item_size",
@@ -174,13 +174,29 @@ def ints(value: Any) -> list[int] | None:
 
 _K = TypeVar("_K", bound="Kernel")
 
+#: An input's shape and numpy dtype, fixed for every run of a plan.
+TensorSpec = tuple[tuple[int, ...], np.dtype]
+
+
+class Prepared(NamedTuple):
+    """A node's computation for inputs of fixed shapes and types (:meth:`Kernel.prepare`):
+    ``compute(*inputs, out=buffer)`` writes the node's one output, of ``shape`` and
+    ``dtype``, into ``buffer`` (C-contiguous, not one of the inputs); the inputs are
+    C-contiguous arrays of the specs given, and the values are those :meth:`Kernel.run`
+    gives, bit for bit."""
+
+    compute: Callable[..., None]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
 
 class Kernel:
     """One node's implementation.
 
     Subclasses set ``op_type`` and implement :meth:`run`;
     :func:`~onnx_light.kernels.declaration.declare` binds the class to its declaration. A node
-    whose opset or element type the declaration does not take is refused at construction. A
+    whose opset or element type the declaration does not take, or that lacks an attribute
+    its opset requires (``Required``), is refused at construction. A
     tunable kernel (its declaration has a schema factory) starts from the schema's portable
     defaults and implements :meth:`_configure` to copy checked values into attributes of its own.
     """
@@ -202,7 +218,7 @@ class Kernel:
         self.epilogue: Callable[[np.ndarray], None] | None = None
         declaration = self.declaration
         if declaration is not None:
-            reason = declaration.refusal(ctx.opset, self.element_type)
+            reason = declaration.refusal(ctx.opset, self.element_type) or declaration.missing(ctx)
             if reason is not None:
                 raise ctx.error(reason)
             schema = self.tuning_schema()
@@ -298,6 +314,18 @@ class Kernel:
         inputs can differ."""
         return None
 
+    def settle(self, input_shapes: Sequence[tuple[int, ...] | None]) -> Kernel | None:
+        """A kernel that has made, once, the decisions :meth:`run` would make on every call
+        for inputs of these shapes (the session's inferred ones, None where unknown): it keeps
+        them for runs whose inputs have those shapes and decides again for others. None keeps
+        this kernel. The runtime calls it at construction, after :meth:`configure`,
+        :meth:`bind` and :meth:`specialize`."""
+        return None
+
+    def decisions(self) -> Mapping[str, Any]:
+        """What :meth:`settle` decided, for the session's tuning report (empty: nothing)."""
+        return {}
+
     def views(self) -> Sequence[Sequence[int]]:
         """For each output, the inputs (by position) it may be or be a view of; an output
         past the end or with no entry is made anew by every run. The runtime hands a caller
@@ -305,12 +333,26 @@ class Kernel:
         (views between nodes stay views)."""
         return ()
 
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The node's computation with every input's shape and type fixed (the runtime's
+        memory plan then hands it a buffer reused run to run), or None to be run by
+        :meth:`run`. Called once, at construction, after :meth:`configure` and
+        :meth:`bind`: the result may rely on the configuration and thread count (a kernel
+        whose configuration would split the work returns None)."""
+        return None
+
     def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
         """How many elements the outputs for these inputs would hold, told from the inputs'
         values without computing the outputs, for kernels whose output size the values set
         (ConstantOfShape, Range, Expand, Tile); None when not known. The runtime leaves such
         a node unfolded when its outputs would be too large (see ``FOLD_MAXIMUM_BYTES``)."""
         return None
+
+    @property
+    def op_types(self) -> frozenset[str]:
+        """The operators this kernel runs: its own (control flow adds its graphs'), which
+        constant folding asks (a Loop whose body draws random numbers is not deterministic)."""
+        return frozenset((self.ctx.op_type,))
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         """Compute the node's outputs from its inputs (None for omitted optional inputs)."""

@@ -15,6 +15,7 @@ schema), so this module imports no kernel module.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,15 +28,18 @@ from ..tuning.calibration import (
 )
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
+from ..tuning.schema import Value
 from .base import NodeContext, numpy_dtype
 from .declaration import KernelDeclaration
 
 __all__ = [
     "DOMAINS",
     "GEMM_CORPUS",
+    "CalibrationSetup",
     "ElementwiseCrossover",
     "GemmConfigurations",
     "calibrate_elementwise",
+    "calibration_setup",
 ]
 
 SERIAL = 1 << 62
@@ -53,6 +57,24 @@ DOMAINS: dict[str, dict[int, tuple[float, float]]] = {
     "Mod": {1: (1.0, 4.0)},
     "Pow": {0: (0.5, 2.0), 1: (0.0, 3.0)},
 }
+
+
+class CalibrationSetup(NamedTuple):
+    """What a calibration callback starts from (:func:`calibration_setup`)."""
+
+    threads: int
+    portable: dict[str, Value]
+    budget: Budget
+
+
+def calibration_setup(declaration: KernelDeclaration, key: KernelTuningKey,
+                      descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationSetup:
+    """The threads a callback measures on (the descriptor's, at most the budget's, at least
+    one), the portable values of the key's schema (where every search starts) and the budget
+    limited to those threads: the setup every calibration callback shares."""
+    threads = max(1, min(descriptor.num_threads, budget.max_threads))
+    return CalibrationSetup(threads, dict(declaration.schema(key.element_type).defaults),
+                            dataclasses.replace(budget, max_threads=threads))
 
 
 def _values(rng: np.random.Generator, element_type: int, shape: tuple[int, ...],
@@ -132,11 +154,9 @@ class ElementwiseCrossover:
 def calibrate_elementwise(declaration: KernelDeclaration, key: KernelTuningKey,
                           descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
     """The crossover search of an elementwise kernel's threshold, from its portable default."""
-    threads = min(descriptor.num_threads, budget.max_threads)
-    problem = ElementwiseCrossover(declaration, key.element_type, threads)
-    portable = dict(declaration.schema(key.element_type).defaults)
-    return crossover_search(key, problem, problem.parameter, portable,
-                            Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
+    setup = calibration_setup(declaration, key, descriptor, budget)
+    problem = ElementwiseCrossover(declaration, key.element_type, setup.threads)
+    return crossover_search(key, problem, problem.parameter, setup.portable, setup.budget)
 
 
 # (name, M, K, N, transA, transB): small, skinny, square, wide, tall, transposed, and products

@@ -42,15 +42,22 @@ class ControlFlow(Kernel):
         super().__init__(ctx)
         self.bodies: dict[str, Body] = {}
         self.outer_names: tuple[str, ...] = ()
+        self._inner_op_types: frozenset[str] = frozenset()
 
-    def attach(self, bodies: Mapping[str, Body], outer_names: Sequence[str]) -> None:
-        """Take the built graphs by attribute name and the outer values they read, which the
-        runtime passes after the node's inputs, in this order."""
+    def attach(self, bodies: Mapping[str, Body], outer_names: Sequence[str],
+               op_types: frozenset[str] = frozenset()) -> None:
+        """Take the built graphs by attribute name, the outer values they read (which the
+        runtime passes after the node's inputs, in this order) and the operators inside them."""
         missing = [name for name in self.graphs if name not in bodies]
         if missing:
             raise self.ctx.error(f"graph attribute(s) {missing} are missing")
         self.bodies = dict(bodies)
         self.outer_names = tuple(outer_names)
+        self._inner_op_types = frozenset(op_types)
+
+    @property
+    def op_types(self) -> frozenset[str]:
+        return self._inner_op_types | {self.ctx.op_type}
 
     def views(self) -> Sequence[Sequence[int]]:
         every = tuple(range(self.ctx.num_inputs + len(self.outer_names)))

@@ -19,16 +19,24 @@ from ..tuning.keys import KernelTuningKey, element_type_name
 from ..tuning.schema import KernelTuningSchema, Parameter, Validator
 
 if TYPE_CHECKING:
-    from .base import Kernel
+    from .base import Kernel, NodeContext
 
-__all__ = ["LIBRARY", "KernelDeclaration", "declarations_by_op", "declare", "dispatch_table"]
-
-LIBRARY = "onnx_light"
+__all__ = ["KernelDeclaration", "Required", "declarations_by_op", "declare", "dispatch_table"]
 
 #: The parameters of a tunable kernel's schema for one element type (None: not known).
 ParameterFactory = Callable[[int | None], Sequence[Parameter]]
 #: ``calibrate(declaration, key, descriptor, budget)``: the registry's callback, given its kernel.
 Calibrate = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Required:
+    """An attribute a node must set under the opsets from ``since`` to before ``before``
+    (where a later version of the operator made it optional or turned it into an input)."""
+
+    attribute: str
+    before: int
+    since: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,7 +45,10 @@ class KernelDeclaration:
     schema factory and calibration callback.
 
     ``versions`` maps each ONNX since-version the class implements to the element types it
-    takes there (None: any type; the kernel checks its inputs itself).
+    takes there (None: any type; the kernel checks its inputs itself). ``library`` names the
+    kernel library in the tuning keys; by default the top-level package of the kernel's
+    module (``onnx_light`` for ours, a user's own package for theirs). ``required``: the
+    attributes some versions require (checked when a kernel is built, :meth:`missing`).
     """
 
     op_type: str
@@ -46,8 +57,12 @@ class KernelDeclaration:
     parameters: ParameterFactory | None = None
     validator: Validator | None = None
     calibrate: Calibrate | None = None
+    library: str = ""
+    required: tuple[Required, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.library:
+            object.__setattr__(self, "library", self.kernel.__module__.partition(".")[0])
         if not self.versions:
             raise ValueError(f"{self.op_type}: a declaration needs at least one since-version")
         if self.calibrate is not None and self.parameters is None:
@@ -94,10 +109,17 @@ class KernelDeclaration:
                 f"{element_type_name(element_type)}; it takes "
                 f"{[element_type_name(t) for t in allowed]}")
 
+    def missing(self, ctx: NodeContext) -> str | None:
+        """Which attribute the node's opset requires and the node does not set, or None."""
+        for rule in self.required:
+            if rule.since <= ctx.opset < rule.before and ctx.attribute(rule.attribute) is None:
+                return f"attribute {rule.attribute!r} is required before opset {rule.before}"
+        return None
+
     def key(self, element_type: int) -> KernelTuningKey:
         """The exact tuning key of this kernel for ``element_type``."""
         kernel = self.kernel
-        return KernelTuningKey(LIBRARY, self.op_type, kernel.implementation, element_type, "cpu",
+        return KernelTuningKey(self.library, self.op_type, kernel.implementation, element_type, "cpu",
                                kernel.tuning_abi)
 
     @functools.cache  # noqa: B019 (declarations live as long as the process)
@@ -127,14 +149,15 @@ class KernelDeclaration:
 def declare(kernel: type[Kernel], versions: Iterable[int], *,
             types: tuple[int, ...] | Mapping[int, tuple[int, ...]] | None = None,
             op_type: str | None = None, parameters: ParameterFactory | None = None,
-            validator: Validator | None = None, calibrate: Calibrate | None = None
-            ) -> KernelDeclaration:
+            validator: Validator | None = None, calibrate: Calibrate | None = None,
+            library: str = "", required: Iterable[Required] = ()) -> KernelDeclaration:
     """The one dispatch row helper: ``kernel`` declared for its since-``versions`` and bound
     to the class.
 
     ``types``: the element types every version takes, or where they change, a mapping
     ``since-version -> types`` in force from that version on; None leaves the types to the
-    kernel.
+    kernel. ``library``: the tuning keys' library name (default: the kernel's top-level
+    package, see :class:`KernelDeclaration`); ``required``: attributes some versions require.
     """
     versions = sorted(versions)
     if isinstance(types, Mapping):
@@ -145,7 +168,7 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
     else:
         by_version = dict.fromkeys(versions, types)
     declaration = KernelDeclaration(op_type or kernel.op_type, kernel, by_version, parameters,
-                                    validator, calibrate)
+                                    validator, calibrate, library, tuple(required))
     if kernel.__dict__.get("declaration") is not None:
         raise ValueError(f"{kernel.__name__} is declared twice")
     kernel.declaration = declaration

@@ -24,6 +24,7 @@ is not 1.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -41,6 +42,8 @@ from .base import (
     SIGNED_TYPES,
     Kernel,
     NodeContext,
+    Prepared,
+    TensorSpec,
     item_size,
     narrow_float_dtypes,
     numpy_dtype,
@@ -415,6 +418,18 @@ def _quietly(function: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _quietly_out(function: Callable[..., None]) -> Callable[..., None]:
+    """``function(*operands, out=...)`` with numpy's floating point warnings off."""
+    def run(*operands: Any, out: np.ndarray) -> None:
+        if quiet_already():
+            function(*operands, out=out)
+            return
+        with np.errstate(all="ignore"):
+            function(*operands, out=out)
+
+    return run
+
+
 class ElementwiseKernel(Kernel):
     """The kernel every row of :data:`OPS` becomes; ``op`` is the row."""
 
@@ -520,6 +535,29 @@ class ElementwiseKernel(Kernel):
             extent, block = _blocks(self._compute, plan, operands, out, same, 1, self.epilogue)
             block(0, extent)
         return [out]
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The direct path of :meth:`run` (inputs of the output's shape, one serial compute
+        call, then the epilogue) for inputs fixed at these specs; None where run would take
+        the block or parallel path."""
+        count, arity = len(inputs), self.op.arity
+        if count < arity.minimum or (arity.maximum is not None and count > arity.maximum):
+            return None
+        shape, key_dtype = inputs[self.op.key_input]
+        plan = self._plans.get(key_dtype)
+        size = math.prod(shape)
+        if (plan is None or plan.work_dtype is not None or not shape or size == 0
+                or self.uses_parallel(size)
+                or any(s != shape or d in plan.widen for s, d in inputs)):
+            return None
+        compute, epilogue = self._compute, self.epilogue
+        prepared = compute
+        if epilogue is not None:
+            def prepared(*operands: np.ndarray, out: np.ndarray) -> None:
+                compute(*operands, out=out)
+                epilogue(out)
+
+        return Prepared(_quietly_out(prepared) if plan.quiet else prepared, shape, plan.out_dtype)
 
     def in_place_function(self, element_type: int) -> Callable[[np.ndarray], None] | None:
         """This node as ``f(block)`` overwriting ``block`` (of ``element_type``) with the

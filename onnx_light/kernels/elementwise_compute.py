@@ -16,6 +16,7 @@ import numpy as np
 from . import math_functions
 
 CONSTANT_ROW = 1 << 14  # elements of the constant rows that max / min compare with
+SCALAR_BELOW = 256  # smaller inputs compare with a scalar (the rows' setup is a few us)
 
 
 @functools.lru_cache(maxsize=64)
@@ -33,8 +34,12 @@ def _against_constant(ufunc: np.ufunc, x: np.ndarray, value: Any, out: np.ndarra
     numpy's maximum and minimum against a broadcast scalar take a strided loop much slower
     than their contiguous one (docs/elementwise.md), so the data is viewed as rows of
     :data:`CONSTANT_ROW` elements and compared with one contiguous row holding the value: the
-    same operation on the same values.
+    same operation on the same values. Below :data:`SCALAR_BELOW` elements the rows' setup
+    costs more than the pass, and the value is given as a scalar of x's type.
     """
+    if x.size < SCALAR_BELOW and not isinstance(value, np.ndarray):
+        ufunc(x, x.dtype.type(value), out=out)
+        return
     if isinstance(value, np.ndarray):
         if value.size != 1:
             ufunc(x, value, out=out)

@@ -67,8 +67,8 @@ from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import Kernel, NodeContext, compute_dtype
-from .calibration import GemmConfigurations
+from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype
+from .calibration import GemmConfigurations, calibration_setup
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = [
@@ -162,14 +162,13 @@ def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
               descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
     """The configuration search of Gemm or MatMul over :func:`gemm_candidates`; on one thread
     every candidate runs the same serial product, so the portable values stay unmeasured."""
-    threads = min(descriptor.num_threads, budget.max_threads)
-    portable = dict(declaration.schema(key.element_type).defaults)
-    if threads < 2:
-        return CalibrationResult(key, portable, portable_kept=True, diagnostics=[
-            f"{key}: only {threads} thread available; portable values kept"])
-    problem = GemmConfigurations(declaration, key.element_type, threads)
-    return configuration_search(key, problem, portable, gemm_candidates(key.element_type),
-                                Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
+    setup = calibration_setup(declaration, key, descriptor, budget)
+    if setup.threads < 2:
+        return CalibrationResult(key, setup.portable, portable_kept=True, diagnostics=[
+            f"{key}: only {setup.threads} thread available; portable values kept"])
+    problem = GemmConfigurations(declaration, key.element_type, setup.threads)
+    return configuration_search(key, problem, setup.portable, gemm_candidates(key.element_type),
+                                setup.budget)
 
 
 
@@ -439,6 +438,17 @@ class MatMulKernel(_ProductKernel):
         if vector_a:
             y = y[..., 0, :] if not vector_b else y[..., 0]
         return (y,)
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """One ``np.matmul`` into the given buffer: what :meth:`run` computes for two
+        matrices of one type computed as it is, on a serial plan; None otherwise."""
+        if len(inputs) != 2:
+            return None
+        (a, a_dtype), (b, b_dtype) = inputs
+        if (len(a) != 2 or len(b) != 2 or a_dtype != b_dtype or a[1] != b[0]
+                or compute_dtype(a_dtype) != a_dtype or self.plan(a[0], b[1], a[1]) != "serial"):
+            return None
+        return Prepared(np.matmul, (a[0], b[1]), a_dtype)
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

@@ -17,13 +17,14 @@ compute type. None of these kernels is tunable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, compute_dtype, numpy_dtype
+from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "ChannelAffine",
@@ -177,6 +178,31 @@ class ChannelAffine(Kernel):
         b = _per_channel(self.offset, ndim, compute)
         y = _affine(self, x, a, b, compute)
         return (y if y.dtype == x.dtype else y.astype(x.dtype),)
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The serial per-channel pass of :meth:`run` (a multiply, an add, the epilogue) with
+        the parameters shaped once, for an X computed in its own type; None otherwise."""
+        ((shape, dtype),) = inputs
+        size = math.prod(shape)
+        if (len(shape) < 2 or size == 0 or compute_dtype(dtype) != dtype
+                or not {self.multiplier.size, self.offset.size} <= {1, shape[1]}
+                or (self.num_threads > 1 and shape[0] * shape[1] > 1 and size >= PARALLEL_MINIMUM)):
+            return None
+        a = _per_channel(self.multiplier, len(shape), dtype)
+        b = _per_channel(self.offset, len(shape), dtype)
+        epilogue = self.epilogue
+        scaled = not np.all(a == 1)  # x * 1 is x, bit for bit: a fused Add needs no multiply
+
+        def affine(x: np.ndarray, out: np.ndarray) -> None:
+            if scaled:
+                np.multiply(x, a, out=out)
+                np.add(out, b, out=out)
+            else:
+                np.add(x, b, out=out)
+            if epilogue is not None:
+                epilogue(out)
+
+        return Prepared(affine, shape, dtype)
 
 
 class InstanceNormalization(Kernel):

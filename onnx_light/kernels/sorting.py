@@ -15,7 +15,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import FLOAT_TYPES, INTEGER_TYPES, Kernel, NodeContext, compute_dtype, normalize_axis
-from .declaration import KernelDeclaration, declare, dispatch_table
+from .declaration import KernelDeclaration, Required, declare, dispatch_table
 from .structural import outputs_of
 
 __all__ = ["KERNELS", "TopK", "Unique"]
@@ -36,8 +36,6 @@ class TopK(Kernel):
         self.axis = int(ctx.attribute("axis", -1))
         self.largest = ctx.opset < 11 or bool(ctx.attribute("largest", 1))
         self.k = ctx.attribute("k")
-        if ctx.opset < 10 and self.k is None:
-            raise ctx.error("attribute 'k' is required before opset 10")
 
     def run(self, x: np.ndarray, k: np.ndarray | None = None) -> Arrays:
         axis = normalize_axis(self.ctx, self.axis, x.ndim)
@@ -86,7 +84,7 @@ class Unique(Kernel):
 
 # Every since_version ONNX 1.23 defines for each op; one class serves them all.
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(TopK, (1, 10, 11, 24), types=_TOPK_TYPES),
+    declare(TopK, (1, 10, 11, 24), types=_TOPK_TYPES, required=(Required("k", before=10),)),
     declare(Unique, (11, 28)),
 )
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

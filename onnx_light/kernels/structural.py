@@ -17,7 +17,7 @@ import numpy as np
 from ..tuning.keys import ELEMENT_TYPE_CODES
 from ..tuning.keys import ElementType as TensorProto
 from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis, numpy_dtype
-from .declaration import KernelDeclaration, declare, dispatch_table
+from .declaration import KernelDeclaration, Required, declare, dispatch_table
 
 __all__ = ["KERNELS", "cast"]
 
@@ -276,8 +276,6 @@ class Reshape(InputView):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.allowzero = bool(ctx.attribute("allowzero", 0))
-        if ctx.opset < 5 and ctx.attribute("shape") is None:
-            raise ctx.error("attribute 'shape' is required before opset 5")
 
     def run(self, x: np.ndarray, shape: np.ndarray | None = None) -> Arrays:
         dims = ints_since(self.ctx, "shape", shape, 5)
@@ -344,8 +342,6 @@ class Unsqueeze(InputView):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        if ctx.opset < 13 and ctx.attribute("axes") is None:
-            raise ctx.error("attribute 'axes' is required before opset 13")
 
     def run(self, x: np.ndarray, axes: np.ndarray | None = None) -> Arrays:
         given = ints_since(self.ctx, "axes", axes, 13)
@@ -455,8 +451,6 @@ class Slice(InputView):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        if ctx.opset < 10 and (ctx.attribute("starts") is None or ctx.attribute("ends") is None):
-            raise ctx.error("attributes 'starts' and 'ends' are required before opset 10")
 
     def run(self, x: np.ndarray, starts: np.ndarray | None = None, ends: np.ndarray | None = None,
             axes: np.ndarray | None = None, steps: np.ndarray | None = None) -> Arrays:
@@ -595,8 +589,6 @@ class Pad(Kernel):
         modes = _PAD_MODES if ctx.opset >= 19 else _PAD_MODES[:3]
         if self.mode not in modes:
             raise ctx.error(f"mode must be one of {modes}, got {self.mode!r}")
-        if ctx.opset < 11 and ctx.attribute("paddings" if ctx.opset < 2 else "pads") is None:
-            raise ctx.error("attribute 'pads' is required before opset 11")
 
     def run(self, x: np.ndarray, pads: np.ndarray | None = None, constant_value: np.ndarray | None = None,
             axes: np.ndarray | None = None) -> Arrays:
@@ -638,18 +630,20 @@ DECLARATIONS: tuple[KernelDeclaration, ...] = (
     declare(Identity, (1, 13, 14, 16, 19, 21, 23, 24, 25)),
     declare(NonZero, (9, 13)),
     declare(OneHot, (9, 11, 28)),
-    declare(Pad, (1, 2, 11, 13, 18, 19, 21, 23, 24, 25)),
+    declare(Pad, (1, 2, 11, 13, 18, 19, 21, 23, 24, 25),
+            required=(Required("paddings", before=2), Required("pads", before=11, since=2))),
     declare(Range, (11, 27)),
-    declare(Reshape, (1, 5, 13, 14, 19, 21, 23, 24, 25)),
+    declare(Reshape, (1, 5, 13, 14, 19, 21, 23, 24, 25), required=(Required("shape", before=5),)),
     declare(Shape, (1, 13, 15, 19, 21, 23, 24, 25)),
     declare(Size, (1, 13, 19, 21, 23, 24, 25)),
-    declare(Slice, (1, 10, 11, 13)),
+    declare(Slice, (1, 10, 11, 13),
+            required=(Required("starts", before=10), Required("ends", before=10))),
     declare(Split, (1, 2, 11, 13, 18)),
     declare(Squeeze, (1, 11, 13, 21, 23, 24, 25)),
     declare(Tile, (1, 6, 13)),
     declare(Transpose, (1, 13, 21, 23, 24, 25)),
     declare(Trilu, (14,)),
-    declare(Unsqueeze, (1, 11, 13, 21, 23, 24, 25)),
+    declare(Unsqueeze, (1, 11, 13, 21, 23, 24, 25), required=(Required("axes", before=13),)),
 )
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
 

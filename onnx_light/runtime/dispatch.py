@@ -5,17 +5,28 @@ The declarations map ``op_type`` to a
 :class:`~onnx_light.kernels.declaration.KernelDeclaration`; the version in force is the
 highest ``since_version`` not above the model's opset, as ONNX's own versioning rules say,
 and the node's element type must be one that version of the kernel takes.
+:func:`dispatch_graph` is the first step of a session's construction: one kernel per node,
+built from its context (attributes, element types), or every unsupported operator at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import onnx
+from onnx import numpy_helper
+
+from ..kernels import DECLARATIONS
 from ..kernels.base import Kernel, NodeContext
-from ..kernels.declaration import KernelDeclaration
+from ..kernels.declaration import KernelDeclaration, declarations_by_op
+from .loading import tensor_element_type
+from .subgraphs import attach_subgraphs
 
-__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "find_kernel"]
+__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "declaration_table",
+           "dispatch_graph", "dispatch_node", "find_kernel"]
 
 ONNX_DOMAINS = frozenset({"", "ai.onnx"})
 Declarations = Mapping[str, KernelDeclaration]
@@ -66,3 +77,99 @@ def find_kernel(declarations: Declarations, domain: str, op_type: str, opset: in
     if reason is not None:
         return UnsupportedOperator(domain, op_type, opset, reason)
     return declaration.kernel
+
+
+@functools.cache
+def _since_version(op_type: str, opset: int) -> int | None:
+    """The version of an ONNX operator in force at ``opset``, as the installed onnx defines
+    it; None for an operator it does not know."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "").since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _attribute_value(attribute: onnx.AttributeProto) -> Any:
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", "replace") for v in value]
+    if isinstance(value, list) and value and isinstance(value[0], onnx.TensorProto):
+        return [numpy_helper.to_array(v) for v in value]
+    return value
+
+
+def dispatch_node(node: onnx.NodeProto, index: int, opsets: Mapping[str, int],
+                  types: Mapping[str, onnx.TypeProto],
+                  declarations: Declarations) -> Kernel | UnsupportedOperator:
+    """One node's kernel (``index``: the node's place in its graph, for a name), built from its
+    context (attributes, and element types from ``types``), or why there is none."""
+    domain = node.domain or ""
+    opset = opsets.get(domain)
+    ctx = None if opset is None or domain not in ONNX_DOMAINS else NodeContext(
+        name=node.name or f"{node.op_type}_{index}",
+        op_type=node.op_type,
+        domain=node.domain,
+        opset=opset,
+        attributes={a.name: _attribute_value(a) for a in node.attribute},
+        input_types=tuple(tensor_element_type(types.get(n)) if n else None for n in node.input),
+        output_types=tuple(tensor_element_type(types.get(n)) if n else None for n in node.output),
+        num_inputs=len(node.input),
+        num_outputs=len(node.output),
+    )
+    found = find_kernel(declarations, domain, node.op_type, opset, ctx,
+                        None if ctx is None else _since_version(node.op_type, opset))
+    return found if isinstance(found, UnsupportedOperator) else found(ctx)
+
+
+def dispatch_graph(graph: onnx.GraphProto, inferred: onnx.GraphProto, opsets: Mapping[str, int],
+                   types: Mapping[str, onnx.TypeProto], declarations: Declarations
+                   ) -> tuple[list[Kernel], list[Kernel]]:
+    """One kernel per node of ``graph``, in order, and the kernels of the graphs inside its
+    control-flow nodes, built and attached as nested plans (``runtime/subgraphs.py``, from
+    ``inferred``: the graph with its inner graphs' inferred types); raises
+    :class:`UnsupportedOperatorError` listing every operator no declaration runs, in a body too."""
+    dispatch = functools.partial(dispatch_node, declarations=declarations)
+    kernels: list[Kernel] = []
+    nested: list[Kernel] = []
+    unsupported: list[UnsupportedOperator] = []
+    for index, node in enumerate(graph.node):
+        found = dispatch(node, index, opsets, types)
+        if isinstance(found, UnsupportedOperator):
+            if found not in unsupported:
+                unsupported.append(found)
+            continue
+        kernels.append(found)
+        nested += attach_subgraphs(found, inferred.node[index], types, opsets, dispatch,
+                                   unsupported)
+    if unsupported:
+        raise UnsupportedOperatorError(unsupported)
+    return kernels, nested
+
+
+def declaration_table(declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
+                      | None) -> Declarations:
+    """The session's dispatch table: ours by default, else the given mapping or declarations
+    by operator (an operator declared twice is an error)."""
+    if declarations is None:
+        return DECLARATIONS
+    if isinstance(declarations, Mapping):
+        table = dict(declarations)
+        wrong = {op: d for op, d in table.items()
+                 if not isinstance(d, KernelDeclaration) or d.op_type != op}
+        if wrong:
+            op, value = next(iter(wrong.items()))
+            raise TypeError(f"declarations[{op!r}] must be the KernelDeclaration of {op}, got "
+                            f"{value!r}")
+        return table
+    if isinstance(declarations, (str, bytes)) or not isinstance(declarations, Iterable):
+        raise TypeError(f"declarations must be a mapping op_type -> KernelDeclaration or "
+                        f"KernelDeclarations, got {type(declarations).__name__}")
+    listed = list(declarations)
+    wrong = [d for d in listed if not isinstance(d, KernelDeclaration)]
+    if wrong:
+        raise TypeError(f"declarations must be KernelDeclarations, got {wrong[0]!r}")
+    return declarations_by_op(listed)

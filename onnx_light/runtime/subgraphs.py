@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -30,13 +30,15 @@ from onnx import numpy_helper
 
 from ..kernels.base import Kernel, KernelError, NodeContext
 from ..kernels.control_flow import ControlFlow
-from .dispatch import UnsupportedOperator
+
+if TYPE_CHECKING:  # dispatch imports this module
+    from .dispatch import UnsupportedOperator
 
 __all__ = ["Subgraph", "attach_subgraphs", "free_names", "op_types", "outer_names"]
 
 #: The session's dispatch of one node: ``(node, index in its graph, opsets, value types)``.
 Dispatch = Callable[[onnx.NodeProto, int, Mapping[str, int], Mapping[str, onnx.TypeProto]],
-                    Kernel | UnsupportedOperator]
+                    "Kernel | UnsupportedOperator"]
 
 
 def free_names(graph: onnx.GraphProto) -> tuple[str, ...]:
@@ -146,11 +148,11 @@ def _build(graph: onnx.GraphProto, attribute: str, owner: NodeContext, outer: Se
     for index, node in enumerate(graph.node):
         try:
             found = dispatch(node, index, opsets, local_types)
-            nested = [] if isinstance(found, UnsupportedOperator) else attach_subgraphs(
-                found, node, local_types, opsets, dispatch, unsupported)
+            nested = attach_subgraphs(found, node, local_types, opsets, dispatch, unsupported) \
+                if isinstance(found, Kernel) else []
         except KernelError as exc:  # a node the kernel refuses (its attributes, say)
             raise KernelError(f"{exc}, in {where}") from None
-        if isinstance(found, UnsupportedOperator):
+        if not isinstance(found, Kernel):  # an UnsupportedOperator
             if found not in unsupported:
                 unsupported.append(found)
             complete = False
@@ -189,5 +191,5 @@ def attach_subgraphs(kernel: Kernel, node: onnx.NodeProto, types: Mapping[str, o
     bodies = {a.name: _build(a.g, a.name, kernel.ctx, outer, types, opsets, dispatch,
                              unsupported, built) for a in graphs}
     if all(body is not None for body in bodies.values()):
-        kernel.attach(bodies, outer)
+        kernel.attach(bodies, outer, op_types(node))
     return built

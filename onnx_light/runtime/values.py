@@ -53,11 +53,16 @@ class ValueFeed:
     def slot(self) -> int:
         return self.element.slot
 
+    @property
+    def spec(self) -> None:
+        """No fixed shape and dtype: prepared steps never read a sequence or optional."""
+        return None
+
     def check(self, value: Any) -> Any:
         if self.kind == "optional_type":
             return None if value is None else self.element.check(value)
         if not isinstance(value, (list, tuple)):
-            from .session import InvalidInputError  # session imports this module
+            from .feeds import InvalidInputError  # feeds imports this module
 
             raise InvalidInputError(f"input {self.name!r}: expected a sequence (a list of "
                                     f"arrays), got {type(value).__name__}")

@@ -18,6 +18,7 @@ from ...tuning.keys import KernelTuningKey
 from ...tuning.processor import CpuExecutionDescriptor
 from ...tuning.schema import Value
 from ..base import NodeContext, compute_dtype
+from ..calibration import calibration_setup
 from ..declaration import KernelDeclaration
 from ..window import Window, WindowAttributes
 from .config import (
@@ -187,12 +188,11 @@ def calibrate_conv(declaration: KernelDeclaration, key: KernelTuningKey,
     threads; every candidate of :func:`candidate_grid` is validated against the portable
     configuration with :func:`error_bound` before it is timed.
     """
-    threads = max(1, min(descriptor.num_threads, budget.max_threads))
-    problem = ConvCalibrationProblem(key.element_type, get_pool(threads), corpus)
-    portable = dict(declaration.schema(key.element_type).defaults)
-    result = configuration_search(key, problem, portable, candidate_grid(), budget, samples=SAMPLES,
-                                  timer=timer)
+    setup = calibration_setup(declaration, key, descriptor, budget)
+    problem = ConvCalibrationProblem(key.element_type, get_pool(setup.threads), corpus)
+    result = configuration_search(key, problem, setup.portable, candidate_grid(), setup.budget,
+                                  samples=SAMPLES, timer=timer)
     result.diagnostics.insert(0, f"{key}: corpus of {len(corpus)} convolutions, "
-                                 f"{len(candidate_grid())} candidates, {threads} thread(s)")
+                                 f"{len(candidate_grid())} candidates, {setup.threads} thread(s)")
     return result
 

@@ -37,7 +37,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...tuning.schema import Value
-from ..base import Kernel, NodeContext, compute_dtype
+from ..base import Kernel, KernelError, NodeContext, compute_dtype
 from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
@@ -64,6 +64,16 @@ class _DistinctFilters:
     plain: ConvKernel
 
 
+@dataclass(frozen=True)
+class _Settled:
+    """What :meth:`ConvKernel.settle` decided for the shapes the session inferred."""
+
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    transformed: bool
+    problem: _Problem
+
+
 class ConvKernel(Kernel):
     """ONNX Conv (since versions 1, 11, 22), tunable; see the module docstring."""
 
@@ -84,6 +94,7 @@ class ConvKernel(Kernel):
         self._winograd: tuple[np.ndarray, np.ndarray] | None = None
         self.prologue: Prologue | None = None  # set by the runtime's fusion
         self.residual = False  # set by the runtime's fusion: a fourth input to add
+        self._settled: _Settled | None = None  # set by settle
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -136,6 +147,25 @@ class ConvKernel(Kernel):
 
     def _configure(self, values: Mapping[str, Value]) -> None:
         self.config = ConvConfig.from_values(values)
+
+    def settle(self, input_shapes: Sequence[tuple[int, ...] | None]) -> ConvKernel | None:
+        """A kernel holding the algorithm and parallel plan (:meth:`problem`) for X and W of
+        the inferred shapes, decided once here instead of on every run."""
+        x, w = (*input_shapes, None, None)[:2]
+        if x is None or w is None or self._distinct is not None:
+            return None
+        transformed = self._winograd is not None  # the plan passes the weights it transformed
+        try:
+            problem = self.problem(x, w, transformed)
+        except KernelError:
+            return None  # a run with these shapes reports it
+        return self.variant(_settled=_Settled(tuple(x), tuple(w), transformed, problem))
+
+    def decisions(self) -> Mapping[str, Any]:
+        """The settled algorithm and parallel plan."""
+        settled = self._settled
+        return {} if settled is None else {"algorithm": settled.problem.algorithm,
+                                           "parallel plan": settled.problem.plan}
 
     # ---------------------------------------------------------------- planning
 
@@ -230,7 +260,12 @@ class ConvKernel(Kernel):
         if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
             raise self.ctx.error(f"X must be a floating point tensor, got {x.dtype}")
         transformed = self._winograd is not None and w is self._winograd[0]
-        problem = self.problem(x.shape, w.shape, transformed)
+        settled = self._settled
+        if (settled is not None and settled.x_shape == x.shape and settled.w_shape == w.shape
+                and settled.transformed == transformed):
+            problem = settled.problem
+        else:
+            problem = self.problem(x.shape, w.shape, transformed)
         if b is not None and b.shape != (problem.filters,):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)

@@ -1,0 +1,159 @@
+"""Running a plan over a run's list of values (one entry per slot).
+
+:func:`execute` walks the plan's steps, calling a node hook around each when one is given;
+:func:`bind_plan` turns the plan, once per set of buffers, into a list of prebound callables
+(a prepared step writes into its buffer, any other calls ``kernel.run``), which
+:func:`run_bound` calls in order: the steady-state path, with no per-step work beyond the
+calls themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..kernels.base import KernelError, quiet
+from ..parallel import ThreadPool
+from .branches import Branches
+from .plan import Step
+
+__all__ = ["BoundPlan", "NodeHook", "bind_plan", "execute", "run_bound"]
+
+# Called before each step of a run with the node's name and op type; may return a callable to
+# call once the step is done.
+NodeHook = Callable[[str, str], Callable[[], None] | None]
+#: One item of a plan bound to a run's buffers: called with the run's values.
+BoundCall = Callable[[list[Any]], None]
+BoundPlan = tuple[Sequence[Any], tuple[BoundCall, ...]]
+
+
+def _failure(step: Step, exc: Exception) -> RuntimeError:
+    return RuntimeError(f"node {step.node!r} ({step.op_type}) failed: "
+                        f"{type(exc).__name__}: {str(exc) or '(no message)'}")
+
+
+def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool,
+            hook: NodeHook | None = None) -> None:
+    """Run ``plan``'s steps in order, each writing its outputs into ``values`` and freeing
+    the values it reads last; a :class:`Branches` item runs its branches on the pool."""
+    for step in plan:
+        if type(step) is Branches:
+            step.run(functools.partial(_execute_branch, values=values, pool=pool, hook=hook), pool)
+            for s in step.release:
+                values[s] = None
+            continue
+        done = None if hook is None else hook(step.node, step.op_type)
+        arguments = [None if s is None else values[s] for s in step.inputs]
+        try:
+            results = step.run(*arguments)
+        except KernelError:
+            raise
+        except Exception as exc:
+            raise _failure(step, exc) from exc
+        if done is not None:
+            done()
+        for s, result in zip(step.outputs, results, strict=False):
+            if s is not None:
+                values[s] = result
+        for s in step.release:
+            values[s] = None
+
+
+def _execute_branch(steps: Sequence[Any], values: list[Any], pool: ThreadPool,
+                    hook: NodeHook | None) -> None:
+    """One branch, on whichever pool thread took it; numpy's error state is per thread,
+    so the branch sets it there too (its kernels then skip their own)."""
+    with quiet():
+        execute(steps, values, pool, hook)
+
+
+def bind_plan(plan: Sequence[Any], buffers: Sequence[np.ndarray], assignment: Mapping[int, int],
+              none_slot: int, pool: ThreadPool) -> BoundPlan:
+    """The plan's items as callables over a run's values: a prepared step (``Step.prepared``)
+    computes into its buffer (``assignment``: slot -> index in ``buffers``) or, for a graph
+    output, into a new array; any other step calls its kernel. ``none_slot``: a slot that
+    always holds None, read for an omitted input."""
+    reused = frozenset(assignment)
+    return plan, tuple(_bound(item, buffers, assignment, reused, none_slot, pool) for item in plan)
+
+
+def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, int],
+           reused: Collection[int], none_slot: int, pool: ThreadPool) -> BoundCall:
+    if type(item) is Branches:
+        def branches(values: list[Any]) -> None:
+            item.run(functools.partial(_execute_branch, values=values, pool=pool, hook=None), pool)
+            for s in item.release:
+                values[s] = None
+
+        return branches
+    inputs = tuple(none_slot if s is None else s for s in item.inputs)
+    release = tuple(s for s in item.release if s not in reused)
+    prepared = item.prepared
+    if prepared is None:
+        run, outputs = item.run, tuple((i, s) for i, s in enumerate(item.outputs) if s is not None)
+
+        def call(values: list[Any]) -> None:
+            results = run(*[values[s] for s in inputs])
+            for i, s in outputs:
+                if i < len(results):
+                    values[s] = results[i]
+            for s in release:
+                values[s] = None
+
+        return call
+    compute, (output,) = prepared.compute, item.outputs
+    if output in assignment:
+        buffer = buffers[assignment[output]]
+        if len(inputs) == 1:
+            (a,) = inputs
+
+            def call(values: list[Any]) -> None:
+                compute(values[a], out=buffer)
+                values[output] = buffer
+        elif len(inputs) == 2:
+            a, b = inputs
+
+            def call(values: list[Any]) -> None:
+                compute(values[a], values[b], out=buffer)
+                values[output] = buffer
+        else:
+            def call(values: list[Any]) -> None:
+                compute(*[values[s] for s in inputs], out=buffer)
+                values[output] = buffer
+    else:  # a graph output: the caller keeps it, so it is made anew
+        shape, dtype = prepared.shape, prepared.dtype
+
+        def call(values: list[Any]) -> None:
+            out = np.empty(shape, dtype)
+            compute(*[values[s] for s in inputs], out=out)
+            values[output] = out
+    if not release:
+        return call
+    written = call
+
+    def call_and_release(values: list[Any]) -> None:
+        written(values)
+        for s in release:
+            values[s] = None
+
+    return call_and_release
+
+
+def run_bound(bound: BoundPlan, values: list[Any]) -> None:
+    """Call a bound plan's items in order; an exception names the node that raised it."""
+    plan, calls = bound
+    index = 0
+    try:
+        for call in calls:
+            call(values)
+            index += 1
+    except KernelError:
+        raise
+    except Exception as exc:
+        item = plan[index]
+        if type(item) is Branches:  # its branches name their node already
+            raise
+        raise _failure(item, exc) from exc
