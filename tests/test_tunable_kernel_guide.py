@@ -88,7 +88,7 @@ def test_serial_and_parallel_match_the_reference_and_each_other(shape, attribute
 
 
 def test_a_session_resolves_the_example_from_the_given_registry(registry, monkeypatch) -> None:
-    monkeypatch.setitem(session_module.DECLARATIONS, "LpNormalization", DECLARATION)
+    monkeypatch.setitem(session_module.DECLARATIONS, ("", "LpNormalization"), DECLARATION)
     node = helper.make_node("LpNormalization", ["x"], ["y"])
     info = helper.make_tensor_value_info
     graph = helper.make_graph([node], "g", [info("x", F, [8, 16])], [info("y", F, [8, 16])])
