@@ -83,13 +83,17 @@ def test_dispatch_is_keyed_by_domain_and_operator():
     # an ai.onnx.ml operator is not one of the default domain, nor the other way round
     assert "operator not implemented" in find_kernel(kernels.DECLARATIONS, "", "Scaler", 13).reason
     assert "operator not implemented" in find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "Relu", 3).reason
-    ctx = NodeContext("imputer_7", "Imputer", "ai.onnx.ml", 1, input_types=(T.FLOAT,))
-    assert find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "Imputer", 1, ctx) is \
-        kernels.ml.KERNELS["Imputer"][1]
+    ctx = NodeContext("encoder_7", "LabelEncoder", "ai.onnx.ml", 1, input_types=(T.STRING,))
+    assert find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "LabelEncoder", 1, ctx) is \
+        kernels.ml.KERNELS["LabelEncoder"][1]
     refused = find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "Imputer", 1,
                           NodeContext("imputer_8", "Imputer", "ai.onnx.ml", 1, input_types=(T.UINT8,)))
     assert str(refused) == ("ai.onnx.ml::Imputer (opset 1): Imputer-1 (opset 1) does not take element "
                             "type uint8; it takes ['float', 'double', 'int64', 'int32'] (node 'imputer_8')")
+    late = find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "TreeEnsemble", 3,
+                       NodeContext("forest", "TreeEnsemble", "ai.onnx.ml", 3, input_types=(T.FLOAT,)))
+    assert str(late) == ("ai.onnx.ml::TreeEnsemble (opset 3): TreeEnsemble is implemented from "
+                         "opset 5 on, the model uses opset 3 (node 'forest')")
 
 
 def _ml_model(op_type):

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from ..base import Kernel
 from ..declaration import KernelDeclaration, dispatch_table
-from . import preprocessing
+from . import encoders, features, linear, preprocessing, svm, trees
 
 __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
 
 DOMAIN = "ai.onnx.ml"
 
-DECLARATIONS: tuple[KernelDeclaration, ...] = preprocessing.DECLARATIONS
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *linear.DECLARATIONS, *trees.DECLARATIONS, *preprocessing.DECLARATIONS, *encoders.DECLARATIONS,
+    *features.DECLARATIONS, *svm.DECLARATIONS,
+)
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
