@@ -77,7 +77,7 @@ class OneHotEncoder(Kernel):
         keys = x.astype(object) if self.lookup.strings else x.astype(np.int64)
         positions = self.lookup.positions(keys)
         if not self.zeros and (positions < 0).any():
-            unknown = keys.reshape(-1)[int(np.argmax(positions.reshape(-1) < 0))]
+            unknown = keys.reshape(-1)[int(np.argmax(positions.reshape(-1) < 0))].item()
             raise self.ctx.error(f"category {unknown!r} is not one of the categories (zeros=0)")
         out = np.zeros((*x.shape, self.categories), dtype=np.float32)
         flat = out.reshape(-1, self.categories)

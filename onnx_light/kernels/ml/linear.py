@@ -46,7 +46,9 @@ def _scores(ctx: NodeContext, x: np.ndarray, coefficients: np.ndarray,
 
 
 def labels_of_scores(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """The label of each row's highest score (the first one on ties)."""
+    """The label of each row's highest score (the first one on ties). Classifiers pick from
+    the scores before their post-transform, as onnxruntime does (the transforms keep the order,
+    but PROBIT gives NaN outside [0, 1])."""
     return labels[np.argmax(scores, axis=1)]
 
 
@@ -69,8 +71,7 @@ class LinearClassifier(Kernel):
             scores = np.concatenate([-scores, scores], axis=1)
         elif scores.shape[1] != classes:
             raise self.ctx.error(f"{scores.shape[1]} row(s) of coefficients for {classes} class labels")
-        scores = self.transform(scores)
-        return labels_of_scores(self.labels, scores), scores
+        return labels_of_scores(self.labels, scores), self.transform(scores)
 
 
 class LinearRegressor(Kernel):

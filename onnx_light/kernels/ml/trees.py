@@ -249,23 +249,31 @@ class TreeEnsembleClassifier(_Trees):
         classes = len(self.labels)
         self._compile(legacy_forest(ctx, "class", classes))
         self.base = _base_values(ctx, classes)
-        self.transform_name = ctx.attribute("post_transform", "NONE")
         self.transform = post_transform(ctx)
-        # Two classes and weights for one of them only: that class's score s gives the
-        # scores [1 - s, s] (no transform or PROBIT) or [-s, s] (transformed).
+        # Two classes and weights for one of them only (gradient boosting's binary form) with at
+        # most one base value: that class's score s decides, as in onnxruntime. With weights all
+        # positive (probabilities) s > 0.5 picks the second label and the scores are [1 - s, s];
+        # otherwise s > 0 does, and the scores are [-s, s] (LOGISTIC: their logistic). The
+        # post-transform applies to neither but LOGISTIC's.
         used = set(np.unique(self.forest.leaf_target).tolist())
-        self.binary_class = used.pop() if classes == 2 and len(used) == 1 else None
+        self.binary_class = used.pop() if classes == 2 and len(used) == 1 and (
+            self.base is None or len(self.base) == 1) else None
+        self.probabilities = bool((self.forest.leaf_weight >= 0).all())
+        self.logistic = ctx.attribute("post_transform", "NONE") == "LOGISTIC"
 
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         scores = self.forest.scores(self.ctx, x, self)
         if self.base is not None:
             scores += self.base
-        if self.binary_class is not None:
-            positive = scores[:, self.binary_class]
-            negative = 1 - positive if self.transform_name in ("NONE", "PROBIT") else -positive
-            scores = np.stack([negative, positive], axis=1)
-        scores = self.transform(scores.astype(np.float32))
-        return labels_of_scores(self.labels, scores), scores
+        if self.binary_class is None:
+            return labels_of_scores(self.labels, scores), self.transform(scores.astype(np.float32))
+        positive = scores[:, self.binary_class].astype(np.float32)
+        if self.probabilities:
+            labels = self.labels[(positive > 0.5).astype(np.int64)]
+            return labels, np.stack([1 - positive, positive], axis=1)
+        labels = self.labels[(positive > 0).astype(np.int64)]
+        pair = np.stack([-positive, positive], axis=1)
+        return labels, self.transform(pair) if self.logistic else pair
 
 
 class TreeEnsemble(_Trees):
