@@ -27,14 +27,15 @@ AVERAGE, SUM, MIN, MAX = 0, 1, 2, 3
 def walk_rows(x, roots, feature, threshold, mode, true_next, false_next, missing_true,
               members, member_start, member_stop, leaf_start, leaf_stop, leaf_target,
               leaf_weight, aggregate, out, start, stop):  # pragma: no cover (compiled)
-    """For rows ``start:stop`` of ``x``: walk every tree from its root to a leaf and
+    """For rows ``start:stop`` of ``x``: walk every tree from its root to a leaf, tree by tree, and
     aggregate the leaf's weights into ``out`` (initialised by the caller: zeros for SUM and
     AVERAGE, +inf for MIN, -inf for MAX). A comparison is true, or the value is NaN and the
     node sends missing values the true way (a NaN compares false but for BRANCH_NEQ, as in
     onnxruntime)."""
-    for row in range(start, stop):
-        for tree in range(roots.shape[0]):
-            node = roots[tree]
+    for tree in range(roots.shape[0]):  # tree by tree: its nodes stay in cache for the block
+        root = roots[tree]
+        for row in range(start, stop):
+            node = root
             while mode[node] != 7:
                 value = x[row, feature[node]]
                 m = mode[node]
