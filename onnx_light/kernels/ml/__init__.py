@@ -12,10 +12,9 @@ from __future__ import annotations
 from ..base import Kernel
 from ..declaration import KernelDeclaration, dispatch_table
 from . import encoders, features, linear, preprocessing, svm, trees
+from .transforms import DOMAIN
 
 __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
-
-DOMAIN = "ai.onnx.ml"
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     *linear.DECLARATIONS, *trees.DECLARATIONS, *preprocessing.DECLARATIONS, *encoders.DECLARATIONS,

@@ -11,11 +11,11 @@ import numpy as np
 
 from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext
-from ..declaration import KernelDeclaration, declare
+from ..declaration import KernelDeclaration, declare, dispatch_table
+from .transforms import DOMAIN, NUMERIC_INPUTS
 
-__all__ = ["DECLARATIONS", "CategoryMapper", "LabelEncoder", "Lookup", "OneHotEncoder"]
+__all__ = ["DECLARATIONS", "KERNELS", "CategoryMapper", "LabelEncoder", "Lookup", "OneHotEncoder"]
 
-ML = "ai.onnx.ml"
 
 
 class Lookup:
@@ -164,7 +164,9 @@ class CategoryMapper(Kernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(OneHotEncoder, (1,), types=(T.STRING, T.INT64, T.INT32, T.FLOAT, T.DOUBLE), domain=ML),
-    declare(LabelEncoder, (1, 2, 4), domain=ML),
-    declare(CategoryMapper, (1,), types=(T.STRING, T.INT64), domain=ML),
+    declare(OneHotEncoder, (1,), types=(*NUMERIC_INPUTS, T.STRING), domain=DOMAIN),
+    declare(LabelEncoder, (1, 2, 4), domain=DOMAIN),
+    declare(CategoryMapper, (1,), types=(T.STRING, T.INT64), domain=DOMAIN),
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

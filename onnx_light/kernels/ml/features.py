@@ -14,12 +14,13 @@ import numpy as np
 
 from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext, numpy_dtype
-from ..declaration import KernelDeclaration, declare
-from .transforms import class_labels
+from ..declaration import KernelDeclaration, declare, dispatch_table
+from .transforms import DOMAIN, NUMERIC_INPUTS, class_labels
 
-__all__ = ["DECLARATIONS", "ArrayFeatureExtractor", "DictVectorizer", "FeatureVectorizer", "ZipMap"]
+__all__ = [
+    "DECLARATIONS", "KERNELS", "ArrayFeatureExtractor", "DictVectorizer", "FeatureVectorizer", "ZipMap",
+]
 
-ML = "ai.onnx.ml"
 
 
 class ArrayFeatureExtractor(Kernel):
@@ -121,8 +122,10 @@ class ZipMap(Kernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(ArrayFeatureExtractor, (1,), types=(T.FLOAT, T.DOUBLE, T.INT64, T.INT32, T.STRING), domain=ML),
-    declare(FeatureVectorizer, (1,), types=(T.FLOAT, T.DOUBLE, T.INT64, T.INT32), domain=ML),
-    declare(DictVectorizer, (1,), domain=ML),
-    declare(ZipMap, (1,), types=(T.FLOAT,), domain=ML),
+    declare(ArrayFeatureExtractor, (1,), types=(*NUMERIC_INPUTS, T.STRING), domain=DOMAIN),
+    declare(FeatureVectorizer, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(DictVectorizer, (1,), domain=DOMAIN),
+    declare(ZipMap, (1,), types=(T.FLOAT,), domain=DOMAIN),
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -6,15 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext
-from ..declaration import KernelDeclaration, declare
-from .transforms import as_features, class_labels, post_transform
+from ..declaration import KernelDeclaration, declare, dispatch_table
+from .transforms import DOMAIN, NUMERIC_INPUTS, as_features, class_labels, post_transform
 
-__all__ = ["DECLARATIONS", "LinearClassifier", "LinearRegressor", "labels_of_scores"]
+__all__ = ["DECLARATIONS", "KERNELS", "LinearClassifier", "LinearRegressor", "labels_of_scores"]
 
-ML = "ai.onnx.ml"
-INPUT_TYPES = (T.FLOAT, T.DOUBLE, T.INT64, T.INT32)
 
 
 def _weights(ctx: NodeContext) -> tuple[np.ndarray, np.ndarray | None]:
@@ -92,6 +89,8 @@ class LinearRegressor(Kernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(LinearClassifier, (1,), types=INPUT_TYPES, domain=ML),
-    declare(LinearRegressor, (1,), types=INPUT_TYPES, domain=ML),
+    declare(LinearClassifier, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(LinearRegressor, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

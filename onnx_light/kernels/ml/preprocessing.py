@@ -6,14 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext
-from ..declaration import KernelDeclaration, declare
+from ..declaration import KernelDeclaration, declare, dispatch_table
+from .transforms import DOMAIN, NUMERIC_INPUTS
 
-__all__ = ["DECLARATIONS", "Binarizer", "Imputer", "Normalizer", "Scaler"]
+__all__ = ["DECLARATIONS", "KERNELS", "Binarizer", "Imputer", "Normalizer", "Scaler"]
 
-ML = "ai.onnx.ml"
-NUMBERS = (T.FLOAT, T.DOUBLE, T.INT64, T.INT32)
 
 
 def _per_feature(ctx: NodeContext, name: str, values: Sequence[float] | None, features: int) -> None:
@@ -103,8 +101,10 @@ class Imputer(Kernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(Scaler, (1,), types=NUMBERS, domain=ML),
-    declare(Normalizer, (1,), types=NUMBERS, domain=ML),
-    declare(Binarizer, (1,), types=NUMBERS, domain=ML),
-    declare(Imputer, (1,), types=NUMBERS, domain=ML),
+    declare(Scaler, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(Normalizer, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(Binarizer, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(Imputer, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -11,15 +11,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext
-from ..declaration import KernelDeclaration, declare
-from .transforms import POST_TRANSFORMS, as_features, class_labels, post_transform
+from ..declaration import KernelDeclaration, declare, dispatch_table
+from .transforms import DOMAIN, NUMERIC_INPUTS, POST_TRANSFORMS, as_features, class_labels, post_transform
 
-__all__ = ["DECLARATIONS", "SVMClassifier", "SVMRegressor", "SupportVectors"]
+__all__ = ["DECLARATIONS", "KERNELS", "SVMClassifier", "SVMRegressor", "SupportVectors"]
 
-ML = "ai.onnx.ml"
-INPUT_TYPES = (T.FLOAT, T.DOUBLE, T.INT64, T.INT32)
 KERNEL_TYPES = ("LINEAR", "POLY", "RBF", "SIGMOID")
 
 
@@ -197,6 +194,8 @@ class SVMRegressor(Kernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(SVMClassifier, (1,), types=INPUT_TYPES, domain=ML),
-    declare(SVMRegressor, (1,), types=INPUT_TYPES, domain=ML),
+    declare(SVMClassifier, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(SVMRegressor, (1,), types=NUMERIC_INPUTS, domain=DOMAIN),
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

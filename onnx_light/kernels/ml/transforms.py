@@ -12,9 +12,16 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...tuning.keys import ElementType as T
 from ..base import KernelError, NodeContext
 
-__all__ = ["POST_TRANSFORMS", "as_features", "class_labels", "post_transform", "post_transform_named"]
+#: The ONNX domain of these kernels.
+DOMAIN = "ai.onnx.ml"
+#: The input types of the predictors and scalers ('T' of most ai.onnx.ml operators).
+NUMERIC_INPUTS = (T.FLOAT, T.DOUBLE, T.INT64, T.INT32)
+
+__all__ = ["DOMAIN", "NUMERIC_INPUTS", "POST_TRANSFORMS", "as_features", "class_labels", "post_transform",
+           "post_transform_named"]
 
 
 def _logistic(scores: np.ndarray) -> np.ndarray:

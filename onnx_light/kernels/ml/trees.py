@@ -16,14 +16,22 @@ import numpy as np
 
 from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext, numpy_dtype
-from ..declaration import KernelDeclaration, declare
+from ..declaration import KernelDeclaration, declare, dispatch_table
 from .linear import labels_of_scores
-from .transforms import as_features, class_labels, post_transform, post_transform_named
+from .transforms import (
+    DOMAIN,
+    NUMERIC_INPUTS,
+    as_features,
+    class_labels,
+    post_transform,
+    post_transform_named,
+)
 from .tree_walk import AVERAGE, LEAF, MAX, MEMBER, MIN, MODES, SUM, initial_scores, walk_rows
 
-__all__ = ["DECLARATIONS", "Forest", "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor"]
+__all__ = [
+    "DECLARATIONS", "KERNELS", "Forest", "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor",
+]
 
-ML = "ai.onnx.ml"
 AGGREGATES = {"AVERAGE": AVERAGE, "SUM": SUM, "MIN": MIN, "MAX": MAX}
 # Rows per block below which a run stays on one thread (a block walks every tree).
 MINIMUM_ROWS_PER_BLOCK = 32
@@ -356,7 +364,9 @@ class TreeEnsemble(_Trees):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare(TreeEnsembleRegressor, (1, 3), types=(T.FLOAT, T.DOUBLE, T.INT64, T.INT32), domain=ML),
-    declare(TreeEnsembleClassifier, (1, 3), types=(T.FLOAT, T.DOUBLE, T.INT64, T.INT32), domain=ML),
-    declare(TreeEnsemble, (5,), types=(T.FLOAT, T.DOUBLE, T.FLOAT16), domain=ML),
+    declare(TreeEnsembleRegressor, (1, 3), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(TreeEnsembleClassifier, (1, 3), types=NUMERIC_INPUTS, domain=DOMAIN),
+    declare(TreeEnsemble, (5,), types=(T.FLOAT, T.DOUBLE, T.FLOAT16), domain=DOMAIN),
 )
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
