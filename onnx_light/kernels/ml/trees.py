@@ -58,6 +58,18 @@ class Forest:
     targets: int
     aggregate: int
 
+    # The arrays' types, fixed (and each array a private, writable, contiguous copy) so that the
+    # walk compiles once: numba types a read-only array apart from a writable one.
+    _TYPES = {"mode": np.int8, "missing_true": np.uint8, "threshold": np.float64,
+              "members": np.float64, "leaf_weight": np.float64}
+
+    def __post_init__(self) -> None:
+        for name in ("roots", "feature", "threshold", "mode", "true_next", "false_next",
+                     "missing_true", "members", "member_start", "member_stop", "leaf_start",
+                     "leaf_stop", "leaf_target", "leaf_weight"):
+            array = np.array(getattr(self, name), dtype=self._TYPES.get(name, np.int64), order="C")
+            object.__setattr__(self, name, array)
+
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
         return (self.roots, self.feature, self.threshold, self.mode, self.true_next,
@@ -73,12 +85,13 @@ class Forest:
 
     def compile(self) -> None:
         """Compile the walk for these arrays' types now (a run of no rows), not in a first run."""
-        walk_rows(np.zeros((0, 1)), *self.arrays, self.aggregate, np.zeros((0, self.targets)), 0, 0)
+        walk_rows(_read_only(np.zeros((0, 1))), *self.arrays, self.aggregate,
+                  np.zeros((0, self.targets)), 0, 0)
 
     def scores(self, ctx: NodeContext, x: np.ndarray, kernel: Kernel) -> np.ndarray:
         """The aggregated leaf weights of every row, float64 [N, targets] (an average divided
         by the tree count; MIN or MAX of a target no leaf gave: 0)."""
-        features = np.ascontiguousarray(as_features(ctx, x, np.float64), dtype=np.float64)
+        features = _read_only(np.ascontiguousarray(as_features(ctx, x, np.float64), dtype=np.float64))
         if features.shape[1] < self.features:
             raise ctx.error(f"the trees read feature {self.features - 1}, the input has "
                             f"{features.shape[1]} feature(s)")
@@ -97,6 +110,13 @@ class Forest:
         elif self.aggregate in (MIN, MAX):
             out[np.isinf(out)] = 0.0
         return out
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view: features reach the walk as one array type, fed or converted."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def _lookup(ctx: NodeContext, tree_ids: np.ndarray, node_ids: np.ndarray, wanted_trees: np.ndarray,
