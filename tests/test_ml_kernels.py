@@ -252,22 +252,27 @@ def test_zip_map_gives_one_dict_per_row_as_onnxruntime_does():
         np.testing.assert_allclose([mine[k] for k in ("no", "yes")], [peer[k] for k in ("no", "yes")])
 
 
-def test_dict_vectorizer_matches_onnxruntime():
-    from onnx_light.kernels.base import NodeContext
-    from onnx_light.kernels.ml.features import DictVectorizer
-
+def test_dict_vectorizer_takes_a_dict_feed_as_onnxruntime_does():
     model = _model("DictVectorizer", [("x", F, None)], [("y", F, None)],
                    string_vocabulary=["a", "b", "c"])
     model.graph.input[0].CopyFrom(helper.make_value_info(
         "x", helper.make_map_type_proto(S, helper.make_tensor_type_proto(F, None))))
-    feed = {"c": 2.5, "a": -1.0, "zzz": 4.0}
-    (theirs,) = ort.InferenceSession(model.SerializeToString(),
-                                     providers=["CPUExecutionProvider"]).run(None, {"x": feed})
-    ctx = NodeContext("vectorizer", "DictVectorizer", ML, 1, {"string_vocabulary": ["a", "b", "c"]},
-                      (None,), (F,))
-    (ours,) = DictVectorizer(ctx).run(np.asarray(feed, dtype=object))  # as a feed arrives
+    (ours,), (theirs,) = _both(model, {"x": {"c": 2.5, "a": -1.0, "zzz": 4.0}})
     np.testing.assert_array_equal(ours.reshape(theirs.shape), theirs)
-    assert ours.dtype == np.float32
+    assert ours.dtype == np.float32 and ours.tolist() == [[-1.0, 0.0, 2.5]]
+
+
+def test_the_tree_walk_compiles_once_for_fed_and_converted_inputs():
+    """float64 feeds reach the walk read-only as they are, float32 ones converted: one type."""
+    from onnx_light.kernels.ml.tree_walk import walk_rows
+
+    x = np.array([[0.5, 1.0], [0.1, 3.0], [np.nan, 1.0], [0.3, 2.0], [0.0, np.nan]])
+    for dtype in (np.float64, np.float32):
+        RuntimeSession(_tree_ensemble_5(dtype)).run(None, {"x": x.astype(dtype)})
+    RuntimeSession(_model("TreeEnsembleRegressor", [("x", F, [9, 3])], [("y", F, None)],
+                          **_legacy_trees(target_treeids=[0], target_nodeids=[2], target_ids=[0],
+                                          target_weights=[1.0]))).run(None, {"x": X_NAN})
+    assert len(walk_rows.dispatcher.signatures) == 1
 
 
 BAD_NODES = {
