@@ -1,6 +1,7 @@
 """Test settings: never touch the user's real kernel tuning cache; the one fixture that
 isolates a test from the process-wide tuning state."""
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -10,6 +11,12 @@ import pytest
 
 # The harnesses the tests share with tools/ (tools/_*.py, tools/cache_contention.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+# scikit-learn (the test extra) brings scipy, whose own OpenBLAS numba loads when it compiles
+# a first kernel: loaded here, before any test, every test sees the same BLAS libraries (the
+# BLAS thread controller lists them once; threadpoolctl lists them on every call).
+with contextlib.suppress(ImportError):
+    import scipy.linalg  # noqa: F401
 
 # Set before onnx_light is imported anywhere, so the import-time load reads an empty location.
 os.environ["ONNX_LIGHT_KERNEL_TUNING_CACHE"] = os.path.join(

@@ -49,7 +49,7 @@ def build(op: str, inputs: list[np.ndarray | None], opset: int, outputs: int = 1
     ctx = NodeContext(node.name, op, "", opset, {a.name: decode(a) for a in node.attribute},
                       tuple(None if x is None else element_type(x) for x in inputs),
                       (None,) * outputs, len(inputs), outputs)
-    kernel = DECLARATIONS[op].kernel(ctx)
+    kernel = DECLARATIONS["", op].kernel(ctx)
     kernel.bind(POOL)
     return model, kernel
 

@@ -53,9 +53,9 @@ def test_an_operator_version_newer_than_the_kernel_fails_at_construction():
     """A declaration that stops at Relu-13 must not run a Relu-14 node with Relu-13's meaning."""
     registry = KernelTuningRegistry()
     kernels.register(registry)
-    relu = kernels.DECLARATIONS["Relu"]
+    relu = kernels.DECLARATIONS["", "Relu"]
     older = KernelDeclaration("Relu", relu.kernel, {v: t for v, t in relu.versions.items() if v < 14})
-    declarations = {**kernels.DECLARATIONS, "Relu": older}
+    declarations = {**kernels.DECLARATIONS, ("", "Relu"): older}
     with pytest.raises(UnsupportedOperatorError,
                        match=r"ai\.onnx::Relu \(opset 17\): Relu-14 \(opset 17\) is newer than the "
                              r"kernel, which implements since-versions \[1, 6, 13\]"):
@@ -76,8 +76,53 @@ def test_dispatch_without_a_context_checks_the_version_only():
     assert find_kernel(kernels.DECLARATIONS, "", "MatMul", 8, untyped) is found
 
 
+def test_dispatch_is_keyed_by_domain_and_operator():
+    """The model's opset for each domain picks the version; 'ai.onnx' is the default domain."""
+    scaler = find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "Scaler", 1)
+    assert scaler is kernels.ml.KERNELS["Scaler"][1]
+    assert find_kernel(kernels.DECLARATIONS, "ai.onnx", "Relu", 14) is kernels.KERNELS["Relu"][14]
+    # an ai.onnx.ml operator is not one of the default domain, nor the other way round
+    assert "operator not implemented" in find_kernel(kernels.DECLARATIONS, "", "Scaler", 13).reason
+    assert "operator not implemented" in find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "Relu", 3).reason
+    ctx = NodeContext("encoder_7", "LabelEncoder", "ai.onnx.ml", 1, input_types=(T.STRING,))
+    assert find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "LabelEncoder", 1, ctx) is \
+        kernels.ml.KERNELS["LabelEncoder"][1]
+    refused = find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "Imputer", 1,
+                          NodeContext("imputer_8", "Imputer", "ai.onnx.ml", 1, input_types=(T.UINT8,)))
+    assert str(refused) == ("ai.onnx.ml::Imputer (opset 1): Imputer-1 (opset 1) does not take element "
+                            "type uint8; it takes ['float', 'double', 'int64', 'int32'] (node 'imputer_8')")
+    late = find_kernel(kernels.DECLARATIONS, "ai.onnx.ml", "TreeEnsemble", 3,
+                       NodeContext("forest", "TreeEnsemble", "ai.onnx.ml", 3, input_types=(T.FLOAT,)))
+    assert str(late) == ("ai.onnx.ml::TreeEnsemble (opset 3): TreeEnsemble is implemented from "
+                         "opset 5 on, the model uses opset 3 (node 'forest')")
+
+
+def _ml_model(op_type):
+    node = helper.make_node(op_type, ["x"], ["y"], name="the_node", domain="ai.onnx.ml")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+def test_a_session_names_the_node_domain_and_operator_it_cannot_run():
+    registry = KernelTuningRegistry()
+    without = {key: d for key, d in kernels.DECLARATIONS.items() if key != ("ai.onnx.ml", "Binarizer")}
+    with pytest.raises(UnsupportedOperatorError) as info:
+        RuntimeSession(_ml_model("Binarizer"), registry=registry, declarations=without)
+    assert str(info.value).endswith(
+        "ai.onnx.ml::Binarizer (opset 3): operator not implemented (node 'the_node')")
+    (y,) = RuntimeSession(_ml_model("Binarizer"), registry=registry).run(
+        None, {"x": np.array([[-1, 0, 2], [3, -4, 0.5]], np.float32)})
+    np.testing.assert_array_equal(y, [[0, 0, 1], [1, 0, 1]])
+
+
 def test_the_table_and_register_are_derived_from_the_declarations():
-    assert dispatch_table(kernels.DECLARATIONS.values()) == kernels.KERNELS
+    default_domain = [d for d in kernels.DECLARATIONS.values() if not d.domain]
+    assert dispatch_table(default_domain) == kernels.KERNELS
+    assert {op for domain, op in kernels.DECLARATIONS if domain} == set(kernels.ml.KERNELS)
+    with pytest.raises(ValueError, match="one domain's; the declarations span"):
+        dispatch_table(kernels.DECLARATIONS.values())
     registry = KernelTuningRegistry()
     kernels.register(registry)
     snapshot = registry.snapshot()
@@ -122,7 +167,7 @@ def test_declare_expands_types_by_version_and_builds_the_key_once():
     assert TOY.refusal(7, T.DOUBLE) is None
     with pytest.raises(ValueError, match="declared twice"):
         declare(_Toy, (1,))
-    with pytest.raises(ValueError, match="operator Toy is declared twice"):
+    with pytest.raises(ValueError, match=r"operator ai\.onnx::Toy is declared twice"):
         declarations_by_op([TOY], [KernelDeclaration("Toy", Kernel, {1: None})])
     with pytest.raises(ValueError, match="no element types for since-version 1"):
         declare(type("Late", (Kernel,), {"op_type": "Late"}), (1, 2), types={2: (T.FLOAT,)})
@@ -172,7 +217,7 @@ def test_bind_and_variant_leave_the_original_alone():
 ])
 def test_attributes_an_opset_requires_are_declared_and_checked_at_construction(
         op_type, opset, attributes, message):
-    declaration = kernels.DECLARATIONS[op_type]
+    declaration = kernels.DECLARATIONS["", op_type]
     assert declaration.required  # the rule is data of the declaration, not code in the class
     ctx = NodeContext(op_type.lower(), op_type, "", opset, attributes, (T.FLOAT,), (T.FLOAT,), 1)
     assert declaration.missing(ctx) == message

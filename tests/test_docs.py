@@ -173,6 +173,18 @@ def test_operators_table_lists_every_operator_with_versions_and_types():
     assert f"{len(KERNELS)} operators" in text
 
 
+def test_operators_table_lists_the_ai_onnx_ml_operators_in_their_own_section():
+    from onnx_light.kernels import ml
+
+    text = ext.operators_rst()
+    ml_part = text[text.index("Classic machine learning (ai.onnx.ml)"):]
+    rows = {row[0]: row for row in _rows(ml_part)}
+    assert {f"``{op}``" for op in ml.KERNELS} == set(rows) - {"Operator"}  # less the header rows
+    assert rows["``TreeEnsembleClassifier``"][1] == "1, 3"
+    assert rows["``LabelEncoder``"][1] == "1, 2, 4"
+    assert f"and {len(ml.KERNELS)} of the ``ai.onnx.ml`` domain" in text
+
+
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

@@ -41,7 +41,7 @@ def test_candidates_respect_the_schema(element_type):
 @pytest.mark.parametrize("op_type", ["Gemm", "MatMul"])
 @pytest.mark.parametrize("element_type", [T.FLOAT, T.FLOAT16, T.INT64])
 def test_every_configuration_is_within_the_stated_bound(op_type, element_type):
-    problem = GemmConfigurations(DECLARATIONS[op_type], element_type, 2)
+    problem = GemmConfigurations(DECLARATIONS["", op_type], element_type, 2)
     portable = dict(gemm.gemm_schema(op_type, element_type).defaults)
     for case in problem.cases[:6]:
         inputs = problem.make_inputs(case)
@@ -51,7 +51,7 @@ def test_every_configuration_is_within_the_stated_bound(op_type, element_type):
 
 
 def test_bound_rejects_a_real_error():
-    problem = GemmConfigurations(DECLARATIONS["Gemm"], T.FLOAT, 2)
+    problem = GemmConfigurations(DECLARATIONS["", "Gemm"], T.FLOAT, 2)
     inputs = problem.make_inputs("square 128")
     output, _ = problem.run(dict(gemm.gemm_schema("Gemm", T.FLOAT).defaults), inputs)
     wrong = output.copy()

@@ -214,10 +214,10 @@ def test_bad_values_name_the_node_key_and_parameter(op: str, values: dict[str, A
 
 
 def test_candidates_respect_the_schema_and_calibration_compares_exactly() -> None:
-    schema = DECLARATIONS["QLinearMatMul"].schema(TensorProto.UINT8)
+    schema = DECLARATIONS["", "QLinearMatMul"].schema(TensorProto.UINT8)
     for values in integer_candidates():
         schema.validate(values)
-    problem = IntegerProductConfigurations(DECLARATIONS["QLinearMatMul"], TensorProto.UINT8, 2)
+    problem = IntegerProductConfigurations(DECLARATIONS["", "QLinearMatMul"], TensorProto.UINT8, 2)
     assert problem.cases == tuple(entry[0] for entry in PRODUCT_CORPUS)
     inputs = problem.make_inputs(problem.cases[0])
     reference = problem.run(dict(schema.defaults), inputs)
@@ -228,7 +228,7 @@ def test_candidates_respect_the_schema_and_calibration_compares_exactly() -> Non
 
 
 def test_tuning_end_to_end_on_a_fresh_registry(tmp_path: Any) -> None:
-    declaration = DECLARATIONS["QLinearConv"]
+    declaration = DECLARATIONS["", "QLinearConv"]
     registry = KernelTuningRegistry()
     registry.register(declaration.schemas(), callbacks=declaration.callbacks())
     key = declaration.schema(TensorProto.INT8).key

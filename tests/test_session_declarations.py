@@ -56,7 +56,7 @@ def _model(ops):
 
 def test_the_toy_librarys_keys_carry_its_name():
     assert str(TOY.key(TensorProto.FLOAT)) == "toylib/Relu/blocked[float]@cpu#1"
-    assert str(kernels.DECLARATIONS["Relu"].key(TensorProto.FLOAT)).startswith("onnx_light/")
+    assert str(kernels.DECLARATIONS["", "Relu"].key(TensorProto.FLOAT)).startswith("onnx_light/")
 
 
 def test_a_session_runs_another_librarys_declarations_from_its_registry():

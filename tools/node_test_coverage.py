@@ -2,16 +2,18 @@
 
 Every case of ``onnx.backend.test.loader.load_model_tests(kind="node")`` (the models and
 reference data onnx generates, or reads from test_data_set directories) is built as a
-:class:`~onnx_light.runtime.RuntimeSession` when all its operators are in ``KERNELS`` at the
-case's opset (*supported*), run on each of its data sets and compared as ONNX's backend
-runner compares (*passed*). With
-``--onnxruntime`` every case also runs on onnxruntime in the same process. Cases in the
-``ai.onnx.ml`` and other domains are left out unless ``--all-domains`` is given.
+:class:`~onnx_light.runtime.RuntimeSession` when all its operators are in ``DECLARATIONS``
+at the case's opsets (*supported*), run on each of its data sets and compared as ONNX's
+backend runner compares (*passed*). With
+``--onnxruntime`` every case also runs on onnxruntime in the same process. The cases of the
+default domain and of ``ai.onnx.ml`` are counted; those of other domains only with
+``--all-domains``.
 
-The table has one row per operator and counts a case under every operator its graph (and
-subgraphs) uses, so a row reads "cases that need this operator"; the total row counts each
-case once. ``--failures`` lists the supported cases that fail with the first line of their
-error.
+The table has one row per operator (``ai.onnx.ml`` ones prefixed with their domain) and
+counts a case under every operator its graph (and subgraphs) uses, so a row reads "cases
+that need this operator"; the total row counts each case once, and a row per domain counts
+the cases that use an operator of it. ``--failures`` lists the supported cases that fail with
+the first line of their error.
 
 Usage::
 
@@ -34,9 +36,9 @@ from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner
 
-from onnx_light.kernels import DECLARATIONS, KERNELS
+from onnx_light.kernels import DECLARATIONS
 from onnx_light.runtime import RuntimeSession
-from onnx_light.runtime.dispatch import ONNX_DOMAINS, find_kernel
+from onnx_light.runtime.dispatch import ONNX_DOMAINS, canonical_domain, find_kernel
 
 Outcome = str  # "pass" or the first line of the failure
 
@@ -52,6 +54,12 @@ def operators(graph: onnx.GraphProto) -> set[tuple[str, str]]:
             for graph_value in attribute.graphs:
                 found |= operators(graph_value)
     return found
+
+
+def row_name(domain: str, op_type: str) -> str:
+    """An operator's row: its name, prefixed with its domain outside the default one."""
+    domain = canonical_domain(domain)
+    return f"{domain}::{op_type}" if domain else op_type
 
 
 def supported(model: onnx.ModelProto) -> bool:
@@ -157,12 +165,13 @@ def measure(only: Sequence[str] = (), all_domains: bool = False,
         ops = operators(model.graph)
         if not all_domains and any(domain not in ONNX_DOMAINS for domain, _ in ops):
             continue
-        names = sorted({op_type for _, op_type in ops})
-        if only and not set(only) & set(names):
+        names = sorted({row_name(domain, op_type) for domain, op_type in ops})
+        if only and not set(only) & {op_type for _, op_type in ops}:
             continue
+        domains = sorted({f"TOTAL {canonical_domain(domain) or 'ai.onnx'}" for domain, _ in ops})
         ours = run_case(_onnx_light, model, sets, case.rtol, case.atol) if supported(model) else None
         theirs = run_case(_onnxruntime, model, sets, case.rtol, case.atol) if peer else None
-        for row in (total, *(rows.setdefault(name, Row()) for name in names)):
+        for row in (total, *(rows.setdefault(name, Row()) for name in (*names, *domains))):
             row.cases += 1
             row.supported += ours is not None
             row.passed += ours == "pass"
@@ -180,15 +189,19 @@ def table(rows: dict[str, Row], total: Row, peer: bool) -> str:
     """The per-operator table, then the total, as aligned text."""
     header = ["operator", "kernel", "cases", "supported", "passed"] + (["onnxruntime"] if peer else [])
     lines = [header]
-    for name in sorted(rows):
+    implemented = {row_name(domain, op_type) for domain, op_type in DECLARATIONS}
+    operators_rows = sorted(name for name in rows if not name.startswith("TOTAL "))
+    for name in operators_rows:
         row = rows[name]
-        lines.append([name, "yes" if name in KERNELS else "-", str(row.cases), str(row.supported),
+        lines.append([name, "yes" if name in implemented else "-", str(row.cases), str(row.supported),
                       str(row.passed)] + ([str(row.peer_passed)] if peer else []))
-    lines.append(["TOTAL", f"{len(KERNELS)} ops", str(total.cases),
-                  f"{total.supported} ({_percent(total.supported, total.cases).strip()})",
-                  f"{total.passed} ({_percent(total.passed, total.cases).strip()})"]
-                 + ([f"{total.peer_passed} ({_percent(total.peer_passed, total.cases).strip()})"]
-                    if peer else []))
+    domain_rows = [(name, rows[name], "") for name in sorted(rows) if name.startswith("TOTAL ")]
+    for name, row, kernels in [*domain_rows, ("TOTAL", total, f"{len(DECLARATIONS)} ops")]:
+        lines.append([name, kernels, str(row.cases),
+                      f"{row.supported} ({_percent(row.supported, row.cases).strip()})",
+                      f"{row.passed} ({_percent(row.passed, row.cases).strip()})"]
+                     + ([f"{row.peer_passed} ({_percent(row.peer_passed, row.cases).strip()})"]
+                        if peer else []))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
                                for i, (cell, width) in enumerate(zip(line, widths, strict=True)))
@@ -199,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--onnxruntime", action="store_true", help="also run every case on onnxruntime")
     parser.add_argument("--failures", action="store_true", help="list the supported cases that fail")
-    parser.add_argument("--all-domains", action="store_true", help="include ai.onnx.ml and other domains")
+    parser.add_argument("--all-domains", action="store_true",
+                        help="include the domains other than the default one and ai.onnx.ml")
     parser.add_argument("--only", nargs="*", default=(), metavar="OP",
                         help="only the cases that use one of these operators")
     args = parser.parse_args(argv)

@@ -7,7 +7,8 @@ call them without Sphinx:
   with its parameters (type, default, bounds, description) and whether a
   calibration callback is registered; read from
   ``onnx_light.tuning.default_registry().snapshot()``.
-* :func:`operators_rst`: every operator of ``onnx_light.kernels.KERNELS`` with its
+* :func:`operators_rst`: every operator of ``onnx_light.kernels.KERNELS`` (and of
+  ``onnx_light.kernels.ml.KERNELS``, the ``ai.onnx.ml`` domain) with its
   since_versions and, where the library declares them, its element types.
 * :func:`cli_reference_rst`: the help of ``onnx_light.cli.build_parser()`` and of
   each subcommand.
@@ -313,28 +314,18 @@ def operator_element_types(op_type: str, kernel_class: type, snapshot: Any) -> t
     return [], ""
 
 
-def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
-                  snapshot: Any | None = None) -> str:
-    """Every operator of the dispatch table, grouped by kernel module, as reStructuredText."""
-    if kernels is None:
-        from onnx_light.kernels import KERNELS
-
-        kernels = KERNELS
-    snapshot = _snapshot(snapshot)
-    groups = kernel_groups(snapshot)
+def _operator_sections(kernels: Mapping[str, Mapping[int, type]], snapshot: Any, groups: Any,
+                       level: str, label_prefix: str) -> list[str]:
+    """One section per kernel module of ``kernels``, each a table of its operators."""
     by_module: dict[str, list[str]] = {}
     for op_type, versions in kernels.items():
         classes = [versions[v] for v in sorted(versions)]
         by_module.setdefault(_kernel_module(classes[-1]), []).append(op_type)
-
-    lines = [f"{len(kernels)} operators of the default ONNX domain (``ai.onnx``) are implemented. "
-             "A node of opset *n* runs the kernel of the highest since_version not above *n*; "
-             "a model whose opset is below an operator's first listed since_version is "
-             "rejected for that operator.", ""]
+    lines: list[str] = []
     for module in sorted(by_module, key=lambda m: (m.rsplit(".", 1)[-1] != "elementwise", m)):
         doc = (importlib.import_module(module).__doc__ or "").strip().splitlines()
-        lines += [f".. _{label_name('l-operators', module.rsplit('.', 1)[-1])}:", "",
-                  *heading(_module_title(module), SECTION)]
+        lines += [f".. _{label_name(label_prefix, module.rsplit('.', 1)[-1])}:", "",
+                  *heading(_module_title(module), level)]
         if doc:
             lines += [escape(doc[0]) + f" ({literal(module)})", ""]
         rows = []
@@ -351,6 +342,35 @@ def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
                          escape(", ".join(types)) if types else "-", tuning])
         lines += list_table(["Operator", "since_versions", "Element types", "Tunable"], rows,
                             widths=[18, 22, 48, 12], css="onnx-light-operators")
+    return lines
+
+
+def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
+                  snapshot: Any | None = None,
+                  ml_kernels: Mapping[str, Mapping[int, type]] | None = None) -> str:
+    """Every operator of the dispatch table, grouped by kernel module, as reStructuredText:
+    the default domain's (``kernels``), then ``ai.onnx.ml``'s (``ml_kernels``)."""
+    if kernels is None:
+        from onnx_light.kernels import KERNELS
+
+        kernels = KERNELS
+    if ml_kernels is None:
+        from onnx_light.kernels.ml import KERNELS as ml_kernels
+    snapshot = _snapshot(snapshot)
+    groups = kernel_groups(snapshot)
+    lines = [f"{len(kernels)} operators of the default ONNX domain (``ai.onnx``) are implemented, "
+             f"and {len(ml_kernels)} of the ``ai.onnx.ml`` domain "
+             f"(:ref:`{label_name('l-operators', 'ai-onnx-ml')}`). "
+             "A node of opset *n* (the opset the model imports for the node's domain) runs the "
+             "kernel of the highest since_version not above *n*; a model whose opset is below "
+             "an operator's first listed since_version is rejected for that operator.", ""]
+    lines += _operator_sections(kernels, snapshot, groups, SECTION, "l-operators")
+    lines += [f".. _{label_name('l-operators', 'ai-onnx-ml')}:", "",
+              *heading("Classic machine learning (ai.onnx.ml)", SECTION),
+              "The ``ai.onnx.ml`` operators that scikit-learn models converted by skl2onnx use "
+              f"({literal('onnx_light.kernels.ml')}); none is tunable. Tree ensembles walk their "
+              "trees in a compiled loop (numba), blocks of rows across the session's threads.", ""]
+    lines += _operator_sections(ml_kernels, snapshot, groups, SUBSECTION, "l-operators-ml")
     lines += ["Element types are those the kernel's declaration takes at the newest "
               "since_version (for the elementwise ops exactly the types the latest ONNX version "
               "of the operator allows); a session refuses a node of another type, naming the "

@@ -1,9 +1,11 @@
 """The onnx_light kernel library: its declarations, dispatch table, tuning schemas and profiles.
 
 :data:`DECLARATIONS` holds one
-:class:`~onnx_light.kernels.declaration.KernelDeclaration` per operator of the default ONNX
-domain, gathered from the kernel modules; the runtime dispatches through it, and everything
-else is derived from it: :data:`KERNELS` (``op_type -> {since_version: kernel class}``) and
+:class:`~onnx_light.kernels.declaration.KernelDeclaration` per operator, keyed by
+``(domain, op_type)``: the default ONNX domain's (``''``) and ``ai.onnx.ml``'s (the
+:mod:`~onnx_light.kernels.ml` package), gathered from the kernel modules; the runtime
+dispatches through it, and everything else is derived from it: :data:`KERNELS` (the default
+domain's ``op_type -> {since_version: kernel class}``; ``ml.KERNELS`` is ``ai.onnx.ml``'s) and
 :func:`register`, which hands every schema and calibration callback to a registry of the
 tuning core in one all-or-nothing batch, then the processor profiles of each file.
 """
@@ -30,6 +32,7 @@ from . import (
     indexing,
     losses,
     matrices,
+    ml,
     norm_pooling,
     normalization,
     pooling,
@@ -56,7 +59,7 @@ from .profiles import register_profiles
 
 __all__ = ["DECLARATIONS", "KERNELS", "calibration_callbacks", "register", "tuning_schemas"]
 
-DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
+DECLARATIONS: dict[tuple[str, str], KernelDeclaration] = declarations_by_op(
     elementwise.DECLARATIONS, gemm.DECLARATIONS, structural.DECLARATIONS,
     reductions.DECLARATIONS, conv.DECLARATIONS, pooling.DECLARATIONS, normalization.DECLARATIONS,
     indexing.DECLARATIONS, scans.DECLARATIONS, sorting.DECLARATIONS, matrices.DECLARATIONS,
@@ -66,10 +69,11 @@ DECLARATIONS: dict[str, KernelDeclaration] = declarations_by_op(
     attention.DECLARATIONS, sampling.DECLARATIONS, state_space.DECLARATIONS,
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
-    sequences.DECLARATIONS, control_flow.DECLARATIONS,
+    sequences.DECLARATIONS, control_flow.DECLARATIONS, ml.DECLARATIONS,
 )
 
-KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS.values())
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(
+    d for d in DECLARATIONS.values() if not d.domain)
 
 
 def tuning_schemas() -> list[KernelTuningSchema]:

@@ -1,10 +1,11 @@
 """Kernel declarations: each kernel family stated once, for dispatch and for the tuning registry.
 
-A :class:`KernelDeclaration` says which operator a kernel class implements, under which ONNX
-since-versions and for which element types at each, and, for a tunable kernel, its schema
-factory and calibration callback. The library's dispatch table and :func:`~onnx_light.kernels.register`
-are both derived from the declarations, so the facts cannot disagree; the kernel's tuning key
-is built here, once.
+A :class:`KernelDeclaration` says which operator of which ONNX domain (``''``, the default
+domain, or ``'ai.onnx.ml'``) a kernel class implements, under which since-versions and for
+which element types at each, and, for a tunable kernel, its schema factory and calibration
+callback. The library's dispatch table and :func:`~onnx_light.kernels.register` are both
+derived from the declarations, so the facts cannot disagree; the kernel's tuning key is built
+here, once.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Required:
 @dataclass(frozen=True, eq=False)
 class KernelDeclaration:
     """One kernel family: its operator, since-versions with their element types, class,
-    schema factory and calibration callback.
+    schema factory, calibration callback and ONNX domain (``''``: the default domain).
 
     ``versions`` maps each ONNX since-version the class implements to the element types it
     takes there (None: any type; the kernel checks its inputs itself). ``library`` names the
@@ -59,6 +60,7 @@ class KernelDeclaration:
     calibrate: Calibrate | None = None
     library: str = ""
     required: tuple[Required, ...] = ()
+    domain: str = ""
 
     def __post_init__(self) -> None:
         if not self.library:
@@ -150,14 +152,16 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
             types: tuple[int, ...] | Mapping[int, tuple[int, ...]] | None = None,
             op_type: str | None = None, parameters: ParameterFactory | None = None,
             validator: Validator | None = None, calibrate: Calibrate | None = None,
-            library: str = "", required: Iterable[Required] = ()) -> KernelDeclaration:
+            library: str = "", required: Iterable[Required] = (),
+            domain: str = "") -> KernelDeclaration:
     """The one dispatch row helper: ``kernel`` declared for its since-``versions`` and bound
     to the class.
 
     ``types``: the element types every version takes, or where they change, a mapping
     ``since-version -> types`` in force from that version on; None leaves the types to the
     kernel. ``library``: the tuning keys' library name (default: the kernel's top-level
-    package, see :class:`KernelDeclaration`); ``required``: attributes some versions require.
+    package, see :class:`KernelDeclaration`); ``required``: attributes some versions require;
+    ``domain``: the operator's ONNX domain (``''``: the default domain).
     """
     versions = sorted(versions)
     if isinstance(types, Mapping):
@@ -168,25 +172,32 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
     else:
         by_version = dict.fromkeys(versions, types)
     declaration = KernelDeclaration(op_type or kernel.op_type, kernel, by_version, parameters,
-                                    validator, calibrate, library, tuple(required))
+                                    validator, calibrate, library, tuple(required), domain)
     if kernel.__dict__.get("declaration") is not None:
         raise ValueError(f"{kernel.__name__} is declared twice")
     kernel.declaration = declaration
     return declaration
 
 
-def declarations_by_op(*groups: Iterable[KernelDeclaration]) -> dict[str, KernelDeclaration]:
-    """The declarations of several modules by operator; an operator declared twice is an error."""
-    merged: dict[str, KernelDeclaration] = {}
+def declarations_by_op(*groups: Iterable[KernelDeclaration]
+                       ) -> dict[tuple[str, str], KernelDeclaration]:
+    """The declarations of several modules by ``(domain, op_type)``; an operator declared
+    twice is an error."""
+    merged: dict[tuple[str, str], KernelDeclaration] = {}
     for group in groups:
         for declaration in group:
-            if declaration.op_type in merged:
-                raise ValueError(f"operator {declaration.op_type} is declared twice")
-            merged[declaration.op_type] = declaration
+            operator = (declaration.domain, declaration.op_type)
+            if operator in merged:
+                raise ValueError(f"operator {declaration.domain or 'ai.onnx'}::"
+                                 f"{declaration.op_type} is declared twice")
+            merged[operator] = declaration
     return merged
 
 
 def dispatch_table(declarations: Iterable[KernelDeclaration]) -> dict[str, dict[int, type[Kernel]]]:
-    """``op_type -> {since_version: kernel class}``, derived from the declarations."""
-    return {d.op_type: dict.fromkeys(d.versions, d.kernel)
-            for d in declarations_by_op(declarations).values()}
+    """``op_type -> {since_version: kernel class}`` of one domain, derived from the declarations."""
+    by_op = declarations_by_op(declarations)
+    domains = {domain for domain, _ in by_op}
+    if len(domains) > 1:
+        raise ValueError(f"a dispatch table is one domain's; the declarations span {sorted(domains)}")
+    return {op_type: dict.fromkeys(d.versions, d.kernel) for (_, op_type), d in by_op.items()}

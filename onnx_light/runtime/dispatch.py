@@ -1,10 +1,11 @@
 """Dispatch: (domain, op type, opset, element type) -> kernel class, from the kernel
 library's declarations.
 
-The declarations map ``op_type`` to a
-:class:`~onnx_light.kernels.declaration.KernelDeclaration`; the version in force is the
-highest ``since_version`` not above the model's opset, as ONNX's own versioning rules say,
-and the node's element type must be one that version of the kernel takes.
+The declarations map ``(domain, op_type)`` to a
+:class:`~onnx_light.kernels.declaration.KernelDeclaration` (the default domain is ``''``,
+which a model may also spell ``'ai.onnx'``); the version in force is the highest
+``since_version`` not above the opset the model imports for the node's domain, as ONNX's own
+versioning rules say, and the node's element type must be one that version of the kernel takes.
 :func:`dispatch_graph` is the first step of a session's construction: one kernel per node,
 built from its context (attributes, element types), or every unsupported operator at once.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -25,11 +26,18 @@ from ..kernels.declaration import KernelDeclaration, declarations_by_op
 from .loading import tensor_element_type
 from .subgraphs import attach_subgraphs
 
-__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "declaration_table",
-           "dispatch_graph", "dispatch_node", "find_kernel"]
+__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "canonical_domain",
+           "declaration_table", "dispatch_graph", "dispatch_node", "find_kernel"]
 
-ONNX_DOMAINS = frozenset({"", "ai.onnx"})
-Declarations = Mapping[str, KernelDeclaration]
+#: The domains ONNX defines whose operators onnx_light implements (``''`` and ``'ai.onnx'``
+#: both name the default domain).
+ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+Declarations = Mapping[tuple[str, str], KernelDeclaration]
+
+
+def canonical_domain(domain: str) -> str:
+    """A node's domain as the declarations name it: ``'ai.onnx'`` is the default domain ``''``."""
+    return "" if domain == "ai.onnx" else domain
 
 
 @dataclass(frozen=True)
@@ -40,10 +48,12 @@ class UnsupportedOperator:
     op_type: str
     opset: int | None
     reason: str
+    node: str | None = field(default=None, compare=False)  # the first node found using it
 
     def __str__(self) -> str:
         domain = self.domain or "ai.onnx"
-        return f"{domain}::{self.op_type} (opset {self.opset}): {self.reason}"
+        node = "" if self.node is None else f" (node {self.node!r})"
+        return f"{domain}::{self.op_type} (opset {self.opset}): {self.reason}{node}"
 
 
 class UnsupportedOperatorError(ValueError):
@@ -57,34 +67,39 @@ class UnsupportedOperatorError(ValueError):
 
 def find_kernel(declarations: Declarations, domain: str, op_type: str, opset: int | None,
                 ctx: NodeContext | None = None,
-                since_version: int | None = None) -> type[Kernel] | UnsupportedOperator:
-    """The kernel class for an operator at an opset, or why there is none.
+                since_version: int | None = None, node: str | None = None
+                ) -> type[Kernel] | UnsupportedOperator:
+    """The kernel class for an operator of a domain at the opset the model imports for that
+    domain, or why there is none (naming ``node``, or the context's node).
 
     With the node's context the element type is checked too, and with ``since_version`` (the
     operator's version at the opset, from the onnx that checked the model) a version newer
     than the kernel's is refused; without them only the operator and the opset are, enough
     to tell whether a model's operators are implemented at all.
     """
+    node = node if ctx is None else ctx.name
     if domain not in ONNX_DOMAINS:
-        return UnsupportedOperator(domain, op_type, opset, f"domain {domain!r} is not supported")
+        return UnsupportedOperator(domain, op_type, opset, f"domain {domain!r} is not supported "
+                                   f"(supported: {sorted(ONNX_DOMAINS)})", node)
     if opset is None:
-        return UnsupportedOperator(domain, op_type, opset, "the model imports no opset for the domain")
-    declaration = declarations.get(op_type)
+        return UnsupportedOperator(domain, op_type, opset,
+                                   "the model imports no opset for the domain", node)
+    declaration = declarations.get((canonical_domain(domain), op_type))
     if declaration is None:
-        return UnsupportedOperator(domain, op_type, opset, "operator not implemented")
+        return UnsupportedOperator(domain, op_type, opset, "operator not implemented", node)
     element_type = None if ctx is None else declaration.kernel.element_type_of(ctx)
     reason = declaration.refusal(opset, element_type, since_version)
     if reason is not None:
-        return UnsupportedOperator(domain, op_type, opset, reason)
+        return UnsupportedOperator(domain, op_type, opset, reason, node)
     return declaration.kernel
 
 
 @functools.cache
-def _since_version(op_type: str, opset: int) -> int | None:
-    """The version of an ONNX operator in force at ``opset``, as the installed onnx defines
-    it; None for an operator it does not know."""
+def _since_version(domain: str, op_type: str, opset: int) -> int | None:
+    """The version of an ONNX operator of ``domain`` in force at ``opset``, as the installed
+    onnx defines it; None for an operator it does not know."""
     try:
-        return onnx.defs.get_schema(op_type, opset, "").since_version
+        return onnx.defs.get_schema(op_type, opset, canonical_domain(domain)).since_version
     except onnx.defs.SchemaError:
         return None
 
@@ -121,7 +136,8 @@ def dispatch_node(node: onnx.NodeProto, index: int, opsets: Mapping[str, int],
         num_outputs=len(node.output),
     )
     found = find_kernel(declarations, domain, node.op_type, opset, ctx,
-                        None if ctx is None else _since_version(node.op_type, opset))
+                        None if ctx is None else _since_version(domain, node.op_type, opset),
+                        node=node.name or f"{node.op_type}_{index}")
     return found if isinstance(found, UnsupportedOperator) else found(ctx)
 
 
@@ -150,24 +166,25 @@ def dispatch_graph(graph: onnx.GraphProto, inferred: onnx.GraphProto, opsets: Ma
     return kernels, nested
 
 
-def declaration_table(declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
+def declaration_table(declarations: Mapping[Any, KernelDeclaration] | Iterable[KernelDeclaration]
                       | None) -> Declarations:
-    """The session's dispatch table: ours by default, else the given mapping or declarations
-    by operator (an operator declared twice is an error)."""
+    """The session's dispatch table: ours by default, else the given mapping (keyed by
+    ``(domain, op_type)`` as ``kernels.DECLARATIONS`` is, or by ``op_type`` alone for the
+    default domain) or declarations, by domain and operator (one declared twice is an error)."""
     if declarations is None:
         return DECLARATIONS
     if isinstance(declarations, Mapping):
-        table = dict(declarations)
-        wrong = {op: d for op, d in table.items()
-                 if not isinstance(d, KernelDeclaration) or d.op_type != op}
-        if wrong:
-            op, value = next(iter(wrong.items()))
-            raise TypeError(f"declarations[{op!r}] must be the KernelDeclaration of {op}, got "
-                            f"{value!r}")
+        table = {}
+        for key, value in declarations.items():
+            expected = key if isinstance(key, tuple) else ("", key)
+            if not isinstance(value, KernelDeclaration) or (value.domain, value.op_type) != expected:
+                raise TypeError(f"declarations[{key!r}] must be the KernelDeclaration of "
+                                f"{expected[0] or 'ai.onnx'}::{expected[1]}, got {value!r}")
+            table[expected] = value
         return table
     if isinstance(declarations, (str, bytes)) or not isinstance(declarations, Iterable):
-        raise TypeError(f"declarations must be a mapping op_type -> KernelDeclaration or "
-                        f"KernelDeclarations, got {type(declarations).__name__}")
+        raise TypeError(f"declarations must be a mapping (domain, op_type) -> KernelDeclaration "
+                        f"or KernelDeclarations, got {type(declarations).__name__}")
     listed = list(declarations)
     wrong = [d for d in listed if not isinstance(d, KernelDeclaration)]
     if wrong:

@@ -77,7 +77,7 @@ class RuntimeSession:
     the results are the same either way. ``fold`` lets construction run the
     nodes whose inputs are all constant once (constant folding); False leaves
     every node to the runs. ``declarations`` are the kernels dispatch chooses from
-    (default: onnx_light's, ``kernels.DECLARATIONS``): a mapping ``op_type -> declaration``
+    (default: onnx_light's, ``kernels.DECLARATIONS``): a mapping ``(domain, op_type) -> declaration``
     or the declarations themselves, so that a session can run another kernel library's
     kernels (with ``registry=`` holding that library's schemas), alone or with ours
     (``{**kernels.DECLARATIONS, **mine}``).
