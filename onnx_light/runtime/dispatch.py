@@ -179,7 +179,7 @@ def declaration_table(declarations: Mapping[Any, KernelDeclaration] | Iterable[K
             expected = key if isinstance(key, tuple) else ("", key)
             if not isinstance(value, KernelDeclaration) or (value.domain, value.op_type) != expected:
                 raise TypeError(f"declarations[{key!r}] must be the KernelDeclaration of "
-                                f"{expected[0] or 'ai.onnx'}::{expected[1]}, got {value!r}")
+                                f"{expected[0] + '::' if expected[0] else ''}{expected[1]}, got {value!r}")
             table[expected] = value
         return table
     if isinstance(declarations, (str, bytes)) or not isinstance(declarations, Iterable):
