@@ -62,12 +62,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..parallel import BLAS
+from ..parallel import BLAS, in_region
 from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import Kernel, NodeContext, compute_dtype
+from . import blas_tiles
+from .base import Kernel, NodeContext, compute_dtype, numpy_dtype
 from .calibration import GemmConfigurations
 from .declaration import KernelDeclaration, declare, dispatch_table
 
@@ -82,6 +83,7 @@ __all__ = [
     "MODES",
     "NOT_CALIBRATED_MODES",
     "PLANS",
+    "TILES_PER_THREAD",
     "GemmKernel",
     "MatMulKernel",
     "gemm_candidates",
@@ -99,17 +101,19 @@ _OLD = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _V9 = _OLD + _INTEGERS
 _V13 = (*_V9, T.BFLOAT16)
 
-MODES = ("blas", "split_rows", "split_columns", "split")
+MODES = ("tiles", "blas", "split_rows", "split_columns", "split")
 INTEGER_MODES = ("split_rows", "split_columns", "split")
-PLANS = ("serial", "blas", "split_rows", "split_columns", "split_batch")
+PLANS = ("serial", "tiles", "blas", "split_rows", "split_columns", "split_batch")
 
 MINIMUM_FLOPS = "parallel.minimum_flops"
 MODE = "parallel.mode"
 MINIMUM_ROWS = "split.minimum_rows"
+TILES_PER_THREAD = "tiles.per_thread"
 
 # The portable defaults of floats (BLAS) and of integers (numpy's own loop); docs/gemm.md
 # ("Parameters and portable defaults") has the measurements that chose them.
-_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16}
+_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 20, MODE: "tiles", MINIMUM_ROWS: 16,
+                                      TILES_PER_THREAD: 1}
 _INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
 # Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product,
 # slowing the pool's next regions, which a search timing each candidate alone cannot see
@@ -125,16 +129,25 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
     """The parameters of the Gemm and MatMul schemas for ``element_type``."""
     integer = _is_integer(element_type)
     defaults = _INTEGER_DEFAULTS if integer else _FLOAT_DEFAULTS
-    return (
+    common = (
         Parameter(MINIMUM_FLOPS, "int", defaults[MINIMUM_FLOPS], minimum=1,
                   description="multiply-adds (batch*M*N*K) from which more than one thread is used"),
         Parameter(MODE, "str", defaults[MODE], choices=INTEGER_MODES if integer else MODES,
-                  description="above the threshold: 'blas' threads one BLAS call; 'split_rows', "
-                              "'split_columns' or 'split' (the axis giving more blocks) split the "
-                              "output across the pool, one single-threaded BLAS call per block"),
+                  description="above the threshold: 'tiles' runs single-threaded BLAS calls on "
+                              "tiles in one compiled parallel region; 'blas' threads one BLAS "
+                              "call; 'split_rows', 'split_columns' or 'split' (the axis giving "
+                              "more blocks) split the output across the pool, one "
+                              "single-threaded BLAS call per block"),
         Parameter(MINIMUM_ROWS, "int", defaults[MINIMUM_ROWS], minimum=1,
-                  description="smallest block of output rows or columns when splitting"),
+                  description="smallest block (or tile side) of output rows or columns when "
+                              "splitting"),
     )
+    if integer:
+        return common
+    return (*common,
+            Parameter(TILES_PER_THREAD, "int", defaults[TILES_PER_THREAD], minimum=1, maximum=16,
+                      description="'tiles' mode: tiles per thread the output is cut into "
+                                  "(at least; batch items are never cut finer)"))
 
 
 def gemm_schema(op_type: str, element_type: int) -> KernelTuningSchema:
@@ -151,11 +164,19 @@ def tuning_schemas() -> list[KernelTuningSchema]:
 
 def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
     """The configurations a calibration tries: each mode the schema allows but
-    :data:`NOT_CALIBRATED_MODES`, at three thresholds."""
+    :data:`NOT_CALIBRATED_MODES` at three thresholds, and ``"tiles"`` at two tile counts
+    per thread and lower thresholds (its region costs microseconds, the pool's a hundred)."""
     modes = gemm_schema("Gemm", element_type).parameter(MODE).choices or ()
-    return [{MINIMUM_FLOPS: 1 << exponent, MODE: mode, MINIMUM_ROWS: 16}
-            for mode in modes if mode not in NOT_CALIBRATED_MODES
-            for exponent in (17, 21, 25)]
+    base: dict[str, Any] = {MINIMUM_ROWS: 16}
+    if not _is_integer(element_type):
+        base[TILES_PER_THREAD] = 1
+    found = [{**base, MINIMUM_FLOPS: 1 << exponent, MODE: mode}
+             for mode in modes if mode not in (*NOT_CALIBRATED_MODES, "tiles")
+             for exponent in (17, 21, 25)]
+    if "tiles" in modes:
+        found += [{**base, MINIMUM_FLOPS: 1 << exponent, MODE: "tiles", TILES_PER_THREAD: tiles}
+                  for tiles in (1, 4) for exponent in (16, 18, 20, 22)]
+    return found
 
 
 def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
@@ -183,7 +204,10 @@ class _ProductKernel(Kernel):
 
     trans_a = False  # Gemm's transA: A is (K, M)
 
+    accepts_epilogue: ClassVar[bool] = True
+
     def __init__(self, ctx: NodeContext) -> None:
+        self._region: Any = None  # blas_tiles.region(), taken on first use of the tiles plan
         super().__init__(ctx)
         self.integer = _is_integer(self.element_type)
 
@@ -191,15 +215,33 @@ class _ProductKernel(Kernel):
         self.minimum_flops = int(values[MINIMUM_FLOPS])
         self.mode = str(values[MODE])
         self.minimum_rows = int(values[MINIMUM_ROWS])
+        self.tiles_per_thread = int(values.get(TILES_PER_THREAD, 1))
+        self._tiles_blas: dict[np.dtype, Any] = {}
 
-    def plan(self, m: int, n: int, k: int, batch: Sequence[int] = ()) -> str:
-        """How a product of ``batch`` (M, K) x (K, N) matrices runs: one of :data:`PLANS`."""
+    def _tiles_gemm(self, compute: np.dtype) -> Any | None:
+        """BLAS's gemm for the tiles plan in ``compute``, or None (no tiles plan then)."""
+        found = self._tiles_blas.get(compute, False)
+        if found is False:
+            found = self._tiles_blas[compute] = blas_tiles.gemm_function(compute)
+        return found
+
+    def plan(self, m: int, n: int, k: int, batch: Sequence[int] = (),
+             compute: np.dtype | None = None) -> str:
+        """How a product of ``batch`` (M, K) x (K, N) matrices computed in ``compute``
+        (default: the kernel's own) runs: one of :data:`PLANS`. ``"tiles"`` falls back to
+        ``"split"`` where numpy's BLAS offers no gemm to call from compiled code."""
         threads = self.num_threads
         if threads < 2 or math.prod(batch) * m * n * k < self.minimum_flops:
             return "serial"
         mode = self.mode
         if mode == "blas":
             return "blas"
+        if mode == "tiles":
+            if compute is None:
+                compute = compute_dtype(numpy_dtype(self.element_type or T.FLOAT))
+            if self._tiles_gemm(compute) is not None:
+                return "tiles"
+            mode = "split"
         if max(batch, default=1) >= 2:
             return "split_batch"
         rows = min(threads, m // self.minimum_rows)
@@ -210,8 +252,12 @@ class _ProductKernel(Kernel):
             return mode
         return "serial"
 
-    def _product(self, a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
-        """``epilogue(a @ b)`` in the type of ``a``; a is (..., M, K), b is (..., K, N)."""
+    def _product(self, a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None,
+                 alpha: float = 1.0, c: np.ndarray | None = None, beta: float = 1.0) -> np.ndarray:
+        """``epilogue(a @ b)`` in the type of ``a``, then the runtime's fused activation
+        (:attr:`epilogue`); a is (..., M, K), b is (..., K, N). ``alpha * a @ b + beta * c``
+        (c (1 or M, 1 or N) or None) must be what ``epilogue`` computes: the tiles plan
+        applies those inside its region instead."""
         m, k = a.shape[-2:]
         n = b.shape[-1]
         if b.shape[-2] != k:
@@ -224,8 +270,20 @@ class _ProductKernel(Kernel):
             except ValueError:
                 raise self.ctx.error(f"batch dimensions do not broadcast: A is {a.shape}, "
                                      f"B is {b.shape}") from None
-        plan = self.plan(m, n, k, batch)
         compute = compute_dtype(a.dtype)
+        plan = self.plan(m, n, k, batch, compute)
+        if plan == "tiles":
+            out = self._tiles(a, b, batch, compute, alpha, c, beta)
+        else:
+            out = self._blas_product(plan, a, b, batch, compute, epilogue)
+        if self.epilogue is not None:
+            self.epilogue(out)
+        return out
+
+    def _blas_product(self, plan: str, a: np.ndarray, b: np.ndarray, batch: tuple[int, ...],
+                      compute: np.dtype, epilogue: Epilogue | None) -> np.ndarray:
+        """The serial, ``blas`` and pool-split plans of :meth:`_product`."""
+        m, n = a.shape[-2], b.shape[-1]
         blas = compute.kind == "f"
         with BLAS.limited((self.num_threads if plan == "blas" else 1) if blas else None):
             if plan == "serial" or plan == "blas":
@@ -243,6 +301,37 @@ class _ProductKernel(Kernel):
             else:
                 self._split_matrix(plan, a, b, out, compute, epilogue, blas)
         return out
+
+    def _tiles(self, a: np.ndarray, b: np.ndarray, batch: tuple[int, ...], compute: np.dtype,
+               alpha: float, c: np.ndarray | None, beta: float) -> np.ndarray:
+        """The tiles plan: ``alpha * a @ b + beta * c`` by :func:`blas_tiles.tiled_product`."""
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        count = math.prod(batch)
+        a3, a_batch, lda, trans_a = blas_tiles.blas_operand(
+            _batched(a.astype(compute, copy=False), batch), count)
+        b3, b_batch, ldb, trans_b = blas_tiles.blas_operand(
+            _batched(b.astype(compute, copy=False), batch), count)
+        threads = 1 if in_region() else min(self.num_threads, blas_tiles.max_threads())
+        rows, columns = blas_tiles.tile_counts(count, m, n, threads * self.tiles_per_thread,
+                                               self.minimum_rows)
+        if c is None:
+            bias = _NO_BIAS[compute]
+        else:
+            bias = np.ascontiguousarray(c, dtype=compute)
+            if beta != 1.0:
+                bias = bias * beta
+        out = np.empty((count, m, n), dtype=compute)
+        region = self._region
+        if region is None:
+            region = self._region = blas_tiles.region()
+        blas_tiles.use_threads(threads)
+        with BLAS.limited(1):
+            region(self._tiles_gemm(compute), _TRANS[trans_a], _TRANS[trans_b],
+                   a3.ctypes.data, a_batch, lda, b3.ctypes.data, b_batch, ldb, k, alpha, out,
+                   bias, -(-m // rows), -(-n // columns))
+        out = out.reshape(*batch, m, n)
+        return out if out.dtype == a.dtype else out.astype(a.dtype)
 
     def _split_matrix(self, plan: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
                       compute: np.dtype, epilogue: Epilogue | None, blas: bool) -> None:
@@ -291,6 +380,17 @@ class _ProductKernel(Kernel):
             _block(a[index], b[index], out[index], compute, None, _ALL, _ALL, per_thread)
 
         self.pool.parallel_for(batch[axis], block, max_blocks=self.num_threads)
+
+
+_TRANS = {False: 111, True: 112}  # CBLAS's NoTrans and Trans
+_NO_BIAS = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
+
+
+def _batched(x: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """``x`` (..., R, C) as (count or 1, R, C) for the ``count = prod(batch)`` products."""
+    if math.prod(x.shape[:-2]) == 1:
+        return x.reshape(1, *x.shape[-2:])
+    return np.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(-1, *x.shape[-2:])
 
 
 def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
@@ -356,7 +456,7 @@ class GemmKernel(_ProductKernel):
             epilogue = _integer_epilogue(alpha, beta, c2)
         else:
             epilogue = _float_epilogue(alpha, beta, c2, compute_dtype(a.dtype))
-        return (self._product(a, b, epilogue),)
+        return (self._product(a, b, epilogue, alpha, c2, beta),)
 
 
 def _as_matrix(c: np.ndarray, m: int, n: int) -> np.ndarray | None:
