@@ -1,4 +1,5 @@
-"""Gemm and MatMul: one BLAS call, serial or BLAS-threaded, or the output split across the pool.
+"""Gemm and MatMul: one BLAS call, serial or BLAS-threaded, the output split across the pool,
+or BLAS calls on tiles inside one compiled parallel region.
 
 Parameters (one schema per op and element type, see :func:`gemm_parameters`):
 
@@ -6,16 +7,25 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     Multiply-adds (``batch * M * N * K``) from which more than one thread is used. Below it the
     kernel makes one BLAS call limited to one BLAS thread (the forced-serial path).
 ``parallel.mode``
-    What "more than one thread" means: ``"blas"`` makes one BLAS call with as many BLAS threads
-    as the session's pool; ``"split_rows"`` / ``"split_columns"`` split the output's rows or
-    columns into contiguous blocks run on the pool, each block one BLAS call limited to one
-    BLAS thread; ``"split"`` picks whichever of the two gives more blocks, and on a tie the
-    larger dimension (rows when M >= N), so that each block stays a wide product.
-    Inputs with a batch axis of size 2 or more split that axis instead, in every split mode.
-    A split that cannot make two blocks runs serially: split modes never use BLAS threads.
+    What "more than one thread" means: ``"tiles"`` (floats) cuts the batch of products into
+    tiles run in one compiled OpenMP region of numba (:mod:`.blas_tiles`), each tile one
+    single-threaded call of numpy's BLAS, Gemm's bias added to each tile while it is in cache;
+    ``"blas"`` makes one BLAS call with as many BLAS threads as the session's pool;
+    ``"split_rows"`` / ``"split_columns"`` split the output's rows or columns into contiguous
+    blocks run on the pool, each block one BLAS call limited to one BLAS thread; ``"split"``
+    picks whichever of the two gives more blocks, and on a tie the larger dimension (rows when
+    M >= N), so that each block stays a wide product. Inputs with a batch axis of size 2 or
+    more split that axis instead, in every split mode. A split that cannot make two blocks
+    runs serially: split modes never use BLAS threads.
 ``split.minimum_rows``
     The smallest block of output rows or columns; it caps the number of blocks at
-    ``dimension // minimum_rows``.
+    ``dimension // minimum_rows`` (the smallest tile side in ``"tiles"`` mode).
+``tiles.per_thread`` (floats)
+    ``"tiles"`` mode: how many tiles per thread the products are cut into, at least (a batch
+    item is never cut when the batch alone gives that many).
+
+The runtime's fused activation (:attr:`Kernel.epilogue`, an in-place function) runs on every
+plan's output before it is returned: a Relu or Gelu after a product costs no separate node.
 
 No rule ties the parameters together, so the schemas have no cross-parameter validator.
 Integer schemas (int32, int64, uint32, uint64) have no ``"blas"`` mode: numpy multiplies
@@ -50,8 +60,13 @@ speed changes, never results); while another thread holds a ``threadpool_limits`
 kernel's change is skipped (the user's limit wins). Calling BLAS from several pool threads
 at once is safe: with one BLAS thread each call runs on its caller's thread.
 
+The tiles plan holds BLAS at one thread around its region and runs on numba's threads, as
+many as the pool has (at most numba's own count); called from inside a pool region it runs
+its tiles on the calling thread, so threads never nest.
+
 docs/gemm.md has the measurements: the costs of changing BLAS's threads, and the runs that
-chose the portable defaults (why the default mode is ``"split"``) and what calibration tries.
+chose the portable defaults (why the default mode is ``"split"``, not ``"tiles"``) and what
+calibration tries.
 """
 
 from __future__ import annotations
@@ -112,7 +127,7 @@ TILES_PER_THREAD = "tiles.per_thread"
 
 # The portable defaults of floats (BLAS) and of integers (numpy's own loop); docs/gemm.md
 # ("Parameters and portable defaults") has the measurements that chose them.
-_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 20, MODE: "tiles", MINIMUM_ROWS: 16,
+_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16,
                                       TILES_PER_THREAD: 1}
 _INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
 # Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product,
