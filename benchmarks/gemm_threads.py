@@ -13,8 +13,8 @@ by other processes taken again):
 
 * ``numpy``: ``numpy.matmul`` on the same operands with that many BLAS threads;
 * ``onnx_light`` sessions with the portable defaults and with each ``--modes`` setting of
-  ``parallel.mode`` forced on Gemm and MatMul (``split`` with threshold 2^25 is the previous
-  portable default, before the ``tiles`` plan);
+  ``parallel.mode`` and ``parallel.minimum_flops`` published for Gemm and MatMul float
+  (``serial`` never splits; ``split`` at 2^25 is the portable default);
 * onnxruntime with ``intra_op_num_threads`` equal to ours (no spinning, see ``_common``).
 
 GFLOP/s counts 2*M*N*K per product. ``ratio`` is onnx_light's portable time over
@@ -129,6 +129,8 @@ MODES: dict[str, dict[str, object] | None] = {
     "split": {gemm.MODE: "split", gemm.MINIMUM_FLOPS: 1 << 25},
     "split 2^20": {gemm.MODE: "split", gemm.MINIMUM_FLOPS: 1 << 20},
     "blas 2^20": {gemm.MODE: "blas", gemm.MINIMUM_FLOPS: 1 << 20},
+    "tiles 2^18": {gemm.MODE: "tiles", gemm.MINIMUM_FLOPS: 1 << 18},
+    "tiles 2^20": {gemm.MODE: "tiles", gemm.MINIMUM_FLOPS: 1 << 20},
     "serial": {gemm.MINIMUM_FLOPS: 1 << 62},
 }
 
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--sample-ms", type=float, default=20.0)
     parser.add_argument("--only", default=None, help="comma-separated substrings of class names")
-    parser.add_argument("--modes", default="split", help=f"comma-separated, of {sorted(MODES)}")
+    parser.add_argument("--modes", default="serial,tiles 2^20",
+                        help=f"comma-separated, of {sorted(MODES)}")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m and m != "portable"]
     shapes = [s for s in SHAPES if args.only is None

@@ -20,12 +20,15 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
 ``split.minimum_rows``
     The smallest block of output rows or columns; it caps the number of blocks at
     ``dimension // minimum_rows`` (the smallest tile side in ``"tiles"`` mode).
-``tiles.per_thread`` (floats)
+``tiles.per_thread``
     ``"tiles"`` mode: how many tiles per thread the products are cut into, at least (a batch
-    item is never cut when the batch alone gives that many).
+    item is never cut when the batch alone gives that many). Integers have no tiles mode and
+    ignore it; it is in their schemas too so that every Gemm schema has the same parameters.
 
-The runtime's fused activation (:attr:`Kernel.epilogue`, an in-place function) runs on every
-plan's output before it is returned: a Relu or Gelu after a product costs no separate node.
+An epilogue given to the kernel (:attr:`Kernel.epilogue`, an in-place function such as the
+runtime's fusion makes for a Relu or Gelu) runs on every plan's output before it is returned.
+``accepts_epilogue`` stays False: whether the runtime fuses activations into products, and
+on which of its paths, is the runtime's choice (``runtime/fusion.py``).
 
 No rule ties the parameters together, so the schemas have no cross-parameter validator.
 Integer schemas (int32, int64, uint32, uint64) have no ``"blas"`` mode: numpy multiplies
@@ -129,7 +132,8 @@ TILES_PER_THREAD = "tiles.per_thread"
 # ("Parameters and portable defaults") has the measurements that chose them.
 _FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16,
                                       TILES_PER_THREAD: 1}
-_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
+_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16,
+                                        TILES_PER_THREAD: 1}
 # Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product,
 # slowing the pool's next regions, which a search timing each candidate alone cannot see
 # (docs/gemm.md, "What calibration tries"); "blas" stays a manual setting.
@@ -157,12 +161,10 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
                   description="smallest block (or tile side) of output rows or columns when "
                               "splitting"),
     )
-    if integer:
-        return common
     return (*common,
             Parameter(TILES_PER_THREAD, "int", defaults[TILES_PER_THREAD], minimum=1, maximum=16,
-                      description="'tiles' mode: tiles per thread the output is cut into "
-                                  "(at least; batch items are never cut finer)"))
+                      description="'tiles' mode (floats): tiles per thread the output is cut "
+                                  "into (at least; batch items are never cut finer)"))
 
 
 def gemm_schema(op_type: str, element_type: int) -> KernelTuningSchema:
@@ -182,9 +184,7 @@ def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
     :data:`NOT_CALIBRATED_MODES` at three thresholds, and ``"tiles"`` at two tile counts
     per thread and lower thresholds (its region costs microseconds, the pool's a hundred)."""
     modes = gemm_schema("Gemm", element_type).parameter(MODE).choices or ()
-    base: dict[str, Any] = {MINIMUM_ROWS: 16}
-    if not _is_integer(element_type):
-        base[TILES_PER_THREAD] = 1
+    base: dict[str, Any] = {MINIMUM_ROWS: 16, TILES_PER_THREAD: 1}
     found = [{**base, MINIMUM_FLOPS: 1 << exponent, MODE: mode}
              for mode in modes if mode not in (*NOT_CALIBRATED_MODES, "tiles")
              for exponent in (17, 21, 25)]
@@ -217,9 +217,9 @@ def _same(out: np.ndarray, result: np.ndarray) -> np.ndarray:
 class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
+    # 2: the "tiles" mode and tiles.per_thread (entries of ABI 1 lack the parameter: stale).
+    tuning_abi: ClassVar[int] = 2
     trans_a = False  # Gemm's transA: A is (K, M)
-
-    accepts_epilogue: ClassVar[bool] = True
 
     def __init__(self, ctx: NodeContext) -> None:
         self._region: Any = None  # blas_tiles.region(), taken on first use of the tiles plan
@@ -230,7 +230,7 @@ class _ProductKernel(Kernel):
         self.minimum_flops = int(values[MINIMUM_FLOPS])
         self.mode = str(values[MODE])
         self.minimum_rows = int(values[MINIMUM_ROWS])
-        self.tiles_per_thread = int(values.get(TILES_PER_THREAD, 1))
+        self.tiles_per_thread = int(values[TILES_PER_THREAD])
         self._tiles_blas: dict[np.dtype, Any] = {}
 
     def _tiles_gemm(self, compute: np.dtype) -> Any | None:
