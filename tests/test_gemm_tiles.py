@@ -209,3 +209,67 @@ def test_blas_gemm_is_checked_and_restores_blas_threads(pool):
     a = np.ones((64, 64), np.float32)
     np.testing.assert_array_equal(_kernel("MatMul", T.FLOAT, pool).run(a, a)[0], a @ a)
     assert BLAS.get() == before
+
+
+@pytest.mark.parametrize("element_type", [T.INT32, T.INT64, T.UINT32, T.UINT64],
+                         ids=["int32", "int64", "uint32", "uint64"])
+def test_integer_plans_are_exact_on_strided_inputs(element_type, pool):
+    dtype = {T.INT32: np.int32, T.INT64: np.int64, T.UINT32: np.uint32, T.UINT64: np.uint64}[element_type]
+    rng = np.random.default_rng(7)
+    big = rng.integers(0, 7, size=(3, 40, 40)).astype(dtype)
+    a, b = big[:, 1:20:2, ::3].transpose(0, 2, 1), big[0, 5:15, 3:20:2]  # (3, 14, 10) x (10, 9)
+    expected = np.matmul(np.ascontiguousarray(a).astype(np.int64),
+                         np.ascontiguousarray(b).astype(np.int64)).astype(dtype)
+    for mode in gemm.INTEGER_MODES:
+        kernel = _kernel("MatMul", element_type, pool,
+                         values={gemm.MODE: mode, gemm.MINIMUM_FLOPS: 1, gemm.MINIMUM_ROWS: 1})
+        (got,) = kernel.run(a, b)
+        assert got.dtype == dtype and not np.shares_memory(got, big)
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_session_with_tiles_matches_onnxruntime(regions):
+    """A broadcasting batched MatMul and a Gemm with transB and bias, run by a session whose
+    registry publishes the tiles plan, against onnxruntime with the same thread count."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import helper, numpy_helper
+
+    from onnx_light import kernels
+    from onnx_light.runtime.session import RuntimeSession
+    from onnx_light.tuning.processor import execution_descriptor
+    from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile
+
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((24, 16)).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["X", "Y"], ["P"]),
+             helper.make_node("Reshape", ["P", "shape"], ["Q"]),
+             helper.make_node("Gemm", ["Q", "W", "C"], ["Z"], transB=1, alpha=0.5)]
+    graph = helper.make_graph(
+        nodes, "tiles",
+        [helper.make_tensor_value_info("X", T.FLOAT, [2, 1, 8, 12]),
+         helper.make_tensor_value_info("Y", T.FLOAT, [3, 12, 16])],
+        [helper.make_tensor_value_info("P", T.FLOAT, [2, 3, 8, 16]),
+         helper.make_tensor_value_info("Z", T.FLOAT, [48, 24])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(bias, "C"),
+         numpy_helper.from_array(np.array([48, 16], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    registry = KernelTuningRegistry()
+    kernels.register(registry)
+    snapshot, local = registry.snapshot(), execution_descriptor(2)
+    profiles = []
+    for op in ("Gemm", "MatMul"):
+        key = gemm.gemm_schema(op, T.FLOAT).key
+        values = snapshot.schema(key).update(snapshot.resolve(key, local).values, TILES)
+        profiles.append(PublishedProfile(key, local, values, {"origin": "test"}))
+    registry.publish(profiles)
+    feeds = {"X": rng.standard_normal((2, 1, 8, 12)).astype(np.float32),
+             "Y": rng.standard_normal((3, 12, 16)).astype(np.float32)}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    peer = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+    got = RuntimeSession(model, num_threads=2, registry=registry).run(None, feeds)
+    assert len(regions) == 2  # both products took the tiles plan
+    for mine, theirs in zip(got, peer.run(None, feeds), strict=True):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
