@@ -138,10 +138,20 @@ def test_fused_activation_matches_the_unfused_result(pool, regions):
     b = rng.standard_normal((24, 40)).astype(np.float32)
     kernel = _kernel("MatMul", T.FLOAT, pool)
     relu = kernel.variant(epilogue=lambda y: np.maximum(y, 0, out=y))
+    before = len(regions)
     (plain,) = kernel.run(a, b)
     (fused,) = relu.run(a, b)
     np.testing.assert_array_equal(fused, np.maximum(plain, 0))
-    assert len(regions) == 2
+    assert len(regions) == before + 2
+
+
+def test_configuration_compiles_the_region(pool, regions):
+    """A kernel configured for tiles on several threads runs its region once at configuration
+    (the session's construction), so the first run does not compile."""
+    kernel = _kernel("MatMul", T.DOUBLE, pool)
+    assert kernel._region is not None and len(regions) == 1
+    serial = _kernel("MatMul", T.DOUBLE, None)  # one thread: the plan is never tiles
+    assert serial._region is None and len(regions) == 1
 
 
 def test_integer_products_never_take_tiles(pool):
@@ -161,9 +171,9 @@ def test_without_a_callable_blas_tiles_fall_back_to_the_split(monkeypatch, pool)
 
 
 def test_inside_a_pool_region_the_tiles_run_on_the_calling_thread(pool, regions, monkeypatch):
+    kernel = _kernel("MatMul", T.FLOAT, pool)
     threads = []
     monkeypatch.setattr(blas_tiles, "use_threads", threads.append)
-    kernel = _kernel("MatMul", T.FLOAT, pool)
     a = np.random.default_rng(6).standard_normal((32, 32)).astype(np.float32)
     results = [None, None]
 
@@ -269,7 +279,9 @@ def test_a_session_with_tiles_matches_onnxruntime(regions):
     options.intra_op_num_threads = 2
     peer = ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
-    got = RuntimeSession(model, num_threads=2, registry=registry).run(None, feeds)
-    assert len(regions) == 2  # both products took the tiles plan
+    session = RuntimeSession(model, num_threads=2, registry=registry)
+    before = len(regions)
+    got = session.run(None, feeds)
+    assert len(regions) == before + 2  # both products took the tiles plan
     for mine, theirs in zip(got, peer.run(None, feeds), strict=True):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)

@@ -231,14 +231,14 @@ class _ProductKernel(Kernel):
         self.mode = str(values[MODE])
         self.minimum_rows = int(values[MINIMUM_ROWS])
         self.tiles_per_thread = int(values[TILES_PER_THREAD])
-        self._tiles_blas: dict[np.dtype, Any] = {}
-
-    def _tiles_gemm(self, compute: np.dtype) -> Any | None:
-        """BLAS's gemm for the tiles plan in ``compute``, or None (no tiles plan then)."""
-        found = self._tiles_blas.get(compute, False)
-        if found is False:
-            found = self._tiles_blas[compute] = blas_tiles.gemm_function(compute)
-        return found
+        element_type = self.element_type
+        if (self.mode == "tiles" and self.num_threads > 1 and element_type in _FLOATS
+                and self._region is None):
+            # Compile (or load) the region now, at the session's construction, not in a run.
+            compute = compute_dtype(numpy_dtype(element_type))
+            if blas_tiles.gemm_function(compute) is not None:
+                one = np.ones((1, 1), compute)
+                self._tiles(one, one, (), compute, 1.0, None, 1.0)
 
     def plan(self, m: int, n: int, k: int, batch: Sequence[int] = (),
              compute: np.dtype | None = None) -> str:
@@ -254,7 +254,7 @@ class _ProductKernel(Kernel):
         if mode == "tiles":
             if compute is None:
                 compute = compute_dtype(numpy_dtype(self.element_type or T.FLOAT))
-            if self._tiles_gemm(compute) is not None:
+            if blas_tiles.gemm_function(compute) is not None:
                 return "tiles"
             mode = "split"
         if max(batch, default=1) >= 2:
@@ -342,7 +342,7 @@ class _ProductKernel(Kernel):
             region = self._region = blas_tiles.region()
         blas_tiles.use_threads(threads)
         with BLAS.limited(1):
-            region(self._tiles_gemm(compute), _TRANS[trans_a], _TRANS[trans_b],
+            region(blas_tiles.gemm_function(compute), _TRANS[trans_a], _TRANS[trans_b],
                    a3.ctypes.data, a_batch, lda, b3.ctypes.data, b_batch, ldb, k, alpha, out,
                    bias, -(-m // rows), -(-n // columns))
         out = out.reshape(*batch, m, n)
