@@ -10,8 +10,8 @@ once per policy to compare them.
 
 1. Per shape (float MatMul, M x K x N, random operands), the kernel at 2 threads inside
    ``BLAS.scope(1)`` as a session runs it, rounds interleaved, median and fastest of the
-   rounds (each round ``--calls`` calls): ``serial`` (one BLAS call), ``tiles`` with 1 and 4
-   tiles per thread, ``split`` (the pool).
+   rounds (each round ``--calls`` calls): ``serial`` (one BLAS call), ``tiles`` (one tile per
+   thread), ``split`` (the pool).
 2. An empty 2-thread ``prange`` region of numba called back to back, after 0.5 ms and after
    5 ms of idleness (300 calls each), and the CPU time the process used in the 0.2 s after.
 3. Per shape, one thread: numpy's BLAS against a compiled i-k-j product (the loop along a row
@@ -38,7 +38,6 @@ from onnx_light.parallel import BLAS, get_pool
 PLANS = {
     "serial": {gemm.MINIMUM_FLOPS: 1 << 62},
     "tiles": {gemm.MODE: "tiles", gemm.MINIMUM_FLOPS: 1},
-    "tiles x4": {gemm.MODE: "tiles", gemm.MINIMUM_FLOPS: 1, gemm.TILES_PER_THREAD: 4},
     "split": {gemm.MODE: "split", gemm.MINIMUM_FLOPS: 1},
 }
 prange = range  # numba's own in main(), before the region compiles

@@ -8,8 +8,9 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     kernel makes one BLAS call limited to one BLAS thread (the forced-serial path).
 ``parallel.mode``
     What "more than one thread" means: ``"tiles"`` (floats) cuts the batch of products into
-    tiles run in one compiled OpenMP region of numba (:mod:`.blas_tiles`), each tile one
-    single-threaded call of numpy's BLAS, Gemm's bias added to each tile while it is in cache;
+    one tile per thread (batch items first, then the longer side) run in one compiled OpenMP
+    region of numba (:mod:`.blas_tiles`), each tile one single-threaded call of numpy's BLAS,
+    Gemm's bias added to each tile while it is in cache;
     ``"blas"`` makes one BLAS call with as many BLAS threads as the session's pool;
     ``"split_rows"`` / ``"split_columns"`` split the output's rows or columns into contiguous
     blocks run on the pool, each block one BLAS call limited to one BLAS thread; ``"split"``
@@ -20,10 +21,6 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
 ``split.minimum_rows``
     The smallest block of output rows or columns; it caps the number of blocks at
     ``dimension // minimum_rows`` (the smallest tile side in ``"tiles"`` mode).
-``tiles.per_thread``
-    ``"tiles"`` mode: how many tiles per thread the products are cut into, at least (a batch
-    item is never cut when the batch alone gives that many). Integers have no tiles mode and
-    ignore it; it is in their schemas too so that every Gemm schema has the same parameters.
 
 An epilogue given to the kernel (:attr:`Kernel.epilogue`, an in-place function such as the
 runtime's fusion makes for a Relu or Gelu) runs on every plan's output before it is returned.
@@ -101,7 +98,6 @@ __all__ = [
     "MODES",
     "NOT_CALIBRATED_MODES",
     "PLANS",
-    "TILES_PER_THREAD",
     "GemmKernel",
     "MatMulKernel",
     "gemm_candidates",
@@ -126,14 +122,11 @@ PLANS = ("serial", "tiles", "blas", "split_rows", "split_columns", "split_batch"
 MINIMUM_FLOPS = "parallel.minimum_flops"
 MODE = "parallel.mode"
 MINIMUM_ROWS = "split.minimum_rows"
-TILES_PER_THREAD = "tiles.per_thread"
 
 # The portable defaults of floats (BLAS) and of integers (numpy's own loop); docs/gemm.md
 # ("Parameters and portable defaults") has the measurements that chose them.
-_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16,
-                                      TILES_PER_THREAD: 1}
-_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16,
-                                        TILES_PER_THREAD: 1}
+_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16}
+_INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
 # Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product,
 # slowing the pool's next regions, which a search timing each candidate alone cannot see
 # (docs/gemm.md, "What calibration tries"); "blas" stays a manual setting.
@@ -148,7 +141,7 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
     """The parameters of the Gemm and MatMul schemas for ``element_type``."""
     integer = _is_integer(element_type)
     defaults = _INTEGER_DEFAULTS if integer else _FLOAT_DEFAULTS
-    common = (
+    return (
         Parameter(MINIMUM_FLOPS, "int", defaults[MINIMUM_FLOPS], minimum=1,
                   description="multiply-adds (batch*M*N*K) from which more than one thread is used"),
         Parameter(MODE, "str", defaults[MODE], choices=INTEGER_MODES if integer else MODES,
@@ -161,10 +154,6 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
                   description="smallest block (or tile side) of output rows or columns when "
                               "splitting"),
     )
-    return (*common,
-            Parameter(TILES_PER_THREAD, "int", defaults[TILES_PER_THREAD], minimum=1, maximum=16,
-                      description="'tiles' mode (floats): tiles per thread the output is cut "
-                                  "into (at least; batch items are never cut finer)"))
 
 
 def gemm_schema(op_type: str, element_type: int) -> KernelTuningSchema:
@@ -181,16 +170,15 @@ def tuning_schemas() -> list[KernelTuningSchema]:
 
 def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
     """The configurations a calibration tries: each mode the schema allows but
-    :data:`NOT_CALIBRATED_MODES` at three thresholds, and ``"tiles"`` at two tile counts
-    per thread and lower thresholds (its region costs microseconds, the pool's a hundred)."""
+    :data:`NOT_CALIBRATED_MODES` at three thresholds, and ``"tiles"`` at lower ones (its
+    region costs microseconds, the pool's a hundred)."""
     modes = gemm_schema("Gemm", element_type).parameter(MODE).choices or ()
-    base: dict[str, Any] = {MINIMUM_ROWS: 16, TILES_PER_THREAD: 1}
-    found = [{**base, MINIMUM_FLOPS: 1 << exponent, MODE: mode}
+    found = [{MINIMUM_FLOPS: 1 << exponent, MODE: mode, MINIMUM_ROWS: 16}
              for mode in modes if mode not in (*NOT_CALIBRATED_MODES, "tiles")
              for exponent in (17, 21, 25)]
     if "tiles" in modes:
-        found += [{**base, MINIMUM_FLOPS: 1 << exponent, MODE: "tiles", TILES_PER_THREAD: tiles}
-                  for tiles in (1, 4) for exponent in (16, 18, 20, 22)]
+        found += [{MINIMUM_FLOPS: 1 << exponent, MODE: "tiles", MINIMUM_ROWS: 16}
+                  for exponent in (16, 18, 20, 22)]
     return found
 
 
@@ -217,8 +205,6 @@ def _same(out: np.ndarray, result: np.ndarray) -> np.ndarray:
 class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
-    # 2: the "tiles" mode and tiles.per_thread (entries of ABI 1 lack the parameter: stale).
-    tuning_abi: ClassVar[int] = 2
     trans_a = False  # Gemm's transA: A is (K, M)
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -230,7 +216,6 @@ class _ProductKernel(Kernel):
         self.minimum_flops = int(values[MINIMUM_FLOPS])
         self.mode = str(values[MODE])
         self.minimum_rows = int(values[MINIMUM_ROWS])
-        self.tiles_per_thread = int(values[TILES_PER_THREAD])
         element_type = self.element_type
         if (self.mode == "tiles" and self.num_threads > 1 and element_type in _FLOATS
                 and self._region is None):
@@ -328,8 +313,7 @@ class _ProductKernel(Kernel):
         b3, b_batch, ldb, trans_b = blas_tiles.blas_operand(
             _batched(b.astype(compute, copy=False), batch), count)
         threads = 1 if in_region() else min(self.num_threads, blas_tiles.max_threads())
-        rows, columns = blas_tiles.tile_counts(count, m, n, threads * self.tiles_per_thread,
-                                               self.minimum_rows)
+        rows, columns = blas_tiles.tile_counts(count, m, n, threads, self.minimum_rows)
         if c is None:
             bias = _NO_BIAS[compute]
         else:
