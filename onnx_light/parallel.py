@@ -41,7 +41,7 @@ from typing import Any
 
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool"]
+__all__ = ["BLAS", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
 
 _STOP = object()  # task sentinel telling workers to exit
 
@@ -427,3 +427,9 @@ class BlasLimit:
 
 _UNCHANGED = contextlib.nullcontext()  # reusable: it holds no state
 BLAS = BlasThreads()
+
+
+def in_region() -> bool:
+    """Whether the calling thread is running a block of a parallel region (a pool's worker,
+    or a caller inside ``parallel_for``): code there must not start threads of its own."""
+    return _tls.active is not None

@@ -179,7 +179,7 @@ FUNCTION_CASES: list[Case] = [
      "unknown implementation fast"),
     ("set: a choice not offered",
      lambda s: set_("MatMul", "float", {"parallel.mode": "fast"}, path=s.cache), ValueError,
-     "'parallel.mode': 'fast' is not one of ['blas', 'split_rows', 'split_columns', 'split']"),
+     "'parallel.mode': 'fast' is not one of ['tiles', 'blas', 'split_rows', 'split_columns', 'split']"),
     ("set: below the minimum of another parameter",
      lambda s: set_("MatMul", "float", {"split.minimum_rows": -3}, path=s.cache), ValueError,
      "'split.minimum_rows': -3 is below the minimum 1"),

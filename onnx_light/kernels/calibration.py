@@ -160,7 +160,8 @@ def calibrate_elementwise(declaration: KernelDeclaration, key: KernelTuningKey,
 
 
 # (name, M, K, N, transA, transB): small, skinny, square, wide, tall, transposed, and products
-# real models make (a classifier head, AlexNet's fc6, an im2col'd 3x3 convolution).
+# real models make (a classifier head, AlexNet's fc6, an im2col'd 3x3 convolution, a transformer's
+# projection at batch 2 x 32 tokens and its feed-forward product at 2 x 128, hidden 768).
 GEMM_CORPUS: tuple[tuple[str, int, int, int, bool, bool], ...] = (
     ("small 16x16x16", 16, 16, 16, False, False),
     ("row 1x1024x1024", 1, 1024, 1024, False, False),
@@ -173,6 +174,8 @@ GEMM_CORPUS: tuple[tuple[str, int, int, int, bool, bool], ...] = (
     ("head 1x2048x1000 transB", 1, 2048, 1000, False, True),
     ("fc 4x4096x4096 transB", 4, 4096, 4096, False, True),
     ("conv 784x576x128", 784, 576, 128, False, False),
+    ("projection 64x256x256", 64, 256, 256, False, False),
+    ("feed-forward 256x768x3072 transB", 256, 768, 3072, False, True),
 )
 
 

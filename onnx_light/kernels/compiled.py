@@ -46,10 +46,19 @@ def numba_cache_dir(numba_version: str) -> Path:
     return Path(platformdirs.user_cache_dir("onnx_light")) / f"numba-{numba_version}"
 
 
+#: The OpenMP wait policy numba's threads get unless the user set one: threads that sleep
+#: between parallel regions instead of spinning (docs/gemm.md, "OpenMP wait policy": with
+#: OpenMP's default a 2-thread region after 0.5 ms idle took 21 ms on a loaded machine,
+#: 10.5 us with ``PASSIVE``, and spinning threads take cores from the next kernels).
+OMP_WAIT_POLICY = "PASSIVE"
+
+
 @functools.cache
 def load_numba() -> ModuleType:
-    """Import numba once, pointing its cache at :func:`numba_cache_dir`."""
+    """Import numba once, pointing its cache at :func:`numba_cache_dir` and giving OpenMP
+    :data:`OMP_WAIT_POLICY` (read when numba first starts its threads)."""
     with _load_lock:
+        os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
         import numba
 
         numba.config.CACHE_DIR = str(numba_cache_dir(numba.__version__))

@@ -1,4 +1,5 @@
-"""Gemm and MatMul: one BLAS call, serial or BLAS-threaded, or the output split across the pool.
+"""Gemm and MatMul: one BLAS call, serial or BLAS-threaded, the output split across the pool,
+or BLAS calls on tiles inside one compiled parallel region.
 
 Parameters (one schema per op and element type, see :func:`gemm_parameters`):
 
@@ -6,16 +7,25 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     Multiply-adds (``batch * M * N * K``) from which more than one thread is used. Below it the
     kernel makes one BLAS call limited to one BLAS thread (the forced-serial path).
 ``parallel.mode``
-    What "more than one thread" means: ``"blas"`` makes one BLAS call with as many BLAS threads
-    as the session's pool; ``"split_rows"`` / ``"split_columns"`` split the output's rows or
-    columns into contiguous blocks run on the pool, each block one BLAS call limited to one
-    BLAS thread; ``"split"`` picks whichever of the two gives more blocks, and on a tie the
-    larger dimension (rows when M >= N), so that each block stays a wide product.
-    Inputs with a batch axis of size 2 or more split that axis instead, in every split mode.
-    A split that cannot make two blocks runs serially: split modes never use BLAS threads.
+    What "more than one thread" means: ``"tiles"`` (floats) cuts the batch of products into
+    one tile per thread (batch items first, then the longer side) run in one compiled OpenMP
+    region of numba (:mod:`.blas_tiles`), each tile one single-threaded call of numpy's BLAS,
+    Gemm's bias added to each tile while it is in cache;
+    ``"blas"`` makes one BLAS call with as many BLAS threads as the session's pool;
+    ``"split_rows"`` / ``"split_columns"`` split the output's rows or columns into contiguous
+    blocks run on the pool, each block one BLAS call limited to one BLAS thread; ``"split"``
+    picks whichever of the two gives more blocks, and on a tie the larger dimension (rows when
+    M >= N), so that each block stays a wide product. Inputs with a batch axis of size 2 or
+    more split that axis instead, in every split mode. A split that cannot make two blocks
+    runs serially: split modes never use BLAS threads.
 ``split.minimum_rows``
     The smallest block of output rows or columns; it caps the number of blocks at
-    ``dimension // minimum_rows``.
+    ``dimension // minimum_rows`` (the smallest tile side in ``"tiles"`` mode).
+
+An epilogue given to the kernel (:attr:`Kernel.epilogue`, an in-place function such as the
+runtime's fusion makes for a Relu or Gelu) runs on every plan's output before it is returned.
+``accepts_epilogue`` stays False: whether the runtime fuses activations into products, and
+on which of its paths, is the runtime's choice (``runtime/fusion.py``).
 
 No rule ties the parameters together, so the schemas have no cross-parameter validator.
 Integer schemas (int32, int64, uint32, uint64) have no ``"blas"`` mode: numpy multiplies
@@ -50,8 +60,13 @@ speed changes, never results); while another thread holds a ``threadpool_limits`
 kernel's change is skipped (the user's limit wins). Calling BLAS from several pool threads
 at once is safe: with one BLAS thread each call runs on its caller's thread.
 
+The tiles plan holds BLAS at one thread around its region and runs on numba's threads, as
+many as the pool has (at most numba's own count); called from inside a pool region it runs
+its tiles on the calling thread, so threads never nest.
+
 docs/gemm.md has the measurements: the costs of changing BLAS's threads, and the runs that
-chose the portable defaults (why the default mode is ``"split"``) and what calibration tries.
+chose the portable defaults (why the default mode is ``"split"``, not ``"tiles"``) and what
+calibration tries.
 """
 
 from __future__ import annotations
@@ -62,12 +77,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..parallel import BLAS
+from ..parallel import BLAS, in_region
 from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype
+from . import blas_tiles
+from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
 from .calibration import GemmConfigurations, calibration_setup
 from .declaration import KernelDeclaration, declare, dispatch_table
 
@@ -99,9 +115,9 @@ _OLD = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _V9 = _OLD + _INTEGERS
 _V13 = (*_V9, T.BFLOAT16)
 
-MODES = ("blas", "split_rows", "split_columns", "split")
+MODES = ("tiles", "blas", "split_rows", "split_columns", "split")
 INTEGER_MODES = ("split_rows", "split_columns", "split")
-PLANS = ("serial", "blas", "split_rows", "split_columns", "split_batch")
+PLANS = ("serial", "tiles", "blas", "split_rows", "split_columns", "split_batch")
 
 MINIMUM_FLOPS = "parallel.minimum_flops"
 MODE = "parallel.mode"
@@ -129,11 +145,14 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
         Parameter(MINIMUM_FLOPS, "int", defaults[MINIMUM_FLOPS], minimum=1,
                   description="multiply-adds (batch*M*N*K) from which more than one thread is used"),
         Parameter(MODE, "str", defaults[MODE], choices=INTEGER_MODES if integer else MODES,
-                  description="above the threshold: 'blas' threads one BLAS call; 'split_rows', "
-                              "'split_columns' or 'split' (the axis giving more blocks) split the "
-                              "output across the pool, one single-threaded BLAS call per block"),
+                  description="above the threshold: 'tiles' runs single-threaded BLAS calls on "
+                              "tiles in one compiled parallel region; 'blas' threads one BLAS "
+                              "call; 'split_rows', 'split_columns' or 'split' (the axis giving "
+                              "more blocks) split the output across the pool, one "
+                              "single-threaded BLAS call per block"),
         Parameter(MINIMUM_ROWS, "int", defaults[MINIMUM_ROWS], minimum=1,
-                  description="smallest block of output rows or columns when splitting"),
+                  description="smallest block (or tile side) of output rows or columns when "
+                              "splitting"),
     )
 
 
@@ -151,11 +170,16 @@ def tuning_schemas() -> list[KernelTuningSchema]:
 
 def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
     """The configurations a calibration tries: each mode the schema allows but
-    :data:`NOT_CALIBRATED_MODES`, at three thresholds."""
+    :data:`NOT_CALIBRATED_MODES` at three thresholds, and ``"tiles"`` at lower ones (its
+    region costs microseconds, the pool's a hundred)."""
     modes = gemm_schema("Gemm", element_type).parameter(MODE).choices or ()
-    return [{MINIMUM_FLOPS: 1 << exponent, MODE: mode, MINIMUM_ROWS: 16}
-            for mode in modes if mode not in NOT_CALIBRATED_MODES
-            for exponent in (17, 21, 25)]
+    found = [{MINIMUM_FLOPS: 1 << exponent, MODE: mode, MINIMUM_ROWS: 16}
+             for mode in modes if mode not in (*NOT_CALIBRATED_MODES, "tiles")
+             for exponent in (17, 21, 25)]
+    if "tiles" in modes:
+        found += [{MINIMUM_FLOPS: 1 << exponent, MODE: "tiles", MINIMUM_ROWS: 16}
+                  for exponent in (16, 18, 20, 22)]
+    return found
 
 
 def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
@@ -187,6 +211,7 @@ class _ProductKernel(Kernel):
     trans_a = False  # Gemm's transA: A is (K, M)
 
     def __init__(self, ctx: NodeContext) -> None:
+        self._region: Any = None  # blas_tiles.region(), taken on first use of the tiles plan
         super().__init__(ctx)
         self.integer = _is_integer(self.element_type)
 
@@ -194,15 +219,32 @@ class _ProductKernel(Kernel):
         self.minimum_flops = int(values[MINIMUM_FLOPS])
         self.mode = str(values[MODE])
         self.minimum_rows = int(values[MINIMUM_ROWS])
+        element_type = self.element_type
+        if (self.mode == "tiles" and self.num_threads > 1 and element_type in _FLOATS
+                and self._region is None):
+            # Compile (or load) the region now, at the session's construction, not in a run.
+            compute = compute_dtype(numpy_dtype(element_type))
+            if blas_tiles.gemm_function(compute) is not None:
+                one = np.ones((1, 1), compute)
+                self._tiles(one, one, (), compute, 1.0, None, 1.0)
 
-    def plan(self, m: int, n: int, k: int, batch: Sequence[int] = ()) -> str:
-        """How a product of ``batch`` (M, K) x (K, N) matrices runs: one of :data:`PLANS`."""
+    def plan(self, m: int, n: int, k: int, batch: Sequence[int] = (),
+             compute: np.dtype | None = None) -> str:
+        """How a product of ``batch`` (M, K) x (K, N) matrices computed in ``compute``
+        (default: the kernel's own) runs: one of :data:`PLANS`. ``"tiles"`` falls back to
+        ``"split"`` where numpy's BLAS offers no gemm to call from compiled code."""
         threads = self.num_threads
         if threads < 2 or math.prod(batch) * m * n * k < self.minimum_flops:
             return "serial"
         mode = self.mode
         if mode == "blas":
             return "blas"
+        if mode == "tiles":
+            if compute is None:
+                compute = compute_dtype(numpy_dtype(self.element_type or T.FLOAT))
+            if blas_tiles.gemm_function(compute) is not None:
+                return "tiles"
+            mode = "split"
         if max(batch, default=1) >= 2:
             return "split_batch"
         rows = min(threads, m // self.minimum_rows)
@@ -213,8 +255,12 @@ class _ProductKernel(Kernel):
             return mode
         return "serial"
 
-    def _product(self, a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
-        """``epilogue(a @ b)`` in the type of ``a``; a is (..., M, K), b is (..., K, N)."""
+    def _product(self, a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None,
+                 alpha: float = 1.0, c: np.ndarray | None = None, beta: float = 1.0) -> np.ndarray:
+        """``epilogue(a @ b)`` in the type of ``a``, then the runtime's fused activation
+        (:attr:`epilogue`); a is (..., M, K), b is (..., K, N). ``alpha * a @ b + beta * c``
+        (c (1 or M, 1 or N) or None) must be what ``epilogue`` computes: the tiles plan
+        applies those inside its region instead."""
         m, k = a.shape[-2:]
         n = b.shape[-1]
         if b.shape[-2] != k:
@@ -227,8 +273,20 @@ class _ProductKernel(Kernel):
             except ValueError:
                 raise self.ctx.error(f"batch dimensions do not broadcast: A is {a.shape}, "
                                      f"B is {b.shape}") from None
-        plan = self.plan(m, n, k, batch)
         compute = compute_dtype(a.dtype)
+        plan = self.plan(m, n, k, batch, compute)
+        if plan == "tiles":
+            out = self._tiles(a, b, batch, compute, alpha, c, beta)
+        else:
+            out = self._blas_product(plan, a, b, batch, compute, epilogue)
+        if self.epilogue is not None:
+            self.epilogue(out)
+        return out
+
+    def _blas_product(self, plan: str, a: np.ndarray, b: np.ndarray, batch: tuple[int, ...],
+                      compute: np.dtype, epilogue: Epilogue | None) -> np.ndarray:
+        """The serial, ``blas`` and pool-split plans of :meth:`_product`."""
+        m, n = a.shape[-2], b.shape[-1]
         blas = compute.kind == "f"
         with BLAS.limited((self.num_threads if plan == "blas" else 1) if blas else None):
             if plan == "serial" or plan == "blas":
@@ -246,6 +304,36 @@ class _ProductKernel(Kernel):
             else:
                 self._split_matrix(plan, a, b, out, compute, epilogue, blas)
         return out
+
+    def _tiles(self, a: np.ndarray, b: np.ndarray, batch: tuple[int, ...], compute: np.dtype,
+               alpha: float, c: np.ndarray | None, beta: float) -> np.ndarray:
+        """The tiles plan: ``alpha * a @ b + beta * c`` by :func:`blas_tiles.tiled_product`."""
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        count = math.prod(batch)
+        a3, a_batch, lda, trans_a = blas_tiles.blas_operand(
+            _batched(a.astype(compute, copy=False), batch), count)
+        b3, b_batch, ldb, trans_b = blas_tiles.blas_operand(
+            _batched(b.astype(compute, copy=False), batch), count)
+        threads = 1 if in_region() else min(self.num_threads, blas_tiles.max_threads())
+        rows, columns = blas_tiles.tile_counts(count, m, n, threads, self.minimum_rows)
+        if c is None:
+            bias = _NO_BIAS[compute]
+        else:
+            bias = np.ascontiguousarray(c, dtype=compute)
+            if beta != 1.0:
+                bias = bias * beta
+        out = np.empty((count, m, n), dtype=compute)
+        region = self._region
+        if region is None:
+            region = self._region = blas_tiles.region()
+        blas_tiles.use_threads(threads)
+        with BLAS.limited(1):
+            region(blas_tiles.gemm_function(compute), _TRANS[trans_a], _TRANS[trans_b],
+                   a3.ctypes.data, a_batch, lda, b3.ctypes.data, b_batch, ldb, k, alpha, out,
+                   bias, -(-m // rows), -(-n // columns))
+        out = out.reshape(*batch, m, n)
+        return out if out.dtype == a.dtype else out.astype(a.dtype)
 
     def _split_matrix(self, plan: str, a: np.ndarray, b: np.ndarray, out: np.ndarray,
                       compute: np.dtype, epilogue: Epilogue | None, blas: bool) -> None:
@@ -294,6 +382,17 @@ class _ProductKernel(Kernel):
             _block(a[index], b[index], out[index], compute, None, _ALL, _ALL, per_thread)
 
         self.pool.parallel_for(batch[axis], block, max_blocks=self.num_threads)
+
+
+_TRANS = {False: 111, True: 112}  # CBLAS's NoTrans and Trans
+_NO_BIAS = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
+
+
+def _batched(x: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """``x`` (..., R, C) as (count or 1, R, C) for the ``count = prod(batch)`` products."""
+    if math.prod(x.shape[:-2]) == 1:
+        return x.reshape(1, *x.shape[-2:])
+    return np.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(-1, *x.shape[-2:])
 
 
 def _block(a: np.ndarray, b: np.ndarray, out: np.ndarray, compute: np.dtype,
@@ -359,7 +458,7 @@ class GemmKernel(_ProductKernel):
             epilogue = _integer_epilogue(alpha, beta, c2)
         else:
             epilogue = _float_epilogue(alpha, beta, c2, compute_dtype(a.dtype))
-        return (self._product(a, b, epilogue),)
+        return (self._product(a, b, epilogue, alpha, c2, beta),)
 
 
 def _as_matrix(c: np.ndarray, m: int, n: int) -> np.ndarray | None:
@@ -441,8 +540,9 @@ class MatMulKernel(_ProductKernel):
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """One ``np.matmul`` into the given buffer: what :meth:`run` computes for two
-        matrices of one type computed as it is, on a serial plan; None otherwise."""
-        if len(inputs) != 2:
+        matrices of one type computed as it is, on a serial plan, without an epilogue; None
+        otherwise."""
+        if len(inputs) != 2 or self.epilogue is not None:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
         if (len(a) != 2 or len(b) != 2 or a_dtype != b_dtype or a[1] != b[0]
