@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHE_ENV", "CompiledFunction", "compiled", "load_numba", "numba_cache_dir"]
+__all__ = ["CACHE_ENV", "CompiledFunction", "compiled", "load_numba", "numba_cache_dir", "prange"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -81,16 +81,25 @@ class CompiledFunction:
         return f"<compiled kernel {self.function.__module__}.{self.function.__qualname__}>"
 
 
+def prange(*arguments: int) -> range:
+    """numba's ``prange`` inside a compiled kernel (a kernel module imports this name instead
+    of numba's, so that importing it does not import numba); ``range`` when called from Python."""
+    return range(*arguments)
+
+
 def _calling_dispatchers(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` with globals in which other compiled kernels are numba dispatchers.
 
     numba compiles a call to another compiled kernel only if the name resolves to a
-    dispatcher; the module's own globals hold the lazy wrappers. The copy keeps the code
+    dispatcher; the module's own globals hold the lazy wrappers. The stand-in
+    :func:`prange` becomes numba's own. The copy keeps the code
     object, so numba's disk cache still finds the function by its file and line.
     """
     names = function.__code__.co_names
     calls = {name: value.dispatcher for name, value in function.__globals__.items()
              if name in names and isinstance(value, CompiledFunction)}
+    calls.update({name: load_numba().prange for name, value in function.__globals__.items()
+                  if name in names and value is prange})
     if not calls:
         return function
     copy = types.FunctionType(function.__code__, {**function.__globals__, **calls},
