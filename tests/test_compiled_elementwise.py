@@ -131,6 +131,18 @@ def test_parallel_regions_give_the_serial_bits() -> None:
     assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
 
 
+def test_calibration_searches_the_compiled_path() -> None:
+    """The crossover search of a compiled op times its program, serial against parallel, and
+    still finds their outputs bit-identical."""
+    from onnx_light.kernels import DECLARATIONS
+    from onnx_light.kernels.calibration import ElementwiseCrossover
+
+    problem = ElementwiseCrossover(DECLARATIONS["Gelu"], F, 2)
+    assert problem._serial.program is not None and problem._parallel.program is not None
+    inputs = problem.make_inputs(50_000, "equal")
+    assert problem.same_output(problem.serial(inputs), problem.candidate(inputs))
+
+
 def _kernel(op_type: str, element_type: int, **attributes: object):
     version = max(KERNELS[op_type])
     ctx = NodeContext("n", op_type, "", version, attributes, (element_type,), (element_type,), 1)
@@ -233,3 +245,55 @@ def test_a_chain_falls_back_to_its_nodes_for_broadcasts_it_does_not_take() -> No
     y = session.run(None, {"x": x})[0]
     assert y.shape == (2, 8, 64)
     np.testing.assert_allclose(y, ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------ LayerNormalization
+
+def _layer_norm(element_type: int, threads: int, **attributes: object):
+    ctx = NodeContext("ln", "LayerNormalization", "", 17, attributes, (element_type,) * 3,
+                      (element_type,) * 3, 3, 3)
+    return KERNELS["LayerNormalization"][17](ctx).bind(get_pool(threads))
+
+
+def _layer_norm_reference(x, scale, bias, axis, epsilon=1e-5):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    data = x.astype(np.float64)
+    mean = data.mean(axis=axes, keepdims=True)
+    inverse = 1 / np.sqrt(((data - mean) ** 2).mean(axis=axes, keepdims=True) + epsilon)
+    y = (data - mean) * inverse * scale + (0 if bias is None else bias)
+    return [y, mean, inverse]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("shape", "axis", "scale_shape", "with_bias"), [
+    ((2, 32, 256), -1, (256,), True), ((2, 32, 256), -1, (256,), False),
+    ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True)])
+def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_bias, threads) -> None:
+    """float32 LayerNormalization (the compiled rows, serial or over two threads, for any
+    layout of X) is the float64 computation rounded: Y to a few units, Mean and InvStdDev to
+    one; its outputs are new arrays."""
+    kernel = _layer_norm(F, threads, axis=axis)
+    x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
+    scale = RNG.standard_normal(scale_shape).astype(np.float32)
+    bias = RNG.standard_normal(scale_shape).astype(np.float32) if with_bias else None
+    expected = _layer_norm_reference(x, scale, bias, axis)
+    for layout in (x, np.asfortranarray(x)):
+        outputs = kernel.run(layout, scale, *([bias] if with_bias else []))
+        for actual, wanted in zip(outputs, expected, strict=True):
+            assert actual.dtype == np.float32 and actual.shape == wanted.shape
+            assert not np.shares_memory(actual, x)
+            np.testing.assert_allclose(actual, wanted, rtol=2e-6, atol=2e-6)
+    if threads == 2 and x.size >= 1 << 15:
+        serial = _layer_norm(F, 1, axis=axis).run(x, scale, *([bias] if with_bias else []))
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(outputs, serial, strict=True))
+
+
+def test_layer_norm_other_types_keep_the_numpy_path() -> None:
+    x = RNG.standard_normal((4, 16))
+    scale, bias = RNG.standard_normal(16), RNG.standard_normal(16)
+    for dtype, tolerance in ((np.float64, 1e-6), (np.float16, 1e-2)):  # stash_type: float32
+        kernel = _layer_norm({np.float64: TensorProto.DOUBLE, np.float16: TensorProto.FLOAT16}[dtype], 1)
+        y = kernel.run(x.astype(dtype), scale.astype(dtype), bias.astype(dtype))[0]
+        assert y.dtype == dtype
+        expected = _layer_norm_reference(x.astype(dtype), scale.astype(dtype), bias.astype(dtype), -1)[0]
+        np.testing.assert_allclose(y.astype(np.float64), expected, rtol=tolerance, atol=tolerance * 10)

@@ -50,6 +50,10 @@ def numba_cache_dir(numba_version: str) -> Path:
 def load_numba() -> ModuleType:
     """Import numba once, pointing its cache at :func:`numba_cache_dir`."""
     with _load_lock:
+        # Threads of numba's OpenMP layer sleep as soon as a region ends instead of spinning
+        # for their next one: spinning cost 24 ms per region on a loaded 2-core machine
+        # (docs/parallel.md). Read when libgomp loads; a value the user set is kept.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import numba
 
         numba.config.CACHE_DIR = str(numba_cache_dir(numba.__version__))
