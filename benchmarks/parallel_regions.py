@@ -37,10 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from onnx_light.kernels.compiled import compiled, load_numba, prange
 from onnx_light.parallel import ThreadPool
 
+# onnx_light sets OMP_WAIT_POLICY=PASSIVE unless it is set: an empty value keeps libgomp's
+# default (it ignores a value it does not know).
 OPTIONS = {
-    "prange omp": {},
+    "prange omp": {"OMP_WAIT_POLICY": ""},
     "prange omp passive": {"OMP_WAIT_POLICY": "PASSIVE"},
-    "prange omp spin 10k": {"GOMP_SPINCOUNT": "10000"},
+    "prange omp spin 10k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"},
     "pool + nogil": {},
     "serial call": {},
 }
