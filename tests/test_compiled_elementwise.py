@@ -5,6 +5,7 @@ onnx's ReferenceEvaluator."""
 from __future__ import annotations
 
 import math
+import os
 
 import ml_dtypes
 import numpy as np
@@ -141,6 +142,31 @@ def test_calibration_searches_the_compiled_path() -> None:
     assert problem._serial.program is not None and problem._parallel.program is not None
     inputs = problem.make_inputs(50_000, "equal")
     assert problem.same_output(problem.serial(inputs), problem.candidate(inputs))
+
+
+def _serial_in_a_fork(queue) -> None:
+    program = _unary(ce.ERF)
+    x = np.linspace(-3, 3, 100_000, dtype=np.float32)
+    queue.put((ce._Regions.allowed, program.run([x], 2, minimum_elements=1).tobytes()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_fork_after_parallel_regions_computes_serially() -> None:
+    """GNU OpenMP does not survive fork: the child of a process that ran regions computes its
+    programs serially (same bits) instead of hanging in its first region."""
+    import multiprocessing
+
+    program = _unary(ce.ERF)
+    x = np.linspace(-3, 3, 100_000, dtype=np.float32)
+    expected = program.run([x], 2, minimum_elements=1).tobytes()
+    assert ce._Regions.started
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_serial_in_a_fork, args=(queue,))
+    child.start()
+    allowed, result = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert allowed is False and result == expected and child.exitcode == 0
 
 
 def _kernel(op_type: str, element_type: int, **attributes: object):

@@ -23,6 +23,7 @@ block of the output's shape repeated (a bias along the last axes).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -319,13 +320,36 @@ def period(shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
     return math.prod(dims)
 
 
-def numba_threads(threads: int) -> None:
+class _Regions:
+    """Whether this process has run a numba parallel region, and may run one."""
+
+    started = False
+    allowed = True
+
+
+def _after_fork_in_child() -> None:
+    # GNU OpenMP does not survive fork: a child of a process that ran a region would hang in
+    # its first one, so it computes serially (the same values).
+    if _Regions.started:
+        _Regions.allowed = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def numba_threads(threads: int) -> bool:
     """Give the calling thread's next numba regions ``threads`` threads (numba keeps the
-    count per thread; at most the number it started with)."""
+    count per thread; at most the number it started with); False when this process may not
+    run regions (a fork of one that did), and the caller computes serially."""
+    if not _Regions.allowed:
+        return False
     numba = load_numba()
     threads = min(threads, numba.config.NUMBA_NUM_THREADS)
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
+    _Regions.started = True
+    return True
 
 
 _DUMMY = np.zeros(1, np.float32)
@@ -362,8 +386,7 @@ class CompiledProgram:
         flat = out.reshape(-1)
         if flat.size:
             period_array = np.array(periods, np.int64)
-            if threads > 1 and flat.size >= minimum_elements:
-                numba_threads(threads)
+            if threads > 1 and flat.size >= minimum_elements and numba_threads(threads):
                 run_program_parallel.dispatcher(self.code, self.constants, *arrays, period_array,
                                                 self.registers, flat, threads)
             else:

@@ -326,8 +326,8 @@ class LayerNormalization(Kernel):
         out = np.empty(matrix.shape, np.float32)
         stats_shape = x.shape[:axis] + (1,) * len(normalized)
         mean, inverse = np.empty(rows, np.float32), np.empty(rows, np.float32)
-        if self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and rows > 1:
-            numba_threads(self.num_threads)
+        if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and rows > 1
+                and numba_threads(self.num_threads)):
             _layer_norm_rows_parallel.dispatcher(matrix, scale_row, bias_row, bias is not None,
                                                  self.epsilon, out, mean, inverse)
         else:
@@ -340,8 +340,7 @@ class LayerNormalization(Kernel):
         if self.ctx.input_types[:1] == (T.FLOAT,) and self.stash == np.float32:
             x = np.zeros((2, 2), np.float32)
             self._compiled(x, np.ones(2, np.float32), None, 1)
-            if self.num_threads > 1:
-                numba_threads(self.num_threads)
+            if self.num_threads > 1 and numba_threads(self.num_threads):
                 _layer_norm_rows_parallel.dispatcher(x, x[0], _NO_BIAS, False, 1e-5, x.copy(),
                                                      x[0].copy(), x[0].copy())
         return None
