@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHE_ENV", "CompiledFunction", "compiled", "load_numba", "numba_cache_dir"]
+__all__ = ["CACHE_ENV", "CompiledFunction", "compiled", "load_numba", "numba_cache_dir", "prange"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -47,9 +47,8 @@ def numba_cache_dir(numba_version: str) -> Path:
 
 
 #: The OpenMP wait policy numba's threads get unless the user set one: threads that sleep
-#: between parallel regions instead of spinning (docs/gemm.md, "OpenMP wait policy": with
-#: OpenMP's default a 2-thread region after 0.5 ms idle took 21 ms on a loaded machine,
-#: 10.5 us with ``PASSIVE``, and spinning threads take cores from the next kernels).
+#: between parallel regions instead of spinning, which on a loaded machine turned a region
+#: into milliseconds and took cores from the next kernels (docs/parallel.md, docs/gemm.md).
 OMP_WAIT_POLICY = "PASSIVE"
 
 
@@ -90,16 +89,25 @@ class CompiledFunction:
         return f"<compiled kernel {self.function.__module__}.{self.function.__qualname__}>"
 
 
+def prange(*arguments: int) -> range:
+    """numba's ``prange`` inside a compiled kernel (a kernel module imports this name instead
+    of numba's, so that importing it does not import numba); ``range`` when called from Python."""
+    return range(*arguments)
+
+
 def _calling_dispatchers(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` with globals in which other compiled kernels are numba dispatchers.
 
     numba compiles a call to another compiled kernel only if the name resolves to a
-    dispatcher; the module's own globals hold the lazy wrappers. The copy keeps the code
+    dispatcher; the module's own globals hold the lazy wrappers. The stand-in
+    :func:`prange` becomes numba's own. The copy keeps the code
     object, so numba's disk cache still finds the function by its file and line.
     """
     names = function.__code__.co_names
     calls = {name: value.dispatcher for name, value in function.__globals__.items()
              if name in names and isinstance(value, CompiledFunction)}
+    calls.update({name: load_numba().prange for name, value in function.__globals__.items()
+                  if name in names and value is prange})
     if not calls:
         return function
     copy = types.FunctionType(function.__code__, {**function.__globals__, **calls},

@@ -50,6 +50,7 @@ from .base import (
     quiet_already,
 )
 from .calibration import calibrate_elementwise
+from .compiled_elementwise import CompiledProgram, single_op
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .elementwise_compute import (
     _celu,
@@ -111,6 +112,9 @@ EXPENSIVE_MINIMUM_ELEMENTS = 1 << 16
 SERIAL_ONLY = 1 << 62
 # The default of a cheap op on a 4-byte type (float32, int32).
 DEFAULT_MINIMUM_ELEMENTS = CHEAP_MINIMUM_BYTES // 4
+# The ops that run float32 data as a compiled program (compiled_elementwise.py) instead of
+# numpy calls: those where docs/elementwise.md ("Compiled kernels") measured it faster.
+COMPILED_OPS = frozenset({"Erf", "Gelu", "Mish"})
 
 BOOL = (T.BOOL,)
 # The type lists ONNX gives ops that do not use one of base.py's groups.
@@ -452,6 +456,10 @@ class ElementwiseKernel(Kernel):
         self._compute = (functools.partial(op.compute, **self.attributes) if self.attributes
                          else op.compute)
         self._plans: dict[np.dtype, _TypePlan] = {numpy_dtype(t): _type_plan(op, t) for t in op.types}
+        self.program: CompiledProgram | None = None
+        if op.op_type in COMPILED_OPS and self.element_type_of(ctx) == T.FLOAT:
+            self.program = single_op(op.op_type, ctx.num_inputs or op.arity.minimum,
+                                     dict(self.attributes))
 
     def _arity_text(self) -> str:
         arity = self.op.arity
@@ -487,9 +495,21 @@ class ElementwiseKernel(Kernel):
         return (pool is not None and pool.num_threads > 1
                 and num_elements >= self._minimum_elements)
 
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the kernel's program now, at session construction (a warm cache loads it)."""
+        if self.program is not None:
+            self.program.compile(parallel=self.num_threads > 1)
+        return None
+
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         """Compute the output; serial or split across the pool, with identical results."""
         operands = self._operands(inputs)
+        if self.program is not None and all(x is not None for x in operands):
+            out = self.program.run(operands, self.num_threads, self._minimum_elements)
+            if out is not None:
+                if self.epilogue is not None:
+                    self.epilogue(out)
+                return [out]
         key = operands[self.op.key_input]
         plan = self._plans.get(key.dtype) or self._plan_for(key.dtype)
         shape = key.shape
@@ -566,6 +586,12 @@ class ElementwiseKernel(Kernel):
         op = self.op
         if not op.in_place or element_type not in op.types:
             return None
+        program = self.program
+        if program is not None and element_type == T.FLOAT:
+            def compiled_apply(block: np.ndarray) -> None:
+                np.copyto(block, program.run([block]))
+
+            return compiled_apply
         dtype = numpy_dtype(element_type)
         plan = self._plans[dtype]
         if plan.work_dtype is not None or dtype in plan.widen or plan.out_dtype != dtype:

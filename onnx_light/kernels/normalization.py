@@ -13,6 +13,12 @@ float16 and bfloat16 compute in float32 and round once; float64 in float64; floa
 float32. Statistics (training-mode BatchNormalization, InstanceNormalization,
 LayerNormalization) are accumulated in float64 for float32 inputs too, then used in the
 compute type. None of these kernels is tunable.
+
+LayerNormalization of float32 data with the default float32 stash runs a compiled pass per
+row (:func:`layer_norm_rows`: the mean, then the variance of the centred row, then the
+output, in float64, rounded once), over numba's threads from
+:data:`LAYER_NORM_PARALLEL_MINIMUM` elements on when the session has more than one thread;
+other types and layouts take the numpy path.
 """
 
 from __future__ import annotations
@@ -25,12 +31,18 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
+from .compiled import compiled, prange
+from .compiled_elementwise import numba_threads
 from .declaration import KernelDeclaration, declare, dispatch_table
 
-__all__ = ["KERNELS", "PARALLEL_MINIMUM", "BatchNormalization", "ChannelAffine",
-           "InstanceNormalization", "LayerNormalization", "batch_norm_affine"]
+__all__ = ["KERNELS", "LAYER_NORM_PARALLEL_MINIMUM", "PARALLEL_MINIMUM", "BatchNormalization",
+           "ChannelAffine", "InstanceNormalization", "LayerNormalization", "batch_norm_affine",
+           "layer_norm_rows"]
 
 PARALLEL_MINIMUM = 1 << 20
+# Elements of X from which the compiled LayerNormalization splits its rows over the threads
+# (docs/elementwise.md, "Compiled kernels").
+LAYER_NORM_PARALLEL_MINIMUM = 1 << 15
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _FLOATS_BF16 = (*_FLOATS, T.BFLOAT16)
@@ -228,6 +240,61 @@ class InstanceNormalization(Kernel):
         return (y.astype(x.dtype, copy=False),)
 
 
+@compiled(fastmath={"contract"})
+def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
+                    epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
+                    row: int) -> None:
+    n = x.shape[1]
+    # Four partial sums (in a fixed order) let LLVM vectorize the sums without reassociating.
+    s0 = s1 = s2 = s3 = 0.0
+    whole = n - n % 4
+    for j in range(0, whole, 4):
+        s0 += x[row, j]
+        s1 += x[row, j + 1]
+        s2 += x[row, j + 2]
+        s3 += x[row, j + 3]
+    for j in range(whole, n):
+        s0 += x[row, j]
+    mu = ((s0 + s1) + (s2 + s3)) / n
+    s0 = s1 = s2 = s3 = 0.0
+    for j in range(0, whole, 4):
+        d0, d1, d2, d3 = x[row, j] - mu, x[row, j + 1] - mu, x[row, j + 2] - mu, x[row, j + 3] - mu
+        s0 += d0 * d0
+        s1 += d1 * d1
+        s2 += d2 * d2
+        s3 += d3 * d3
+    for j in range(whole, n):
+        d = x[row, j] - mu
+        s0 += d * d
+    squares = (s0 + s1) + (s2 + s3)
+    inv = 1.0 / np.sqrt(squares / n + epsilon)
+    mean[row] = mu
+    inverse[row] = inv
+    for j in range(n):
+        y = (x[row, j] - mu) * inv * scale[j]
+        out[row, j] = y + bias[j] if with_bias else y
+
+
+@compiled
+def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
+                    epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray) -> None:
+    """LayerNormalization of each row of the float32 matrix ``x`` into ``out`` (``bias``
+    added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon)."""
+    for row in range(x.shape[0]):
+        _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
+
+
+@compiled(parallel=True)
+def _layer_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray,
+                              with_bias: bool, epsilon: float, out: np.ndarray, mean: np.ndarray,
+                              inverse: np.ndarray) -> None:
+    for row in prange(x.shape[0]):
+        _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
+
+
+_NO_BIAS = np.zeros(1, np.float32)
+
+
 class LayerNormalization(Kernel):
     """ONNX LayerNormalization (17): over the axes from ``axis`` on; optional Mean and
     InvStdDev outputs in the ``stash_type`` precision (float32 by default)."""
@@ -248,6 +315,10 @@ class LayerNormalization(Kernel):
         if not -x.ndim <= self.axis < x.ndim:
             raise self.ctx.error(f"axis {self.axis} is out of range for rank {x.ndim}")
         axis = self.axis % x.ndim
+        if x.dtype == np.float32 and self.stash == np.float32 and x.size:
+            outputs = self._compiled(x, scale, bias, axis)
+            if outputs is not None:
+                return outputs[:max(1, self.ctx.num_outputs)]
         axes = tuple(range(axis, x.ndim))
         stash = self.stash if self.stash in (np.float32, np.float64) else np.dtype(np.float32)
         data = x.astype(stash, copy=False)
@@ -261,6 +332,44 @@ class LayerNormalization(Kernel):
         outputs = [y.astype(x.dtype, copy=False), mean.astype(self.stash, copy=False),
                    inverse.astype(self.stash, copy=False)]
         return outputs[:max(1, self.ctx.num_outputs)]
+
+    def _compiled(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None,
+                  axis: int) -> list[np.ndarray] | None:
+        """The three outputs from :func:`layer_norm_rows`, or None when scale or bias are not
+        float32 or do not broadcast to the normalized shape (the numpy path then decides)."""
+        normalized = x.shape[axis:]
+        try:
+            parameters = [np.ascontiguousarray(np.broadcast_to(p, normalized)).reshape(-1)
+                          for p in (scale, bias) if p is not None]
+        except ValueError:
+            return None
+        if any(p.dtype != np.float32 for p in parameters):
+            return None
+        scale_row = parameters[0]
+        bias_row = parameters[1] if bias is not None else _NO_BIAS
+        rows = int(np.prod(x.shape[:axis]))
+        matrix = np.ascontiguousarray(x).reshape(rows, -1)
+        out = np.empty(matrix.shape, np.float32)
+        stats_shape = x.shape[:axis] + (1,) * len(normalized)
+        mean, inverse = np.empty(rows, np.float32), np.empty(rows, np.float32)
+        if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and rows > 1
+                and numba_threads(self.num_threads)):
+            _layer_norm_rows_parallel.dispatcher(matrix, scale_row, bias_row, bias is not None,
+                                                 self.epsilon, out, mean, inverse)
+        else:
+            layer_norm_rows.dispatcher(matrix, scale_row, bias_row, bias is not None, self.epsilon,
+                                       out, mean, inverse)
+        return [out.reshape(x.shape), mean.reshape(stats_shape), inverse.reshape(stats_shape)]
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the compiled pass now, at session construction, for a float32 node."""
+        if self.ctx.input_types[:1] == (T.FLOAT,) and self.stash == np.float32:
+            x = np.zeros((2, 2), np.float32)
+            self._compiled(x, np.ones(2, np.float32), None, 1)
+            if self.num_threads > 1 and numba_threads(self.num_threads):
+                _layer_norm_rows_parallel.dispatcher(x, x[0], _NO_BIAS, False, 1e-5, x.copy(),
+                                                     x[0].copy(), x[0].copy())
+        return None
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

@@ -25,15 +25,29 @@ Runs after constant folding, over the steps left to run, in graph order:
    other tensor's elements added while it is in cache (ResNet's shortcuts), and a following
    activation then fuses as usual. The sum is the same (one rounding either way).
 
-Only float and double tensors are fused. A fused graph computes the same function with
+5. **Elementwise chains** (done first, before step 2 can make their activations epilogues
+   of the nodes before them). Consecutive float32 elementwise nodes that a compiled program can
+   compute (``compiled_elementwise.PROGRAM_OPS``), each reading the previous one's output as
+   its only reader, become one
+   :class:`~onnx_light.kernels.fused_elementwise.FusedElementwise` step at the place of the
+   chain's last node: one pass over memory instead of one per node (GELU's Div, Erf, Add,
+   Mul, Mul with the bias Add before it; the tanh form of GELU with its Pow), when it holds
+   an op that numpy computes slowly (``compiled_elementwise.FUSION_WORTH``: chains of cheap
+   ops such as Sigmoid and Mul, or a bias Add and Relu, measured faster as numpy calls). A
+   chain reads at most four tensors; one-element constants become constants of the program.
+
+Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
 composed chain rounds ``X * m + o`` once instead of after every node, so each output moves by
 a few units in the last place of its terms (``W * X`` products, the per-channel parameters);
-activations fuse exactly. ``RuntimeSession(..., fuse=False)`` runs the graph as written.
+activations fuse exactly. A chain keeps its intermediates in float64 and rounds once, so its
+output is within a float32 unit or two of the node-by-node result (and closer to the exact
+one). ``RuntimeSession(..., fuse=False)`` runs the graph as written.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -43,8 +57,18 @@ import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel
+from ..kernels.compiled_elementwise import (
+    ADD,
+    FUSION_WORTH,
+    MAX_INPUTS,
+    MUL,
+    PROGRAM_OPS,
+    Program,
+    emit,
+)
 from ..kernels.conv import ConvKernel, Prologue
-from ..kernels.elementwise import ElementwiseKernel
+from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
+from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 
 __all__ = ["FusionResult", "fuse"]
@@ -85,12 +109,13 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     (graph outputs), ``shapes`` the inferred shapes by slot, and ``add_constant`` stores a new
     constant and returns its slot.
     """
+    sources: set[int] = set()
+    steps = _fuse_chains(steps, known, keep, shapes, sources)
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
     known = dict(known)  # and the constants fusion adds
     result: list[list] = []
     producer: dict[int, int] = {}
     added: dict[int, np.ndarray] = {}
-    sources: set[int] = set()
 
     def private(slot: int) -> int | None:
         """The result index of the step whose only output ``slot`` is read by one step only."""
@@ -165,6 +190,132 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 producer[s] = len(result) - 1
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
     return FusionResult(steps_out, added, sources)
+
+
+@dataclass
+class _Chain:
+    """A chain of elementwise nodes being built into one program."""
+
+    program: Program
+    input_slots: list[int]
+    registers: dict[int, int]  # slot -> register: the inputs and every node's output
+    result: int  # the register of the last node's output
+    nodes: list[Step]
+    positions: list[int]  # the nodes' places in the step list
+    folded: dict[int, np.ndarray]  # one-element constants the program holds as constants
+
+    @staticmethod
+    def start(step: Step, position: int, known: Mapping[int, np.ndarray],
+              shapes: Mapping[int, Sequence[int | str | None]]) -> _Chain | None:
+        return _Chain(Program(), [], {}, -1, [], [], {}).extend(step, position, known, shapes)
+
+    def extend(self, step: Step, position: int, known: Mapping[int, np.ndarray],
+               shapes: Mapping[int, Sequence[int | str | None]]) -> _Chain | None:
+        """This chain with ``step`` appended, or None when a program cannot compute it."""
+        kernel, inputs, outputs = step
+        chain = _Chain(copy.deepcopy(self.program), list(self.input_slots), dict(self.registers),
+                       self.result, [*self.nodes, step], [*self.positions, position],
+                       dict(self.folded))
+        program = chain.program
+        out_shape = shapes.get(outputs[0])
+        operands, values = [], []
+        for slot in inputs:
+            value = known.get(slot)
+            values.append(value)
+            if slot in chain.registers:
+                operands.append(chain.registers[slot])
+            elif (value is not None and value.size == 1 and value.dtype.kind in "fiu"
+                  and (value.ndim == 0 or (out_shape is not None and value.ndim <= len(out_shape)))):
+                operands.append(program.constant(float(value.reshape(-1)[0])))
+                chain.folded[slot] = value
+            elif len(chain.input_slots) < MAX_INPUTS:
+                chain.registers[slot] = register = program.load(len(chain.input_slots))
+                chain.input_slots.append(slot)
+                operands.append(register)
+            else:
+                return None
+        if isinstance(kernel, ChannelAffine):  # x * m + o, one value each (see _chainable)
+            scaled = program.binary(MUL, operands[0], program.constant(float(kernel.multiplier[0])))
+            result = program.binary(ADD, scaled, program.constant(float(kernel.offset[0])))
+        else:
+            result = emit(program, kernel.ctx.op_type, operands, dict(kernel.attributes), values)
+        if result is None:
+            return None
+        chain.result = chain.registers[outputs[0]] = result
+        return chain
+
+    def worth(self) -> bool:
+        """Whether the chain holds an op that makes the program faster than numpy's calls."""
+        return any(kernel.ctx.op_type in FUSION_WORTH for kernel, _, _ in self.nodes)
+
+    def closed(self, readers: Mapping[int, int], keep: set[int]) -> bool:
+        """Whether nothing outside the chain reads a value made inside it but its output."""
+        inside = Counter(s for _, inputs, _ in self.nodes for s in inputs)
+        return all(s not in keep and readers[s] == inside[s]
+                   for _, _, outputs in self.nodes[:-1] for s in outputs)
+
+    def step(self) -> Step:
+        """The chain as one FusedElementwise step."""
+        first = self.nodes[0][0]
+        ctx = dataclasses.replace(first.ctx, op_type=FusedElementwise.op_type,
+                                  num_inputs=len(self.input_slots))
+        minimum = min((k.minimum_elements for k, _, _ in self.nodes if isinstance(k, ElementwiseKernel)),
+                      default=EXPENSIVE_MINIMUM_ELEMENTS)
+        kernel = FusedElementwise(ctx, self.program.finish(self.result), tuple(self.input_slots),
+                                  self.nodes, self.folded, minimum).bind(first.pool)
+        return kernel, tuple(self.input_slots), self.nodes[-1][2]
+
+
+def _chainable(kernel: Kernel, inputs: Slots, outputs: Slots, known: Mapping[int, np.ndarray]) -> bool:
+    """Whether a node may be part of an elementwise chain: one float32 output, every input
+    given, and an elementwise op of the default domain that a program computes (or a
+    one-value ChannelAffine, what step 1 made of a Mul or Add by a scalar)."""
+    ctx = kernel.ctx
+    if (kernel.epilogue is not None or len(outputs) != 1 or outputs[0] is None or None in inputs
+            or ctx.output_types[:1] != (TensorProto.FLOAT,) or ctx.domain not in ("", "ai.onnx")):
+        return False
+    if isinstance(kernel, ChannelAffine):
+        return kernel.multiplier.size == 1 and kernel.offset.size == 1
+    return (isinstance(kernel, ElementwiseKernel) and ctx.op_type in PROGRAM_OPS
+            and all(t == TensorProto.FLOAT or s in known
+                    for s, t in zip(inputs, ctx.input_types, strict=False)))
+
+
+def _fuse_chains(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+                 shapes: Mapping[int, Sequence[int | str | None]], sources: set[int]) -> list[Step]:
+    """Step 5 of the module docstring (run before the others): chains of two or more
+    elementwise nodes become one FusedElementwise step each, at the place of their last node
+    (``sources`` gets the constants the programs hold). A node joins the chain that made one
+    of its inputs; a chain whose intermediate values something outside it reads stays as it
+    was."""
+    chains: list[_Chain] = []
+    chain_of: dict[int, int] = {}  # slot -> the chain whose node made it
+    for position, step in enumerate(steps):
+        kernel, inputs, outputs = step
+        if not _chainable(kernel, inputs, outputs, known):
+            continue
+        chain = None
+        for index in dict.fromkeys(chain_of[s] for s in inputs if s in chain_of):
+            chain = chains[index].extend(step, position, known, shapes)
+            if chain is not None:
+                chains[index] = chain
+                break
+        if chain is None:
+            chain = _Chain.start(step, position, known, shapes)
+            if chain is None:
+                continue
+            chains.append(chain)
+            index = len(chains) - 1
+        chain_of[outputs[0]] = index
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    result: list[Step | None] = list(steps)
+    for chain in chains:
+        if len(chain.nodes) > 1 and chain.worth() and chain.closed(readers, keep):
+            for position in chain.positions[:-1]:
+                result[position] = None
+            result[chain.positions[-1]] = chain.step()
+            sources.update(chain.folded)
+    return [step for step in result if step is not None]
 
 
 def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None],

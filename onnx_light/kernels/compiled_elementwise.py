@@ -1,0 +1,517 @@
+"""Compiled elementwise programs: float32 elementwise work in one pass over memory.
+
+A :class:`Program` is a straight-line list of instructions over registers (rows of
+:data:`BLOCK` float64 values): load an input, apply an operation, store the result. One
+compiled interpreter, :func:`run_program`, runs any program over a range of the output, one
+block of :data:`BLOCK` elements at a time, every instruction a loop over the block that LLVM
+vectorizes; :func:`run_program_parallel` splits the output over numba's threads (``prange``)
+with the caller's thread count. A single op (Erf, Gelu, Sigmoid, ...) is a program of three
+instructions, a fused chain of elementwise nodes (``runtime/fusion.py``) a longer one: both
+compile the same two functions, once per process and cached on disk.
+
+The values are float32 in memory and float64 in the registers: each intermediate of a chain
+keeps float64's precision, the output is rounded once. The transcendental functions are
+written here as polynomials (numba's scalar ``math`` calls do not vectorize without Intel's
+SVML), accurate to well under a float32 unit in the last place (docs/elementwise.md) but not
+to float64's: the programs take float32 data only. NaN and infinities propagate as ONNX says;
+signed zeros are kept.
+
+Inputs broadcast in three ways (:func:`period`): the whole output, one element, or a trailing
+block of the output's shape repeated (a bias along the last axes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compiled import compiled, load_numba, prange
+
+__all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "emit",
+           "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
+
+BLOCK = 256  # elements per register row: a program's registers stay in the L1/L2 cache
+MAX_INPUTS = 4
+
+# Operation codes. An instruction is a row (code, destination, a, b) of register indices;
+# CONST's ``a`` is the constant's index. Register k < MAX_INPUTS holds input k.
+CONST, STORE = 0, 2
+NEG, ABS, EXP, ERF, TANH, SIGMOID, RELU, SQRT, RECIPROCAL, GELU, GELU_TANH, MISH, HARD_SWISH = \
+    range(10, 23)
+ADD, SUB, MUL, DIV, MAX, MIN, LEAKY = range(40, 47)
+UNARY_CODES = frozenset(range(10, 23))
+BINARY_CODES = frozenset(range(40, 47))
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.6931471803691238  # ln 2 in 32 significant bits: n * _LN2_HI is exact
+_LN2_LO = 1.9082149292705877e-10
+_SQRT_HALF = 0.7071067811865476
+_SQRT_2_OVER_PI = 0.7978845608028654
+_ERF_LIMIT = 3.95  # erf(x) rounds to 1 in float32 from here on
+_ERF_SCALE = 2.0 / (_ERF_LIMIT * _ERF_LIMIT)
+# erf(a) / a for a in [0, _ERF_LIMIT] as a polynomial in u = 2 a^2 / _ERF_LIMIT^2 - 1: the
+# least-squares Chebyshev fit of degree 22 at 200 Chebyshev nodes (numpy.polynomial's chebfit
+# of math.erf, converted to powers by cheb2poly); maximum error 3e-13 (tests recompute it).
+ERF_POLYNOMIAL = (
+    0.35800076959385285, -0.17876950537121955, 0.1331765549637536, -0.10863859450488052,
+    0.09049139610263691, -0.07431601512232087, 0.05885740950188848, -0.04432707551725815,
+    0.0314870062970372, -0.02100963787397359, 0.013149757807730606, -0.007721498784171965,
+    0.004260949165282079, -0.0022168145517320876, 0.0010860399284609884, -0.0004972231032114904,
+    0.00021867601793510282, -9.787978918635905e-05, 3.857114999090909e-05, -9.901222238678072e-06,
+    3.7015881698228222e-06, -3.162165296941547e-06, 1.0269731915835707e-06)
+
+
+@compiled(fastmath={"contract"})
+def _exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarray) -> None:
+    """out[:m] = exp(sign * x[:m]): 2^n e^r with |r| <= ln 2 / 2, e^r by its Taylor series
+    to r^11, 2^n built in the exponent bits (``bits``, an int64 scratch row); x is not out."""
+    scale = bits.view(np.float64)
+    for i in range(m):
+        w = sign * x[i]
+        v = w if w < 709.0 else 709.0
+        v = v if v > -708.0 else -708.0
+        n = math.floor(v * _LOG2E + 0.5)
+        bits[i] = (np.int64(n) + 1023) << 52
+        r = v - n * _LN2_HI - n * _LN2_LO
+        p = 2.505210838544172e-08
+        p = p * r + 2.755731922398589e-07
+        p = p * r + 2.7557319223985893e-06
+        p = p * r + 2.48015873015873e-05
+        p = p * r + 0.0001984126984126984
+        p = p * r + 0.001388888888888889
+        p = p * r + 0.008333333333333333
+        p = p * r + 0.041666666666666664
+        p = p * r + 0.16666666666666666
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        p = p if w < 709.78 else math.inf
+        p = p if w > -708.3 else 0.0  # below 2^-1022: float32 has rounded to 0 long before
+        out[i] = p if w == w else w
+    for i in range(m):
+        out[i] *= scale[i]
+
+
+@compiled(fastmath={"contract"})
+def _erf_row(x: np.ndarray, out: np.ndarray, m: int, scale: float) -> None:
+    """out[:m] = erf(scale * x[:m])."""
+    c = ERF_POLYNOMIAL
+    for i in range(m):
+        v = scale * x[i]
+        a = abs(v)
+        a = a if a < _ERF_LIMIT else _ERF_LIMIT
+        u = a * a * _ERF_SCALE - 1.0
+        p = c[22]
+        p = p * u + c[21]
+        p = p * u + c[20]
+        p = p * u + c[19]
+        p = p * u + c[18]
+        p = p * u + c[17]
+        p = p * u + c[16]
+        p = p * u + c[15]
+        p = p * u + c[14]
+        p = p * u + c[13]
+        p = p * u + c[12]
+        p = p * u + c[11]
+        p = p * u + c[10]
+        p = p * u + c[9]
+        p = p * u + c[8]
+        p = p * u + c[7]
+        p = p * u + c[6]
+        p = p * u + c[5]
+        p = p * u + c[4]
+        p = p * u + c[3]
+        p = p * u + c[2]
+        p = p * u + c[1]
+        p = p * u + c[0]
+        r = p * a if a < _ERF_LIMIT else 1.0
+        r = math.copysign(r, v)
+        out[i] = r if v == v else v
+
+
+@compiled(fastmath={"contract"})
+def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarray,
+               bits: np.ndarray) -> None:
+    """out[:m] = f(x[:m]) for the unary operation ``code`` (``work``: a scratch row; an
+    exponential of ``out`` into itself would not vectorize, LLVM cannot rule out overlap)."""
+    if code == NEG:
+        for i in range(m):
+            out[i] = -x[i]
+    elif code == ABS:
+        for i in range(m):
+            out[i] = abs(x[i])
+    elif code == EXP:
+        _exp_row(x, out, m, 1.0, bits)
+    elif code == ERF:
+        _erf_row(x, out, m, 1.0)
+    elif code == TANH:  # sign(x) (1 - e) / (1 + e), e = exp(-2|x|); x (1 - x^2 / 3) where tiny
+        for i in range(m):
+            work[i] = abs(x[i])
+        _exp_row(work, out, m, -2.0, bits)
+        for i in range(m):
+            v = x[i]
+            e = out[i]
+            t = math.copysign((1.0 - e) / (1.0 + e), v)
+            small = v * (1.0 - v * v / 3.0)
+            out[i] = small if abs(v) < 1e-4 else t
+    elif code == SIGMOID:  # 1 / (1 + e) or e / (1 + e), e = exp(-|x|) never overflows
+        for i in range(m):
+            work[i] = abs(x[i])
+        _exp_row(work, out, m, -1.0, bits)
+        for i in range(m):
+            e = out[i]
+            numerator = 1.0 if x[i] >= 0 else e
+            out[i] = numerator / (1.0 + e)
+    elif code == RELU:  # numpy's maximum(x, 0): NaN kept, 0 for -0
+        for i in range(m):
+            v = x[i]
+            out[i] = v if v > 0 or v != v else 0.0
+    elif code == SQRT:
+        for i in range(m):
+            out[i] = math.sqrt(x[i]) if x[i] >= 0 else math.nan
+    elif code == RECIPROCAL:
+        for i in range(m):
+            out[i] = 1.0 / x[i]
+    elif code == GELU:  # x (1 + erf(x / sqrt 2)) / 2
+        _erf_row(x, out, m, _SQRT_HALF)
+        for i in range(m):
+            out[i] = 0.5 * x[i] * (1.0 + out[i])
+    elif code == GELU_TANH:  # x (1 + tanh(u)) / 2 = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+        for i in range(m):
+            v = x[i]
+            work[i] = -2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
+        _exp_row(work, out, m, 1.0, bits)
+        for i in range(m):
+            out[i] = x[i] / (1.0 + out[i])
+    elif code == MISH:  # x tanh(log(1 + e)) = x (e^2 + 2e) / (e^2 + 2e + 2), e = exp(x)
+        _exp_row(x, out, m, 1.0, bits)
+        for i in range(m):
+            v = x[i]
+            e = out[i]
+            q = e * (e + 2.0)
+            out[i] = v * (q / (q + 2.0)) if v < 20.0 else v
+    elif code == HARD_SWISH:  # x max(0, min(1, x / 6 + 1/2)), NaN kept
+        for i in range(m):
+            v = x[i]
+            h = v / 6.0 + 0.5
+            h = h if h < 1.0 else 1.0
+            h = h if h > 0.0 else 0.0
+            out[i] = v * h if v == v else v
+
+
+@compiled(fastmath={"contract"})
+def _binary_row(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray, m: int) -> None:
+    """out[:m] = a[:m] (op) b[:m] for the binary operation ``code`` (numpy's semantics)."""
+    if code == ADD:
+        for i in range(m):
+            out[i] = a[i] + b[i]
+    elif code == SUB:
+        for i in range(m):
+            out[i] = a[i] - b[i]
+    elif code == MUL:
+        for i in range(m):
+            out[i] = a[i] * b[i]
+    elif code == DIV:
+        for i in range(m):
+            out[i] = a[i] / b[i]
+    elif code == MAX:  # np.maximum: NaN propagates from either side, b where equal (zeros)
+        for i in range(m):
+            x, y = a[i], b[i]
+            out[i] = x if x > y or x != x else y
+    elif code == MIN:
+        for i in range(m):
+            x, y = a[i], b[i]
+            out[i] = x if x < y or x != x else y
+    elif code == LEAKY:  # x if x > 0 else slope * x (PRelu, LeakyRelu)
+        for i in range(m):
+            x = a[i]
+            out[i] = x if x > 0 else x * b[i]
+
+
+@compiled
+def _load_row(source: np.ndarray, length: int, start: int, row: np.ndarray, m: int) -> None:
+    """row[:m] = the elements start..start+m of ``source`` repeated with period ``length``."""
+    if length == 1:
+        value = np.float64(source[0])
+        for i in range(m):
+            row[i] = value
+        return
+    offset = start % length
+    if offset + m <= length:
+        for i in range(m):
+            row[i] = source[offset + i]
+        return
+    i = 0
+    while i < m:
+        count = min(m - i, length - offset)
+        for q in range(count):
+            row[i + q] = source[offset + q]
+        i += count
+        offset = 0
+
+
+@compiled(fastmath={"contract"})
+def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.ndarray,
+                x2: np.ndarray, x3: np.ndarray, periods: np.ndarray, registers: int,
+                out: np.ndarray, start: int, stop: int) -> None:
+    """Run the program ``code`` over out[start:stop] (1-D float32 arrays; input ``k``, in
+    register ``k``, repeats with period ``periods[k]``; periods of 0 mark unused inputs), one
+    block at a time."""
+    rows = np.empty((registers, BLOCK))
+    work = np.empty(BLOCK)
+    bits = np.empty(BLOCK, np.int64)
+    count = code.shape[0]
+    for j in range(count):
+        if code[j, 0] == CONST:
+            rows[code[j, 1], :] = constants[code[j, 2]]
+    for first in range(start, stop, BLOCK):
+        m = min(BLOCK, stop - first)
+        # Each input is loaded by its own call: choosing the array by index costs more than
+        # the load itself (docs/elementwise.md).
+        if periods[0]:
+            _load_row(x0, periods[0], first, rows[0], m)
+        if periods[1]:
+            _load_row(x1, periods[1], first, rows[1], m)
+        if periods[2]:
+            _load_row(x2, periods[2], first, rows[2], m)
+        if periods[3]:
+            _load_row(x3, periods[3], first, rows[3], m)
+        for j in range(count):
+            op = code[j, 0]
+            destination = rows[code[j, 1]]
+            if op == STORE:
+                for i in range(m):
+                    out[first + i] = destination[i]
+            elif op >= 40:
+                _binary_row(op, rows[code[j, 2]], rows[code[j, 3]], destination, m)
+            elif op >= 10:
+                _unary_row(op, rows[code[j, 2]], destination, m, work, bits)
+
+
+@compiled(parallel=True)
+def run_program_parallel(code: np.ndarray, constants: np.ndarray, x0: np.ndarray,
+                         x1: np.ndarray, x2: np.ndarray, x3: np.ndarray, periods: np.ndarray,
+                         registers: int, out: np.ndarray, threads: int) -> None:
+    """:func:`run_program` over the whole output, split in ``threads`` ranges of whole blocks
+    run by numba's threads (the caller has set their count to ``threads``)."""
+    blocks = (out.size + BLOCK - 1) // BLOCK
+    for t in prange(threads):
+        start = t * blocks // threads * BLOCK
+        stop = min((t + 1) * blocks // threads * BLOCK, out.size)
+        if start < stop:
+            run_program(code, constants, x0, x1, x2, x3, periods, registers, out, start, stop)
+
+
+def period(shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
+    """How an input of ``shape`` repeats in a C-order output of ``out_shape`` (broadcast):
+    its size when its nonunit dimensions are a trailing part of the output's shape (the whole
+    output, a bias along the last axes, one element), else None."""
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    if not dims:
+        return 1
+    if len(dims) > len(out_shape) or list(out_shape[len(out_shape) - len(dims):]) != dims:
+        return None
+    return math.prod(dims)
+
+
+class _Regions:
+    """Whether this process has run a numba parallel region, and may run one."""
+
+    started = False
+    allowed = True
+
+
+def _after_fork_in_child() -> None:
+    # GNU OpenMP does not survive fork: a child of a process that ran a region would hang in
+    # its first one, so it computes serially (the same values).
+    if _Regions.started:
+        _Regions.allowed = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def numba_threads(threads: int) -> bool:
+    """Give the calling thread's next numba regions ``threads`` threads (numba keeps the
+    count per thread; at most the number it started with); False when this process may not
+    run regions (a fork of one that did), and the caller computes serially."""
+    if not _Regions.allowed:
+        return False
+    numba = load_numba()
+    threads = min(threads, numba.config.NUMBA_NUM_THREADS)
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    _Regions.started = True
+    return True
+
+
+_DUMMY = np.zeros(1, np.float32)
+_FLOAT32 = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """A finished program: its instruction rows, constants and register count."""
+
+    code: np.ndarray
+    constants: np.ndarray
+    registers: int
+    inputs: int
+
+    def run(self, inputs: Sequence[np.ndarray], threads: int = 1,
+            minimum_elements: int = 1) -> np.ndarray | None:
+        """The output for float32 ``inputs`` broadcast together: over ``threads`` numba
+        threads from ``minimum_elements`` output elements on, else serial; None when an
+        input's dtype or broadcast pattern is not one the programs take (the caller computes
+        it another way)."""
+        shapes = [x.shape for x in inputs]
+        out_shape = np.broadcast_shapes(*shapes)
+        arrays, periods = [], []
+        for x in inputs:
+            p = period(x.shape, out_shape)
+            if p is None or x.dtype != _FLOAT32:
+                return None
+            arrays.append(np.ascontiguousarray(x).reshape(-1))
+            periods.append(p)
+        arrays += [_DUMMY] * (MAX_INPUTS - len(arrays))
+        periods += [0] * (MAX_INPUTS - len(periods))
+        out = np.empty(out_shape, np.float32)
+        flat = out.reshape(-1)
+        if flat.size:
+            period_array = np.array(periods, np.int64)
+            if threads > 1 and flat.size >= minimum_elements and numba_threads(threads):
+                run_program_parallel.dispatcher(self.code, self.constants, *arrays, period_array,
+                                                self.registers, flat, threads)
+            else:
+                run_program.dispatcher(self.code, self.constants, *arrays, period_array,
+                                       self.registers, flat, 0, flat.size)
+        return out
+
+    def compile(self, parallel: bool) -> None:
+        """Compile (or load from numba's disk cache) what :meth:`run` calls."""
+        self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
+
+
+class Program:
+    """Builds a program: each method appends instructions and returns the result's register."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[int, int, int, int]] = []
+        self._constants: list[float] = []
+        self._registers = MAX_INPUTS
+        self._inputs = 0
+        self._constant_registers: dict[str, int] = {}
+
+    def _new(self) -> int:
+        self._registers += 1
+        return self._registers - 1
+
+    def load(self, index: int) -> int:
+        """The register holding input ``index`` (loaded once per block)."""
+        if not 0 <= index < MAX_INPUTS:
+            raise ValueError(f"a program takes at most {MAX_INPUTS} inputs, got input {index}")
+        self._inputs = max(self._inputs, index + 1)
+        return index
+
+    def constant(self, value: float) -> int:
+        """A register holding ``value`` everywhere (one per distinct value)."""
+        key = repr(float(value))
+        if key not in self._constant_registers:
+            self._constant_registers[key] = register = self._new()
+            self._rows.append((CONST, register, len(self._constants), 0))
+            self._constants.append(float(value))
+        return self._constant_registers[key]
+
+    def unary(self, code: int, a: int) -> int:
+        """The register of ``code`` applied to register ``a``."""
+        if code not in UNARY_CODES:
+            raise ValueError(f"{code} is not a unary operation code")
+        register = self._new()
+        self._rows.append((code, register, a, 0))
+        return register
+
+    def binary(self, code: int, a: int, b: int) -> int:
+        """The register of ``a (code) b``."""
+        if code not in BINARY_CODES:
+            raise ValueError(f"{code} is not a binary operation code")
+        register = self._new()
+        self._rows.append((code, register, a, b))
+        return register
+
+    def finish(self, result: int) -> CompiledProgram:
+        """The program storing register ``result`` as the output."""
+        rows = [*self._rows, (STORE, result, 0, 0)]
+        return CompiledProgram(np.array(rows, np.int64), np.array(self._constants or [0.0]),
+                               self._registers, self._inputs)
+
+
+_PLAIN_UNARY = {"Neg": NEG, "Abs": ABS, "Exp": EXP, "Erf": ERF, "Tanh": TANH, "Sigmoid": SIGMOID,
+                "Relu": RELU, "Sqrt": SQRT, "Reciprocal": RECIPROCAL, "Mish": MISH,
+                "HardSwish": HARD_SWISH}
+_PLAIN_BINARY = {"Add": ADD, "Sub": SUB, "Mul": MUL, "Div": DIV, "Max": MAX, "Min": MIN,
+                 "PRelu": LEAKY}
+#: The elementwise ops a program can compute (one node each in a fused chain).
+PROGRAM_OPS = frozenset({*_PLAIN_UNARY, *_PLAIN_BINARY, "Gelu", "Swish", "HardSigmoid",
+                         "LeakyRelu", "Pow"})
+#: The ops that make fusing a chain pay: numpy computes them in many passes or slowly (the
+#: series of Erf, Pow's general loop); a chain of only cheap ops runs faster as numpy calls
+#: (docs/elementwise.md, "Compiled kernels").
+FUSION_WORTH = frozenset({"Erf", "Gelu", "Mish", "Pow"})
+# Pow with these constant exponents (the decomposed LayerNorm's square, GELU-tanh's cube).
+_POWERS = (1.0, 2.0, 3.0, 0.5)
+
+
+def emit(program: Program, op_type: str, operands: Sequence[int],
+         attributes: dict[str, float | int | str],
+         constants: Sequence[np.ndarray | None] = ()) -> int | None:
+    """Append one ONNX elementwise node to ``program`` (its operands' registers; the values of
+    those that are constants, where known); the result's register, or None if a program
+    cannot compute the node."""
+    if op_type in _PLAIN_UNARY and len(operands) == 1:
+        return program.unary(_PLAIN_UNARY[op_type], operands[0])
+    if op_type in _PLAIN_BINARY and len(operands) == 2:
+        return program.binary(_PLAIN_BINARY[op_type], operands[0], operands[1])
+    if len(operands) != 1 and op_type != "Pow":
+        return None
+    if op_type == "Gelu":
+        code = GELU_TANH if attributes.get("approximate", "none") == "tanh" else GELU
+        return program.unary(code, operands[0])
+    x = operands[0]
+    if op_type == "Swish":  # x sigmoid(alpha x)
+        scaled = program.binary(MUL, x, program.constant(float(attributes.get("alpha", 1.0))))
+        return program.binary(MUL, x, program.unary(SIGMOID, scaled))
+    if op_type == "LeakyRelu":
+        return program.binary(LEAKY, x, program.constant(float(attributes.get("alpha", 0.01))))
+    if op_type == "HardSigmoid":  # max(0, min(1, alpha x + beta))
+        alpha = program.constant(float(attributes.get("alpha", 0.2)))
+        beta = program.constant(float(attributes.get("beta", 0.5)))
+        value = program.binary(ADD, program.binary(MUL, x, alpha), beta)
+        value = program.binary(MIN, value, program.constant(1.0))
+        return program.binary(MAX, value, program.constant(0.0))
+    if op_type == "Pow" and len(operands) == 2 and len(constants) == 2 \
+            and constants[1] is not None and constants[1].size == 1:
+        exponent = float(constants[1].reshape(-1)[0])
+        if exponent not in _POWERS:
+            return None
+        if exponent == 0.5:
+            return program.unary(SQRT, x)
+        result = x
+        for _ in range(int(exponent) - 1):
+            result = program.binary(MUL, result, x)
+        return result
+    return None
+
+
+def single_op(op_type: str, inputs: int, attributes: dict[str, float | int | str]
+              ) -> CompiledProgram | None:
+    """The program of one node of ``op_type`` with ``inputs`` inputs, or None."""
+    program = Program()
+    result = emit(program, op_type, [program.load(i) for i in range(inputs)], attributes)
+    return None if result is None else program.finish(result)

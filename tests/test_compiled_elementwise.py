@@ -1,0 +1,325 @@
+"""Compiled elementwise programs (kernels/compiled_elementwise.py), the ops that run them and
+the fusion of elementwise chains (runtime/fusion.py step 5), against float64 references and
+onnx's ReferenceEvaluator."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numpy.polynomial import chebyshev
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnx_light.kernels import KERNELS
+from onnx_light.kernels import compiled_elementwise as ce
+from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.elementwise import COMPILED_OPS
+from onnx_light.kernels.fused_elementwise import FusedElementwise
+from onnx_light.parallel import get_pool
+from onnx_light.runtime import RuntimeSession
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(11)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 1e-6, -1e-6, 88.0, -88.0,
+                    100.0, -100.0, 800.0, -800.0, 3.9, -3.9, 5.6, -5.6], np.float32)
+VALUES = np.concatenate([SPECIAL, np.linspace(-12, 12, 4001, dtype=np.float32),
+                         np.float32(10.0) ** np.linspace(-20, 1.5, 300, dtype=np.float32)])
+
+
+def _reference(code: int, x: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return {
+            ce.NEG: lambda v: -v, ce.ABS: np.abs, ce.EXP: np.exp, ce.ERF: _erf, ce.TANH: np.tanh,
+            ce.SIGMOID: lambda v: 1 / (1 + np.exp(-v)), ce.RELU: lambda v: np.maximum(v, 0),
+            ce.SQRT: np.sqrt, ce.RECIPROCAL: lambda v: 1 / v,
+            ce.GELU: lambda v: 0.5 * v * (1 + _erf(v / np.sqrt(2))),
+            ce.GELU_TANH: lambda v: v / (1 + np.exp(-2 * np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))),
+            ce.MISH: lambda v: v * np.tanh(np.logaddexp(v, 0)),
+            ce.HARD_SWISH: lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
+        }[code](x.astype(np.float64))
+
+
+def _unary(code: int) -> ce.CompiledProgram:
+    program = ce.Program()
+    return program.finish(program.unary(code, program.load(0)))
+
+
+def _assert_close(actual: np.ndarray, expected: np.ndarray, ulps: float, atol: float = 0.0) -> None:
+    """Within ``ulps`` float32 units of the float64 ``expected`` (or ``atol``); NaN where it
+    is NaN, infinities and the signs of zeros equal."""
+    with np.errstate(over="ignore"):
+        rounded = expected.astype(np.float32)
+    assert np.array_equal(np.isnan(actual), np.isnan(rounded))
+    same = actual == rounded
+    zeros = same & (rounded == 0)
+    assert np.array_equal(np.signbit(actual[zeros]), np.signbit(rounded[zeros]))
+    finite = np.isfinite(rounded) & ~same
+    error = np.abs(actual[finite].astype(np.float64) - expected[finite])
+    bound = ulps * np.spacing(np.abs(rounded[finite])).astype(np.float64) + atol
+    assert np.all(error <= bound), (actual[finite][error > bound], expected[finite][error > bound])
+
+
+def test_erf_polynomial_is_as_accurate_as_stated() -> None:
+    """erf(a) = a P(u) to 3e-13 on [0, 3.95], as does a fresh fit made the documented way
+    (the high-degree power coefficients themselves are ill-conditioned, so not compared)."""
+    hi = ce._ERF_LIMIT ** 2
+    t = np.cos(np.pi * (np.arange(200) + 0.5) / 200) * hi / 2 + hi / 2
+    values = np.array([math.erf(math.sqrt(v)) / math.sqrt(v) for v in t])
+    fit = chebyshev.cheb2poly(chebyshev.chebfit((t - hi / 2) / (hi / 2), values, 22))
+    a = np.linspace(0, ce._ERF_LIMIT, 20001)
+    u = a * a * ce._ERF_SCALE - 1
+    for coefficients in (ce.ERF_POLYNOMIAL, fit):
+        p = np.polynomial.polynomial.polyval(u, coefficients)
+        assert np.max(np.abs(p * a - _erf(a))) < 3e-13
+
+
+@pytest.mark.parametrize(("code", "ulps", "atol"), [
+    (ce.ERF, 0.5001, 0), (ce.EXP, 0.5001, 0), (ce.TANH, 0.5001, 0), (ce.SIGMOID, 0.5001, 0),
+    (ce.NEG, 0, 0), (ce.ABS, 0, 0), (ce.RELU, 0, 0), (ce.SQRT, 0.5, 0), (ce.RECIPROCAL, 0.5, 0),
+    (ce.GELU, 0.5001, 1e-7), (ce.GELU_TANH, 0.5001, 1e-12), (ce.MISH, 1, 1e-30),
+    (ce.HARD_SWISH, 0.5001, 0)])
+def test_unary_operations_round_the_float64_value(code: int, ulps: float, atol: float) -> None:
+    """Each operation is the float64 function rounded once (GELU: absolute 1e-7 where erf
+    has rounded to -1); NaN, infinities and signed zeros as numpy has them."""
+    _assert_close(_unary(code).run([VALUES]), _reference(code, VALUES), ulps, atol)
+
+
+@pytest.mark.parametrize("code", [ce.ADD, ce.SUB, ce.MUL, ce.DIV, ce.MAX, ce.MIN, ce.LEAKY])
+def test_binary_operations_are_numpys(code: int) -> None:
+    program = ce.Program()
+    out = program.finish(program.binary(code, program.load(0), program.load(1)))
+    a = RNG.permutation(np.resize(SPECIAL, 1000)).astype(np.float32)
+    b = RNG.permutation(np.resize(SPECIAL, 1000)).astype(np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(all="ignore"):
+        expected = {ce.ADD: np.add, ce.SUB: np.subtract, ce.MUL: np.multiply, ce.DIV: np.divide,
+                    ce.MAX: np.maximum, ce.MIN: np.minimum,
+                    ce.LEAKY: lambda x, s: np.where(x > 0, x, x * s)}[code](a64, b64)
+    _assert_close(out.run([a, b]), expected, 0.5)
+
+
+def test_broadcasting_patterns_and_refusals() -> None:
+    """Whole, one-element and trailing-block inputs broadcast like numpy; other patterns,
+    and inputs of another type, are refused (None) for the caller to compute otherwise."""
+    program = ce.Program()
+    x, y, z = program.load(0), program.load(1), program.load(2)
+    add = program.finish(program.binary(ce.ADD, program.binary(ce.MUL, x, y), z))
+    a = RNG.standard_normal((3, 5, 7)).astype(np.float32)
+    for b, c in [(np.float32(2.0), RNG.standard_normal(7).astype(np.float32)),
+                 (RNG.standard_normal((5, 7)).astype(np.float32), np.ones((1, 1, 1), np.float32)),
+                 (a[::-1], RNG.standard_normal((1, 5, 7)).astype(np.float32))]:
+        b = np.asarray(b)
+        expected = a.astype(np.float64) * b + c
+        result = add.run([a, b, c])
+        assert result.shape == expected.shape
+        _assert_close(result, expected, 0.5)
+    assert add.run([a, np.ones((3, 1, 7), np.float32), a]) is None
+    assert add.run([a, a.astype(np.float64), a]) is None
+
+
+def test_parallel_regions_give_the_serial_bits() -> None:
+    program = _unary(ce.GELU)
+    x = RNG.standard_normal(100_003).astype(np.float32) * 4
+    serial = program.run([x], 1)
+    assert serial.tobytes() == program.run([x], 2, minimum_elements=1).tobytes()
+    numba = pytest.importorskip("numba")
+    assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+
+
+def test_calibration_searches_the_compiled_path() -> None:
+    """The crossover search of a compiled op times its program, serial against parallel, and
+    still finds their outputs bit-identical."""
+    from onnx_light.kernels import DECLARATIONS
+    from onnx_light.kernels.calibration import ElementwiseCrossover
+
+    problem = ElementwiseCrossover(DECLARATIONS["Gelu"], F, 2)
+    assert problem._serial.program is not None and problem._parallel.program is not None
+    inputs = problem.make_inputs(50_000, "equal")
+    assert problem.same_output(problem.serial(inputs), problem.candidate(inputs))
+
+
+def _serial_in_a_fork(queue) -> None:
+    program = _unary(ce.ERF)
+    x = np.linspace(-3, 3, 100_000, dtype=np.float32)
+    queue.put((ce._Regions.allowed, program.run([x], 2, minimum_elements=1).tobytes()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_fork_after_parallel_regions_computes_serially() -> None:
+    """GNU OpenMP does not survive fork: the child of a process that ran regions computes its
+    programs serially (same bits) instead of hanging in its first region."""
+    import multiprocessing
+
+    program = _unary(ce.ERF)
+    x = np.linspace(-3, 3, 100_000, dtype=np.float32)
+    expected = program.run([x], 2, minimum_elements=1).tobytes()
+    assert ce._Regions.started
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_serial_in_a_fork, args=(queue,))
+    child.start()
+    allowed, result = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert allowed is False and result == expected and child.exitcode == 0
+
+
+def _kernel(op_type: str, element_type: int, **attributes: object):
+    version = max(KERNELS[op_type])
+    ctx = NodeContext("n", op_type, "", version, attributes, (element_type,), (element_type,), 1)
+    return KERNELS[op_type][version](ctx).bind(get_pool(2))
+
+
+@pytest.mark.parametrize("op_type", sorted(COMPILED_OPS))
+def test_compiled_ops_take_the_program_for_float32_only(op_type: str) -> None:
+    """float32 runs the program (the output is the program's, never a view of the input, for
+    any memory layout); the other float types keep the numpy path and agree with it."""
+    kernel = _kernel(op_type, F)
+    assert kernel.program is not None
+    x = (RNG.standard_normal((6, 40)) * 3).astype(np.float32)
+    for layout in (x, x.T, x[:, ::3]):
+        out = kernel.run(layout)[0]
+        assert not np.shares_memory(out, x) and out.flags.c_contiguous
+        assert out.tobytes() == kernel.program.run([np.ascontiguousarray(layout)]).tobytes()
+    for element_type, dtype in ((TensorProto.DOUBLE, np.float64), (TensorProto.FLOAT16, np.float16),
+                                (TensorProto.BFLOAT16, ml_dtypes.bfloat16)):
+        other = _kernel(op_type, element_type)
+        assert other.program is None
+        result = other.run(x.astype(dtype))[0]
+        assert result.dtype == dtype
+        np.testing.assert_allclose(result.astype(np.float64), kernel.run(x)[0], rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------ fusion
+
+def _const(name: str, value) -> TensorProto:
+    return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+
+def _model(nodes, initializers, shape=(2, 8, 64), outputs=("y",)):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, list(shape))],
+                              [helper.make_tensor_value_info(o, F, None) for o in outputs], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+GELU_NODES = [helper.make_node("Add", ["x", "bias"], ["b"]), helper.make_node("Div", ["b", "r"], ["d"]),
+              helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["a"]),
+              helper.make_node("Mul", ["b", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+GELU_CONSTANTS = [_const("bias", RNG.standard_normal(64)), _const("r", 2 ** 0.5), _const("one", 1.0),
+                  _const("half", 0.5)]
+GELU_TANH_NODES = [
+    helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["p", "c"], ["pc"]),
+    helper.make_node("Add", ["x", "pc"], ["s"]), helper.make_node("Mul", ["s", "k"], ["u"]),
+    helper.make_node("Tanh", ["u"], ["t"]), helper.make_node("Add", ["t", "one"], ["a"]),
+    helper.make_node("Mul", ["x", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+GELU_TANH_CONSTANTS = [_const("three", 3.0), _const("c", 0.044715), _const("k", (2 / np.pi) ** 0.5),
+                       _const("one", 1.0), _const("half", 0.5)]
+
+
+def _fused_types(session: RuntimeSession) -> list[str]:
+    return [step.op_type for step in session._plan]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("nodes", "constants"), [(GELU_NODES, GELU_CONSTANTS),
+                                                  (GELU_TANH_NODES, GELU_TANH_CONSTANTS)],
+                         ids=["gelu-erf-bias", "gelu-tanh"])
+def test_gelu_chains_become_one_step_equal_to_the_graph(nodes, constants, threads: int) -> None:
+    model = _model(nodes, constants)
+    session = RuntimeSession(model, num_threads=threads)
+    assert _fused_types(session) == ["FusedElementwise"]
+    assert session.fused_nodes == len(nodes) - 1
+    x = (RNG.standard_normal((2, 8, 64)) * 4).astype(np.float32)
+    y = session.run(None, {"x": x})[0]
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    unfused = RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-7)
+    np.testing.assert_allclose(y, unfused, rtol=2e-6, atol=2e-7)
+    assert not np.shares_memory(y, x)
+
+
+def test_chains_of_cheap_ops_and_open_chains_stay_unfused() -> None:
+    """Sigmoid * x is faster as numpy calls; a chain whose intermediate is a graph output
+    (or read by a node outside it) keeps its nodes; both compute the graph's values."""
+    silu = _model([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])], [])
+    assert "FusedElementwise" not in _fused_types(RuntimeSession(silu))
+    open_chain = _model(GELU_NODES, GELU_CONSTANTS, outputs=("y", "e"))
+    session = RuntimeSession(open_chain)
+    assert "Erf" in _fused_types(session)
+    x = RNG.standard_normal((2, 8, 64)).astype(np.float32)
+    for actual, expected in zip(session.run(None, {"x": x}),
+                                ReferenceEvaluator(open_chain).run(None, {"x": x}), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=2e-6, atol=2e-7)
+
+
+def test_a_chain_falls_back_to_its_nodes_for_broadcasts_it_does_not_take() -> None:
+    """x (2, 1, 64) times w (8, 1): the program refuses the pattern, the fused step runs the
+    original kernels instead, with the graph's result."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["b"]), helper.make_node("Erf", ["b"], ["e"]),
+             helper.make_node("Mul", ["e", "b"], ["y"])]
+    model = _model(nodes, [_const("w", RNG.standard_normal((8, 1)))], shape=(2, 1, 64))
+    session = RuntimeSession(model)
+    assert _fused_types(session) == ["FusedElementwise"]
+    fused = session._plan[0].run.__self__
+    assert isinstance(fused, FusedElementwise) and fused.node_types == ("Mul", "Erf", "Mul")
+    x = RNG.standard_normal((2, 1, 64)).astype(np.float32)
+    y = session.run(None, {"x": x})[0]
+    assert y.shape == (2, 8, 64)
+    np.testing.assert_allclose(y, ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------ LayerNormalization
+
+def _layer_norm(element_type: int, threads: int, **attributes: object):
+    ctx = NodeContext("ln", "LayerNormalization", "", 17, attributes, (element_type,) * 3,
+                      (element_type,) * 3, 3, 3)
+    return KERNELS["LayerNormalization"][17](ctx).bind(get_pool(threads))
+
+
+def _layer_norm_reference(x, scale, bias, axis, epsilon=1e-5):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    data = x.astype(np.float64)
+    mean = data.mean(axis=axes, keepdims=True)
+    inverse = 1 / np.sqrt(((data - mean) ** 2).mean(axis=axes, keepdims=True) + epsilon)
+    y = (data - mean) * inverse * scale + (0 if bias is None else bias)
+    return [y, mean, inverse]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("shape", "axis", "scale_shape", "with_bias"), [
+    ((2, 32, 256), -1, (256,), True), ((2, 32, 256), -1, (256,), False),
+    ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True)])
+def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_bias, threads) -> None:
+    """float32 LayerNormalization (the compiled rows, serial or over two threads, for any
+    layout of X) is the float64 computation rounded: Y to a few units, Mean and InvStdDev to
+    one; its outputs are new arrays."""
+    kernel = _layer_norm(F, threads, axis=axis)
+    x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
+    scale = RNG.standard_normal(scale_shape).astype(np.float32)
+    bias = RNG.standard_normal(scale_shape).astype(np.float32) if with_bias else None
+    expected = _layer_norm_reference(x, scale, bias, axis)
+    for layout in (x, np.asfortranarray(x)):
+        outputs = kernel.run(layout, scale, *([bias] if with_bias else []))
+        for actual, wanted in zip(outputs, expected, strict=True):
+            assert actual.dtype == np.float32 and actual.shape == wanted.shape
+            assert not np.shares_memory(actual, x)
+            np.testing.assert_allclose(actual, wanted, rtol=2e-6, atol=2e-6)
+    if threads == 2 and x.size >= 1 << 15:
+        serial = _layer_norm(F, 1, axis=axis).run(x, scale, *([bias] if with_bias else []))
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(outputs, serial, strict=True))
+
+
+def test_layer_norm_other_types_keep_the_numpy_path() -> None:
+    x = RNG.standard_normal((4, 16))
+    scale, bias = RNG.standard_normal(16), RNG.standard_normal(16)
+    for dtype, tolerance in ((np.float64, 1e-6), (np.float16, 1e-2)):  # stash_type: float32
+        kernel = _layer_norm({np.float64: TensorProto.DOUBLE, np.float16: TensorProto.FLOAT16}[dtype], 1)
+        y = kernel.run(x.astype(dtype), scale.astype(dtype), bias.astype(dtype))[0]
+        assert y.dtype == dtype
+        expected = _layer_norm_reference(x.astype(dtype), scale.astype(dtype), bias.astype(dtype), -1)[0]
+        np.testing.assert_allclose(y.astype(np.float64), expected, rtol=tolerance, atol=tolerance * 10)
