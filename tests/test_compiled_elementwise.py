@@ -138,7 +138,7 @@ def test_calibration_searches_the_compiled_path() -> None:
     from onnx_light.kernels import DECLARATIONS
     from onnx_light.kernels.calibration import ElementwiseCrossover
 
-    problem = ElementwiseCrossover(DECLARATIONS["Gelu"], F, 2)
+    problem = ElementwiseCrossover(DECLARATIONS["", "Gelu"], F, 2)
     assert problem._serial.program is not None and problem._parallel.program is not None
     inputs = problem.make_inputs(50_000, "equal")
     assert problem.same_output(problem.serial(inputs), problem.candidate(inputs))
