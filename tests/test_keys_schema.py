@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import pickle
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -597,3 +601,16 @@ def test_floats_accepted_exactly_when_finite(number: float) -> None:
     else:
         with pytest.raises(ValueError, match="finite"):
             coerce_value("float", number)
+
+
+def test_a_key_survives_pickling_into_another_process_as_a_dictionary_key() -> None:
+    """A key's hash is cached; a pickled key must hash as the same key made in the receiving
+    process, where strings hash differently (Ray's workers send keys between processes)."""
+    key = KernelTuningKey("onnx_light", "Gemm", "portable", "float")
+    probe = ("import pickle, sys\nfrom onnx_light.tuning.keys import KernelTuningKey as K\n"
+             "key = pickle.loads(sys.stdin.buffer.read())\n"
+             "print({K('onnx_light', 'Gemm', 'portable', 'float'): 'found'}.get(key, 'lost'))")
+    done = subprocess.run([sys.executable, "-c", probe], input=pickle.dumps(key),
+                          capture_output=True, check=True, timeout=120,
+                          env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert done.stdout.decode().strip() == "found"

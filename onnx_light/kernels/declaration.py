@@ -118,6 +118,7 @@ class KernelDeclaration:
                 return f"attribute {rule.attribute!r} is required before opset {rule.before}"
         return None
 
+    @functools.cache  # noqa: B019 (declarations live as long as the process)
     def key(self, element_type: int) -> KernelTuningKey:
         """The exact tuning key of this kernel for ``element_type``."""
         kernel = self.kernel

@@ -168,6 +168,17 @@ class KernelTuningKey:
         if isinstance(abi, bool) or not isinstance(abi, (int, np.integer)) or abi < 1:
             raise ValueError(f"KernelTuningKey.tuning_abi must be an int >= 1, got {abi!r}")
         object.__setattr__(self, "tuning_abi", int(abi))
+        object.__setattr__(self, "_hash", hash((self.library, self.kernel, self.implementation,
+                                                self.element_type, self.device, self.tuning_abi)))
+
+    def __hash__(self) -> int:
+        # Computed once: registration and resolution look keys up thousands of times.
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[KernelTuningKey], tuple[Any, ...]]:
+        # Rebuilt from its fields: a string's hash differs between processes (Ray's workers).
+        return (type(self), (self.library, self.kernel, self.implementation, self.element_type,
+                             self.device, self.tuning_abi))
 
     @property
     def element_type_name(self) -> str:
