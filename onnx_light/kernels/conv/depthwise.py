@@ -24,8 +24,10 @@ so small convolutions stay on the calling thread (``parallel.minimum_flops``, do
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
@@ -60,6 +62,8 @@ def compile_depthwise(dtype: np.dtype, kernel_width: int) -> None:
 class _CompiledDepthwise(_Algorithm):
     """The compiled depthwise convolution of whole channels (a block's output rows are all
     of them: the plan never splits rows, see ``_plan``)."""
+
+    uses_blas: ClassVar[bool] = False
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
@@ -159,11 +163,13 @@ def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndar
             into += np.uintp(out_w)
 
 
+@functools.lru_cache(maxsize=256)
 def plane_layout(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
                  strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int]
                  ) -> tuple[tuple[int, int], np.ndarray, tuple[np.uintp, ...]]:
     """The plane of :func:`depthwise_channels` for one geometry: the rows and columns of a
-    phase, and the offsets of the kernel's rows (an array) and columns (a tuple)."""
+    phase, and the offsets of the kernel's rows (a read-only array) and columns (a tuple).
+    Cached: a model's convolutions have few geometries, and each run needs its own."""
     phases = []
     for axis in range(2):
         reach = (kernel[axis] - 1) * dilations[axis] // strides[axis]
@@ -178,5 +184,6 @@ def plane_layout(size: tuple[int, int], output: tuple[int, int], kernel: tuple[i
         return (distance % strides[axis]) * phases[axis] + distance // strides[axis]
 
     rows = np.array([offset(k, 0) * plane_width for k in range(kernel[0])], np.uintp)
+    rows.flags.writeable = False
     columns = tuple(np.uintp(offset(k, 1)) for k in range(kernel[1]))
     return (phases[0], phases[1]), rows, columns

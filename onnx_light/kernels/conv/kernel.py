@@ -54,6 +54,11 @@ from .config import (
 from .depthwise import compile_depthwise, depthwise_applies
 from .problem import _plan, _Problem, _winograd_applies
 
+# The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
+# emptied when it holds _MAX_PROBLEMS of them.
+_PROBLEMS: dict[tuple, _Problem] = {}
+_MAX_PROBLEMS = 4096
+
 
 @dataclass(frozen=True)
 class _DistinctFilters:
@@ -153,7 +158,22 @@ class ConvKernel(Kernel):
 
     def problem(self, x_shape: Sequence[int], w_shape: Sequence[int], transformed: bool = False) -> _Problem:
         """Check the shapes and decide the algorithm and the parallel plan of one call;
-        ``transformed``: the kernel holds the Winograd transform of the call's weights."""
+        ``transformed``: the kernel holds the Winograd transform of the call's weights.
+
+        A pure function of the node's attributes, the configuration, the thread count and
+        the shapes, remembered for the shapes already met (:data:`_PROBLEMS`): a model meets
+        few, and deciding costs more than a small convolution's arithmetic."""
+        key = (self.attributes, self.group, self.config, self.num_threads, tuple(x_shape),
+               tuple(w_shape), transformed)
+        problem = _PROBLEMS.get(key)
+        if problem is None:
+            problem = self._decide(x_shape, w_shape, transformed)
+            if len(_PROBLEMS) >= _MAX_PROBLEMS:
+                _PROBLEMS.clear()
+            _PROBLEMS[key] = problem
+        return problem
+
+    def _decide(self, x_shape: Sequence[int], w_shape: Sequence[int], transformed: bool) -> _Problem:
         ctx = self.ctx
         if len(x_shape) < 3:
             raise ctx.error(f"X must have shape (N, C, D1, ...), got {list(x_shape)}")
