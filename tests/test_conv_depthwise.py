@@ -195,3 +195,31 @@ def test_constant_weights_compile_at_construction(pools):
     assert any(s[0].dtype.name == "float64" and len(s[-3]) == 7 for s in signatures)
     kernel.run(np.ones((1, 3, 4, 5)), w, np.zeros(3))
     assert set(depthwise_channels.dispatcher.signatures) == signatures
+
+
+def test_calibration_turns_the_compiled_kernel_off_where_it_is_slower(monkeypatch):
+    """With a clock on which the compiled kernel is slow, the calibration validates the
+    candidates and keeps one that computes the depthwise case without it."""
+    from onnx_light.kernels.conv import depthwise
+    from onnx_light.tuning.calibration import Budget
+    from onnx_light.tuning.processor import execution_descriptor
+
+    clock = [0.0]
+    block = depthwise._CompiledDepthwise.block
+
+    def slow_block(self, *arguments):
+        clock[0] += 1.0
+        block(self, *arguments)
+
+    def timer():
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(depthwise._CompiledDepthwise, "block", slow_block)
+    corpus = (conv.CorpusCase("tiny_depthwise", "test", 6, (9, 9), 6, (3, 3), pads=(1, 1, 1, 1),
+                              group=6),)
+    result = conv.calibrate_conv(conv.DECLARATIONS[0], conv.conv_schema(T.FLOAT).key,
+                                 execution_descriptor(1), Budget(60.0, 1 << 30, 1), timer=timer,
+                                 corpus=corpus)
+    assert not result.portable_kept
+    assert result.values[conv.AUTO_DEPTHWISE] == "im2col_wide" or result.values[conv.ALGORITHM] == "im2col"
