@@ -186,14 +186,18 @@ def test_an_epilogue_and_a_residual_reach_every_block(pools):
 
 def test_constant_weights_compile_at_construction(pools):
     """``specialize`` (session construction) compiles the kernel for the weights' type and
-    width: the first run then needs no compilation."""
+    width: the first run then needs no compilation, whether its arrays are writable (a
+    caller's) or read-only (a session's feeds and constants)."""
     attributes = {"group": 3, "pads": [0, 3, 0, 3]}
     w = np.ones((3, 1, 1, 7), np.float64)
     kernel = _kernel(attributes, pools[1], T.DOUBLE)
     kernel.specialize([None, w, None])
     signatures = set(depthwise_channels.dispatcher.signatures)
     assert any(s[0].dtype.name == "float64" and len(s[-3]) == 7 for s in signatures)
-    kernel.run(np.ones((1, 3, 4, 5)), w, np.zeros(3))
+    x = np.ones((1, 3, 4, 5))
+    kernel.run(x, w, np.zeros(3))
+    x.flags.writeable = w.flags.writeable = False
+    kernel.run(x, w, np.zeros(3))
     assert set(depthwise_channels.dispatcher.signatures) == signatures
 
 

@@ -35,7 +35,8 @@ from ..compiled import compiled
 from .blocks import _Algorithm
 from .problem import _Problem
 
-__all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels", "plane_layout"]
+__all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels", "plane_layout",
+           "read_only"]
 
 #: Output bytes per call of the compiled kernel when an epilogue follows: each call's block
 #: is still in the second-level cache when the epilogue runs over it.
@@ -47,16 +48,25 @@ def depthwise_applies(window_rank: int, group_channels: int, groups: int) -> boo
     return window_rank <= 2 and group_channels == 1 and groups > 1
 
 
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of ``array``: the compiled kernel always gets its inputs so (a
+    session's feeds and constants are read-only, a caller's arrays may not be), which keeps it
+    to one compiled version per element type and kernel width."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def compile_depthwise(dtype: np.dtype, kernel_width: int) -> None:
     """Compile :func:`depthwise_channels` for ``dtype`` and ``kernel_width`` (or load it from
     numba's cache): a session does it at construction, not in its first run."""
-    x = np.zeros((1, 1, kernel_width), dtype)
-    w = np.zeros((1, 1, kernel_width), dtype)
+    x = read_only(np.zeros((1, 1, kernel_width), dtype))
+    w = read_only(np.zeros((1, 1, kernel_width), dtype))
     out = np.empty((1, 1, 1), dtype)
     phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
                                          (1, 1), (0, 0))
-    depthwise_channels.dispatcher(x, w, np.zeros(1, dtype), out, 0, 1, 1, (1, 1), (0, 0), phases,
-                                  rows, columns, -np.inf, np.inf)
+    depthwise_channels.dispatcher(x, w, read_only(np.zeros(1, dtype)), out, 0, 1, 1, (1, 1), (0, 0),
+                                  phases, rows, columns, -np.inf, np.inf)
 
 
 class _CompiledDepthwise(_Algorithm):
@@ -71,9 +81,10 @@ class _CompiledDepthwise(_Algorithm):
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = problem.window
         planar = len(window.input) == 1  # 1-D: one row
-        self.x = x.reshape(-1, 1 if planar else window.input[0], window.input[-1])
-        self.w = w.reshape(problem.filters, 1 if planar else window.kernel[0], window.kernel[-1])
-        self.b = np.zeros(problem.filters, x.dtype) if b is None else b
+        self.x = read_only(x.reshape(-1, 1 if planar else window.input[0], window.input[-1]))
+        self.w = read_only(w.reshape(problem.filters, 1 if planar else window.kernel[0],
+                                     window.kernel[-1]))
+        self.b = read_only(np.zeros(problem.filters, x.dtype) if b is None else b)
         self.out = out.reshape(-1, 1 if planar else window.output[0], window.output[-1])
 
         def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
@@ -83,8 +94,8 @@ class _CompiledDepthwise(_Algorithm):
         self.phases, self.rows, self.columns = plane_layout(
             self.x.shape[1:], self.out.shape[1:], self.w.shape[1:], self.strides,
             two(window.dilations, 1), self.pads)
-        row_bytes = math.prod(self.out.shape[1:]) * out.itemsize
-        self.step = max(1, EPILOGUE_BLOCK_BYTES // row_bytes) if epilogue is not None else 1 << 62
+        channel_bytes = math.prod(self.out.shape[1:]) * out.itemsize
+        self.step = max(1, EPILOGUE_BLOCK_BYTES // channel_bytes) if epilogue is not None else 1 << 62
         self.kernel = depthwise_channels.dispatcher
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
