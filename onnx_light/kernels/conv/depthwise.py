@@ -5,11 +5,12 @@ Each channel is copied into a zero-bordered *plane* (the padding, and with strid
 channel split into phases), and each kernel row is then one contiguous multiply-add pass of
 its taps times shifted plane elements into the output rows, which LLVM vectorises:
 
-* The plane holds every element an output reads. Along an axis with stride s it is stored as
-  its s phases one after the other (plane index q at ``(q % s) * phase + q // s``): the
-  elements one tap reads for consecutive outputs, s apart in the input, are then consecutive
-  in the plane, so every stride is a stride-1 pass.
-* The pass runs over the output rows at the plane's width, as one run (the columns past the
+* The plane holds every element an output reads, split by strides into phases: plane element
+  (p, q) lies in phase (q % s_w, p % s_h), at row p // s_h and column q // s_w of it, the
+  phases one after the other (column phase outermost). The elements one tap reads for
+  consecutive outputs, a stride apart in the input, are then consecutive in one phase, so
+  every stride is a stride-1 pass.
+* The pass runs over the output rows at a phase's width, as one run (the columns past the
   output width computed and dropped when the result is copied out): one loop per kernel row,
   long however narrow the image, instead of one per output row and tap.
 * The sum over a kernel row's taps is unrolled (numba compiles one version per kernel width);
@@ -130,9 +131,9 @@ def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndar
     channels, kernel_h = w.shape[0], w.shape[1]
     stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
     phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
-    plane_width = stride_w * phase_width
-    plane = np.zeros(stride_h * phase_rows * plane_width, x.dtype)
-    run = np.uintp(out_h) * plane_width  # the output rows at the plane's width
+    phase_size = phase_rows * phase_width
+    plane = np.zeros(stride_w * stride_h * phase_size, x.dtype)
+    run = np.uintp(out_h) * phase_width  # the output rows at a phase's width
     result = np.empty(run, out.dtype)
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     low_value, high_value = out.dtype.type(low), out.dtype.type(high)
@@ -142,7 +143,7 @@ def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndar
         start = np.uintp(pair // multiplier) * np.uintp(height * width)
         for ih in range(np.uintp(height)):  # plane element (p, q) at its phases' place
             p = ih + np.uintp(pads[0])
-            into = ((p % stride_h) * phase_rows + p // stride_h) * plane_width
+            into = (p % stride_h) * phase_size + (p // stride_h) * phase_width
             if stride_w == 1:
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
@@ -151,7 +152,7 @@ def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndar
                 for r in range(strides[1]):
                     lowest = max(0, -(-(pads[1] - r) // strides[1]))
                     highest = (pads[1] + width - 1 - r) // strides[1]
-                    phase = into + np.uintp(r) * phase_width
+                    phase = into + np.uintp(r) * stride_h * phase_size
                     read = start + np.uintp(lowest * strides[1] + r - pads[1])
                     for m in range(np.uintp(max(0, highest + 1 - lowest))):
                         plane[phase + np.uintp(lowest) + m] = source[read + m * stride_w]
@@ -168,7 +169,7 @@ def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndar
                 result[j] = total
         into = np.uintp(pair) * np.uintp(out_h * out_w)
         for oh in range(np.uintp(out_h)):  # the clamp, and the copy out of the wide rows
-            line = oh * plane_width
+            line = oh * phase_width
             for ow in range(np.uintp(out_w)):
                 target[into + ow] = min(max(result[line + ow], low_value), high_value)
             into += np.uintp(out_w)
@@ -188,13 +189,16 @@ def plane_layout(size: tuple[int, int], output: tuple[int, int], kernel: tuple[i
         # into the next row), and every input element
         phases.append(max(output[axis] + reach + (axis == 0),
                           -(-(pads[axis] + size[axis]) // strides[axis])))
-    plane_width = strides[1] * phases[1]
+    phase_size = phases[0] * phases[1]
 
-    def offset(k: int, axis: int) -> int:
+    def offset(k: int, axis: int) -> tuple[int, int]:
         distance = k * dilations[axis]
-        return (distance % strides[axis]) * phases[axis] + distance // strides[axis]
+        return distance % strides[axis], distance // strides[axis]  # phase, index in it
 
-    rows = np.array([offset(k, 0) * plane_width for k in range(kernel[0])], np.uintp)
+    rows = np.array([phase * phase_size + index * phases[1]
+                     for phase, index in map(functools.partial(offset, axis=0), range(kernel[0]))],
+                    np.uintp)
     rows.flags.writeable = False
-    columns = tuple(np.uintp(offset(k, 1)) for k in range(kernel[1]))
+    columns = tuple(np.uintp(phase * strides[0] * phase_size + index)
+                    for phase, index in map(functools.partial(offset, axis=1), range(kernel[1])))
     return (phases[0], phases[1]), rows, columns
