@@ -180,11 +180,18 @@ def test_auto_choices():
     assert choice((1, 8, 5, 5), (100, 8, 1, 1), {}) == "direct_1x1"  # per_filter: only if forced
     assert choice((1, 8, 5, 5), (100, 4, 1, 1), {"group": 2}) == "direct_1x1"
     assert choice((1, 8, 7, 7), (4, 8, 1, 1), {"strides": [2, 2]}) == "im2col"
-    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col_wide"
-    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1],
-                                               "strides": [2, 2]}) == "im2col"
-    assert choice((1, 8, 28, 28), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}) == "im2col_wide"
+    depthwise = {"group": 8, "pads": [1, 1, 1, 1]}
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), depthwise) == "depthwise"
+    assert choice((1, 8, 7, 7), (16, 1, 3, 3), {**depthwise, "strides": [2, 2]}) == "depthwise"
+    assert choice((1, 8, 20), (8, 1, 5), {"group": 8}) == "depthwise"  # 1-D
+    assert choice((1, 8, 4, 5, 6), (8, 1, 3, 3, 3), {"group": 8}) == "im2col_wide"  # 3-D
+    batched = {conv.AUTO_DEPTHWISE: "im2col_wide"}
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), depthwise, batched) == "im2col_wide"
+    assert choice((1, 8, 7, 7), (8, 1, 3, 3), {**depthwise, "strides": [2, 2]}, batched) == "im2col"
+    assert choice((1, 8, 28, 28), (8, 1, 3, 3), depthwise, batched) == "im2col_wide"
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, {conv.ALGORITHM: "depthwise"}) == "depthwise"
+    assert choice((1, 8, 4, 5, 6), (8, 1, 3, 3, 3), {"group": 8},
+                  {conv.ALGORITHM: "depthwise"}) == "im2col"  # 3-D: does not apply
     assert choice((1, 8, 56, 56), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "shifted"  # 4 <= 8 / 2
     assert choice((1, 8, 56, 56), (5, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col_wide"  # 5 > 8 / 2
     assert choice((1, 8, 27, 27), (4, 8, 3, 3), {"pads": [1, 1, 1, 1]}) == "im2col_wide"  # 729 < 784
@@ -213,10 +220,11 @@ def test_parallel_plans(pools):
     assert plan((2, 8, 1, 1), (4, 8, 1, 1), {}, "output_rows") == "filters"  # one row
     assert plan((2, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "batch_and_groups"  # one filter
     assert plan((1, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "blas"
-    assert plan((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, "filters") == "filters"  # im2col
-    forced = {conv.ALGORITHM: "depthwise", conv.SPLIT: "filters", conv.MINIMUM_FLOPS: 1}
-    depthwise = _kernel({"group": 8}, values=forced, pool=pools[2]).problem((1, 8, 7, 7), (8, 1, 3, 3))
-    assert depthwise.plan == "batch_and_groups"  # a depthwise filter is one channel: the same split
+    assert plan((1, 8, 4, 7, 7), (8, 1, 3, 3, 3), {"group": 8}, "filters") == "filters"  # 3-D: im2col
+    for split in ("filters", "output_rows", "auto"):  # depthwise computes whole channels
+        forced = {conv.ALGORITHM: "depthwise", conv.SPLIT: split, conv.MINIMUM_FLOPS: 1}
+        depthwise = _kernel({"group": 8}, values=forced, pool=pools[2]).problem((1, 8, 7, 7), (8, 1, 3, 3))
+        assert depthwise.plan == "batch_and_groups"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "filters") == "filters"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "blas") == "blas"
 
@@ -441,12 +449,13 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=2)
+    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=3)
                                   for t in conv.CONV_TYPES)
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
                                      conv.SPLIT: "auto", conv.MINIMUM_FLOPS: 1 << 22,
-                                     conv.WINOGRAD_CHANNELS: 256, conv.WINOGRAD_OUTPUTS: 784}
+                                     conv.WINOGRAD_CHANNELS: 256, conv.WINOGRAD_OUTPUTS: 784,
+                                     conv.AUTO_DEPTHWISE: "depthwise"}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

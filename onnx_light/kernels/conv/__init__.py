@@ -4,6 +4,7 @@ The package's modules, one job each: :mod:`~onnx_light.kernels.conv.config` (par
 schema, typed configuration), :mod:`~onnx_light.kernels.conv.problem` (one call's shapes and
 parallel plan), :mod:`~onnx_light.kernels.conv.blocks` (what the algorithms share, how a plan
 runs them), :mod:`~onnx_light.kernels.conv.algorithms` (one class per algorithm),
+:mod:`~onnx_light.kernels.conv.depthwise` (the compiled depthwise convolution),
 :mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) arithmetic),
 :mod:`~onnx_light.kernels.conv.kernel` (:class:`ConvKernel`),
 :mod:`~onnx_light.kernels.conv.numerics` (:func:`error_bound`) and
@@ -29,6 +30,7 @@ from .calibration import (
 from .config import (
     ALGORITHM,
     ALGORITHMS,
+    AUTO_DEPTHWISE,
     BLOCK_BYTES,
     CONV_TYPES,
     MINIMUM_FLOPS,
@@ -48,6 +50,7 @@ from .numerics import error_bound
 __all__ = [
     "ALGORITHM",
     "ALGORITHMS",
+    "AUTO_DEPTHWISE",
     "BLOCK_BYTES",
     "CONV_TYPES",
     "CORPUS",

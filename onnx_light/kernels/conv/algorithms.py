@@ -16,6 +16,7 @@ from ...parallel import ThreadPool
 from ..window import pad_spatial
 from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block
+from .depthwise import _CompiledDepthwise
 from .problem import _Problem
 
 
@@ -267,95 +268,6 @@ class _PerFilter(_Pointwise):
             self.epilogue(target)
 
 
-class _Depthwise(_Algorithm):
-    """One input channel per group: the kernel's positions as scaled shifted views of the
-    padded input, accumulated over every channel of a block at once.
-
-    The views run over whole padded rows (like ``im2col_wide``, one row more of padding), so
-    that with a stride of 1 along the first axis a block's rows form one long contiguous run
-    per channel; other strides are applied when the block is written out.
-    """
-
-    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
-                 out: np.ndarray, block_bytes: int,
-                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
-        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
-        window = self.window
-        self.xp = pad_spatial(x, window, tail=(1,))
-        xp = self.xp
-        self.item = xp.itemsize
-        element_strides = [s // self.item for s in xp.strides]
-        self.padded_inner = xp.shape[3:]
-        self.row_size = math.prod(self.padded_inner)
-        positions = list(itertools.product(*(range(k) for k in window.kernel)))
-        self.offsets = [sum(k * d * s for k, d, s in zip(position, window.dilations, element_strides[2:],
-                                                           strict=True)) for position in positions]
-        flat = self.weights.reshape(problem.groups, self.mg, len(positions))
-        self.scales = [np.ascontiguousarray(flat[:, :, p]).reshape(problem.groups, self.mg, 1)
-                       for p in range(len(positions))]
-        self.keep = tuple(slice(0, (o - 1) * s + 1, s) for o, s in
-                          zip(window.output[1:], window.strides[1:], strict=True))
-        self.channel_stride, self.image_stride = element_strides[1], element_strides[0]
-
-    def view(self, n: int, g0: int, g1: int, s: int, e: int, offset: int) -> np.ndarray:
-        """Input channels g0:g1 at one kernel position, for output rows s:e, whole padded rows."""
-        step = self.window.strides[0]
-        start = n * self.image_stride + g0 * self.channel_stride + s * step * self.row_size + offset
-        item = self.item
-        if step == 1:
-            shape: tuple[int, ...] = (g1 - g0, 1, (e - s) * self.row_size)
-            strides: tuple[int, ...] = (self.channel_stride * item, 0, item)
-        else:
-            shape = (g1 - g0, 1, e - s, self.row_size)
-            strides = (self.channel_stride * item, 0, step * self.row_size * item, item)
-        # A strided view straight onto the padded input's buffer (numpy checks the bounds).
-        return np.ndarray(shape, self.xp.dtype, buffer=self.xp, offset=start * item, strides=strides)
-
-    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
-        mg, row_size, last = self.mg, self.row_size, len(self.offsets) - 1
-        flat_rows = self.window.strides[0] == 1
-        for n, g0, g1 in _group_ranges(self.problem, start, stop):
-            count = g1 - g0
-            rows = _rows_per_block(self.block_bytes, 2 * count * mg * row_size * self.item, r1 - r0)
-            total = np.empty(count * mg * rows * row_size, self.xp.dtype)
-            term = np.empty(count * mg * rows * row_size, self.xp.dtype)
-            bias = self.bias_of(g0, g1, 0, mg, 1 if flat_rows else 2)
-            for s in range(r0, r1, rows):
-                e = min(r1, s + rows)
-                size = count * mg * (e - s) * row_size
-                shape = (count, mg, (e - s) * row_size) if flat_rows else (count, mg, e - s, row_size)
-                accumulator = total[:size].reshape(shape)
-                scratch = term[:size].reshape(shape)
-                for index, offset in enumerate(self.offsets):
-                    view = self.view(n, g0, g1, s, e, offset)
-                    scale = self.scales[index][g0:g1]
-                    if not flat_rows:
-                        scale = scale[..., None]
-                    if index == 0:
-                        np.multiply(view, scale, out=accumulator)
-                        if bias is not None:
-                            accumulator += bias
-                    if index == 0 and last == 0:
-                        scratch.fill(0)
-                    elif index:
-                        np.multiply(view, scale, out=scratch)
-                        if index < last:
-                            accumulator += scratch
-                # the last term is added while the result is written out
-                target = self.out[n, g0:g1, :, s:e]
-                keep = (Ellipsis, *self.keep)
-                padded_shape = (count, mg, e - s, *self.padded_inner)
-                np.add(accumulator.reshape(padded_shape)[keep], scratch.reshape(padded_shape)[keep],
-                       out=target)
-                if self.epilogue is not None:
-                    self.epilogue(target)
-
-    def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
-        rows = self.window.output[0]
-        items = self.problem.batch * self.problem.groups
-        pool.parallel_for(items, lambda start, stop: self.block(start, stop, 0, rows), max_blocks=threads)
-
-
 class _Winograd(_Algorithm):
     """Winograd F(2x2, 3x3) (:mod:`onnx_light.kernels.winograd`) for 2-D 3x3 convolutions with
     stride and dilation 1: per block of tile rows, the input transform of every channel, one
@@ -472,7 +384,7 @@ _ALGORITHMS: dict[str, type[_Algorithm]] = {
     "im2col_wide": _WideColumns,
     "direct_1x1": _Pointwise,
     "per_filter": _PerFilter,
-    "depthwise": _Depthwise,
+    "depthwise": _CompiledDepthwise,
     "winograd": _Winograd,
     "shifted": _Shifted,
 }

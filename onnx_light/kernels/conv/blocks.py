@@ -4,6 +4,7 @@ plan runs the blocks on the pool, and the fused input map (:class:`Prologue`).""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -47,11 +48,11 @@ def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, 
     ``problem.plan``."""
     items, rows = problem.batch * problem.groups, problem.window.output[0]
     plan = problem.plan
-    with BLAS.limited(threads if plan == "blas" else 1):
+    with BLAS.limited(threads if plan == "blas" else 1) if algorithm.uses_blas else nullcontext():
         if plan in ("serial", "blas") or pool is None:
             algorithm.block(0, items, 0, rows)
             return
-        per_thread = BLAS.per_thread
+        per_thread = BLAS.per_thread and algorithm.uses_blas
         if plan == "filters":
             algorithm.by_filters(pool, threads, per_thread)
         elif plan == "batch_and_groups":
@@ -103,6 +104,7 @@ class _Algorithm:
     ``epilogue`` (a fused activation) is applied to every finished block of the output."""
 
     row_unit: ClassVar[int] = 1  # the output rows the pool splits are multiples of this
+    uses_blas: ClassVar[bool] = True  # whether its blocks call BLAS (which then gets its limit)
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,

@@ -5,14 +5,18 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``algorithm``
     How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
     ``per_filter``, ``depthwise``, ``winograd``, ``shifted`` (each described where it is
-    implemented, :mod:`onnx_light.kernels.conv.algorithms`) or ``auto``, whose rule is
+    implemented, :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
+    :mod:`onnx_light.kernels.conv.depthwise`) or ``auto``, whose rule is
     ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
     where it does not apply falls back to ``im2col``, which applies to every convolution.
 ``im2col.block_bytes``
     The largest buffer (bytes) one block of output rows may use: the im2col buffer, the
-    wide product's result, the depthwise accumulator, winograd's transforms, shifted's sum
-    and term. It bounds the memory a convolution needs beyond its output; a block holds at
-    least one row.
+    wide product's result, winograd's transforms, shifted's sum and term. It bounds the
+    memory a convolution needs beyond its output; a block holds at least one row.
+``auto.depthwise``
+    What ``auto`` computes a depthwise convolution (1-D or 2-D, one input channel per group)
+    with: ``depthwise`` (compiled) or ``im2col_wide`` (one batched BLAS product over the
+    groups).
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -56,13 +60,15 @@ SPLIT = "parallel.split"
 MINIMUM_FLOPS = "parallel.minimum_flops"
 WINOGRAD_CHANNELS = "winograd.minimum_channels"
 WINOGRAD_OUTPUTS = "winograd.minimum_outputs"
+AUTO_DEPTHWISE = "auto.depthwise"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 2
+TUNING_ABI = 3
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise", "winograd",
               "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
+DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
 
 # Portable defaults: the choices that held up on the calibration corpus and the nine light
 # models (measurements: docs/conv.md).
@@ -73,6 +79,7 @@ _DEFAULTS: dict[str, Value] = {
     MINIMUM_FLOPS: 1 << 22,
     WINOGRAD_CHANNELS: 256,
     WINOGRAD_OUTPUTS: 784,
+    AUTO_DEPTHWISE: "depthwise",
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -82,6 +89,7 @@ REFERENCE: dict[str, Value] = {
     MINIMUM_FLOPS: 1 << 62,
     WINOGRAD_CHANNELS: 256,
     WINOGRAD_OUTPUTS: 784,
+    AUTO_DEPTHWISE: "im2col_wide",
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -93,9 +101,9 @@ SHIFTED_OUTPUTS = 784
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
 # many filters split the filters instead (one shared copy).
 ROWS_PER_THREAD = 4
-# A depthwise multiply-add is a broadcast numpy multiply and add, much slower than one inside a
-# BLAS product: it counts this many times against parallel.minimum_flops (docs/conv.md).
-DEPTHWISE_COST = 16
+# A multiply-add of the compiled depthwise kernel is slower than one inside a large BLAS
+# product: it counts this many times against parallel.minimum_flops (docs/conv.md).
+DEPTHWISE_COST = 4
 
 
 def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
@@ -104,11 +112,11 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
     return (
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
-                              "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' (one "
-                              "input channel per group), 'winograd' (F(2x2,3x3), 2-D 3x3 stride 1 "
-                              "dilation 1), 'shifted' (one product per kernel position, stride "
-                              "1), or 'auto' (ConvKernel._algorithm's rule); inapplicable -> "
-                              "im2col"),
+                              "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' "
+                              "(compiled, 1-D or 2-D, one input channel per group), 'winograd' "
+                              "(F(2x2,3x3), 2-D 3x3 stride 1 dilation 1), 'shifted' (one "
+                              "product per kernel position, stride 1), or 'auto' "
+                              "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
         Parameter(BLOCK_BYTES, "int", _DEFAULTS[BLOCK_BYTES], minimum=1,
                   description="largest buffer (bytes) of one block of output rows"),
         Parameter(SPLIT, "str", _DEFAULTS[SPLIT], choices=SPLITS,
@@ -122,6 +130,9 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "channels and filters"),
         Parameter(WINOGRAD_OUTPUTS, "int", _DEFAULTS[WINOGRAD_OUTPUTS], minimum=1,
                   description="... and the output has at least this many positions"),
+        Parameter(AUTO_DEPTHWISE, "str", _DEFAULTS[AUTO_DEPTHWISE], choices=DEPTHWISE_ALGORITHMS,
+                  description="what auto computes a 1-D or 2-D depthwise convolution with: "
+                              "'depthwise' (compiled) or 'im2col_wide' (one batched product)"),
     )
 
 
@@ -135,6 +146,7 @@ class ConvConfig:
     minimum_flops: int = int(_DEFAULTS[MINIMUM_FLOPS])
     winograd_channels: int = int(_DEFAULTS[WINOGRAD_CHANNELS])
     winograd_outputs: int = int(_DEFAULTS[WINOGRAD_OUTPUTS])
+    auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -142,5 +154,5 @@ class ConvConfig:
         :meth:`~onnx_light.kernels.base.Kernel.configure`)."""
         return cls(str(values[ALGORITHM]), int(values[BLOCK_BYTES]), str(values[SPLIT]),
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
-                   int(values[WINOGRAD_OUTPUTS]))
+                   int(values[WINOGRAD_OUTPUTS]), str(values[AUTO_DEPTHWISE]))
 

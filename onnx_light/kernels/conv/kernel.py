@@ -10,8 +10,9 @@ Everything that depends only on the node (attributes, the configuration) is read
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
 shapes and keeps nothing. Constant weights reach the kernel once, at session construction,
 through :meth:`ConvKernel.specialize` (equal filters, or the winograd transform of the
-filters); a runtime may also set ``epilogue`` (a fused activation, applied to each finished
-block), ``prologue`` (a per-channel map of the input of a 1x1 convolution,
+filters; the compiled depthwise kernel is compiled there too); a runtime may also set
+``epilogue`` (a fused activation, applied to each finished block), ``prologue`` (a
+per-channel map of the input of a 1x1 convolution,
 :class:`~onnx_light.kernels.conv.blocks.Prologue`) and ``residual`` (a fourth input, added to
 each finished block before the epilogue: ResNet's shortcut).
 
@@ -50,7 +51,13 @@ from .config import (
     TUNING_ABI,
     ConvConfig,
 )
+from .depthwise import compile_depthwise, depthwise_applies
 from .problem import _plan, _Problem, _winograd_applies
+
+# The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
+# emptied when it holds _MAX_PROBLEMS of them.
+_PROBLEMS: dict[tuple, _Problem] = {}
+_MAX_PROBLEMS = 4096
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,17 @@ class ConvKernel(Kernel):
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
             return None
+        if self._compiles_depthwise(w):
+            compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
         return self._with_distinct_filters(w) or self._with_winograd_filters(w)
+
+    def _compiles_depthwise(self, w: np.ndarray) -> bool:
+        """Whether runs with these (constant) weights use the compiled ``depthwise``."""
+        algorithm = self.config.algorithm
+        return ((w.dtype.kind == "f" or w.dtype.name == "bfloat16")
+                and depthwise_applies(w.ndim - 2, w.shape[1], self.group)
+                and (algorithm == "depthwise"
+                     or (algorithm == "auto" and self.config.auto_depthwise == "depthwise")))
 
     def _with_winograd_filters(self, w: np.ndarray) -> ConvKernel | None:
         if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
@@ -171,7 +188,22 @@ class ConvKernel(Kernel):
 
     def problem(self, x_shape: Sequence[int], w_shape: Sequence[int], transformed: bool = False) -> _Problem:
         """Check the shapes and decide the algorithm and the parallel plan of one call;
-        ``transformed``: the kernel holds the Winograd transform of the call's weights."""
+        ``transformed``: the kernel holds the Winograd transform of the call's weights.
+
+        A pure function of the node's attributes, the configuration, the thread count and
+        the shapes, remembered for the shapes already met (:data:`_PROBLEMS`): a model meets
+        few, and deciding costs more than a small convolution's arithmetic."""
+        key = (self.attributes, self.group, self.config, self.num_threads, tuple(x_shape),
+               tuple(w_shape), transformed)
+        problem = _PROBLEMS.get(key)
+        if problem is None:
+            problem = self._decide(x_shape, w_shape, transformed)
+            if len(_PROBLEMS) >= _MAX_PROBLEMS:
+                _PROBLEMS.clear()
+            _PROBLEMS[key] = problem
+        return problem
+
+    def _decide(self, x_shape: Sequence[int], w_shape: Sequence[int], transformed: bool) -> _Problem:
         ctx = self.ctx
         if len(x_shape) < 3:
             raise ctx.error(f"X must have shape (N, C, D1, ...), got {list(x_shape)}")
@@ -206,12 +238,15 @@ class ConvKernel(Kernel):
         pointwise = (all(k == 1 for k in window.kernel) and all(s == 1 for s in window.strides)
                      and not window.padded)
         depthwise = group_channels == 1 and groups > 1
+        compiled_depthwise = depthwise_applies(len(window.input), group_channels, groups)
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
         tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
         if choice == "auto":
             if pointwise:
                 return "direct_1x1"
+            if compiled_depthwise and self.config.auto_depthwise == "depthwise":
+                return "depthwise"
             if (tiled and transformed and self._winograd_channels(group_channels, channels_out // groups)
                     and math.prod(window.output) >= self.config.winograd_outputs):
                 return "winograd"
@@ -229,7 +264,7 @@ class ConvKernel(Kernel):
             return "im2col"
         unit_strides = len(window.input) >= 2 and all(s == 1 for s in window.strides)
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
-                   "per_filter": pointwise, "depthwise": depthwise, "winograd": tiled,
+                   "per_filter": pointwise, "depthwise": compiled_depthwise, "winograd": tiled,
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 

@@ -49,8 +49,8 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
     if split == "blas":
         return "blas"
     items = problem.batch * problem.groups
-    if problem.algorithm == "depthwise" and split == "filters":
-        split = "batch_and_groups"  # a depthwise filter is one channel: the same split
+    if problem.algorithm == "depthwise":
+        split = "batch_and_groups"  # whole channels: a depthwise filter is one channel
     if split == "auto":
         many_filters = problem.group_filters > math.prod(problem.window.output)
         if items >= threads and (items % threads == 0 or items >= 4 * threads):
@@ -60,7 +60,8 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
             split = "filters"  # few output positions: share them, split the weights
         else:
             split = "output_rows"
-    sizes = {"batch_and_groups": items, "output_rows": problem.window.output[0],
+    rows = problem.window.output[0] if problem.algorithm != "depthwise" else 0
+    sizes = {"batch_and_groups": items, "output_rows": rows,
              "filters": problem.filters if problem.algorithm != "depthwise" else 0}
     order = {"batch_and_groups": ("batch_and_groups", "output_rows", "filters"),
              "output_rows": ("output_rows", "filters", "batch_and_groups"),

@@ -1,0 +1,126 @@
+"""The convolutions of MobileNetV2 (torchvision, 224x224), one Conv node each, in onnx_light
+and onnxruntime at 1 and 2 threads, side by side, in one process: its depthwise ones (and
+5x5 / 7x7 ones, EfficientNet and ConvNeXt style) and its pointwise (1x1) ones.
+
+Each model is one Conv with seeded random constant weights and a bias. onnx_light runs it
+with the portable configuration (the compiled ``depthwise`` algorithm; ``direct_1x1``, one
+BLAS product, for 1x1) and, for depthwise ones, with ``auto.depthwise=im2col_wide`` (the
+batched BLAS product, the default before the compiled kernel); the sessions of a thread
+count run in the interleaved rounds of ``real_models.Rounds``, each sample a loop of runs
+lasting a few milliseconds, and the table gives the fastest and the median sample (time of
+one run) and the ratios to onnxruntime's (fastest, which the load of a shared machine
+disturbs least). Session times include each runtime's fixed cost per run (about 60 us for
+onnx_light, 15 us for onnxruntime: docs/conv.md).
+
+Run: ``python benchmarks/conv_mobile.py [--threads 1 2] [--rounds 7] [--shapes 0 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from conv_settings import registry_with
+from onnx import TensorProto, helper
+from real_models import Rounds, onnxruntime_session
+
+from onnx_light.kernels import conv
+from onnx_light.runtime.session import RuntimeSession
+
+# (channels, filters, size, kernel, stride, group): MobileNetV2's depthwise convolutions, each
+# shape once, 5x5 (EfficientNet-B0) and 7x7 (ConvNeXt-style) ones, then MobileNetV2's 1x1 ones.
+SHAPES = [
+    (32, 32, 112, 3, 1, 32), (96, 96, 112, 3, 2, 96), (144, 144, 56, 3, 1, 144),
+    (144, 144, 56, 3, 2, 144), (192, 192, 28, 3, 1, 192), (192, 192, 28, 3, 2, 192),
+    (384, 384, 14, 3, 1, 384), (576, 576, 14, 3, 1, 576), (576, 576, 14, 3, 2, 576),
+    (960, 960, 7, 3, 1, 960), (240, 240, 28, 5, 1, 240), (672, 672, 14, 5, 2, 672),
+    (384, 384, 14, 7, 1, 384), (768, 768, 7, 7, 1, 768),
+    (32, 16, 112, 1, 1, 1), (16, 96, 112, 1, 1, 1), (96, 24, 56, 1, 1, 1), (24, 144, 56, 1, 1, 1),
+    (144, 24, 56, 1, 1, 1), (144, 32, 28, 1, 1, 1), (32, 192, 28, 1, 1, 1), (192, 32, 28, 1, 1, 1),
+    (192, 64, 14, 1, 1, 1), (64, 384, 14, 1, 1, 1), (384, 64, 14, 1, 1, 1), (384, 96, 14, 1, 1, 1),
+    (96, 576, 14, 1, 1, 1), (576, 96, 14, 1, 1, 1), (576, 160, 7, 1, 1, 1), (160, 960, 7, 1, 1, 1),
+    (960, 160, 7, 1, 1, 1), (960, 320, 7, 1, 1, 1), (320, 1280, 7, 1, 1, 1),
+]
+SAMPLE_S = 0.004  # each sample: runs for about this long
+
+
+def conv_model(channels: int, filters: int, size: int, kernel: int, stride: int,
+               group: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(channels * 1000 + size * 10 + kernel + stride)
+    w = rng.standard_normal((filters, channels // group, kernel, kernel)).astype(np.float32)
+    b = rng.standard_normal(filters).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=group, strides=[stride] * 2,
+                            pads=[kernel // 2] * 4)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])
+    graph = helper.make_graph(
+        [node], "conv", [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
+         helper.make_tensor("b", TensorProto.FLOAT, b.shape, b)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def repeated(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
+    """``run`` looped for about SAMPLE_S, and the loop's count."""
+    run()
+    start = time.perf_counter()
+    run()
+    count = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
+
+    def loop() -> None:
+        for _ in range(count):
+            run()
+
+    return loop, count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--shapes", type=int, nargs="+", default=None,
+                        help="indices into SHAPES (default all)")
+    args = parser.parse_args(argv)
+    shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; us per run, "
+          f"fastest (median); ratios of the fastest to onnxruntime's")
+    print("| C -> M x H x W, k, s, group | threads | onnx_light | im2col_wide | onnxruntime "
+          "| ours / ort | im2col_wide / ort |\n|---|---|---|---|---|---|---|")
+    ratios: dict[tuple[str, int], list[float]] = {}
+    for channels, filters, size, kernel, stride, group in shapes:
+        model = conv_model(channels, filters, size, kernel, stride, group)
+        feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
+        kind = "depthwise" if group > 1 else "pointwise"
+        for threads in args.threads:
+            runs = {"ours": RuntimeSession(model, num_threads=threads).run}
+            if kind == "depthwise":
+                runs["wide"] = RuntimeSession(model, num_threads=threads, registry=registry_with(
+                    {conv.AUTO_DEPTHWISE: "im2col_wide"}, threads)).run
+            runs["ort"] = onnxruntime_session(model, threads).run
+            loops = {name: repeated(functools.partial(run, None, feeds)) for name, run in runs.items()}
+            samples = Rounds(3).run([loop for loop, _ in loops.values()], args.rounds)
+            fastest = {name: min(s) / loops[name][1] * 1e6 for name, s in zip(loops, samples, strict=True)}
+            median = {name: float(np.median(s)) / loops[name][1] * 1e6
+                      for name, s in zip(loops, samples, strict=True)}
+            ratios.setdefault((kind, threads), []).append(fastest["ours"] / fastest["ort"])
+            cells = {name: f"{fastest[name]:.0f} ({median[name]:.0f})" for name in fastest}
+            wide = f"{fastest['wide'] / fastest['ort']:.2f}" if "wide" in fastest else "-"
+            print(f"| {channels} -> {filters} x {size} x {size}, {kernel}, {stride}, {group} | {threads} "
+                  f"| {cells['ours']} | {cells.get('wide', '-')} | {cells['ort']} "
+                  f"| {fastest['ours'] / fastest['ort']:.2f} | {wide} |", flush=True)
+    for (kind, threads), values in ratios.items():
+        geomean = float(np.exp(np.mean(np.log(values))))
+        print(f"\n{kind}, {threads} thread(s): geometric mean ours / ort {geomean:.2f}, "
+              f"range {min(values):.2f}-{max(values):.2f}")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

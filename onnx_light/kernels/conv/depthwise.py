@@ -1,0 +1,204 @@
+"""Conv's ``depthwise`` algorithm: a 1-D or 2-D convolution with one input channel per group,
+compiled by numba (:func:`depthwise_channels`), one pass over each channel.
+
+Each channel is copied into a zero-bordered *plane* (the padding, and with strides the
+channel split into phases), and each kernel row is then one contiguous multiply-add pass of
+its taps times shifted plane elements into the output rows, which LLVM vectorises:
+
+* The plane holds every element an output reads, split by strides into phases: plane element
+  (p, q) lies in phase (q % s_w, p % s_h), at row p // s_h and column q // s_w of it, the
+  phases one after the other (column phase outermost). The elements one tap reads for
+  consecutive outputs, a stride apart in the input, are then consecutive in one phase, so
+  every stride is a stride-1 pass.
+* The pass runs over the output rows at a phase's width, as one run (the columns past the
+  output width computed and dropped when the result is copied out): one loop per kernel row,
+  long however narrow the image, instead of one per output row and tap.
+* The sum over a kernel row's taps is unrolled (numba compiles one version per kernel width);
+  the bias starts each output and the optional clamp (``low``, ``high``: a fused Relu is
+  ``(0, inf)``, Relu6 ``(0, 6)``) is applied as the result is copied out.
+
+Every output is the bias plus its taps in the same order whatever the channels a thread
+computes, so the result does not depend on the thread count. The pool's threads each compute
+a contiguous range of the (image, filter) pairs; a region costs tens of microseconds here,
+so small convolutions stay on the calling thread (``parallel.minimum_flops``, docs/conv.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+
+from ..compiled import compiled
+from .blocks import _Algorithm
+from .problem import _Problem
+
+__all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels", "plane_layout",
+           "read_only"]
+
+#: Output bytes per call of the compiled kernel when an epilogue follows: each call's block
+#: is still in the second-level cache when the epilogue runs over it.
+EPILOGUE_BLOCK_BYTES = 1 << 18
+
+
+def depthwise_applies(window_rank: int, group_channels: int, groups: int) -> bool:
+    """Whether ``depthwise`` computes a convolution: 1-D or 2-D, one input channel per group."""
+    return window_rank <= 2 and group_channels == 1 and groups > 1
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of ``array``: the compiled kernel always gets its inputs so (a
+    session's feeds and constants are read-only, a caller's arrays may not be), which keeps it
+    to one compiled version per element type and kernel width."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def compile_depthwise(dtype: np.dtype, kernel_width: int) -> None:
+    """Compile :func:`depthwise_channels` for ``dtype`` and ``kernel_width`` (or load it from
+    numba's cache): a session does it at construction, not in its first run."""
+    x = read_only(np.zeros((1, 1, kernel_width), dtype))
+    w = read_only(np.zeros((1, 1, kernel_width), dtype))
+    out = np.empty((1, 1, 1), dtype)
+    phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
+                                         (1, 1), (0, 0))
+    depthwise_channels.dispatcher(x, w, read_only(np.zeros(1, dtype)), out, 0, 1, 1, (1, 1), (0, 0),
+                                  phases, rows, columns, -np.inf, np.inf)
+
+
+class _CompiledDepthwise(_Algorithm):
+    """The compiled depthwise convolution of whole channels (a block's output rows are all
+    of them: the plan never splits rows, see ``_plan``)."""
+
+    uses_blas: ClassVar[bool] = False
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = problem.window
+        planar = len(window.input) == 1  # 1-D: one row
+        self.x = read_only(x.reshape(-1, 1 if planar else window.input[0], window.input[-1]))
+        self.w = read_only(w.reshape(problem.filters, 1 if planar else window.kernel[0],
+                                     window.kernel[-1]))
+        self.b = read_only(np.zeros(problem.filters, x.dtype) if b is None else b)
+        self.out = out.reshape(-1, 1 if planar else window.output[0], window.output[-1])
+
+        def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
+            return (fill, values[0]) if planar else (values[0], values[1])
+
+        self.strides, self.pads = two(window.strides, 1), two(window.begin, 0)
+        self.phases, self.rows, self.columns = plane_layout(
+            self.x.shape[1:], self.out.shape[1:], self.w.shape[1:], self.strides,
+            two(window.dilations, 1), self.pads)
+        channel_bytes = math.prod(self.out.shape[1:]) * out.itemsize
+        self.step = max(1, EPILOGUE_BLOCK_BYTES // channel_bytes) if epilogue is not None else 1 << 62
+        self.kernel = depthwise_channels.dispatcher
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        """Output channels of (image, group) pairs ``start:stop`` (all their rows)."""
+        mg = self.mg
+        for first in range(start * mg, stop * mg, self.step):
+            last = min(stop * mg, first + self.step)
+            self.kernel(self.x, self.w, self.b, self.out, first, last, mg, self.strides, self.pads,
+                        self.phases, self.rows, self.columns, -np.inf, np.inf)
+            if self.epilogue is not None:
+                self.epilogue(self.out[first:last])
+
+
+@compiled(fastmath=True)
+def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray,
+                       first: int, last: int, multiplier: int, strides: tuple[int, int],
+                       pads: tuple[int, int],
+                       phases: tuple[int, int], rows: np.ndarray, columns: tuple[int, ...],
+                       low: float, high: float) -> None:
+    """Channels ``first:last`` of ``out`` (N * M, OH, OW) from ``x`` (N * C, H, W), ``w``
+    (M, KH, KW) and ``b`` (M,) (zeros for no bias), clamped into ``[low, high]``; output
+    channel m reads input channel ``m // multiplier`` (M = C * multiplier).
+
+    See the module docstring for the plane: ``phases`` are the rows and columns of one of
+    its phases, ``rows`` (KH,) and ``columns`` (KW,) the offsets of the kernel's rows and
+    columns in it (from :func:`plane_layout`). ``columns`` is a tuple, so that numba
+    compiles one version per kernel width, in which the sum over a kernel row is unrolled.
+    The loops index with unsigned offsets and make no views: numba then emits no
+    negative-index fix-up and no reference counting in them, and LLVM vectorises them."""
+    height, width = x.shape[1], x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    channels, kernel_h = w.shape[0], w.shape[1]
+    stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
+    phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
+    phase_size = phase_rows * phase_width
+    plane = np.zeros(stride_w * stride_h * phase_size, x.dtype)
+    run = np.uintp(out_h) * phase_width  # the output rows at a phase's width
+    result = np.empty(run, out.dtype)
+    source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
+    low_value, high_value = out.dtype.type(low), out.dtype.type(high)
+    kernel_w = np.uintp(len(columns))
+    for pair in range(first, last):
+        c = np.uintp(pair % channels)
+        start = np.uintp(pair // multiplier) * np.uintp(height * width)
+        for ih in range(np.uintp(height)):  # plane element (p, q) at its phases' place
+            p = ih + np.uintp(pads[0])
+            into = (p % stride_h) * phase_size + (p // stride_h) * phase_width
+            if stride_w == 1:
+                into += np.uintp(pads[1])
+                for iw in range(np.uintp(width)):
+                    plane[into + iw] = source[start + iw]
+            else:  # phase r holds the plane columns q = m * stride_w + r, input column q - pad
+                for r in range(strides[1]):
+                    lowest = max(0, -(-(pads[1] - r) // strides[1]))
+                    highest = (pads[1] + width - 1 - r) // strides[1]
+                    phase = into + np.uintp(r) * stride_h * phase_size
+                    read = start + np.uintp(lowest * strides[1] + r - pads[1])
+                    for m in range(np.uintp(max(0, highest + 1 - lowest))):
+                        plane[phase + np.uintp(lowest) + m] = source[read + m * stride_w]
+            start += np.uintp(width)
+        bias = b[c]
+        for j in range(run):
+            result[j] = bias
+        for kh in range(np.uintp(kernel_h)):  # one contiguous pass per kernel row
+            tap, shift = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+            for j in range(run):
+                total = result[j]
+                for k in range(kernel_w):
+                    total += taps[tap + k] * plane[shift + j + np.uintp(columns[k])]
+                result[j] = total
+        into = np.uintp(pair) * np.uintp(out_h * out_w)
+        for oh in range(np.uintp(out_h)):  # the clamp, and the copy out of the wide rows
+            line = oh * phase_width
+            for ow in range(np.uintp(out_w)):
+                target[into + ow] = min(max(result[line + ow], low_value), high_value)
+            into += np.uintp(out_w)
+
+
+@functools.lru_cache(maxsize=256)
+def plane_layout(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
+                 strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int]
+                 ) -> tuple[tuple[int, int], np.ndarray, tuple[np.uintp, ...]]:
+    """The plane of :func:`depthwise_channels` for one geometry: the rows and columns of a
+    phase, and the offsets of the kernel's rows (a read-only array) and columns (a tuple).
+    Cached: a model's convolutions have few geometries, and each run needs its own."""
+    phases = []
+    for axis in range(2):
+        reach = (kernel[axis] - 1) * dilations[axis] // strides[axis]
+        # every element an output reads (one row more: the wide run's dropped columns reach
+        # into the next row), and every input element
+        phases.append(max(output[axis] + reach + (axis == 0),
+                          -(-(pads[axis] + size[axis]) // strides[axis])))
+    phase_size = phases[0] * phases[1]
+
+    def offset(k: int, axis: int) -> tuple[int, int]:
+        distance = k * dilations[axis]
+        return distance % strides[axis], distance // strides[axis]  # phase, index in it
+
+    rows = np.array([phase * phase_size + index * phases[1]
+                     for phase, index in map(functools.partial(offset, axis=0), range(kernel[0]))],
+                    np.uintp)
+    rows.flags.writeable = False
+    columns = tuple(np.uintp(phase * strides[0] * phase_size + index)
+                    for phase, index in map(functools.partial(offset, axis=1), range(kernel[1])))
+    return (phases[0], phases[1]), rows, columns
