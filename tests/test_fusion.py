@@ -298,3 +298,31 @@ def test_channel_affine_rejects_an_input_of_another_channel_count():
         kernel.run(np.zeros((1, 3, 2, 2), np.float32))
     np.testing.assert_array_equal(kernel.run(np.ones((1, 4, 2, 2), np.float32))[0],
                                   np.ones((1, 4, 2, 2), np.float32))
+
+
+def _conv_bn_clip(inputs, initializers):
+    """Conv -> BatchNormalization -> Clip(n, *inputs) as the graph's output."""
+    init = [_tensor("w", [C, 4, 3, 3]), *_bn_params("bn"), *initializers]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn_s", "bn_b", "bn_m", "bn_v"], ["n"]),
+             helper.make_node("Clip", ["n", *inputs], ["y"])]
+    return _model(nodes, init)
+
+
+@pytest.mark.parametrize("low, high", [(0.0, 6.0), (None, 0.5), (-0.25, None)])
+def test_a_clip_with_constant_bounds_runs_inside_the_conv(low, high):
+    """MobileNetV2's ReLU6: Conv -> BatchNormalization -> Clip(0, 6) is one step."""
+    bounds = [helper.make_tensor(name, F, [], [value]) for name, value in (("lo", low), ("hi", high))
+              if value is not None]
+    inputs = ["lo" if low is not None else "", "hi" if high is not None else ""]
+    while inputs and inputs[-1] == "":
+        inputs.pop()
+    session = _check(_conv_bn_clip(inputs, bounds), {"x": 3 * _x()}, steps=1, fused=2)
+    conv = session._plan[0].run.__self__
+    assert conv.ctx.op_type == "Conv" and conv.epilogue is not None
+
+
+def test_a_clip_whose_bounds_are_fed_is_not_fused():
+    model = _conv_bn_clip(["lo"], [])
+    model.graph.input.append(helper.make_tensor_value_info("lo", F, []))
+    _check(model, {"x": _x(), "lo": np.float32(0.1)}, steps=2, fused=1)

@@ -285,7 +285,7 @@ OPS: tuple[ElementwiseOp, ...] = (
         attributes=(Attribute("alpha", 1.0),)),
     _OP("Gelu", U, F, _gelu, (20,), precision="float64", cost="transcendental",
         attributes=(Attribute("approximate", "none", ("none", "tanh")),)),
-    _OP("Clip", UNARY_WITH_BOUNDS, N, _clip, (6, 11, 12, 13),
+    _OP("Clip", UNARY_WITH_BOUNDS, N, _clip, (6, 11, 12, 13), in_place=True,
         attributes=(Attribute("min", -3.4028234663852886e38, before=11),
                     Attribute("max", 3.4028234663852886e38, before=11))),
     # Binary and variadic arithmetic.
@@ -579,13 +579,27 @@ class ElementwiseKernel(Kernel):
 
         return Prepared(_quietly_out(prepared) if plan.quiet else prepared, shape, plan.out_dtype)
 
-    def in_place_function(self, element_type: int) -> Callable[[np.ndarray], None] | None:
+    def in_place_function(self, element_type: int,
+                          constants: Sequence[np.ndarray | None] = ()
+                          ) -> Callable[[np.ndarray], None] | None:
         """This node as ``f(block)`` overwriting ``block`` (of ``element_type``) with the
-        result, for fusion into the producer of its input; None when the op cannot compute
+        result, for fusion into the producer of its first input; ``constants``: the values of
+        its other inputs (Clip's bounds), fixed for every run. None when the op cannot compute
         in place in that type exactly as :meth:`run` does."""
         op = self.op
         if not op.in_place or element_type not in op.types:
             return None
+        if constants:
+            dtype = numpy_dtype(element_type)
+            if any(c is not None and (c.size != 1 or c.dtype != dtype) for c in constants):
+                return None
+            operands = [None if c is None else c.reshape(()) for c in constants]
+            compute = self._compute
+
+            def bounded(block: np.ndarray) -> None:
+                compute(block, *operands, out=block)
+
+            return bounded
         program = self.program
         if program is not None and element_type == T.FLOAT:
             def compiled_apply(block: np.ndarray) -> None:

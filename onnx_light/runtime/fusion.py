@@ -10,7 +10,8 @@ Runs after constant folding, over the steps left to run, in graph order:
    the weights and the bias (``W' = W * m``, ``B' = B * m + o``, rounded once into the
    weights' type); otherwise it runs as one
    :class:`~onnx_light.kernels.normalization.ChannelAffine` step.
-2. **Activations.** A unary op that can compute in place (Relu, Tanh, LeakyRelu: see
+2. **Activations.** An op that can compute in place (Relu, Tanh, LeakyRelu; Clip, whose
+   bounds must be constants: see
    ``ElementwiseOp.in_place``) whose input is read by it alone is applied to every block of
    its producer's output while the block is in cache, if the producer accepts an epilogue
    (Conv, BatchNormalization, ChannelAffine, the elementwise ops).
@@ -172,12 +173,14 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
             index, conv, conv_inputs = fused
             absorb(index, conv, conv_inputs, outputs)
             continue
-        elif isinstance(kernel, ElementwiseKernel) and len(inputs) == 1 and inputs[0] is not None:
+        elif (isinstance(kernel, ElementwiseKernel) and inputs and inputs[0] is not None
+              and all(s is None or s in known for s in inputs[1:])):
             index = private(inputs[0])
             if index is not None:
                 previous = result[index][0]
                 element_type = previous.ctx.output_types[0] if previous.ctx.output_types else None
-                function = (kernel.in_place_function(element_type)
+                constants = [None if s is None else known[s] for s in inputs[1:]]
+                function = (kernel.in_place_function(element_type, constants)
                             if previous.accepts_epilogue and previous.epilogue is None
                             and element_type in FUSED_TYPES else None)
                 if function is not None:
