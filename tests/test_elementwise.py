@@ -27,7 +27,6 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import erf_derivation, math_functions
 from onnx_light.kernels.base import KernelError, NodeContext, numpy_dtype, quiet, quiet_already
 from onnx_light.kernels.elementwise import (
-    BINARY,
     CHEAP_MINIMUM_BYTES,
     DEFAULT_MINIMUM_ELEMENTS,
     ELEMENTWISE_TYPES,
@@ -36,13 +35,10 @@ from onnx_light.kernels.elementwise import (
     MINIMUM_ELEMENTS,
     OPS,
     SERIAL_ONLY,
-    TERNARY,
-    UNARY,
-    VARIADIC,
     ElementwiseKernel,
-    ElementwiseOp,
     tuning_schemas,
 )
+from onnx_light.kernels.elementwise_op import BINARY, TERNARY, UNARY, VARIADIC, ElementwiseOp
 from onnx_light.parallel import ThreadPool
 from onnx_light.tuning.keys import KernelTuningKey, element_type_code, element_type_name
 from onnx_light.tuning.registry import KernelTuningRegistry

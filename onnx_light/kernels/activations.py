@@ -18,7 +18,8 @@ import numpy as np
 from ..tuning.keys import ElementType as T
 from .base import FLOAT_TYPES, INTEGER_TYPES, Kernel
 from .declaration import KernelDeclaration, declare, dispatch_table
-from .elementwise import BINARY, UNARY, Attribute, ElementwiseOp, _sigmoid, _softplus, kernel_class
+from .elementwise import _sigmoid, _softplus, kernel_class
+from .elementwise_op import BINARY, UNARY, Attribute, ElementwiseOp
 from .reductions import Softmax
 
 __all__ = ["KERNELS", "OPS", "Hardmax"]

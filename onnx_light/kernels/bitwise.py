@@ -2,7 +2,7 @@
 
 BitCast reinterprets each element's bits as another type of the same width (a numpy view;
 the 4- and 2-bit types, one element per byte in ml_dtypes, keep only their low bits). The
-others are rows of the elementwise machinery (:class:`~onnx_light.kernels.elementwise.ElementwiseOp`:
+others are rows of the elementwise machinery (:class:`~onnx_light.kernels.elementwise_op.ElementwiseOp`:
 type checks, broadcasting, the parallel split) over numpy's integer ufuncs, with the portable
 default threshold and no tuning keys of their own. numpy's shifts already give what ONNX
 asks of shift amounts at or past the type's width, or negative: 0, and -1 for a negative
@@ -19,7 +19,8 @@ from ..tuning.keys import ELEMENT_TYPE_CODES, element_type_name
 from ..tuning.keys import ElementType as T
 from .base import INTEGER_TYPES, Kernel, NodeContext, numpy_dtype
 from .declaration import KernelDeclaration, declare, dispatch_table
-from .elementwise import BINARY, UNARY, Attribute, ElementwiseOp, kernel_class
+from .elementwise import kernel_class
+from .elementwise_op import BINARY, UNARY, Attribute, ElementwiseOp
 
 __all__ = ["KERNELS", "OPS", "BitCast"]
 
