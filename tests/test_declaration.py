@@ -225,3 +225,19 @@ def test_attributes_an_opset_requires_are_declared_and_checked_at_construction(
         declaration.kernel(ctx)
     later = dataclasses.replace(ctx, opset=max(rule.before for rule in declaration.required))
     assert declaration.missing(later) is None
+
+
+@pytest.mark.parametrize("omitted", [{"num_inputs": 2}, {"num_inputs": 3, "omitted_inputs": frozenset({2})}])
+def test_an_input_an_opset_requires_is_declared_and_checked_at_construction(omitted):
+    """Gemm's C is required before opset 11 (left out, or named ''): a rule of the
+    declaration, checked when the kernel is built (in a session the ONNX checker refuses
+    such a node first); from opset 11 on the product runs without it."""
+    declaration = kernels.DECLARATIONS["", "Gemm"]
+    ctx = NodeContext("g", "Gemm", "", 9, {}, (T.FLOAT, T.FLOAT), (T.FLOAT,), **omitted)
+    assert declaration.missing(ctx) == "input C is required before opset 11 (opset 9)"
+    with pytest.raises(KernelError, match=r"node 'g' \(Gemm\): input C is required before opset 11"):
+        declaration.kernel(ctx)
+    kernel = declaration.kernel(dataclasses.replace(ctx, opset=11))
+    kernel.bind(None).configure(None)
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 4), np.float32)
+    np.testing.assert_array_equal(kernel.run(a, b)[0], a @ b)

@@ -139,6 +139,12 @@ class NodeContext:
     output_types: tuple[int | None, ...] = ()
     num_inputs: int = 0
     num_outputs: int = 1
+    # Positions below num_inputs that the node leaves empty ('' names an omitted input).
+    omitted_inputs: frozenset[int] = frozenset()
+
+    def given(self, index: int) -> bool:
+        """Whether the node gives input ``index`` (not omitted, not beyond its inputs)."""
+        return index < self.num_inputs and index not in self.omitted_inputs
 
     def attribute(self, name: str, default: Any = None) -> Any:
         """An attribute's value, or ``default`` when the node does not set it."""

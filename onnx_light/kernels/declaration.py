@@ -22,7 +22,8 @@ from ..tuning.schema import KernelTuningSchema, Parameter, Validator
 if TYPE_CHECKING:
     from .base import Kernel, NodeContext
 
-__all__ = ["KernelDeclaration", "Required", "declarations_by_op", "declare", "dispatch_table"]
+__all__ = ["KernelDeclaration", "Required", "RequiredInput", "declarations_by_op", "declare",
+           "dispatch_table"]
 
 #: The parameters of a tunable kernel's schema for one element type (None: not known).
 ParameterFactory = Callable[[int | None], Sequence[Parameter]]
@@ -39,6 +40,27 @@ class Required:
     before: int
     since: int = 1
 
+    def missing(self, ctx: NodeContext) -> str | None:
+        if self.since <= ctx.opset < self.before and ctx.attribute(self.attribute) is None:
+            return f"attribute {self.attribute!r} is required before opset {self.before}"
+        return None
+
+
+@dataclass(frozen=True)
+class RequiredInput:
+    """An input, optional in later versions, that a node must give under the opsets from
+    ``since`` to before ``before`` (Gemm's C before opset 11)."""
+
+    index: int
+    name: str
+    before: int
+    since: int = 1
+
+    def missing(self, ctx: NodeContext) -> str | None:
+        if self.since <= ctx.opset < self.before and not ctx.given(self.index):
+            return f"input {self.name} is required before opset {self.before} (opset {ctx.opset})"
+        return None
+
 
 @dataclass(frozen=True, eq=False)
 class KernelDeclaration:
@@ -49,7 +71,7 @@ class KernelDeclaration:
     takes there (None: any type; the kernel checks its inputs itself). ``library`` names the
     kernel library in the tuning keys; by default the top-level package of the kernel's
     module (``onnx_light`` for ours, a user's own package for theirs). ``required``: the
-    attributes some versions require (checked when a kernel is built, :meth:`missing`).
+    attributes and inputs some versions require (checked when a kernel is built, :meth:`missing`).
     """
 
     op_type: str
@@ -59,7 +81,7 @@ class KernelDeclaration:
     validator: Validator | None = None
     calibrate: Calibrate | None = None
     library: str = ""
-    required: tuple[Required, ...] = ()
+    required: tuple[Required | RequiredInput, ...] = ()
     domain: str = ""
 
     def __post_init__(self) -> None:
@@ -112,10 +134,12 @@ class KernelDeclaration:
                 f"{[element_type_name(t) for t in allowed]}")
 
     def missing(self, ctx: NodeContext) -> str | None:
-        """Which attribute the node's opset requires and the node does not set, or None."""
+        """Which attribute or input the node's opset requires and the node does not give, or
+        None."""
         for rule in self.required:
-            if rule.since <= ctx.opset < rule.before and ctx.attribute(rule.attribute) is None:
-                return f"attribute {rule.attribute!r} is required before opset {rule.before}"
+            reason = rule.missing(ctx)
+            if reason is not None:
+                return reason
         return None
 
     @functools.cache  # noqa: B019 (declarations live as long as the process)
@@ -153,7 +177,7 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
             types: tuple[int, ...] | Mapping[int, tuple[int, ...]] | None = None,
             op_type: str | None = None, parameters: ParameterFactory | None = None,
             validator: Validator | None = None, calibrate: Calibrate | None = None,
-            library: str = "", required: Iterable[Required] = (),
+            library: str = "", required: Iterable[Required | RequiredInput] = (),
             domain: str = "") -> KernelDeclaration:
     """The one dispatch row helper: ``kernel`` declared for its since-``versions`` and bound
     to the class.
@@ -161,7 +185,7 @@ def declare(kernel: type[Kernel], versions: Iterable[int], *,
     ``types``: the element types every version takes, or where they change, a mapping
     ``since-version -> types`` in force from that version on; None leaves the types to the
     kernel. ``library``: the tuning keys' library name (default: the kernel's top-level
-    package, see :class:`KernelDeclaration`); ``required``: attributes some versions require;
+    package, see :class:`KernelDeclaration`); ``required``: attributes and inputs some versions require;
     ``domain``: the operator's ONNX domain (``''``: the default domain).
     """
     versions = sorted(versions)

@@ -85,7 +85,7 @@ from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import blas_tiles
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
 from .calibration import GemmConfigurations, calibration_setup
-from .declaration import KernelDeclaration, declare, dispatch_table
+from .declaration import KernelDeclaration, RequiredInput, declare, dispatch_table
 
 __all__ = [
     "BLAS",
@@ -434,8 +434,6 @@ class GemmKernel(_ProductKernel):
             raise self.ctx.error("needs inputs A and B")
         a, b = inputs[0], inputs[1]
         c = inputs[2] if len(inputs) > 2 else None
-        if c is None and self.ctx.opset < 11:
-            raise self.ctx.error(f"input C is required before opset 11 (opset {self.ctx.opset})")
         if a.ndim != 2 or b.ndim != 2:
             raise self.ctx.error(f"A and B must be 2-D, got {a.shape} and {b.shape}")
         if b.dtype != a.dtype or (c is not None and c.dtype != a.dtype):
@@ -553,7 +551,8 @@ class MatMulKernel(_ProductKernel):
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     declare(GemmKernel, (7, 9, 11, 13), types={7: _OLD, 9: _V9, 13: _V13},
-            parameters=gemm_parameters, calibrate=calibrate),
+            parameters=gemm_parameters, calibrate=calibrate,
+            required=(RequiredInput(2, "C", before=11),)),
     declare(MatMulKernel, (1, 9, 13), types={1: _OLD, 9: _V9, 13: _V13},
             parameters=gemm_parameters, calibrate=calibrate),
 )

@@ -134,6 +134,7 @@ def dispatch_node(node: onnx.NodeProto, index: int, opsets: Mapping[str, int],
         output_types=tuple(tensor_element_type(types.get(n)) if n else None for n in node.output),
         num_inputs=len(node.input),
         num_outputs=len(node.output),
+        omitted_inputs=frozenset(i for i, name in enumerate(node.input) if not name),
     )
     found = find_kernel(declarations, domain, node.op_type, opset, ctx,
                         None if ctx is None else _since_version(domain, node.op_type, opset),
