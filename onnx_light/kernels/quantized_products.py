@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT8_TYPES, KernelError, NodeContext, numpy_dtype
+from .base import FLOAT8_TYPES, Kernel, KernelError, NodeContext, numpy_dtype
 from .declaration import KernelDeclaration, declare
 from .integer_gemm import (
     ByteRows,
@@ -278,6 +278,16 @@ class MatMulInteger(_MatMulProduct):
         return [y.reshape(*batch, a.shape[-2], b.shape[-1])]
 
 
+def _requantized_output_dtype(kernel: Kernel, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
+    """The output type of a requantizing product (QLinearMatMul, QLinearConv): the output zero
+    point's (input 7) when it is a constant, else the first input's; None unless a byte type."""
+    zero = constants[7] if len(constants) > 7 else None
+    if zero is not None:
+        return zero.dtype if _bytes(zero) else None
+    first = kernel.ctx.input_types[0] if kernel.ctx.input_types else None
+    return numpy_dtype(first) if first in _BYTES else None
+
+
 class QLinearMatMul(_MatMulProduct):
     """The int32 product of two quantized matrices, requantized to the output's scale and
     zero point. From opset 21 the operands and output may be float8: their products are
@@ -287,12 +297,7 @@ class QLinearMatMul(_MatMulProduct):
     a_inputs = (0, 2)
     b_inputs = (3, 5)
 
-    def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
-        zero = constants[7] if len(constants) > 7 else None
-        left = self.ctx.input_types[0] if self.ctx.input_types else None
-        if zero is not None:
-            return zero.dtype if _bytes(zero) else None
-        return numpy_dtype(left) if left in _BYTES else None
+    output_dtype = _requantized_output_dtype
 
     def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
             b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
@@ -489,12 +494,7 @@ class QLinearConv(_ConvProduct):
     reduced_input = 3
     w_inputs = (3, 5)
 
-    def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
-        zero = constants[7] if len(constants) > 7 else None
-        x = self.ctx.input_types[0] if self.ctx.input_types else None
-        if zero is not None:
-            return zero.dtype if _bytes(zero) else None
-        return numpy_dtype(x) if x in _BYTES else None
+    output_dtype = _requantized_output_dtype
 
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
