@@ -43,8 +43,8 @@ from onnx_light import kernels
 from onnx_light.kernels import gemm
 from onnx_light.parallel import BLAS
 from onnx_light.runtime.session import RuntimeSession
-from onnx_light.tuning.processor import execution_descriptor
-from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile
+from onnx_light.tuning.api import set_kernel_tuning_parameters
+from onnx_light.tuning.registry import KernelTuningRegistry
 
 BLAS_SPIN_S = 0.15  # OpenBLAS's threads spin this long after a multi-threaded call
 
@@ -112,15 +112,9 @@ def registry(values: dict[str, object] | None, threads: int) -> KernelTuningRegi
     """The portable registry, with ``values`` published for Gemm and MatMul float here."""
     found = KernelTuningRegistry()
     kernels.register(found)
-    if values:
-        snapshot = found.snapshot()
-        local = execution_descriptor(threads)
-        profiles = []
-        for op in ("Gemm", "MatMul"):
-            key = gemm.gemm_schema(op, TensorProto.FLOAT).key
-            resolved = snapshot.schema(key).update(snapshot.resolve(key, local).values, values)
-            profiles.append(PublishedProfile(key, local, resolved, {"origin": "benchmark"}))
-        found.publish(profiles)
+    for op in ("Gemm", "MatMul") if values else ():
+        set_kernel_tuning_parameters(op, TensorProto.FLOAT, values, num_threads=threads,
+                                     persist=False, registry=found)
     return found
 
 

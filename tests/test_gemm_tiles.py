@@ -246,8 +246,8 @@ def test_a_session_with_tiles_matches_onnxruntime(regions):
 
     from onnx_light import kernels
     from onnx_light.runtime.session import RuntimeSession
-    from onnx_light.tuning.processor import execution_descriptor
-    from onnx_light.tuning.registry import KernelTuningRegistry, PublishedProfile
+    from onnx_light.tuning.api import set_kernel_tuning_parameters
+    from onnx_light.tuning.registry import KernelTuningRegistry
 
     rng = np.random.default_rng(8)
     w = rng.standard_normal((24, 16)).astype(np.float32)
@@ -266,13 +266,9 @@ def test_a_session_with_tiles_matches_onnxruntime(regions):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     registry = KernelTuningRegistry()
     kernels.register(registry)
-    snapshot, local = registry.snapshot(), execution_descriptor(2)
-    profiles = []
     for op in ("Gemm", "MatMul"):
-        key = gemm.gemm_schema(op, T.FLOAT).key
-        values = snapshot.schema(key).update(snapshot.resolve(key, local).values, TILES)
-        profiles.append(PublishedProfile(key, local, values, {"origin": "test"}))
-    registry.publish(profiles)
+        set_kernel_tuning_parameters(op, T.FLOAT, TILES, num_threads=2, persist=False,
+                                     registry=registry)
     feeds = {"X": rng.standard_normal((2, 1, 8, 12)).astype(np.float32),
              "Y": rng.standard_normal((3, 12, 16)).astype(np.float32)}
     options = ort.SessionOptions()
