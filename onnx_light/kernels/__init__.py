@@ -38,6 +38,7 @@ from . import (
     pooling,
     quantization,
     quantized_products,
+    random_draws,
     rearrangement,
     recurrent,
     reductions,
@@ -70,6 +71,7 @@ DECLARATIONS: dict[tuple[str, str], KernelDeclaration] = declarations_by_op(
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
     sequences.DECLARATIONS, control_flow.DECLARATIONS, ml.DECLARATIONS,
+    random_draws.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(
