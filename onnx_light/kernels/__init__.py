@@ -25,6 +25,7 @@ from . import (
     control_flow,
     conv,
     conv_transpose,
+    deform_conv,
     detection,
     elementwise,
     feature_normalization,
@@ -71,7 +72,7 @@ DECLARATIONS: dict[tuple[str, str], KernelDeclaration] = declarations_by_op(
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
     sequences.DECLARATIONS, control_flow.DECLARATIONS, ml.DECLARATIONS,
-    random_draws.DECLARATIONS,
+    random_draws.DECLARATIONS, deform_conv.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(
