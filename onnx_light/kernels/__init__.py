@@ -30,6 +30,7 @@ from . import (
     elementwise,
     feature_normalization,
     gemm,
+    images,
     indexing,
     losses,
     matrices,
@@ -72,7 +73,7 @@ DECLARATIONS: dict[tuple[str, str], KernelDeclaration] = declarations_by_op(
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
     sequences.DECLARATIONS, control_flow.DECLARATIONS, ml.DECLARATIONS,
-    random_draws.DECLARATIONS, deform_conv.DECLARATIONS,
+    random_draws.DECLARATIONS, deform_conv.DECLARATIONS, images.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(
