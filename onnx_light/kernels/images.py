@@ -1,5 +1,7 @@
-"""ImageDecoder: an encoded image (the bytes of a JPEG, PNG, BMP, TIFF, WebP, PNM or JPEG 2000
-file) decoded by Pillow into an (H, W, 3) RGB or BGR, or (H, W, 1) grayscale, uint8 tensor.
+"""Image decoding: ImageDecoder, through Pillow.
+
+The bytes of a JPEG, PNG, BMP, TIFF, WebP, PNM or JPEG 2000 file become an (H, W, 3) RGB or
+BGR, or (H, W, 1) grayscale, uint8 tensor.
 
 Pillow is an optional dependency (the ``image`` extra): a node is refused when it is built
 without Pillow installed, naming the extra. Pillow is imported then, not at

@@ -1,5 +1,4 @@
-"""Random number kernels: RandomUniform, RandomNormal, their Like variants, Bernoulli and
-Multinomial.
+"""Random number kernels: RandomUniform, RandomNormal (and Like), Bernoulli, Multinomial.
 
 Every run draws from numpy's legacy Mersenne Twister (``np.random.RandomState``), as
 Dropout does: seeded by the node's ``seed`` attribute, so a seeded node gives the same draws

@@ -1,5 +1,6 @@
-"""Text kernels: StringConcat, StringSplit, StringNormalizer, RegexFullMatch, and
-TfIdfVectorizer, which counts the n-grams of a pool in token sequences (strings or integer ids).
+"""Text kernels: StringConcat, StringSplit, StringNormalizer, RegexFullMatch, TfIdfVectorizer.
+
+TfIdfVectorizer counts the n-grams of a pool in token sequences (strings or integer ids).
 
 Strings are numpy object arrays of Python ``str``; each kernel is one Python-level pass
 (``str`` methods, ``re``) over the elements. RegexFullMatch compiles its pattern with
