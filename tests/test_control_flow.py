@@ -182,6 +182,41 @@ def test_an_error_in_a_body_names_the_node_and_every_graph_around_it():
     assert "graph 'body' of node 'outer_loop' (Loop)" in message
 
 
+def test_the_node_hook_sees_every_step_of_the_bodies_and_may_stop_the_run():
+    session = RuntimeSession(exported_model())
+    x = np.random.default_rng(1).standard_normal((BATCH, STEPS, FEATURES)).astype(np.float32)
+    calls = []
+
+    def hook(name, op_type):
+        calls.append((name, op_type))
+        return lambda: calls.append("done")
+
+    expected = session.run(None, {"x": x})
+    got = session.run(None, {"x": x}, node_hook=hook)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert calls.count(("step_state", "Gather")) == STEPS  # once per iteration of the Loop body
+    assert calls.count(("odd_or_even", "If")) == STEPS
+    # the branches' nodes: Sub on the odd steps, Add (the even branch) on the others
+    assert calls.count("done") == len(calls) / 2
+    loop = calls.index(("accumulate", "Loop"))
+    assert calls[loop + 1] == ("step_state", "Gather")  # the body runs inside the Loop's step
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop_in_the_third_iteration(name, op_type):
+        seen.append(name)
+        if seen.count("step_state") == 3:
+            raise Stop(name)
+
+    with pytest.raises(Stop, match="step_state"):  # raised as it is, not wrapped by the Loop
+        session.run(None, {"x": x}, node_hook=stop_in_the_third_iteration)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], expected[0])
+
+
 def test_an_unsupported_operator_in_a_body_is_listed_with_the_top_level_ones():
     body = helper.make_graph(
         [helper.make_node("InBody", ["v"], ["w"], domain="example.unknown"),

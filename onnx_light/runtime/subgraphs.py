@@ -15,7 +15,8 @@ lists them after its own inputs (``ControlFlow.outer_names``); the session gives
 in its plan like any input, so they stay alive until the node has run and the plan's
 dependencies (folding, fusion, branches) see them. A nested plan writes each run's values to
 a list of its own, so one body may run on several threads at once; an error names the node,
-the graph attribute and the control-flow node around it, at every level.
+the graph attribute and the control-flow node around it, at every level. A run's node hook
+(``RuntimeSession.run(node_hook=...)``) is called around every step of a body too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from onnx import numpy_helper
 
 from ..kernels.base import Kernel, KernelError, NodeContext
 from ..kernels.control_flow import ControlFlow
+from .execution import HookError, body_hook
 
 if TYPE_CHECKING:  # dispatch imports this module
     from .dispatch import UnsupportedOperator
@@ -101,18 +103,30 @@ class Subgraph:
             values[s] = value
         for position, s in self.outer_slots:
             values[s] = outer[position]
-        node = op_type = ""  # the step running, for the error below
-        try:
-            for run, step_inputs, step_outputs, node, op_type in self.steps:  # noqa: B007
-                for s, result in zip(step_outputs, run(*[values[s] for s in step_inputs]),
-                                     strict=False):
-                    values[s] = result
-        except KernelError as exc:
-            raise KernelError(f"{exc}, in {self.where}") from exc
-        except Exception as exc:
-            raise KernelError(f"node {node!r} ({op_type}) in {self.where} failed: "
-                              f"{type(exc).__name__}: {str(exc) or '(no message)'}") from exc
+        hook = body_hook()
+        for run, step_inputs, step_outputs, node, op_type in self.steps:
+            done = None if hook is None else self._hook(hook, node, op_type)
+            try:
+                results = run(*[values[s] for s in step_inputs])
+            except HookError:
+                raise
+            except KernelError as exc:
+                raise KernelError(f"{exc}, in {self.where}") from exc
+            except Exception as exc:
+                raise KernelError(f"node {node!r} ({op_type}) in {self.where} failed: "
+                                  f"{type(exc).__name__}: {str(exc) or '(no message)'}") from exc
+            if done is not None:
+                done()
+            for s, result in zip(step_outputs, results, strict=False):
+                values[s] = result
         return [values[s] for s in self.output_slots]
+
+    @staticmethod
+    def _hook(hook: Callable[[str, str], Any], node: str, op_type: str) -> Any:
+        try:
+            return hook(node, op_type)
+        except Exception as exc:  # raised as it is by the execute around
+            raise HookError(exc) from exc
 
 
 def _graph_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
