@@ -74,6 +74,12 @@ CLASSIFIERS = {
         lambda: GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0),
         Y2,
     ),
+    "scaler+gradient boosting (3 classes)": (
+        lambda: make_pipeline(
+            StandardScaler(), GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0)
+        ),
+        Y3,
+    ),
     "decision tree": (lambda: DecisionTreeClassifier(max_depth=5, random_state=0), Y3),
     "svc (rbf)": (lambda: SVC(random_state=0), Y3),
     "svc (linear, probabilities)": (lambda: SVC(kernel="linear", probability=True, random_state=0), Y3),
@@ -118,6 +124,9 @@ REGRESSORS = {
     "gradient boosting": lambda: GradientBoostingRegressor(n_estimators=10, max_depth=3, random_state=0),
     "decision tree": lambda: DecisionTreeRegressor(max_depth=5, random_state=0),
     "scaler+linear": lambda: make_pipeline(StandardScaler(), LinearRegression()),
+    "scaler+gradient boosting": lambda: make_pipeline(
+        StandardScaler(), GradientBoostingRegressor(n_estimators=10, max_depth=3, random_state=0)
+    ),
     "svr": lambda: SVR(),
 }
 
