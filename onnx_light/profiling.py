@@ -81,7 +81,9 @@ class Profiler:
     def operator_summary(self) -> list[dict[str, Any]]:
         """Per operator type, largest first: total and mean microseconds, calls, and the share
         of the summed ``model_run`` time (shares may add up past 1 where branches of the graph
-        ran side by side, and stay below it by the time spent between nodes)."""
+        ran side by side or where a control-flow node's time holds its bodies' nodes, which
+        are listed too, as onnxruntime lists them, and stay below it by the time spent
+        between nodes)."""
         run_time = sum(e["dur"] for e in self._events if e["cat"] == "Session"
                        and e["name"] == "model_run")
         totals: dict[str, list[int]] = {}
