@@ -98,11 +98,13 @@ def test_multinomial_samples_classes_with_the_softmax_of_the_logits():
         ("RandomNormal", {"shape": [2], "scale": -1.0}, "scale must not be negative"),
         ("Multinomial", {"dtype": F}, "dtype 1 is not supported"),
         ("Multinomial", {"sample_size": 0}, "sample_size must be positive"),
+        ("RandomUniformLike", {}, "the input's type int64 cannot hold the draws"),
     ],
 )
 def test_bad_attributes_are_refused_naming_the_node(op_type, attributes, message):
     """What onnx's checker lets through (or, built directly, what it would refuse)."""
     kernel = getattr(random_draws, op_type)
     with pytest.raises(KernelError, match=message) as error:
-        kernel(NodeContext("draw", op_type, "", 22, attributes, (F,), (F,), 1))
+        input_type = TensorProto.INT64 if op_type.endswith("Like") else F
+        kernel(NodeContext("draw", op_type, "", 22, attributes, (input_type,), (F,), 1))
     assert "'draw' (" + op_type in str(error.value)

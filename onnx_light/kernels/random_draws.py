@@ -71,6 +71,12 @@ class _Distribution(_Draw):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.dtype = _dtype(ctx, None if self.like else T.FLOAT, FLOAT_TYPES)
+        given = ctx.input_types[0] if self.like and ctx.input_types else None
+        if self.dtype is None and given and given not in FLOAT_TYPES:
+            raise ctx.error(
+                f"the input's type {element_type_name(given)} cannot hold the draws; "
+                "set dtype to a floating point type"
+            )
         self.shape = None if self.like else ints(ctx.attribute("shape"))
         if not self.like and self.shape is None:
             raise ctx.error("attribute 'shape' is required")
