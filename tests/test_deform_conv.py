@@ -1,5 +1,6 @@
-"""DeformConv against onnx's reference evaluator on random inputs (groups, offset groups,
-strides, dilations, pads, bias, mask) and, with zero offsets, against onnxruntime's Conv."""
+"""DeformConv against onnxruntime on random inputs (groups, offset groups, strides,
+dilations, pads, bias, mask), against onnx's reference evaluator on one of them, and, with
+zero offsets, against onnxruntime's Conv."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def _inputs(channels, groups, offset_groups, kernel, strides, dilations, pads, b
         (6, 1, 3, (3, 2), (1, 2), (2, 1), (2, 0, 1, 1), True, True),
     ],
 )
-def test_deform_conv_matches_onnxs_reference(
+def test_deform_conv_matches_onnxruntime(
     channels, groups, offset_groups, kernel, strides, dilations, pads, bias, mask
 ):
     inputs = _inputs(channels, groups, offset_groups, kernel, strides, dilations, pads, bias, mask)
@@ -69,8 +70,13 @@ def test_deform_conv_matches_onnxs_reference(
         pads=list(pads),
     )
     (ours,) = RuntimeSession(model).run(None, inputs)
-    (reference,) = ReferenceEvaluator(model).run(None, inputs)
-    np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+    (theirs,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, inputs
+    )
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    if groups == 2:  # the reference evaluator's loops are slow: one case
+        (reference,) = ReferenceEvaluator(model).run(None, inputs)
+        np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5)
 
 
 def test_deform_conv_with_zero_offsets_is_onnxruntimes_conv():
