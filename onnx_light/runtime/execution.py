@@ -52,12 +52,12 @@ def body_hook() -> NodeHook | None:
 
 
 def _failure(step: Step, exc: Exception) -> RuntimeError:
-    return RuntimeError(f"node {step.node!r} ({step.op_type}) failed: "
-                        f"{type(exc).__name__}: {str(exc) or '(no message)'}")
+    return RuntimeError(
+        f"node {step.node!r} ({step.op_type}) failed: {type(exc).__name__}: {str(exc) or '(no message)'}"
+    )
 
 
-def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool,
-            hook: NodeHook | None = None) -> None:
+def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool, hook: NodeHook | None = None) -> None:
     """Run ``plan``'s steps in order, each writing its outputs into ``values`` and freeing
     the values it reads last; a :class:`Branches` item runs its branches on the pool."""
     outer, _running.hook = body_hook(), hook
@@ -93,16 +93,20 @@ def _execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool, hook: Nod
             values[s] = None
 
 
-def _execute_branch(steps: Sequence[Any], values: list[Any], pool: ThreadPool,
-                    hook: NodeHook | None) -> None:
+def _execute_branch(steps: Sequence[Any], values: list[Any], pool: ThreadPool, hook: NodeHook | None) -> None:
     """One branch, on whichever pool thread took it; numpy's error state is per thread,
     so the branch sets it there too (its kernels then skip their own)."""
     with quiet():
         execute(steps, values, pool, hook)
 
 
-def bind_plan(plan: Sequence[Any], buffers: Sequence[np.ndarray], assignment: Mapping[int, int],
-              none_slot: int, pool: ThreadPool) -> BoundPlan:
+def bind_plan(
+    plan: Sequence[Any],
+    buffers: Sequence[np.ndarray],
+    assignment: Mapping[int, int],
+    none_slot: int,
+    pool: ThreadPool,
+) -> BoundPlan:
     """The plan's items as callables over a run's values: a prepared step (``Step.prepared``)
     computes into its buffer (``assignment``: slot -> index in ``buffers``) or, for a graph
     output, into a new array; any other step calls its kernel. ``none_slot``: a slot that
@@ -111,9 +115,16 @@ def bind_plan(plan: Sequence[Any], buffers: Sequence[np.ndarray], assignment: Ma
     return plan, tuple(_bound(item, buffers, assignment, reused, none_slot, pool) for item in plan)
 
 
-def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, int],
-           reused: Collection[int], none_slot: int, pool: ThreadPool) -> BoundCall:
+def _bound(
+    item: Any,
+    buffers: Sequence[np.ndarray],
+    assignment: Mapping[int, int],
+    reused: Collection[int],
+    none_slot: int,
+    pool: ThreadPool,
+) -> BoundCall:
     if type(item) is Branches:
+
         def branches(values: list[Any]) -> None:
             item.run(functools.partial(_execute_branch, values=values, pool=pool, hook=None), pool)
             for s in item.release:
@@ -151,6 +162,7 @@ def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, in
                 compute(values[a], values[b], out=buffer)
                 values[output] = buffer
         else:
+
             def call(values: list[Any]) -> None:
                 compute(*[values[s] for s in inputs], out=buffer)
                 values[output] = buffer
@@ -161,6 +173,7 @@ def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, in
             out = np.empty(shape, dtype)
             compute(*[values[s] for s in inputs], out=out)
             values[output] = out
+
     if not release:
         return call
     written = call
