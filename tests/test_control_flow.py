@@ -7,6 +7,7 @@ ONNX's node test cases for these operators run in tests/test_backend.py.
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -244,6 +245,29 @@ def test_the_node_hook_sees_every_step_of_the_bodies_and_may_stop_the_run():
     with pytest.raises(Stop, match="step_state"):  # raised as it is, not wrapped by the Loop
         session.run(None, {"x": x}, node_hook=stop_in_the_third_iteration)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], expected[0])
+
+
+def _profiled_nodes(module, tmp_path, name):
+    options = module.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / name)
+    session = module.InferenceSession(
+        exported_model().SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    session.run(None, {"x": np.zeros((BATCH, STEPS, FEATURES), np.float32)})
+    events = json.loads(Path(session.end_profiling()).read_text())
+    return [e["name"] for e in events if e["cat"] == "Node"]
+
+
+def test_a_profile_lists_the_bodies_nodes_as_onnxruntimes_does(tmp_path):
+    import onnx_light
+
+    ort = pytest.importorskip("onnxruntime")
+    ours = _profiled_nodes(onnx_light, tmp_path, "ours")
+    theirs = _profiled_nodes(ort, tmp_path, "theirs")
+    in_bodies = {"step_state_kernel_time", "odd_or_even_kernel_time"}  # the named body nodes
+    assert in_bodies <= set(theirs) and in_bodies <= set(ours)
+    assert ours.count("step_state_kernel_time") == STEPS
 
 
 def test_an_unsupported_operator_in_a_body_is_listed_with_the_top_level_ones():
