@@ -40,13 +40,19 @@ class Profiler:
         self._pid = os.getpid()
         self._events: list[dict[str, Any]] = []  # list.append is atomic
 
-    def _event(self, category: str, name: str, started_ns: int, ended_ns: int,
-               args: dict[str, Any]) -> None:
-        self._events.append({
-            "cat": category, "pid": self._pid, "tid": threading.get_native_id(),
-            "dur": (ended_ns - started_ns) // 1000, "ts": (started_ns - self._origin) // 1000,
-            "ph": "X", "name": name, "args": args,
-        })
+    def _event(self, category: str, name: str, started_ns: int, ended_ns: int, args: dict[str, Any]) -> None:
+        self._events.append(
+            {
+                "cat": category,
+                "pid": self._pid,
+                "tid": threading.get_native_id(),
+                "dur": (ended_ns - started_ns) // 1000,
+                "ts": (started_ns - self._origin) // 1000,
+                "ph": "X",
+                "name": name,
+                "args": args,
+            }
+        )
 
     def session_event(self, name: str, started_ns: int, ended_ns: int | None = None) -> None:
         """A session-level event (``model_loading_uri``, ``session_initialization``,
@@ -59,8 +65,13 @@ class Profiler:
         started = time.perf_counter_ns()
 
         def done() -> None:
-            self._event("Node", f"{name}_kernel_time", started, time.perf_counter_ns(),
-                        {"op_name": op_type, "provider": PROVIDER})
+            self._event(
+                "Node",
+                f"{name}_kernel_time",
+                started,
+                time.perf_counter_ns(),
+                {"op_name": op_type, "provider": PROVIDER},
+            )
 
         return done
 
@@ -81,16 +92,24 @@ class Profiler:
     def operator_summary(self) -> list[dict[str, Any]]:
         """Per operator type, largest first: total and mean microseconds, calls, and the share
         of the summed ``model_run`` time (shares may add up past 1 where branches of the graph
-        ran side by side, and stay below it by the time spent between nodes)."""
-        run_time = sum(e["dur"] for e in self._events if e["cat"] == "Session"
-                       and e["name"] == "model_run")
+        ran side by side or where a control-flow node's time holds its bodies' nodes, which
+        are listed too, as onnxruntime lists them, and stay below it by the time spent
+        between nodes)."""
+        run_time = sum(e["dur"] for e in self._events if e["cat"] == "Session" and e["name"] == "model_run")
         totals: dict[str, list[int]] = {}
         for event in self._events:
             if event["cat"] == "Node":
                 entry = totals.setdefault(event["args"]["op_name"], [0, 0])
                 entry[0] += event["dur"]
                 entry[1] += 1
-        rows = [{"op_type": op, "total_us": total, "calls": calls, "mean_us": total / calls,
-                 "share": total / run_time if run_time else 0.0}
-                for op, (total, calls) in totals.items()]
+        rows = [
+            {
+                "op_type": op,
+                "total_us": total,
+                "calls": calls,
+                "mean_us": total / calls,
+                "share": total / run_time if run_time else 0.0,
+            }
+            for op, (total, calls) in totals.items()
+        ]
         return sorted(rows, key=lambda row: (-row["total_us"], row["op_type"]))

@@ -3,8 +3,8 @@ kernels) and compared with scikit-learn's own predictions and with onnxruntime o
 ONNX model: labels equal, probabilities and predictions within float32 tolerance.
 
 The data are small and seeded (60 rows, 4 features), and so are the models (a few shallow
-trees), to keep the file quick; classifiers are converted without ZipMap (its output, a
-list of dicts, is tested on the kernel).
+trees), to keep the file quick; classifiers are converted without ZipMap, but for one test
+of its output, a list of dicts.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def _both(onnx_model, feeds):
     ours = RuntimeSession(onnx_model, num_threads=1).run(None, feeds)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    theirs = ort.InferenceSession(onnx_model.SerializeToString(), options,
-                                  providers=["CPUExecutionProvider"]).run(None, feeds)
+    theirs = ort.InferenceSession(
+        onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    ).run(None, feeds)
     return ours, theirs
 
 
@@ -61,12 +62,24 @@ CLASSIFIERS = {
     "scaler+logistic (3 classes)": (lambda: make_pipeline(StandardScaler(), LogisticRegression()), Y3),
     "scaler+logistic (binary)": (lambda: make_pipeline(StandardScaler(), LogisticRegression()), Y2),
     "random forest": (lambda: RandomForestClassifier(n_estimators=8, max_depth=4, random_state=0), Y3),
-    "random forest (binary)": (lambda: RandomForestClassifier(n_estimators=8, max_depth=4,
-                                                              random_state=0), Y2),
-    "gradient boosting (3 classes)": (lambda: GradientBoostingClassifier(n_estimators=10, max_depth=2,
-                                                                         random_state=0), Y3),
-    "gradient boosting (binary)": (lambda: GradientBoostingClassifier(n_estimators=10, max_depth=2,
-                                                                      random_state=0), Y2),
+    "random forest (binary)": (
+        lambda: RandomForestClassifier(n_estimators=8, max_depth=4, random_state=0),
+        Y2,
+    ),
+    "gradient boosting (3 classes)": (
+        lambda: GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0),
+        Y3,
+    ),
+    "gradient boosting (binary)": (
+        lambda: GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0),
+        Y2,
+    ),
+    "scaler+gradient boosting (3 classes)": (
+        lambda: make_pipeline(
+            StandardScaler(), GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0)
+        ),
+        Y3,
+    ),
     "decision tree": (lambda: DecisionTreeClassifier(max_depth=5, random_state=0), Y3),
     "svc (rbf)": (lambda: SVC(random_state=0), Y3),
     "svc (linear, probabilities)": (lambda: SVC(kernel="linear", probability=True, random_state=0), Y3),
@@ -90,11 +103,30 @@ def test_a_classifier_matches_scikit_learn_and_onnxruntime(name):
         np.testing.assert_allclose(scores, model.predict_proba(X), atol=tolerance)
 
 
+@pytest.mark.parametrize(("name", "y"), [("string labels", Y3.astype(str)), ("integer labels", Y2)])
+def test_a_classifier_with_zipmap_gives_onnxruntimes_list_of_dicts(name, y):
+    model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+    onnx_model = _convert(model, X, zipmap=True)
+    session = RuntimeSession(onnx_model, num_threads=1)
+    ort_session = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [o.type for o in session.get_outputs()] == [o.type for o in ort_session.get_outputs()]
+    (labels, rows), (ort_labels, ort_rows) = _both(onnx_model, {"X": X})
+    np.testing.assert_array_equal(labels, ort_labels)
+    assert isinstance(rows, list) and len(rows) == len(X)
+    assert [sorted(row) for row in rows] == [sorted(row) for row in ort_rows]
+    for row, ort_row in zip(rows, ort_rows, strict=True):
+        np.testing.assert_allclose([row[k] for k in ort_row], list(ort_row.values()), rtol=1e-5, atol=1e-6)
+    assert session.run(None, {"X": X})[1][0] is not rows[0]  # every run makes its own dicts
+
+
 REGRESSORS = {
     "random forest": lambda: RandomForestRegressor(n_estimators=8, max_depth=4, random_state=0),
     "gradient boosting": lambda: GradientBoostingRegressor(n_estimators=10, max_depth=3, random_state=0),
     "decision tree": lambda: DecisionTreeRegressor(max_depth=5, random_state=0),
     "scaler+linear": lambda: make_pipeline(StandardScaler(), LinearRegression()),
+    "scaler+gradient boosting": lambda: make_pipeline(
+        StandardScaler(), GradientBoostingRegressor(n_estimators=10, max_depth=3, random_state=0)
+    ),
     "svr": lambda: SVR(),
 }
 
@@ -112,8 +144,9 @@ def test_a_column_transformer_with_one_hot_encoding_matches():
     """One-hot encoded categories (int64 codes) beside scaled numbers, then a linear model."""
     categories = RNG.integers(0, 4, (60, 1)).astype(np.int64)
     target = (YR + categories[:, 0]).astype(np.float32)
-    frame_columns = ColumnTransformer([("onehot", OneHotEncoder(handle_unknown="ignore"), [0]),
-                                       ("scale", StandardScaler(), [1, 2, 3, 4])])
+    frame_columns = ColumnTransformer(
+        [("onehot", OneHotEncoder(handle_unknown="ignore"), [0]), ("scale", StandardScaler(), [1, 2, 3, 4])]
+    )
     data = np.hstack([categories, X]).astype(np.float32)
     model = make_pipeline(frame_columns, LinearRegression()).fit(data, target)
     onnx_model = _convert(model, data)

@@ -25,10 +25,12 @@ from . import (
     control_flow,
     conv,
     conv_transpose,
+    deform_conv,
     detection,
     elementwise,
     feature_normalization,
     gemm,
+    images,
     indexing,
     losses,
     matrices,
@@ -38,6 +40,7 @@ from . import (
     pooling,
     quantization,
     quantized_products,
+    random_draws,
     rearrangement,
     recurrent,
     reductions,
@@ -70,6 +73,7 @@ DECLARATIONS: dict[tuple[str, str], KernelDeclaration] = declarations_by_op(
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
     sequences.DECLARATIONS, control_flow.DECLARATIONS, ml.DECLARATIONS,
+    random_draws.DECLARATIONS, deform_conv.DECLARATIONS, images.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(

@@ -1,6 +1,8 @@
 """Running a plan over a run's list of values (one entry per slot).
 
-:func:`execute` walks the plan's steps, calling a node hook around each when one is given;
+:func:`execute` walks the plan's steps, calling a node hook around each when one is given,
+and around each step of the bodies that control-flow steps run (:func:`body_hook` gives the
+hook to :class:`~onnx_light.runtime.subgraphs.Subgraph`, which runs on the same thread);
 :func:`bind_plan` turns the plan, once per set of buffers, into a list of prebound callables
 (a prepared step writes into its buffer, any other calls ``kernel.run``), which
 :func:`run_bound` calls in order: the steady-state path, with no per-step work beyond the
@@ -10,6 +12,7 @@ calls themselves.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +23,7 @@ from ..parallel import ThreadPool
 from .branches import Branches
 from .plan import Step
 
-__all__ = ["BoundPlan", "NodeHook", "bind_plan", "execute", "run_bound"]
+__all__ = ["BoundPlan", "HookError", "NodeHook", "bind_plan", "body_hook", "execute", "run_bound"]
 
 # Called before each step of a run with the node's name and op type; may return a callable to
 # call once the step is done.
@@ -30,15 +33,43 @@ BoundCall = Callable[[list[Any]], None]
 BoundPlan = tuple[Sequence[Any], tuple[BoundCall, ...]]
 
 
+_running = threading.local()
+
+
+class HookError(Exception):
+    """What a node hook raised before a step of a body (a terminated run, say), carried out
+    of the steps around it, which would otherwise wrap it, and raised as it is by
+    :func:`execute`."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def body_hook() -> NodeHook | None:
+    """The hook of the :func:`execute` running on this thread, for the bodies its steps run."""
+    return getattr(_running, "hook", None)
+
+
 def _failure(step: Step, exc: Exception) -> RuntimeError:
-    return RuntimeError(f"node {step.node!r} ({step.op_type}) failed: "
-                        f"{type(exc).__name__}: {str(exc) or '(no message)'}")
+    return RuntimeError(
+        f"node {step.node!r} ({step.op_type}) failed: {type(exc).__name__}: {str(exc) or '(no message)'}"
+    )
 
 
-def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool,
-            hook: NodeHook | None = None) -> None:
+def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool, hook: NodeHook | None = None) -> None:
     """Run ``plan``'s steps in order, each writing its outputs into ``values`` and freeing
     the values it reads last; a :class:`Branches` item runs its branches on the pool."""
+    outer, _running.hook = body_hook(), hook
+    try:
+        _execute(plan, values, pool, hook)
+    except HookError as carried:
+        raise carried.error from None
+    finally:
+        _running.hook = outer
+
+
+def _execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool, hook: NodeHook | None) -> None:
     for step in plan:
         if type(step) is Branches:
             step.run(functools.partial(_execute_branch, values=values, pool=pool, hook=hook), pool)
@@ -49,7 +80,7 @@ def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool,
         arguments = [None if s is None else values[s] for s in step.inputs]
         try:
             results = step.run(*arguments)
-        except KernelError:
+        except (KernelError, HookError):
             raise
         except Exception as exc:
             raise _failure(step, exc) from exc
@@ -62,16 +93,20 @@ def execute(plan: Sequence[Any], values: list[Any], pool: ThreadPool,
             values[s] = None
 
 
-def _execute_branch(steps: Sequence[Any], values: list[Any], pool: ThreadPool,
-                    hook: NodeHook | None) -> None:
+def _execute_branch(steps: Sequence[Any], values: list[Any], pool: ThreadPool, hook: NodeHook | None) -> None:
     """One branch, on whichever pool thread took it; numpy's error state is per thread,
     so the branch sets it there too (its kernels then skip their own)."""
     with quiet():
         execute(steps, values, pool, hook)
 
 
-def bind_plan(plan: Sequence[Any], buffers: Sequence[np.ndarray], assignment: Mapping[int, int],
-              none_slot: int, pool: ThreadPool) -> BoundPlan:
+def bind_plan(
+    plan: Sequence[Any],
+    buffers: Sequence[np.ndarray],
+    assignment: Mapping[int, int],
+    none_slot: int,
+    pool: ThreadPool,
+) -> BoundPlan:
     """The plan's items as callables over a run's values: a prepared step (``Step.prepared``)
     computes into its buffer (``assignment``: slot -> index in ``buffers``) or, for a graph
     output, into a new array; any other step calls its kernel. ``none_slot``: a slot that
@@ -80,9 +115,16 @@ def bind_plan(plan: Sequence[Any], buffers: Sequence[np.ndarray], assignment: Ma
     return plan, tuple(_bound(item, buffers, assignment, reused, none_slot, pool) for item in plan)
 
 
-def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, int],
-           reused: Collection[int], none_slot: int, pool: ThreadPool) -> BoundCall:
+def _bound(
+    item: Any,
+    buffers: Sequence[np.ndarray],
+    assignment: Mapping[int, int],
+    reused: Collection[int],
+    none_slot: int,
+    pool: ThreadPool,
+) -> BoundCall:
     if type(item) is Branches:
+
         def branches(values: list[Any]) -> None:
             item.run(functools.partial(_execute_branch, values=values, pool=pool, hook=None), pool)
             for s in item.release:
@@ -120,6 +162,7 @@ def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, in
                 compute(values[a], values[b], out=buffer)
                 values[output] = buffer
         else:
+
             def call(values: list[Any]) -> None:
                 compute(*[values[s] for s in inputs], out=buffer)
                 values[output] = buffer
@@ -130,6 +173,7 @@ def _bound(item: Any, buffers: Sequence[np.ndarray], assignment: Mapping[int, in
             out = np.empty(shape, dtype)
             compute(*[values[s] for s in inputs], out=out)
             values[output] = out
+
     if not release:
         return call
     written = call

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import onnx
 
 from ..tuning.keys import element_type_name
@@ -33,6 +34,10 @@ def type_text(type_proto: onnx.TypeProto) -> str | None:
     if kind in ("sequence_type", "optional_type"):
         inner = type_text(getattr(type_proto, kind).elem_type)
         return None if inner is None else f"{'seq' if kind == 'sequence_type' else 'optional'}({inner})"
+    if kind == "map_type" and type_proto.map_type.key_type:
+        inner = type_text(type_proto.map_type.value_type)
+        key = element_type_name(type_proto.map_type.key_type)
+        return None if inner is None else f"map({key},{inner})"
     return None
 
 
@@ -64,16 +69,20 @@ class ValueFeed:
         if not isinstance(value, (list, tuple)):
             from .feeds import InvalidInputError  # feeds imports this module
 
-            raise InvalidInputError(f"input {self.name!r}: expected a sequence (a list of "
-                                    f"arrays), got {type(value).__name__}")
+            raise InvalidInputError(
+                f"input {self.name!r}: expected a sequence (a list of arrays), got {type(value).__name__}"
+            )
         return [self.element.check(item) for item in value]
 
 
 def hand_over(value: Any, copy: bool) -> Any:
     """An output as a caller gets it: an array (copied when ``copy`` says it may share memory,
-    or when read-only), a list of such, or None (an empty optional)."""
+    or when read-only), a list of such, a dict of its own (ZipMap's rows, whose values are
+    Python scalars, as onnxruntime gives them), or None (an empty optional)."""
     if isinstance(value, list):
         return [hand_over(item, copy) for item in value]
-    if value is None:
-        return None
+    if isinstance(value, dict):
+        return {key: hand_over(item, copy) for key, item in value.items()}
+    if value is None or not isinstance(value, np.ndarray):
+        return value
     return value.copy() if copy or not value.flags.writeable else value
