@@ -93,8 +93,9 @@ def transform_inputs(xp: np.ndarray, matrix: np.ndarray, out: np.ndarray, c0: in
 
     Per channel, the inputs of every tile are gathered (alpha^2 runs over the tiles), then
     combined along the tile's columns, then along its rows: every pass is a contiguous run
-    over the block's tiles, which LLVM vectorises. The loops index flat buffers with unsigned
-    offsets and make no views (see :mod:`onnx_light.kernels.conv.depthwise`)."""
+    over the block's tiles, which LLVM vectorises (each output the first nonzero term, then
+    the others added: every row of the matrix has one). The loops index flat buffers with
+    unsigned offsets and make no views (see :mod:`onnx_light.kernels.conv.depthwise`)."""
     height, width = xp.shape[1], xp.shape[2]
     alpha = np.uintp(matrix.shape[0])
     utile, count, tiles = np.uintp(tile), np.uintp(out.shape[1]), np.uintp(out.shape[2])
@@ -102,7 +103,6 @@ def transform_inputs(xp: np.ndarray, matrix: np.ndarray, out: np.ndarray, c0: in
     gathered = np.empty(alpha * alpha * tiles, xp.dtype)
     columns = np.empty(alpha * alpha * tiles, xp.dtype)
     source, target, coefficients = xp.reshape(-1), out.reshape(-1), matrix.reshape(-1)
-    zero = xp.dtype.type(0)
     for c in range(np.uintp(c0), np.uintp(c1)):
         plane = c * np.uintp(height * width)
         for j in range(alpha):
@@ -116,25 +116,33 @@ def transform_inputs(xp: np.ndarray, matrix: np.ndarray, out: np.ndarray, c0: in
         for j in range(alpha):
             for k in range(alpha):
                 into = (j * alpha + k) * tiles
-                for t in range(tiles):
-                    columns[into + t] = zero
+                started = False
                 for m in range(alpha):
                     coefficient = coefficients[k * alpha + m]
                     if coefficient != 0:
                         at = (j * alpha + m) * tiles
-                        for t in range(tiles):
-                            columns[into + t] += coefficient * gathered[at + t]
+                        if not started:
+                            for t in range(tiles):
+                                columns[into + t] = coefficient * gathered[at + t]
+                            started = True
+                        else:
+                            for t in range(tiles):
+                                columns[into + t] += coefficient * gathered[at + t]
         for i in range(alpha):
             for k in range(alpha):
                 into = ((i * alpha + k) * count + c - np.uintp(c0) + np.uintp(into_channel)) * tiles
-                for t in range(tiles):
-                    target[into + t] = zero
+                started = False
                 for j in range(alpha):
                     coefficient = coefficients[i * alpha + j]
                     if coefficient != 0:
                         at = (j * alpha + k) * tiles
-                        for t in range(tiles):
-                            target[into + t] += coefficient * columns[at + t]
+                        if not started:
+                            for t in range(tiles):
+                                target[into + t] = coefficient * columns[at + t]
+                            started = True
+                        else:
+                            for t in range(tiles):
+                                target[into + t] += coefficient * columns[at + t]
 
 
 @compiled(fastmath=True)
@@ -153,19 +161,22 @@ def transform_outputs(m: np.ndarray, matrix: np.ndarray, bias: np.ndarray, out: 
     rows = np.empty(tile * alpha * tiles, out.dtype)
     result = np.empty(tile * tile * tiles, out.dtype)
     source, target, coefficients = m.reshape(-1), out.reshape(-1), matrix.reshape(-1)
-    zero = out.dtype.type(0)
     for f in range(np.uintp(planes)):
         for i in range(tile):
             for k in range(alpha):
                 into = (i * alpha + k) * tiles
-                for t in range(tiles):
-                    rows[into + t] = zero
+                started = False
                 for j in range(alpha):
                     coefficient = coefficients[i * alpha + j]
                     if coefficient != 0:
                         at = ((j * alpha + k) * np.uintp(planes) + f) * tiles
-                        for t in range(tiles):
-                            rows[into + t] += coefficient * source[at + t]
+                        if not started:
+                            for t in range(tiles):
+                                rows[into + t] = coefficient * source[at + t]
+                            started = True
+                        else:
+                            for t in range(tiles):
+                                rows[into + t] += coefficient * source[at + t]
         for i in range(tile):
             for k in range(tile):
                 into = (i * tile + k) * tiles
@@ -181,9 +192,10 @@ def transform_outputs(m: np.ndarray, matrix: np.ndarray, bias: np.ndarray, out: 
         for row in range(np.uintp(s), np.uintp(e)):
             ty, i = row // tile - np.uintp(a), row % tile
             line = plane + row * np.uintp(width)
-            at = i * tile * tiles + ty * tw
-            for q in range(np.uintp(width)):
-                target[line + q] = result[at + (q % tile) * tiles + q // tile]
+            for k in range(min(tile, np.uintp(width))):  # column k of every tile of the row
+                at = (i * tile + k) * tiles + ty * tw
+                for t in range((np.uintp(width) - k + tile - 1) // tile):
+                    target[line + t * tile + k] = result[at + t]
 
 
 def compile_transforms(dtype: np.dtype | type) -> None:
