@@ -306,3 +306,31 @@ def test_random_convolutions_match_the_reference_within_the_bound(
     if relu:
         reference = np.maximum(reference, 0)
     assert np.all(np.abs(got.astype(np.float64) - reference) <= bound)
+
+
+def test_calibration_turns_the_large_tile_off_where_it_is_slower(monkeypatch):
+    """With a clock on which F(4x4, 3x3) is slow, the calibration validates the candidates and
+    keeps one that computes ResNet-50's 64 x 56 x 56 convolution without it."""
+    from onnx_light.kernels.conv import algorithms
+    from onnx_light.tuning.calibration import Budget
+    from onnx_light.tuning.processor import execution_descriptor
+
+    clock = [0.0]
+    block = algorithms._Winograd.block
+
+    def slow_block(self, *arguments):
+        if self.tiling is winograd.F4:
+            clock[0] += 1.0
+        block(self, *arguments)
+
+    def timer():
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(algorithms._Winograd, "block", slow_block)
+    corpus = (conv.CorpusCase("resnet50_3x3", "test", 64, (56, 56), 64, (3, 3), pads=(1, 1, 1, 1)),)
+    result = conv.calibrate_conv(conv.DECLARATIONS[0], conv.conv_schema(T.FLOAT).key,
+                                 execution_descriptor(1), Budget(120.0, 1 << 30, 1), timer=timer,
+                                 corpus=corpus)
+    assert not result.portable_kept
+    assert result.values[conv.LARGE_TILE_CHANNELS] == conv.NEVER or result.values[conv.ALGORITHM] == "im2col"
