@@ -297,7 +297,8 @@ class _Winograd(_Algorithm):
             (np.abs(tiling.input) if magnitudes else tiling.input).astype(dtype))
         self.output_matrix = read_only(
             (np.abs(tiling.output) if magnitudes else tiling.output).astype(dtype))
-        self.bias_values = read_only(np.zeros(problem.filters, dtype) if b is None else b)
+        self.bias_values = read_only(np.zeros(problem.filters, dtype) if b is None
+                                     else np.ascontiguousarray(b))
         if filters is None:
             shaped = w.reshape(problem.groups, self.mg, self.cg, 3, 3)
             filters = winograd.transform_filters(shaped, dtype, tiling, magnitudes)
