@@ -5,7 +5,8 @@ schema, typed configuration), :mod:`~onnx_light.kernels.conv.problem` (one call'
 parallel plan), :mod:`~onnx_light.kernels.conv.blocks` (what the algorithms share, how a plan
 runs them), :mod:`~onnx_light.kernels.conv.algorithms` (one class per algorithm),
 :mod:`~onnx_light.kernels.conv.depthwise` (the compiled depthwise convolution),
-:mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) arithmetic),
+:mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) and F(4x4, 3x3)
+arithmetic),
 :mod:`~onnx_light.kernels.conv.kernel` (:class:`ConvKernel`),
 :mod:`~onnx_light.kernels.conv.numerics` (:func:`error_bound`) and
 :mod:`~onnx_light.kernels.conv.calibration` (the calibration callback and its corpus). The
@@ -33,7 +34,10 @@ from .config import (
     AUTO_DEPTHWISE,
     BLOCK_BYTES,
     CONV_TYPES,
+    LARGE_TILE_CHANNELS,
+    LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
+    NEVER,
     OPSET_TYPES,
     REFERENCE,
     SPLIT,
@@ -56,7 +60,10 @@ __all__ = [
     "CORPUS",
     "DECLARATIONS",
     "KERNELS",
+    "LARGE_TILE_CHANNELS",
+    "LARGE_TILE_OUTPUTS",
     "MINIMUM_FLOPS",
+    "NEVER",
     "REFERENCE",
     "SPLIT",
     "SPLITS",

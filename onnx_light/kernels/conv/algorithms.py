@@ -16,7 +16,7 @@ from ...parallel import ThreadPool
 from ..window import pad_spatial
 from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block
-from .depthwise import _CompiledDepthwise
+from .depthwise import _CompiledDepthwise, read_only
 from .problem import _Problem
 
 
@@ -269,90 +269,93 @@ class _PerFilter(_Pointwise):
 
 
 class _Winograd(_Algorithm):
-    """Winograd F(2x2, 3x3) (:mod:`onnx_light.kernels.winograd`) for 2-D 3x3 convolutions with
-    stride and dilation 1: per block of tile rows, the input transform of every channel, one
-    batched product (16 x groups products of filters x channels times channels x tiles), then
-    the output transform, written into the rows of the block.
+    """Winograd F(m x m, 3x3) (:mod:`onnx_light.kernels.conv.winograd`, m = ``tiling.tile``)
+    for 2-D 3x3 convolutions with stride and dilation 1: per block of tile rows, the input
+    transform of every channel, one batched product (alpha^2 x groups products of filters x
+    channels times channels x tiles), then the output transform with the bias, written into
+    the rows of the block.
 
-    ``filters`` are the transformed filters (16, groups, filters, channels) when the kernel
-    computed them once (constant weights); ``magnitudes`` runs the same passes with the
-    absolute values of the matrices (for :func:`error_bound`, on absolute values).
+    ``filters`` are the transformed filters (alpha^2, groups, filters, channels) when the
+    kernel computed them once (constant weights); ``magnitudes`` runs the same passes with
+    the absolute values of the matrices (for :func:`error_bound`, on absolute values).
     """
-
-    row_unit: ClassVar[int] = winograd.TILE  # threads share no tile row
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
                  epilogue: Callable[[np.ndarray], None] | None = None,
-                 filters: np.ndarray | None = None, magnitudes: bool = False) -> None:
+                 filters: np.ndarray | None = None, magnitudes: bool = False,
+                 tiling: winograd.Tiling = winograd.F2) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = self.window
-        self.tiles = tuple(-(-o // winograd.TILE) for o in window.output)
-        tail = tuple(winograd.TILE * t - o for t, o in zip(self.tiles, window.output, strict=True))
-        self.xp = pad_spatial(x, window, tail=tail)
-        self.input_matrix = np.abs(winograd.INPUT) if magnitudes else winograd.INPUT
-        self.output_matrix = np.abs(winograd.OUTPUT) if magnitudes else winograd.OUTPUT
+        self.tiling = tiling
+        self.row_unit = tiling.tile  # threads share no tile row
+        self.tiles = tuple(-(-o // tiling.tile) for o in window.output)
+        tail = tuple(tiling.tile * t - o for t, o in zip(self.tiles, window.output, strict=True))
+        self.xp = read_only(pad_spatial(x, window, tail=tail))
+        dtype = x.dtype
+        self.input_matrix = read_only(
+            (np.abs(tiling.input) if magnitudes else tiling.input).astype(dtype))
+        self.output_matrix = read_only(
+            (np.abs(tiling.output) if magnitudes else tiling.output).astype(dtype))
+        self.bias_values = read_only(np.zeros(problem.filters, dtype) if b is None
+                                     else np.ascontiguousarray(b))
         if filters is None:
             shaped = w.reshape(problem.groups, self.mg, self.cg, 3, 3)
-            filters = (winograd.transform_filters(shaped, x.dtype, np.abs(winograd.FILTER))
-                       if magnitudes else winograd.transform_filters(shaped, x.dtype))
+            filters = winograd.transform_filters(shaped, dtype, tiling, magnitudes)
         self.filters = filters
+        self.planes = out.reshape(-1, *window.output)
+        self.transform_inputs = winograd.transform_inputs.dispatcher
+        self.transform_outputs = winograd.transform_outputs.dispatcher
 
     def _tile_rows(self, r0: int, r1: int) -> tuple[int, int]:
         """The tile rows that cover output rows r0:r1."""
-        return r0 // winograd.TILE, -(-r1 // winograd.TILE)
+        return r0 // self.tiling.tile, -(-r1 // self.tiling.tile)
 
     def _step(self, channels: int, filters: int, tile_rows: int) -> int:
-        """Tile rows per block: the transforms' buffers of one tile row within block_bytes."""
-        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
-        width = tile * tw + alpha - tile
-        per_row = self.xp.itemsize * (alpha * alpha * tw * (channels + filters) + alpha * channels * width
-                                      + tile * alpha * filters * tw + filters * tile * tile * tw)
+        """Tile rows per block: the transformed inputs and the products of one tile row
+        within block_bytes."""
+        squares = self.tiling.alpha ** 2
+        per_row = self.xp.itemsize * squares * self.tiles[1] * (channels + filters)
         return _rows_per_block(self.block_bytes, per_row, tile_rows)
 
-    def transform(self, n: int, c0: int, c1: int, a: int, b: int, out: np.ndarray) -> None:
-        """The input transform of channels c0:c1, tile rows a:b, into ``out`` (4, 4, C, th, tw)."""
-        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
-        source = self.xp[n, c0:c1, tile * a:tile * b + alpha - tile]
-        scratch = np.empty((alpha, c1 - c0, b - a, source.shape[-1]), self.xp.dtype)
-        winograd.transform_inputs(source, (b - a, tw), out, scratch, self.input_matrix)
+    def transform(self, n: int, c0: int, c1: int, into: int, a: int, b: int, out: np.ndarray) -> None:
+        """The input transform of channels c0:c1 of image n, tile rows a:b, into channels
+        ``into:into + c1 - c0`` of ``out`` (alpha^2, channels, tiles)."""
+        self.transform_inputs(self.xp[n], self.input_matrix, out, c0, c1, into, a, b, self.tiling.tile)
 
-    def finish(self, n: int, g0: int, g1: int, lo: int, hi: int, a: int, b: int, r0: int, r1: int,
+    def finish(self, n: int, g0: int, g1: int, lo: int, hi: int, a: int, r0: int, r1: int,
                products: np.ndarray) -> None:
-        """The output transform of ``products`` (16, groups g0:g1, filters lo:hi, tiles of rows
-        a:b), written with the bias into the output rows r0:r1 it covers."""
-        tile, alpha, tw = winograd.TILE, winograd.ALPHA, self.tiles[1]
-        count, filters, th = g1 - g0, (g1 - g0) * (hi - lo), b - a
-        dtype = self.xp.dtype
-        tiles = winograd.transform_outputs(
-            products.reshape(alpha, alpha, filters, th, tw), np.empty((filters, th, tile, tw, tile), dtype),
-            np.empty((tile, alpha, filters, th, tw), dtype), self.output_matrix)
-        s, e = max(r0, tile * a), min(r1, tile * b)
-        computed = tiles.reshape(count, hi - lo, tile * th, tile * tw)[
-            :, :, s - tile * a:e - tile * a, :self.window.output[1]]
-        self.write(self.out[n, g0:g1, lo:hi, s:e], computed, g0, g1, lo, hi, 2)
+        """The output transform of ``products`` (alpha^2, groups g0:g1, filters lo:hi, tiles
+        of rows from a), with the bias, into the output rows r0:r1 (which they cover)."""
+        first = (n * self.problem.groups + g0) * self.mg + lo
+        count = (g1 - g0) * (hi - lo)
+        bias = self.bias_values[g0 * self.mg + lo:(g1 - 1) * self.mg + hi]  # planes first:+count
+        self.transform_outputs(read_only(products.reshape(products.shape[0], count, -1)),
+                               self.output_matrix, bias, self.planes, first, a, r0, r1)
+        if self.epilogue is not None:
+            self.epilogue(self.out[n, g0:g1, lo:hi, r0:r1])
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
-        alpha, cg, mg, tw = winograd.ALPHA, self.cg, self.mg, self.tiles[1]
-        squares = alpha * alpha
+        cg, mg, tw = self.cg, self.mg, self.tiles[1]
+        squares = self.tiling.alpha ** 2
         first, last = self._tile_rows(r0, r1)
+        tile = self.tiling.tile
         for n, g0, g1 in _group_ranges(self.problem, start, stop):
             count = g1 - g0
             step = self._step(count * cg, count * mg, last - first)
             for a in range(first, last, step):
                 b = min(last, a + step)
                 inputs = np.empty((squares, count * cg, (b - a) * tw), self.xp.dtype)
-                self.transform(n, g0 * cg, g1 * cg, a, b,
-                               inputs.reshape(alpha, alpha, count * cg, b - a, tw))
+                self.transform(n, g0 * cg, g1 * cg, 0, a, b, inputs)
                 products = np.matmul(self.filters[:, g0:g1],
                                      inputs.reshape(squares, count, cg, (b - a) * tw))
-                self.finish(n, g0, g1, 0, mg, a, b, r0, r1, products)
+                self.finish(n, g0, g1, 0, mg, a, max(r0, tile * a), min(r1, tile * b), products)
 
     def by_filters(self, pool: ThreadPool, threads: int, per_thread: bool) -> None:
         """Per block of tile rows: the input transform split over the channels, then the
         products and the output transform split over the filters."""
-        problem, alpha, tw = self.problem, winograd.ALPHA, self.tiles[1]
-        squares = alpha * alpha
+        problem, tw, tile = self.problem, self.tiles[1], self.tiling.tile
+        squares = self.tiling.alpha ** 2
         channels, rows = problem.channels, self.window.output[0]
         first, last = self._tile_rows(0, rows)
         step = self._step(channels, problem.filters, last - first)
@@ -360,11 +363,10 @@ class _Winograd(_Algorithm):
             for a in range(first, last, step):
                 b = min(last, a + step)
                 inputs = np.empty((squares, channels, (b - a) * tw), self.xp.dtype)
-                shaped = inputs.reshape(alpha, alpha, channels, b - a, tw)
 
                 def transform(c0: int, c1: int, n: int = n, a: int = a, b: int = b,
-                              shaped: np.ndarray = shaped) -> None:
-                    self.transform(n, c0, c1, a, b, shaped[:, :, c0:c1])
+                              inputs: np.ndarray = inputs) -> None:
+                    self.transform(n, c0, c1, c0, a, b, inputs)
 
                 pool.parallel_for(channels, transform, max_blocks=threads)
 
@@ -373,7 +375,7 @@ class _Winograd(_Algorithm):
                     for g, lo, hi in _filter_ranges(problem, m0, m1):
                         group_inputs = inputs[:, g * self.cg:(g + 1) * self.cg]
                         products = np.matmul(self.filters[:, g, lo:hi], group_inputs)
-                        self.finish(n, g, g + 1, lo, hi, a, b, 0, rows, products)
+                        self.finish(n, g, g + 1, lo, hi, a, tile * a, min(rows, tile * b), products)
 
                 pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
                                   max_blocks=threads)

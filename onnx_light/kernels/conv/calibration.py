@@ -26,6 +26,8 @@ from .config import (
     ALGORITHM,
     AUTO_DEPTHWISE,
     BLOCK_BYTES,
+    LARGE_TILE_CHANNELS,
+    LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
     NEVER,
     SPLIT,
@@ -93,7 +95,7 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (12 candidates). Never the ``blas`` split: it
+    varied alone around the portable values (14 candidates). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
     :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
@@ -109,6 +111,8 @@ def candidate_grid() -> list[dict[str, Value]]:
         grid.append({**base, MINIMUM_FLOPS: minimum})
     for channels in (64, NEVER):
         grid.append({**base, WINOGRAD_CHANNELS: channels})
+    grid.append({**base, LARGE_TILE_CHANNELS: NEVER})  # F(4x4, 3x3) nowhere
+    grid.append({**base, LARGE_TILE_OUTPUTS: 784})  # F(4x4, 3x3) from 28x28
     return [c for c in grid if c != base]
 
 

@@ -22,6 +22,13 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
     below, the transforms and the repacking of the transformed filters outweigh the
     products saved.
+``winograd.large_tile_channels``, ``winograd.large_tile_outputs``
+    ``winograd`` (forced, or picked by ``auto`` whatever the two thresholds above) computes
+    F(4x4, 3x3) instead of F(2x2, 3x3) (:mod:`onnx_light.kernels.conv.winograd`) where each
+    group has at least ``large_tile_channels`` input channels and as many filters, and the
+    output at least ``large_tile_outputs`` positions: with fewer tiles its 36 products are
+    too narrow for BLAS, and its transformed filters (four times the weights) are streamed
+    for too little work.
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -60,10 +67,12 @@ SPLIT = "parallel.split"
 MINIMUM_FLOPS = "parallel.minimum_flops"
 WINOGRAD_CHANNELS = "winograd.minimum_channels"
 WINOGRAD_OUTPUTS = "winograd.minimum_outputs"
+LARGE_TILE_CHANNELS = "winograd.large_tile_channels"
+LARGE_TILE_OUTPUTS = "winograd.large_tile_outputs"
 AUTO_DEPTHWISE = "auto.depthwise"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 3
+TUNING_ABI = 4
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise", "winograd",
               "shifted")
@@ -79,6 +88,8 @@ _DEFAULTS: dict[str, Value] = {
     MINIMUM_FLOPS: 1 << 22,
     WINOGRAD_CHANNELS: 256,
     WINOGRAD_OUTPUTS: 784,
+    LARGE_TILE_CHANNELS: 64,
+    LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
 }
 # The reference configuration every other one is compared with: the general path, serial.
@@ -89,6 +100,8 @@ REFERENCE: dict[str, Value] = {
     MINIMUM_FLOPS: 1 << 62,
     WINOGRAD_CHANNELS: 256,
     WINOGRAD_OUTPUTS: 784,
+    LARGE_TILE_CHANNELS: 64,
+    LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "im2col_wide",
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
@@ -114,8 +127,8 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
                               "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' "
                               "(compiled, 1-D or 2-D, one input channel per group), 'winograd' "
-                              "(F(2x2,3x3), 2-D 3x3 stride 1 dilation 1), 'shifted' (one "
-                              "product per kernel position, stride 1), or 'auto' "
+                              "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
+                              "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
         Parameter(BLOCK_BYTES, "int", _DEFAULTS[BLOCK_BYTES], minimum=1,
                   description="largest buffer (bytes) of one block of output rows"),
@@ -129,6 +142,12 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                   description="auto uses winograd where a group has at least this many input "
                               "channels and filters"),
         Parameter(WINOGRAD_OUTPUTS, "int", _DEFAULTS[WINOGRAD_OUTPUTS], minimum=1,
+                  description="... and the output has at least this many positions"),
+        Parameter(LARGE_TILE_CHANNELS, "int", _DEFAULTS[LARGE_TILE_CHANNELS], minimum=1,
+                  description="winograd computes F(4x4,3x3), not F(2x2,3x3), where a group has "
+                              "at least this many input channels and filters (and auto uses "
+                              "it there whatever winograd.minimum_channels) ..."),
+        Parameter(LARGE_TILE_OUTPUTS, "int", _DEFAULTS[LARGE_TILE_OUTPUTS], minimum=1,
                   description="... and the output has at least this many positions"),
         Parameter(AUTO_DEPTHWISE, "str", _DEFAULTS[AUTO_DEPTHWISE], choices=DEPTHWISE_ALGORITHMS,
                   description="what auto computes a 1-D or 2-D depthwise convolution with: "
@@ -146,6 +165,8 @@ class ConvConfig:
     minimum_flops: int = int(_DEFAULTS[MINIMUM_FLOPS])
     winograd_channels: int = int(_DEFAULTS[WINOGRAD_CHANNELS])
     winograd_outputs: int = int(_DEFAULTS[WINOGRAD_OUTPUTS])
+    large_tile_channels: int = int(_DEFAULTS[LARGE_TILE_CHANNELS])
+    large_tile_outputs: int = int(_DEFAULTS[LARGE_TILE_OUTPUTS])
     auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
 
     @classmethod
@@ -154,5 +175,6 @@ class ConvConfig:
         :meth:`~onnx_light.kernels.base.Kernel.configure`)."""
         return cls(str(values[ALGORITHM]), int(values[BLOCK_BYTES]), str(values[SPLIT]),
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
-                   int(values[WINOGRAD_OUTPUTS]), str(values[AUTO_DEPTHWISE]))
+                   int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
+                   int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]))
 

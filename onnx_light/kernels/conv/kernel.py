@@ -9,8 +9,9 @@ their own type; float16 and bfloat16 compute in float32 and round the result onc
 Everything that depends only on the node (attributes, the configuration) is read when the
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
 shapes and keeps nothing. Constant weights reach the kernel once, at session construction,
-through :meth:`ConvKernel.specialize` (equal filters, or the winograd transform of the
-filters; the compiled depthwise kernel is compiled there too); a runtime may also set
+through :meth:`ConvKernel.specialize` (equal filters, or the weights kept for winograd,
+whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferred shapes;
+the compiled depthwise and winograd kernels are compiled there too); a runtime may also set
 ``epilogue`` (a fused activation, applied to each finished block), ``prologue`` (a
 per-channel map of the input of a 1x1 convolution,
 :class:`~onnx_light.kernels.conv.blocks.Prologue`) and ``residual`` (a fourth input, added to
@@ -71,6 +72,27 @@ class _DistinctFilters:
     plain: ConvKernel
 
 
+class _WinogradFilters:
+    """Constant weights (set by :meth:`ConvKernel.specialize`) and their Winograd transform
+    for each tiling a call uses, computed once, when first needed: :meth:`ConvKernel.settle`
+    computes the one of the inferred shapes (the tiling depends on the output's size)."""
+
+    def __init__(self, weights: np.ndarray, groups: int) -> None:
+        self.weights = weights
+        self.groups = groups
+        self._transforms: dict[int, np.ndarray] = {}
+
+    def filters(self, tiling: winograd.Tiling) -> np.ndarray:
+        """The transformed filters (alpha^2, groups, filters, channels) for ``tiling``."""
+        transformed = self._transforms.get(tiling.tile)
+        if transformed is None:
+            w = self.weights
+            shaped = w.reshape(self.groups, w.shape[0] // self.groups, w.shape[1], 3, 3)
+            transformed = winograd.transform_filters(shaped, compute_dtype(w.dtype), tiling)
+            self._transforms[tiling.tile] = transformed
+        return transformed
+
+
 @dataclass(frozen=True)
 class _Settled:
     """What :meth:`ConvKernel.settle` decided for the shapes the session inferred."""
@@ -97,8 +119,7 @@ class ConvKernel(Kernel):
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
         self._distinct: _DistinctFilters | None = None  # set by specialize
-        # (constant weights, their Winograd transform), set by specialize
-        self._winograd: tuple[np.ndarray, np.ndarray] | None = None
+        self._winograd: _WinogradFilters | None = None  # set by specialize
         self.prologue: Prologue | None = None  # set by the runtime's fusion
         self.residual = False  # set by the runtime's fusion: a fourth input to add
         self._settled: _Settled | None = None  # set by settle
@@ -114,7 +135,8 @@ class ConvKernel(Kernel):
     def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
         """With constant weights: a kernel that computes each distinct filter once when
         filters repeat (group 1, float or double; see the module docstring), else one that
-        keeps the weights' Winograd transform when its convolutions may use winograd."""
+        keeps the weights for their Winograd transforms when its convolutions may use
+        winograd."""
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
             return None
@@ -137,16 +159,25 @@ class ConvKernel(Kernel):
             return None
         algorithm = self.config.algorithm
         if algorithm == "auto":
-            if not self._winograd_channels(w.shape[1], w.shape[0] // self.group):
-                return None
+            group_filters = w.shape[0] // self.group
+            if (not self._winograd_channels(w.shape[1], group_filters)
+                    and min(w.shape[1], group_filters) < self.config.large_tile_channels):
+                return None  # neither tiling's channel threshold holds
         elif algorithm != "winograd":
             return None
-        shaped = w.reshape(self.group, w.shape[0] // self.group, w.shape[1], 3, 3)
-        return self.variant(_winograd=(w, winograd.transform_filters(shaped, compute_dtype(w.dtype))))
+        winograd.compile_transforms(compute_dtype(w.dtype))
+        return self.variant(_winograd=_WinogradFilters(w, self.group))
 
     def _winograd_channels(self, group_channels: int, group_filters: int) -> bool:
-        """Whether ``auto`` may use winograd for a group this wide (its channel threshold)."""
+        """Whether ``auto`` may use F(2x2, 3x3) for a group this wide (its channel threshold)."""
         return min(group_channels, group_filters) >= self.config.winograd_channels
+
+    def _large_tile(self, group_channels: int, group_filters: int, outputs: int) -> bool:
+        """Whether winograd computes F(4x4, 3x3) for a group this wide and this many output
+        positions (its two thresholds)."""
+        config = self.config
+        return (min(group_channels, group_filters) >= config.large_tile_channels
+                and outputs >= config.large_tile_outputs)
 
     def _with_distinct_filters(self, w: np.ndarray) -> ConvKernel | None:
         if self.group != 1 or w.shape[0] < 2 or w.dtype not in (np.float32, np.float64):
@@ -176,6 +207,8 @@ class ConvKernel(Kernel):
             problem = self.problem(x, w, transformed)
         except KernelError:
             return None  # a run with these shapes reports it
+        if transformed and problem.algorithm == "winograd":
+            self._winograd.filters(winograd.TILINGS[problem.tile])
         return self.variant(_settled=_Settled(tuple(x), tuple(w), transformed, problem))
 
     def decisions(self) -> Mapping[str, Any]:
@@ -225,7 +258,10 @@ class ConvKernel(Kernel):
         flops = batch * filters * math.prod(window.output) * group_channels * math.prod(window.kernel)
         if algorithm == "depthwise":
             flops *= DEPTHWISE_COST
-        problem = _Problem(window, batch, channels, groups, filters, algorithm, "serial")
+        tile = 0
+        if algorithm == "winograd":
+            tile = 4 if self._large_tile(group_channels, filters // groups, math.prod(window.output)) else 2
+        problem = _Problem(window, batch, channels, groups, filters, algorithm, "serial", tile)
         if threads < 2 or flops < config.minimum_flops:
             return problem
         return dataclasses.replace(problem, plan=_plan(config.split, problem, threads))
@@ -247,8 +283,11 @@ class ConvKernel(Kernel):
                 return "direct_1x1"
             if compiled_depthwise and self.config.auto_depthwise == "depthwise":
                 return "depthwise"
-            if (tiled and transformed and self._winograd_channels(group_channels, channels_out // groups)
-                    and math.prod(window.output) >= self.config.winograd_outputs):
+            outputs = math.prod(window.output)
+            if tiled and transformed and (
+                    self._large_tile(group_channels, channels_out // groups, outputs)
+                    or (self._winograd_channels(group_channels, channels_out // groups)
+                        and outputs >= self.config.winograd_outputs)):
                 return "winograd"
             if (all(s == 1 for s in window.strides) and len(window.input) >= 2
                     and SHIFTED_FILTERS * (channels_out // groups) <= group_channels
@@ -294,7 +333,7 @@ class ConvKernel(Kernel):
                                  f"{[a.dtype for a in (x, w, b) if a is not None]}")
         if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
             raise self.ctx.error(f"X must be a floating point tensor, got {x.dtype}")
-        transformed = self._winograd is not None and w is self._winograd[0]
+        transformed = self._winograd is not None and w is self._winograd.weights
         settled = self._settled
         if (settled is not None and settled.x_shape == x.shape and settled.w_shape == w.shape
                 and settled.transformed == transformed):
@@ -321,8 +360,10 @@ class ConvKernel(Kernel):
                                      or problem.plan == "filters"):
             xc, prologue = prologue.whole(xc), None  # every thread would need all of it
         options: dict[str, Any] = {}
-        if problem.algorithm == "winograd" and transformed:
-            options["filters"] = self._winograd[1]
+        if problem.algorithm == "winograd":
+            options["tiling"] = tiling = winograd.TILINGS[problem.tile]
+            if transformed:
+                options["filters"] = self._winograd.filters(tiling)
         if prologue is not None:  # direct_1x1 or per_filter
             options["prologue"] = prologue
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,

@@ -21,6 +21,7 @@ class _Problem:
     filters: int
     algorithm: str
     plan: str  # "serial", "blas", "batch_and_groups", "output_rows"
+    tile: int = 0  # winograd's outputs per tile along each axis: 2 or 4 (F(2x2, 3x3), F(4x4, 3x3))
 
     @property
     def group_channels(self) -> int:
