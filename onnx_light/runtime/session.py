@@ -42,6 +42,7 @@ from ..tuning.registry import KernelTuningRegistry, default_registry
 from .arena import Arenas, plan_memory, prepare_steps
 from .branches import Branches, group_branches
 from .configuration import configure_kernels
+from .contrib_types import infer_contrib_types
 from .dispatch import declaration_table, dispatch_graph
 from .execution import BoundPlan, NodeHook, bind_plan, execute, run_bound
 from .feeds import Feed, InvalidInputError, NodeArg, node_arg
@@ -100,7 +101,7 @@ class RuntimeSession:
         if fuse:  # QDQ groups become integer kernels (runtime/qdq.py); the caller's model is kept
             model = rewrite_qdq(model)
         checked = skeleton(model)
-        inferred = check_model(checked)
+        inferred = infer_contrib_types(checked, check_model(checked), table)
         types = value_types(checked, inferred)
         self.descriptor = execution_descriptor(num_threads)
         self.num_threads = self.descriptor.num_threads

@@ -1,0 +1,21 @@
+"""Kernels of onnxruntime's ``com.microsoft`` domain: the contrib operators its own tools
+write, so that the models they produce run here: the quantizer's QOperator format
+(:mod:`.qlinear`, :mod:`.quantized_gemm`) and the transformer optimizer's fusions.
+
+One module per family; :data:`DECLARATIONS` gathers their declarations (each with
+``domain='com.microsoft'``, version 1) for :mod:`onnx_light.kernels`, and :data:`KERNELS` is
+the domain's ``op_type -> {since_version: kernel class}``.
+"""
+
+from __future__ import annotations
+
+from ..base import Kernel
+from ..declaration import KernelDeclaration, dispatch_table
+from . import qlinear, quantized_gemm
+from .base import DOMAIN
+
+__all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
+
+DECLARATIONS: tuple[KernelDeclaration, ...] = (*qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS)
+
+KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

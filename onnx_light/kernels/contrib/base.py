@@ -1,0 +1,61 @@
+"""What the ``com.microsoft`` kernels share: their domain, version and declaration, and the
+rule that gives their outputs' types.
+
+onnxruntime defines these operators (docs/ContribOperators.md in its repository); each is at
+version 1 and the installed onnx has no schema for it, so onnx's shape inference stops at such
+a node. :meth:`ContribKernel.output_types` tells the runtime the element type (and shape, where
+it is plain) of each output from its inputs' (``runtime/contrib_types.py``), so that the
+nodes after it are typed and inferred as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import base
+from ..declaration import KernelDeclaration, declare
+
+__all__ = ["DOMAIN", "ContribKernel", "Shape", "ValueType", "broadcast_shape", "declare_contrib"]
+
+#: The ONNX domain of these kernels.
+DOMAIN = "com.microsoft"
+#: A tensor's dimensions (sizes, names or None), None where its rank is unknown.
+Shape = tuple[int | str | None, ...] | None
+#: A value's element type and shape; None where its type is unknown.
+ValueType = tuple[int, Shape] | None
+
+
+def broadcast_shape(*shapes: Shape) -> Shape:
+    """The multidirectional broadcast of several shapes when all their sizes are known, else None."""
+    known = [s for s in shapes if s is not None]
+    if len(known) != len(shapes) or any(not isinstance(d, int) for s in known for d in s):
+        return None
+    try:
+        return tuple(np.broadcast_shapes(*known))  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+class ContribKernel(base.Kernel):
+    """A ``com.microsoft`` kernel: ``output_types`` gives its outputs' types."""
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        """The outputs' types from the inputs' (None where unknown) and the node's attributes:
+        by default the first output is typed as the first input, the others have its element
+        type and an unknown shape."""
+        first = inputs[0] if inputs else None
+        if first is None:
+            return [None] * num_outputs
+        return [first] + [(first[0], None)] * (num_outputs - 1)
+
+
+def declare_contrib(kernel: type[ContribKernel], types: tuple[int, ...] | None = None
+                    ) -> KernelDeclaration:
+    """``kernel``'s declaration: version 1 of the ``com.microsoft`` domain, for ``types``
+    (None: the kernel checks them)."""
+    return declare(kernel, [1], types=types, domain=DOMAIN)

@@ -1,0 +1,190 @@
+"""onnxruntime's QOperator-format operators (``com.microsoft``) against onnxruntime: each on
+random inputs, uint8 and int8, and CNNs quantized by ``quantize_static`` in the QOperator
+format. Requantized outputs agree within one quantization step (the float32 rescaling may
+round across a half where onnxruntime's integer pipelines do not); float outputs within
+float32 tolerances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from contrib_models import mobilenet_like, one_node, quantize_static_model, resnet_like
+from onnx import numpy_helper
+
+from onnx_light.runtime import RuntimeSession
+
+ort = pytest.importorskip("onnxruntime")
+BYTES = (np.uint8, np.int8)
+
+
+def _both(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return RuntimeSession(model).run(None, feeds), theirs.run(None, feeds)
+
+
+def _within_a_step(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    difference = np.abs(actual.astype(np.int32) - expected.astype(np.int32))
+    assert difference.max(initial=0) <= 1, difference.max()
+
+
+def _bytes(rng: np.random.Generator, dtype: Any, *shape: int) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _parameters(rng: np.random.Generator, dtype: Any, *names: str) -> dict[str, np.ndarray]:
+    """A random scale and zero point for each name (``<name>_scale``, ``<name>_zero``)."""
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        out[f"{name}_scale"] = np.float32(rng.uniform(0.005, 0.05))
+        out[f"{name}_zero"] = np.asarray(rng.integers(-20, 20) + (128 if dtype == np.uint8 else 0), dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("b_shape", [(2, 3, 4, 5), (1, 3, 1, 1), (5,)])
+def test_binary(op_type: str, dtype: Any, b_shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(0)
+    feeds = {"a": _bytes(rng, dtype, 2, 3, 4, 5), "b": _bytes(rng, dtype, *b_shape)}
+    constants = _parameters(rng, dtype, "a", "b", "c")
+    if op_type == "QLinearMul":
+        constants["c_scale"] = np.float32(constants["a_scale"] * constants["b_scale"] * 40)
+    model = one_node(op_type, feeds, constants,
+                     ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], [dtype])
+    (actual,), (expected,) = _both(model, feeds)
+    _within_a_step(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("op_type", "attributes"), [
+    ("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.2}), ("QLinearLeakyRelu", {}),
+    ("QLinearGlobalAveragePool", {}), ("QLinearGlobalAveragePool", {"channels_last": 1}),
+    ("QLinearAveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("QLinearAveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("QLinearAveragePool", {"kernel_shape": [2, 2], "channels_last": 1, "ceil_mode": 1, "strides": [2, 2]}),
+])
+def test_unary(op_type: str, attributes: dict[str, Any], dtype: Any) -> None:
+    rng = np.random.default_rng(1)
+    feeds = {"x": _bytes(rng, dtype, 2, 3, 7, 7)}
+    constants = _parameters(rng, dtype, "x", "y")
+    model = one_node(op_type, feeds, constants, ["x", "x_scale", "x_zero", "y_scale", "y_zero"],
+                     [dtype], **attributes)
+    (actual,), (expected,) = _both(model, feeds)
+    _within_a_step(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("opset", "axis"), [(13, -1), (13, 1), (12, 1)])
+def test_softmax(dtype: Any, opset: int, axis: int) -> None:
+    rng = np.random.default_rng(2)
+    feeds = {"x": _bytes(rng, dtype, 2, 5, 6)}
+    constants = _parameters(rng, dtype, "x")
+    constants.update(y_scale=np.float32(1 / 256),
+                     y_zero=np.asarray(0 if dtype == np.uint8 else -128, dtype))
+    model = one_node("QLinearSoftmax", feeds, constants, ["x", "x_scale", "x_zero", "y_scale", "y_zero"],
+                     [dtype], axis=axis, opset=opset)
+    (actual,), (expected,) = _both(model, feeds)
+    _within_a_step(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+def test_concat(dtype: Any) -> None:
+    rng = np.random.default_rng(3)
+    feeds = {"a": _bytes(rng, dtype, 2, 3, 4), "b": _bytes(rng, dtype, 2, 5, 4)}
+    constants = _parameters(rng, dtype, "a", "b", "y")
+    model = one_node("QLinearConcat", feeds, constants,
+                     ["y_scale", "y_zero", "a", "a_scale", "a_zero", "b", "b_scale", "b_zero"],
+                     [dtype], axis=1)
+    (actual,), (expected,) = _both(model, feeds)
+    _within_a_step(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize(("quantized", "bias", "trans_a", "alpha"), [
+    (True, True, 0, 1.0), (False, True, 0, 1.0), (True, False, 1, 0.5), (False, False, 0, 2.0)])
+def test_qgemm(dtype: Any, per_column: bool, quantized: bool, bias: bool, trans_a: int,
+               alpha: float) -> None:
+    rng = np.random.default_rng(4)
+    a = _bytes(rng, dtype, 6, 5) if trans_a else _bytes(rng, dtype, 5, 6)
+    feeds = {"a": a}
+    constants: dict[str, np.ndarray] = {
+        **{k: v for k, v in _parameters(rng, dtype, "a", "y").items()},
+        "b": _bytes(rng, np.int8, 4, 6),
+        "b_scale": rng.uniform(0.005, 0.05, 4 if per_column else 1).astype(np.float32),
+        "b_zero": np.zeros(4 if per_column else 1, np.int8),
+        "c": rng.integers(-500, 500, 4).astype(np.int32)}
+    constants["y_scale"] = np.float32(constants["a_scale"] * 0.05 * 30)
+    inputs = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c" if bias else ""]
+    inputs += ["y_scale", "y_zero"] if quantized else []
+    model = one_node("QGemm", feeds, constants, inputs, [dtype if quantized else np.float32],
+                     transA=trans_a, transB=1, alpha=alpha)
+    (actual,), (expected,) = _both(model, feeds)
+    if quantized:
+        _within_a_step(actual, expected)
+    else:
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_matmul_integer_to_float(dtype: Any, bias: bool) -> None:
+    rng = np.random.default_rng(5)
+    feeds = {"a": _bytes(rng, dtype, 2, 3, 6)}
+    constants = {"b": _bytes(rng, np.int8, 6, 4), "a_scale": np.float32(0.02),
+                 "b_scale": rng.uniform(0.01, 0.03, 4).astype(np.float32),
+                 "a_zero": np.asarray(3, dtype), "b_zero": np.zeros(4, np.int8),
+                 "bias": rng.standard_normal(4).astype(np.float32)}
+    model = one_node("MatMulIntegerToFloat", feeds, constants,
+                     ["a", "b", "a_scale", "b_scale", "a_zero", "b_zero", *(["bias"] if bias else [])])
+    (actual,), (expected,) = _both(model, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("b_type", BYTES)
+def test_dynamic_quantize_matmul(b_type: Any) -> None:
+    rng = np.random.default_rng(6)
+    feeds = {"a": rng.standard_normal((2, 3, 6)).astype(np.float32)}
+    constants = {"b": _bytes(rng, b_type, 6, 4), "b_scale": np.float32(0.02),
+                 "b_zero": np.asarray(5, b_type), "bias": rng.standard_normal(4).astype(np.float32)}
+    model = one_node("DynamicQuantizeMatMul", feeds, constants, ["a", "b", "b_scale", "b_zero", "bias"])
+    (actual,), (expected,) = _both(model, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_name_the_node() -> None:
+    rng = np.random.default_rng(7)
+    feeds = {"a": _bytes(rng, np.uint8, 2, 3), "b": _bytes(rng, np.uint8, 4, 3)}
+    constants = _parameters(rng, np.uint8, "a", "b", "c")
+    model = one_node("QLinearAdd", feeds, constants,
+                     ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], [np.uint8])
+    with pytest.raises(ValueError, match=r"node 'node' \(QLinearAdd\).*broadcast"):
+        RuntimeSession(model).run(None, feeds)
+
+
+@pytest.mark.parametrize("build", [mobilenet_like, resnet_like])
+@pytest.mark.parametrize("activation", ["QUInt8", "QInt8"])
+def test_qoperator_cnn_matches_onnxruntime(build: Any, activation: str, tmp_path: Any) -> None:
+    rng = np.random.default_rng(8)
+    samples = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(4)]
+    model = quantize_static_model(build(), tmp_path, samples, "QOperator", activation)
+    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    assert {"QLinearAdd", "QLinearGlobalAveragePool", "QGemm"} <= contrib, contrib
+    assert sum(n.op_type == "QLinearConv" for n in model.graph.node) >= 6
+    session = RuntimeSession(model)
+    # the contrib nodes' outputs are typed, so the QLinearConvs after them know their type
+    assert all(kernel.element_type is not None for kernel, _, _ in session._steps
+               if kernel.ctx.op_type == "QLinearConv")
+    last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
+    step = float(next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == last.input[1]))
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x in [samples[0], rng.standard_normal((1, 3, 32, 32)).astype(np.float32) * 2]:
+        expected = theirs.run(None, {"x": x})[0]
+        actual = session.run(None, {"x": x})[0]
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=step * 1.0001)
