@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from ..base import Kernel
 from ..declaration import KernelDeclaration, dispatch_table
-from . import qlinear, quantized_gemm
+from . import activations, attention, fused_matmul, normalization, qlinear, quantized_gemm
 from .base import DOMAIN
 
 __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
 
-DECLARATIONS: tuple[KernelDeclaration, ...] = (*qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS)
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS, *activations.DECLARATIONS,
+    *normalization.DECLARATIONS, *attention.DECLARATIONS, *fused_matmul.DECLARATIONS,
+)
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

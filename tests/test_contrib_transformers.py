@@ -1,0 +1,226 @@
+"""BERT-style encoders from onnxruntime's tools against onnxruntime: dynamically quantized
+(``quantize_dynamic``) and fused by its transformer optimizer (``optimize_model``, the
+``com.microsoft`` fusions), and each fused operator on random inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from contrib_models import bert_feeds, bert_like, one_node
+
+from onnx_light.runtime import RuntimeSession
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _theirs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def test_dynamically_quantized_encoder_matches_onnxruntime(tmp_path: Any) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source, quantized = tmp_path / "bert.onnx", tmp_path / "bert.dq.onnx"
+    onnx.save(bert_like(), source)
+    quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8)
+    model = onnx.load(quantized)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops, ops
+    rng = np.random.default_rng(0)
+    session = RuntimeSession(model)
+    for _ in range(2):
+        feeds = bert_feeds(rng)
+        (expected,) = _theirs(model, feeds)
+        (actual,) = session.run(None, feeds)
+        # Both quantize the activations alike (DynamicQuantizeLinear) and sum exactly: only
+        # float32 rounding in the float parts differs.
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-4)
+
+
+# ------------------------------------------------------------------ each fused operator on random inputs
+
+B, S, H, N = 2, 5, 16, 4  # batch, sequence, hidden, heads
+
+
+def _random(rng: np.random.Generator, *shape: int, dtype: Any = np.float32) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _case(name: str, rng: np.random.Generator) -> tuple[str, dict, dict, list[str], list, dict]:
+    """(op_type, feeds, constants, inputs, output types, attributes) of the case ``name``."""
+    x, f = _random(rng, B, S, H), np.float32
+    gamma, beta, bias = 1 + 0.1 * _random(rng, H), _random(rng, H), _random(rng, H)
+    ids = {"ids": rng.integers(0, 20, (B, S)).astype(np.int32),
+           "segments": rng.integers(0, 2, (B, S)).astype(np.int32)}
+    tables = {"words": _random(rng, 20, H), "positions": _random(rng, S + 3, H),
+              "segment_table": _random(rng, 2, H), "gamma": gamma, "beta": beta}
+    qkv_weights, qkv_bias = _random(rng, H, 3 * H) * 0.3, _random(rng, 3 * H)
+    lengths = np.array([S, S - 2], np.int32)
+    raw_mask = (np.arange(S)[None, :] < lengths[:, None]).astype(np.int32)
+    angles = np.arange(S + 4)[:, None] * 0.1 * np.arange(1, H // N // 2 + 1)[None, :]
+    caches = {"cos": np.cos(angles).astype(f), "sin": np.sin(angles).astype(f)}
+    cases: dict[str, tuple] = {
+        "Gelu": ("Gelu", {"x": x}, {}, ["x"], [f], {}),
+        "FastGelu": ("FastGelu", {"x": x}, {}, ["x"], [f], {}),
+        "FastGelu-bias": ("FastGelu", {"x": x}, {"b": bias}, ["x", "b"], [f], {}),
+        "BiasGelu": ("BiasGelu", {"x": x}, {"b": bias}, ["x", "b"], [f], {}),
+        "QuickGelu": ("QuickGelu", {"x": x}, {}, ["x"], [f], {}),
+        "QuickGelu-alpha": ("QuickGelu", {"x": x}, {}, ["x"], [f], {"alpha": 1.3}),
+        "SkipLayerNormalization": (
+            "SkipLayerNormalization", {"x": x, "skip": _random(rng, B, S, H)},
+            {"gamma": gamma, "beta": beta, "b": bias}, ["x", "skip", "gamma", "beta", "b"], [f] * 4,
+            {"epsilon": 1e-5}),
+        "SkipLayerNormalization-broadcast": (
+            "SkipLayerNormalization", {"x": x, "skip": _random(rng, S, H)}, {"gamma": gamma},
+            ["x", "skip", "gamma"], [f], {}),
+        "SkipSimplifiedLayerNormalization": (
+            "SkipSimplifiedLayerNormalization", {"x": x, "skip": _random(rng, B, S, H)},
+            {"gamma": gamma, "b": bias}, ["x", "skip", "gamma", "b"], [f] * 4, {"epsilon": 1e-6}),
+        "EmbedLayerNormalization": (
+            "EmbedLayerNormalization", {**ids, "mask": raw_mask}, tables,
+            ["ids", "segments", "words", "positions", "segment_table", "gamma", "beta", "mask"],
+            [f, np.int32, f], {"epsilon": 1e-5}),
+        "EmbedLayerNormalization-positions": (
+            "EmbedLayerNormalization", {"ids": ids["ids"], "position_ids": rng.integers(
+                0, S + 3, (B, S)).astype(np.int32)}, tables,
+            ["ids", "", "words", "positions", "", "gamma", "beta", "", "position_ids"], [f, np.int32], {}),
+        "FusedMatMul": ("FusedMatMul", {"a": _random(rng, 3, 4, 5), "b": _random(rng, 3, 6, 5)}, {},
+                        ["a", "b"], [f], {"alpha": 0.5, "transB": 1}),
+        "FusedMatMul-transA": ("FusedMatMul", {"a": _random(rng, 5, 4), "b": _random(rng, 2, 5, 3)}, {},
+                               ["a", "b"], [f], {"transA": 1}),
+        "FusedMatMul-transBatch": (
+            "FusedMatMul", {"a": _random(rng, 3, 2, 4, 5), "b": _random(rng, 2, 4, 5, 6)}, {},
+            ["a", "b"], [f], {"transBatchA": 1}),
+        "FusedMatMul-transBatchB": (
+            "FusedMatMul", {"a": _random(rng, 2, 4, 3, 5), "b": _random(rng, 6, 2, 4, 5)}, {},
+            ["a", "b"], [f], {"transBatchB": 1, "transB": 1, "alpha": 2.0}),
+        "Attention": ("Attention", {"x": x}, {"w": qkv_weights, "b": qkv_bias}, ["x", "w", "b"], [f],
+                      {"num_heads": N}),
+        "Attention-lengths": ("Attention", {"x": x, "mask": lengths}, {"w": qkv_weights, "b": qkv_bias},
+                              ["x", "w", "b", "mask"], [f], {"num_heads": N}),
+        "Attention-raw-mask-unidirectional": (
+            "Attention", {"x": x, "mask": raw_mask}, {"w": qkv_weights, "b": qkv_bias},
+            ["x", "w", "b", "mask"], [f], {"num_heads": N, "unidirectional": 1}),
+        "Attention-past-scale": (
+            "Attention", {"x": x, "past": _random(rng, 2, B, N, 3, H // N)},
+            {"w": qkv_weights, "b": qkv_bias}, ["x", "w", "b", "", "past"], [f, f],
+            {"num_heads": N, "scale": 0.3}),
+        "Attention-bias-unidirectional": (
+            "Attention", {"x": x, "attention_bias": _random(rng, 1, N, S, S)},
+            {"w": qkv_weights, "b": qkv_bias}, ["x", "w", "b", "", "", "attention_bias"], [f],
+            {"num_heads": N, "unidirectional": 1}),
+        "Attention-qkv-sizes": (
+            "Attention", {"x": x}, {"w": _random(rng, H, 2 * H + 8), "b": _random(rng, 2 * H + 8)},
+            ["x", "w", "b"], [f], {"num_heads": N, "qkv_hidden_sizes": [H, H, 8]}),
+        "MultiHeadAttention": (
+            "MultiHeadAttention", {"q": x, "k": _random(rng, B, S + 1, H), "v": _random(rng, B, S + 1, H)},
+            {"b": qkv_bias}, ["q", "k", "v", "b"], [f], {"num_heads": N}),
+        "MultiHeadAttention-mask-past": (
+            "MultiHeadAttention", {"q": x, "k": _random(rng, B, S, H), "v": _random(rng, B, S, H),
+                                   "mask": np.concatenate([raw_mask, np.ones((B, 2), np.int32)], 1),
+                                   "past_k": _random(rng, B, N, 2, H // N),
+                                   "past_v": _random(rng, B, N, 2, H // N)},
+            {}, ["q", "k", "v", "", "mask", "", "past_k", "past_v"], [f, f, f], {"num_heads": N}),
+        "MultiHeadAttention-unidirectional": (
+            "MultiHeadAttention", {"q": x, "k": _random(rng, B, S, H), "v": _random(rng, B, S, H)}, {},
+            ["q", "k", "v"], [f], {"num_heads": N, "unidirectional": 1}),
+        "MultiHeadAttention-bnsh-kv-bias": (
+            "MultiHeadAttention", {"q": x, "k": _random(rng, B, N, S + 2, H // N),
+                                   "v": _random(rng, B, N, S + 2, H // N),
+                                   "attention_bias": _random(rng, B, N, S, S + 2)},
+            {}, ["q", "k", "v", "", "", "attention_bias"], [f], {"num_heads": N, "scale": 0.2}),
+        "RotaryEmbedding": (
+            "RotaryEmbedding", {"x": x, "positions": rng.integers(0, S + 4, (B, S)).astype(np.int64)},
+            caches, ["x", "positions", "cos", "sin"], [f], {"num_heads": N}),
+        "RotaryEmbedding-offset-interleaved": (
+            "RotaryEmbedding", {"x": _random(rng, B, N, S, H // N), "positions": np.array([2], np.int64)},
+            caches, ["x", "positions", "cos", "sin"], [f], {"interleaved": 1}),
+    }
+    return cases[name]
+
+
+CASES = [
+    "Gelu", "FastGelu", "FastGelu-bias", "BiasGelu", "QuickGelu", "QuickGelu-alpha",
+    "SkipLayerNormalization", "SkipLayerNormalization-broadcast", "SkipSimplifiedLayerNormalization",
+    "EmbedLayerNormalization", "EmbedLayerNormalization-positions", "FusedMatMul", "FusedMatMul-transA",
+    "FusedMatMul-transBatch", "FusedMatMul-transBatchB", "Attention", "Attention-lengths",
+    "Attention-raw-mask-unidirectional", "Attention-past-scale", "Attention-bias-unidirectional",
+    "Attention-qkv-sizes", "MultiHeadAttention", "MultiHeadAttention-mask-past",
+    "MultiHeadAttention-unidirectional",
+    "MultiHeadAttention-bnsh-kv-bias", "RotaryEmbedding", "RotaryEmbedding-offset-interleaved",
+]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_fused_operator_matches_onnxruntime(name: str) -> None:
+    op_type, feeds, constants, inputs, outputs, attributes = _case(name, np.random.default_rng(0))
+    model = one_node(op_type, feeds, constants, inputs, outputs, **attributes)
+    expected = _theirs(model, feeds)
+    actual = RuntimeSession(model).run(None, feeds)
+    assert len(actual) == len(expected)
+    for ours, theirs in zip(actual, expected, strict=True):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_bias_add_is_the_sum_of_its_inputs() -> None:
+    """onnxruntime runs BiasAdd on CUDA only: numpy is the oracle."""
+    rng = np.random.default_rng(1)
+    feeds = {"x": _random(rng, B, S, H), "skip": _random(rng, B, S, H)}
+    bias = _random(rng, H)
+    model = one_node("BiasAdd", feeds, {"b": bias}, ["x", "b", "skip"])
+    (actual,) = RuntimeSession(model).run(None, feeds)
+    np.testing.assert_allclose(actual, feeds["x"] + bias + feeds["skip"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_qkv_attends_as_separate_qkv(bias: bool) -> None:
+    """onnxruntime's CPU MultiHeadAttention does not take packed QKV (batch, S, heads, 3, size):
+    the oracle is onnxruntime on the same Q, K and V given apart."""
+    rng = np.random.default_rng(2)
+    packed = _random(rng, B, S, N, 3, H // N)
+    constants = {"b": _random(rng, 3 * H)} if bias else {}
+    ours = RuntimeSession(one_node("MultiHeadAttention", {"qkv": packed}, constants,
+                                   ["qkv", "", "", *(["b"] if bias else [])], num_heads=N,
+                                   unidirectional=1)).run(None, {"qkv": packed})[0]
+    apart = {name: np.ascontiguousarray(packed[:, :, :, i]).reshape(B, S, H)
+             for i, name in enumerate("qkv")}
+    model = one_node("MultiHeadAttention", apart, constants, ["q", "k", "v", *(["b"] if bias else [])],
+                     num_heads=N, unidirectional=1)
+    np.testing.assert_allclose(ours, _theirs(model, apart)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("disabled", "fusions"), [
+    ((), {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}),
+    (("embed_layer_norm", "bias_gelu", "skip_layer_norm"), {"Attention", "Gelu"}),
+])
+def test_encoder_fused_by_the_transformer_optimizer_matches_onnxruntime(
+        disabled: tuple[str, ...], fusions: set[str], tmp_path: Any) -> None:
+    pytest.importorskip("sympy")  # the optimizer's symbolic shape inference
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    options = FusionOptions("bert")
+    for name in disabled:
+        setattr(options, f"enable_{name}", False)
+
+    source, target = tmp_path / "bert.onnx", tmp_path / "bert.fused.onnx"
+    float_model = bert_like()
+    onnx.save(float_model, source)
+    optimize_model(str(source), model_type="bert", num_heads=4, hidden_size=64, opt_level=0,
+                   optimization_options=options).save_model_to_file(str(target))
+    optimized = onnx.load(target)
+    fused = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
+    assert fusions <= fused, fused
+    session = RuntimeSession(optimized)
+    assert all(kernel.element_type is not None for kernel, _, _ in session._steps)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        feeds = bert_feeds(rng)
+        (actual,) = session.run(None, feeds)
+        np.testing.assert_allclose(actual, _theirs(optimized, feeds)[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(actual, _theirs(float_model, feeds)[0], rtol=1e-4, atol=1e-4)
