@@ -201,3 +201,21 @@ def one_node(op_type: str, feeds: dict[str, np.ndarray], constants: dict[str, np
         [numpy_helper.from_array(np.asarray(x), name) for name, x in constants.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                    helper.make_opsetid("com.microsoft", 1)])
+
+
+def branches_like(seed: int = 3) -> onnx.ModelProto:
+    """The operators CNNs use beyond those two, for the quantizer's other QLinear nodes: two
+    branches (LeakyRelu; a sigmoid gate multiplied in), joined by Concat, AveragePool, a
+    residual Add, global pooling, Gemm and Softmax."""
+    g = Graph(seed)
+    x = g.one("Relu", [g.conv("x", 3, 8, kernel=3)])
+    left = g.one("LeakyRelu", [g.conv(x, 8, 8, kernel=3)], alpha=0.1)
+    right = g.conv(x, 8, 8)
+    gated = g.one("Mul", [right, g.one("Sigmoid", [right])])
+    joined = g.one("Concat", [left, gated], axis=1)
+    pooled = g.one("AveragePool", [joined], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    y = g.one("Add", [pooled, g.conv(pooled, 16, 16)])
+    logits = _classifier_head(g, y, 16, 10)
+    probabilities = g.one("Softmax", [logits], axis=-1)
+    return g.model([helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
+                   [helper.make_tensor_value_info(probabilities, F, [1, 10])], "branches_like")

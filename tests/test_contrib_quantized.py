@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from contrib_models import mobilenet_like, one_node, quantize_static_model, resnet_like
+from contrib_models import branches_like, mobilenet_like, one_node, quantize_static_model, resnet_like
 from onnx import numpy_helper
 
 from onnx_light.runtime import RuntimeSession
@@ -167,15 +167,28 @@ def test_bad_inputs_name_the_node() -> None:
         RuntimeSession(model).run(None, feeds)
 
 
-@pytest.mark.parametrize("build", [mobilenet_like, resnet_like])
+_CNN_OPS = {"QLinearAdd", "QLinearGlobalAveragePool", "QGemm"}
+
+
+@pytest.mark.parametrize(("build", "expected"), [
+    (mobilenet_like, _CNN_OPS), (resnet_like, _CNN_OPS),
+    (branches_like, {*_CNN_OPS, "QLinearLeakyRelu", "QLinearSigmoid", "QLinearMul", "QLinearConcat",
+                     "QLinearAveragePool", "QLinearSoftmax"}),
+])
 @pytest.mark.parametrize("activation", ["QUInt8", "QInt8"])
-def test_qoperator_cnn_matches_onnxruntime(build: Any, activation: str, tmp_path: Any) -> None:
+@pytest.mark.parametrize("quant_format", ["QOperator", "QDQ"])
+def test_quantized_cnn_matches_onnxruntime(build: Any, expected: set[str], activation: str,
+                                           quant_format: str, tmp_path: Any) -> None:
+    """Per-channel static quantization; the QDQ format (QuantizeLinear/DequantizeLinear
+    around float nodes, no contrib operators) runs as integer kernels (runtime/qdq.py)."""
     rng = np.random.default_rng(8)
     samples = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(4)]
-    model = quantize_static_model(build(), tmp_path, samples, "QOperator", activation)
+    model = quantize_static_model(build(), tmp_path, samples, quant_format, activation)
     contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
-    assert {"QLinearAdd", "QLinearGlobalAveragePool", "QGemm"} <= contrib, contrib
-    assert sum(n.op_type == "QLinearConv" for n in model.graph.node) >= 6
+    assert contrib == (expected if quant_format == "QOperator" else set()), contrib
+    convolutions = sum(n.op_type == ("QLinearConv" if quant_format == "QOperator" else "Conv")
+                       for n in model.graph.node)
+    assert convolutions >= 4
     session = RuntimeSession(model)
     # the contrib nodes' outputs are typed, so the QLinearConvs after them know their type
     assert all(kernel.element_type is not None for kernel, _, _ in session._steps
