@@ -126,13 +126,14 @@ def quantize_static_model(model: onnx.ModelProto, folder: Path, samples: list[np
 
 
 def bert_like(seed: int = 2, layers: int = 2, hidden: int = 64, heads: int = 4, vocabulary: int = 50,
-              intermediate: int = 128, sequence: int = 8) -> onnx.ModelProto:
+              intermediate: int = 128, sequence: int = 8, rms: bool = False) -> onnx.ModelProto:
     """A BERT-style encoder as exporters write it: word, position and segment embeddings
     (Gather, Add, LayerNormalization), the attention mask as ``(1 - mask) * -10000``, then
     ``layers`` layers of multi-head self-attention (MatMul, Add, Reshape, Transpose, Softmax)
     and a feed-forward block with the exact (Erf) GELU, each with a residual Add and
-    LayerNormalization. Inputs: ``input_ids``, ``segment_ids``, ``attention_mask`` (int64,
-    batch x ``sequence``)."""
+    LayerNormalization (with ``rms``, the RMS normalization of LLaMA-style models as exporters
+    write it: Pow, ReduceMean, Add, Sqrt, Div, Mul). Inputs: ``input_ids``, ``segment_ids``,
+    ``attention_mask`` (int64, batch x ``sequence``)."""
     g = Graph(seed)
     head = hidden // heads
     i64 = TensorProto.INT64
@@ -143,6 +144,10 @@ def bert_like(seed: int = 2, layers: int = 2, hidden: int = 64, heads: int = 4, 
 
     def layer_norm(x: str) -> str:
         gamma = g.constant(1 + 0.1 * g.rng.standard_normal(hidden))
+        if rms:
+            mean_square = g.one("ReduceMean", [g.one("Pow", [x, g.constant(2.0)])], axes=[-1], keepdims=1)
+            root = g.one("Sqrt", [g.one("Add", [mean_square, g.constant(1e-6)])])
+            return g.one("Mul", [g.one("Mul", [x, g.one("Div", [g.constant(1.0), root])]), gamma])
         return g.one("LayerNormalization", [x, gamma, g.weight(hidden, scale=0.1)], axis=-1,
                      epsilon=1e-12)
 

@@ -194,12 +194,17 @@ def test_packed_qkv_attends_as_separate_qkv(bias: bool) -> None:
     np.testing.assert_allclose(ours, _theirs(model, apart)[0], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(("disabled", "fusions"), [
-    ((), {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}),
-    (("embed_layer_norm", "bias_gelu", "skip_layer_norm"), {"Attention", "Gelu"}),
+@pytest.mark.parametrize(("rms", "disabled", "fusions"), [
+    (False, (), {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}),
+    (False, ("embed_layer_norm", "bias_gelu", "skip_layer_norm"), {"Attention", "Gelu"}),
+    (True, (), {"SkipSimplifiedLayerNormalization", "BiasGelu"}),
+    # SimplifiedLayerNormalization is written in the default domain (onnxruntime's extension)
+    (True, ("skip_layer_norm",), {"BiasGelu", "SimplifiedLayerNormalization"}),
 ])
 def test_encoder_fused_by_the_transformer_optimizer_matches_onnxruntime(
-        disabled: tuple[str, ...], fusions: set[str], tmp_path: Any) -> None:
+        rms: bool, disabled: tuple[str, ...], fusions: set[str], tmp_path: Any) -> None:
+    """The optimizer's fusions of the encoder (with LayerNormalization, or RMS normalization
+    as in LLaMA-style models) against onnxruntime on the fused model and on the original."""
     pytest.importorskip("sympy")  # the optimizer's symbolic shape inference
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -209,12 +214,13 @@ def test_encoder_fused_by_the_transformer_optimizer_matches_onnxruntime(
         setattr(options, f"enable_{name}", False)
 
     source, target = tmp_path / "bert.onnx", tmp_path / "bert.fused.onnx"
-    float_model = bert_like()
+    float_model = bert_like(rms=rms)
     onnx.save(float_model, source)
     optimize_model(str(source), model_type="bert", num_heads=4, hidden_size=64, opt_level=0,
                    optimization_options=options).save_model_to_file(str(target))
     optimized = onnx.load(target)
-    fused = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
+    fused = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"
+             or n.op_type == "SimplifiedLayerNormalization"}
     assert fusions <= fused, fused
     session = RuntimeSession(optimized)
     assert all(kernel.element_type is not None for kernel, _, _ in session._steps)
@@ -224,3 +230,23 @@ def test_encoder_fused_by_the_transformer_optimizer_matches_onnxruntime(
         (actual,) = session.run(None, feeds)
         np.testing.assert_allclose(actual, _theirs(optimized, feeds)[0], rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(actual, _theirs(float_model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("axis", "outputs"), [(-1, 1), (-1, 2), (1, 2)])
+def test_simplified_layer_normalization_in_the_default_domain(axis: int, outputs: int) -> None:
+    """onnxruntime registers SimplifiedLayerNormalization in the default domain, where onnx
+    has no such operator: the session runs it as the contrib kernel, the caller's model kept."""
+    rng = np.random.default_rng(4)
+    x = _random(rng, B, S, H)
+    scale = (1 + 0.1 * _random(rng, *x.shape[axis:])).astype(np.float32)
+    model = one_node("SimplifiedLayerNormalization", {"x": x}, {"scale": scale}, ["x", "scale"],
+                     [np.float32] * outputs, axis=axis, epsilon=1e-5)
+    model.graph.node[0].domain = ""
+    del model.opset_import[1:]  # the default domain alone
+    before = model.SerializeToString()
+    actual = RuntimeSession(model).run(None, {"x": x})
+    assert model.SerializeToString() == before
+    expected = _theirs(model, {"x": x})
+    for ours, theirs in zip(actual, expected, strict=True):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,11 @@
 """Types past the nodes onnx's shape inference does not know: onnxruntime's ``com.microsoft``
-operators.
+operators, and the operators onnxruntime adds to the default domain.
+
+onnxruntime registers a few operators in the default domain that onnx does not define
+(:data:`DEFAULT_DOMAIN_EXTENSIONS`; its transformer optimizer writes SimplifiedLayerNormalization
+there): onnx's checker would refuse them, so :func:`adopt_default_domain_extensions` moves
+such nodes of the session's copy of the model to ``com.microsoft``, whose kernels of the same
+name run them (errors then name them ``com.microsoft::``).
 
 onnx has no schema for them, so inference leaves their outputs untyped and stops there: the
 nodes after them would be dispatched without element types (untuned, unchecked). This walks
@@ -16,10 +22,30 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from ..kernels.declaration import KernelDeclaration
-from .dispatch import ONNX_DOMAINS, canonical_domain
+from .dispatch import CONTRIB_DOMAIN, ONNX_DOMAINS, canonical_domain
 from .loading import check_model, tensor_element_type, tensor_shape
 
-__all__ = ["infer_contrib_types"]
+__all__ = ["DEFAULT_DOMAIN_EXTENSIONS", "adopt_default_domain_extensions", "infer_contrib_types"]
+
+#: The operators onnxruntime runs in the default domain that onnx does not define.
+DEFAULT_DOMAIN_EXTENSIONS = frozenset({"SimplifiedLayerNormalization"})
+
+
+def adopt_default_domain_extensions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy whose main-graph nodes of :data:`DEFAULT_DOMAIN_EXTENSIONS` that
+    onnx does not define are in the ``com.microsoft`` domain (imported at version 1)."""
+    moved = [index for index, node in enumerate(model.graph.node)
+             if node.domain in ("", "ai.onnx") and node.op_type in DEFAULT_DOMAIN_EXTENSIONS
+             and not onnx.defs.has(node.op_type, "")]
+    if not moved:
+        return model
+    adopted = onnx.ModelProto()
+    adopted.CopyFrom(model)
+    for index in moved:
+        adopted.graph.node[index].domain = CONTRIB_DOMAIN
+    if all(entry.domain != CONTRIB_DOMAIN for entry in adopted.opset_import):
+        adopted.opset_import.append(onnx.helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return adopted
 
 
 def _value_type(type_proto: onnx.TypeProto | None) -> tuple[int, tuple | None] | None:

@@ -1,5 +1,6 @@
 """The transformer optimizer's fused normalizations: SkipLayerNormalization,
-SkipSimplifiedLayerNormalization and EmbedLayerNormalization.
+SkipSimplifiedLayerNormalization, EmbedLayerNormalization and SimplifiedLayerNormalization
+(which onnxruntime registers in the default domain: see ``runtime/contrib_types.py``).
 
 Each normalizes over the last axis the sum of its inputs: ``input + skip (+ bias)`` (skip of
 the input's shape, or (1, S, H) or (S, H) for every batch entry), or the word, position and
@@ -20,7 +21,7 @@ import numpy as np
 
 from ...parallel import ThreadPool
 from ...tuning.keys import ElementType as T
-from ..base import FLOAT_TYPES, NodeContext, compute_dtype
+from ..base import FLOAT_TYPES, NodeContext, compute_dtype, normalize_axis
 from ..declaration import KernelDeclaration
 from ..normalization import LayerNormalization
 from .base import ContribKernel, ValueType, declare_contrib
@@ -179,7 +180,47 @@ class EmbedLayerNormalization(_SkipNormalization):
         return table.astype(compute_dtype(table.dtype), copy=False)[ids]
 
 
+class SimplifiedLayerNormalization(ContribKernel):
+    """RMS normalization over the axes from ``axis`` (-1 by default) on, times ``scale``,
+    computed in ``stash_type`` (float32); the optional second output is
+    1/sqrt(mean square + epsilon), of the input's shape with the normalized axes 1."""
+
+    op_type = "SimplifiedLayerNormalization"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.axis = int(ctx.attribute("axis", -1))
+        self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-5)))
+        stash = int(ctx.attribute("stash_type", T.FLOAT))
+        if stash not in (T.FLOAT, T.DOUBLE):
+            raise ctx.error(f"stash_type must be 1 (float) or 11 (double), got {stash}")
+        self.stash = np.dtype(np.float32 if stash == T.FLOAT else np.float64)
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        first = inputs[0] if inputs else None
+        if first is None:
+            return [None] * num_outputs
+        stash = attributes.get("stash_type", T.FLOAT)
+        return [first, (stash, None)][:num_outputs]
+
+    def run(self, x: np.ndarray, scale: np.ndarray) -> Arrays:
+        axis = normalize_axis(self.ctx, self.axis, x.ndim)
+        axes = tuple(range(axis, x.ndim))
+        data = x.astype(self.stash, copy=False)
+        mean_square = np.mean(np.square(data), axis=axes, keepdims=True)
+        inverse = 1 / np.sqrt(mean_square + self.stash.type(self.epsilon))
+        try:
+            y = data * inverse * scale.astype(self.stash, copy=False)
+        except ValueError:
+            raise self.ctx.error(f"scale of shape {list(scale.shape)} does not broadcast to the "
+                                 f"normalized axes {list(x.shape[axis:])}") from None
+        return [y.astype(x.dtype, copy=False), inverse][:max(1, self.ctx.num_outputs)]
+
+
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare_contrib(SimplifiedLayerNormalization, FLOAT_TYPES),
     declare_contrib(SkipLayerNormalization, FLOAT_TYPES),
     declare_contrib(SkipSimplifiedLayerNormalization, FLOAT_TYPES),
     declare_contrib(EmbedLayerNormalization),
