@@ -6,15 +6,19 @@ float32 tolerances."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import pytest
-from contrib_models import branches_like, mobilenet_like, one_node, quantize_static_model, resnet_like
 from onnx import numpy_helper
 
 from onnx_light.runtime import RuntimeSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from contrib_models import branches_like, mobilenet_like, one_node, quantize_static_model, resnet_like
 
 ort = pytest.importorskip("onnxruntime")
 BYTES = (np.uint8, np.int8)

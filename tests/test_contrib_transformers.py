@@ -4,14 +4,18 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import pytest
-from contrib_models import bert_feeds, bert_like, one_node
 
 from onnx_light.runtime import RuntimeSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from contrib_models import bert_feeds, bert_like, one_node
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -250,3 +254,31 @@ def test_simplified_layer_normalization_in_the_default_domain(axis: int, outputs
     for ours, theirs in zip(actual, expected, strict=True):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def _half(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in arrays.items()}
+
+
+def _widened(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in arrays.items()}
+
+
+@pytest.mark.parametrize("name", ["Gelu", "FastGelu-bias", "BiasGelu", "QuickGelu",
+                                  "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+                                  "EmbedLayerNormalization", "FusedMatMul", "Attention-lengths",
+                                  "MultiHeadAttention", "RotaryEmbedding"])
+def test_float16_computes_in_float32_and_rounds_once(name: str) -> None:
+    """float16 tensors give onnxruntime's float32 results (on the same values) rounded to
+    float16: computed in float32, rounded once. The skip normalizations' mean and inverse
+    deviation outputs stay float32, as onnxruntime's schema types them."""
+    op_type, feeds, constants, inputs, outputs, attributes = _case(name, np.random.default_rng(5))
+    feeds, constants = _half(feeds), _half(constants)
+    statistics = {1, 2} if op_type.startswith("Skip") else set()
+    halves = [np.float16 if t == np.float32 and i not in statistics else t for i, t in enumerate(outputs)]
+    ours = RuntimeSession(one_node(op_type, feeds, constants, inputs, halves, **attributes)).run(None, feeds)
+    wide = _widened(feeds)
+    theirs = _theirs(one_node(op_type, wide, _widened(constants), inputs, outputs, **attributes), wide)
+    for actual, expected, dtype in zip(ours, theirs, halves, strict=True):
+        assert actual.shape == expected.shape and actual.dtype == dtype
+        np.testing.assert_allclose(actual.astype(expected.dtype), expected, rtol=2e-3, atol=2e-3)

@@ -1,21 +1,21 @@
 """The transformer optimizer's fused activations: Gelu, FastGelu, BiasGelu, QuickGelu and
 BiasAdd.
 
-Gelu is ``0.5 x (1 + erf(x / sqrt 2))`` and FastGelu its tanh approximation, both through the
-elementwise kernels' GELU (``elementwise_compute._gelu``); BiasGelu adds a bias first,
-FastGelu an optional one; QuickGelu is ``x sigmoid(alpha x)`` (alpha 1.702 by default);
-BiasAdd is ``x + bias + skip``. Half-precision inputs compute in float32 and round once.
+Gelu is ``0.5 x (1 + erf(x / sqrt 2))`` and FastGelu its tanh approximation, both through ONNX
+Gelu-20's kernel (compiled for float32); BiasGelu adds a bias first, FastGelu an optional one;
+QuickGelu is ``x sigmoid(alpha x)`` (alpha 1.702 by default); BiasAdd is ``x + bias + skip``.
+Half-precision inputs compute in float32 and round once.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..base import FLOAT_TYPES, NodeContext, compute_dtype
+from ..base import NodeContext, compute_dtype
 from ..declaration import KernelDeclaration
+from ..elementwise import KERNELS as ELEMENTWISE
 from ..elementwise import _sigmoid
-from ..elementwise_compute import _gelu
-from .base import ContribKernel, declare_contrib
+from .base import FLOATS, ContribKernel, declare_contrib, onnx_kernel
 
 __all__ = ["DECLARATIONS"]
 
@@ -42,11 +42,14 @@ class _Gelu(ContribKernel):
 
     approximate = "none"
 
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.gelu = onnx_kernel(ctx, ELEMENTWISE["Gelu"][20], 20, {"approximate": self.approximate},
+                                ctx.input_types[:1])
+
     def run(self, x: np.ndarray, bias: np.ndarray | None = None) -> Arrays:
-        values = _biased(self, x, bias)
-        out = np.empty_like(values)
-        _gelu(values, out=out, approximate=self.approximate)
-        return [out.astype(x.dtype, copy=False)]
+        values = x if bias is None else _biased(self, x, bias).astype(x.dtype, copy=False)
+        return list(self.gelu.run(values))
 
 
 class Gelu(_Gelu):
@@ -91,4 +94,4 @@ class BiasAdd(ContribKernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
-    declare_contrib(kernel, FLOAT_TYPES) for kernel in (Gelu, BiasGelu, FastGelu, QuickGelu, BiasAdd))
+    declare_contrib(kernel, FLOATS) for kernel in (Gelu, BiasGelu, FastGelu, QuickGelu, BiasAdd))

@@ -15,7 +15,6 @@ position offset (a one-element ``position_ids``).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,22 +22,13 @@ import numpy as np
 
 from ...tuning.keys import ElementType as T
 from .. import attention as onnx_attention
-from ..base import FLOAT_TYPES, NodeContext, compute_dtype
+from ..base import NodeContext, compute_dtype
 from ..declaration import KernelDeclaration
-from .base import ContribKernel, ValueType, declare_contrib
+from .base import FLOATS, ContribKernel, ValueType, declare_contrib, onnx_kernel
 
 __all__ = ["DECLARATIONS"]
 
 Arrays = list[np.ndarray]
-
-
-def _onnx_kernel(ctx: NodeContext, kernel: type, op_type: str, opset: int, attributes: dict[str, Any],
-                 num_inputs: int, num_outputs: int) -> Any:
-    """The ONNX-domain kernel these reuse, for float32 inputs."""
-    return kernel(dataclasses.replace(
-        ctx, op_type=op_type, domain="", opset=opset, attributes=attributes,
-        input_types=(T.FLOAT,) * num_inputs, output_types=(T.FLOAT,) * num_outputs,
-        num_inputs=num_inputs, num_outputs=num_outputs, omitted_inputs=frozenset()))
 
 
 def _split_heads(x: np.ndarray, heads: int) -> np.ndarray:
@@ -58,7 +48,7 @@ class _Attention(ContribKernel):
         self.filter = float(np.float32(ctx.attribute("mask_filter_value", -10000.0)))
         scale = ctx.attribute("scale", 0.0)
         attributes = {} if not scale else {"scale": float(scale)}
-        self.core = _onnx_kernel(ctx, onnx_attention.Attention, "Attention", 23, attributes, 4, 1)
+        self.core = onnx_kernel(ctx, onnx_attention.Attention, 23, attributes, (T.FLOAT,) * 4)
 
     def heads_of(self, name: str, x: np.ndarray) -> np.ndarray:
         if x.ndim != 3 or x.shape[2] % self.heads:
@@ -250,8 +240,8 @@ class RotaryEmbedding(ContribKernel):
             raise ctx.error("attribute scale other than 1 is not supported")
         attributes = {name: ctx.attribute(name, 0) for name in
                       ("interleaved", "num_heads", "rotary_embedding_dim")}
-        self.rotate = _onnx_kernel(ctx, onnx_attention.RotaryEmbedding, "RotaryEmbedding", 23,
-                                   attributes, 4, 1)
+        self.rotate = onnx_kernel(ctx, onnx_attention.RotaryEmbedding, 23, attributes,
+                                  (*ctx.input_types[:1], T.FLOAT, T.FLOAT, T.INT64))
 
     def run(self, x: np.ndarray, position_ids: np.ndarray, cos_cache: np.ndarray,
             sin_cache: np.ndarray) -> Arrays:
@@ -268,6 +258,6 @@ class RotaryEmbedding(ContribKernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare_contrib(Attention, FLOAT_TYPES), declare_contrib(MultiHeadAttention, FLOAT_TYPES),
-    declare_contrib(RotaryEmbedding, FLOAT_TYPES),
+    declare_contrib(Attention, FLOATS), declare_contrib(MultiHeadAttention, FLOATS),
+    declare_contrib(RotaryEmbedding, FLOATS),
 )

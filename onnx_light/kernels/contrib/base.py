@@ -10,18 +10,25 @@ nodes after it are typed and inferred as usual.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ...parallel import ThreadPool
+from ...tuning.keys import ElementType as T
 from .. import base
 from ..declaration import KernelDeclaration, declare
 
-__all__ = ["DOMAIN", "ContribKernel", "Shape", "ValueType", "broadcast_shape", "declare_contrib"]
+__all__ = ["DOMAIN", "FLOATS", "ContribKernel", "Shape", "ValueType", "broadcast_shape", "declare_contrib",
+           "onnx_kernel"]
 
 #: The ONNX domain of these kernels.
 DOMAIN = "com.microsoft"
+#: The float types the float operators take, as onnxruntime's CPU kernels do (float16 is
+#: computed in float32 and rounded once).
+FLOATS = (T.FLOAT, T.FLOAT16)
 #: A tensor's dimensions (sizes, names or None), None where its rank is unknown.
 Shape = tuple[int | str | None, ...] | None
 #: A value's element type and shape; None where its type is unknown.
@@ -39,8 +46,26 @@ def broadcast_shape(*shapes: Shape) -> Shape:
         return None
 
 
+def onnx_kernel(ctx: base.NodeContext, kernel: type[base.Kernel], opset: int,
+                attributes: Mapping[str, Any], input_types: Sequence[int | None],
+                num_outputs: int = 1) -> base.Kernel:
+    """The default domain's ``kernel`` (at ``opset``) for a contrib node to compute with,
+    built from the node's context with the ONNX operator's attributes and input types."""
+    return kernel(dataclasses.replace(
+        ctx, op_type=kernel.op_type, domain="", opset=opset, attributes=dict(attributes),
+        input_types=tuple(input_types), output_types=(None,) * num_outputs,
+        num_inputs=len(input_types), num_outputs=num_outputs, omitted_inputs=frozenset()))
+
+
 class ContribKernel(base.Kernel):
-    """A ``com.microsoft`` kernel: ``output_types`` gives its outputs' types."""
+    """A ``com.microsoft`` kernel: ``output_types`` gives its outputs' types; the ONNX
+    kernels it holds (:func:`onnx_kernel`) share its thread pool."""
+
+    def bind(self, pool: ThreadPool | None) -> ContribKernel:
+        for value in vars(self).values():
+            if isinstance(value, base.Kernel):
+                value.bind(pool)
+        return super().bind(pool)
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],

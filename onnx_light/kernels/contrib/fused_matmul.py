@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..base import FLOAT_TYPES, NodeContext, compute_dtype
+from ..base import NodeContext, compute_dtype
 from ..declaration import KernelDeclaration
-from .base import ContribKernel, ValueType, declare_contrib
+from .base import FLOATS, ContribKernel, ValueType, declare_contrib
 
 __all__ = ["DECLARATIONS"]
 
@@ -54,4 +54,4 @@ class FusedMatMul(ContribKernel):
         return [product.astype(a.dtype, copy=False)]
 
 
-DECLARATIONS: tuple[KernelDeclaration, ...] = (declare_contrib(FusedMatMul, FLOAT_TYPES),)
+DECLARATIONS: tuple[KernelDeclaration, ...] = (declare_contrib(FusedMatMul, FLOATS),)

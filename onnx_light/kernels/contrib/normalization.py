@@ -13,18 +13,16 @@ per row (B, S, 1), and the sum before normalization.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ...parallel import ThreadPool
 from ...tuning.keys import ElementType as T
-from ..base import FLOAT_TYPES, NodeContext, compute_dtype, normalize_axis
+from ..base import NodeContext, compute_dtype, normalize_axis
 from ..declaration import KernelDeclaration
 from ..normalization import LayerNormalization
-from .base import ContribKernel, ValueType, declare_contrib
+from .base import FLOATS, ContribKernel, ValueType, declare_contrib, onnx_kernel
 
 __all__ = ["DECLARATIONS"]
 
@@ -33,11 +31,8 @@ Arrays = list[np.ndarray]
 
 def _layer_norm(ctx: NodeContext) -> LayerNormalization:
     """ONNX LayerNormalization over the last axis with the node's epsilon, three outputs."""
-    return LayerNormalization(dataclasses.replace(
-        ctx, op_type="LayerNormalization", domain="", opset=17,
-        attributes={"axis": -1, "epsilon": ctx.attribute("epsilon", 1e-12)},
-        input_types=(T.FLOAT,) * 3, output_types=(T.FLOAT,) * 3, num_inputs=3, num_outputs=3,
-        omitted_inputs=frozenset()))
+    attributes = {"axis": -1, "epsilon": ctx.attribute("epsilon", 1e-12)}
+    return onnx_kernel(ctx, LayerNormalization, 17, attributes, (T.FLOAT,) * 3, num_outputs=3)
 
 
 def _row_statistics(inputs: Sequence[ValueType], num_outputs: int, sum_index: int) -> list[ValueType]:
@@ -62,10 +57,6 @@ class _SkipNormalization(ContribKernel):
         super().__init__(ctx)
         self.epsilon = float(np.float32(ctx.attribute("epsilon", 1e-12)))
         self.layer_norm = _layer_norm(ctx)
-
-    def bind(self, pool: ThreadPool | None) -> _SkipNormalization:
-        self.layer_norm.bind(pool)
-        return super().bind(pool)
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
@@ -220,8 +211,8 @@ class SimplifiedLayerNormalization(ContribKernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare_contrib(SimplifiedLayerNormalization, FLOAT_TYPES),
-    declare_contrib(SkipLayerNormalization, FLOAT_TYPES),
-    declare_contrib(SkipSimplifiedLayerNormalization, FLOAT_TYPES),
+    declare_contrib(SimplifiedLayerNormalization, FLOATS),
+    declare_contrib(SkipLayerNormalization, FLOATS),
+    declare_contrib(SkipSimplifiedLayerNormalization, FLOATS),
     declare_contrib(EmbedLayerNormalization),
 )

@@ -14,7 +14,6 @@ AveragePool`, :class:`~onnx_light.kernels.reductions.Softmax`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -27,7 +26,7 @@ from ..elementwise import _sigmoid
 from ..pooling import AveragePool
 from ..quantization import quantized_type, requantize
 from ..reductions import Softmax
-from .base import ContribKernel, ValueType, broadcast_shape, declare_contrib
+from .base import ContribKernel, ValueType, broadcast_shape, declare_contrib, onnx_kernel
 
 __all__ = ["DECLARATIONS", "dequantize", "quantize"]
 
@@ -170,9 +169,8 @@ class QLinearSoftmax(ContribKernel):
         opset = ctx.attribute("opset")
         if opset is None:
             raise ctx.error("attribute 'opset' is required")
-        self.softmax = Softmax(dataclasses.replace(
-            ctx, domain="", opset=int(opset), attributes={"axis": ctx.attribute("axis", -1)},
-            input_types=(T.FLOAT,), output_types=(T.FLOAT,), num_inputs=1, omitted_inputs=frozenset()))
+        self.softmax = onnx_kernel(ctx, Softmax, int(opset), {"axis": ctx.attribute("axis", -1)},
+                                   (T.FLOAT,))
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
@@ -274,9 +272,7 @@ class QLinearAveragePool(ContribKernel):
         super().__init__(ctx)
         self.channels_last = bool(ctx.attribute("channels_last", 0))
         attributes = {k: v for k, v in ctx.attributes.items() if k != "channels_last"}
-        self.pool_kernel = AveragePool(dataclasses.replace(
-            ctx, domain="", opset=19, attributes=attributes, input_types=(T.FLOAT,),
-            output_types=(T.FLOAT,), num_inputs=1, omitted_inputs=frozenset()))
+        self.pool_kernel = onnx_kernel(ctx, AveragePool, 19, attributes, (T.FLOAT,))
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],

@@ -1,7 +1,9 @@
 """Small real architectures built with onnx's helpers from seeded random weights, for the
-tests of onnxruntime's ``com.microsoft`` operators: CNNs to quantize (a MobileNetV2-like and a
-ResNet-like one) and a BERT-style encoder to quantize dynamically or to fuse with
-onnxruntime's transformer optimizer; and the quantizer's calibration reader."""
+tests and the benchmark (``contrib_speed.py``) of onnxruntime's ``com.microsoft`` operators:
+CNNs to quantize (MobileNetV2-like, ResNet-like, and one with the other operators the QOperator
+format has contrib nodes for) with onnxruntime's quantizer (:func:`quantize_static_model`), a
+BERT-style encoder to quantize dynamically or to fuse with onnxruntime's transformer optimizer,
+and one-node models of a contrib operator (:func:`one_node`)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def _classifier_head(g: Graph, x: str, channels: int, classes: int) -> str:
     return g.one("Gemm", [pooled, g.weight(classes, channels), g.weight(classes, scale=0.1)], transB=1)
 
 
-def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
+def mobilenet_like(seed: int = 0, size: int = 32) -> onnx.ModelProto:
     """A stem convolution, inverted residual blocks (1x1 expand, depthwise 3x3, 1x1 project,
     residual Add where the shapes allow), a 1x1 head, global pooling and a Gemm classifier;
     Relu6 as Clip(0, 6), as MobileNetV2 exports it."""
@@ -80,11 +82,11 @@ def mobilenet_like(seed: int = 0) -> onnx.ModelProto:
         channels = out
     x = relu6(g.conv(x, channels, 48))
     y = _classifier_head(g, x, 48, 10)
-    return g.model([helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
+    return g.model([helper.make_tensor_value_info("x", F, [1, 3, size, size])],
                    [helper.make_tensor_value_info(y, F, [1, 10])], "mobilenet_like")
 
 
-def resnet_like(seed: int = 1) -> onnx.ModelProto:
+def resnet_like(seed: int = 1, size: int = 32) -> onnx.ModelProto:
     """A stem convolution and MaxPool, basic residual blocks (two 3x3 convolutions, a 1x1
     projection where the shape changes, Add then Relu), global pooling and a Gemm classifier."""
     g = Graph(seed)
@@ -98,7 +100,7 @@ def resnet_like(seed: int = 1) -> onnx.ModelProto:
         x = g.one("Relu", [g.one("Add", [h, shortcut])])
         channels = out
     y = _classifier_head(g, x, channels, 10)
-    return g.model([helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
+    return g.model([helper.make_tensor_value_info("x", F, [1, 3, size, size])],
                    [helper.make_tensor_value_info(y, F, [1, 10])], "resnet_like")
 
 
@@ -208,7 +210,7 @@ def one_node(op_type: str, feeds: dict[str, np.ndarray], constants: dict[str, np
                                                    helper.make_opsetid("com.microsoft", 1)])
 
 
-def branches_like(seed: int = 3) -> onnx.ModelProto:
+def branches_like(seed: int = 3, size: int = 32) -> onnx.ModelProto:
     """The operators CNNs use beyond those two, for the quantizer's other QLinear nodes: two
     branches (LeakyRelu; a sigmoid gate multiplied in), joined by Concat, AveragePool, a
     residual Add, global pooling, Gemm and Softmax."""
@@ -222,5 +224,5 @@ def branches_like(seed: int = 3) -> onnx.ModelProto:
     y = g.one("Add", [pooled, g.conv(pooled, 16, 16)])
     logits = _classifier_head(g, y, 16, 10)
     probabilities = g.one("Softmax", [logits], axis=-1)
-    return g.model([helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
+    return g.model([helper.make_tensor_value_info("x", F, [1, 3, size, size])],
                    [helper.make_tensor_value_info(probabilities, F, [1, 10])], "branches_like")
