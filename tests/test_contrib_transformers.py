@@ -282,3 +282,26 @@ def test_float16_computes_in_float32_and_rounds_once(name: str) -> None:
     for actual, expected, dtype in zip(ours, theirs, halves, strict=True):
         assert actual.shape == expected.shape and actual.dtype == dtype
         np.testing.assert_allclose(actual.astype(expected.dtype), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize(("op_type", "feeds", "inputs", "attributes", "message"), [
+    ("Attention", {"x": np.zeros((1, 2, 8), np.float32), "w": np.zeros((8, 24), np.float32)},
+     ["x", "w"], {}, "num_heads must be positive"),
+    ("Attention", {"x": np.zeros((1, 2, 8), np.float32), "w": np.zeros((8, 24), np.float32),
+                   "bias": np.zeros((1, 2, 5, 5), np.float32)},
+     ["x", "w", "", "", "", "bias"], {"num_heads": 2}, r"attention_bias \(\[1, 2, 5, 5\]\) must broadcast"),
+    ("Attention", {"x": np.zeros((1, 2, 8), np.float32), "w": np.zeros((8, 24), np.float32),
+                   "mask": np.ones((3, 3), np.int32)},
+     ["x", "w", "", "mask"], {"num_heads": 2}, "the mask of shape"),
+    ("MultiHeadAttention", {"q": np.zeros((1, 2, 8), np.float32)}, ["q"], {"num_heads": 2},
+     "key is required"),
+    ("SkipLayerNormalization", {"x": np.zeros((1, 2, 8), np.float32), "skip": np.zeros((2, 2, 8), np.float32),
+                                "gamma": np.ones(8, np.float32)}, ["x", "skip", "gamma"], {},
+     "skip of its shape"),
+    ("FusedMatMul", {"a": np.zeros((2, 3), np.float32), "b": np.zeros((2, 3), np.float32)}, ["a", "b"], {},
+     "cannot multiply"),
+])
+def test_bad_inputs_name_the_node(op_type: str, feeds: dict, inputs: list[str], attributes: dict,
+                                  message: str) -> None:
+    with pytest.raises(ValueError, match=rf"node 'node' \({op_type}\): .*{message}"):
+        RuntimeSession(one_node(op_type, feeds, {}, inputs, **attributes)).run(None, feeds)

@@ -1,9 +1,9 @@
 """The transformer optimizer's attention operators: Attention (input projection fused in),
 MultiHeadAttention (projected Q, K and V) and RotaryEmbedding.
 
-Both attentions end in ONNX Attention's kernel (:class:`~onnx_light.kernels.attention.
-Attention`) on (batch, heads, sequence, size) tensors with one additive bias built here, as
-onnxruntime builds it: masked keys get ``mask_filter_value`` (-10000 by default), so a fully
+Both attentions compute ``softmax(scale Q K^T + bias) V`` on (batch, heads, sequence, size)
+tensors (``scale``: 1/sqrt(head size) by default) with one additive bias built as onnxruntime
+builds it: masked keys get ``mask_filter_value`` (-10000 by default), so a fully
 masked row is an even average rather than zeros; ``unidirectional`` masks the keys after
 each query's position (past included); ``attention_bias`` (batch or 1, heads or 1, S, T)
 is added. Key masks: lengths (batch), end and start positions (2 * batch), raw 0/1 masks
@@ -46,9 +46,7 @@ class _Attention(ContribKernel):
             raise ctx.error(f"attribute num_heads must be positive, got {self.heads}")
         self.unidirectional = bool(ctx.attribute("unidirectional", 0))
         self.filter = float(np.float32(ctx.attribute("mask_filter_value", -10000.0)))
-        scale = ctx.attribute("scale", 0.0)
-        attributes = {} if not scale else {"scale": float(scale)}
-        self.core = onnx_kernel(ctx, onnx_attention.Attention, 23, attributes, (T.FLOAT,) * 4)
+        self.scale = float(ctx.attribute("scale", 0.0))
 
     def heads_of(self, name: str, x: np.ndarray) -> np.ndarray:
         if x.ndim != 3 or x.shape[2] % self.heads:
@@ -85,14 +83,22 @@ class _Attention(ContribKernel):
         if self.unidirectional:
             masked = masked | (np.arange(total) > past + np.arange(q_length).reshape(-1, 1))
         bias = np.where(masked, compute.type(self.filter), compute.type(0))
-        if attention_bias is not None:
-            try:
-                bias = bias + attention_bias.astype(compute, copy=False)
-            except ValueError:
-                raise self.ctx.error(f"attention_bias of shape {list(attention_bias.shape)} does not "
-                                     f"broadcast to {[batch, self.heads, q_length, total]}") from None
-        (y,) = self.core.run(q.astype(compute, copy=False), k.astype(compute, copy=False),
-                             v.astype(compute, copy=False), bias)
+        scale = compute.type(self.scale or 1 / np.sqrt(q.shape[3]))
+        scores = np.matmul(q.astype(compute, copy=False) * scale,
+                           np.swapaxes(k.astype(compute, copy=False), -1, -2))
+        try:
+            scores += bias
+            if attention_bias is not None:
+                scores += attention_bias.astype(compute, copy=False)
+        except ValueError:
+            given = None if attention_bias is None else list(attention_bias.shape)
+            raise self.ctx.error(f"the mask and attention_bias ({given}) must broadcast to the "
+                                 f"scores' shape {list(scores.shape)} (batch, heads, {q_length}, "
+                                 f"{total})") from None
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        y = np.matmul(scores, v.astype(compute, copy=False))
         return y.transpose(0, 2, 1, 3).reshape(batch, q_length, -1).astype(q.dtype, copy=False)
 
 
