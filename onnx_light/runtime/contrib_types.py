@@ -1,18 +1,19 @@
 """Types past the nodes onnx's shape inference does not know: onnxruntime's ``com.microsoft``
 operators, and the operators onnxruntime adds to the default domain.
 
-onnxruntime registers a few operators in the default domain that onnx does not define
+onnx has no schemas for the contrib operators, so its inference leaves their outputs untyped
+and stops there: the nodes after them would be dispatched without element types (untuned,
+unchecked). :func:`infer_contrib_types` walks the main graph once in order: a contrib node's
+outputs are typed by its kernel's
+:meth:`~onnx_light.kernels.contrib.base.ContribKernel.output_types`, an ONNX node left untyped
+behind one by onnx's inference of that node alone; then the model is inferred again with the
+contrib outputs' types declared, which types everything after them.
+
+onnxruntime also registers a few operators in the default domain that onnx does not define
 (:data:`DEFAULT_DOMAIN_EXTENSIONS`; its transformer optimizer writes SimplifiedLayerNormalization
 there): onnx's checker would refuse them, so :func:`adopt_default_domain_extensions` moves
 such nodes of the session's copy of the model to ``com.microsoft``, whose kernels of the same
 name run them (errors then name them ``com.microsoft::``).
-
-onnx has no schema for them, so inference leaves their outputs untyped and stops there: the
-nodes after them would be dispatched without element types (untuned, unchecked). This walks
-the main graph once in order: a contrib node's outputs are typed by its kernel's
-:meth:`~onnx_light.kernels.contrib.base.ContribKernel.output_types`, an ONNX node left untyped
-behind one by onnx's inference of that node alone; then the model is inferred again with the
-contrib outputs' types declared, which types everything after them.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _onnx_node_types(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto],
         return onnx.shape_inference.infer_node_outputs(
             schema, node, {name: types[name] for name in node.input if name},
             opset_imports=list(opset_import))
-    except Exception:
+    except Exception:  # onnx's errors vary; the final inference reports the model's own
         return {}
 
 

@@ -199,6 +199,11 @@ class QLinearConcat(ContribKernel):
                             f"X_zero_point), got {ctx.num_inputs} inputs")
 
     @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
+        """The first tensor's type (the inputs start with the output's scale)."""
+        return ctx.input_types[2] if len(ctx.input_types) > 2 else None
+
+    @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
                      num_outputs: int) -> list[ValueType]:
         zero, first = inputs[1], inputs[2] if len(inputs) > 2 else None
@@ -288,6 +293,5 @@ class QLinearAveragePool(ContribKernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(declare_contrib(kernel, BYTES) for kernel in (
-    QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
+    QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearConcat,
     QLinearGlobalAveragePool, QLinearAveragePool))
-DECLARATIONS += (declare_contrib(QLinearConcat),)
