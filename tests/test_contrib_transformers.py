@@ -305,3 +305,77 @@ def test_bad_inputs_name_the_node(op_type: str, feeds: dict, inputs: list[str], 
                                   message: str) -> None:
     with pytest.raises(ValueError, match=rf"node 'node' \({op_type}\): .*{message}"):
         RuntimeSession(one_node(op_type, feeds, {}, inputs, **attributes)).run(None, feeds)
+
+
+# ------------------------------------------------------------------ the dynamic quantizer's forms
+
+
+@pytest.mark.parametrize(("weight_type", "per_column", "mask", "unidirectional"), [
+    (np.int8, False, False, 0), (np.uint8, False, True, 0), (np.int8, True, True, 1),
+])
+def test_qattention_matches_onnxruntime(weight_type: Any, per_column: bool, mask: bool,
+                                        unidirectional: int) -> None:
+    rng = np.random.default_rng(6)
+    info = np.iinfo(weight_type)
+    feeds = {"x": rng.integers(0, 256, (B, S, H)).astype(np.uint8)}
+    constants = {
+        "w": rng.integers(info.min, info.max + 1, (H, 3 * H)).astype(weight_type),
+        "b": _random(rng, 3 * H), "x_scale": np.float32(0.02),
+        "w_scale": (rng.uniform(0.001, 0.004, 3 * H) if per_column else np.array(0.003)).astype(np.float32),
+        "x_zero": np.uint8(120),
+        "w_zero": (np.full(3 * H, 3) if per_column else np.array(3)).astype(weight_type)}
+    if mask:
+        feeds["mask"] = np.array([S, S - 2], np.int32)
+    inputs = ["x", "w", "b", "x_scale", "w_scale", "mask" if mask else "", "x_zero", "w_zero"]
+    model = one_node("QAttention", feeds, constants, inputs, num_heads=N, unidirectional=unidirectional)
+    (actual,) = RuntimeSession(model).run(None, feeds)
+    (expected,) = _theirs(model, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qembed_layer_normalization_matches_onnxruntime(dtype: Any) -> None:
+    rng = np.random.default_rng(7)
+    info = np.iinfo(dtype)
+    feeds = {"ids": rng.integers(0, 20, (B, S)).astype(np.int32),
+             "segments": rng.integers(0, 2, (B, S)).astype(np.int32),
+             "mask": np.array([[1] * S, [1] * (S - 2) + [0, 0]], np.int32)}
+    tables = {"words": (20, H), "positions": (S + 3, H), "segment_table": (2, H), "gamma": (H,), "beta": (H,)}
+    constants: dict[str, np.ndarray] = {}
+    for name, shape in tables.items():
+        constants[name] = rng.integers(info.min, info.max + 1, shape).astype(dtype)
+        constants[f"{name}_scale"] = np.float32(rng.uniform(0.005, 0.02))
+        constants[f"{name}_zero"] = np.asarray(rng.integers(info.min // 2, info.max // 2), dtype)
+    inputs = ["ids", "segments", *tables, "mask", *(f"{n}_scale" for n in tables),
+              *(f"{n}_zero" for n in tables)]
+    model = one_node("QEmbedLayerNormalization", feeds, constants, inputs, [np.float32, np.int32],
+                     epsilon=1e-5)
+    actual = RuntimeSession(model).run(None, feeds)
+    expected = _theirs(model, feeds)
+    np.testing.assert_allclose(actual[0], expected[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(actual[1], expected[1])
+
+
+def test_fused_then_dynamically_quantized_encoder_matches_onnxruntime(tmp_path: Any) -> None:
+    """onnxruntime's recipe for a quantized BERT: the transformer optimizer, then
+    ``quantize_dynamic`` (QAttention, QEmbedLayerNormalization, MatMulInteger)."""
+    pytest.importorskip("sympy")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    source, fused, quantized = (tmp_path / f"bert{suffix}.onnx" for suffix in ("", ".fused", ".dq"))
+    onnx.save(bert_like(), source)
+    optimize_model(str(source), model_type="bert", num_heads=4, hidden_size=64,
+                   opt_level=0).save_model_to_file(str(fused))
+    quantize_dynamic(str(fused), str(quantized), weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    model = onnx.load(quantized)
+    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    assert {"QAttention", "QEmbedLayerNormalization", "SkipLayerNormalization"} <= contrib, contrib
+    session = RuntimeSession(model)
+    assert all(kernel.element_type is not None for kernel, _, _ in session._steps)
+    rng = np.random.default_rng(8)
+    for _ in range(2):
+        feeds = bert_feeds(rng)
+        (actual,) = session.run(None, feeds)
+        np.testing.assert_allclose(actual, _theirs(model, feeds)[0], rtol=1e-4, atol=1e-4)

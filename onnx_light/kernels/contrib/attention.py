@@ -1,5 +1,6 @@
 """The transformer optimizer's attention operators: Attention (input projection fused in),
-MultiHeadAttention (projected Q, K and V) and RotaryEmbedding.
+QAttention (its dynamically quantized form), MultiHeadAttention (projected Q, K and V) and
+RotaryEmbedding.
 
 Both attentions compute ``softmax(scale Q K^T + bias) V`` on (batch, heads, sequence, size)
 tensors (``scale``: 1/sqrt(head size) by default) with one additive bias built as onnxruntime
@@ -25,6 +26,7 @@ from .. import attention as onnx_attention
 from ..base import NodeContext, compute_dtype
 from ..declaration import KernelDeclaration
 from .base import FLOATS, ContribKernel, ValueType, declare_contrib, onnx_kernel
+from .quantized_gemm import BYTES, quantized_sums, real_scale
 
 __all__ = ["DECLARATIONS"]
 
@@ -133,6 +135,14 @@ class Attention(_Attention):
             mask_index: np.ndarray | None = None, past: np.ndarray | None = None,
             attention_bias: np.ndarray | None = None,
             past_sequence_length: np.ndarray | None = None) -> Arrays:
+        self.check_projection(x, weights, bias)
+        compute = compute_dtype(x.dtype)
+        projected = x.astype(compute) @ weights.astype(compute)
+        if bias is not None:
+            projected += bias.astype(compute)
+        return self.self_attention(projected, x.dtype, mask_index, past, attention_bias)
+
+    def check_projection(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None) -> None:
         if x.ndim != 3 or weights.ndim != 2 or weights.shape[0] != x.shape[2]:
             raise self.ctx.error(f"input (batch, sequence, {weights.shape[0]}) and weights (input "
                                  f"hidden, Q+K+V hidden) do not fit: {list(x.shape)}, {list(weights.shape)}")
@@ -140,10 +150,11 @@ class Attention(_Attention):
         if sum(sizes) != weights.shape[1] or (bias is not None and bias.shape != (weights.shape[1],)):
             raise self.ctx.error(f"weights ({list(weights.shape)}) and bias must hold Q, K and V "
                                  f"hidden sizes {sizes}")
-        compute = compute_dtype(x.dtype)
-        projected = x.astype(compute) @ weights.astype(compute)
-        if bias is not None:
-            projected += bias.astype(compute)
+
+    def self_attention(self, projected: np.ndarray, dtype: np.dtype, mask_index: np.ndarray | None,
+                       past: np.ndarray | None, attention_bias: np.ndarray | None) -> Arrays:
+        """The outputs from the projected (batch, sequence, Q+K+V hidden) input, in ``dtype``."""
+        sizes = self.sizes or [projected.shape[2] // 3] * 3
         q, k, v = np.split(projected, np.cumsum(sizes)[:2], axis=-1)
         q, k, v = self.heads_of("Q", q), self.heads_of("K", k), self.heads_of("V", v)
         past_length = 0
@@ -152,12 +163,38 @@ class Attention(_Attention):
                 raise self.ctx.error(f"past must be (2, batch, heads, past length, size), got "
                                      f"{list(past.shape)}")
             past_length = past.shape[3]
-            k = np.concatenate([past[0].astype(compute), k], axis=2)
-            v = np.concatenate([past[1].astype(compute), v], axis=2)
-        y = self.attend(q, k, v, mask_index, attention_bias, past_length).astype(x.dtype)
+            k = np.concatenate([past[0].astype(k.dtype), k], axis=2)
+            v = np.concatenate([past[1].astype(v.dtype), v], axis=2)
+        y = self.attend(q, k, v, mask_index, attention_bias, past_length).astype(dtype)
         if self.ctx.num_outputs < 2:
             return [y]
-        return [y, np.stack([k, v]).astype(x.dtype, copy=False)]
+        return [y, np.stack([k, v]).astype(dtype, copy=False)]
+
+
+class QAttention(Attention):
+    """:class:`Attention` with a quantized input and weights (uint8 or int8, what the dynamic
+    quantizer makes of Attention): the exact int32 product of ``input - input_zero_point``
+    and ``weight - weight_zero_point`` (per tensor, or per column of the weights) times
+    ``input_scale * weight_scale``, plus the float bias; float outputs."""
+
+    op_type = "QAttention"
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        scale = inputs[3] if len(inputs) > 3 else None
+        return [None if scale is None else (scale[0], None)] * num_outputs
+
+    def run(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray, input_scale: np.ndarray,
+            weight_scale: np.ndarray, mask_index: np.ndarray | None = None,
+            input_zero_point: np.ndarray | None = None, weight_zero_point: np.ndarray | None = None,
+            past: np.ndarray | None = None) -> Arrays:
+        self.check_projection(x, weights, bias)
+        sums = quantized_sums(self.ctx, x, input_zero_point, weights, weight_zero_point)
+        projected = sums.astype(np.float32) * real_scale(self.ctx, input_scale, weight_scale,
+                                                         weights.shape[1])
+        projected += bias.astype(np.float32, copy=False)
+        return self.self_attention(projected, bias.dtype, mask_index, past, None)
 
 
 class MultiHeadAttention(_Attention):
@@ -264,6 +301,7 @@ class RotaryEmbedding(ContribKernel):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
-    declare_contrib(Attention, FLOATS), declare_contrib(MultiHeadAttention, FLOATS),
+    declare_contrib(Attention, FLOATS), declare_contrib(QAttention, BYTES),
+    declare_contrib(MultiHeadAttention, FLOATS),
     declare_contrib(RotaryEmbedding, FLOATS),
 )

@@ -1,5 +1,6 @@
 """The transformer optimizer's fused normalizations: SkipLayerNormalization,
-SkipSimplifiedLayerNormalization, EmbedLayerNormalization and SimplifiedLayerNormalization
+SkipSimplifiedLayerNormalization, EmbedLayerNormalization (and QEmbedLayerNormalization, its
+dynamically quantized form) and SimplifiedLayerNormalization
 (which onnxruntime registers in the default domain: see ``runtime/contrib_types.py``).
 
 Each normalizes over the last axis the sum of its inputs: ``input + skip (+ bias)`` (skip of
@@ -23,6 +24,7 @@ from ..base import NodeContext, compute_dtype, normalize_axis
 from ..declaration import KernelDeclaration
 from ..normalization import LayerNormalization
 from .base import FLOATS, ContribKernel, ValueType, declare_contrib, onnx_kernel
+from .qlinear import dequantize
 
 __all__ = ["DECLARATIONS"]
 
@@ -210,9 +212,39 @@ class SimplifiedLayerNormalization(ContribKernel):
         return [y.astype(x.dtype, copy=False), inverse][:max(1, self.ctx.num_outputs)]
 
 
+class QEmbedLayerNormalization(EmbedLayerNormalization):
+    """:class:`EmbedLayerNormalization` with quantized (uint8 or int8, per tensor) embedding
+    tables, gamma and beta, each dequantized to float32 first (what the dynamic quantizer makes
+    of EmbedLayerNormalization); outputs the normalized embeddings and ``mask_index``."""
+
+    op_type = "QEmbedLayerNormalization"
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        ids, words = inputs[0], inputs[2] if len(inputs) > 2 else None
+        shape = None
+        if ids is not None and words is not None and ids[1] is not None and words[1] is not None:
+            shape = (*ids[1], words[1][-1])
+        batch = None if ids is None or ids[1] is None else (ids[1][0],)
+        return [(T.FLOAT, shape), (T.INT32, batch)][:num_outputs]
+
+    def run(self, input_ids: np.ndarray, segment_ids: np.ndarray | None, *rest: np.ndarray | None
+            ) -> Arrays:
+        names = ("word_embedding", "position_embedding", "segment_embedding", "gamma", "beta")
+        if len(rest) > 16:
+            raise self.ctx.error(f"expected at most 18 inputs (ids, segments, 5 quantized tensors, "
+                                 f"mask, their 5 scales and 5 zero points), got {len(rest) + 2}")
+        rest = (*rest, *[None] * (16 - len(rest)))
+        tensors, mask, scales, zeros = rest[:5], rest[5], rest[6:11], rest[11:]
+        real = [None if tensor is None else dequantize(self.ctx, name, tensor, scale, zero)
+                for name, tensor, scale, zero in zip(names, tensors, scales, zeros, strict=True)]
+        return super().run(input_ids, segment_ids, *real[:5], mask)[:max(1, self.ctx.num_outputs)]
+
+
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     declare_contrib(SimplifiedLayerNormalization, FLOATS),
     declare_contrib(SkipLayerNormalization, FLOATS),
     declare_contrib(SkipSimplifiedLayerNormalization, FLOATS),
-    declare_contrib(EmbedLayerNormalization),
+    declare_contrib(EmbedLayerNormalization), declare_contrib(QEmbedLayerNormalization),
 )

@@ -40,9 +40,11 @@ def _scalar(ctx: NodeContext, name: str, value: np.ndarray | None) -> np.ndarray
     return None if value is None else value.reshape(())
 
 
-def dequantize(ctx: NodeContext, name: str, x: np.ndarray, scale: np.ndarray,
+def dequantize(ctx: NodeContext, name: str, x: np.ndarray, scale: np.ndarray | None,
                zero_point: np.ndarray | None) -> np.ndarray:
     """The real values of the quantized ``x`` (named ``name``) in float32, per tensor."""
+    if scale is None:
+        raise ctx.error(f"{name}_scale is required with {name}")
     if quantized_type(x.dtype) not in BYTES:
         raise ctx.error(f"{name} must be uint8 or int8, got {x.dtype}")
     zero = _scalar(ctx, f"{name}_zero_point", zero_point)

@@ -23,7 +23,7 @@ from ..quantization import quantized_type, requantize
 from ..quantized_products import integer_matmul
 from .base import ContribKernel, ValueType, declare_contrib
 
-__all__ = ["DECLARATIONS"]
+__all__ = ["BYTES", "DECLARATIONS", "quantized_sums", "real_scale"]
 
 Arrays = list[np.ndarray]
 BYTES = (T.UINT8, T.INT8)
@@ -40,9 +40,10 @@ def _per_column(ctx: NodeContext, name: str, value: np.ndarray | None, columns: 
                     f"got shape {list(value.shape)}")
 
 
-def _sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
+def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
           b_zero: np.ndarray | None) -> np.ndarray:
-    """``(a - a_zero) @ (b - b_zero)`` as int32, B's zero point per tensor or per column."""
+    """``(a - a_zero) @ (b - b_zero)`` as int32 (bytes; A's zero point per tensor, B's per
+    tensor or per column)."""
     for name, operand in (("A", a), ("B", b)):
         if quantized_type(operand.dtype) not in BYTES:
             raise ctx.error(f"{name} must be uint8 or int8, got {operand.dtype}")
@@ -53,7 +54,8 @@ def _sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndar
     return integer_matmul(ctx, a, b, a_zero, _per_column(ctx, "b_zero_point", b_zero, b.shape[-1]))
 
 
-def _real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, columns: int) -> np.ndarray:
+def real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, columns: int) -> np.ndarray:
+    """``a_scale * b_scale`` in float32: A's per tensor, B's per tensor or per column."""
     if a_scale.size != 1:
         raise ctx.error(f"a_scale must be a scalar, got shape {list(a_scale.shape)}")
     return (a_scale.reshape(()).astype(np.float32)
@@ -98,7 +100,7 @@ class QGemm(ContribKernel):
             raise self.ctx.error(f"A and B must be matrices, got shapes {list(a.shape)} and {list(b.shape)}")
         a = a.T if self.trans_a else a
         b = b.T if self.trans_b else b
-        sums = _sums(self.ctx, a, a_zero_point, b, b_zero_point)
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point)
         if c is not None:
             if c.dtype != np.int32:
                 raise self.ctx.error(f"C must be int32, got {c.dtype}")
@@ -107,7 +109,7 @@ class QGemm(ContribKernel):
             except ValueError:
                 raise self.ctx.error(f"C of shape {list(c.shape)} does not broadcast to the "
                                      f"output's {list(sums.shape)}") from None
-        real = sums.astype(np.float32) * (_real_scale(self.ctx, a_scale, b_scale, b.shape[1]) * self.alpha)
+        real = sums.astype(np.float32) * (real_scale(self.ctx, a_scale, b_scale, b.shape[1]) * self.alpha)
         if y_scale is None:
             return [real]
         if y_scale.size != 1 or (y_zero_point is not None and y_zero_point.size != 1):
@@ -134,8 +136,8 @@ class MatMulIntegerToFloat(ContribKernel):
     def run(self, a: np.ndarray, b: np.ndarray, a_scale: np.ndarray, b_scale: np.ndarray,
             a_zero_point: np.ndarray | None = None, b_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
-        sums = _sums(self.ctx, a, a_zero_point, b, b_zero_point)
-        real = sums.astype(np.float32) * _real_scale(self.ctx, a_scale, b_scale, b.shape[-1])
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point)
+        real = sums.astype(np.float32) * real_scale(self.ctx, a_scale, b_scale, b.shape[-1])
         return [(real if bias is None else real + bias).astype(a_scale.dtype, copy=False)]
 
 
@@ -159,8 +161,8 @@ class DynamicQuantizeMatMul(ContribKernel):
         scale = np.float32((high - low) / 255) if high > low else np.float32(1.0)
         zero = np.uint8(np.clip(np.rint(-low / scale), 0, 255))
         quantized = requantize(real / scale, T.UINT8, zero_point=np.asarray(zero))
-        sums = _sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point)
-        result = sums.astype(np.float32) * _real_scale(self.ctx, np.asarray(scale), b_scale, b.shape[-1])
+        sums = quantized_sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point)
+        result = sums.astype(np.float32) * real_scale(self.ctx, np.asarray(scale), b_scale, b.shape[-1])
         return [(result if bias is None else result + bias).astype(a.dtype, copy=False)]
 
 
