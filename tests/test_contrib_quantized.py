@@ -109,6 +109,17 @@ def test_concat(dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", BYTES)
+def test_where(dtype: Any) -> None:
+    rng = np.random.default_rng(9)
+    feeds = {"c": rng.random((3, 1, 5)) < 0.5, "x": _bytes(rng, dtype, 3, 4, 5), "y": _bytes(rng, dtype, 5)}
+    constants = _parameters(rng, dtype, "x", "y", "z")
+    model = one_node("QLinearWhere", feeds, constants,
+                     ["c", "x", "x_scale", "x_zero", "y", "y_scale", "y_zero", "z_scale", "z_zero"], [dtype])
+    (actual,), (expected,) = _both(model, feeds)
+    _within_a_step(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize("per_column", [False, True])
 @pytest.mark.parametrize(("quantized", "bias", "trans_a", "alpha"), [
     (True, True, 0, 1.0), (False, True, 0, 1.0), (True, False, 1, 0.5), (False, False, 0, 2.0)])

@@ -1,6 +1,6 @@
 """onnxruntime's quantized operators of the QOperator format (``quantize_static`` with
 ``QuantFormat.QOperator``), outside its products: QLinearAdd, QLinearMul, QLinearSigmoid,
-QLinearLeakyRelu, QLinearSoftmax, QLinearConcat, QLinearGlobalAveragePool and
+QLinearLeakyRelu, QLinearSoftmax, QLinearConcat, QLinearWhere, QLinearGlobalAveragePool and
 QLinearAveragePool.
 
 Each takes uint8 or int8 tensors with per-tensor scales and zero points (an omitted zero point
@@ -230,6 +230,39 @@ class QLinearConcat(ContribKernel):
         return [quantize(self.ctx, joined, y_scale, y_zero_point, first)]
 
 
+class QLinearWhere(ContribKernel):
+    """Where(condition, X, Y) of the real values, requantized to Z's scale and zero point."""
+
+    op_type = "QLinearWhere"
+
+    @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
+        """X's type (the first input is the boolean condition)."""
+        return ctx.input_types[1] if len(ctx.input_types) > 1 else None
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        typed = _output_type(inputs[1:], 7)
+        shapes = [inputs[i][1] if len(inputs) > i and inputs[i] is not None else None for i in (0, 1, 4)]
+        return [None if typed is None else (typed[0], broadcast_shape(*shapes))]
+
+    def run(self, condition: np.ndarray, x: np.ndarray, x_scale: np.ndarray,
+            x_zero_point: np.ndarray | None, y: np.ndarray, y_scale: np.ndarray,
+            y_zero_point: np.ndarray | None, z_scale: np.ndarray,
+            z_zero_point: np.ndarray | None = None) -> Arrays:
+        if condition.dtype != np.bool_:
+            raise self.ctx.error(f"condition must be bool, got {condition.dtype}")
+        real_x = dequantize(self.ctx, "X", x, x_scale, x_zero_point)
+        real_y = dequantize(self.ctx, "Y", y, y_scale, y_zero_point)
+        try:
+            chosen = np.where(condition, real_x, real_y)
+        except ValueError:
+            raise self.ctx.error(f"cannot broadcast condition {list(condition.shape)}, X "
+                                 f"{list(x.shape)} and Y {list(y.shape)}") from None
+        return [quantize(self.ctx, chosen, z_scale, z_zero_point, x)]
+
+
 def _channels_first(x: np.ndarray, channels_last: bool) -> np.ndarray:
     return np.moveaxis(x, -1, 1) if channels_last and x.ndim > 2 else x
 
@@ -296,4 +329,4 @@ class QLinearAveragePool(ContribKernel):
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(declare_contrib(kernel, BYTES) for kernel in (
     QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearConcat,
-    QLinearGlobalAveragePool, QLinearAveragePool))
+    QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool))
