@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..base import Kernel
 from ..declaration import KernelDeclaration, dispatch_table
-from . import activations, attention, fused_matmul, normalization, qlinear, quantized_gemm
+from . import activations, attention, fused_matmul, normalization, qlinear, quantized_gemm, recurrent
 from .base import DOMAIN
 
 __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
@@ -19,6 +19,7 @@ __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     *qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS, *activations.DECLARATIONS,
     *normalization.DECLARATIONS, *attention.DECLARATIONS, *fused_matmul.DECLARATIONS,
+    *recurrent.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
