@@ -273,3 +273,54 @@ def test_dynamic_quantize_lstm(per_channel: bool, tmp_path: Any) -> None:
     quantized_session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for ours, near in zip(actual, quantized_session.run(None, feeds), strict=True):
         np.testing.assert_allclose(ours, near, rtol=0, atol=0.05)
+
+
+@pytest.mark.parametrize(("bits", "zero_points", "k", "bias", "g_idx"), [
+    (4, None, 64, False, False), (4, "packed", 80, True, False), (4, "float", 64, False, False),
+    (8, "packed", 64, True, False), (2, "packed", 64, False, False), (4, None, 64, False, True),
+])
+def test_matmul_nbits(bits: int, zero_points: str | None, k: int, bias: bool, g_idx: bool) -> None:
+    """Random packed weights, scales and zero points: onnxruntime reads the same bytes. g_idx
+    in its default order (each row's own block) and without zero points here: onnxruntime's
+    CPU kernel with a g_idx leaves packed zero points out (8 in their place); see the next
+    test."""
+    rng = np.random.default_rng(11)
+    n, block = 24, 32
+    blocks = -(-k // block)
+    feeds = {"a": rng.standard_normal((2, 3, k)).astype(np.float32)}
+    constants: dict[str, np.ndarray] = {
+        "b": rng.integers(0, 256, (n, blocks, block * bits // 8)).astype(np.uint8),
+        "scales": rng.uniform(0.01, 0.1, n * blocks).astype(np.float32)}
+    inputs = ["a", "b", "scales"]
+    if zero_points == "packed":
+        constants["zeros"] = rng.integers(0, 256, n * -(-blocks * bits // 8)).astype(np.uint8)
+    elif zero_points == "float":
+        constants["zeros"] = rng.uniform(0, 2 ** bits - 1, n * blocks).astype(np.float32)
+    inputs.append("zeros" if zero_points else "")
+    if g_idx:
+        constants["g_idx"] = (np.arange(k) // block).astype(np.int32)
+    inputs.append("g_idx" if g_idx else "")
+    if bias:
+        constants["bias"] = rng.standard_normal(n).astype(np.float32)
+    inputs.append("bias" if bias else "")
+    model = one_node("MatMulNBits", feeds, constants, inputs, K=k, N=n, bits=bits, block_size=block)
+    (actual,), (expected,) = _both(model, feeds)
+    assert actual.shape == expected.shape == (2, 3, n)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_nbits_g_idx_gives_each_row_its_block() -> None:
+    """A permuted g_idx (act-order weights): row k's weight is dequantized with the scale and
+    zero point of block g_idx[k]; numpy on the unpacked values is the oracle."""
+    rng = np.random.default_rng(12)
+    k, n, block = 64, 8, 16
+    values = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    packed = (values[:, 0::2] | (values[:, 1::2] << 4)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, (n, k // block)).astype(np.float32)
+    g_idx = rng.permutation(np.arange(k) // block).astype(np.int32)
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    model = one_node("MatMulNBits", {"a": a}, {"b": packed, "scales": scales, "g_idx": g_idx},
+                     ["a", "b", "scales", "", "g_idx"], K=k, N=n, bits=4, block_size=block)
+    (actual,) = RuntimeSession(model).run(None, {"a": a})
+    weights = (values.astype(np.float32) - 8) * scales[:, g_idx]
+    np.testing.assert_allclose(actual, a @ weights.T, rtol=1e-5, atol=1e-5)

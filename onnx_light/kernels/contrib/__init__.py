@@ -1,6 +1,8 @@
 """Kernels of onnxruntime's ``com.microsoft`` domain: the contrib operators its own tools
-write, so that the models they produce run here: the quantizer's QOperator format
-(:mod:`.qlinear`, :mod:`.quantized_gemm`) and the transformer optimizer's fusions.
+write, so that the models they produce run here: the quantizers' operators (QOperator format:
+:mod:`.qlinear`, :mod:`.quantized_gemm`; dynamic: :mod:`.recurrent` and the quantized forms
+of the fused encoder operators; weight-only: :mod:`.matmul_nbits`) and the transformer
+optimizer's fusions.
 
 One module per family; :data:`DECLARATIONS` gathers their declarations (each with
 ``domain='com.microsoft'``, version 1) for :mod:`onnx_light.kernels`, and :data:`KERNELS` is
@@ -11,7 +13,16 @@ from __future__ import annotations
 
 from ..base import Kernel
 from ..declaration import KernelDeclaration, dispatch_table
-from . import activations, attention, fused_matmul, normalization, qlinear, quantized_gemm, recurrent
+from . import (
+    activations,
+    attention,
+    fused_matmul,
+    matmul_nbits,
+    normalization,
+    qlinear,
+    quantized_gemm,
+    recurrent,
+)
 from .base import DOMAIN
 
 __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
@@ -19,7 +30,7 @@ __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     *qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS, *activations.DECLARATIONS,
     *normalization.DECLARATIONS, *attention.DECLARATIONS, *fused_matmul.DECLARATIONS,
-    *recurrent.DECLARATIONS,
+    *recurrent.DECLARATIONS, *matmul_nbits.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
