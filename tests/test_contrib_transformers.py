@@ -379,3 +379,63 @@ def test_fused_then_dynamically_quantized_encoder_matches_onnxruntime(tmp_path: 
         feeds = bert_feeds(rng)
         (actual,) = session.run(None, feeds)
         np.testing.assert_allclose(actual, _theirs(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ GroupQueryAttention
+
+
+def _gqa_case(rng: np.random.Generator, batch: int, length: int, past: int, lengths: list[int],
+              packed: bool = False, rotary: int = 0, **attributes: Any) -> tuple[onnx.ModelProto, dict]:
+    heads, kv_heads = 4, 2
+    size = 32 if rotary else 8  # onnxruntime rotates heads of a multiple of 16 features only
+    feeds: dict[str, np.ndarray] = {}
+    if packed:
+        feeds["q"] = _random(rng, batch, length, (heads + 2 * kv_heads) * size)
+        inputs = ["q", "", ""]
+    else:
+        feeds.update(q=_random(rng, batch, length, heads * size),
+                     k=_random(rng, batch, length, kv_heads * size),
+                     v=_random(rng, batch, length, kv_heads * size))
+        inputs = ["q", "k", "v"]
+    if past:
+        feeds.update(past_k=_random(rng, batch, kv_heads, past, size),
+                     past_v=_random(rng, batch, kv_heads, past, size))
+    inputs += ["past_k", "past_v"] if past else ["", ""]
+    constants = {"seqlens": np.array([n - 1 for n in lengths], np.int32),
+                 "total": np.array(past + length, np.int32)}
+    inputs += ["seqlens", "total"]
+    if rotary:
+        angles = np.arange(past + length + 2)[:, None] * 0.3 / np.arange(1, rotary // 2 + 1)[None, :]
+        constants.update(cos=np.cos(angles).astype(np.float32), sin=np.sin(angles).astype(np.float32))
+        inputs += ["cos", "sin"]
+        attributes["do_rotary"] = 1
+    model = one_node("GroupQueryAttention", feeds, constants, inputs, [np.float32] * 3,
+                     num_heads=heads, kv_num_heads=kv_heads, **attributes)
+    return model, feeds
+
+
+@pytest.mark.parametrize(("batch", "length", "past", "lengths", "options"), [
+    (1, 6, 0, [6], {}),
+    (2, 6, 0, [6, 4], {}),  # the second prompt padded at its end
+    (2, 6, 0, [6, 6], {"packed": True, "scale": 0.3}),
+    (2, 1, 5, [6, 6], {}),
+    (1, 3, 4, [7], {"rotary": 32}),
+    (1, 3, 4, [7], {"rotary": 16, "rotary_interleaved": 1}),
+    (1, 6, 0, [6], {"softcap": 2.0, "local_window_size": 3}),
+])
+def test_group_query_attention_matches_onnxruntime(batch: int, length: int, past: int,
+                                                   lengths: list[int], options: dict) -> None:
+    """Prompt (padded or not, packed QKV) and decoding steps with a cache, grouped heads (4
+    query heads on 2 key-value heads), full and partial rotary, softcap, a local window."""
+    model, feeds = _gqa_case(np.random.default_rng(9), batch, length, past, lengths, **options)
+    actual = RuntimeSession(model).run(None, feeds)
+    expected = _theirs(model, feeds)
+    for ours, theirs in zip(actual, expected, strict=True):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_group_query_attention_refuses_a_cache_it_does_not_support() -> None:
+    model, feeds = _gqa_case(np.random.default_rng(10), 2, 1, 5, [6, 4])
+    with pytest.raises(ValueError, match=r"node 'node' \(GroupQueryAttention\): with a past of 5"):
+        RuntimeSession(model).run(None, feeds)

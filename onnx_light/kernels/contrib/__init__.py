@@ -17,6 +17,7 @@ from . import (
     activations,
     attention,
     fused_matmul,
+    grouped_attention,
     matmul_nbits,
     normalization,
     qlinear,
@@ -30,7 +31,7 @@ __all__ = ["DECLARATIONS", "DOMAIN", "KERNELS"]
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
     *qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS, *activations.DECLARATIONS,
     *normalization.DECLARATIONS, *attention.DECLARATIONS, *fused_matmul.DECLARATIONS,
-    *recurrent.DECLARATIONS, *matmul_nbits.DECLARATIONS,
+    *recurrent.DECLARATIONS, *matmul_nbits.DECLARATIONS, *grouped_attention.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

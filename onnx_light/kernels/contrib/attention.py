@@ -16,7 +16,7 @@ position offset (a one-element ``position_ids``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,9 +28,21 @@ from ..declaration import KernelDeclaration
 from .base import FLOATS, ContribKernel, ValueType, declare_contrib, onnx_kernel
 from .quantized_gemm import BYTES, quantized_sums, real_scale
 
-__all__ = ["DECLARATIONS"]
+__all__ = ["DECLARATIONS", "softmax_attention"]
 
 Arrays = list[np.ndarray]
+
+
+def softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                      add: Callable[[np.ndarray], None]) -> np.ndarray:
+    """``softmax(scale Q K^T + bias) V`` of (batch, heads, S, size) Q and (batch, heads, T,
+    size) K and V in their (float) type; ``add`` adds the bias to the scores in place."""
+    scores = np.matmul(q * q.dtype.type(scale), np.swapaxes(k, -1, -2))
+    add(scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return np.matmul(scores, v)
 
 
 def _split_heads(x: np.ndarray, heads: int) -> np.ndarray:
@@ -85,22 +97,20 @@ class _Attention(ContribKernel):
         if self.unidirectional:
             masked = masked | (np.arange(total) > past + np.arange(q_length).reshape(-1, 1))
         bias = np.where(masked, compute.type(self.filter), compute.type(0))
-        scale = compute.type(self.scale or 1 / np.sqrt(q.shape[3]))
-        scores = np.matmul(q.astype(compute, copy=False) * scale,
-                           np.swapaxes(k.astype(compute, copy=False), -1, -2))
-        try:
-            scores += bias
-            if attention_bias is not None:
-                scores += attention_bias.astype(compute, copy=False)
-        except ValueError:
-            given = None if attention_bias is None else list(attention_bias.shape)
-            raise self.ctx.error(f"the mask and attention_bias ({given}) must broadcast to the "
-                                 f"scores' shape {list(scores.shape)} (batch, heads, {q_length}, "
-                                 f"{total})") from None
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        y = np.matmul(scores, v.astype(compute, copy=False))
+
+        def add(scores: np.ndarray) -> None:
+            try:
+                scores += bias
+                if attention_bias is not None:
+                    scores += attention_bias.astype(compute, copy=False)
+            except ValueError:
+                given = None if attention_bias is None else list(attention_bias.shape)
+                raise self.ctx.error(f"the mask and attention_bias ({given}) must broadcast to the "
+                                     f"scores' shape {list(scores.shape)} (batch, heads, {q_length}, "
+                                     f"{total})") from None
+
+        y = softmax_attention(q.astype(compute, copy=False), k.astype(compute, copy=False),
+                              v.astype(compute, copy=False), self.scale or 1 / np.sqrt(q.shape[3]), add)
         return y.transpose(0, 2, 1, 3).reshape(batch, q_length, -1).astype(q.dtype, copy=False)
 
 
