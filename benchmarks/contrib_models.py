@@ -226,3 +226,79 @@ def branches_like(seed: int = 3, size: int = 32) -> onnx.ModelProto:
     probabilities = g.one("Softmax", [logits], axis=-1)
     return g.model([helper.make_tensor_value_info("x", F, [1, 3, size, size])],
                    [helper.make_tensor_value_info(probabilities, F, [1, 10])], "branches_like")
+
+
+def _pack_nbits(rng: np.random.Generator, rows: int, columns: int, block: int = 32
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random 4-bit weights of a (rows, columns) MatMul as MatMulNBits holds them: B packed
+    (columns, blocks, block / 2), scales and packed zero points."""
+    blocks = -(-rows // block)
+    packed = rng.integers(0, 256, (columns, blocks, block // 2)).astype(np.uint8)
+    scales = (rng.uniform(0.5, 1.5, columns * blocks) / (8 * np.sqrt(rows))).astype(np.float32)
+    zeros = rng.integers(0, 256, columns * -(-blocks // 2)).astype(np.uint8)
+    return packed, scales, zeros
+
+
+def decoder_like(seed: int = 4, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+                 vocabulary: int = 50, intermediate: int = 128, positions: int = 64) -> onnx.ModelProto:
+    """A LLaMA-style decoder as onnxruntime's model builder writes one for the CPU: token
+    embeddings, per layer RMS normalization (SimplifiedLayerNormalization in the default
+    domain, then SkipSimplifiedLayerNormalization with the residual), Q/K/V/O and the gated
+    SiLU MLP as 4-bit MatMulNBits, GroupQueryAttention with rotary embeddings and a key-value
+    cache, a final norm and a 4-bit language-model head. Inputs: ``input_ids`` (int64, batch
+    x S), ``seqlens_k`` (int32, batch), ``total_sequence_length`` (int32 scalar) and
+    ``past_key_values.<layer>.key/value`` (batch x kv heads x P x head size); outputs
+    ``logits`` and ``present.<layer>.key/value``."""
+    g = Graph(seed)
+    size = hidden // heads
+    angles = np.arange(positions)[:, None] / 10000 ** (np.arange(size // 2)[None, :] * 2 / size)
+    cos, sin = g.constant(np.cos(angles)), g.constant(np.sin(angles))
+    contrib = {"domain": "com.microsoft"}
+
+    def nbits(x: str, rows: int, columns: int) -> str:
+        packed, scales, zeros = _pack_nbits(g.rng, rows, columns)
+        inputs = [x, g.constant(packed, np.uint8), g.constant(scales), g.constant(zeros, np.uint8)]
+        return g.one("MatMulNBits", inputs, K=rows, N=columns, bits=4, block_size=32, **contrib)
+
+    def gamma() -> str:
+        return g.constant(1 + 0.1 * g.rng.standard_normal(hidden))
+
+    x = g.one("Gather", [g.weight(vocabulary, hidden, scale=1.0), "input_ids"])
+    normed = g.one("SimplifiedLayerNormalization", [x, gamma()], epsilon=1e-6)
+    residual = x
+    inputs, outputs = [], []
+    for layer in range(layers):
+        q, k, v = nbits(normed, hidden, hidden), nbits(normed, hidden, kv_heads * size), nbits(
+            normed, hidden, kv_heads * size)
+        past = [f"past_key_values.{layer}.{kind}" for kind in ("key", "value")]
+        present = [f"present.{layer}.{kind}" for kind in ("key", "value")]
+        attended = f"attended{layer}"
+        g.nodes.append(helper.make_node(
+            "GroupQueryAttention", [q, k, v, *past, "seqlens_k", "total_sequence_length", cos, sin],
+            [attended, *present], name=attended, num_heads=heads, kv_num_heads=kv_heads, do_rotary=1,
+            **contrib))
+        inputs += [helper.make_tensor_value_info(name, F, ["batch", kv_heads, "past", size]) for name in past]
+        outputs += [helper.make_tensor_value_info(name, F, ["batch", kv_heads, "total", size])
+                    for name in present]
+        sum_name = f"residual{layer}a"
+        normed = f"normed{layer}a"
+        g.nodes.append(helper.make_node(
+            "SkipSimplifiedLayerNormalization", [nbits(attended, hidden, hidden), residual, gamma()],
+            [normed, "", "", sum_name], name=normed, epsilon=1e-6, **contrib))
+        gate, up = nbits(normed, hidden, intermediate), nbits(normed, hidden, intermediate)
+        activated = g.one("Mul", [g.one("Mul", [gate, g.one("Sigmoid", [gate])]), up])
+        residual = f"residual{layer}b"
+        normed = f"normed{layer}b"
+        g.nodes.append(helper.make_node(
+            "SkipSimplifiedLayerNormalization", [nbits(activated, intermediate, hidden), sum_name, gamma()],
+            [normed, "", "", residual], name=normed, epsilon=1e-6, **contrib))
+    logits = nbits(normed, hidden, vocabulary)
+    graph = helper.make_graph(
+        g.nodes, "decoder_like",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+         helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []), *inputs],
+        [helper.make_tensor_value_info(logits, F, ["batch", "sequence", vocabulary]), *outputs],
+        g.initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                   helper.make_opsetid("com.microsoft", 1)])

@@ -15,7 +15,7 @@ import pytest
 from onnx_light.runtime import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from contrib_models import bert_feeds, bert_like, one_node
+from contrib_models import bert_feeds, bert_like, decoder_like, one_node
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -439,3 +439,31 @@ def test_group_query_attention_refuses_a_cache_it_does_not_support() -> None:
     model, feeds = _gqa_case(np.random.default_rng(10), 2, 1, 5, [6, 4])
     with pytest.raises(ValueError, match=r"node 'node' \(GroupQueryAttention\): with a past of 5"):
         RuntimeSession(model).run(None, feeds)
+
+
+def test_decoder_with_a_key_value_cache_matches_onnxruntime() -> None:
+    """A LLaMA-style decoder as onnxruntime's model builder writes one (4-bit MatMulNBits,
+    GroupQueryAttention with rotary embeddings, RMS normalizations): the prompt, then two
+    decoding steps fed the present keys and values of the step before, each against
+    onnxruntime given the same feeds."""
+    model = decoder_like()
+    session = RuntimeSession(model)
+    assert all(kernel.element_type is not None for kernel, _, _ in session._steps)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    batch, length = 2, 5
+    names = [info.name for info in model.graph.output]
+    cache = {name.replace("present", "past_key_values"): np.zeros((batch, 2, 0, 16), np.float32)
+             for name in names[1:]}
+    for step in range(3):
+        total = length + step
+        tokens = length if step == 0 else 1
+        feeds = {"input_ids": rng.integers(0, 50, (batch, tokens)).astype(np.int64),
+                 "seqlens_k": np.full(batch, total - 1, np.int32),
+                 "total_sequence_length": np.array(total, np.int32), **cache}
+        actual, expected = session.run(None, feeds), theirs.run(None, feeds)
+        for ours, reference in zip(actual, expected, strict=True):
+            assert ours.shape == reference.shape
+            np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
+        cache = {name.replace("present", "past_key_values"): value
+                 for name, value in zip(names[1:], expected[1:], strict=True)}
