@@ -3,7 +3,9 @@ side by side in one run: CNNs quantized by ``quantize_static`` (per channel, uin
 activations) in the QOperator format (QLinearConv with the contrib QLinearAdd,
 QLinearGlobalAveragePool, QGemm) and in the QDQ format, and a BERT-style encoder fused by the
 transformer optimizer (EmbedLayerNormalization, Attention, SkipLayerNormalization, BiasGelu)
-or dynamically quantized; each beside the float model it came from.
+or dynamically quantized, each beside the float model it came from; and a LLaMA-style decoder
+as onnxruntime's model builder writes one (4-bit MatMulNBits, GroupQueryAttention), over a
+prompt and over one decoding step with the prompt's cache.
 
 Every model is built by ``contrib_models`` with seeded random weights, larger than the tests'.
 The runs are interleaved (``_common.interleaved``: rounds rotating the order, medians, a round
@@ -70,10 +72,19 @@ def main() -> None:
         models.update({("BERT-like", variant): model
                        for variant, model in _bert_variants(args.sequence, folder).items()})
     feeds = {"x": rng.standard_normal((1, 3, args.size, args.size)).astype(np.float32)}
-    bert_feeds = contrib_models.bert_feeds(rng, batch=1, sequence=args.sequence)
+    inputs_of = {"BERT-like": contrib_models.bert_feeds(rng, batch=1, sequence=args.sequence)}
+    decoder = contrib_models.decoder_like(positions=args.sequence + 1)
+    for variant, (tokens, past) in {"prompt": (args.sequence, 0), "one step": (1, args.sequence)}.items():
+        models["LLaMA-like decoder", variant] = decoder
+        inputs_of[f"LLaMA-like decoder {variant}"] = {
+            "input_ids": rng.integers(0, 50, (1, tokens)).astype(np.int64),
+            "seqlens_k": np.array([past + tokens - 1], np.int32),
+            "total_sequence_length": np.array(past + tokens, np.int32),
+            **{f"past_key_values.{layer}.{kind}": rng.standard_normal((1, 2, past, 16)).astype(np.float32)
+               for layer in range(2) for kind in ("key", "value")}}
     groups, differences = {}, {}
     for key, model in models.items():
-        inputs = bert_feeds if key[0] == "BERT-like" else feeds
+        inputs = inputs_of.get(key[0], inputs_of.get(" ".join(key), feeds))
         ours = RuntimeSession(model, num_threads=args.threads)
         theirs = onnxruntime_session(model, args.threads)
         differences[key] = float(np.max(np.abs(ours.run(None, inputs)[0].astype(np.float64)
@@ -90,9 +101,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for (name, variant), times in medians.items():
         ours, theirs = times["onnx_light"], times["onnxruntime"]
-        own_float = medians[name, "float"]["onnx_light"]
+        own_float = medians[name, "float"]["onnx_light"] if (name, "float") in medians else None
+        versus_float = "-" if own_float is None else f"{ours / own_float:.2f}"
         print(f"| {name} | {variant} | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {ours / theirs:.2f} "
-              f"| {ours / own_float:.2f} | {differences[name, variant]:.3g} |")
+              f"| {versus_float} | {differences[name, variant]:.3g} |")
 
 
 if __name__ == "__main__":
