@@ -37,17 +37,15 @@ def _layer_norm(ctx: NodeContext) -> LayerNormalization:
     return onnx_kernel(ctx, LayerNormalization, 17, attributes, (T.FLOAT,) * 3, num_outputs=3)
 
 
-def _row_statistics(inputs: Sequence[ValueType], num_outputs: int, sum_index: int) -> list[ValueType]:
+def _row_statistics(inputs: Sequence[ValueType], num_outputs: int) -> list[ValueType]:
     """Outputs: normalized (input 0's type), mean and inverse deviation (B, S, 1, float32),
-    and, at ``sum_index``, the sum (input 0's type)."""
+    and the sum (input 0's type)."""
     first = inputs[0] if inputs else None
     if first is None:
         return [None] * num_outputs
     shape = first[1]
     rows = None if shape is None else (*shape[:-1], 1)
-    types: list[ValueType] = [first, (T.FLOAT, rows), (T.FLOAT, rows)]
-    types.insert(sum_index, first)
-    return types[:num_outputs]
+    return [first, (T.FLOAT, rows), (T.FLOAT, rows), first][:num_outputs]
 
 
 class _SkipNormalization(ContribKernel):
@@ -63,7 +61,7 @@ class _SkipNormalization(ContribKernel):
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
                      num_outputs: int) -> list[ValueType]:
-        return _row_statistics(inputs, num_outputs, 3)
+        return _row_statistics(inputs, num_outputs)
 
     def skip_sum(self, x: np.ndarray, skip: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         if x.ndim != 3 or skip.shape not in (x.shape, (1, *x.shape[1:]), x.shape[1:]):
