@@ -76,3 +76,27 @@ def test_nodes_after_a_contrib_node_are_typed() -> None:
     expected = (np.clip(np.rint(1 / (1 + np.exp(-np.clip(np.rint(x / 0.05) + 128, 0, 255) * 0.05
                                                  + 128 * 0.05)) / 0.05) + 128, 0, 255) - 128) * 0.05
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, atol=1e-6)
+
+
+def test_contrib_nodes_run_inside_control_flow_bodies() -> None:
+    """A Gelu (com.microsoft) in an If branch, against onnxruntime."""
+    ort = pytest.importorskip("onnxruntime")
+    x_info = helper.make_tensor_value_info("x", F, [2, 3])
+
+    def branch(op_type: str, domain: str, name: str) -> onnx.GraphProto:
+        node = helper.make_node(op_type, ["x"], [f"{name}_y"], domain=domain)
+        return helper.make_graph([node], name, [], [helper.make_tensor_value_info(f"{name}_y", F, [2, 3])])
+
+    nodes = [helper.make_node("If", ["flag"], ["z"], then_branch=branch("Gelu", "com.microsoft", "then"),
+                              else_branch=branch("Relu", "", "else"))]
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [])
+    graph = helper.make_graph(nodes, "g", [x_info, flag], [helper.make_tensor_value_info("z", F, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = RuntimeSession(model)
+    x = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)
+    for flag in (True, False):
+        feeds = {"x": x, "flag": np.array(flag)}
+        np.testing.assert_allclose(session.run(None, feeds)[0], theirs.run(None, feeds)[0],
+                                   rtol=1e-6, atol=1e-7)
