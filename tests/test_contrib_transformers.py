@@ -467,3 +467,21 @@ def test_decoder_with_a_key_value_cache_matches_onnxruntime() -> None:
             np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-5)
         cache = {name.replace("present", "past_key_values"): value
                  for name, value in zip(names[1:], expected[1:], strict=True)}
+
+
+@pytest.mark.parametrize("opset", [12, 16])
+def test_layer_normalization_below_opset_17_runs_as_onnxruntime_runs_it(opset: int) -> None:
+    """onnxruntime runs LayerNormalization (which the transformer optimizer writes) at any
+    opset; onnx defines it from 17 only."""
+    rng = np.random.default_rng(13)
+    x = _random(rng, B, S, H)
+    constants = {"scale": 1 + 0.1 * _random(rng, H), "bias": _random(rng, H)}
+    model = one_node("LayerNormalization", {"x": x}, constants, ["x", "scale", "bias"],
+                     [np.float32] * 3, axis=-1, epsilon=1e-5)
+    model.graph.node[0].domain = ""
+    del model.opset_import[:]
+    model.opset_import.append(onnx.helper.make_opsetid("", opset))
+    actual, expected = RuntimeSession(model).run(None, {"x": x}), _theirs(model, {"x": x})
+    for ours, theirs in zip(actual, expected, strict=True):
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

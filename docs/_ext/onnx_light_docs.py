@@ -385,7 +385,10 @@ def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
               "``QuantFormat.QOperator``) and its transformer optimizer's fusions "
               f"(``optimize_model``), in {literal('onnx_light.kernels.contrib')}. Each is "
               "version 1 of the domain, which a model must import; onnx has no schemas for them, "
-              "so the types of their outputs come from the kernels. None is tunable.", ""]
+              "so the types of their outputs come from the kernels. None is tunable. "
+              "``SimplifiedLayerNormalization``, and ``LayerNormalization`` below opset 17, are "
+              "the operators onnxruntime adds to the default domain: a session runs such nodes "
+              "with the kernels of the same name listed here.", ""]
     lines += _operator_sections(contrib_kernels, snapshot, groups, SUBSECTION, "l-operators-contrib")
     lines += ["Element types are those the kernel's declaration takes at the newest "
               "since_version (for the elementwise ops exactly the types the latest ONNX version "

@@ -10,10 +10,11 @@ behind one by onnx's inference of that node alone; then the model is inferred ag
 contrib outputs' types declared, which types everything after them.
 
 onnxruntime also registers a few operators in the default domain that onnx does not define
-(:data:`DEFAULT_DOMAIN_EXTENSIONS`; its transformer optimizer writes SimplifiedLayerNormalization
-there): onnx's checker would refuse them, so :func:`adopt_default_domain_extensions` moves
-such nodes of the session's copy of the model to ``com.microsoft``, whose kernels of the same
-name run them (errors then name them ``com.microsoft::``).
+at the model's opset (:data:`DEFAULT_DOMAIN_EXTENSIONS`; its transformer optimizer writes
+SimplifiedLayerNormalization there, and LayerNormalization in models below opset 17): onnx's
+checker would refuse them, so :func:`adopt_default_domain_extensions` moves such nodes of the
+session's copy of the model to ``com.microsoft``, whose kernels of the same name run them
+(errors then name them ``com.microsoft::``).
 """
 
 from __future__ import annotations
@@ -28,16 +29,27 @@ from .loading import check_model, tensor_element_type, tensor_shape
 
 __all__ = ["DEFAULT_DOMAIN_EXTENSIONS", "adopt_default_domain_extensions", "infer_contrib_types"]
 
-#: The operators onnxruntime runs in the default domain that onnx does not define.
-DEFAULT_DOMAIN_EXTENSIONS = frozenset({"SimplifiedLayerNormalization"})
+#: The operators onnxruntime runs in the default domain at any opset (version 1 there).
+DEFAULT_DOMAIN_EXTENSIONS = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
+
+
+def _defined(op_type: str, opset: int) -> bool:
+    """Whether onnx defines ``op_type`` in the default domain at ``opset``."""
+    try:
+        onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
 
 
 def adopt_default_domain_extensions(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model``, or a copy whose main-graph nodes of :data:`DEFAULT_DOMAIN_EXTENSIONS` that
-    onnx does not define are in the ``com.microsoft`` domain (imported at version 1)."""
+    onnx does not define at the model's opset are in the ``com.microsoft`` domain (imported at
+    version 1)."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 0)
     moved = [index for index, node in enumerate(model.graph.node)
              if node.domain in ("", "ai.onnx") and node.op_type in DEFAULT_DOMAIN_EXTENSIONS
-             and not onnx.defs.has(node.op_type, "")]
+             and not _defined(node.op_type, opset)]
     if not moved:
         return model
     adopted = onnx.ModelProto()

@@ -1,7 +1,7 @@
 """The transformer optimizer's fused normalizations: SkipLayerNormalization,
 SkipSimplifiedLayerNormalization, EmbedLayerNormalization (and QEmbedLayerNormalization, its
-dynamically quantized form) and SimplifiedLayerNormalization
-(which onnxruntime registers in the default domain: see ``runtime/contrib_types.py``).
+dynamically quantized form), and SimplifiedLayerNormalization and LayerNormalization below
+opset 17, which onnxruntime registers in the default domain (see ``runtime/contrib_types.py``).
 
 Each normalizes over the last axis the sum of its inputs: ``input + skip (+ bias)`` (skip of
 the input's shape, or (1, S, H) or (S, H) for every batch entry), or the word, position and
@@ -171,6 +171,29 @@ class EmbedLayerNormalization(_SkipNormalization):
         return table.astype(compute_dtype(table.dtype), copy=False)[ids]
 
 
+class LegacyLayerNormalization(ContribKernel):
+    """LayerNormalization as onnxruntime runs it at opsets below 17 (where onnx does not define
+    it): ONNX LayerNormalization-17's kernel, the same attributes, inputs and outputs."""
+
+    op_type = "LayerNormalization"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.layer_norm = onnx_kernel(ctx, LayerNormalization, 17, ctx.attributes, ctx.input_types,
+                                      num_outputs=max(1, ctx.num_outputs))
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        first = inputs[0] if inputs else None
+        if first is None:
+            return [None] * num_outputs
+        return [first, *[(attributes.get("stash_type", T.FLOAT), None)] * 2][:num_outputs]
+
+    def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> Arrays:
+        return list(self.layer_norm.run(x, scale, bias))
+
+
 class SimplifiedLayerNormalization(ContribKernel):
     """RMS normalization over the axes from ``axis`` (-1 by default) on, times ``scale``,
     computed in ``stash_type`` (float32); the optional second output is
@@ -241,6 +264,7 @@ class QEmbedLayerNormalization(EmbedLayerNormalization):
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare_contrib(LegacyLayerNormalization, FLOATS),
     declare_contrib(SimplifiedLayerNormalization, FLOATS),
     declare_contrib(SkipLayerNormalization, FLOATS),
     declare_contrib(SkipSimplifiedLayerNormalization, FLOATS),
