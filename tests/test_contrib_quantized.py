@@ -324,3 +324,21 @@ def test_matmul_nbits_g_idx_gives_each_row_its_block() -> None:
     (actual,) = RuntimeSession(model).run(None, {"a": a})
     weights = (values.astype(np.float32) - 8) * scales[:, g_idx]
     np.testing.assert_allclose(actual, a @ weights.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["QUInt8", "QInt16"])
+def test_qdq_model_with_contrib_quantize_linear(activation: str, tmp_path: Any) -> None:
+    """``UseQDQContribOps`` makes the quantizer write com.microsoft QuantizeLinear and
+    DequantizeLinear (16-bit activations too): run as ONNX's version 21, within a step."""
+    rng = np.random.default_rng(14)
+    samples = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(4)]
+    model = quantize_static_model(resnet_like(), tmp_path, samples, "QDQ", activation,
+                                  extra_options={"UseQDQContribOps": True})
+    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    assert contrib == {"QuantizeLinear", "DequantizeLinear"}, contrib
+    last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
+    step = float(next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == last.input[1]))
+    x = {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    (actual,), (expected,) = _both(model, x)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=step * 1.0001)

@@ -1,7 +1,9 @@
 """onnxruntime's quantized operators of the QOperator format (``quantize_static`` with
 ``QuantFormat.QOperator``), outside its products: QLinearAdd, QLinearMul, QLinearSigmoid,
 QLinearLeakyRelu, QLinearSoftmax, QLinearConcat, QLinearWhere, QLinearGlobalAveragePool and
-QLinearAveragePool.
+QLinearAveragePool; and its QuantizeLinear and DequantizeLinear, which the quantizer writes
+for QDQ models with ``UseQDQContribOps`` (ONNX QuantizeLinear-21's and DequantizeLinear-21's
+kernels: int8 to uint16, int4, per tensor, axis or block).
 
 Each takes uint8 or int8 tensors with per-tensor scales and zero points (an omitted zero point
 is 0), computes on the real values ``(q - zero_point) * scale`` in float32 and requantizes to
@@ -20,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...tuning.keys import ElementType as T
+from .. import quantization
 from ..base import NodeContext, normalize_axis
 from ..declaration import KernelDeclaration
 from ..elementwise import _sigmoid
@@ -263,6 +266,39 @@ class QLinearWhere(ContribKernel):
         return [quantize(self.ctx, chosen, z_scale, z_zero_point, x)]
 
 
+class _QuantizeOrDequantize(ContribKernel):
+    """The ONNX kernel of the same name at version 21, with the node's attributes."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.linear = onnx_kernel(ctx, self.onnx_class, 21, ctx.attributes, ctx.input_types)
+
+    def run(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None = None) -> Arrays:
+        return list(self.linear.run(x, scale, zero_point))
+
+
+class QuantizeLinear(_QuantizeOrDequantize):
+    op_type = "QuantizeLinear"
+    onnx_class = quantization.QuantizeLinear
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        x, zero = inputs[0], inputs[2] if len(inputs) > 2 else None
+        return [None if x is None else (T.UINT8 if zero is None else zero[0], x[1])]
+
+
+class DequantizeLinear(_QuantizeOrDequantize):
+    op_type = "DequantizeLinear"
+    onnx_class = quantization.DequantizeLinear
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        x, scale = inputs[0], inputs[1] if len(inputs) > 1 else None
+        return [None if x is None or scale is None else (scale[0], x[1])]
+
+
 def _channels_first(x: np.ndarray, channels_last: bool) -> np.ndarray:
     return np.moveaxis(x, -1, 1) if channels_last and x.ndim > 2 else x
 
@@ -327,6 +363,9 @@ class QLinearAveragePool(ContribKernel):
         return [_channels_back(quantize(self.ctx, pooled, y_scale, y_zero_point, x), self.channels_last)]
 
 
-DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(declare_contrib(kernel, BYTES) for kernel in (
-    QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearConcat,
-    QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool))
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *(declare_contrib(kernel, BYTES) for kernel in (
+        QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearConcat,
+        QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool)),
+    declare_contrib(QuantizeLinear), declare_contrib(DequantizeLinear),
+)
