@@ -20,8 +20,10 @@ requantized once, as onnxruntime's own QDQ fusion does:
   operator on the bytes, exactly (dequantizing is monotonic, and quantizing a dequantized
   byte with the same parameters gives it back).
 
-The inputs must be uint8 or int8 with constant scales and zero points: per tensor for
-activations, per tensor or per output channel for weights. The DequantizeLinear nodes that
+QuantizeLinear and DequantizeLinear may be onnxruntime's (``com.microsoft``, which its
+quantizer writes with ``UseQDQContribOps``). The inputs must be uint8 or int8 with constant
+scales and zero points: per tensor for activations, per tensor or per output channel for
+weights. The DequantizeLinear nodes that
 nothing reads afterwards are removed; the model given is never changed (the rewrite works on a
 copy). Results: the integer products are exact, and the requantization rounds the float32
 product ``acc * (x_scale * w_scale / y_scale)`` half to even as onnxruntime does; the float
@@ -42,6 +44,9 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = ["rewrite_qdq"]
 
 _BYTES = (TensorProto.UINT8, TensorProto.INT8)
+# QuantizeLinear and DequantizeLinear of the default domain, and onnxruntime's of the same
+# meaning (the quantizer's UseQDQContribOps writes them).
+_QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class _Graph:
     def dequantized(self, name: str) -> _Dequantized | None:
         """The DequantizeLinear making ``name``, with constant byte parameters, or None."""
         node = self.producer.get(name)
-        if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type != "DequantizeLinear" or node.domain not in _QDQ_DOMAINS:
             return None
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attributes.get("block_size", 0) or attributes.get("output_dtype", 0):
@@ -138,7 +143,7 @@ def _per_channel(value: _Dequantized | None, rank: int, axis: int, channels: int
 def _requantized(g: _Graph, output: str) -> tuple[onnx.NodeProto, _Dequantized] | None:
     """The QuantizeLinear that alone reads ``output``, with per-tensor byte parameters."""
     node = g.only_reader(output)
-    if node is None or node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "QuantizeLinear" or node.domain not in _QDQ_DOMAINS:
         return None
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attributes.get("block_size", 0) or attributes.get("output_dtype", 0) or attributes.get("precision", 0):
