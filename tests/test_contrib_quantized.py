@@ -195,7 +195,9 @@ _CNN_OPS = {"QLinearAdd", "QLinearGlobalAveragePool", "QGemm"}
 def test_quantized_cnn_matches_onnxruntime(build: Any, expected: set[str], activation: str,
                                            quant_format: str, tmp_path: Any) -> None:
     """Per-channel static quantization; the QDQ format (QuantizeLinear/DequantizeLinear
-    around float nodes, no contrib operators) runs as integer kernels (runtime/qdq.py)."""
+    around float nodes, no contrib operators) runs as integer kernels too: the QDQ rewrite
+    (runtime/qdq.py) makes the same QLinear operators of it, nothing float is left but the
+    model's input and output conversions, Flatten and the Reshapes around the Gemm head."""
     rng = np.random.default_rng(8)
     samples = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(4)]
     model = quantize_static_model(build(), tmp_path, samples, quant_format, activation)
@@ -208,6 +210,10 @@ def test_quantized_cnn_matches_onnxruntime(build: Any, expected: set[str], activ
     # the contrib nodes' outputs are typed, so the QLinearConvs after them know their type
     assert all(kernel.element_type is not None for kernel, _, _ in session._steps
                if kernel.ctx.op_type == "QLinearConv")
+    planned = {kernel.ctx.op_type for kernel, _, _ in session._steps}
+    assert expected - {"QGemm"} <= planned, planned
+    assert planned - expected <= {"QLinearConv", "QuantizeLinear", "DequantizeLinear", "Flatten", "Reshape",
+                                  "MaxPool"}, planned
     last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
     step = float(next(numpy_helper.to_array(i) for i in model.graph.initializer if i.name == last.input[1]))
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -18,7 +18,11 @@ requantized once, as onnxruntime's own QDQ fusion does:
 - ``DQ -> op -> Q`` with the same scale and zero point on both sides, for an operator that
   only moves or selects elements (:data:`MOVING`: MaxPool, Reshape, Transpose, ...): the
   operator on the bytes, exactly (dequantizing is monotonic, and quantizing a dequantized
-  byte with the same parameters gives it back).
+  byte with the same parameters gives it back);
+- ``DQ(x), ... -> op -> Q`` for Add, Mul, Concat, GlobalAveragePool, AveragePool, LeakyRelu,
+  Sigmoid and Softmax (:data:`CONTRIB`), per tensor: onnxruntime's QLinear operator
+  (``com.microsoft``, imported when the model does not), as onnxruntime's own session fuses
+  such groups.
 
 QuantizeLinear and DequantizeLinear may be onnxruntime's (``com.microsoft``, which its
 quantizer writes with ``UseQDQContribOps``). The inputs must be uint8 or int8 with constant
@@ -316,7 +320,38 @@ def _moving(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     return [moved]
 
 
-_REWRITES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, **dict.fromkeys(MOVING, _moving)}
+#: onnxruntime's quantized operators for ``DQ -> op -> Q`` (``com.microsoft``, as its own
+#: session fuses such groups): per-tensor byte parameters, one type throughout.
+CONTRIB = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Concat": "QLinearConcat",
+           "GlobalAveragePool": "QLinearGlobalAveragePool", "AveragePool": "QLinearAveragePool",
+           "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"}
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+def _contrib(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """``DQ(x), ... -> op -> Q`` for an operator of :data:`CONTRIB`: onnxruntime's QLinear
+    operator with the node's attributes (QLinearSoftmax also takes the model's opset, which
+    says what its ``axis`` means)."""
+    operands = [g.dequantized(name) for name in node.input]
+    requantized = _requantized(g, node.output[0])
+    if len(node.output) != 1 or requantized is None or not all(_per_tensor(x) for x in operands):
+        return None
+    q, y = requantized
+    if any(x.zero.dtype != y.zero.dtype for x in operands):
+        return None
+    triples = [name for x in operands for name in (x.quantized, x.scale_name, g.zero_name(x))]
+    output = [y.scale_name, g.zero_name(y)]
+    inputs = [*output, *triples] if node.op_type == "Concat" else [*triples, *output]
+    attributes = list(node.attribute)
+    if node.op_type == "Softmax":
+        attributes.append(helper.make_attribute("opset", g.opset))
+    fused = _node(CONTRIB[node.op_type], inputs, [q.output[0]], node.name, attributes, q)
+    fused.domain = CONTRIB_DOMAIN
+    return [fused]
+
+
+_REWRITES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, **dict.fromkeys(MOVING, _moving),
+             **dict.fromkeys(CONTRIB, _contrib)}
 
 
 def rewrite_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -346,6 +381,9 @@ def rewrite_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     del result.graph.node[:]
     result.graph.node.extend(_without_dead_dequantization(nodes, graph))
     result.graph.initializer.extend(g.added)
+    if any(n.domain == CONTRIB_DOMAIN for n in nodes) and all(
+            entry.domain != CONTRIB_DOMAIN for entry in result.opset_import):
+        result.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return result
 
 
