@@ -16,6 +16,7 @@ from ..declaration import KernelDeclaration, dispatch_table
 from . import (
     activations,
     attention,
+    conv,
     fused_matmul,
     grouped_attention,
     matmul_nbits,
@@ -32,6 +33,7 @@ DECLARATIONS: tuple[KernelDeclaration, ...] = (
     *qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS, *activations.DECLARATIONS,
     *normalization.DECLARATIONS, *attention.DECLARATIONS, *fused_matmul.DECLARATIONS,
     *recurrent.DECLARATIONS, *matmul_nbits.DECLARATIONS, *grouped_attention.DECLARATIONS,
+    *conv.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -1,0 +1,76 @@
+"""Models saved by onnxruntime's own graph optimizer (``SessionOptions.optimized_model_filepath``
+at the extended level: FusedConv, FusedMatMul, SkipLayerNormalization, BiasGelu), and
+FusedConv on its own, against onnxruntime."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from onnx_light.runtime import RuntimeSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from contrib_models import bert_feeds, bert_like, mobilenet_like, one_node, resnet_like
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _optimized_by_onnxruntime(model: onnx.ModelProto, folder: Path) -> onnx.ModelProto:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(folder / f"{model.graph.name}.optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return onnx.load(options.optimized_model_filepath)
+
+
+@pytest.mark.parametrize(("build", "fused"), [
+    (mobilenet_like, {"FusedConv"}), (resnet_like, {"FusedConv"}),
+    (bert_like, {"SkipLayerNormalization", "FusedMatMul", "BiasGelu"}),
+])
+def test_model_saved_by_onnxruntime_matches_it(build: Any, fused: set[str], tmp_path: Path) -> None:
+    model = _optimized_by_onnxruntime(build(), tmp_path)
+    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    assert fused <= contrib, contrib
+    session = RuntimeSession(model)
+    if "FusedConv" in fused:  # tuned as the Conv it is
+        keys = {entry["key"].split("/")[1] for entry in session.tuning_report()}
+        assert "Conv" in keys and "FusedConv" not in keys, keys
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = (bert_feeds(rng) if build is bert_like
+             else {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)})
+    np.testing.assert_allclose(session.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("activation", "parameters", "with_z"), [
+    ("Relu", [], True), ("Clip", [0.0, 0.5], False), ("LeakyRelu", [0.2], True),
+    ("Sigmoid", [], False), ("Tanh", [], True), ("HardSigmoid", [0.3, 0.4], False),
+])
+def test_fused_conv(activation: str, parameters: list[float], with_z: bool) -> None:
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((1, 4, 7, 7)).astype(np.float32)}
+    constants = {"w": rng.standard_normal((6, 2, 3, 3)).astype(np.float32) * 0.3,
+                 "b": rng.standard_normal(6).astype(np.float32) * 0.1}
+    inputs = ["x", "w", "b"]
+    if with_z:
+        feeds["z"] = rng.standard_normal((1, 6, 4, 4)).astype(np.float32)
+        inputs.append("z")
+    extra = {"activation_params": parameters} if parameters else {}
+    model = one_node("FusedConv", feeds, constants, inputs, activation=activation, group=2,
+                     strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3], **extra)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(RuntimeSession(model).run(None, feeds)[0], theirs.run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_fused_conv_with_an_unknown_activation_names_the_node() -> None:
+    feeds = {"x": np.zeros((1, 1, 3, 3), np.float32)}
+    model = one_node("FusedConv", feeds, {"w": np.ones((1, 1, 1, 1), np.float32)}, ["x", "w"],
+                     activation="Swish")
+    with pytest.raises(ValueError, match=r"node 'node' \(FusedConv\): activation must be one of"):
+        RuntimeSession(model)
