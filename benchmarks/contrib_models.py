@@ -302,3 +302,15 @@ def decoder_like(seed: int = 4, layers: int = 2, hidden: int = 64, heads: int = 
         g.initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                    helper.make_opsetid("com.microsoft", 1)])
+
+
+def mlp_like(seed: int = 5, width: int = 32) -> onnx.ModelProto:
+    """Three Gemm layers with Relu, LeakyRelu and Sigmoid between them (what onnxruntime's
+    optimizer fuses into FusedGemm); input ``x`` (4, width)."""
+    g = Graph(seed)
+    x = "x"
+    for activation, attributes in (("Relu", {}), ("LeakyRelu", {"alpha": 0.1}), ("Sigmoid", {})):
+        x = g.one(activation, [g.one("Gemm", [x, g.weight(width, width), g.weight(width, scale=0.1)],
+                                     transB=1)], **attributes)
+    return g.model([helper.make_tensor_value_info("x", F, [4, width])],
+                   [helper.make_tensor_value_info(x, F, [4, width])], "mlp_like")

@@ -1,6 +1,6 @@
 """Models saved by onnxruntime's own graph optimizer (``SessionOptions.optimized_model_filepath``
-at the extended level: FusedConv, FusedMatMul, SkipLayerNormalization, BiasGelu), and
-FusedConv on its own, against onnxruntime."""
+at the extended level: FusedConv, FusedGemm, FusedMatMul, SkipLayerNormalization, BiasGelu),
+and FusedConv and FusedGemm on their own, against onnxruntime."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from onnx_light.runtime import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from contrib_models import bert_feeds, bert_like, mobilenet_like, one_node, resnet_like
+from contrib_models import bert_feeds, bert_like, mlp_like, mobilenet_like, one_node, resnet_like
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -29,7 +29,7 @@ def _optimized_by_onnxruntime(model: onnx.ModelProto, folder: Path) -> onnx.Mode
 
 
 @pytest.mark.parametrize(("build", "fused"), [
-    (mobilenet_like, {"FusedConv"}), (resnet_like, {"FusedConv"}),
+    (mobilenet_like, {"FusedConv"}), (resnet_like, {"FusedConv"}), (mlp_like, {"FusedGemm"}),
     (bert_like, {"SkipLayerNormalization", "FusedMatMul", "BiasGelu"}),
 ])
 def test_model_saved_by_onnxruntime_matches_it(build: Any, fused: set[str], tmp_path: Path) -> None:
@@ -42,8 +42,8 @@ def test_model_saved_by_onnxruntime_matches_it(build: Any, fused: set[str], tmp_
         assert "Conv" in keys and "FusedConv" not in keys, keys
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    feeds = (bert_feeds(rng) if build is bert_like
-             else {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)})
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds = bert_feeds(rng) if build is bert_like else {"x": rng.standard_normal(shape).astype(np.float32)}
     np.testing.assert_allclose(session.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
@@ -74,3 +74,21 @@ def test_fused_conv_with_an_unknown_activation_names_the_node() -> None:
                      activation="Swish")
     with pytest.raises(ValueError, match=r"node 'node' \(FusedConv\): activation must be one of"):
         RuntimeSession(model)
+
+
+@pytest.mark.parametrize(("activation", "attributes"), [
+    ("Relu", {}), ("LeakyRelu", {"activation_alpha": 0.1}), ("Sigmoid", {}), ("Tanh", {}),
+    ("HardSigmoid", {"activation_alpha": 0.3, "activation_beta": 0.4}),
+])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_fused_gemm(activation: str, attributes: dict, trans_b: int) -> None:
+    rng = np.random.default_rng(2)
+    feeds = {"a": rng.standard_normal((5, 8)).astype(np.float32)}
+    constants = {"b": rng.standard_normal((6, 8) if trans_b else (8, 6)).astype(np.float32),
+                 "c": rng.standard_normal(6).astype(np.float32)}
+    model = one_node("FusedGemm", feeds, constants, ["a", "b", "c"], activation=activation,
+                     transB=trans_b, alpha=0.7, beta=0.5, **attributes)
+    session = RuntimeSession(model)
+    assert {entry["key"].split("/")[1] for entry in session.tuning_report()} == {"Gemm"}
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-5, atol=1e-6)

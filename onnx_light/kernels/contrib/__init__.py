@@ -16,8 +16,8 @@ from ..declaration import KernelDeclaration, dispatch_table
 from . import (
     activations,
     attention,
-    conv,
     fused_matmul,
+    fused_products,
     grouped_attention,
     matmul_nbits,
     normalization,
@@ -33,7 +33,7 @@ DECLARATIONS: tuple[KernelDeclaration, ...] = (
     *qlinear.DECLARATIONS, *quantized_gemm.DECLARATIONS, *activations.DECLARATIONS,
     *normalization.DECLARATIONS, *attention.DECLARATIONS, *fused_matmul.DECLARATIONS,
     *recurrent.DECLARATIONS, *matmul_nbits.DECLARATIONS, *grouped_attention.DECLARATIONS,
-    *conv.DECLARATIONS,
+    *fused_products.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
