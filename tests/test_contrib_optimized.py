@@ -15,7 +15,16 @@ import pytest
 from onnx_light.runtime import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from contrib_models import bert_feeds, bert_like, mlp_like, mobilenet_like, one_node, resnet_like
+from contrib_models import (
+    bert_feeds,
+    bert_like,
+    branches_like,
+    mlp_like,
+    mobilenet_like,
+    one_node,
+    quantize_static_model,
+    resnet_like,
+)
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -92,3 +101,22 @@ def test_fused_gemm(activation: str, attributes: dict, trans_b: int) -> None:
     assert {entry["key"].split("/")[1] for entry in session.tuning_report()} == {"Gemm"}
     theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("build", [mobilenet_like, branches_like])
+def test_quantized_model_saved_by_onnxruntime_matches_it(build: Any, tmp_path: Path) -> None:
+    """A QDQ model after onnxruntime's optimizer: its QDQ groups become QLinearConv and the
+    com.microsoft QLinear operators (QGemm for the head)."""
+    rng = np.random.default_rng(3)
+    samples = [rng.standard_normal((1, 3, 32, 32)).astype(np.float32) for _ in range(4)]
+    model = _optimized_by_onnxruntime(quantize_static_model(build(), tmp_path, samples, "QDQ"), tmp_path)
+    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    assert {"QLinearAdd", "QLinearGlobalAveragePool", "QGemm"} <= contrib, contrib
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = RuntimeSession(model)
+    last = next(n for n in reversed(model.graph.node) if n.op_type == "DequantizeLinear")
+    step = float(next(onnx.numpy_helper.to_array(i) for i in model.graph.initializer
+                      if i.name == last.input[1]))
+    for x in samples[:2]:
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0],
+                                   rtol=0, atol=step * 1.0001)
