@@ -120,7 +120,10 @@ def test_a_session_names_the_node_domain_and_operator_it_cannot_run():
 def test_the_table_and_register_are_derived_from_the_declarations():
     default_domain = [d for d in kernels.DECLARATIONS.values() if not d.domain]
     assert dispatch_table(default_domain) == kernels.KERNELS
-    assert {op for domain, op in kernels.DECLARATIONS if domain} == set(kernels.ml.KERNELS)
+    assert {op for domain, op in kernels.DECLARATIONS if domain == "ai.onnx.ml"} == set(kernels.ml.KERNELS)
+    assert {op for domain, op in kernels.DECLARATIONS if domain == "com.microsoft"} == set(
+        kernels.contrib.KERNELS)
+    assert {domain for domain, _ in kernels.DECLARATIONS} == {"", "ai.onnx.ml", "com.microsoft"}
     with pytest.raises(ValueError, match="one domain's; the declarations span"):
         dispatch_table(kernels.DECLARATIONS.values())
     registry = KernelTuningRegistry()

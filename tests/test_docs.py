@@ -160,7 +160,7 @@ def test_operators_table_lists_every_operator_with_versions_and_types():
     from onnx_light.tuning import element_type_name
 
     text = ext.operators_rst(KERNELS)
-    rows = {row[0]: row for row in _rows(text)}
+    rows = {row[0]: row for row in _rows(text[:text.index("Classic machine learning (ai.onnx.ml)")])}
     assert set(KERNELS) <= {name.strip("`") for name in rows}
     for op_type, versions in KERNELS.items():
         row = rows[f"``{op_type}``"]
@@ -177,12 +177,24 @@ def test_operators_table_lists_the_ai_onnx_ml_operators_in_their_own_section():
     from onnx_light.kernels import ml
 
     text = ext.operators_rst()
-    ml_part = text[text.index("Classic machine learning (ai.onnx.ml)"):]
+    ml_part = text[text.index("Classic machine learning (ai.onnx.ml)"):text.index("(com.microsoft)\n")]
     rows = {row[0]: row for row in _rows(ml_part)}
     assert {f"``{op}``" for op in ml.KERNELS} == set(rows) - {"Operator"}  # less the header rows
     assert rows["``TreeEnsembleClassifier``"][1] == "1, 3"
     assert rows["``LabelEncoder``"][1] == "1, 2, 4"
-    assert f"and {len(ml.KERNELS)} of the ``ai.onnx.ml`` domain" in text
+    assert f"{len(ml.KERNELS)} of the ``ai.onnx.ml`` domain" in text
+
+
+def test_operators_table_lists_the_com_microsoft_operators_in_their_own_section():
+    from onnx_light.kernels import contrib
+
+    text = ext.operators_rst()
+    contrib_part = text[text.index("onnxruntime's contrib operators (com.microsoft)"):]
+    rows = {row[0]: row for row in _rows(contrib_part)}
+    assert {f"``{op}``" for op in contrib.KERNELS} == set(rows) - {"Operator"}
+    assert rows["``QLinearAdd``"][1:] == ["1", "uint8, int8", "no"]
+    assert rows["``SkipLayerNormalization``"][1] == "1"
+    assert f"{len(contrib.KERNELS)} of onnxruntime's ``com.microsoft`` domain" in text
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -8,7 +8,8 @@ call them without Sphinx:
   calibration callback is registered; read from
   ``onnx_light.tuning.default_registry().snapshot()``.
 * :func:`operators_rst`: every operator of ``onnx_light.kernels.KERNELS`` (and of
-  ``onnx_light.kernels.ml.KERNELS``, the ``ai.onnx.ml`` domain) with its
+  ``onnx_light.kernels.ml.KERNELS``, the ``ai.onnx.ml`` domain, and
+  ``onnx_light.kernels.contrib.KERNELS``, onnxruntime's ``com.microsoft``) with its
   since_versions and, where the library declares them, its element types.
 * :func:`cli_reference_rst`: the help of ``onnx_light.cli.build_parser()`` and of
   each subcommand.
@@ -347,20 +348,26 @@ def _operator_sections(kernels: Mapping[str, Mapping[int, type]], snapshot: Any,
 
 def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
                   snapshot: Any | None = None,
-                  ml_kernels: Mapping[str, Mapping[int, type]] | None = None) -> str:
+                  ml_kernels: Mapping[str, Mapping[int, type]] | None = None,
+                  contrib_kernels: Mapping[str, Mapping[int, type]] | None = None) -> str:
     """Every operator of the dispatch table, grouped by kernel module, as reStructuredText:
-    the default domain's (``kernels``), then ``ai.onnx.ml``'s (``ml_kernels``)."""
+    the default domain's (``kernels``), then ``ai.onnx.ml``'s (``ml_kernels``), then
+    onnxruntime's ``com.microsoft`` (``contrib_kernels``)."""
     if kernels is None:
         from onnx_light.kernels import KERNELS
 
         kernels = KERNELS
     if ml_kernels is None:
         from onnx_light.kernels.ml import KERNELS as ml_kernels
+    if contrib_kernels is None:
+        from onnx_light.kernels.contrib import KERNELS as contrib_kernels
     snapshot = _snapshot(snapshot)
     groups = kernel_groups(snapshot)
     lines = [f"{len(kernels)} operators of the default ONNX domain (``ai.onnx``) are implemented, "
-             f"and {len(ml_kernels)} of the ``ai.onnx.ml`` domain "
-             f"(:ref:`{label_name('l-operators', 'ai-onnx-ml')}`). "
+             f"{len(ml_kernels)} of the ``ai.onnx.ml`` domain "
+             f"(:ref:`{label_name('l-operators', 'ai-onnx-ml')}`) and {len(contrib_kernels)} of "
+             f"onnxruntime's ``com.microsoft`` domain "
+             f"(:ref:`{label_name('l-operators', 'com-microsoft')}`). "
              "A node of opset *n* (the opset the model imports for the node's domain) runs the "
              "kernel of the highest since_version not above *n*; a model whose opset is below "
              "an operator's first listed since_version is rejected for that operator.", ""]
@@ -371,6 +378,18 @@ def operators_rst(kernels: Mapping[str, Mapping[int, type]] | None = None,
               f"({literal('onnx_light.kernels.ml')}); none is tunable. Tree ensembles walk their "
               "trees in a compiled loop (numba), blocks of rows across the session's threads.", ""]
     lines += _operator_sections(ml_kernels, snapshot, groups, SUBSECTION, "l-operators-ml")
+    lines += [f".. _{label_name('l-operators', 'com-microsoft')}:", "",
+              *heading("onnxruntime's contrib operators (com.microsoft)", SECTION),
+              "The operators onnxruntime's own tools write, so that the models they produce run "
+              "here: its quantizer's QOperator format (``quantize_static`` with "
+              "``QuantFormat.QOperator``) and its transformer optimizer's fusions "
+              f"(``optimize_model``), in {literal('onnx_light.kernels.contrib')}. Each is "
+              "version 1 of the domain, which a model must import; onnx has no schemas for them, "
+              "so the types of their outputs come from the kernels. None is tunable. "
+              "``SimplifiedLayerNormalization``, and ``LayerNormalization`` below opset 17, are "
+              "the operators onnxruntime adds to the default domain: a session runs such nodes "
+              "with the kernels of the same name listed here.", ""]
+    lines += _operator_sections(contrib_kernels, snapshot, groups, SUBSECTION, "l-operators-contrib")
     lines += ["Element types are those the kernel's declaration takes at the newest "
               "since_version (for the elementwise ops exactly the types the latest ONNX version "
               "of the operator allows); a session refuses a node of another type, naming the "

@@ -2,8 +2,9 @@
 
 :data:`DECLARATIONS` holds one
 :class:`~onnx_light.kernels.declaration.KernelDeclaration` per operator, keyed by
-``(domain, op_type)``: the default ONNX domain's (``''``) and ``ai.onnx.ml``'s (the
-:mod:`~onnx_light.kernels.ml` package), gathered from the kernel modules; the runtime
+``(domain, op_type)``: the default ONNX domain's (``''``), ``ai.onnx.ml``'s (the
+:mod:`~onnx_light.kernels.ml` package) and onnxruntime's ``com.microsoft`` (the
+:mod:`~onnx_light.kernels.contrib` package), gathered from the kernel modules; the runtime
 dispatches through it, and everything else is derived from it: :data:`KERNELS` (the default
 domain's ``op_type -> {since_version: kernel class}``; ``ml.KERNELS`` is ``ai.onnx.ml``'s) and
 :func:`register`, which hands every schema and calibration callback to a registry of the
@@ -22,6 +23,7 @@ from . import (
     activations,
     attention,
     bitwise,
+    contrib,
     control_flow,
     conv,
     conv_transpose,
@@ -73,7 +75,7 @@ DECLARATIONS: dict[tuple[str, str], KernelDeclaration] = declarations_by_op(
     recurrent.DECLARATIONS, conv_transpose.DECLARATIONS, roi.DECLARATIONS,
     quantization.DECLARATIONS, quantized_products.DECLARATIONS, resize.DECLARATIONS,
     sequences.DECLARATIONS, control_flow.DECLARATIONS, ml.DECLARATIONS,
-    random_draws.DECLARATIONS, deform_conv.DECLARATIONS, images.DECLARATIONS,
+    random_draws.DECLARATIONS, deform_conv.DECLARATIONS, images.DECLARATIONS, contrib.DECLARATIONS,
 )
 
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(

@@ -20,18 +20,24 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from ..kernels import DECLARATIONS
+from ..kernels import DECLARATIONS, contrib
 from ..kernels.base import Kernel, NodeContext
 from ..kernels.declaration import KernelDeclaration, declarations_by_op
 from .loading import tensor_element_type
 from .subgraphs import attach_subgraphs
 
-__all__ = ["ONNX_DOMAINS", "UnsupportedOperator", "UnsupportedOperatorError", "canonical_domain",
-           "declaration_table", "dispatch_graph", "dispatch_node", "find_kernel"]
+__all__ = ["CONTRIB_DOMAIN", "ONNX_DOMAINS", "SUPPORTED_DOMAINS", "UnsupportedOperator",
+           "UnsupportedOperatorError", "canonical_domain", "declaration_table", "dispatch_graph",
+           "dispatch_node", "find_kernel"]
 
 #: The domains ONNX defines whose operators onnx_light implements (``''`` and ``'ai.onnx'``
 #: both name the default domain).
 ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+#: onnxruntime's domain of the operators its quantizer and transformer optimizer write
+#: (``kernels/contrib``); onnx defines no schemas for them, and each is at version 1.
+CONTRIB_DOMAIN = contrib.DOMAIN
+#: Every domain whose operators onnx_light implements.
+SUPPORTED_DOMAINS = ONNX_DOMAINS | {CONTRIB_DOMAIN}
 Declarations = Mapping[tuple[str, str], KernelDeclaration]
 
 
@@ -78,9 +84,9 @@ def find_kernel(declarations: Declarations, domain: str, op_type: str, opset: in
     to tell whether a model's operators are implemented at all.
     """
     node = node if ctx is None else ctx.name
-    if domain not in ONNX_DOMAINS:
+    if domain not in SUPPORTED_DOMAINS:
         return UnsupportedOperator(domain, op_type, opset, f"domain {domain!r} is not supported "
-                                   f"(supported: {sorted(ONNX_DOMAINS)})", node)
+                                   f"(supported: {sorted(SUPPORTED_DOMAINS)})", node)
     if opset is None:
         return UnsupportedOperator(domain, op_type, opset,
                                    "the model imports no opset for the domain", node)
@@ -97,7 +103,10 @@ def find_kernel(declarations: Declarations, domain: str, op_type: str, opset: in
 @functools.cache
 def _since_version(domain: str, op_type: str, opset: int) -> int | None:
     """The version of an ONNX operator of ``domain`` in force at ``opset``, as the installed
-    onnx defines it; None for an operator it does not know."""
+    onnx defines it; None for an operator it does not know, and for the contrib domain's
+    (onnx has no schemas for them)."""
+    if domain not in ONNX_DOMAINS:
+        return None
     try:
         return onnx.defs.get_schema(op_type, opset, canonical_domain(domain)).since_version
     except onnx.defs.SchemaError:
@@ -124,7 +133,7 @@ def dispatch_node(node: onnx.NodeProto, index: int, opsets: Mapping[str, int],
     context (attributes, and element types from ``types``), or why there is none."""
     domain = node.domain or ""
     opset = opsets.get(domain)
-    ctx = None if opset is None or domain not in ONNX_DOMAINS else NodeContext(
+    ctx = None if opset is None or domain not in SUPPORTED_DOMAINS else NodeContext(
         name=node.name or f"{node.op_type}_{index}",
         op_type=node.op_type,
         domain=node.domain,

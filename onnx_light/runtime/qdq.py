@@ -18,10 +18,16 @@ requantized once, as onnxruntime's own QDQ fusion does:
 - ``DQ -> op -> Q`` with the same scale and zero point on both sides, for an operator that
   only moves or selects elements (:data:`MOVING`: MaxPool, Reshape, Transpose, ...): the
   operator on the bytes, exactly (dequantizing is monotonic, and quantizing a dequantized
-  byte with the same parameters gives it back).
+  byte with the same parameters gives it back);
+- ``DQ(x), ... -> op -> Q`` for Add, Mul, Concat, GlobalAveragePool, AveragePool, LeakyRelu,
+  Sigmoid and Softmax (:data:`CONTRIB`), per tensor: onnxruntime's QLinear operator
+  (``com.microsoft``, imported when the model does not), as onnxruntime's own session fuses
+  such groups.
 
-The inputs must be uint8 or int8 with constant scales and zero points: per tensor for
-activations, per tensor or per output channel for weights. The DequantizeLinear nodes that
+QuantizeLinear and DequantizeLinear may be onnxruntime's (``com.microsoft``, which its
+quantizer writes with ``UseQDQContribOps``). The inputs must be uint8 or int8 with constant
+scales and zero points: per tensor for activations, per tensor or per output channel for
+weights. The DequantizeLinear nodes that
 nothing reads afterwards are removed; the model given is never changed (the rewrite works on a
 copy). Results: the integer products are exact, and the requantization rounds the float32
 product ``acc * (x_scale * w_scale / y_scale)`` half to even as onnxruntime does; the float
@@ -42,6 +48,9 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = ["rewrite_qdq"]
 
 _BYTES = (TensorProto.UINT8, TensorProto.INT8)
+# QuantizeLinear and DequantizeLinear of the default domain, and onnxruntime's of the same
+# meaning (the quantizer's UseQDQContribOps writes them).
+_QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ class _Graph:
     def dequantized(self, name: str) -> _Dequantized | None:
         """The DequantizeLinear making ``name``, with constant byte parameters, or None."""
         node = self.producer.get(name)
-        if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type != "DequantizeLinear" or node.domain not in _QDQ_DOMAINS:
             return None
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attributes.get("block_size", 0) or attributes.get("output_dtype", 0):
@@ -138,7 +147,7 @@ def _per_channel(value: _Dequantized | None, rank: int, axis: int, channels: int
 def _requantized(g: _Graph, output: str) -> tuple[onnx.NodeProto, _Dequantized] | None:
     """The QuantizeLinear that alone reads ``output``, with per-tensor byte parameters."""
     node = g.only_reader(output)
-    if node is None or node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx"):
+    if node is None or node.op_type != "QuantizeLinear" or node.domain not in _QDQ_DOMAINS:
         return None
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if attributes.get("block_size", 0) or attributes.get("output_dtype", 0) or attributes.get("precision", 0):
@@ -311,7 +320,38 @@ def _moving(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     return [moved]
 
 
-_REWRITES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, **dict.fromkeys(MOVING, _moving)}
+#: onnxruntime's quantized operators for ``DQ -> op -> Q`` (``com.microsoft``, as its own
+#: session fuses such groups): per-tensor byte parameters, one type throughout.
+CONTRIB = {"Add": "QLinearAdd", "Mul": "QLinearMul", "Concat": "QLinearConcat",
+           "GlobalAveragePool": "QLinearGlobalAveragePool", "AveragePool": "QLinearAveragePool",
+           "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"}
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+def _contrib(g: _Graph, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """``DQ(x), ... -> op -> Q`` for an operator of :data:`CONTRIB`: onnxruntime's QLinear
+    operator with the node's attributes (QLinearSoftmax also takes the model's opset, which
+    says what its ``axis`` means)."""
+    operands = [g.dequantized(name) for name in node.input]
+    requantized = _requantized(g, node.output[0])
+    if len(node.output) != 1 or requantized is None or not all(_per_tensor(x) for x in operands):
+        return None
+    q, y = requantized
+    if any(x.zero.dtype != y.zero.dtype for x in operands):
+        return None
+    triples = [name for x in operands for name in (x.quantized, x.scale_name, g.zero_name(x))]
+    output = [y.scale_name, g.zero_name(y)]
+    inputs = [*output, *triples] if node.op_type == "Concat" else [*triples, *output]
+    attributes = list(node.attribute)
+    if node.op_type == "Softmax":
+        attributes.append(helper.make_attribute("opset", g.opset))
+    fused = _node(CONTRIB[node.op_type], inputs, [q.output[0]], node.name, attributes, q)
+    fused.domain = CONTRIB_DOMAIN
+    return [fused]
+
+
+_REWRITES = {"Conv": _conv, "MatMul": _matmul, "Gemm": _gemm, **dict.fromkeys(MOVING, _moving),
+             **dict.fromkeys(CONTRIB, _contrib)}
 
 
 def rewrite_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -341,6 +381,9 @@ def rewrite_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     del result.graph.node[:]
     result.graph.node.extend(_without_dead_dequantization(nodes, graph))
     result.graph.initializer.extend(g.added)
+    if any(n.domain == CONTRIB_DOMAIN for n in nodes) and all(
+            entry.domain != CONTRIB_DOMAIN for entry in result.opset_import):
+        result.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return result
 
 

@@ -42,6 +42,7 @@ from ..tuning.registry import KernelTuningRegistry, default_registry
 from .arena import Arenas, plan_memory, prepare_steps
 from .branches import Branches, group_branches
 from .configuration import configure_kernels
+from .contrib_types import adopt_default_domain_extensions, infer_contrib_types
 from .dispatch import declaration_table, dispatch_graph
 from .execution import BoundPlan, NodeHook, bind_plan, execute, run_bound
 from .feeds import Feed, InvalidInputError, NodeArg, node_arg
@@ -97,10 +98,11 @@ class RuntimeSession:
         for name, flag in (("fuse", fuse), ("branches", branches), ("fold", fold)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
+        model = adopt_default_domain_extensions(model)
         if fuse:  # QDQ groups become integer kernels (runtime/qdq.py); the caller's model is kept
             model = rewrite_qdq(model)
         checked = skeleton(model)
-        inferred = check_model(checked)
+        inferred = infer_contrib_types(checked, check_model(checked), table)
         types = value_types(checked, inferred)
         self.descriptor = execution_descriptor(num_threads)
         self.num_threads = self.descriptor.num_threads

@@ -1,0 +1,371 @@
+"""onnxruntime's quantized operators of the QOperator format (``quantize_static`` with
+``QuantFormat.QOperator``), outside its products: QLinearAdd, QLinearMul, QLinearSigmoid,
+QLinearLeakyRelu, QLinearSoftmax, QLinearConcat, QLinearWhere, QLinearGlobalAveragePool and
+QLinearAveragePool; and its QuantizeLinear and DequantizeLinear, which the quantizer writes
+for QDQ models with ``UseQDQContribOps`` (ONNX QuantizeLinear-21's and DequantizeLinear-21's
+kernels: int8 to uint16, int4, per tensor, axis or block).
+
+Each takes uint8 or int8 tensors with per-tensor scales and zero points (an omitted zero point
+is 0), computes on the real values ``(q - zero_point) * scale`` in float32 and requantizes to
+the output's scale and zero point (:func:`~onnx_light.kernels.quantization.requantize`:
+rounding half to even, saturation); the output has the output zero point's type, else the
+input's. The unary ones with a byte input go through a 256-entry table, as onnxruntime's do.
+The pools and the softmax reuse the float kernels (:class:`~onnx_light.kernels.pooling.
+AveragePool`, :class:`~onnx_light.kernels.reductions.Softmax`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ...tuning.keys import ElementType as T
+from .. import quantization
+from ..base import NodeContext, normalize_axis
+from ..declaration import KernelDeclaration
+from ..elementwise import _sigmoid
+from ..pooling import AveragePool
+from ..quantization import quantized_type, requantize
+from ..reductions import Softmax
+from .base import ContribKernel, ValueType, broadcast_shape, declare_contrib, onnx_kernel
+
+__all__ = ["DECLARATIONS", "dequantize", "quantize"]
+
+Arrays = list[np.ndarray]
+BYTES = (T.UINT8, T.INT8)
+
+
+def _scalar(ctx: NodeContext, name: str, value: np.ndarray | None) -> np.ndarray | None:
+    if value is not None and value.size != 1:
+        raise ctx.error(f"{name} must be a scalar (per tensor), got shape {list(value.shape)}")
+    return None if value is None else value.reshape(())
+
+
+def dequantize(ctx: NodeContext, name: str, x: np.ndarray, scale: np.ndarray | None,
+               zero_point: np.ndarray | None) -> np.ndarray:
+    """The real values of the quantized ``x`` (named ``name``) in float32, per tensor."""
+    if scale is None:
+        raise ctx.error(f"{name}_scale is required with {name}")
+    if quantized_type(x.dtype) not in BYTES:
+        raise ctx.error(f"{name} must be uint8 or int8, got {x.dtype}")
+    zero = _scalar(ctx, f"{name}_zero_point", zero_point)
+    if zero is not None and zero.dtype != x.dtype:
+        raise ctx.error(f"{name}_zero_point's type {zero.dtype} differs from {name}'s {x.dtype}")
+    scale = _scalar(ctx, f"{name}_scale", scale).astype(np.float32)
+    shifted = x.astype(np.int32) if zero is None else x.astype(np.int32) - np.int32(zero)
+    return shifted.astype(np.float32) * scale
+
+
+def quantize(ctx: NodeContext, values: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+             like: np.ndarray) -> np.ndarray:
+    """Real ``values`` quantized to ``scale`` and ``zero_point``, in the zero point's type
+    (``like``'s without one)."""
+    zero = _scalar(ctx, "the output zero point", zero_point)
+    target = quantized_type(like.dtype if zero is None else zero.dtype)
+    if target not in BYTES:
+        raise ctx.error(f"the output zero point must be uint8 or int8, got {zero.dtype}")
+    scale = _scalar(ctx, "the output scale", scale).astype(np.float32)
+    return requantize(values / scale, target, zero_point=zero)
+
+
+def _output_type(inputs: Sequence[ValueType], zero_index: int, shape_index: int = 0) -> ValueType:
+    """The output zero point's element type (the first input's without one), with input
+    ``shape_index``'s shape."""
+    zero = inputs[zero_index] if zero_index < len(inputs) else None
+    source = zero if zero is not None else inputs[0]
+    shaped = inputs[shape_index] if shape_index < len(inputs) else None
+    if source is None:
+        return None
+    return source[0], None if shaped is None else shaped[1]
+
+
+class _QLinearBinary(ContribKernel):
+    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally."""
+
+    @staticmethod
+    def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        typed = _output_type(inputs, 7)
+        a, b = inputs[0], inputs[3] if len(inputs) > 3 else None
+        shape = None if a is None or b is None else broadcast_shape(a[1], b[1])
+        return [None if typed is None else (typed[0], shape)]
+
+    def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
+            b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
+            c_scale: np.ndarray, c_zero_point: np.ndarray | None = None) -> Arrays:
+        if a.dtype != b.dtype:
+            raise self.ctx.error(f"A ({a.dtype}) and B ({b.dtype}) must have the same type")
+        real_a = dequantize(self.ctx, "A", a, a_scale, a_zero_point)
+        real_b = dequantize(self.ctx, "B", b, b_scale, b_zero_point)
+        try:
+            combined = self.combine(real_a, real_b)
+        except ValueError:
+            raise self.ctx.error(f"cannot broadcast A {list(a.shape)} and B {list(b.shape)}") from None
+        return [quantize(self.ctx, combined, c_scale, c_zero_point, a)]
+
+
+class QLinearAdd(_QLinearBinary):
+    op_type = "QLinearAdd"
+    combine = staticmethod(np.add)
+
+
+class QLinearMul(_QLinearBinary):
+    op_type = "QLinearMul"
+    combine = staticmethod(np.multiply)
+
+
+class _QLinearUnary(ContribKernel):
+    """Y = quantize(f(dequantize(X))), through a table of the 256 byte values."""
+
+    zero_index: ClassVar[int] = 4
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        return [_output_type(inputs, cls.zero_index)]
+
+    def function(self, real: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
+            y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
+        every = np.arange(256, dtype=np.uint8).view(x.dtype) if x.dtype.itemsize == 1 else x
+        real = dequantize(self.ctx, "X", every, x_scale, x_zero_point)
+        table = quantize(self.ctx, self.function(real), y_scale, y_zero_point, x)
+        return [table[x.view(np.uint8)] if every is not x else table]
+
+
+class QLinearSigmoid(_QLinearUnary):
+    op_type = "QLinearSigmoid"
+
+    def function(self, real: np.ndarray) -> np.ndarray:
+        out = np.empty_like(real)
+        _sigmoid(real, out=out)
+        return out
+
+
+class QLinearLeakyRelu(_QLinearUnary):
+    """LeakyRelu with ``alpha`` (0.01 by default)."""
+
+    op_type = "QLinearLeakyRelu"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.alpha = np.float32(ctx.attribute("alpha", 0.01))
+
+    def function(self, real: np.ndarray) -> np.ndarray:
+        return np.where(real < 0, real * self.alpha, real)
+
+
+class QLinearSoftmax(ContribKernel):
+    """Softmax of the real values along ``axis`` (-1 by default), with the meaning of ONNX
+    Softmax at the node's ``opset`` attribute (before 13: everything from ``axis`` on)."""
+
+    op_type = "QLinearSoftmax"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        opset = ctx.attribute("opset")
+        if opset is None:
+            raise ctx.error("attribute 'opset' is required")
+        self.softmax = onnx_kernel(ctx, Softmax, int(opset), {"axis": ctx.attribute("axis", -1)},
+                                   (T.FLOAT,))
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        return [_output_type(inputs, 4)]
+
+    def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
+            y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
+        real = dequantize(self.ctx, "X", x, x_scale, x_zero_point)
+        return [quantize(self.ctx, self.softmax.run(real)[0], y_scale, y_zero_point, x)]
+
+
+class QLinearConcat(ContribKernel):
+    """Concat along ``axis`` of quantized tensors, each (tensor, scale, zero point) after the
+    output's scale and zero point, requantized to the output's."""
+
+    op_type = "QLinearConcat"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        if ctx.attribute("axis") is None:
+            raise ctx.error("attribute 'axis' is required")
+        self.axis = int(ctx.attribute("axis"))
+        if ctx.num_inputs < 5 or (ctx.num_inputs - 2) % 3:
+            raise ctx.error(f"expected Y_scale, Y_zero_point and triples (X, X_scale, "
+                            f"X_zero_point), got {ctx.num_inputs} inputs")
+
+    @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
+        """The first tensor's type (the inputs start with the output's scale)."""
+        return ctx.input_types[2] if len(ctx.input_types) > 2 else None
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        zero, first = inputs[1], inputs[2] if len(inputs) > 2 else None
+        source = zero if zero is not None else first
+        return [None if source is None else (source[0], None)]
+
+    def run(self, y_scale: np.ndarray, y_zero_point: np.ndarray | None,
+            *triples: np.ndarray | None) -> Arrays:
+        tensors = triples[0::3]
+        if any(x is None for x in tensors):
+            raise self.ctx.error("every X input must be given")
+        first = tensors[0]
+        axis = normalize_axis(self.ctx, self.axis, first.ndim)
+        reals = [dequantize(self.ctx, f"X{i}", x, scale, zero)
+                 for i, (x, scale, zero) in enumerate(zip(tensors, triples[1::3], triples[2::3],
+                                                          strict=True))]
+        try:
+            joined = np.concatenate(reals, axis=axis)
+        except ValueError:
+            raise self.ctx.error(f"cannot concatenate shapes {[list(x.shape) for x in tensors]} "
+                                 f"along axis {self.axis}") from None
+        return [quantize(self.ctx, joined, y_scale, y_zero_point, first)]
+
+
+class QLinearWhere(ContribKernel):
+    """Where(condition, X, Y) of the real values, requantized to Z's scale and zero point."""
+
+    op_type = "QLinearWhere"
+
+    @classmethod
+    def element_type_of(cls, ctx: NodeContext) -> int | None:
+        """X's type (the first input is the boolean condition)."""
+        return ctx.input_types[1] if len(ctx.input_types) > 1 else None
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        typed = _output_type(inputs[1:], 7)
+        shapes = [inputs[i][1] if len(inputs) > i and inputs[i] is not None else None for i in (0, 1, 4)]
+        return [None if typed is None else (typed[0], broadcast_shape(*shapes))]
+
+    def run(self, condition: np.ndarray, x: np.ndarray, x_scale: np.ndarray,
+            x_zero_point: np.ndarray | None, y: np.ndarray, y_scale: np.ndarray,
+            y_zero_point: np.ndarray | None, z_scale: np.ndarray,
+            z_zero_point: np.ndarray | None = None) -> Arrays:
+        if condition.dtype != np.bool_:
+            raise self.ctx.error(f"condition must be bool, got {condition.dtype}")
+        real_x = dequantize(self.ctx, "X", x, x_scale, x_zero_point)
+        real_y = dequantize(self.ctx, "Y", y, y_scale, y_zero_point)
+        try:
+            chosen = np.where(condition, real_x, real_y)
+        except ValueError:
+            raise self.ctx.error(f"cannot broadcast condition {list(condition.shape)}, X "
+                                 f"{list(x.shape)} and Y {list(y.shape)}") from None
+        return [quantize(self.ctx, chosen, z_scale, z_zero_point, x)]
+
+
+class _QuantizeOrDequantize(ContribKernel):
+    """The ONNX kernel of the same name at version 21, with the node's attributes."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.linear = onnx_kernel(ctx, self.onnx_class, 21, ctx.attributes, ctx.input_types)
+
+    def run(self, x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None = None) -> Arrays:
+        return list(self.linear.run(x, scale, zero_point))
+
+
+class QuantizeLinear(_QuantizeOrDequantize):
+    op_type = "QuantizeLinear"
+    onnx_class = quantization.QuantizeLinear
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        x, zero = inputs[0], inputs[2] if len(inputs) > 2 else None
+        return [None if x is None else (T.UINT8 if zero is None else zero[0], x[1])]
+
+
+class DequantizeLinear(_QuantizeOrDequantize):
+    op_type = "DequantizeLinear"
+    onnx_class = quantization.DequantizeLinear
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        x, scale = inputs[0], inputs[1] if len(inputs) > 1 else None
+        return [None if x is None or scale is None else (scale[0], x[1])]
+
+
+def _channels_first(x: np.ndarray, channels_last: bool) -> np.ndarray:
+    return np.moveaxis(x, -1, 1) if channels_last and x.ndim > 2 else x
+
+
+def _channels_back(y: np.ndarray, channels_last: bool) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(y, 1, -1)) if channels_last and y.ndim > 2 else y
+
+
+class QLinearGlobalAveragePool(ContribKernel):
+    """The mean over the spatial axes of (N, C, ...) (channels last with ``channels_last``),
+    requantized."""
+
+    op_type = "QLinearGlobalAveragePool"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.channels_last = bool(ctx.attribute("channels_last", 0))
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        typed = _output_type(inputs, 4)
+        if typed is None or typed[1] is None or len(typed[1]) < 3:
+            return [None if typed is None else (typed[0], None)]
+        shape = typed[1]
+        ones = (1,) * (len(shape) - 2)
+        pooled = (shape[0], *ones, shape[-1]) if attributes.get("channels_last", 0) else (*shape[:2], *ones)
+        return [(typed[0], pooled)]
+
+    def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
+            y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
+        if x.ndim < 3:
+            raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        real = _channels_first(dequantize(self.ctx, "X", x, x_scale, x_zero_point), self.channels_last)
+        mean = np.mean(real, axis=tuple(range(2, real.ndim)), keepdims=True, dtype=np.float32)
+        pooled = quantize(self.ctx, mean, y_scale, y_zero_point, x)
+        return [_channels_back(pooled, self.channels_last)]
+
+
+class QLinearAveragePool(ContribKernel):
+    """ONNX AveragePool (kernel_shape, strides, pads, auto_pad, ceil_mode, count_include_pad)
+    of the real values, requantized; channels last with ``channels_last``."""
+
+    op_type = "QLinearAveragePool"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.channels_last = bool(ctx.attribute("channels_last", 0))
+        attributes = {k: v for k, v in ctx.attributes.items() if k != "channels_last"}
+        self.pool_kernel = onnx_kernel(ctx, AveragePool, 19, attributes, (T.FLOAT,))
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        typed = _output_type(inputs, 4)
+        return [None if typed is None else (typed[0], None)]
+
+    def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
+            y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
+        real = _channels_first(dequantize(self.ctx, "X", x, x_scale, x_zero_point), self.channels_last)
+        pooled = self.pool_kernel.run(np.ascontiguousarray(real))[0]
+        return [_channels_back(quantize(self.ctx, pooled, y_scale, y_zero_point, x), self.channels_last)]
+
+
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    *(declare_contrib(kernel, BYTES) for kernel in (
+        QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax, QLinearConcat,
+        QLinearWhere, QLinearGlobalAveragePool, QLinearAveragePool)),
+    declare_contrib(QuantizeLinear), declare_contrib(DequantizeLinear),
+)

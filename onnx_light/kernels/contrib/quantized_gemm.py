@@ -1,0 +1,172 @@
+"""onnxruntime's quantized products outside ONNX: QGemm (the QOperator format's Gemm),
+MatMulIntegerToFloat and DynamicQuantizeMatMul (what onnxruntime fuses dynamically quantized
+MatMuls into).
+
+The integer sums are exact (:func:`~onnx_light.kernels.quantized_products.integer_matmul`:
+int32, zero points per tensor or per column of B); the real result is
+``sums * a_scale * b_scale`` in float32, QGemm's bias (int32 at that scale) added to the sums
+first, and QGemm's is requantized to ``y_scale`` and ``y_zero_point`` when given
+(:func:`~onnx_light.kernels.quantization.requantize`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...tuning.keys import ElementType as T
+from ..base import NodeContext
+from ..declaration import KernelDeclaration
+from ..quantization import quantized_type, requantize
+from ..quantized_products import integer_matmul
+from .base import ContribKernel, ValueType, declare_contrib
+
+__all__ = ["BYTES", "DECLARATIONS", "quantized_sums", "real_scale"]
+
+Arrays = list[np.ndarray]
+BYTES = (T.UINT8, T.INT8)
+
+
+def _per_column(ctx: NodeContext, name: str, value: np.ndarray | None, columns: int
+                ) -> np.ndarray | None:
+    """A scale or zero point per tensor (a scalar) or per column of B (``columns`` values)."""
+    if value is None or value.size == 1:
+        return None if value is None else value.reshape(())
+    if value.ndim == 1 and value.size == columns:
+        return value
+    raise ctx.error(f"{name} must be a scalar or hold one value per column of B ({columns}), "
+                    f"got shape {list(value.shape)}")
+
+
+def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
+          b_zero: np.ndarray | None) -> np.ndarray:
+    """``(a - a_zero) @ (b - b_zero)`` as int32 (bytes; A's zero point per tensor, B's per
+    tensor or per column)."""
+    for name, operand in (("A", a), ("B", b)):
+        if quantized_type(operand.dtype) not in BYTES:
+            raise ctx.error(f"{name} must be uint8 or int8, got {operand.dtype}")
+    if a_zero is not None and a_zero.size != 1:
+        raise ctx.error(f"a_zero_point must be a scalar, got shape {list(a_zero.shape)}")
+    if b.ndim < 1 or a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}")
+    return integer_matmul(ctx, a, b, a_zero, _per_column(ctx, "b_zero_point", b_zero, b.shape[-1]))
+
+
+def real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, columns: int) -> np.ndarray:
+    """``a_scale * b_scale`` in float32: A's per tensor, B's per tensor or per column."""
+    if a_scale.size != 1:
+        raise ctx.error(f"a_scale must be a scalar, got shape {list(a_scale.shape)}")
+    return (a_scale.reshape(()).astype(np.float32)
+            * _per_column(ctx, "b_scale", b_scale, columns).astype(np.float32))
+
+
+class QGemm(ContribKernel):
+    """``alpha * (A' - a_zero) @ (B' - b_zero)`` plus the int32 bias C, at scale
+    ``a_scale * b_scale`` (A', B': transposed with transA, transB); requantized to ``y_scale``
+    and ``y_zero_point`` when given, float32 otherwise."""
+
+    op_type = "QGemm"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.alpha = np.float32(ctx.attribute("alpha", 1.0))
+        self.trans_a = bool(ctx.attribute("transA", 0))
+        self.trans_b = bool(ctx.attribute("transB", 0))
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        a, b = inputs[0], inputs[3] if len(inputs) > 3 else None
+        shape = None
+        if a is not None and b is not None and a[1] is not None and b[1] is not None \
+                and len(a[1]) == 2 and len(b[1]) == 2:
+            shape = (a[1][1 if attributes.get("transA", 0) else 0],
+                     b[1][0 if attributes.get("transB", 0) else 1])
+        quantized = len(inputs) > 7 and inputs[7] is not None
+        if quantized:
+            zero = inputs[8] if len(inputs) > 8 else None
+            element_type = (zero or a or (None,))[0]
+        else:
+            element_type = T.FLOAT
+        return [None if element_type is None else (element_type, shape)]
+
+    def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
+            b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
+            c: np.ndarray | None = None, y_scale: np.ndarray | None = None,
+            y_zero_point: np.ndarray | None = None) -> Arrays:
+        if a.ndim != 2 or b.ndim != 2:
+            raise self.ctx.error(f"A and B must be matrices, got shapes {list(a.shape)} and {list(b.shape)}")
+        a = a.T if self.trans_a else a
+        b = b.T if self.trans_b else b
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point)
+        if c is not None:
+            if c.dtype != np.int32:
+                raise self.ctx.error(f"C must be int32, got {c.dtype}")
+            try:
+                sums = sums + c
+            except ValueError:
+                raise self.ctx.error(f"C of shape {list(c.shape)} does not broadcast to the "
+                                     f"output's {list(sums.shape)}") from None
+        real = sums.astype(np.float32) * (real_scale(self.ctx, a_scale, b_scale, b.shape[1]) * self.alpha)
+        if y_scale is None:
+            return [real]
+        if y_scale.size != 1 or (y_zero_point is not None and y_zero_point.size != 1):
+            raise self.ctx.error("y_scale and y_zero_point must be scalars")
+        target = quantized_type(a.dtype if y_zero_point is None else y_zero_point.dtype)
+        if target not in BYTES:
+            raise self.ctx.error(f"y_zero_point must be uint8 or int8, got {y_zero_point.dtype}")
+        return [requantize(real / y_scale.reshape(()).astype(np.float32), target,
+                           zero_point=None if y_zero_point is None else y_zero_point.reshape(()))]
+
+
+class MatMulIntegerToFloat(ContribKernel):
+    """``(A - a_zero) @ (B - b_zero) * a_scale * b_scale + bias``, float; A, B and their zero
+    points as MatMulInteger takes them (B's scale and zero point per tensor or per column)."""
+
+    op_type = "MatMulIntegerToFloat"
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        scale = inputs[2] if len(inputs) > 2 else None
+        return [None if scale is None else (scale[0], None)]
+
+    def run(self, a: np.ndarray, b: np.ndarray, a_scale: np.ndarray, b_scale: np.ndarray,
+            a_zero_point: np.ndarray | None = None, b_zero_point: np.ndarray | None = None,
+            bias: np.ndarray | None = None) -> Arrays:
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point)
+        real = sums.astype(np.float32) * real_scale(self.ctx, a_scale, b_scale, b.shape[-1])
+        return [(real if bias is None else real + bias).astype(a_scale.dtype, copy=False)]
+
+
+class DynamicQuantizeMatMul(ContribKernel):
+    """A (float) quantized to uint8 as DynamicQuantizeLinear does, then
+    :class:`MatMulIntegerToFloat` with B and its scale and zero point."""
+
+    op_type = "DynamicQuantizeMatMul"
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        first = inputs[0]
+        return [None if first is None else (first[0], None)]
+
+    def run(self, a: np.ndarray, b: np.ndarray, b_scale: np.ndarray,
+            b_zero_point: np.ndarray | None = None, bias: np.ndarray | None = None) -> Arrays:
+        real = a.astype(np.float32)
+        low = min(float(real.min(initial=0.0)), 0.0)
+        high = max(float(real.max(initial=0.0)), 0.0)
+        scale = np.float32((high - low) / 255) if high > low else np.float32(1.0)
+        zero = np.uint8(np.clip(np.rint(-low / scale), 0, 255))
+        quantized = requantize(real / scale, T.UINT8, zero_point=np.asarray(zero))
+        sums = quantized_sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point)
+        result = sums.astype(np.float32) * real_scale(self.ctx, np.asarray(scale), b_scale, b.shape[-1])
+        return [(result if bias is None else result + bias).astype(a.dtype, copy=False)]
+
+
+DECLARATIONS: tuple[KernelDeclaration, ...] = (
+    declare_contrib(QGemm, BYTES), declare_contrib(MatMulIntegerToFloat, BYTES),
+    declare_contrib(DynamicQuantizeMatMul, (T.FLOAT,)),
+)
