@@ -115,7 +115,7 @@ def test_a_pre_activation_runs_inside_the_following_1x1_conv():
     assert conv.prologue.activation is not None
     # the unfused plan keeps the original kernel, without a prologue
     assert all(getattr(step.run.__self__, "prologue", None) is None
-               for step in session._plan_unfolded)
+               for step in session._unfolded[0])
 
 
 @pytest.mark.parametrize("case", ["3x3", "relu returned", "weights fed"])

@@ -414,7 +414,9 @@ def _fold_into_conv(conv_inputs: Slots, known: Mapping[int, np.ndarray], affine:
         return None
     multiplier = np.broadcast_to(affine.multiplier, (filters,))
     bias = np.zeros(filters) if b_slot is None else known[b_slot].astype(np.float64)
-    new_w = (w.astype(np.float64) * multiplier.reshape((filters,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+    new_w = np.empty_like(w)  # the products in float64, each rounded once into the weights' type
+    np.multiply(w, multiplier.reshape((filters,) + (1,) * (w.ndim - 1)), out=new_w, dtype=np.float64,
+                casting="same_kind")
     new_b = (bias * multiplier + affine.offset).astype(w.dtype)
     constants = {}
     slots = []

@@ -210,10 +210,11 @@ def check_model(skeleton: onnx.ModelProto) -> onnx.ModelProto:
         checked.CopyFrom(skeleton)
         for info in (*checked.graph.input, *checked.graph.output):
             _give_shapes(info.type)
-    try:
-        onnx.checker.check_model(checked)
+    try:  # each step takes the serialized model: serialize once when both see the same one
+        serialized = skeleton.SerializeToString()
+        onnx.checker.check_model(serialized if checked is skeleton else checked)
         # full_check's second step: strict inference adds type checks (Add(float, int64) is refused)
-        return onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True)
+        return onnx.shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
             UnicodeDecodeError) as exc:  # the last: a name that is not UTF-8
         raise ValueError(f"invalid ONNX model: {exc}") from None
@@ -242,8 +243,9 @@ def value_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> dict[str, 
     for info in (*graph.value_info, *graph.input, *graph.output):
         types[info.name] = info.type
     for initializer in model.graph.initializer:
-        types.setdefault(initializer.name, onnx.helper.make_tensor_type_proto(
-            initializer.data_type, list(initializer.dims)))
+        if initializer.name not in types:
+            types[initializer.name] = onnx.helper.make_tensor_type_proto(initializer.data_type,
+                                                                         list(initializer.dims))
     return types
 
 

@@ -26,6 +26,7 @@ values later changes new sessions only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -147,8 +148,7 @@ class RuntimeSession:
         outputs_of = {id(kernel): node.output for node, kernel in zip(graph.node, kernels, strict=True)}
 
         def output_shapes(kernel: Kernel) -> list[list[int | str | None] | None]:
-            return [tensor_shape(types[name]) if name in types else None
-                    for name in outputs_of[id(kernel)] if name]
+            return [shapes.get(slots[name]) for name in outputs_of[id(kernel)] if name]
 
         self._slots, self._constants = slots, constants
         steps, known = self._fold_and_fuse(every_step, output_shapes, shapes, fold, fuse)
@@ -200,22 +200,31 @@ class RuntimeSession:
 
     def _plans(self, every_step: list[NodeStep], known: Mapping[int, np.ndarray],
                shapes: Mapping[int, list[int | str | None]], branches: bool) -> None:
-        """Steps 7 and 8: the folded and unfolded plans with their hand-offs and branch
-        groups, and the memory plan."""
+        """Steps 7 and 8: the plan with its hand-off and branch groups, and the memory plan
+        (the plan without folding waits for a run that needs it: ``_unfolded``)."""
         steps, constants = self._steps, self._constants
         graph_outputs = list(self._output_slots.values())
         self._plan = plan_steps(steps, set(constants) | set(self._folded) | set(graph_outputs))
         self._handoff = Handoff.of(steps, graph_outputs)
-        self._handoff_unfolded = Handoff.of(every_step, graph_outputs)
-        self._plan_unfolded = plan_steps(every_step, set(constants) | set(graph_outputs))
-        if branches and self.num_threads > 1:
+        grouped = branches and self.num_threads > 1
+        if grouped:
             self._plan = group_branches(self._plan, work_estimates(steps, known, shapes),
                                         self.num_threads)
-            self._plan_unfolded = group_branches(self._plan_unfolded,
-                                                 work_estimates(every_step, constants, shapes),
-                                                 self.num_threads)
         self.branch_groups = sum(type(item) is Branches for item in self._plan)
         self._plan_memory(steps, known, graph_outputs)
+        self._unfolded_inputs = (every_step, shapes, grouped)
+
+    @functools.cached_property
+    def _unfolded(self) -> tuple[tuple[Any, ...], Handoff]:
+        """The plan without folding and its hand-off, for runs that feed an initializer the
+        folding used: planned on the first such run (most sessions never take it)."""
+        every_step, shapes, grouped = self._unfolded_inputs
+        graph_outputs = list(self._output_slots.values())
+        plan = plan_steps(every_step, set(self._constants) | set(graph_outputs))
+        if grouped:
+            plan = group_branches(plan, work_estimates(every_step, self._constants, shapes),
+                                  self.num_threads)
+        return plan, Handoff.of(every_step, graph_outputs)
 
     def _plan_memory(self, steps: Sequence[NodeStep], known: Mapping[int, np.ndarray],
                      graph_outputs: Sequence[int]) -> None:
@@ -309,7 +318,7 @@ class RuntimeSession:
                 values[feed.slot] = feed.check(input_feed[feed.name])
         plan, handoff = self._plan, self._handoff
         if fed & self._fold_sources:  # a default the folding used is overridden
-            plan, handoff = self._plan_unfolded, self._handoff_unfolded
+            plan, handoff = self._unfolded
         else:
             for s, array in self._folded.items():
                 values[s] = array
