@@ -154,6 +154,31 @@ def test_a_residual_addition_and_its_relu_run_inside_the_conv():
     assert session._plan[0].inputs[3] == session._feed_slots["x"]
 
 
+def test_an_affine_map_after_a_residual_addition_is_not_folded_into_the_conv():
+    # pre-activation blocks: the sum's BatchNormalization scales the shortcut too, so it
+    # cannot go into the weights of the Conv the sum runs inside
+    init = [_tensor("w", [4, 4, 3, 3]), *_bn_params("bn", 4)]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]),
+             helper.make_node("BatchNormalization", ["s", "bn_s", "bn_b", "bn_m", "bn_v"], ["y"])]
+    session = _check(_model(nodes, init), {"x": _x()}, steps=2, fused=1)
+    assert session._plan[0].run.__self__.residual
+
+
+def test_an_affine_chain_after_a_conv_makes_its_weights_once():
+    init = [_tensor("k", [C, 1, 1], 0.5, 2.0), _tensor("a", [1, C, 1, 1])]
+    nodes = [helper.make_node("Mul", ["n", "k"], ["m"]), helper.make_node("Add", ["m", "a"], ["p"])]
+    session = _check(_conv_bn_relu(nodes, init, last="p"), {"x": _x()}, steps=1, fused=4)
+    # the original weights and bias, then one new pair (no pair per folded node)
+    assert len(session._folded) == 2
+    weights = session._folded[session._plan[0].inputs[1]]
+    w = session._constants[session._slots["w"]].astype(np.float64)
+    scale = (session._constants[session._slots["bn_s"]].astype(np.float64)
+             / np.sqrt(session._constants[session._slots["bn_v"]].astype(np.float64) + 1e-3)
+             * session._constants[session._slots["k"]].astype(np.float64).reshape(-1))
+    np.testing.assert_array_equal(weights, (w * scale.reshape(-1, 1, 1, 1)).astype(np.float32))
+
+
 @pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
 def test_a_projection_shortcut_fuses_into_the_conv_that_runs_last(order):
     # ResNet's first block of a stage: main path and projection, summed; the projection is

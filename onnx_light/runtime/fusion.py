@@ -6,9 +6,10 @@ Runs after constant folding, over the steps left to run, in graph order:
    constant that varies along the channel axis (axis 1) only, each compute
    ``Y = X * m + o`` per channel. Consecutive ones (each the only reader of the previous
    one's output) compose into one ``(m, o)``, computed in float64. When the chain directly
-   follows a Conv with constant weights whose output nothing else reads, it is folded into
-   the weights and the bias (``W' = W * m``, ``B' = B * m + o``, rounded once into the
-   weights' type); otherwise it runs as one
+   follows a Conv with constant weights whose output nothing else reads (and that adds no
+   residual), the whole chain is folded into the weights and the bias once
+   (``W' = W * m``, ``B' = B * m + o``, rounded once into the weights' type); otherwise it
+   runs as one
    :class:`~onnx_light.kernels.normalization.ChannelAffine` step.
 2. **Activations.** An op that can compute in place (Relu, Tanh, LeakyRelu; Clip, whose
    bounds must be constants: see
@@ -117,6 +118,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     result: list[list] = []
     producer: dict[int, int] = {}
     added: dict[int, np.ndarray] = {}
+    pending: dict[int, _ConvFold] = {}  # result index -> the affine map its Conv's weights take
 
     def private(slot: int) -> int | None:
         """The result index of the step whose only output ``slot`` is read by one step only."""
@@ -137,14 +139,12 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         if affine is not None:
             index = private(affine.x)
             previous = result[index][0] if index is not None else None
-            if isinstance(previous, ConvKernel) and previous.epilogue is None:
-                folded = _fold_into_conv(result[index][1], known, affine, add_constant)
-                if folded is not None:
-                    conv_inputs, new_constants, used = folded
-                    sources.update((s for s in used if s not in added), affine.constants)
-                    added.update(new_constants)
-                    known.update(new_constants)
-                    absorb(index, previous, conv_inputs, outputs)
+            if isinstance(previous, ConvKernel) and previous.epilogue is None and not previous.residual:
+                fold = pending.get(index) or _ConvFold.of(result[index][1], known)
+                if fold is not None and fold.takes(affine):
+                    pending[index] = fold.then(affine)
+                    sources.update(fold.used, affine.constants)
+                    absorb(index, previous, result[index][1], outputs)
                     continue
             if isinstance(previous, ChannelAffine) and previous.epilogue is None:
                 composed = ChannelAffine(previous.ctx, previous.multiplier * affine.multiplier,
@@ -191,6 +191,14 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         for s in outputs:
             if s is not None:
                 producer[s] = len(result) - 1
+    for index, fold in pending.items():  # each Conv's weights and bias made once
+        made = []
+        for array in fold.weights(known):
+            array.flags.writeable = False
+            made.append(add_constant(array))
+            added[made[-1]] = array
+        conv_inputs = result[index][1]
+        result[index][1] = (conv_inputs[0], *made, *conv_inputs[3:])
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
     return FusionResult(steps_out, added, sources)
 
@@ -397,33 +405,50 @@ def _per_channel(c: np.ndarray, x_shape: Sequence[int | str | None] | None) -> n
     return c.astype(np.float64).reshape(-1)
 
 
-def _fold_into_conv(conv_inputs: Slots, known: Mapping[int, np.ndarray], affine: _Affine,
-                    add_constant: Callable[[np.ndarray], int]
-                    ) -> tuple[Slots, dict[int, np.ndarray], tuple[int, ...]] | None:
-    """The Conv's inputs with ``affine`` folded into new constant weights and bias."""
-    if len(conv_inputs) < 2 or conv_inputs[1] not in known:
-        return None
-    w = known[conv_inputs[1]]
-    b_slot = conv_inputs[2] if len(conv_inputs) > 2 else None
-    if b_slot is not None and b_slot not in known:
-        return None
-    if w.dtype not in (np.float32, np.float64) or w.ndim < 3:
-        return None
-    filters = w.shape[0]
-    if affine.multiplier.size not in (1, filters) or affine.offset.size not in (1, filters):
-        return None
-    multiplier = np.broadcast_to(affine.multiplier, (filters,))
-    bias = np.zeros(filters) if b_slot is None else known[b_slot].astype(np.float64)
-    new_w = np.empty_like(w)  # the products in float64, each rounded once into the weights' type
-    np.multiply(w, multiplier.reshape((filters,) + (1,) * (w.ndim - 1)), out=new_w, dtype=np.float64,
-                casting="same_kind")
-    new_b = (bias * multiplier + affine.offset).astype(w.dtype)
-    constants = {}
-    slots = []
-    for array in (new_w, new_b):
-        array.flags.writeable = False
-        slot = add_constant(array)
-        constants[slot] = array
-        slots.append(slot)
-    used = tuple(s for s in conv_inputs[1:3] if s is not None)
-    return (conv_inputs[0], slots[0], slots[1]), constants, used
+@dataclass(frozen=True)
+class _ConvFold:
+    """An affine map ``Y * multiplier + offset`` (float64, one value per filter) on the output
+    of a Conv with constant weights (``w``) and bias (``b``, or None), folded into new weights
+    and bias once the chain after the Conv is known: ``W' = W * m``, ``B' = B * m + o``."""
+
+    w: int
+    b: int | None
+    filters: int
+    multiplier: np.ndarray
+    offset: np.ndarray
+
+    @staticmethod
+    def of(conv_inputs: Slots, known: Mapping[int, np.ndarray]) -> _ConvFold | None:
+        """The identity map on a Conv whose weights and bias are constants that can take one."""
+        if len(conv_inputs) < 2 or conv_inputs[1] not in known:
+            return None
+        w = known[conv_inputs[1]]
+        b = conv_inputs[2] if len(conv_inputs) > 2 else None
+        if (b is not None and b not in known) or w.dtype not in (np.float32, np.float64) or w.ndim < 3:
+            return None
+        filters = w.shape[0]
+        return _ConvFold(conv_inputs[1], b, filters, np.ones(filters), np.zeros(filters))
+
+    @property
+    def used(self) -> tuple[int, ...]:
+        """The constant slots the folded weights and bias are made from."""
+        return (self.w,) if self.b is None else (self.w, self.b)
+
+    def takes(self, affine: _Affine) -> bool:
+        """Whether ``affine`` has one value or one per filter."""
+        return {affine.multiplier.size, affine.offset.size} <= {1, self.filters}
+
+    def then(self, affine: _Affine) -> _ConvFold:
+        """This map followed by ``affine``."""
+        return dataclasses.replace(self, multiplier=self.multiplier * affine.multiplier,
+                                   offset=self.offset * affine.multiplier + affine.offset)
+
+    def weights(self, known: Mapping[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The new weights and bias, each product computed in float64 and rounded once into
+        the weights' type."""
+        w = known[self.w]
+        new_w = np.empty_like(w)
+        np.multiply(w, self.multiplier.reshape((self.filters,) + (1,) * (w.ndim - 1)), out=new_w,
+                    dtype=np.float64, casting="same_kind")
+        bias = np.zeros(self.filters) if self.b is None else known[self.b].astype(np.float64)
+        return new_w, (bias * self.multiplier + self.offset).astype(w.dtype)

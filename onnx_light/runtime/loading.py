@@ -11,6 +11,7 @@ import codecs
 import itertools
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -23,6 +24,7 @@ __all__ = [
     "constant_arrays",
     "load_model",
     "skeleton",
+    "tensor_array",
     "tensor_element_type",
     "tensor_shape",
     "value_types",
@@ -220,6 +222,24 @@ def check_model(skeleton: onnx.ModelProto) -> onnx.ModelProto:
         raise ValueError(f"invalid ONNX model: {exc}") from None
 
 
+# Element types whose raw data numpy reads as it is on a little-endian host.
+_RAW_DTYPES = {onnx.TensorProto.FLOAT: np.dtype(np.float32), onnx.TensorProto.DOUBLE: np.dtype(np.float64),
+               onnx.TensorProto.INT64: np.dtype(np.int64), onnx.TensorProto.INT32: np.dtype(np.int32),
+               onnx.TensorProto.INT8: np.dtype(np.int8), onnx.TensorProto.UINT8: np.dtype(np.uint8),
+               onnx.TensorProto.BOOL: np.dtype(np.bool_)}
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array(tensor)``, reading the common case (raw data of a plain numeric
+    type, stored in the model) directly: a model holds hundreds of small tensors."""
+    dtype = _RAW_DTYPES.get(tensor.data_type)
+    if (dtype is None or not _LITTLE_ENDIAN or not tensor.HasField("raw_data")
+            or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.HasField("segment")):
+        return numpy_helper.to_array(tensor)
+    return np.frombuffer(tensor.raw_data, dtype).reshape(tensor.dims)
+
+
 def constant_arrays(graph: onnx.GraphProto) -> list[np.ndarray]:
     """The initializers' values, in order, read-only (kernels must never change shared data);
     one that does not decode is the model's error, naming it (the checker saw the small
@@ -227,7 +247,7 @@ def constant_arrays(graph: onnx.GraphProto) -> list[np.ndarray]:
     arrays = []
     for initializer in graph.initializer:
         try:
-            array = numpy_helper.to_array(initializer)
+            array = tensor_array(initializer)
         except Exception as exc:
             raise ValueError(f"invalid ONNX model: initializer {initializer.name!r} "
                              f"(shape {list(initializer.dims)}): {exc}") from None
