@@ -351,3 +351,21 @@ def test_a_clip_whose_bounds_are_fed_is_not_fused():
     model = _conv_bn_clip(["lo"], [])
     model.graph.input.append(helper.make_tensor_value_info("lo", F, []))
     _check(model, {"x": _x(), "lo": np.float32(0.1)}, steps=2, fused=1)
+
+
+SMALL = elementwise_compute.SCALAR_BELOW
+
+
+@pytest.mark.parametrize("n", [0, 1, 8, SMALL - 1, SMALL, ROW + 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int8])
+def test_relu_equals_numpy_below_and_above_the_small_size(n, dtype):
+    x = (RNG.standard_normal(n) * 100).astype(dtype)
+    if np.dtype(dtype).kind == "f" and n > 3:
+        x[:4] = [np.nan, -0.0, -np.inf, np.inf]
+    expected = np.maximum(x, dtype(0))
+    out = np.empty_like(x)
+    elementwise_compute._relu(x, out=out)
+    np.testing.assert_array_equal(out, expected)
+    assert np.array_equal(np.signbit(out), np.signbit(expected))  # -0.0 stays -0.0, as numpy's
+    elementwise_compute._relu(x, out=x)  # in place, as a fused epilogue runs it
+    np.testing.assert_array_equal(x, expected)

@@ -325,18 +325,6 @@ def _quietly(function: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _quietly_out(function: Callable[..., None]) -> Callable[..., None]:
-    """``function(*operands, out=...)`` with numpy's floating point warnings off."""
-    def run(*operands: Any, out: np.ndarray) -> None:
-        if quiet_already():
-            function(*operands, out=out)
-            return
-        with np.errstate(all="ignore"):
-            function(*operands, out=out)
-
-    return run
-
-
 class ElementwiseKernel(Kernel):
     """The kernel every row of :data:`OPS` becomes; ``op`` is the row."""
 
@@ -480,7 +468,7 @@ class ElementwiseKernel(Kernel):
                 compute(*operands, out=out)
                 epilogue(out)
 
-        return Prepared(_quietly_out(prepared) if plan.quiet else prepared, shape, plan.out_dtype)
+        return Prepared(prepared, shape, plan.out_dtype)  # called inside quiet(): see Prepared
 
     def in_place_function(self, element_type: int,
                           constants: Sequence[np.ndarray | None] = ()

@@ -230,14 +230,25 @@ _RAW_DTYPES = {onnx.TensorProto.FLOAT: np.dtype(np.float32), onnx.TensorProto.DO
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
+# The typed field that holds the values of these element types when there is no raw data.
+_VALUE_FIELDS = {onnx.TensorProto.FLOAT: "float_data", onnx.TensorProto.DOUBLE: "double_data",
+                 onnx.TensorProto.INT64: "int64_data", onnx.TensorProto.INT32: "int32_data"}
+
+
 def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
-    """``numpy_helper.to_array(tensor)``, reading the common case (raw data of a plain numeric
-    type, stored in the model) directly: a model holds hundreds of small tensors."""
+    """``numpy_helper.to_array(tensor)``, reading the common cases (a plain numeric type stored
+    in the model, as raw data or in its typed field) directly: a model holds hundreds of
+    small tensors."""
     dtype = _RAW_DTYPES.get(tensor.data_type)
-    if (dtype is None or not _LITTLE_ENDIAN or not tensor.HasField("raw_data")
-            or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.HasField("segment")):
+    if (dtype is None or not _LITTLE_ENDIAN or tensor.data_location == onnx.TensorProto.EXTERNAL
+            or tensor.HasField("segment")):
         return numpy_helper.to_array(tensor)
-    return np.frombuffer(tensor.raw_data, dtype).reshape(tensor.dims)
+    if tensor.HasField("raw_data"):
+        return np.frombuffer(tensor.raw_data, dtype).reshape(tensor.dims)
+    field = _VALUE_FIELDS.get(tensor.data_type)
+    if field is None:
+        return numpy_helper.to_array(tensor)
+    return np.asarray(getattr(tensor, field), dtype).reshape(tensor.dims)
 
 
 def constant_arrays(graph: onnx.GraphProto) -> list[np.ndarray]:

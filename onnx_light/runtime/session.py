@@ -245,6 +245,16 @@ class RuntimeSession:
                             for s in item.inputs}
         self._feeds = tuple(dataclasses.replace(feed, contiguous=feed.slot in read_by_prepared)
                             if isinstance(feed, Feed) else feed for feed in self._feeds)
+        self._required_names = frozenset(self._required)
+        self._required_feeds = tuple(feed for feed in self._feeds if feed.name in self._required_names)
+        # A run's values start as a copy of these: the constants (and the folded values for
+        # the plan that uses them), then an omitted input's slot that stays None.
+        self._values_unfolded: list[Any] = [None] * (self._num_slots + 1)
+        for s, array in self._constants.items():
+            self._values_unfolded[s] = array
+        self._values = self._values_unfolded.copy()
+        for s, array in self._folded.items():
+            self._values[s] = array
         reads = [sorted({s for step in _steps_of(item) for s in step.inputs if s is not None})
                  for item in self._plan]
         memory = plan_memory(writes, reads, memory_roots(steps), set(graph_outputs))
@@ -294,34 +304,42 @@ class RuntimeSession:
         if isinstance(output_names, str):
             raise TypeError(f"output_names must be a list of names or None, got the string "
                             f"{output_names!r}")
-        names = self._output_names if output_names is None else list(output_names)
-        unknown_outputs = [n for n in names if n not in self._output_slots]
-        if unknown_outputs:
-            raise InvalidInputError(f"unknown output(s) {unknown_outputs}; "
-                                    f"outputs: {list(self._output_slots)}")
-        unknown = [n for n in input_feed if n not in self._feed_slots]
-        if unknown:
-            defaults = len(self._feed_slots) - len(self._required)
+        if output_names is None:
+            names = self._output_names
+        else:
+            names = list(output_names)
+            unknown_outputs = [n for n in names if n not in self._output_slots]
+            if unknown_outputs:
+                raise InvalidInputError(f"unknown output(s) {unknown_outputs}; "
+                                        f"outputs: {list(self._output_slots)}")
+        feed_slots = self._feed_slots
+        if not input_feed.keys() <= feed_slots.keys():
+            unknown = [n for n in input_feed if n not in feed_slots]
+            defaults = len(feed_slots) - len(self._required)
             also = f" ({defaults} initializer(s) listed as graph inputs may also be fed)" \
                 if defaults else ""
             raise InvalidInputError(f"unknown input(s) {unknown}; inputs: {self._required}{also}")
-        missing = [n for n in self._required if n not in input_feed]
-        if missing:
+        if not self._required_names <= input_feed.keys():
+            missing = [n for n in self._required if n not in input_feed]
             raise InvalidInputError(f"missing input(s) {missing}")
-        values: list[Any] = [None] * (self._num_slots + 1)  # the last: an omitted input
-        for s, array in self._constants.items():
-            values[s] = array
-        fed = set()
-        for feed in self._feeds:
-            if feed.name in input_feed:
-                fed.add(feed.slot)
-                values[feed.slot] = feed.check(input_feed[feed.name])
         plan, handoff = self._plan, self._handoff
-        if fed & self._fold_sources:  # a default the folding used is overridden
-            plan, handoff = self._unfolded
+        if len(input_feed) == len(self._required):  # the usual run: no initializer overridden
+            values = self._values.copy()
+            for feed in self._required_feeds:
+                values[feed.slot] = feed.check(input_feed[feed.name])
         else:
-            for s, array in self._folded.items():
-                values[s] = array
+            fed = set()
+            values = self._values.copy()
+            for feed in self._feeds:
+                if feed.name in input_feed:
+                    fed.add(feed.slot)
+                    values[feed.slot] = feed.check(input_feed[feed.name])
+            if fed & self._fold_sources:  # a default the folding used is overridden
+                plan, handoff = self._unfolded
+                unfolded = self._values_unfolded.copy()
+                for s in fed:
+                    unfolded[s] = values[s]
+                values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1), quiet():
