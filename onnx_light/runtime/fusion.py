@@ -38,6 +38,12 @@ Runs after constant folding, over the steps left to run, in graph order:
    ops such as Sigmoid and Mul, or a bias Add and Relu, measured faster as numpy calls). A
    chain reads at most four tensors; one-element constants become constants of the program.
 
+6. **Linear layers.** An Add of a constant bias (one value per column: shape ``(N,)``,
+   ``(1, N)``, ...) to the output of a MatMul that nothing else reads becomes one
+   :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step (checked before step 1, which
+   would make a 2-D bias a ChannelAffine step): a small product and its bias are one
+   compiled loop.
+
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
 composed chain rounds ``X * m + o`` once instead of after every node, so each output moves by
@@ -58,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from ..kernels.base import Kernel
+from ..kernels.base import Kernel, numpy_dtype
 from ..kernels.compiled_elementwise import (
     ADD,
     FUSION_WORTH,
@@ -71,6 +77,8 @@ from ..kernels.compiled_elementwise import (
 from ..kernels.conv import ConvKernel, Prologue
 from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
 from ..kernels.fused_elementwise import FusedElementwise
+from ..kernels.gemm import MatMulKernel
+from ..kernels.matmul_bias import MatMulBias
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 
 __all__ = ["FusionResult", "fuse"]
@@ -135,6 +143,12 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 producer[s] = index
 
     for kernel, inputs, outputs in steps:
+        biased = _matmul_bias(kernel, inputs, known, shapes, private, result)
+        if biased is not None:
+            index, bias_slot, fused = biased
+            sources.add(bias_slot)
+            absorb(index, fused, result[index][1], outputs)
+            continue
         affine = _affine(kernel, inputs, known, shapes)
         if affine is not None:
             index = private(affine.x)
@@ -352,6 +366,30 @@ def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None
         conv_inputs = result[index][1]
         bias = conv_inputs[2] if len(conv_inputs) > 2 else None
         return index, fused, (conv_inputs[0], conv_inputs[1], bias, other)
+    return None
+
+
+def _matmul_bias(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
+                 shapes: Mapping[int, Sequence[int | str | None]],
+                 private: Callable[[int], int | None], result: list[list]
+                 ) -> tuple[int, int, MatMulBias] | None:
+    """Step 6 of the module docstring, for ``Add(Y, B)``: the result index of the MatMul that
+    makes ``Y``, the bias's slot and the MatMulBias step that replaces both; or None."""
+    if (not isinstance(kernel, ElementwiseKernel) or kernel.ctx.op_type != "Add" or len(inputs) != 2
+            or None in inputs):
+        return None
+    for y, b in (inputs, inputs[::-1]):
+        bias, shape = known.get(b), shapes.get(y)
+        index = private(y) if bias is not None and y not in known else None
+        matmul = result[index][0] if index is not None else None
+        if (type(matmul) is not MatMulKernel or matmul.epilogue is not None or not shape
+                or not matmul.ctx.output_types or matmul.ctx.output_types[0] not in FUSED_TYPES
+                or bias.dtype != numpy_dtype(matmul.ctx.output_types[0])
+                or not 1 <= bias.ndim <= len(shape) or any(d != 1 for d in bias.shape[:-1])
+                or bias.shape[-1] != shape[-1]):
+            continue
+        ctx = dataclasses.replace(matmul.ctx, op_type=MatMulBias.op_type)
+        return index, b, MatMulBias(ctx, matmul, bias).bind(matmul.pool)
     return None
 
 
