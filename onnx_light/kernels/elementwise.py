@@ -313,6 +313,12 @@ def _type_plan(op: ElementwiseOp, element_type: int) -> _TypePlan:
     return _TypePlan(out_dtype, widen.get(out_dtype), widen, quiet)
 
 
+@functools.cache
+def _type_plans(op: ElementwiseOp) -> Mapping[np.dtype, _TypePlan]:
+    """How an op computes for each of its element types (the same for all its kernels)."""
+    return MappingProxyType({numpy_dtype(t): _type_plan(op, t) for t in op.types})
+
+
 def _quietly(function: Callable[..., None]) -> Callable[..., None]:
     """``function`` with numpy's floating point warnings off (ONNX semantics ignore them)."""
     def run(*arguments: Any) -> None:
@@ -346,7 +352,7 @@ class ElementwiseKernel(Kernel):
         })
         self._compute = (functools.partial(op.compute, **self.attributes) if self.attributes
                          else op.compute)
-        self._plans: dict[np.dtype, _TypePlan] = {numpy_dtype(t): _type_plan(op, t) for t in op.types}
+        self._plans: Mapping[np.dtype, _TypePlan] = _type_plans(op)
         self.program: CompiledProgram | None = None
         if op.op_type in COMPILED_OPS and self.element_type_of(ctx) == T.FLOAT:
             self.program = single_op(op.op_type, ctx.num_inputs or op.arity.minimum,

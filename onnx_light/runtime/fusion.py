@@ -55,7 +55,6 @@ one). ``RuntimeSession(..., fuse=False)`` runs the graph as written.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -238,7 +237,7 @@ class _Chain:
                shapes: Mapping[int, Sequence[int | str | None]]) -> _Chain | None:
         """This chain with ``step`` appended, or None when a program cannot compute it."""
         kernel, inputs, outputs = step
-        chain = _Chain(copy.deepcopy(self.program), list(self.input_slots), dict(self.registers),
+        chain = _Chain(self.program.copy(), list(self.input_slots), dict(self.registers),
                        self.result, [*self.nodes, step], [*self.positions, position],
                        dict(self.folded))
         program = chain.program

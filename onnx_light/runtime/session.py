@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +37,7 @@ import numpy as np
 import onnx
 
 from ..kernels.base import Kernel, TensorSpec, quiet
+from ..kernels.compiled import CACHE_ENV, compile_totals, load_numba
 from ..kernels.declaration import KernelDeclaration
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
@@ -55,6 +57,22 @@ from .subgraphs import outer_names
 from .values import hand_over
 
 __all__ = ["InvalidInputError", "NodeArg", "NodeHook", "RuntimeSession"]
+
+
+logger = logging.getLogger("onnx_light")
+
+#: A construction that compiles kernels for longer than this says so at WARNING level (shown
+#: without any logging set up); shorter compilations are logged at INFO.
+COMPILE_NOTICE_SECONDS = 1.0
+
+
+def _report_compiles(count: int, seconds: float) -> None:
+    """Say that building the session compiled ``count`` kernel functions in ``seconds``: a
+    cost paid once per processor and numba version, since numba caches them on disk."""
+    level = logging.WARNING if seconds >= COMPILE_NOTICE_SECONDS else logging.INFO
+    logger.log(level, "compiled %d kernel function(s) for this processor in %.1f s while building "
+               "the session; numba caches them in %s (set %s to move it), so later sessions load them",
+               count, seconds, load_numba().config.CACHE_DIR, CACHE_ENV)
 
 
 def _steps_of(item: Any) -> Sequence[Any]:
@@ -82,6 +100,11 @@ class RuntimeSession:
     or the declarations themselves, so that a session can run another kernel library's
     kernels (with ``registry=`` holding that library's schemas), alone or with ours
     (``{**kernels.DECLARATIONS, **mine}``).
+
+    ``construction_seconds`` is what construction took, of which ``compile_seconds`` numba
+    spent compiling ``compiled_functions`` kernel functions for this processor: only the first
+    construction that uses a kernel, with numba's cache empty, compiles it (and says so in the
+    ``onnx_light`` log); later ones load it from the cache.
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
@@ -91,6 +114,7 @@ class RuntimeSession:
                  declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
                  | None = None) -> None:
         started = time.perf_counter()
+        compiles_before = compile_totals()
         model = load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
@@ -114,6 +138,11 @@ class RuntimeSession:
         self._build_plan(graph, kernels, nested, types, registry or default_registry(), fuse,
                          branches, fold)
         self.construction_seconds = time.perf_counter() - started
+        count, seconds = compile_totals()
+        self.compiled_functions = count - compiles_before[0]
+        self.compile_seconds = seconds - compiles_before[1]
+        if self.compiled_functions:
+            _report_compiles(self.compiled_functions, self.compile_seconds)
 
     def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel], nested: list[Kernel],
                     types: Mapping[str, onnx.TypeProto], registry: KernelTuningRegistry,
