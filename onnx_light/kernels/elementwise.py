@@ -469,7 +469,11 @@ class ElementwiseKernel(Kernel):
             return None
         compute, epilogue = self._compute, self.epilogue
         prepared = compute
-        if epilogue is not None:
+        if epilogue is not None and len(inputs) == 2:  # the common case, without packing arguments
+            def prepared(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+                compute(a, b, out=out)
+                epilogue(out)
+        elif epilogue is not None:
             def prepared(*operands: np.ndarray, out: np.ndarray) -> None:
                 compute(*operands, out=out)
                 epilogue(out)
