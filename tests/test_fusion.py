@@ -367,5 +367,9 @@ def test_relu_equals_numpy_below_and_above_the_small_size(n, dtype):
     elementwise_compute._relu(x, out=out)
     np.testing.assert_array_equal(out, expected)
     assert np.array_equal(np.signbit(out), np.signbit(expected))  # -0.0 stays -0.0, as numpy's
-    elementwise_compute._relu(x, out=x)  # in place, as a fused epilogue runs it
+    in_place = x.copy()
+    elementwise_compute.relu_in_place(x.dtype)(in_place)  # as a fused epilogue runs it
+    np.testing.assert_array_equal(in_place, expected)
+    assert np.array_equal(np.signbit(in_place), np.signbit(expected))
+    elementwise_compute._relu(x, out=x)
     np.testing.assert_array_equal(x, expected)

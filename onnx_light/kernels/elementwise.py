@@ -75,6 +75,7 @@ from .elementwise_compute import (
     _softsign,
     _sum,
     _where,
+    relu_in_place,
 )
 from .elementwise_op import (
     BINARY,
@@ -512,6 +513,8 @@ class ElementwiseKernel(Kernel):
         if plan.work_dtype is not None or dtype in plan.widen or plan.out_dtype != dtype:
             return None
         compute = self._compute
+        if compute is _relu:
+            return relu_in_place(dtype)
 
         def apply(block: np.ndarray) -> None:
             compute(block, out=block)
