@@ -25,12 +25,14 @@ values later changes new sessions only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +77,25 @@ def _report_compiles(count: int, seconds: float) -> None:
                count, seconds, load_numba().config.CACHE_DIR, CACHE_ENV)
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block, then resumed if it was running.
+
+    Construction allocates tens of thousands of small objects (the model's messages, kernels,
+    contexts, steps) and frees few of them: the collector's passes over them, and a full pass
+    over the whole process now and then (50-100 ms here), would cost more than a small
+    model's construction itself.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _steps_of(item: Any) -> Sequence[Any]:
     """The steps of a plan item: itself, or every step of a :class:`Branches` item."""
     if type(item) is Branches:
@@ -115,6 +136,21 @@ class RuntimeSession:
                  | None = None) -> None:
         started = time.perf_counter()
         compiles_before = compile_totals()
+        with _collector_paused():
+            self._construct(model, num_threads, registry, fuse, branches, fold, declarations)
+        self.construction_seconds = time.perf_counter() - started
+        count, seconds = compile_totals()
+        self.compiled_functions = count - compiles_before[0]
+        self.compile_seconds = seconds - compiles_before[1]
+        if self.compiled_functions:
+            _report_compiles(self.compiled_functions, self.compile_seconds)
+
+    def _construct(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+                   num_threads: int | None, registry: KernelTuningRegistry | None, fuse: bool,
+                   branches: bool, fold: bool,
+                   declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration] | None
+                   ) -> None:
+        """Steps 1 and 2 of the construction (see the module docstring), then the others."""
         model = load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
@@ -137,12 +173,6 @@ class RuntimeSession:
         self._outputs = list(graph.output)
         self._build_plan(graph, kernels, nested, types, registry or default_registry(), fuse,
                          branches, fold)
-        self.construction_seconds = time.perf_counter() - started
-        count, seconds = compile_totals()
-        self.compiled_functions = count - compiles_before[0]
-        self.compile_seconds = seconds - compiles_before[1]
-        if self.compiled_functions:
-            _report_compiles(self.compiled_functions, self.compile_seconds)
 
     def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel], nested: list[Kernel],
                     types: Mapping[str, onnx.TypeProto], registry: KernelTuningRegistry,
