@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -63,36 +65,37 @@ def _compare(model, a, dtype, fused_steps):
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.sampled_from([np.float32, np.float64]),
        st.sampled_from(["(n,)", "(1, n)"]), st.booleans(), st.integers(1, 3))
 def test_fused_equals_unfused_over_shapes(m, k, n, dtype, bias_shape, bias_first, layers):
-    # small products run as one compiled loop, larger ones as the MatMul then the addition
+    # a product of at most SMALL_WORK multiply-adds (each layer's) runs as one compiled loop
     model = _linear((m, k), n, dtype, eval(bias_shape), bias_first, layers)
     a = np.random.default_rng(1).uniform(-1, 1, (m, k)).astype(dtype)
-    _compare(model, a, dtype, fused_steps=layers)
+    small = sum(m * (k if layer == 0 else n) * n <= SMALL_WORK for layer in range(layers))
+    _compare(model, a, dtype, fused_steps=small)
 
 
-def test_both_paths_are_taken():
-    for m, k, n in ((1, 8, 8), (64, 64, 64)):
-        model = _linear((m, k), n)
-        (step,) = _fused_steps(RuntimeSession(model))
-        assert (m * k * n <= SMALL_WORK) == (step.prepared.compute.__name__ == "compute_small")
+def test_larger_or_batched_products_keep_their_steps():
+    for a_shape, n in (((64, 64), 64), ((2, 3, 5), 4)):
+        model = _linear(a_shape, n, bias_shape=(1,) * (len(a_shape) - 1) + (n,))
+        a = np.random.default_rng(2).standard_normal(a_shape).astype(np.float32)
+        _compare(model, a, np.float32, fused_steps=0)
 
 
-def test_a_batched_product_with_a_row_bias():
-    model = _linear((2, 3, 5), 4, bias_shape=(1, 1, 4))
-    a = np.random.default_rng(2).standard_normal((2, 3, 5)).astype(np.float32)
-    _compare(model, a, np.float32, fused_steps=1)
-
-
-def test_the_run_and_the_prepared_step_agree_bit_for_bit():
-    for m, k, n in ((3, 7, 5), (40, 30, 20)):
-        session = RuntimeSession(_linear((m, k), n))
-        kernel = _fused_steps(session)[0].kernel
-        rng = np.random.default_rng(3)
-        a = rng.standard_normal((m, k)).astype(np.float32)
-        w = session._constants[session._slots["w0"]]
-        prepared = kernel.prepare([((m, k), np.dtype(np.float32)), ((k, n), np.dtype(np.float32))])
-        out = np.empty((m, n), np.float32)
-        prepared.compute(a, w, out=out)
-        np.testing.assert_array_equal(out, kernel.run(a, w)[0])
+@pytest.mark.parametrize("shape", [(3, 7, 5), (40, 30, 20)])  # the compiled loop, MatMul + add
+def test_the_run_and_the_prepared_step_agree_bit_for_bit(shape):
+    m, k, n = shape
+    model = _linear((m, k), n)
+    matmul = RuntimeSession(model, fuse=False)._plan[0].kernel
+    bias = numpy_helper.to_array(model.graph.initializer[1])
+    kernel = MatMulBias(dataclasses.replace(matmul.ctx, op_type="MatMulBias"), matmul, bias)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    prepared = kernel.prepare([((m, k), np.dtype(np.float32)), ((k, n), np.dtype(np.float32))])
+    assert (prepared.compute.__name__ == "compute_small") == (m * k * n <= SMALL_WORK)
+    out = np.empty((m, n), np.float32)
+    prepared.compute(a, w, out=out)
+    got = kernel.run(a, w)[0]
+    np.testing.assert_array_equal(out, got)
+    np.testing.assert_allclose(got, a @ w + bias, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["bias grows the output", "bias per row", "product returned",

@@ -2,10 +2,11 @@
 
 Not an ONNX operator: ``runtime/fusion.py`` makes one of ``MatMul(A, W)`` whose output only an
 ``Add`` of a constant ``B`` reads, where B holds one value per column of the product (shape
-``(N,)``, ``(1, N)``, ...: the bias of a linear layer). For a small 2-D product (at most
-:data:`SMALL_WORK` multiply-adds) both happen in one compiled loop that writes the output once:
-a chain of tiny layers then costs one call per layer instead of a matrix product and an
-addition. Larger products run the MatMul kernel, then add the bias in place.
+``(N,)``, ``(1, N)``, ...: the bias of a linear layer), when the inferred shapes make it a
+small 2-D product (at most :data:`SMALL_WORK` multiply-adds): both happen in one compiled loop
+that writes the output once, and a chain of tiny layers costs one call per layer instead of
+a matrix product and an addition. Inputs outside that case (other shapes or types than the
+plan's) run the MatMul kernel, then the addition in place.
 
 The compiled loop sums each product's terms in order, in the inputs' type, and adds the bias
 last, as the graph does; BLAS may order the sums otherwise, so the result may differ from the

@@ -38,11 +38,12 @@ Runs after constant folding, over the steps left to run, in graph order:
    ops such as Sigmoid and Mul, or a bias Add and Relu, measured faster as numpy calls). A
    chain reads at most four tensors; one-element constants become constants of the program.
 
-6. **Linear layers.** An Add of a constant bias (one value per column: shape ``(N,)``,
-   ``(1, N)``, ...) to the output of a MatMul that nothing else reads becomes one
-   :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step (checked before step 1, which
-   would make a 2-D bias a ChannelAffine step): a small product and its bias are one
-   compiled loop.
+6. **Small linear layers.** An Add of a constant bias (one value per column: shape ``(N,)``,
+   ``(1, N)``, ...) to the output of a 2-D MatMul of constant weights that nothing else reads,
+   small enough by the inferred shapes (``matmul_bias.SMALL_WORK`` multiply-adds), becomes
+   one :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step, one compiled loop (checked
+   before step 1, which would make the bias a ChannelAffine step). Larger products keep
+   their two steps (the MatMul's tuned plan, an addition that may run in parallel).
 
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
@@ -77,7 +78,7 @@ from ..kernels.conv import ConvKernel, Prologue
 from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
 from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.gemm import MatMulKernel
-from ..kernels.matmul_bias import MatMulBias
+from ..kernels.matmul_bias import SMALL_WORK, MatMulBias
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 
 __all__ = ["FusionResult", "fuse"]
@@ -373,7 +374,8 @@ def _matmul_bias(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
                  private: Callable[[int], int | None], result: list[list]
                  ) -> tuple[int, int, MatMulBias] | None:
     """Step 6 of the module docstring, for ``Add(Y, B)``: the result index of the MatMul that
-    makes ``Y``, the bias's slot and the MatMulBias step that replaces both; or None."""
+    makes ``Y`` (a 2-D product of constant weights, small enough for the compiled loop by the
+    inferred shapes), the bias's slot and the MatMulBias step that replaces both; or None."""
     if (not isinstance(kernel, ElementwiseKernel) or kernel.ctx.op_type != "Add" or len(inputs) != 2
             or None in inputs):
         return None
@@ -387,6 +389,12 @@ def _matmul_bias(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
                 or not 1 <= bias.ndim <= len(shape) or any(d != 1 for d in bias.shape[:-1])
                 or bias.shape[-1] != shape[-1]):
             continue
+        a, w = result[index][1][0], known.get(result[index][1][1])
+        a_shape = shapes.get(a) if a not in known else known[a].shape
+        if (w is None or w.ndim != 2 or a_shape is None or len(a_shape) != 2
+                or not all(isinstance(d, int) for d in a_shape)
+                or a_shape[0] * a_shape[1] * w.shape[1] > SMALL_WORK):
+            continue  # larger products keep their steps: the MatMul's plan, a parallel add
         ctx = dataclasses.replace(matmul.ctx, op_type=MatMulBias.op_type)
         return index, b, MatMulBias(ctx, matmul, bias).bind(matmul.pool)
     return None
