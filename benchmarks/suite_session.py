@@ -1,13 +1,15 @@
-"""Section 4 of the suite: session overhead on a chain of small nodes.
+"""Section 4 of the suite: session overhead on chains of small nodes.
 
-A model of N nodes alternating ``Add(x, C)`` and ``Relu`` on a few floats (100 nodes on 16
-floats by default), and the same model with one node, run interleaved in onnx_light's
-``RuntimeSession``, onnxruntime (same ``intra_op_num_threads``, sequential, no spinning) and
+Two chains of N nodes (100 by default), each with the same model of one node: ``add/relu``,
+``Add(x, C)`` and ``Relu`` alternating on a few floats (16 by default), and ``matmul/add``,
+``MatMul(x, W)`` with W 8x8 and ``Add(x, B)`` alternating on 1x8 floats
+(``node_overhead.chain``), run interleaved in onnx_light's ``RuntimeSession`` (fused, and
+unfused), onnxruntime (same ``intra_op_num_threads``, sequential, no spinning) and
 ``onnx.reference.ReferenceEvaluator``. Per node: the N-node run divided by N, and the marginal
 cost ``(t_N - t_1) / (N - 1)`` that leaves out the per-run cost. A second group of the same
-rounds times the pieces of one onnx_light node (``kernel.run`` alone, the numpy call alone,
-the ``np.errstate`` block that float arithmetic kernels run under), and cProfile shows where
-one run's time goes.
+rounds times the pieces of one onnx_light node of the first chain (``kernel.run`` alone, the
+numpy call alone, the ``np.errstate`` block that float arithmetic kernels run under), and
+cProfile shows where one run of it goes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import cProfile
 import pstats
 from typing import Any
 
+import node_overhead
 import numpy as np
 import onnx
 from _common import (
@@ -36,6 +39,7 @@ from onnx_light import RuntimeSession
 
 # "onnx_light unfused": fuse=False, every node a step (fusion runs each Relu inside its Add).
 RUNTIMES = ("onnx_light", "onnx_light unfused", "onnxruntime", "reference")
+CHAINS = ("add/relu", "matmul/add")
 
 
 def chain_model(nodes: int, elements: int) -> onnx.ModelProto:
@@ -80,23 +84,31 @@ def session_overhead(ctx: Context) -> SectionResult:
     """Section 4."""
     config = ctx.config
     n, elements = config.chain_length, config.chain_elements
-    with section(4, f"Session overhead: a chain of {n} small nodes") as result:
+    with section(4, f"Session overhead: chains of {n} small nodes") as result:
         x = np.linspace(-1, 1, elements, dtype=np.float32)
         feeds = {"X": x}
+        chain_feeds = {"add/relu": feeds,
+                       "matmul/add": {"X": np.linspace(-1, 1, node_overhead.ELEMENTS,
+                                                       dtype=np.float32).reshape(1, -1)}}
         runs: dict[str, Any] = {}
         sessions = {}
-        for nodes in (1, n):
-            model = chain_model(nodes, elements)
-            light = RuntimeSession(model, num_threads=config.threads)
-            unfused = RuntimeSession(model, num_threads=config.threads, fuse=False)
-            ort = onnxruntime_session(model, config.threads)
-            reference = ReferenceEvaluator(model)
-            expected = reference.run(None, feeds)[0]
-            for name, runner in (("onnx_light", light), ("onnx_light unfused", unfused),
-                                 ("onnxruntime", ort), ("reference", reference)):
-                np.testing.assert_allclose(runner.run(None, feeds)[0], expected, rtol=1e-6, atol=1e-6)
-                runs[f"{name}/{nodes}"] = lambda r=runner: r.run(None, feeds)
-            sessions[nodes] = light
+        for kind in CHAINS:
+            for nodes in (1, n):
+                model = (chain_model(nodes, elements) if kind == "add/relu"
+                         else node_overhead.chain(kind, nodes))
+                light = RuntimeSession(model, num_threads=config.threads)
+                unfused = RuntimeSession(model, num_threads=config.threads, fuse=False)
+                ort = onnxruntime_session(model, config.threads)
+                reference = ReferenceEvaluator(model)
+                given = chain_feeds[kind]
+                expected = reference.run(None, given)[0]
+                for name, runner in (("onnx_light", light), ("onnx_light unfused", unfused),
+                                     ("onnxruntime", ort), ("reference", reference)):
+                    np.testing.assert_allclose(runner.run(None, given)[0], expected, rtol=1e-5,
+                                               atol=1e-5)
+                    runs[f"{kind}/{name}/{nodes}"] = lambda r=runner, f=given: r.run(None, f)
+                if kind == "add/relu":
+                    sessions[nodes] = light
         # The pieces of one onnx_light node, in the same rounds.
         case = elementwise_crossover.Case("Add", T.FLOAT, "equal")
         add = elementwise_crossover.build(case)
@@ -120,19 +132,24 @@ def session_overhead(ctx: Context) -> SectionResult:
         medians = interleaved({"runs": runs, "pieces": pieces_fns}, 3 * config.rounds,
                               5 * config.sample_s, log)
         m = medians["runs"]
-        per_node = {r: m[f"{r}/{n}"] / n for r in RUNTIMES}
-        marginal = {r: (m[f"{r}/{n}"] - m[f"{r}/1"]) / max(n - 1, 1) for r in RUNTIMES}
-        table = Table(f"Median run time and cost per node (us), {elements} float32 elements per node:",
-                      ["runtime", "1-node run (us)", f"{n}-node run (us)", "per node (us)",
+        per_node = {f"{kind}/{r}": m[f"{kind}/{r}/{n}"] / n for kind in CHAINS for r in RUNTIMES}
+        marginal = {f"{kind}/{r}": (m[f"{kind}/{r}/{n}"] - m[f"{kind}/{r}/1"]) / max(n - 1, 1)
+                    for kind in CHAINS for r in RUNTIMES}
+        table = Table(f"Median run time and cost per node (us); add/relu on {elements} float32 elements, "
+                      f"matmul/add on 1x{node_overhead.ELEMENTS}:",
+                      ["chain", "runtime", "1-node run (us)", f"{n}-node run (us)", "per node (us)",
                        "marginal per node (us)", "per node / onnxruntime", "per node / onnx_light"],
                       ratios=("per node / onnxruntime", "per node / onnx_light"))
-        for r in RUNTIMES:
-            table.add(r, m[f"{r}/1"] * 1e6, m[f"{r}/{n}"] * 1e6, per_node[r] * 1e6, marginal[r] * 1e6,
-                      per_node[r] / per_node["onnxruntime"], per_node[r] / per_node["onnx_light"])
+        for kind in CHAINS:
+            for r in RUNTIMES:
+                key = f"{kind}/{r}"
+                table.add(kind, r, m[f"{key}/1"] * 1e6, m[f"{key}/{n}"] * 1e6, per_node[key] * 1e6,
+                          marginal[key] * 1e6, per_node[key] / per_node[f"{kind}/onnxruntime"],
+                          per_node[key] / per_node[f"{kind}/onnx_light"])
         pieces = Table("The pieces of one onnx_light node, timed alone in the same rounds (us per call):",
                        ["call", "median (us)", "/ onnx_light per node"], ratios=("/ onnx_light per node",))
         for name, seconds in medians["pieces"].items():
-            pieces.add(name, seconds * 1e6, seconds / per_node["onnx_light"])
+            pieces.add(name, seconds * 1e6, seconds / per_node["add/relu/onnx_light"])
         result.tables = [table, pieces, _profile(sessions[n], feeds, max(10, config.rounds * 5), n)]
         result.data = {"per_node": per_node, "marginal": marginal, "medians": medians}
     return result

@@ -342,6 +342,9 @@ class BlasThreads:
         self._lock = threading.Lock()
         self._libraries: tuple[Any, ...] | None = None
         self._per_thread = False
+        # (get, set) of a single process-wide OpenBLAS, called directly: a run limits and
+        # restores the count around every call, and threadpoolctl's wrappers cost microseconds.
+        self._raw: tuple[Callable[[], int], Callable[[int], Any]] | None = None
 
     def _controllers(self) -> tuple[Any, ...]:
         libraries = self._libraries
@@ -351,6 +354,7 @@ class BlasThreads:
                     found = tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
                     self._per_thread = any(getattr(lib, "threading_layer", "") == "openmp"
                                            for lib in found)
+                    self._raw = _raw_openblas(found)
                     self._libraries = found
                 libraries = self._libraries
         return libraries
@@ -380,7 +384,14 @@ class BlasThreads:
         libraries = self._libraries
         if libraries is None:
             libraries = self._controllers()
-        if len(libraries) == 1:  # the usual case, kept short: it runs on every kernel call
+        raw = self._raw
+        if raw is not None:  # the usual case, kept short: it runs around every run
+            count = raw[0]()
+            if count == num_threads:
+                return None
+            raw[1](num_threads)
+            return (count,)
+        if len(libraries) == 1:
             count = libraries[0].get_num_threads()
             if count == num_threads or count is None:
                 return None
@@ -395,7 +406,11 @@ class BlasThreads:
     def restore(self, previous: tuple[int | None, ...] | None) -> None:
         """Undo :meth:`limit` (nothing when it changed nothing)."""
         if previous is not None:
-            self._set(previous)
+            raw = self._raw
+            if raw is not None and previous[0] is not None:
+                raw[1](previous[0])
+            else:
+                self._set(previous)
 
     def scope(self, num_threads: int) -> BlasLimit:
         """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
@@ -405,6 +420,20 @@ class BlasThreads:
         """:meth:`scope` for kernels: ``with BLAS.limited(n):`` holds ``n`` BLAS threads inside
         the block (None leaves the count alone), without validating ``n`` on every call."""
         return _UNCHANGED if num_threads is None else BlasLimit(self, num_threads)
+
+
+def _raw_openblas(libraries: Sequence[Any]) -> tuple[Callable[[], int], Callable[[int], Any]] | None:
+    """OpenBLAS's own get and set functions when it is the only BLAS library and keeps one
+    process-wide pool (no OpenMP layer); None otherwise (threadpoolctl's calls are used)."""
+    if len(libraries) != 1:
+        return None
+    (lib,) = libraries
+    symbol = getattr(lib, "_get_symbol", None)
+    if (getattr(lib, "internal_api", "") != "openblas" or getattr(lib, "threading_layer", "") == "openmp"
+            or symbol is None):
+        return None
+    get, set_ = symbol("openblas_get_num_threads"), symbol("openblas_set_num_threads")
+    return None if get is None or set_ is None else (get, set_)
 
 
 class BlasLimit:

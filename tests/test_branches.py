@@ -245,7 +245,7 @@ def test_a_run_that_overrides_a_default_takes_the_unfolded_plan_with_its_branche
     model.graph.input.extend(helper.make_tensor_value_info(t.name, F, list(t.dims))
                              for t in model.graph.initializer)
     session = RuntimeSession(model, num_threads=2)
-    assert any(isinstance(item, Branches) for item in session._plan_unfolded)
+    assert any(isinstance(item, Branches) for item in session._unfolded[0])
     x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
     w_a = RNG.uniform(-1, 1, (8, 8, 1, 1)).astype(np.float32)
     for feeds in ({"x": x}, {"x": x, "w_a": w_a}):

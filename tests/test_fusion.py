@@ -115,7 +115,7 @@ def test_a_pre_activation_runs_inside_the_following_1x1_conv():
     assert conv.prologue.activation is not None
     # the unfused plan keeps the original kernel, without a prologue
     assert all(getattr(step.run.__self__, "prologue", None) is None
-               for step in session._plan_unfolded)
+               for step in session._unfolded[0])
 
 
 @pytest.mark.parametrize("case", ["3x3", "relu returned", "weights fed"])
@@ -152,6 +152,31 @@ def test_a_residual_addition_and_its_relu_run_inside_the_conv():
     conv = session._plan[0].run.__self__
     assert conv.residual and conv.epilogue is not None
     assert session._plan[0].inputs[3] == session._feed_slots["x"]
+
+
+def test_an_affine_map_after_a_residual_addition_is_not_folded_into_the_conv():
+    # pre-activation blocks: the sum's BatchNormalization scales the shortcut too, so it
+    # cannot go into the weights of the Conv the sum runs inside
+    init = [_tensor("w", [4, 4, 3, 3]), *_bn_params("bn", 4)]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]),
+             helper.make_node("BatchNormalization", ["s", "bn_s", "bn_b", "bn_m", "bn_v"], ["y"])]
+    session = _check(_model(nodes, init), {"x": _x()}, steps=2, fused=1)
+    assert session._plan[0].run.__self__.residual
+
+
+def test_an_affine_chain_after_a_conv_makes_its_weights_once():
+    init = [_tensor("k", [C, 1, 1], 0.5, 2.0), _tensor("a", [1, C, 1, 1])]
+    nodes = [helper.make_node("Mul", ["n", "k"], ["m"]), helper.make_node("Add", ["m", "a"], ["p"])]
+    session = _check(_conv_bn_relu(nodes, init, last="p"), {"x": _x()}, steps=1, fused=4)
+    # the original weights and bias, then one new pair (no pair per folded node)
+    assert len(session._folded) == 2
+    weights = session._folded[session._plan[0].inputs[1]]
+    w = session._constants[session._slots["w"]].astype(np.float64)
+    scale = (session._constants[session._slots["bn_s"]].astype(np.float64)
+             / np.sqrt(session._constants[session._slots["bn_v"]].astype(np.float64) + 1e-3)
+             * session._constants[session._slots["k"]].astype(np.float64).reshape(-1))
+    np.testing.assert_array_equal(weights, (w * scale.reshape(-1, 1, 1, 1)).astype(np.float32))
 
 
 @pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
@@ -326,3 +351,25 @@ def test_a_clip_whose_bounds_are_fed_is_not_fused():
     model = _conv_bn_clip(["lo"], [])
     model.graph.input.append(helper.make_tensor_value_info("lo", F, []))
     _check(model, {"x": _x(), "lo": np.float32(0.1)}, steps=2, fused=1)
+
+
+SMALL = elementwise_compute.SCALAR_BELOW
+
+
+@pytest.mark.parametrize("n", [0, 1, 8, SMALL - 1, SMALL, ROW + 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int8])
+def test_relu_equals_numpy_below_and_above_the_small_size(n, dtype):
+    x = (RNG.standard_normal(n) * 100).astype(dtype)
+    if np.dtype(dtype).kind == "f" and n > 3:
+        x[:4] = [np.nan, -0.0, -np.inf, np.inf]
+    expected = np.maximum(x, dtype(0))
+    out = np.empty_like(x)
+    elementwise_compute._relu(x, out=out)
+    np.testing.assert_array_equal(out, expected)
+    assert np.array_equal(np.signbit(out), np.signbit(expected))  # -0.0 stays -0.0, as numpy's
+    in_place = x.copy()
+    elementwise_compute.relu_in_place(x.dtype)(in_place)  # as a fused epilogue runs it
+    np.testing.assert_array_equal(in_place, expected)
+    assert np.array_equal(np.signbit(in_place), np.signbit(expected))
+    elementwise_compute._relu(x, out=x)
+    np.testing.assert_array_equal(x, expected)

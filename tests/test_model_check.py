@@ -123,3 +123,29 @@ def test_a_shapeless_output_still_gets_type_checks() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     with pytest.raises(ValueError, match=r"invalid ONNX model: .*inconsistent type"):
         RuntimeSession(model, num_threads=1)
+
+
+def test_tensor_values_read_directly_equal_onnx_numpy_helper():
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    from onnx_light.runtime.loading import tensor_array
+
+    tensors = [helper.make_tensor("a", T.FLOAT, [2, 2], [1, 2, 3, 4]),
+               helper.make_tensor("b", T.INT64, [3], [1, -2, 3]),
+               helper.make_tensor("c", T.DOUBLE, [], [2.5]),
+               helper.make_tensor("d", T.INT32, [2], [7, 8]),
+               helper.make_tensor("e", T.BOOL, [2], [1, 0]),
+               helper.make_tensor("f", T.FLOAT16, [2], [1, 2]),
+               numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "g"),
+               numpy_helper.from_array(np.array([True, False]), "h"),
+               numpy_helper.from_array(np.arange(3, dtype=np.int8), "i"),
+               numpy_helper.from_array(np.arange(4, dtype=np.uint16), "j")]
+    for tensor in tensors:
+        got, expected = tensor_array(tensor), numpy_helper.to_array(tensor)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+    short = T(name="short", data_type=T.FLOAT, dims=[3])
+    short.float_data.extend([1.0, 2.0])
+    with pytest.raises(ValueError, match="reshape"):
+        tensor_array(short)

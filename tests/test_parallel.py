@@ -380,3 +380,28 @@ def test_pool_works_in_forked_child() -> None:
             pytest.fail("forked child hung")
         time.sleep(0.01)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_lone_openblas_is_limited_through_its_own_functions() -> None:
+    from onnx_light.parallel import BlasThreads, _raw_openblas
+
+    np.dot(np.ones((4, 4)), np.ones((4, 4)))
+    numpy_blas = [lib for lib in threadpoolctl.ThreadpoolController().select(user_api="blas").lib_controllers
+                  if lib.internal_api == "openblas" and lib.threading_layer != "openmp"
+                  and "numpy" in lib.filepath]
+    if not numpy_blas:
+        pytest.skip("numpy does not use a pthreads OpenBLAS here")
+    (lib,) = numpy_blas
+    blas = BlasThreads()
+    blas._libraries, blas._raw = (lib,), _raw_openblas((lib,))  # as _controllers makes them for it alone
+    assert blas._raw is not None
+    before = lib.get_num_threads()
+    target = 1 if before != 1 else 2
+    previous = blas.limit(target)
+    try:
+        assert previous == (before,) and lib.get_num_threads() == target
+        assert blas.limit(target) is None  # nothing to change
+    finally:
+        blas.restore(previous)
+    assert lib.get_num_threads() == before
+    assert _raw_openblas((lib, lib)) is None  # two libraries: threadpoolctl's calls

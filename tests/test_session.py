@@ -143,7 +143,8 @@ def test_initialization_follows_the_five_steps_in_order(monkeypatch, registry):
     RuntimeSession(_model(nodes, [x], [z]), registry=registry)
     # a kernel may name its key again in its own error messages while configuring
     events = [e for i, e in enumerate(events) if not (e == "key" and "snapshot" in events[:i])]
-    assert events == ["dispatch", "dispatch", "key", "key", "snapshot", "resolve", "resolve",
+    # both kernels have the same key: it is resolved once
+    assert events == ["dispatch", "dispatch", "key", "key", "snapshot", "resolve",
                       "configure", "configure"]
 
 
@@ -526,3 +527,21 @@ def test_conv_decides_its_algorithm_once_for_the_inferred_shapes(monkeypatch, re
         assert calls == [(2, 3, 8, 8)]
     plain = RuntimeSession(_conv_model("n"), num_threads=1, registry=registry, fold=False)
     np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_construction_leaves_the_garbage_collector_as_it_found_it(registry, enabled):
+    import gc
+
+    was = gc.isenabled()
+    try:
+        if not enabled:
+            gc.disable()
+        RuntimeSession(_add_model(), registry=registry)
+        assert gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="invalid ONNX model"):
+            RuntimeSession(b"\x08\x01", registry=registry)  # fails during the paused block
+        assert gc.isenabled() is enabled
+    finally:
+        if was:
+            gc.enable()

@@ -16,7 +16,7 @@ import copy
 import functools
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
@@ -103,18 +103,27 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 _thread_state = threading.local()
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
+class _Quiet:
+    """The block of :func:`quiet` (a class, not a generator: a runtime enters one per run)."""
+
+    __slots__ = ("_errstate", "_previous")
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_thread_state, "quiet", False)
+        self._errstate = np.errstate(all="ignore")
+        self._errstate.__enter__()
+        _thread_state.quiet = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        _thread_state.quiet = self._previous
+        self._errstate.__exit__(*exc_info)
+
+
+def quiet() -> contextlib.AbstractContextManager[None]:
     """numpy's floating point warnings off on this thread (ONNX semantics ignore overflow,
     invalid and division by zero), marked so that kernels called inside skip their own
     ``np.errstate`` (2 us each here): a runtime wraps a whole run in it."""
-    previous = getattr(_thread_state, "quiet", False)
-    with np.errstate(all="ignore"):
-        _thread_state.quiet = True
-        try:
-            yield
-        finally:
-            _thread_state.quiet = previous
+    return _Quiet()
 
 
 def quiet_already() -> bool:
@@ -189,7 +198,8 @@ class Prepared(NamedTuple):
     ``compute(*inputs, out=buffer)`` writes the node's one output, of ``shape`` and
     ``dtype``, into ``buffer`` (C-contiguous, not one of the inputs); the inputs are
     C-contiguous arrays of the specs given, and the values are those :meth:`Kernel.run`
-    gives, bit for bit."""
+    gives, bit for bit. The runtime calls it inside :func:`quiet` (numpy's floating point
+    warnings already off), so it needs no ``np.errstate`` of its own."""
 
     compute: Callable[..., None]
     shape: tuple[int, ...]

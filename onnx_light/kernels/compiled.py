@@ -19,13 +19,15 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHE_ENV", "CompiledFunction", "compiled", "load_numba", "numba_cache_dir", "prange"]
+__all__ = ["CACHE_ENV", "CompiledFunction", "compile_totals", "compiled", "load_numba", "numba_cache_dir",
+           "prange"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -54,14 +56,47 @@ OMP_WAIT_POLICY = "PASSIVE"
 
 @functools.cache
 def load_numba() -> ModuleType:
-    """Import numba once, pointing its cache at :func:`numba_cache_dir` and giving OpenMP
-    :data:`OMP_WAIT_POLICY` (read when numba first starts its threads)."""
+    """Import numba once, pointing its cache at :func:`numba_cache_dir`, giving OpenMP
+    :data:`OMP_WAIT_POLICY` (read when numba first starts its threads) and starting the
+    clock of :func:`compile_totals`."""
     with _load_lock:
         os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
         import numba
+        from numba.core import event
 
         numba.config.CACHE_DIR = str(numba_cache_dir(numba.__version__))
+        event.register("numba:compile", _compile_clock(event.Listener)())
         return numba
+
+
+_compiles = threading.local()  # per thread: functions compiled, seconds, nesting depth, start
+
+
+def compile_totals() -> tuple[int, float]:
+    """The functions numba compiled on the calling thread so far and the seconds it took
+    (a function loaded from numba's disk cache is not compiled, and counts nothing)."""
+    return getattr(_compiles, "count", 0), getattr(_compiles, "seconds", 0.0)
+
+
+def _compile_clock(listener: type) -> type:
+    """A numba event listener (``listener`` is numba's base class) adding the time of each
+    outermost compilation to the compiling thread's :func:`compile_totals`."""
+
+    class CompileClock(listener):  # type: ignore[misc, valid-type]
+        def on_start(self, event: Any) -> None:
+            depth = getattr(_compiles, "depth", 0)
+            if depth == 0:
+                _compiles.started = time.perf_counter()
+            _compiles.depth = depth + 1
+
+        def on_end(self, event: Any) -> None:
+            _compiles.depth -= 1
+            _compiles.count = getattr(_compiles, "count", 0) + 1
+            if _compiles.depth == 0:
+                _compiles.seconds = (getattr(_compiles, "seconds", 0.0)
+                                     + time.perf_counter() - _compiles.started)
+
+    return CompileClock
 
 
 class CompiledFunction:

@@ -409,6 +409,14 @@ class Program:
         self._inputs = 0
         self._constant_registers: dict[str, int] = {}
 
+    def copy(self) -> Program:
+        """An independent copy (a fused chain tries each node on a copy of its program)."""
+        other = Program()
+        other._rows, other._constants = list(self._rows), list(self._constants)
+        other._registers, other._inputs = self._registers, self._inputs
+        other._constant_registers = dict(self._constant_registers)
+        return other
+
     def _new(self) -> int:
         self._registers += 1
         return self._registers - 1

@@ -75,6 +75,7 @@ from .elementwise_compute import (
     _softsign,
     _sum,
     _where,
+    relu_in_place,
 )
 from .elementwise_op import (
     BINARY,
@@ -313,6 +314,12 @@ def _type_plan(op: ElementwiseOp, element_type: int) -> _TypePlan:
     return _TypePlan(out_dtype, widen.get(out_dtype), widen, quiet)
 
 
+@functools.cache
+def _type_plans(op: ElementwiseOp) -> Mapping[np.dtype, _TypePlan]:
+    """How an op computes for each of its element types (the same for all its kernels)."""
+    return MappingProxyType({numpy_dtype(t): _type_plan(op, t) for t in op.types})
+
+
 def _quietly(function: Callable[..., None]) -> Callable[..., None]:
     """``function`` with numpy's floating point warnings off (ONNX semantics ignore them)."""
     def run(*arguments: Any) -> None:
@@ -321,18 +328,6 @@ def _quietly(function: Callable[..., None]) -> Callable[..., None]:
             return
         with np.errstate(all="ignore"):
             function(*arguments)
-
-    return run
-
-
-def _quietly_out(function: Callable[..., None]) -> Callable[..., None]:
-    """``function(*operands, out=...)`` with numpy's floating point warnings off."""
-    def run(*operands: Any, out: np.ndarray) -> None:
-        if quiet_already():
-            function(*operands, out=out)
-            return
-        with np.errstate(all="ignore"):
-            function(*operands, out=out)
 
     return run
 
@@ -358,7 +353,7 @@ class ElementwiseKernel(Kernel):
         })
         self._compute = (functools.partial(op.compute, **self.attributes) if self.attributes
                          else op.compute)
-        self._plans: dict[np.dtype, _TypePlan] = {numpy_dtype(t): _type_plan(op, t) for t in op.types}
+        self._plans: Mapping[np.dtype, _TypePlan] = _type_plans(op)
         self.program: CompiledProgram | None = None
         if op.op_type in COMPILED_OPS and self.element_type_of(ctx) == T.FLOAT:
             self.program = single_op(op.op_type, ctx.num_inputs or op.arity.minimum,
@@ -475,12 +470,16 @@ class ElementwiseKernel(Kernel):
             return None
         compute, epilogue = self._compute, self.epilogue
         prepared = compute
-        if epilogue is not None:
+        if epilogue is not None and len(inputs) == 2:  # the common case, without packing arguments
+            def prepared(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+                compute(a, b, out=out)
+                epilogue(out)
+        elif epilogue is not None:
             def prepared(*operands: np.ndarray, out: np.ndarray) -> None:
                 compute(*operands, out=out)
                 epilogue(out)
 
-        return Prepared(_quietly_out(prepared) if plan.quiet else prepared, shape, plan.out_dtype)
+        return Prepared(prepared, shape, plan.out_dtype)  # called inside quiet(): see Prepared
 
     def in_place_function(self, element_type: int,
                           constants: Sequence[np.ndarray | None] = ()
@@ -514,6 +513,8 @@ class ElementwiseKernel(Kernel):
         if plan.work_dtype is not None or dtype in plan.widen or plan.out_dtype != dtype:
             return None
         compute = self._compute
+        if compute is _relu:
+            return relu_in_place(dtype)
 
         def apply(block: np.ndarray) -> None:
             compute(block, out=block)

@@ -61,8 +61,35 @@ def _against_constant(ufunc: np.ufunc, x: np.ndarray, value: Any, out: np.ndarra
         ufunc(x, row[0], out=out)
 
 
+_ZEROS: dict[np.dtype, np.ndarray] = {}  # a read-only 0-d zero per dtype, for small inputs
+
+
+def _zero(dtype: np.dtype) -> np.ndarray:
+    zero = np.zeros((), dtype)
+    zero.flags.writeable = False
+    return _ZEROS.setdefault(dtype, zero)
+
+
 def _relu(x: np.ndarray, *, out: np.ndarray) -> None:
-    _against_constant(np.maximum, x, 0, out)
+    if x.size < SCALAR_BELOW:  # the comparison with a 0-d zero, the fastest call for few elements
+        zero = _ZEROS.get(x.dtype)
+        np.maximum(x, _zero(x.dtype) if zero is None else zero, out=out)
+    else:
+        _against_constant(np.maximum, x, 0, out)
+
+
+def relu_in_place(dtype: np.dtype) -> Callable[[np.ndarray], None]:
+    """``_relu(block, out=block)`` for blocks of ``dtype``, the zero made once: the commonest
+    fused epilogue, called once per step on a small tensor."""
+    zero, maximum = _zero(np.dtype(dtype)), np.maximum
+
+    def relu(block: np.ndarray) -> None:
+        if block.size < SCALAR_BELOW:
+            maximum(block, zero, out=block)
+        else:
+            _against_constant(maximum, block, 0, block)
+
+    return relu
 
 
 def _is_inf(x: np.ndarray, *, out: np.ndarray, detect_negative: int, detect_positive: int) -> None:

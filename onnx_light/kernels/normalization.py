@@ -202,16 +202,19 @@ class ChannelAffine(Kernel):
             return None
         a = _per_channel(self.multiplier, len(shape), dtype)
         b = _per_channel(self.offset, len(shape), dtype)
-        epilogue = self.epilogue
-        scaled = not np.all(a == 1)  # x * 1 is x, bit for bit: a fused Add needs no multiply
-
-        def affine(x: np.ndarray, out: np.ndarray) -> None:
-            if scaled:
-                np.multiply(x, a, out=out)
-                np.add(out, b, out=out)
-            else:
-                np.add(x, b, out=out)
-            if epilogue is not None:
+        epilogue, multiply, add = self.epilogue, np.multiply, np.add
+        if not np.all(a == 1):
+            def affine(x: np.ndarray, out: np.ndarray) -> None:
+                multiply(x, a, out=out)
+                add(out, b, out=out)
+                if epilogue is not None:
+                    epilogue(out)
+        elif epilogue is None:  # x * 1 is x, bit for bit: a fused Add needs no multiply
+            def affine(x: np.ndarray, out: np.ndarray) -> None:
+                add(x, b, out=out)
+        else:
+            def affine(x: np.ndarray, out: np.ndarray) -> None:
+                add(x, b, out=out)
                 epilogue(out)
 
         return Prepared(affine, shape, dtype)

@@ -56,9 +56,7 @@ def configure_kernels(kernels: Iterable[Kernel], registry: KernelTuningRegistry,
     distinct = list({id(kernel): kernel for kernel in kernels}.values())
     keys = [kernel.tuning_key() for kernel in distinct]
     snapshot = registry.snapshot()
-    resolutions = [None if key is None else snapshot.resolve(key, descriptor) for key in keys]
-    for kernel, resolution in zip(distinct, resolutions, strict=True):
-        kernel.bind(pool).configure(None if resolution is None else resolution.values)
-    resolved = {key: resolution for key, resolution in zip(keys, resolutions, strict=True)
-                if key is not None}
+    resolved = {key: snapshot.resolve(key, descriptor) for key in dict.fromkeys(keys) if key is not None}
+    for kernel, key in zip(distinct, keys, strict=True):
+        kernel.bind(pool).configure(None if key is None else resolved[key].values)
     return Configuration(snapshot.generation, MappingProxyType(resolved))

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
-from onnx import numpy_helper
 
 from ..kernels import DECLARATIONS, contrib
 from ..kernels.base import Kernel, NodeContext
 from ..kernels.declaration import KernelDeclaration, declarations_by_op
-from .loading import tensor_element_type
+from .loading import tensor_array, tensor_element_type
 from .subgraphs import attach_subgraphs
 
 __all__ = ["CONTRIB_DOMAIN", "ONNX_DOMAINS", "SUPPORTED_DOMAINS", "UnsupportedOperator",
@@ -118,11 +117,11 @@ def _attribute_value(attribute: onnx.AttributeProto) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, onnx.TensorProto):
-        return numpy_helper.to_array(value)
+        return tensor_array(value)
     if isinstance(value, list) and value and isinstance(value[0], bytes):
         return [v.decode("utf-8", "replace") for v in value]
     if isinstance(value, list) and value and isinstance(value[0], onnx.TensorProto):
-        return [numpy_helper.to_array(v) for v in value]
+        return [tensor_array(v) for v in value]
     return value
 
 

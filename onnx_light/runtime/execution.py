@@ -189,15 +189,14 @@ def _bound(
 def run_bound(bound: BoundPlan, values: list[Any]) -> None:
     """Call a bound plan's items in order; an exception names the node that raised it."""
     plan, calls = bound
-    index = 0
+    call = None
     try:
         for call in calls:
             call(values)
-            index += 1
     except KernelError:
         raise
     except Exception as exc:
-        item = plan[index]
+        item = plan[calls.index(call)]  # each item's call is a closure of its own
         if type(item) is Branches:  # its branches name their node already
             raise
         raise _failure(item, exc) from exc

@@ -6,9 +6,10 @@ Runs after constant folding, over the steps left to run, in graph order:
    constant that varies along the channel axis (axis 1) only, each compute
    ``Y = X * m + o`` per channel. Consecutive ones (each the only reader of the previous
    one's output) compose into one ``(m, o)``, computed in float64. When the chain directly
-   follows a Conv with constant weights whose output nothing else reads, it is folded into
-   the weights and the bias (``W' = W * m``, ``B' = B * m + o``, rounded once into the
-   weights' type); otherwise it runs as one
+   follows a Conv with constant weights whose output nothing else reads (and that adds no
+   residual), the whole chain is folded into the weights and the bias once
+   (``W' = W * m``, ``B' = B * m + o``, rounded once into the weights' type); otherwise it
+   runs as one
    :class:`~onnx_light.kernels.normalization.ChannelAffine` step.
 2. **Activations.** An op that can compute in place (Relu, Tanh, LeakyRelu; Clip, whose
    bounds must be constants: see
@@ -37,6 +38,13 @@ Runs after constant folding, over the steps left to run, in graph order:
    ops such as Sigmoid and Mul, or a bias Add and Relu, measured faster as numpy calls). A
    chain reads at most four tensors; one-element constants become constants of the program.
 
+6. **Small linear layers.** An Add of a constant bias (one value per column: shape ``(N,)``,
+   ``(1, N)``, ...) to the output of a 2-D MatMul of constant weights that nothing else reads,
+   small enough by the inferred shapes (``matmul_bias.SMALL_WORK`` multiply-adds), becomes
+   one :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step, one compiled loop (checked
+   before step 1, which would make the bias a ChannelAffine step). Larger products keep
+   their two steps (the MatMul's tuned plan, an addition that may run in parallel).
+
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
 composed chain rounds ``X * m + o`` once instead of after every node, so each output moves by
@@ -48,7 +56,6 @@ one). ``RuntimeSession(..., fuse=False)`` runs the graph as written.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from ..kernels.base import Kernel
+from ..kernels.base import Kernel, numpy_dtype
 from ..kernels.compiled_elementwise import (
     ADD,
     FUSION_WORTH,
@@ -70,6 +77,8 @@ from ..kernels.compiled_elementwise import (
 from ..kernels.conv import ConvKernel, Prologue
 from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
 from ..kernels.fused_elementwise import FusedElementwise
+from ..kernels.gemm import MatMulKernel
+from ..kernels.matmul_bias import SMALL_WORK, MatMulBias
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 
 __all__ = ["FusionResult", "fuse"]
@@ -117,6 +126,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     result: list[list] = []
     producer: dict[int, int] = {}
     added: dict[int, np.ndarray] = {}
+    pending: dict[int, _ConvFold] = {}  # result index -> the affine map its Conv's weights take
 
     def private(slot: int) -> int | None:
         """The result index of the step whose only output ``slot`` is read by one step only."""
@@ -133,18 +143,22 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 producer[s] = index
 
     for kernel, inputs, outputs in steps:
+        biased = _matmul_bias(kernel, inputs, known, shapes, private, result)
+        if biased is not None:
+            index, bias_slot, fused = biased
+            sources.add(bias_slot)
+            absorb(index, fused, result[index][1], outputs)
+            continue
         affine = _affine(kernel, inputs, known, shapes)
         if affine is not None:
             index = private(affine.x)
             previous = result[index][0] if index is not None else None
-            if isinstance(previous, ConvKernel) and previous.epilogue is None:
-                folded = _fold_into_conv(result[index][1], known, affine, add_constant)
-                if folded is not None:
-                    conv_inputs, new_constants, used = folded
-                    sources.update((s for s in used if s not in added), affine.constants)
-                    added.update(new_constants)
-                    known.update(new_constants)
-                    absorb(index, previous, conv_inputs, outputs)
+            if isinstance(previous, ConvKernel) and previous.epilogue is None and not previous.residual:
+                fold = pending.get(index) or _ConvFold.of(result[index][1], known)
+                if fold is not None and fold.takes(affine):
+                    pending[index] = fold.then(affine)
+                    sources.update(fold.used, affine.constants)
+                    absorb(index, previous, result[index][1], outputs)
                     continue
             if isinstance(previous, ChannelAffine) and previous.epilogue is None:
                 composed = ChannelAffine(previous.ctx, previous.multiplier * affine.multiplier,
@@ -191,6 +205,14 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         for s in outputs:
             if s is not None:
                 producer[s] = len(result) - 1
+    for index, fold in pending.items():  # each Conv's weights and bias made once
+        made = []
+        for array in fold.weights(known):
+            array.flags.writeable = False
+            made.append(add_constant(array))
+            added[made[-1]] = array
+        conv_inputs = result[index][1]
+        result[index][1] = (conv_inputs[0], *made, *conv_inputs[3:])
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
     return FusionResult(steps_out, added, sources)
 
@@ -216,7 +238,7 @@ class _Chain:
                shapes: Mapping[int, Sequence[int | str | None]]) -> _Chain | None:
         """This chain with ``step`` appended, or None when a program cannot compute it."""
         kernel, inputs, outputs = step
-        chain = _Chain(copy.deepcopy(self.program), list(self.input_slots), dict(self.registers),
+        chain = _Chain(self.program.copy(), list(self.input_slots), dict(self.registers),
                        self.result, [*self.nodes, step], [*self.positions, position],
                        dict(self.folded))
         program = chain.program
@@ -347,6 +369,37 @@ def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None
     return None
 
 
+def _matmul_bias(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
+                 shapes: Mapping[int, Sequence[int | str | None]],
+                 private: Callable[[int], int | None], result: list[list]
+                 ) -> tuple[int, int, MatMulBias] | None:
+    """Step 6 of the module docstring, for ``Add(Y, B)``: the result index of the MatMul that
+    makes ``Y`` (a 2-D product of constant weights, small enough for the compiled loop by the
+    inferred shapes), the bias's slot and the MatMulBias step that replaces both; or None."""
+    if (not isinstance(kernel, ElementwiseKernel) or kernel.ctx.op_type != "Add" or len(inputs) != 2
+            or None in inputs):
+        return None
+    for y, b in (inputs, inputs[::-1]):
+        bias, shape = known.get(b), shapes.get(y)
+        index = private(y) if bias is not None and y not in known else None
+        matmul = result[index][0] if index is not None else None
+        if (type(matmul) is not MatMulKernel or matmul.epilogue is not None or not shape
+                or not matmul.ctx.output_types or matmul.ctx.output_types[0] not in FUSED_TYPES
+                or bias.dtype != numpy_dtype(matmul.ctx.output_types[0])
+                or not 1 <= bias.ndim <= len(shape) or any(d != 1 for d in bias.shape[:-1])
+                or bias.shape[-1] != shape[-1]):
+            continue
+        a, w = result[index][1][0], known.get(result[index][1][1])
+        a_shape = shapes.get(a) if a not in known else known[a].shape
+        if (w is None or w.ndim != 2 or a_shape is None or len(a_shape) != 2
+                or not all(isinstance(d, int) for d in a_shape)
+                or a_shape[0] * a_shape[1] * w.shape[1] > SMALL_WORK):
+            continue  # larger products keep their steps: the MatMul's plan, a parallel add
+        ctx = dataclasses.replace(matmul.ctx, op_type=MatMulBias.op_type)
+        return index, b, MatMulBias(ctx, matmul, bias).bind(matmul.pool)
+    return None
+
+
 def _affine(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
             shapes: Mapping[int, Sequence[int | str | None]]) -> _Affine | None:
     """The node as a per-channel affine map of its one non-constant input, or None."""
@@ -397,31 +450,50 @@ def _per_channel(c: np.ndarray, x_shape: Sequence[int | str | None] | None) -> n
     return c.astype(np.float64).reshape(-1)
 
 
-def _fold_into_conv(conv_inputs: Slots, known: Mapping[int, np.ndarray], affine: _Affine,
-                    add_constant: Callable[[np.ndarray], int]
-                    ) -> tuple[Slots, dict[int, np.ndarray], tuple[int, ...]] | None:
-    """The Conv's inputs with ``affine`` folded into new constant weights and bias."""
-    if len(conv_inputs) < 2 or conv_inputs[1] not in known:
-        return None
-    w = known[conv_inputs[1]]
-    b_slot = conv_inputs[2] if len(conv_inputs) > 2 else None
-    if b_slot is not None and b_slot not in known:
-        return None
-    if w.dtype not in (np.float32, np.float64) or w.ndim < 3:
-        return None
-    filters = w.shape[0]
-    if affine.multiplier.size not in (1, filters) or affine.offset.size not in (1, filters):
-        return None
-    multiplier = np.broadcast_to(affine.multiplier, (filters,))
-    bias = np.zeros(filters) if b_slot is None else known[b_slot].astype(np.float64)
-    new_w = (w.astype(np.float64) * multiplier.reshape((filters,) + (1,) * (w.ndim - 1))).astype(w.dtype)
-    new_b = (bias * multiplier + affine.offset).astype(w.dtype)
-    constants = {}
-    slots = []
-    for array in (new_w, new_b):
-        array.flags.writeable = False
-        slot = add_constant(array)
-        constants[slot] = array
-        slots.append(slot)
-    used = tuple(s for s in conv_inputs[1:3] if s is not None)
-    return (conv_inputs[0], slots[0], slots[1]), constants, used
+@dataclass(frozen=True)
+class _ConvFold:
+    """An affine map ``Y * multiplier + offset`` (float64, one value per filter) on the output
+    of a Conv with constant weights (``w``) and bias (``b``, or None), folded into new weights
+    and bias once the chain after the Conv is known: ``W' = W * m``, ``B' = B * m + o``."""
+
+    w: int
+    b: int | None
+    filters: int
+    multiplier: np.ndarray
+    offset: np.ndarray
+
+    @staticmethod
+    def of(conv_inputs: Slots, known: Mapping[int, np.ndarray]) -> _ConvFold | None:
+        """The identity map on a Conv whose weights and bias are constants that can take one."""
+        if len(conv_inputs) < 2 or conv_inputs[1] not in known:
+            return None
+        w = known[conv_inputs[1]]
+        b = conv_inputs[2] if len(conv_inputs) > 2 else None
+        if (b is not None and b not in known) or w.dtype not in (np.float32, np.float64) or w.ndim < 3:
+            return None
+        filters = w.shape[0]
+        return _ConvFold(conv_inputs[1], b, filters, np.ones(filters), np.zeros(filters))
+
+    @property
+    def used(self) -> tuple[int, ...]:
+        """The constant slots the folded weights and bias are made from."""
+        return (self.w,) if self.b is None else (self.w, self.b)
+
+    def takes(self, affine: _Affine) -> bool:
+        """Whether ``affine`` has one value or one per filter."""
+        return {affine.multiplier.size, affine.offset.size} <= {1, self.filters}
+
+    def then(self, affine: _Affine) -> _ConvFold:
+        """This map followed by ``affine``."""
+        return dataclasses.replace(self, multiplier=self.multiplier * affine.multiplier,
+                                   offset=self.offset * affine.multiplier + affine.offset)
+
+    def weights(self, known: Mapping[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The new weights and bias, each product computed in float64 and rounded once into
+        the weights' type."""
+        w = known[self.w]
+        new_w = np.empty_like(w)
+        np.multiply(w, self.multiplier.reshape((self.filters,) + (1,) * (w.ndim - 1)), out=new_w,
+                    dtype=np.float64, casting="same_kind")
+        bias = np.zeros(self.filters) if self.b is None else known[self.b].astype(np.float64)
+        return new_w, (bias * self.multiplier + self.offset).astype(w.dtype)

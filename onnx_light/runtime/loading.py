@@ -11,6 +11,7 @@ import codecs
 import itertools
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -23,6 +24,7 @@ __all__ = [
     "constant_arrays",
     "load_model",
     "skeleton",
+    "tensor_array",
     "tensor_element_type",
     "tensor_shape",
     "value_types",
@@ -80,13 +82,27 @@ def load_model(model: onnx.ModelProto | str | os.PathLike[str] | bytes) -> onnx.
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no ONNX model file at {path!r}")
         try:
-            return onnx.load(path)
+            return _load_file(path)
         except Exception as exc:
             what = _what_file(path)
             if what:
                 raise ValueError(f"{path!r} is not an ONNX model: {what}") from None
             raise ValueError(f"{path!r} is not a readable ONNX model: {exc}") from None
     raise TypeError(f"model must be an onnx.ModelProto, a path or bytes, got {type(model).__name__}")
+
+
+def _load_file(path: str) -> onnx.ModelProto:
+    """``onnx.load(path)``, its format told by the file's extension as there, with the walk over
+    every tensor for external data only when the file names a data file (its entries hold the
+    key ``location``): the walk took most of the load of a small model."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    extension = os.path.splitext(path)[1]
+    model = onnx.load_model_from_string(
+        data, format=onnx.serialization.registry.get_format_from_file_extension(extension))
+    if b"location" in data:
+        onnx.load_external_data_for_model(model, os.path.dirname(path))
+    return model
 
 
 def _what_file(path: str) -> str:
@@ -210,13 +226,43 @@ def check_model(skeleton: onnx.ModelProto) -> onnx.ModelProto:
         checked.CopyFrom(skeleton)
         for info in (*checked.graph.input, *checked.graph.output):
             _give_shapes(info.type)
-    try:
-        onnx.checker.check_model(checked)
+    try:  # each step takes the serialized model: serialize once when both see the same one
+        serialized = skeleton.SerializeToString()
+        onnx.checker.check_model(serialized if checked is skeleton else checked)
         # full_check's second step: strict inference adds type checks (Add(float, int64) is refused)
-        return onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True)
+        return onnx.shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
             UnicodeDecodeError) as exc:  # the last: a name that is not UTF-8
         raise ValueError(f"invalid ONNX model: {exc}") from None
+
+
+# Element types whose raw data numpy reads as it is on a little-endian host.
+_RAW_DTYPES = {onnx.TensorProto.FLOAT: np.dtype(np.float32), onnx.TensorProto.DOUBLE: np.dtype(np.float64),
+               onnx.TensorProto.INT64: np.dtype(np.int64), onnx.TensorProto.INT32: np.dtype(np.int32),
+               onnx.TensorProto.INT8: np.dtype(np.int8), onnx.TensorProto.UINT8: np.dtype(np.uint8),
+               onnx.TensorProto.BOOL: np.dtype(np.bool_)}
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+# The typed field that holds the values of these element types when there is no raw data.
+_VALUE_FIELDS = {onnx.TensorProto.FLOAT: "float_data", onnx.TensorProto.DOUBLE: "double_data",
+                 onnx.TensorProto.INT64: "int64_data", onnx.TensorProto.INT32: "int32_data"}
+
+
+def tensor_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """``numpy_helper.to_array(tensor)``, reading the common cases (a plain numeric type stored
+    in the model, as raw data or in its typed field) directly: a model holds hundreds of
+    small tensors."""
+    dtype = _RAW_DTYPES.get(tensor.data_type)
+    if (dtype is None or not _LITTLE_ENDIAN or tensor.data_location == onnx.TensorProto.EXTERNAL
+            or tensor.HasField("segment")):
+        return numpy_helper.to_array(tensor)
+    if tensor.HasField("raw_data"):
+        return np.frombuffer(tensor.raw_data, dtype).reshape(tensor.dims)
+    field = _VALUE_FIELDS.get(tensor.data_type)
+    if field is None:
+        return numpy_helper.to_array(tensor)
+    return np.asarray(getattr(tensor, field), dtype).reshape(tensor.dims)
 
 
 def constant_arrays(graph: onnx.GraphProto) -> list[np.ndarray]:
@@ -226,7 +272,7 @@ def constant_arrays(graph: onnx.GraphProto) -> list[np.ndarray]:
     arrays = []
     for initializer in graph.initializer:
         try:
-            array = numpy_helper.to_array(initializer)
+            array = tensor_array(initializer)
         except Exception as exc:
             raise ValueError(f"invalid ONNX model: initializer {initializer.name!r} "
                              f"(shape {list(initializer.dims)}): {exc}") from None
@@ -242,8 +288,9 @@ def value_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> dict[str, 
     for info in (*graph.value_info, *graph.input, *graph.output):
         types[info.name] = info.type
     for initializer in model.graph.initializer:
-        types.setdefault(initializer.name, onnx.helper.make_tensor_type_proto(
-            initializer.data_type, list(initializer.dims)))
+        if initializer.name not in types:
+            types[initializer.name] = onnx.helper.make_tensor_type_proto(initializer.data_type,
+                                                                         list(initializer.dims))
     return types
 
 

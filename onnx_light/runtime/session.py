@@ -25,16 +25,21 @@ values later changes new sessions only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
+import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
 from ..kernels.base import Kernel, TensorSpec, quiet
+from ..kernels.compiled import CACHE_ENV, compile_totals, load_numba
 from ..kernels.declaration import KernelDeclaration
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
@@ -55,6 +60,41 @@ from .subgraphs import outer_names
 from .values import hand_over
 
 __all__ = ["InvalidInputError", "NodeArg", "NodeHook", "RuntimeSession"]
+
+
+logger = logging.getLogger("onnx_light")
+
+#: A construction that compiles kernels for longer than this says so at WARNING level (shown
+#: without any logging set up); shorter compilations are logged at INFO.
+COMPILE_NOTICE_SECONDS = 1.0
+
+
+def _report_compiles(count: int, seconds: float) -> None:
+    """Say that building the session compiled ``count`` kernel functions in ``seconds``: a
+    cost paid once per processor and numba version, since numba caches them on disk."""
+    level = logging.WARNING if seconds >= COMPILE_NOTICE_SECONDS else logging.INFO
+    logger.log(level, "compiled %d kernel function(s) for this processor in %.1f s while building "
+               "the session; numba caches them in %s (set %s to move it), so later sessions load them",
+               count, seconds, load_numba().config.CACHE_DIR, CACHE_ENV)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block, then resumed if it was running.
+
+    Construction allocates tens of thousands of small objects (the model's messages, kernels,
+    contexts, steps) and frees few of them: the collector's passes over them, and a full pass
+    over the whole process now and then (50-100 ms here), would cost more than a small
+    model's construction itself.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _steps_of(item: Any) -> Sequence[Any]:
@@ -82,6 +122,11 @@ class RuntimeSession:
     or the declarations themselves, so that a session can run another kernel library's
     kernels (with ``registry=`` holding that library's schemas), alone or with ours
     (``{**kernels.DECLARATIONS, **mine}``).
+
+    ``construction_seconds`` is what construction took, of which ``compile_seconds`` numba
+    spent compiling ``compiled_functions`` kernel functions for this processor: only the first
+    construction that uses a kernel, with numba's cache empty, compiles it (and says so in the
+    ``onnx_light`` log); later ones load it from the cache.
     """
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes, *,
@@ -91,6 +136,22 @@ class RuntimeSession:
                  declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration]
                  | None = None) -> None:
         started = time.perf_counter()
+        compiles_before = compile_totals()
+        with _collector_paused():
+            self._construct(model, num_threads, registry, fuse, branches, fold, declarations)
+        self.construction_seconds = time.perf_counter() - started
+        count, seconds = compile_totals()
+        self.compiled_functions = count - compiles_before[0]
+        self.compile_seconds = seconds - compiles_before[1]
+        if self.compiled_functions:
+            _report_compiles(self.compiled_functions, self.compile_seconds)
+
+    def _construct(self, model: onnx.ModelProto | str | os.PathLike[str] | bytes,
+                   num_threads: int | None, registry: KernelTuningRegistry | None, fuse: bool,
+                   branches: bool, fold: bool,
+                   declarations: Mapping[str, KernelDeclaration] | Iterable[KernelDeclaration] | None
+                   ) -> None:
+        """Steps 1 and 2 of the construction (see the module docstring), then the others."""
         model = load_model(model)
         if registry is not None and not isinstance(registry, KernelTuningRegistry):
             raise TypeError(f"registry must be a KernelTuningRegistry, got {type(registry).__name__}")
@@ -114,7 +175,6 @@ class RuntimeSession:
         self._outputs = list(graph.output)
         self._build_plan(graph, kernels, nested, types, registry or default_registry(), fuse,
                          branches, fold)
-        self.construction_seconds = time.perf_counter() - started
 
     def _build_plan(self, graph: onnx.GraphProto, kernels: list[Kernel], nested: list[Kernel],
                     types: Mapping[str, onnx.TypeProto], registry: KernelTuningRegistry,
@@ -149,8 +209,7 @@ class RuntimeSession:
         outputs_of = {id(kernel): node.output for node, kernel in zip(graph.node, kernels, strict=True)}
 
         def output_shapes(kernel: Kernel) -> list[list[int | str | None] | None]:
-            return [tensor_shape(types[name]) if name in types else None
-                    for name in outputs_of[id(kernel)] if name]
+            return [shapes.get(slots[name]) for name in outputs_of[id(kernel)] if name]
 
         self._slots, self._constants = slots, constants
         steps, known = self._fold_and_fuse(every_step, output_shapes, shapes, fold, fuse)
@@ -202,22 +261,31 @@ class RuntimeSession:
 
     def _plans(self, every_step: list[NodeStep], known: Mapping[int, np.ndarray],
                shapes: Mapping[int, list[int | str | None]], branches: bool) -> None:
-        """Steps 7 and 8: the folded and unfolded plans with their hand-offs and branch
-        groups, and the memory plan."""
+        """Steps 7 and 8: the plan with its hand-off and branch groups, and the memory plan
+        (the plan without folding waits for a run that needs it: ``_unfolded``)."""
         steps, constants = self._steps, self._constants
         graph_outputs = list(self._output_slots.values())
         self._plan = plan_steps(steps, set(constants) | set(self._folded) | set(graph_outputs))
         self._handoff = Handoff.of(steps, graph_outputs)
-        self._handoff_unfolded = Handoff.of(every_step, graph_outputs)
-        self._plan_unfolded = plan_steps(every_step, set(constants) | set(graph_outputs))
-        if branches and self.num_threads > 1:
+        grouped = branches and self.num_threads > 1
+        if grouped:
             self._plan = group_branches(self._plan, work_estimates(steps, known, shapes),
                                         self.num_threads)
-            self._plan_unfolded = group_branches(self._plan_unfolded,
-                                                 work_estimates(every_step, constants, shapes),
-                                                 self.num_threads)
         self.branch_groups = sum(type(item) is Branches for item in self._plan)
         self._plan_memory(steps, known, graph_outputs)
+        self._unfolded_inputs = (every_step, shapes, grouped)
+
+    @functools.cached_property
+    def _unfolded(self) -> tuple[tuple[Any, ...], Handoff]:
+        """The plan without folding and its hand-off, for runs that feed an initializer the
+        folding used: planned on the first such run (most sessions never take it)."""
+        every_step, shapes, grouped = self._unfolded_inputs
+        graph_outputs = list(self._output_slots.values())
+        plan = plan_steps(every_step, set(self._constants) | set(graph_outputs))
+        if grouped:
+            plan = group_branches(plan, work_estimates(every_step, self._constants, shapes),
+                                  self.num_threads)
+        return plan, Handoff.of(every_step, graph_outputs)
 
     def _plan_memory(self, steps: Sequence[NodeStep], known: Mapping[int, np.ndarray],
                      graph_outputs: Sequence[int]) -> None:
@@ -238,6 +306,16 @@ class RuntimeSession:
                             for s in item.inputs}
         self._feeds = tuple(dataclasses.replace(feed, contiguous=feed.slot in read_by_prepared)
                             if isinstance(feed, Feed) else feed for feed in self._feeds)
+        self._required_names = frozenset(self._required)
+        self._required_feeds = tuple(feed for feed in self._feeds if feed.name in self._required_names)
+        # A run's values start as a copy of these: the constants (and the folded values for
+        # the plan that uses them), then an omitted input's slot that stays None.
+        self._values_unfolded: list[Any] = [None] * (self._num_slots + 1)
+        for s, array in self._constants.items():
+            self._values_unfolded[s] = array
+        self._values = self._values_unfolded.copy()
+        for s, array in self._folded.items():
+            self._values[s] = array
         reads = [sorted({s for step in _steps_of(item) for s in step.inputs if s is not None})
                  for item in self._plan]
         memory = plan_memory(writes, reads, memory_roots(steps), set(graph_outputs))
@@ -287,34 +365,42 @@ class RuntimeSession:
         if isinstance(output_names, str):
             raise TypeError(f"output_names must be a list of names or None, got the string "
                             f"{output_names!r}")
-        names = self._output_names if output_names is None else list(output_names)
-        unknown_outputs = [n for n in names if n not in self._output_slots]
-        if unknown_outputs:
-            raise InvalidInputError(f"unknown output(s) {unknown_outputs}; "
-                                    f"outputs: {list(self._output_slots)}")
-        unknown = [n for n in input_feed if n not in self._feed_slots]
-        if unknown:
-            defaults = len(self._feed_slots) - len(self._required)
+        if output_names is None:
+            names = self._output_names
+        else:
+            names = list(output_names)
+            unknown_outputs = [n for n in names if n not in self._output_slots]
+            if unknown_outputs:
+                raise InvalidInputError(f"unknown output(s) {unknown_outputs}; "
+                                        f"outputs: {list(self._output_slots)}")
+        feed_slots = self._feed_slots
+        if not input_feed.keys() <= feed_slots.keys():
+            unknown = [n for n in input_feed if n not in feed_slots]
+            defaults = len(feed_slots) - len(self._required)
             also = f" ({defaults} initializer(s) listed as graph inputs may also be fed)" \
                 if defaults else ""
             raise InvalidInputError(f"unknown input(s) {unknown}; inputs: {self._required}{also}")
-        missing = [n for n in self._required if n not in input_feed]
-        if missing:
+        if not self._required_names <= input_feed.keys():
+            missing = [n for n in self._required if n not in input_feed]
             raise InvalidInputError(f"missing input(s) {missing}")
-        values: list[Any] = [None] * (self._num_slots + 1)  # the last: an omitted input
-        for s, array in self._constants.items():
-            values[s] = array
-        fed = set()
-        for feed in self._feeds:
-            if feed.name in input_feed:
-                fed.add(feed.slot)
-                values[feed.slot] = feed.check(input_feed[feed.name])
         plan, handoff = self._plan, self._handoff
-        if fed & self._fold_sources:  # a default the folding used is overridden
-            plan, handoff = self._plan_unfolded, self._handoff_unfolded
+        if len(input_feed) == len(self._required):  # the usual run: no initializer overridden
+            values = self._values.copy()
+            for feed in self._required_feeds:
+                values[feed.slot] = feed.check(input_feed[feed.name])
         else:
-            for s, array in self._folded.items():
-                values[s] = array
+            fed = set()
+            values = self._values.copy()
+            for feed in self._feeds:
+                if feed.name in input_feed:
+                    fed.add(feed.slot)
+                    values[feed.slot] = feed.check(input_feed[feed.name])
+            if fed & self._fold_sources:  # a default the folding used is overridden
+                plan, handoff = self._unfolded
+                unfolded = self._values_unfolded.copy()
+                for s in fed:
+                    unfolded[s] = values[s]
+                values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
         with BLAS.scope(1), quiet():
