@@ -13,8 +13,10 @@ through :meth:`ConvKernel.specialize` (equal filters, or the winograd transform 
 filters; the compiled depthwise kernel is compiled there too); a runtime may also set
 ``epilogue`` (a fused activation, applied to each finished block), ``prologue`` (a
 per-channel map of the input of a 1x1 convolution,
-:class:`~onnx_light.kernels.conv.blocks.Prologue`) and ``residual`` (a fourth input, added to
-each finished block before the epilogue: ResNet's shortcut).
+:class:`~onnx_light.kernels.conv.blocks.Prologue`), ``residual`` (a fourth input, added to
+each finished block before the epilogue: ResNet's shortcut) and ``channel_scale`` (a fifth
+input, one factor per image and input channel that X is multiplied by first:
+squeeze-and-excitation's gate, applied to the weights' input channels).
 
 Equal filters. When a session's weights are constant and some filters are bitwise equal
 (group 1, float and double), each distinct filter is computed once and its channel copied to
@@ -101,6 +103,8 @@ class ConvKernel(Kernel):
         self._winograd: tuple[np.ndarray, np.ndarray] | None = None
         self.prologue: Prologue | None = None  # set by the runtime's fusion
         self.residual = False  # set by the runtime's fusion: a fourth input to add
+        # set by the runtime's fusion: a fifth input, one factor per image and input channel
+        self.channel_scale = False
         self._settled: _Settled | None = None  # set by settle
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
@@ -158,7 +162,8 @@ class ConvKernel(Kernel):
                                       return_inverse=True)[1:]
         if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
             return None  # all distinct, or two distinct filters share a sum: keep it simple
-        plain = self.variant(epilogue=None, residual=False)  # the distinct filters' product alone
+        # the distinct filters' product alone
+        plain = self.variant(epilogue=None, residual=False, channel_scale=False)
         return self.variant(_distinct=_DistinctFilters(w, np.ascontiguousarray(w[first_of]),
                                                        inverse.reshape(-1), plain))
 
@@ -287,6 +292,8 @@ class ConvKernel(Kernel):
         residual = inputs[3] if self.residual and len(inputs) > 3 else None
         if self.residual and residual is None:
             raise self.ctx.error("needs the residual input (the fused addition's other operand)")
+        if self.channel_scale:
+            x, w = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
         if self._distinct is not None and w is self._distinct.weights:
             return self._run_distinct(x, b, residual)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
@@ -329,6 +336,30 @@ class ConvKernel(Kernel):
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
+
+    def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """X and W of the convolution of ``x * scale`` (the fused squeeze-and-excitation
+        product; ``scale`` (N, C, 1, ...)): the weights' input channels scaled when one scale
+        holds for every image (W is smaller than X at the planes where it occurs, and the
+        product then reads X as it is), else X scaled."""
+        if scale is None:
+            raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
+        if (scale.ndim != x.ndim or scale.shape[1] != x.shape[1] or scale.shape[0] not in (1, x.shape[0])
+                or any(d != 1 for d in scale.shape[2:]) or scale.dtype != x.dtype):
+            raise self.ctx.error(f"the channel scale must have shape [{x.shape[0]}, {x.shape[1]}"
+                                 f"{', 1' * (x.ndim - 2)}] and X's type {x.dtype}, got "
+                                 f"{list(scale.shape)} {scale.dtype}")
+        if x.shape[0] > 1 and scale.shape[0] > 1:
+            return np.multiply(x, scale), w
+        if w.ndim != x.ndim or w.shape[1] * self.group != x.shape[1] or w.shape[0] % self.group:
+            return x, w  # the problem's checks report it
+        compute = compute_dtype(x.dtype)
+        groups, group_channels = self.group, w.shape[1]
+        factors = scale.astype(compute, copy=False).reshape(groups, 1, group_channels, 1)
+        scaled = np.multiply(w.astype(compute, copy=False).reshape(groups, w.shape[0] // groups,
+                                                                   group_channels, -1), factors)
+        return x, scaled.reshape(w.shape).astype(w.dtype, copy=False)
 
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
                       residual: np.ndarray | None) -> Sequence[np.ndarray]:
