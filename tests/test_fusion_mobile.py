@@ -60,25 +60,53 @@ ACTIVATIONS = [("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.25, "beta": 0.4}), (
                ("LeakyRelu", {"alpha": 0.1}), ("Relu", {})]
 
 
+def _assert_within_ulps(got, expected, ulps):
+    """Within ``ulps`` float32 units of ``expected``, or of 0 near 0 (below the smallest normal
+    float32 the compiled exponential flushes to 0); NaN and infinities equal."""
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(got[~finite], expected[~finite])  # NaN and infinities
+    floor = 128 * np.finfo(np.float32).tiny  # a flushed gate times |x| <= 87
+    bound = np.maximum(ulps * np.spacing(np.abs(expected[finite])), floor)
+    error = np.abs(got[finite].astype(np.float64) - expected[finite].astype(np.float64))
+    assert np.all(error <= bound), f"{np.max(error / bound) * ulps} ulps"
+
+
 @pytest.mark.parametrize(("op", "attributes"), ACTIVATIONS, ids=[a for a, _ in ACTIVATIONS])
 @pytest.mark.parametrize("group", [1, 6], ids=["dense", "depthwise"])
-def test_activation_runs_as_the_conv_epilogue_bitwise(op, attributes, group):
+def test_activation_runs_as_the_conv_epilogue(op, attributes, group):
     conv, init = _conv("c", "x", "c", 6, 6, kernel=3, group=group, pad=1)
     model = _model([conv, helper.make_node(op, ["c"], ["y"], **attributes)], init, (2, 6, 9, 11))
     x = RNG.standard_normal((2, 6, 9, 11)).astype(np.float32) * 4
     fused, got, unfused = _check(model, x, fused_nodes=1)
     assert fused._plan[0].run.__self__.epilogue is not None
-    np.testing.assert_array_equal(got[0], unfused[0])  # the same operations on each block
+    if op == "Sigmoid":  # the compiled exponential
+        _assert_within_ulps(got[0], unfused[0], 4)
+    else:  # numpy's operations in its order, on each block
+        np.testing.assert_array_equal(got[0], unfused[0])
 
 
 @pytest.mark.parametrize("gate_first", [False, True])
-def test_silu_as_sigmoid_and_mul_runs_as_the_conv_epilogue_bitwise(gate_first):
+def test_silu_as_sigmoid_and_mul_runs_as_the_conv_epilogue(gate_first):
     conv, init = _conv("c", "x", "c", 4, 8, kernel=3, pad=1)
     mul = helper.make_node("Mul", ["s", "c"] if gate_first else ["c", "s"], ["y"])
     model = _model([conv, helper.make_node("Sigmoid", ["c"], ["s"]), mul], init, (1, 4, 12, 10))
     x = RNG.standard_normal((1, 4, 12, 10)).astype(np.float32) * 3
     _, got, unfused = _check(model, x, fused_nodes=2)
-    np.testing.assert_array_equal(got[0], unfused[0])
+    _assert_within_ulps(got[0], unfused[0], 4)
+
+
+def test_double_silu_runs_as_the_epilogue_with_numpy_bitwise():
+    init = [numpy_helper.from_array(RNG.uniform(-1, 1, (4, 4, 1, 1)), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["y"])]
+    double = TensorProto.DOUBLE
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", double, None)],
+                              [helper.make_tensor_value_info("y", double, None)], initializer=init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused, plain = _sessions(model)
+    assert fused.fused_nodes == 2
+    x = RNG.standard_normal((1, 4, 6, 6)) * 5
+    np.testing.assert_array_equal(fused.run(None, {"x": x})[0], plain.run(None, {"x": x})[0])
 
 
 @pytest.mark.parametrize("case", ["x_read_again", "gate_read_again", "gate_returned"])
@@ -177,3 +205,39 @@ def test_in_place_activations_equal_their_out_of_place_results(function):
         compute(x, out=expected)
         compute(x, out=x)
     np.testing.assert_array_equal(x, expected)
+
+
+def _special_values(shape, rng):
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x.reshape(-1)[:9] = [np.nan, np.inf, -np.inf, -0.0, 0.0, -100, 100, -87.5, 3.0]
+    return x
+
+
+COMPILED = [("Sigmoid", {}, 4), ("Swish", {"alpha": 1.0}, 4), ("Swish", {"alpha": 0.7}, 4),
+            ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}, 0), ("HardSigmoid", {"alpha": 0.3, "beta": 0.1}, 0),
+            ("HardSwish", {}, 0)]
+VIEWS = {"whole": lambda a: a, "rows": lambda a: a[:, 2:9], "planes": lambda a: a[1:4, :, 3:20],
+         "strided": lambda a: a[:, :, ::2], "reversed": lambda a: a[:, ::-1], "scalar": lambda a: a[0, 0, :1]}
+
+
+@pytest.mark.parametrize(("op", "attributes", "ulps"), COMPILED,
+                         ids=[f"{op}-{a.get('alpha', '')}" for op, a, _ in COMPILED])
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_compiled_activations_equal_the_nodes_in_place_functions(op, attributes, ulps, view):
+    """Each compiled activation against the node's numpy function, on views of every layout
+    (the strided and reversed ones take the numpy function: equal bitwise)."""
+    from onnx_light.kernels.compiled_activations import in_place
+
+    x = _special_values((5, 11, 23), RNG)
+    ours, numpy_result = x.copy(), x.copy()
+    model = _model([helper.make_node(op, ["x"], ["y"], **attributes)], [], x.shape, opset=24
+                   if op == "Swish" else 17)
+    kernel = RuntimeSession(model, num_threads=1, fuse=False)._plan[0].run.__self__
+    compiled = in_place(op, attributes, lambda block: kernel._compute(block, out=block))
+    with np.errstate(all="ignore"):
+        compiled(VIEWS[view](ours))
+        kernel._compute(VIEWS[view](numpy_result), out=VIEWS[view](numpy_result))
+    if ulps == 0 or view in ("strided", "reversed"):
+        np.testing.assert_array_equal(ours, numpy_result)
+    else:
+        _assert_within_ulps(ours, numpy_result, ulps)

@@ -50,6 +50,7 @@ from .base import (
     quiet_already,
 )
 from .calibration import calibrate_elementwise
+from .compiled_activations import in_place
 from .compiled_elementwise import CompiledProgram, single_op
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .elementwise_compute import (
@@ -519,7 +520,10 @@ class ElementwiseKernel(Kernel):
         def apply(block: np.ndarray) -> None:
             compute(block, out=block)
 
-        return _quietly(apply) if plan.quiet else apply
+        numpy_apply = _quietly(apply) if plan.quiet else apply
+        if element_type == T.FLOAT:  # one compiled pass where there is one
+            return in_place(self.ctx.op_type, self.attributes, numpy_apply) or numpy_apply
+        return numpy_apply
 
     def _operands(self, inputs: tuple[np.ndarray | None, ...]) -> list[np.ndarray | None]:
         arity = self.op.arity

@@ -58,6 +58,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel
+from ..kernels.compiled_activations import in_place
 from ..kernels.compiled_elementwise import (
     ADD,
     FUSION_WORTH,
@@ -180,8 +181,8 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
             continue
         elif (isinstance(kernel, ElementwiseKernel) and kernel.ctx.op_type == "Mul"
               and (gated := _silu(inputs, keep, readers, producer, result)) is not None):
-            index, gate = gated
-            absorb(index, result[index][0].variant(epilogue=_swish(gate)), result[index][1], outputs)
+            index, epilogue = gated
+            absorb(index, result[index][0].variant(epilogue=epilogue), result[index][1], outputs)
             continue
         elif (isinstance(kernel, ElementwiseKernel) and inputs and inputs[0] is not None
               and all(s is None or s in known for s in inputs[1:])):
@@ -361,7 +362,7 @@ def _silu(inputs: Slots, keep: set[int], readers: Mapping[int, int], producer: M
           result: list[list]) -> tuple[int, Callable[[np.ndarray], None]] | None:
     """For ``x * Sigmoid(x)`` (SiLU as exporters write it; the Sigmoid read by this Mul only,
     ``x`` by the two of them): the result index of the step that makes ``x``, when it takes an
-    epilogue and has none, and the Sigmoid's in-place function, whose step is dropped; or None."""
+    epilogue and has none, and the in-place SiLU (the Sigmoid's step is dropped); or None."""
     if len(inputs) != 2 or None in inputs or inputs[0] == inputs[1]:
         return None
     for gate, x in (inputs, inputs[::-1]):
@@ -381,12 +382,16 @@ def _silu(inputs: Slots, keep: set[int], readers: Mapping[int, int], producer: M
         if function is None:
             continue
         result[sigmoid_index] = None
-        return index, function
+        swish = _swish(function)
+        if element_type == TensorProto.FLOAT:  # one compiled pass
+            swish = in_place("Swish", {"alpha": 1.0}, swish) or swish
+        return index, swish
     return None
 
 
 def _swish(sigmoid: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
-    """``x * sigmoid(x)`` in place, the Sigmoid's and the Mul's operations: their values."""
+    """``x * sigmoid(x)`` in place with the Sigmoid's and the Mul's operations (the double
+    type, and float blocks of a layout the compiled pass does not take)."""
 
     def swish(block: np.ndarray) -> None:
         gate = block.copy()
