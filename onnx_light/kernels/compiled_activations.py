@@ -32,7 +32,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .compiled import compiled
 
-__all__ = ["ACTIVATIONS", "in_place"]
+__all__ = ["ACTIVATIONS", "flat_rows", "in_place"]
 
 SIGMOID, SWISH, HARD_SIGMOID, HARD_SWISH = range(4)
 #: The op types with a compiled in-place version, and their codes.
@@ -121,7 +121,7 @@ def _hard_sigmoid_rows(base: np.ndarray, shape: tuple[int, int, int], strides: t
                     base[start + k] = _hard_gate(base[start + k], a, b)
 
 
-def _rows(block: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int]] | None:
+def flat_rows(block: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int]] | None:
     """The block as (flat memory from its first element, three axes, the first two's strides
     in elements), its last axis contiguous; None when the layout does not allow it."""
     item = block.itemsize
@@ -165,7 +165,7 @@ def in_place(op_type: str, attributes: Mapping[str, float],
         kernel, arguments = _hard_sigmoid_rows.dispatcher, (alpha, beta, code == HARD_SWISH)
 
     def apply(block: np.ndarray) -> None:
-        rows = _rows(block) if block.dtype == np.float32 else None
+        rows = flat_rows(block) if block.dtype == np.float32 else None
         if rows is None:
             fallback(block)
         else:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -195,7 +196,11 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                             if previous.accepts_epilogue and previous.epilogue is None
                             and element_type in FUSED_TYPES else None)
                 if function is not None:
-                    with_epilogue = previous.variant(epilogue=function)  # the unfused plan keeps the original
+                    extra = {}
+                    if isinstance(previous, ConvKernel):
+                        extra["clamp"] = _clamp(kernel, constants)
+                    # the unfused plan keeps the original
+                    with_epilogue = previous.variant(epilogue=function, **extra)
                     absorb(index, with_epilogue, result[index][1], outputs)
                     continue
         result.append([kernel, inputs, outputs])
@@ -356,6 +361,22 @@ def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None
         bias = conv_inputs[2] if len(conv_inputs) > 2 else None
         return index, fused, (conv_inputs[0], conv_inputs[1], bias, other, *conv_inputs[4:])
     return None
+
+
+def _clamp(kernel: Kernel, constants: Sequence[np.ndarray | None]) -> tuple[float, float] | None:
+    """The activation as the bounds of a clamp (Relu, Clip with constant bounds), or None."""
+    op_type = kernel.ctx.op_type
+    if op_type == "Relu":
+        return 0.0, math.inf
+    if op_type != "Clip":
+        return None
+    attributes = kernel.attributes if isinstance(kernel, ElementwiseKernel) else {}
+    bounds = [attributes.get("min"), attributes.get("max")] if not constants else [*constants, None]
+    low, high = bounds[0], bounds[1]
+    if any(b is not None and np.asarray(b).size != 1 for b in (low, high)):
+        return None
+    return (-math.inf if low is None else float(np.asarray(low).reshape(-1)[0]),
+            math.inf if high is None else float(np.asarray(high).reshape(-1)[0]))
 
 
 def _silu(inputs: Slots, keep: set[int], readers: Mapping[int, int], producer: Mapping[int, int],

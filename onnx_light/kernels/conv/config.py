@@ -101,6 +101,10 @@ SHIFTED_OUTPUTS = 784
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
 # many filters split the filters instead (one shared copy).
 ROWS_PER_THREAD = 4
+# A split plan cuts its range into this many chunks per thread, taken by whichever thread is
+# free (ThreadPool.parallel_chunks): on a shared machine a thread that wakes late takes fewer
+# instead of the region waiting for its fixed share (docs/conv.md).
+CHUNKS_PER_THREAD = 3
 # A multiply-add of the compiled depthwise kernel is slower than one inside a large BLAS
 # product: it counts this many times against parallel.minimum_flops (docs/conv.md).
 DEPTHWISE_COST = 4

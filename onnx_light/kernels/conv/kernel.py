@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ...tuning.schema import Value
-from ..base import Kernel, KernelError, NodeContext, compute_dtype
+from ..base import Kernel, KernelError, NodeContext, compute_dtype, numpy_dtype
 from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
@@ -54,6 +53,7 @@ from .config import (
     ConvConfig,
 )
 from .depthwise import compile_depthwise, depthwise_applies
+from .finish import Finish, compile_finish
 from .problem import _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -105,6 +105,9 @@ class ConvKernel(Kernel):
         self.residual = False  # set by the runtime's fusion: a fourth input to add
         # set by the runtime's fusion: a fifth input, one factor per image and input channel
         self.channel_scale = False
+        # set by the runtime's fusion: the epilogue as (low, high) when it is a clamp (Relu,
+        # Clip), which the finishing pass applies with the bias and the residual
+        self.clamp: tuple[float, float] | None = None
         self._settled: _Settled | None = None  # set by settle
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
@@ -118,7 +121,10 @@ class ConvKernel(Kernel):
     def specialize(self, constants: Sequence[np.ndarray | None]) -> ConvKernel | None:
         """With constant weights: a kernel that computes each distinct filter once when
         filters repeat (group 1, float or double; see the module docstring), else one that
-        keeps the weights' Winograd transform when its convolutions may use winograd."""
+        keeps the weights' Winograd transform when its convolutions may use winograd. Compiles
+        what its runs will call (the depthwise kernel, the finishing pass)."""
+        if (self.residual or self.clamp is not None) and self.ctx.input_types:
+            compile_finish(compute_dtype(numpy_dtype(self.ctx.input_types[0])))
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
             return None
@@ -380,24 +386,16 @@ class ConvKernel(Kernel):
     def _finisher(self, out: np.ndarray, residual: np.ndarray | None
                   ) -> Callable[[np.ndarray], None] | None:
         """What each finished block of ``out`` gets: the residual's same elements added (a
-        block is a view into ``out``; the residual, laid out like ``out``, is read through a
-        view with the block's offset and strides), then the epilogue."""
+        block is a view into ``out``; the residual, laid out like ``out``, is read at the
+        block's offset), then the epilogue; a :class:`Finish` (one pass with the bias) when
+        there is a residual or the epilogue is a clamp."""
         epilogue = self.epilogue
-        if residual is None:
+        if residual is None and self.clamp is None:
             return epilogue
-        if residual.shape != out.shape or residual.dtype != out.dtype:
+        if residual is not None and (residual.shape != out.shape or residual.dtype != out.dtype):
             raise self.ctx.error(f"the residual must have the output's shape {list(out.shape)} "
                                  f"and type {out.dtype}, got {list(residual.shape)} {residual.dtype}")
-        flat = np.ascontiguousarray(residual).reshape(-1)
-        start, item = out.__array_interface__["data"][0], out.itemsize
-
-        def finish(block: np.ndarray) -> None:
-            offset = (block.__array_interface__["data"][0] - start) // item
-            np.add(block, as_strided(flat[offset:], block.shape, block.strides, writeable=False),
-                   out=block)
-            if epilogue is not None:
-                epilogue(block)
-
-        return finish
+        flat = None if residual is None else np.ascontiguousarray(residual).reshape(-1)
+        return Finish(out, flat, epilogue, self.clamp)
 
 
