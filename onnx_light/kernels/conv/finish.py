@@ -20,9 +20,10 @@ from numpy.lib.stride_tricks import as_strided
 from ..compiled import compiled
 from ..compiled_activations import flat_rows
 
-__all__ = ["Finish", "compile_finish", "finish_rows"]
+__all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_rows"]
 
-_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The output types the compiled pass takes.
+FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @compiled
@@ -65,7 +66,7 @@ def finish_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[in
 def compile_finish(dtype: np.dtype) -> None:
     """Compile :func:`finish_rows` for ``dtype`` (or load it from numba's cache): a session
     does it at construction, not in its first run."""
-    if np.dtype(dtype) in _TYPES:
+    if np.dtype(dtype) in FINISHED_TYPES:
         Finish(np.zeros((1, 1, 1), dtype), None, None, (-math.inf, math.inf))(
             np.zeros((1, 1, 1), dtype), np.zeros((1, 1, 1), dtype))
 
@@ -74,8 +75,9 @@ def compile_finish(dtype: np.dtype) -> None:
 class Finish:
     """A convolution's finishing of each block of ``out`` (a C-contiguous array): the bias
     (given per block), the ``residual`` (laid out like ``out``: read at the block's offset),
-    then the activation: in one compiled pass when the activation is ``clamp`` (or absent)
-    and the block's layout allows it, else as numpy passes and the ``epilogue``."""
+    then the activation. One compiled pass adds the first two and applies ``clamp`` when the
+    activation is one (``epilogue`` then is that clamp), then any other ``epilogue`` runs;
+    blocks of other layouts or types take numpy's passes."""
 
     out: np.ndarray
     residual: np.ndarray | None
@@ -85,8 +87,7 @@ class Finish:
     def __call__(self, block: np.ndarray, bias: np.ndarray | None = None) -> None:
         """Finish ``block`` (a view into ``out``); ``bias`` broadcasts against it, shaped
         (count, filters, 1, ...) for a block (count, filters, ...)."""
-        compiled_pass = (self.clamp is not None or self.epilogue is None) and block.dtype in _TYPES
-        rows = self._rows(block, bias) if compiled_pass else None
+        rows = self._rows(block, bias) if block.dtype in FINISHED_TYPES else None
         if rows is None:
             self._numpy(block, bias)
             return
@@ -99,6 +100,8 @@ class Finish:
             residual = self.residual[offset:offset + base.size]
         low, high = self.clamp if self.clamp is not None else (-math.inf, math.inf)
         finish_rows.dispatcher(base, shape, strides, bias_rows, residual, low, high)
+        if self.clamp is None and self.epilogue is not None:
+            self.epilogue(block)
 
     def _rows(self, block: np.ndarray, bias: np.ndarray | None
               ) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int], np.ndarray] | None:

@@ -53,7 +53,7 @@ from .config import (
     ConvConfig,
 )
 from .depthwise import compile_depthwise, depthwise_applies
-from .finish import Finish, compile_finish
+from .finish import FINISHED_TYPES, Finish, compile_finish
 from .problem import _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -123,7 +123,7 @@ class ConvKernel(Kernel):
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights' Winograd transform when its convolutions may use winograd. Compiles
         what its runs will call (the depthwise kernel, the finishing pass)."""
-        if (self.residual or self.clamp is not None) and self.ctx.input_types:
+        if self.ctx.input_types:
             compile_finish(compute_dtype(numpy_dtype(self.ctx.input_types[0])))
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
@@ -318,7 +318,7 @@ class ConvKernel(Kernel):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)
         out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
-        finish = self._finisher(out, residual)
+        finish = self._finisher(out, residual, b is not None)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
         if problem.depth == 0:
@@ -378,19 +378,19 @@ class ConvKernel(Kernel):
         out = np.take(channels, inverse, axis=1)
         if b is not None:
             out += b.reshape((-1,) + (1,) * (out.ndim - 2))
-        finish = self._finisher(out, residual)
+        finish = self._finisher(out, residual, False)
         if finish is not None:
             finish(out)
         return (out,)
 
-    def _finisher(self, out: np.ndarray, residual: np.ndarray | None
+    def _finisher(self, out: np.ndarray, residual: np.ndarray | None, bias: bool
                   ) -> Callable[[np.ndarray], None] | None:
-        """What each finished block of ``out`` gets: the residual's same elements added (a
-        block is a view into ``out``; the residual, laid out like ``out``, is read at the
-        block's offset), then the epilogue; a :class:`Finish` (one pass with the bias) when
-        there is a residual or the epilogue is a clamp."""
+        """What each finished block of ``out`` gets, a :class:`Finish` (one pass with the
+        bias where it can): the residual's same elements added (a block is a view into
+        ``out``; the residual, laid out like ``out``, is read at the block's offset), then the
+        epilogue; None when there is nothing to do."""
         epilogue = self.epilogue
-        if residual is None and self.clamp is None:
+        if residual is None and self.clamp is None and (not bias or out.dtype not in FINISHED_TYPES):
             return epilogue
         if residual is not None and (residual.shape != out.shape or residual.dtype != out.dtype):
             raise self.ctx.error(f"the residual must have the output's shape {list(out.shape)} "
