@@ -104,10 +104,11 @@ def _separable(source: np.ndarray, window: Window, combine: np.ufunc, target: np
 
 
 def _planes(kernel: Kernel, count: int, work: int, block: Callable[[int, int], None]) -> None:
-    """``block(start, stop)`` over ``count`` planes, split across the pool when ``work`` pays."""
+    """``block(start, stop)`` over ``count`` planes, split across the pool when ``work`` pays
+    (the blocks of ``parallel_for``, claimed by whichever thread is free)."""
     pool = kernel.pool
     if pool is not None and pool.num_threads > 1 and count > 1 and work >= PARALLEL_MINIMUM:
-        pool.parallel_for(count, block)
+        pool.parallel_chunks(count, block, pool.num_threads)
     else:
         block(0, count)
 
