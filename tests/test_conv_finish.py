@@ -105,3 +105,35 @@ def test_conv_with_clamp_and_residual_equals_the_unfused_session_bitwise(case, r
     x[0, 0, 0, :3] = [np.nan, -0.0, np.inf]
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(fused.run(None, {"x": x})[0], plain.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("source_layout", ["wide", "strided"])
+def test_finish_copy_from_a_wide_product_equals_numpys_passes(dtype, residual, bias, source_layout):
+    """The wide algorithms' write: the kept columns of a wider product plus the bias, the
+    residual and the clamp, into rows of the output (the strided source takes numpy's passes)."""
+    out = RNG.standard_normal((2, 6, 5, 7)).astype(dtype)
+    expected = out.copy()
+    wide = RNG.standard_normal((2, 4, 3, 9 if source_layout == "wide" else 14)).astype(dtype)
+    wide.reshape(-1)[:3] = [np.nan, -0.0, np.inf]
+    source = wide[..., :7] if source_layout == "wide" else wide[..., ::2]
+    flat = RNG.standard_normal(out.size).astype(dtype) if residual else None
+    b = RNG.standard_normal((2, 4, 1, 1)).astype(dtype) if bias else None
+    clamp = (-0.5, 1.5)
+    finish = Finish(out, flat, lambda block: None, clamp)
+    finish.copy(out[:, 1:5, 2:5], source, b)
+    target = expected[:, 1:5, 2:5]
+    with np.errstate(invalid="ignore"):
+        if b is None:
+            np.copyto(target, source)
+        else:
+            np.add(source, b, out=target)
+        if flat is not None:
+            offset = (target.__array_interface__["data"][0]
+                      - expected.__array_interface__["data"][0]) // expected.itemsize
+            target += np.lib.stride_tricks.as_strided(flat[offset:], target.shape, target.strides)
+        np.maximum(target, dtype(clamp[0]), out=target)
+        np.minimum(target, dtype(clamp[1]), out=target)
+    np.testing.assert_array_equal(out, expected)

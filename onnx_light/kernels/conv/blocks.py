@@ -152,8 +152,12 @@ class _Algorithm:
     def write(self, target: np.ndarray, computed: np.ndarray, g0: int, g1: int, lo: int, hi: int,
               trailing: int) -> None:
         """``computed`` plus the bias of groups g0:g1, filters lo:hi (broadcast over ``trailing``
-        axes) into ``target``, one pass; then the epilogue."""
+        axes) into ``target``, one pass; then the epilogue (with a
+        :class:`~onnx_light.kernels.conv.finish.Finish`, the same pass)."""
         bias = self.bias_of(g0, g1, lo, hi, trailing)
+        if isinstance(self.epilogue, Finish):
+            self.epilogue.copy(target, computed, bias)
+            return
         if bias is None:
             np.copyto(target, computed)
         else:
