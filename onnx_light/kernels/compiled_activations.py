@@ -124,6 +124,8 @@ def _hard_sigmoid_rows(base: np.ndarray, shape: tuple[int, int, int], strides: t
 def flat_rows(block: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int]] | None:
     """The block as (flat memory from its first element, three axes, the first two's strides
     in elements), its last axis contiguous; None when the layout does not allow it."""
+    if block.size == 0:
+        return None
     item = block.itemsize
     axes = []
     for n, stride in zip(block.shape, block.strides, strict=True):

@@ -108,7 +108,8 @@ def _flat(view: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """A 4-D view with a contiguous last axis as flat memory from its first element and the
     first three axes' strides in elements; None otherwise."""
     item = view.itemsize
-    if view.ndim != 4 or view.strides[3] != item or any(s <= 0 or s % item for s in view.strides[:3]):
+    if (view.size == 0 or view.ndim != 4 or view.strides[3] != item
+            or any(s <= 0 or s % item for s in view.strides[:3])):
         return None
     strides = tuple(s // item for s in view.strides[:3])
     span = sum((n - 1) * s for n, s in zip(view.shape[:3], strides, strict=True)) + view.shape[3]
@@ -204,9 +205,9 @@ class Finish:
                 return None
             return (*rows, np.empty((0, 0), block.dtype))
         item = block.itemsize
-        if (block.ndim != 3 or bias.shape != (*block.shape[:2], 1) or block.strides[2] != item
-                or block.strides[0] <= 0 or block.strides[1] <= 0 or block.strides[0] % item
-                or block.strides[1] % item):
+        if (block.size == 0 or block.ndim != 3 or bias.shape != (*block.shape[:2], 1)
+                or block.strides[2] != item or block.strides[0] <= 0 or block.strides[1] <= 0
+                or block.strides[0] % item or block.strides[1] % item):
             return None
         strides = (block.strides[0] // item, block.strides[1] // item)
         span = (block.shape[0] - 1) * strides[0] + (block.shape[1] - 1) * strides[1] + block.shape[2]
