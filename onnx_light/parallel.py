@@ -32,6 +32,7 @@ them, so a kernel gives the same results whether a region runs in parallel or in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
 import threading
@@ -58,7 +59,7 @@ _tls = _Local()
 class _Core:
     """State shared between a pool and its workers (kept apart so workers do not pin the pool)."""
 
-    __slots__ = ("count_lock", "done", "remaining", "task", "threads", "wake")
+    __slots__ = ("count_lock", "done", "remaining", "task", "threads", "wake", "woken")
 
     def __init__(self, num_workers: int) -> None:
         self.task: object = None
@@ -69,7 +70,60 @@ class _Core:
         self.wake = [threading.Lock() for _ in range(num_workers)]
         for lock in self.wake:
             lock.acquire()
+        # whether worker i has a wake-up it has not taken yet (a chunked region may end
+        # before its workers wake: the next region must not release their locks again)
+        self.woken = [False] * num_workers
         self.threads: list[threading.Thread] = []
+
+    def wake_workers(self, count: int) -> None:
+        """Wake the first ``count`` workers (those not woken already) for the published task."""
+        woken, wake = self.woken, self.wake
+        for i in range(count):
+            if not woken[i]:
+                woken[i] = True
+                wake[i].release()
+
+
+class _Chunks:
+    """A chunked region: contiguous chunks that whichever thread is free claims in order."""
+
+    __slots__ = ("bounds", "claimed", "done", "errors", "finished", "fn", "lock", "waiting")
+
+    def __init__(self, fn: Callable[[int, int], None], bounds: list[int]) -> None:
+        self.fn = fn
+        self.bounds = bounds
+        self.claimed = itertools.count()  # next() is atomic under the GIL
+        self.errors: list[BaseException] = []
+        self.finished = 0
+        self.lock = threading.Lock()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.waiting = False  # the caller waits for chunks that workers still run
+
+    def run(self) -> None:
+        """Claim and run chunks until none is left; the thread finishing the last chunk wakes
+        a waiting caller."""
+        fn, bounds = self.fn, self.bounds
+        count = len(bounds) - 1
+        while (i := next(self.claimed)) < count:
+            try:
+                fn(bounds[i], bounds[i + 1])
+            except BaseException as exc:  # re-raised in the caller
+                self.errors.append(exc)
+            with self.lock:
+                self.finished += 1
+                last = self.finished == count and self.waiting
+            if last:
+                self.done.release()
+
+    def wait(self) -> None:
+        """Return once every chunk is finished (the caller claims no more)."""
+        count = len(self.bounds) - 1
+        with self.lock:
+            if self.finished == count:
+                return
+            self.waiting = True
+        self.done.acquire()
 
 
 def _worker_main(core: _Core, index: int) -> None:
@@ -79,10 +133,19 @@ def _worker_main(core: _Core, index: int) -> None:
     count_lock = core.count_lock
     while True:
         wake.acquire()
+        core.woken[index] = False  # before reading the task: a region published later wakes us
         task = core.task
         if task is _STOP:
             return
+        if task is None or type(task) is _Chunks:  # a region that may be over already
+            if task is not None:
+                task.run()
+            del task
+            continue
         fn, bounds, errors = task
+        if index + 2 >= len(bounds):  # a late wake-up: this region needs fewer workers
+            del task, fn, bounds, errors
+            continue
         try:
             fn(bounds[index + 1], bounds[index + 2])
         except BaseException as exc:  # re-raised in the caller
@@ -109,8 +172,7 @@ def _start_core(num_workers: int, label: str) -> _Core:
 
 def _stop_core(core: _Core, join: bool) -> None:
     core.task = _STOP
-    for lock in core.wake:
-        lock.release()
+    core.wake_workers(len(core.wake))
     if join:
         me = threading.current_thread()
         for thread in core.threads:
@@ -245,9 +307,7 @@ class ThreadPool:
         errors: list[BaseException] = []
         core.remaining = blocks - 1
         core.task = (fn, bounds, errors)
-        wake = core.wake
-        for i in range(blocks - 1):
-            wake[i].release()
+        core.wake_workers(blocks - 1)
         _tls.active = core
         try:
             fn(bounds[0], bounds[1])
@@ -268,6 +328,73 @@ class ThreadPool:
         if interrupted is not None:
             raise interrupted
         return errors
+
+    def parallel_chunks(self, n: int, fn: Callable[[int, int], None], chunks: int) -> None:
+        """Call ``fn(start, stop)`` for ``chunks`` contiguous near-equal chunks of ``range(n)``
+        (at most ``n``), each run once by whichever thread claims it first, in order.
+
+        The chunks are those of :meth:`parallel_for` with ``max_blocks=chunks``, so a kernel
+        computes the same values either way; what changes is who runs them. The caller
+        starts on the first chunk at once and the workers join when they wake: a worker that
+        wakes late (its processor busy with another program) takes fewer chunks, none if the
+        others finished them, and the caller does not wait for a worker that claimed none.
+        Errors, nesting and concurrent callers behave as in :meth:`parallel_for`.
+        """
+        if self._closed:
+            raise RuntimeError("parallel_chunks called on a closed ThreadPool")
+        n = operator.index(n)
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ValueError(f"chunks must be an int >= 1, got {chunks!r}")
+        chunks = min(chunks, n)
+        if chunks == 0:
+            return
+        if chunks == 1:
+            fn(0, n)
+            return
+        bounds = _block_bounds(n, chunks)
+        if self._num_threads == 1:
+            _run_inline(fn, bounds)
+            return
+        region_lock = self._region_lock
+        if _tls.active is not None or not region_lock.acquire(False):
+            _run_inline(fn, bounds)
+            return
+        try:
+            if self._closed:
+                raise RuntimeError("parallel_chunks called on a closed ThreadPool")
+            core = self._core
+            if core is None:  # first use in a forked child: restart the workers
+                self._start()
+                core = self._core
+            region = _Chunks(fn, bounds)
+            core.task = region
+            core.wake_workers(min(self._num_threads, chunks) - 1)
+            _tls.active = core
+            try:
+                region.run()
+            finally:
+                _tls.active = None
+            interrupted: BaseException | None = None
+            while True:  # as in _run_region: never leave with a chunk still running
+                try:
+                    region.wait()
+                    break
+                except BaseException as exc:
+                    interrupted = exc
+            core.task = None
+        finally:
+            region_lock.release()
+        if interrupted is not None:
+            raise interrupted
+        errors = region.errors
+        if errors:
+            err = errors[0]
+            try:
+                raise err
+            finally:
+                del err, errors
 
     def close(self) -> None:
         """Stop the workers (waiting for a running region first). Idempotent."""

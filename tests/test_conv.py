@@ -216,6 +216,9 @@ def test_parallel_plans(pools):
     assert plan((4, 8, 7, 7), (4, 8, 3, 3), {}, "auto") == "batch_and_groups"
     assert plan((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, "auto") == "batch_and_groups"
     assert plan((1, 64, 7, 7), (128, 64, 3, 3), {}, "auto") == "filters"  # 128 filters, 25 outputs
+    # a strided 1x1 convolution (im2col) with more filters than outputs: the filters
+    assert plan((1, 16, 28, 28), (256, 16, 1, 1), {"strides": [2, 2]}, "auto") == "filters"
+    assert plan((1, 16, 28, 28), (128, 16, 1, 1), {"strides": [2, 2]}, "auto") == "output_rows"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "batch_and_groups") == "output_rows"  # one pair
     assert plan((2, 8, 1, 1), (4, 8, 1, 1), {}, "output_rows") == "filters"  # one row
     assert plan((2, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "batch_and_groups"  # one filter

@@ -405,3 +405,112 @@ def test_a_lone_openblas_is_limited_through_its_own_functions() -> None:
         blas.restore(previous)
     assert lib.get_num_threads() == before
     assert _raw_openblas((lib, lib)) is None  # two libraries: threadpoolctl's calls
+# ---------------------------------------------------------------- chunked regions
+
+
+def record_chunks(pool: ThreadPool, n: int, chunks: int) -> list[tuple[int, int, int]]:
+    seen: list[tuple[int, int, int]] = []
+    pool.parallel_chunks(n, lambda start, stop: seen.append((start, stop, threading.get_ident())), chunks)
+    return sorted(seen)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 4])
+@pytest.mark.parametrize(("n", "chunks"), [(0, 3), (1, 4), (5, 2), (7, 7), (10, 4), (1001, 8), (3, 9)])
+def test_chunks_are_parallel_for_blocks_run_once(num_threads: int, n: int, chunks: int) -> None:
+    with ThreadPool(num_threads) as pool:
+        got = [(a, b) for a, b, _ in record_chunks(pool, n, chunks)]
+        check_partition([(a, b, 0) for a, b in got], n, min(n, chunks))
+        # parallel_for's blocks of the same count: the same values either way
+        assert got == sorted((a, b) for a, b in _block_list(n, min(n, chunks)))
+
+
+def _block_list(n: int, count: int) -> list[tuple[int, int]]:
+    with ThreadPool(count or 1) as pool:
+        seen: list[tuple[int, int]] = []
+        if n:
+            pool.parallel_for(n, lambda a, b: seen.append((a, b)), max_blocks=count)
+        return seen
+
+
+def test_a_worker_that_never_wakes_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller claims every chunk itself and returns without waiting for the worker."""
+    from onnx_light import parallel
+
+    with ThreadPool(2) as pool:
+        with monkeypatch.context() as patch:
+            patch.setattr(parallel._Core, "wake_workers", lambda self, count: None)
+            seen: list[tuple[int, int, int]] = []
+            thread = threading.Thread(target=lambda: seen.extend(record_chunks(pool, 12, 4)))
+            thread.start()
+            thread.join(5)
+            assert not thread.is_alive()
+        check_partition(seen, 12, 4)
+        assert {t for _, _, t in seen} == {thread.ident}
+        check_partition(record_blocks(pool, 10), 10, 2)  # the worker still answers
+
+
+def test_a_busy_pool_runs_a_second_callers_chunks_inline() -> None:
+    with ThreadPool(2) as pool:
+        started, release = threading.Event(), threading.Event()
+
+        def busy(start: int, stop: int) -> None:
+            if start == 1:
+                started.set()
+                release.wait(5)
+
+        thread = threading.Thread(target=pool.parallel_for, args=(2, busy))
+        thread.start()
+        started.wait(5)
+        seen = record_chunks(pool, 8, 4)
+        release.set()
+        thread.join(5)
+        check_partition(seen, 8, 4)
+        assert {t for _, _, t in seen} == {threading.get_ident()}
+
+
+def test_chunk_errors_propagate_after_all_chunks() -> None:
+    with ThreadPool(2) as pool:
+        ran: list[int] = []
+
+        def fn(start: int, stop: int) -> None:
+            ran.append(start)
+            if start == 3:
+                raise ValueError("chunk 3")
+
+        with pytest.raises(ValueError, match="chunk 3"):
+            pool.parallel_chunks(10, fn, 10)
+        assert sorted(ran) == list(range(10))
+        check_partition(record_chunks(pool, 10, 5), 10, 5)  # usable afterwards
+
+
+def test_static_and_chunked_regions_interleave_and_close() -> None:
+    pool = ThreadPool(3)
+    x = np.arange(30_000, dtype=np.float64)
+    out = np.empty_like(x)
+    for round_ in range(200):  # late wake-ups of chunked regions meet the next regions
+        if round_ % 2:
+            pool.parallel_chunks(x.size, lambda a, b: np.negative(x[a:b], out=out[a:b]), 5)
+        else:
+            pool.parallel_for(x.size, lambda a, b: np.negative(x[a:b], out=out[a:b]), max_blocks=2)
+        np.testing.assert_array_equal(out, -x)
+        out[:] = 0
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.parallel_chunks(4, lambda a, b: None, 2)
+
+
+def test_nested_chunked_region_runs_inline() -> None:
+    with ThreadPool(2) as pool:
+        inner: list[tuple[int, int]] = []
+
+        def outer(start: int, stop: int) -> None:
+            pool.parallel_chunks(4, lambda a, b, s=start: inner.append((s, threading.get_ident())), 2)
+
+        pool.parallel_for(2, outer)
+        assert len(inner) == 4
+
+
+@pytest.mark.parametrize("chunks", [0, -1, 1.5, True])
+def test_invalid_chunks(chunks: object) -> None:
+    with ThreadPool(2) as pool, pytest.raises(ValueError, match="chunks"):
+        pool.parallel_chunks(4, lambda a, b: None, chunks)  # type: ignore[arg-type]

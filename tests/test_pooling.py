@@ -14,6 +14,8 @@ import itertools
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -451,3 +453,35 @@ def test_layer_normalization(axis):
                opset=17, outputs=3)
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _lists(low, high, size):
+    return st.lists(st.integers(low, high), min_size=size, max_size=size)
+
+
+@settings(deadline=None, derandomize=True, max_examples=60)
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 11), st.integers(1, 11), _lists(1, 4, 2),
+       _lists(1, 3, 2), _lists(1, 2, 2), _lists(0, 2, 4), st.integers(0, 1),
+       st.sampled_from([np.float32, np.float64]))
+def test_compiled_maxpool_equals_the_numpy_passes(n, c, h, w, kernel, strides, dilations, pads, ceil_mode,
+                                                  dtype):
+    """The compiled 2-D MaxPool against the separable numpy passes on the padded input (its
+    former path), bitwise, NaN and infinities included."""
+    pads = [min(p, (k - 1) * d) for p, k, d in zip(pads, kernel * 2, dilations * 2, strict=True)]
+    attributes = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads,
+                  "ceil_mode": ceil_mode}
+    extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    assume(all(size + pads[i] + pads[i + 2] >= extents[i] for i, size in enumerate((h, w))))
+    rng = np.random.default_rng(n * 1000 + h * 10 + w)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, np.inf, -np.inf]
+    kernel_object = pooling.MaxPool(NodeContext("pool", "MaxPool", "", 12, attributes,
+                                                (T.FLOAT,), (T.FLOAT,), 1, 1))
+    window = kernel_object.window(x)
+    expected = np.empty((n * c, *window.output), dtype)
+    padded = pooling.pad_spatial(x, window, -np.inf)
+    pooling._separable(padded.reshape(n * c, *padded.shape[2:]), window, np.maximum, expected)
+    for threads in (1, 2):
+        with ThreadPool(threads) as pool:
+            got = _run(pooling.MaxPool, "MaxPool", [x], attributes, opset=12, pool=pool)[0]
+        np.testing.assert_array_equal(got.reshape(expected.shape), expected)

@@ -50,6 +50,7 @@ from .base import (
     quiet_already,
 )
 from .calibration import calibrate_elementwise
+from .compiled_activations import in_place
 from .compiled_elementwise import CompiledProgram, single_op
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .elementwise_compute import (
@@ -173,10 +174,11 @@ OPS: tuple[ElementwiseOp, ...] = (
     _OP("LeakyRelu", U, F, _leaky_relu, (1, 6, 16), precision="float32",
         attributes=(Attribute("alpha", 0.01),), in_place=True),
     _OP("PRelu", B, PRELU_TYPES, _prelu, (7, 9, 16)),
-    _OP("Sigmoid", U, F, _sigmoid, _CLASSIC, precision="float32", cost="transcendental"),
+    _OP("Sigmoid", U, F, _sigmoid, _CLASSIC, precision="float32", cost="transcendental",
+        in_place=True),
     _OP("HardSigmoid", U, F, _hard_sigmoid, (1, 6, 22), precision="float32",
-        attributes=(Attribute("alpha", 0.2), Attribute("beta", 0.5))),
-    _OP("HardSwish", U, F, _hard_swish, (14, 22), precision="float32"),
+        attributes=(Attribute("alpha", 0.2), Attribute("beta", 0.5)), in_place=True),
+    _OP("HardSwish", U, F, _hard_swish, (14, 22), precision="float32", in_place=True),
     _OP("Tanh", U, F, np.tanh, _CLASSIC, cost="transcendental", in_place=True),
     _OP("Softplus", U, F, _softplus, (1, 22), cost="transcendental"),
     _OP("Softsign", U, F, _softsign, (1, 22), precision="float32"),
@@ -519,7 +521,10 @@ class ElementwiseKernel(Kernel):
         def apply(block: np.ndarray) -> None:
             compute(block, out=block)
 
-        return _quietly(apply) if plan.quiet else apply
+        numpy_apply = _quietly(apply) if plan.quiet else apply
+        if element_type == T.FLOAT:  # one compiled pass where there is one
+            return in_place(self.ctx.op_type, self.attributes, numpy_apply) or numpy_apply
+        return numpy_apply
 
     def _operands(self, inputs: tuple[np.ndarray | None, ...]) -> list[np.ndarray | None]:
         arity = self.op.arity

@@ -132,6 +132,7 @@ def _sigmoid(x: np.ndarray, *, out: np.ndarray) -> None:
     # exp(-|x|) never overflows: 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0. The
     # numerator is max(e, [x >= 0]) (e <= 1; NaN stays NaN): whole-array passes instead of a
     # divide with ``where=`` (numpy's masked loops are slow), same results.
+    # Safe in place: x is read before out is written.
     e = np.abs(x)
     np.negative(e, out=e)
     np.exp(e, out=e)
@@ -141,6 +142,7 @@ def _sigmoid(x: np.ndarray, *, out: np.ndarray) -> None:
 
 
 def _hard_sigmoid(x: np.ndarray, *, out: np.ndarray, alpha: float, beta: float) -> None:
+    # safe in place: x is read by the first pass only
     np.multiply(x, alpha, out=out)
     np.add(out, beta, out=out)
     np.minimum(out, 1, out=out)
@@ -151,8 +153,10 @@ _ONE_SIXTH = float(np.float32(1 / 6))  # HardSwish is x * HardSigmoid(x, alpha=1
 
 
 def _hard_swish(x: np.ndarray, *, out: np.ndarray) -> None:
-    _hard_sigmoid(x, out=out, alpha=_ONE_SIXTH, beta=0.5)
-    np.multiply(out, x, out=out)
+    # in place (out is x, as a fused epilogue calls it) the gate goes to a new array first
+    gate = np.empty_like(out) if np.may_share_memory(x, out) else out
+    _hard_sigmoid(x, out=gate, alpha=_ONE_SIXTH, beta=0.5)
+    np.multiply(gate, x, out=out)
 
 
 def _softplus(x: np.ndarray, *, out: np.ndarray) -> None:

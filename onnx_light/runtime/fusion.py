@@ -57,6 +57,7 @@ one). ``RuntimeSession(..., fuse=False)`` runs the graph as written.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel, numpy_dtype
+from ..kernels.compiled_activations import in_place
 from ..kernels.compiled_elementwise import (
     ADD,
     FUSION_WORTH,
@@ -175,7 +177,12 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
             index = private(inputs[0])
             previous = result[index][0] if index is not None else None
             w = known.get(inputs[1])
-            if (isinstance(previous, ChannelAffine) and kernel.prologue is None
+            scaled = _channel_scale(kernel, inputs, w, previous,
+                                    result[index][1] if previous is not None else (), shapes)
+            if scaled is not None:
+                kernel, inputs = scaled
+                result[index] = None  # the scaling runs inside the convolution now
+            elif (isinstance(previous, ChannelAffine) and kernel.prologue is None
                     and w is not None and kernel.accepts_prologue(w.shape)
                     and {previous.multiplier.size, previous.offset.size} <= {1, w.shape[1] * kernel.group}):
                 kernel = kernel.variant(prologue=Prologue(previous.multiplier, previous.offset,
@@ -186,6 +193,11 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
               and (fused := _residual(inputs, outputs, private, producer, result, shapes)) is not None):
             index, conv, conv_inputs = fused
             absorb(index, conv, conv_inputs, outputs)
+            continue
+        elif (isinstance(kernel, ElementwiseKernel) and kernel.ctx.op_type == "Mul"
+              and (gated := _silu(inputs, keep, readers, producer, result)) is not None):
+            index, epilogue = gated
+            absorb(index, result[index][0].variant(epilogue=epilogue), result[index][1], outputs)
             continue
         elif (isinstance(kernel, ElementwiseKernel) and inputs and inputs[0] is not None
               and all(s is None or s in known for s in inputs[1:])):
@@ -198,7 +210,11 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                             if previous.accepts_epilogue and previous.epilogue is None
                             and element_type in FUSED_TYPES else None)
                 if function is not None:
-                    with_epilogue = previous.variant(epilogue=function)  # the unfused plan keeps the original
+                    extra = {}
+                    if isinstance(previous, ConvKernel):
+                        extra["clamp"] = _clamp(kernel, constants)
+                    # the unfused plan keeps the original
+                    with_epilogue = previous.variant(epilogue=function, **extra)
                     absorb(index, with_epilogue, result[index][1], outputs)
                     continue
         result.append([kernel, inputs, outputs])
@@ -365,7 +381,91 @@ def _residual(inputs: Slots, outputs: Slots, private: Callable[[int], int | None
         fused = conv.variant(residual=True)  # the unfused plan keeps the original
         conv_inputs = result[index][1]
         bias = conv_inputs[2] if len(conv_inputs) > 2 else None
-        return index, fused, (conv_inputs[0], conv_inputs[1], bias, other)
+        return index, fused, (conv_inputs[0], conv_inputs[1], bias, other, *conv_inputs[4:])
+    return None
+
+
+def _clamp(kernel: Kernel, constants: Sequence[np.ndarray | None]) -> tuple[float, float] | None:
+    """The activation as the bounds of a clamp (Relu, Clip with constant bounds), or None."""
+    op_type = kernel.ctx.op_type
+    if op_type == "Relu":
+        return 0.0, math.inf
+    if op_type != "Clip":
+        return None
+    attributes = kernel.attributes if isinstance(kernel, ElementwiseKernel) else {}
+    bounds = [attributes.get("min"), attributes.get("max")] if not constants else [*constants, None]
+    low, high = bounds[0], bounds[1]
+    if any(b is not None and np.asarray(b).size != 1 for b in (low, high)):
+        return None
+    return (-math.inf if low is None else float(np.asarray(low).reshape(-1)[0]),
+            math.inf if high is None else float(np.asarray(high).reshape(-1)[0]))
+
+
+def _silu(inputs: Slots, keep: set[int], readers: Mapping[int, int], producer: Mapping[int, int],
+          result: list[list]) -> tuple[int, Callable[[np.ndarray], None]] | None:
+    """For ``x * Sigmoid(x)`` (SiLU as exporters write it; the Sigmoid read by this Mul only,
+    ``x`` by the two of them): the result index of the step that makes ``x``, when it takes an
+    epilogue and has none, and the in-place SiLU (the Sigmoid's step is dropped); or None."""
+    if len(inputs) != 2 or None in inputs or inputs[0] == inputs[1]:
+        return None
+    for gate, x in (inputs, inputs[::-1]):
+        sigmoid_index, index = producer.get(gate), producer.get(x)
+        if sigmoid_index is None or index is None or result[sigmoid_index] is None or result[index] is None:
+            continue
+        sigmoid, sigmoid_inputs, sigmoid_outputs = result[sigmoid_index]
+        previous, _, previous_outputs = result[index]
+        if (not isinstance(sigmoid, ElementwiseKernel) or sigmoid.ctx.op_type != "Sigmoid"
+                or tuple(sigmoid_inputs) != (x,) or tuple(sigmoid_outputs) != (gate,)
+                or readers[gate] != 1 or readers[x] != 2 or gate in keep or x in keep
+                or tuple(previous_outputs) != (x,) or not previous.accepts_epilogue
+                or previous.epilogue is not None or not previous.ctx.output_types):
+            continue
+        element_type = previous.ctx.output_types[0]
+        function = sigmoid.in_place_function(element_type) if element_type in FUSED_TYPES else None
+        if function is None:
+            continue
+        result[sigmoid_index] = None
+        swish = _swish(function)
+        if element_type == TensorProto.FLOAT:  # one compiled pass
+            swish = in_place("Swish", {"alpha": 1.0}, swish) or swish
+        return index, swish
+    return None
+
+
+def _swish(sigmoid: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
+    """``x * sigmoid(x)`` in place with the Sigmoid's and the Mul's operations (the double
+    type, and float blocks of a layout the compiled pass does not take)."""
+
+    def swish(block: np.ndarray) -> None:
+        gate = block.copy()
+        sigmoid(gate)
+        np.multiply(block, gate, out=block)
+
+    return swish
+
+
+def _channel_scale(conv: ConvKernel, inputs: Slots, w: np.ndarray | None, previous: Kernel | None,
+                   previous_inputs: Slots, shapes: Mapping[int, Sequence[int | str | None]]
+                   ) -> tuple[ConvKernel, Slots] | None:
+    """Squeeze-and-excitation's ``x * s`` (``s`` one value per image and channel, shape
+    (N, C, 1, ...)) read only by a 1x1 convolution with constant weights: the convolution
+    with the scale as an input (``ConvKernel.channel_scale``: it scales the weights' input
+    channels instead of ``x``) and its new inputs (x, W, B, no residual, s); or None."""
+    if (not isinstance(previous, ElementwiseKernel) or previous.ctx.op_type != "Mul"
+            or w is None or w.ndim < 3 or any(k != 1 for k in w.shape[2:])
+            or conv.prologue is not None or conv.channel_scale or conv.residual
+            or not conv.ctx.output_types or conv.ctx.output_types[0] not in FUSED_TYPES
+            or len(previous_inputs) != 2 or None in previous_inputs):
+        return None
+    for x, s in (previous_inputs, previous_inputs[::-1]):
+        x_shape, s_shape = shapes.get(x), shapes.get(s)
+        if (x_shape is None or s_shape is None or len(x_shape) != w.ndim or len(s_shape) != w.ndim
+                or not all(isinstance(d, int) for d in (*x_shape, *s_shape))):
+            continue
+        if (s_shape[:2] == x_shape[:2] and all(d == 1 for d in s_shape[2:])
+                and any(d != 1 for d in x_shape[2:])):
+            bias = inputs[2] if len(inputs) > 2 else None
+            return conv.variant(channel_scale=True), (x, inputs[1], bias, None, s)
     return None
 
 

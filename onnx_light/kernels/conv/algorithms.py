@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import as_strided
 from ...parallel import ThreadPool
 from ..window import pad_spatial
 from . import winograd
-from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block
+from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block, split
 from .depthwise import _CompiledDepthwise, read_only
 from .problem import _Problem
 
@@ -70,11 +70,7 @@ class _Columns(_Algorithm):
         if not self.wide:
             flat = target.reshape(count, hi - lo, width)
             np.matmul(weights, columns, out=flat)
-            bias = self.bias_of(g0, g1, lo, hi, 1)
-            if bias is not None:
-                flat += bias
-            if self.epilogue is not None:
-                self.epilogue(flat)
+            self.complete(flat, g0, g1, lo, hi, 1)
             return
         product = scratch[:count * (hi - lo) * width].reshape(count, hi - lo, width)
         np.matmul(weights, columns, out=product)
@@ -115,7 +111,7 @@ class _Columns(_Algorithm):
                          columns: np.ndarray = columns) -> None:
                     np.copyto(columns[c0:c1], self.source(n, c0, c1, s, e))
 
-                pool.parallel_for(channels, copy, max_blocks=threads)
+                split(pool, channels, copy, threads)
                 grouped = columns.reshape(groups, depth, width)
 
                 def multiply(m0: int, m1: int, n: int = n, s: int = s, e: int = e,
@@ -127,8 +123,7 @@ class _Columns(_Algorithm):
                             part = scratch[first:first + (hi - lo) * width]
                         self.product(n, g, g + 1, lo, hi, s, e, grouped[g:g + 1], part)
 
-                pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
-                                  max_blocks=threads)
+                split(pool, problem.filters, functools.partial(_limited, per_thread, multiply), threads)
 
 
 class _WideColumns(_Columns):
@@ -197,8 +192,7 @@ class _Shifted(_Columns):
                     for s in range(0, rows, step):
                         self.product(n, g, g + 1, lo, hi, s, min(rows, s + step), total, term)
 
-        pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
-                          max_blocks=threads)
+        split(pool, problem.filters, functools.partial(_limited, per_thread, multiply), threads)
 
 
 class _Pointwise(_Algorithm):
@@ -229,11 +223,7 @@ class _Pointwise(_Algorithm):
         count, width = g1 - g0, (r1 - r0) * self.row_size
         target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, width)
         np.matmul(self.weights[g0:g1, lo:hi], self.source(n, g0, g1, r0, r1), out=target)
-        bias = self.bias_of(g0, g1, lo, hi, 1)
-        if bias is not None:
-            target += bias
-        if self.epilogue is not None:
-            self.epilogue(target)
+        self.complete(target, g0, g1, lo, hi, 1)
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         for n, g0, g1 in _group_ranges(self.problem, start, stop):
@@ -246,8 +236,7 @@ class _Pointwise(_Algorithm):
                 for g, lo, hi in _filter_ranges(problem, m0, m1):
                     self.product(n, g, g + 1, lo, hi, 0, rows)
 
-            pool.parallel_for(problem.filters, functools.partial(_limited, per_thread, multiply),
-                              max_blocks=threads)
+            split(pool, problem.filters, functools.partial(_limited, per_thread, multiply), threads)
 
 
 class _PerFilter(_Pointwise):
@@ -261,11 +250,7 @@ class _PerFilter(_Pointwise):
         target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, 1, width)
         source = self.source(n, g0, g1, r0, r1).reshape(count, 1, self.cg, width)
         np.matmul(self.weights[g0:g1, lo:hi, None, :], source, out=target)
-        bias = self.bias_of(g0, g1, lo, hi, 2)
-        if bias is not None:
-            target += bias
-        if self.epilogue is not None:
-            self.epilogue(target)
+        self.complete(target, g0, g1, lo, hi, 2)
 
 
 class _Winograd(_Algorithm):

@@ -11,6 +11,8 @@ from typing import ClassVar
 import numpy as np
 
 from ...parallel import BLAS, ThreadPool
+from .config import CHUNKS_PER_THREAD
+from .finish import Finish
 from .problem import _Problem
 
 
@@ -59,14 +61,21 @@ def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, 
             def run_items(start: int, stop: int) -> None:
                 _limited(per_thread, algorithm.block, start, stop, 0, rows)
 
-            pool.parallel_for(items, run_items, max_blocks=threads)
+            split(pool, items, run_items, threads)
         else:
             unit = algorithm.row_unit
 
             def run_rows(start: int, stop: int) -> None:
                 _limited(per_thread, algorithm.block, 0, items, start * unit, min(stop * unit, rows))
 
-            pool.parallel_for(-(-rows // unit), run_rows, max_blocks=threads)
+            split(pool, -(-rows // unit), run_rows, threads)
+
+
+def split(pool: ThreadPool, n: int, fn: Callable[[int, int], None], threads: int) -> None:
+    """``fn`` over ``range(n)`` on the pool in :data:`CHUNKS_PER_THREAD` chunks per thread,
+    each taken by the first free thread: a thread whose processor another program holds
+    takes fewer, instead of the region waiting for its fixed half."""
+    pool.parallel_chunks(n, fn, threads * CHUNKS_PER_THREAD)
 
 
 def _limited(per_thread: bool, function: Callable[..., None], *arguments: int) -> None:
@@ -126,11 +135,29 @@ class _Algorithm:
             return None
         return self.bias[g0:g1, lo:hi].reshape((g1 - g0, hi - lo) + (1,) * trailing)
 
+    def complete(self, target: np.ndarray, g0: int, g1: int, lo: int, hi: int, trailing: int) -> None:
+        """The bias of groups g0:g1, filters lo:hi (broadcast over ``trailing`` axes) added to
+        ``target``, then the epilogue: one pass when the epilogue is a
+        :class:`~onnx_light.kernels.conv.finish.Finish`."""
+        bias = self.bias_of(g0, g1, lo, hi, trailing)
+        epilogue = self.epilogue
+        if isinstance(epilogue, Finish):
+            epilogue(target, bias)
+            return
+        if bias is not None:
+            target += bias
+        if epilogue is not None:
+            epilogue(target)
+
     def write(self, target: np.ndarray, computed: np.ndarray, g0: int, g1: int, lo: int, hi: int,
               trailing: int) -> None:
         """``computed`` plus the bias of groups g0:g1, filters lo:hi (broadcast over ``trailing``
-        axes) into ``target``, one pass; then the epilogue."""
+        axes) into ``target``, one pass; then the epilogue (with a
+        :class:`~onnx_light.kernels.conv.finish.Finish`, the same pass)."""
         bias = self.bias_of(g0, g1, lo, hi, trailing)
+        if isinstance(self.epilogue, Finish):
+            self.epilogue.copy(target, computed, bias)
+            return
         if bias is None:
             np.copyto(target, computed)
         else:

@@ -114,6 +114,12 @@ SHIFTED_OUTPUTS = 784
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
 # many filters split the filters instead (one shared copy).
 ROWS_PER_THREAD = 4
+# A split plan cuts its range into this many chunks per thread, taken by whichever thread is
+# free (ThreadPool.parallel_chunks): a thread that wakes late (its processor busy with another
+# program) takes none, instead of the region waiting for its fixed share. More chunks balance
+# a slow thread better but cost CPU time on every run (each chunk's product packs the weights
+# again): 2, 3 and 4 per thread measured 7%, 11% and 16% more CPU time (docs/conv.md).
+CHUNKS_PER_THREAD = 1
 # A multiply-add of the compiled depthwise kernel is slower than one inside a large BLAS
 # product: it counts this many times against parallel.minimum_flops (docs/conv.md).
 DEPTHWISE_COST = 4

@@ -14,8 +14,10 @@ whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferre
 the compiled depthwise and winograd kernels are compiled there too); a runtime may also set
 ``epilogue`` (a fused activation, applied to each finished block), ``prologue`` (a
 per-channel map of the input of a 1x1 convolution,
-:class:`~onnx_light.kernels.conv.blocks.Prologue`) and ``residual`` (a fourth input, added to
-each finished block before the epilogue: ResNet's shortcut).
+:class:`~onnx_light.kernels.conv.blocks.Prologue`), ``residual`` (a fourth input, added to
+each finished block before the epilogue: ResNet's shortcut) and ``channel_scale`` (a fifth
+input, one factor per image and input channel that X is multiplied by first:
+squeeze-and-excitation's gate, applied to the weights' input channels).
 
 Equal filters. When a session's weights are constant and some filters are bitwise equal
 (group 1, float and double), each distinct filter is computed once and its channel copied to
@@ -36,10 +38,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ...tuning.schema import Value
-from ..base import Kernel, KernelError, NodeContext, compute_dtype
+from ..base import Kernel, KernelError, NodeContext, compute_dtype, numpy_dtype
 from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
@@ -53,6 +54,7 @@ from .config import (
     ConvConfig,
 )
 from .depthwise import compile_depthwise, depthwise_applies
+from .finish import FINISHED_TYPES, Finish, compile_finish
 from .problem import _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -122,6 +124,11 @@ class ConvKernel(Kernel):
         self._winograd: _WinogradFilters | None = None  # set by specialize
         self.prologue: Prologue | None = None  # set by the runtime's fusion
         self.residual = False  # set by the runtime's fusion: a fourth input to add
+        # set by the runtime's fusion: a fifth input, one factor per image and input channel
+        self.channel_scale = False
+        # set by the runtime's fusion: the epilogue as (low, high) when it is a clamp (Relu,
+        # Clip), which the finishing pass applies with the bias and the residual
+        self.clamp: tuple[float, float] | None = None
         self._settled: _Settled | None = None  # set by settle
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
@@ -136,7 +143,9 @@ class ConvKernel(Kernel):
         """With constant weights: a kernel that computes each distinct filter once when
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights for their Winograd transforms when its convolutions may use
-        winograd."""
+        winograd. Compiles what its runs will call (the depthwise kernel, the finishing pass)."""
+        if self.ctx.input_types:
+            compile_finish(compute_dtype(numpy_dtype(self.ctx.input_types[0])))
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
             return None
@@ -189,7 +198,8 @@ class ConvKernel(Kernel):
                                       return_inverse=True)[1:]
         if len(first_of) == w.shape[0] or not np.array_equal(bits, bits[first_of[inverse]]):
             return None  # all distinct, or two distinct filters share a sum: keep it simple
-        plain = self.variant(epilogue=None, residual=False)  # the distinct filters' product alone
+        # the distinct filters' product alone
+        plain = self.variant(epilogue=None, residual=False, channel_scale=False)
         return self.variant(_distinct=_DistinctFilters(w, np.ascontiguousarray(w[first_of]),
                                                        inverse.reshape(-1), plain))
 
@@ -326,6 +336,8 @@ class ConvKernel(Kernel):
         residual = inputs[3] if self.residual and len(inputs) > 3 else None
         if self.residual and residual is None:
             raise self.ctx.error("needs the residual input (the fused addition's other operand)")
+        if self.channel_scale:
+            x, w = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
         if self._distinct is not None and w is self._distinct.weights:
             return self._run_distinct(x, b, residual)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
@@ -344,7 +356,7 @@ class ConvKernel(Kernel):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)
         out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
-        finish = self._finisher(out, residual)
+        finish = self._finisher(out, residual, b is not None)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
         if problem.depth == 0:
@@ -371,6 +383,30 @@ class ConvKernel(Kernel):
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
 
+    def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """X and W of the convolution of ``x * scale`` (the fused squeeze-and-excitation
+        product; ``scale`` (N, C, 1, ...)): the weights' input channels scaled when one scale
+        holds for every image (W is smaller than X at the planes where it occurs, and the
+        product then reads X as it is), else X scaled."""
+        if scale is None:
+            raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
+        if (scale.ndim != x.ndim or scale.shape[1] != x.shape[1] or scale.shape[0] not in (1, x.shape[0])
+                or any(d != 1 for d in scale.shape[2:]) or scale.dtype != x.dtype):
+            raise self.ctx.error(f"the channel scale must have shape [{x.shape[0]}, {x.shape[1]}"
+                                 f"{', 1' * (x.ndim - 2)}] and X's type {x.dtype}, got "
+                                 f"{list(scale.shape)} {scale.dtype}")
+        if x.shape[0] > 1 and scale.shape[0] > 1:
+            return np.multiply(x, scale), w
+        if w.ndim != x.ndim or w.shape[1] * self.group != x.shape[1] or w.shape[0] % self.group:
+            return x, w  # the problem's checks report it
+        compute = compute_dtype(x.dtype)
+        groups, group_channels = self.group, w.shape[1]
+        factors = scale.astype(compute, copy=False).reshape(groups, 1, group_channels, 1)
+        scaled = np.multiply(w.astype(compute, copy=False).reshape(groups, w.shape[0] // groups,
+                                                                   group_channels, -1), factors)
+        return x, scaled.reshape(w.shape).astype(w.dtype, copy=False)
+
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
                       residual: np.ndarray | None) -> Sequence[np.ndarray]:
         """Each distinct filter once, then its channel copied to every filter equal to it."""
@@ -382,32 +418,24 @@ class ConvKernel(Kernel):
         out = np.take(channels, inverse, axis=1)
         if b is not None:
             out += b.reshape((-1,) + (1,) * (out.ndim - 2))
-        finish = self._finisher(out, residual)
+        finish = self._finisher(out, residual, False)
         if finish is not None:
             finish(out)
         return (out,)
 
-    def _finisher(self, out: np.ndarray, residual: np.ndarray | None
+    def _finisher(self, out: np.ndarray, residual: np.ndarray | None, bias: bool
                   ) -> Callable[[np.ndarray], None] | None:
-        """What each finished block of ``out`` gets: the residual's same elements added (a
-        block is a view into ``out``; the residual, laid out like ``out``, is read through a
-        view with the block's offset and strides), then the epilogue."""
+        """What each finished block of ``out`` gets, a :class:`Finish` (one pass with the
+        bias where it can): the residual's same elements added (a block is a view into
+        ``out``; the residual, laid out like ``out``, is read at the block's offset), then the
+        epilogue; None when there is nothing to do."""
         epilogue = self.epilogue
-        if residual is None:
+        if residual is None and self.clamp is None and (not bias or out.dtype not in FINISHED_TYPES):
             return epilogue
-        if residual.shape != out.shape or residual.dtype != out.dtype:
+        if residual is not None and (residual.shape != out.shape or residual.dtype != out.dtype):
             raise self.ctx.error(f"the residual must have the output's shape {list(out.shape)} "
                                  f"and type {out.dtype}, got {list(residual.shape)} {residual.dtype}")
-        flat = np.ascontiguousarray(residual).reshape(-1)
-        start, item = out.__array_interface__["data"][0], out.itemsize
-
-        def finish(block: np.ndarray) -> None:
-            offset = (block.__array_interface__["data"][0] - start) // item
-            np.add(block, as_strided(flat[offset:], block.shape, block.strides, writeable=False),
-                   out=block)
-            if epilogue is not None:
-                epilogue(block)
-
-        return finish
+        flat = None if residual is None else np.ascontiguousarray(residual).reshape(-1)
+        return Finish(out, flat, epilogue, self.clamp)
 
 

@@ -56,9 +56,11 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
         many_filters = problem.group_filters > math.prod(problem.window.output)
         if items >= threads and (items % threads == 0 or items >= 4 * threads):
             split = "batch_and_groups"
-        elif many_filters and (problem.algorithm in ("direct_1x1", "per_filter")
+        elif many_filters and (all(k == 1 for k in problem.window.kernel)
                                or problem.window.output[0] < ROWS_PER_THREAD * threads):
-            split = "filters"  # few output positions: share them, split the weights
+            # few output positions: share them, split the weights (of a 1x1 convolution,
+            # strided or padded too, the weights are most of what each thread would pack)
+            split = "filters"
         else:
             split = "output_rows"
     rows = problem.window.output[0] if problem.algorithm != "depthwise" else 0
