@@ -213,7 +213,8 @@ class MaxPool(_Pool):
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile :func:`max_pool_planes` for the input's type (at construction)."""
-        dtype = numpy_dtype(self.ctx.input_types[0]) if self.ctx.input_types else None
+        element_type = self.ctx.input_types[0] if self.ctx.input_types else None
+        dtype = None if element_type is None else numpy_dtype(element_type)
         if dtype is not None and self._compiled(dtype):
             max_pool_planes.dispatcher(np.zeros((1, 1, 1), dtype), np.empty((1, 1, 1), dtype), 0, 1,
                                        (1, 1), (1, 1), (1, 1), (0, 0))

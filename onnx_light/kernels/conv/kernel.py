@@ -144,7 +144,7 @@ class ConvKernel(Kernel):
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights for their Winograd transforms when its convolutions may use
         winograd. Compiles what its runs will call (the depthwise kernel, the finishing pass)."""
-        if self.ctx.input_types:
+        if self.ctx.input_types and self.ctx.input_types[0] is not None:
             compile_finish(compute_dtype(numpy_dtype(self.ctx.input_types[0])))
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
