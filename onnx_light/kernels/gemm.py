@@ -291,7 +291,7 @@ class _ProductKernel(Kernel):
         with BLAS.limited((self.num_threads if plan == "blas" else 1) if blas else None):
             if plan == "serial" or plan == "blas":
                 if compute == a.dtype:  # the common path: no output to allocate up front
-                    out = np.matmul(a, b)
+                    out = _rows_product(a, b) if b.ndim == 2 else np.matmul(a, b)
                     if epilogue is not None:
                         out = _same(out, epilogue(out, _ALL, _ALL))
                     return out
@@ -386,6 +386,17 @@ class _ProductKernel(Kernel):
 
 _TRANS = {False: 111, True: 112}  # CBLAS's NoTrans and Trans
 _NO_BIAS = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
+
+
+def _rows_product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` for a (..., M, K) and a matrix b (K, N): a C-contiguous A is one (rows, K)
+    matrix, so the product is one BLAS call instead of numpy's call per batch item."""
+    if a.ndim == 2 or not a.flags.c_contiguous:
+        return np.matmul(a, b, out=out)
+    shape = (*a.shape[:-1], b.shape[1])
+    result = np.matmul(a.reshape(-1, a.shape[-1]), b,
+                       out=None if out is None else out.reshape(-1, b.shape[1]))
+    return result.reshape(shape)
 
 
 def _batched(x: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
@@ -537,16 +548,17 @@ class MatMulKernel(_ProductKernel):
         return (y,)
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
-        """One ``np.matmul`` into the given buffer: what :meth:`run` computes for two
-        matrices of one type computed as it is, on a serial plan, without an epilogue; None
-        otherwise."""
+        """One BLAS product into the given buffer: what :meth:`run` computes for A (..., M, K)
+        and a matrix B of one type computed as it is, on a serial plan, without an epilogue;
+        None otherwise."""
         if len(inputs) != 2 or self.epilogue is not None:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
-        if (len(a) != 2 or len(b) != 2 or a_dtype != b_dtype or a[1] != b[0]
-                or compute_dtype(a_dtype) != a_dtype or self.plan(a[0], b[1], a[1]) != "serial"):
+        if (len(a) < 2 or len(b) != 2 or a_dtype != b_dtype or a[-1] != b[0]
+                or compute_dtype(a_dtype) != a_dtype
+                or self.plan(a[-2], b[1], a[-1], a[:-2]) != "serial"):
             return None
-        return Prepared(np.matmul, (a[0], b[1]), a_dtype)
+        return Prepared(np.matmul if len(a) == 2 else _rows_product, (*a[:-1], b[1]), a_dtype)
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (
