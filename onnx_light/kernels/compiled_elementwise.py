@@ -32,7 +32,7 @@ import numpy as np
 from .compiled import compiled, load_numba, prange
 
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "emit",
-           "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
+           "exp_row", "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
 
 BLOCK = 256  # elements per register row: a program's registers stay in the L1/L2 cache
 MAX_INPUTS = 4
@@ -66,7 +66,7 @@ ERF_POLYNOMIAL = (
 
 
 @compiled(fastmath={"contract"})
-def _exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarray) -> None:
+def exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarray) -> None:
     """out[:m] = exp(sign * x[:m]): 2^n e^r with |r| <= ln 2 / 2, e^r by its Taylor series
     to r^11, 2^n built in the exponent bits (``bits``, an int64 scratch row); x is not out."""
     scale = bits.view(np.float64)
@@ -145,13 +145,13 @@ def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarr
         for i in range(m):
             out[i] = abs(x[i])
     elif code == EXP:
-        _exp_row(x, out, m, 1.0, bits)
+        exp_row(x, out, m, 1.0, bits)
     elif code == ERF:
         _erf_row(x, out, m, 1.0)
     elif code == TANH:  # sign(x) (1 - e) / (1 + e), e = exp(-2|x|); x (1 - x^2 / 3) where tiny
         for i in range(m):
             work[i] = abs(x[i])
-        _exp_row(work, out, m, -2.0, bits)
+        exp_row(work, out, m, -2.0, bits)
         for i in range(m):
             v = x[i]
             e = out[i]
@@ -161,7 +161,7 @@ def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarr
     elif code == SIGMOID:  # 1 / (1 + e) or e / (1 + e), e = exp(-|x|) never overflows
         for i in range(m):
             work[i] = abs(x[i])
-        _exp_row(work, out, m, -1.0, bits)
+        exp_row(work, out, m, -1.0, bits)
         for i in range(m):
             e = out[i]
             numerator = 1.0 if x[i] >= 0 else e
@@ -184,11 +184,11 @@ def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarr
         for i in range(m):
             v = x[i]
             work[i] = -2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
-        _exp_row(work, out, m, 1.0, bits)
+        exp_row(work, out, m, 1.0, bits)
         for i in range(m):
             out[i] = x[i] / (1.0 + out[i])
     elif code == MISH:  # x tanh(log(1 + e)) = x (e^2 + 2e) / (e^2 + 2e + 2), e = exp(x)
-        _exp_row(x, out, m, 1.0, bits)
+        exp_row(x, out, m, 1.0, bits)
         for i in range(m):
             v = x[i]
             e = out[i]
