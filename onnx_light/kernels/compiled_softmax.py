@@ -102,16 +102,15 @@ def softmax_rows_parallel(x: np.ndarray, out: np.ndarray, scale: float, mask: np
 def mask_layout(mask_shape: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray | None:
     """For scores of ``shape`` (..., length) and a mask of ``mask_shape`` that broadcasts to
     it (without enlarging it) and whose last axis is ``length``: the mask row of each score
-    row (int64, read-only); None when the mask does not broadcast that way."""
+    row (int64, shared by the calls with these shapes: not to be written); None when the mask
+    does not broadcast that way."""
     if len(mask_shape) > len(shape) or not shape or not mask_shape or mask_shape[-1] != shape[-1]:
         return None
     padded = (1,) * (len(shape) - len(mask_shape)) + mask_shape
     if any(m not in (1, s) for m, s in zip(padded, shape, strict=True)):
         return None
     rows = np.arange(math.prod(padded[:-1]), dtype=np.int64).reshape(padded[:-1])
-    layout = np.ascontiguousarray(np.broadcast_to(rows, shape[:-1])).reshape(-1)
-    layout.flags.writeable = False
-    return layout
+    return np.ascontiguousarray(np.broadcast_to(rows, shape[:-1])).reshape(-1)
 
 
 class SoftmaxRows:
@@ -140,9 +139,14 @@ class SoftmaxRows:
             softmax_rows.dispatcher(x2, out2, scale, mask2, mask_rows, 0, x2.shape[0])
 
     def compile(self) -> None:
-        """Compile (or load from numba's disk cache) what a call runs, masked and not."""
+        """Compile (or load from numba's disk cache) what a call runs: without a mask, and
+        with a writable or a read-only one (a constant's; numba types them apart)."""
         x = np.zeros((2, 1), np.float32)
-        for rows in (MASK_NONE, np.zeros(2, np.int64)):
-            softmax_rows.dispatcher(x, x.copy(), 1.0, _NO_MASK, rows, 0, 2)
-            if self.threads > 1 and numba_threads(self.threads):
-                softmax_rows_parallel.dispatcher(x, x.copy(), 1.0, _NO_MASK, rows, 2)
+        frozen = np.zeros((1, 1), np.float32)
+        frozen.flags.writeable = False
+        cases = ((_NO_MASK, MASK_NONE), (_NO_MASK, np.zeros(2, np.int64)), (frozen, np.zeros(2, np.int64)))
+        parallel = self.threads > 1 and numba_threads(self.threads)
+        for mask, rows in cases:
+            softmax_rows.dispatcher(x, x.copy(), 1.0, mask, rows, 0, 2)
+            if parallel:
+                softmax_rows_parallel.dispatcher(x, x.copy(), 1.0, mask, rows, 2)

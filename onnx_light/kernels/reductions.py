@@ -30,21 +30,27 @@ from .base import (
 from .calibration import calibrate_rows
 from .compiled_softmax import SoftmaxRows
 from .declaration import KernelDeclaration, declare, dispatch_table
+from .fused_attention import ATTENTION_MINIMUM_FLOPS as DEFAULT_ATTENTION_MINIMUM_FLOPS
 
-__all__ = ["KERNELS", "MINIMUM_ELEMENTS", "SOFTMAX_PARALLEL_MINIMUM", "Reduce", "Softmax",
-           "softmax_parameters"]
+__all__ = ["ATTENTION_MINIMUM_FLOPS", "KERNELS", "MINIMUM_ELEMENTS", "SOFTMAX_PARALLEL_MINIMUM",
+           "Reduce", "Softmax", "softmax_parameters"]
 
 MINIMUM_ELEMENTS = "parallel.minimum_elements"
+ATTENTION_MINIMUM_FLOPS = "attention.minimum_flops"
 #: The portable threshold of the compiled Softmax: elements of X from which its rows are split
 #: over the session's threads (docs/attention.md).
 SOFTMAX_PARALLEL_MINIMUM = 1 << 16
 
 
 def softmax_parameters(element_type: int | None) -> tuple[Parameter, ...]:
-    """Softmax's schema: the compiled (float32) rows' parallel threshold."""
+    """Softmax's schema: the compiled (float32) rows' parallel threshold, and the threshold
+    of the attention step the runtime may fuse around the node (``runtime/attention_fusion.py``)."""
     return (Parameter(MINIMUM_ELEMENTS, "int", SOFTMAX_PARALLEL_MINIMUM, minimum=1,
                       description="elements of X from which the rows are split over the threads "
-                                  "(float32, compiled)"),)
+                                  "(float32, compiled)"),
+            Parameter(ATTENTION_MINIMUM_FLOPS, "int", DEFAULT_ATTENTION_MINIMUM_FLOPS, minimum=1,
+                      description="multiply-adds of a fused attention's two products from which "
+                                  "its heads are split over the threads"))
 
 Arrays = list[np.ndarray]
 Reduction = Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]
@@ -207,6 +213,7 @@ class Softmax(Kernel):
 
     def _configure(self, values: Mapping[str, Value]) -> None:
         self.minimum_elements = int(values[MINIMUM_ELEMENTS])
+        self.minimum_flops = int(values[ATTENTION_MINIMUM_FLOPS])
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile the rows now, at session construction (a warm cache loads them)."""

@@ -26,7 +26,10 @@ Runs after constant folding, over the steps left to run, in graph order:
    other tensor's elements added while it is in cache (ResNet's shortcuts), and a following
    activation then fuses as usual. The sum is the same (one rounding either way).
 
-5. **Elementwise chains** (done first, before step 2 can make their activations epilogues
+0. **Attention** (done first): ``MatMul(Q, K^T)``, a scale, an additive mask, Softmax and
+   ``MatMul(P, V)`` over heads become one step (``runtime/attention_fusion.py`` states the
+   pattern).
+5. **Elementwise chains** (done next, before step 2 can make their activations epilogues
    of the nodes before them). Consecutive float32 elementwise nodes that a compiled program can
    compute (``compiled_elementwise.PROGRAM_OPS``), each reading the previous one's output as
    its only reader, become one
@@ -71,6 +74,7 @@ from ..kernels.conv import ConvKernel, Prologue
 from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
 from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
+from .attention_fusion import fuse_attention
 
 __all__ = ["FusionResult", "fuse"]
 
@@ -111,6 +115,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     constant and returns its slot.
     """
     sources: set[int] = set()
+    steps = fuse_attention(steps, known, keep, shapes, sources)
     steps = _fuse_chains(steps, known, keep, shapes, sources)
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
     known = dict(known)  # and the constants fusion adds
