@@ -526,6 +526,10 @@ class MatMulKernel(_ProductKernel):
     """
 
     op_type: ClassVar[str] = "MatMul"
+    accepts_epilogue: ClassVar[bool] = True
+    #: A (1, N) row the runtime's fusion adds to every row of the product (an ``Add`` of a
+    #: constant bias after the node, ``runtime/matmul_fusion.py``), before the epilogue.
+    bias: np.ndarray | None = None
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
@@ -540,7 +544,14 @@ class MatMulKernel(_ProductKernel):
             a = a[np.newaxis, :]
         if vector_b:
             b = b[:, np.newaxis]
-        y = self._product(a, b)
+        bias = self.bias
+        if bias is None:
+            y = self._product(a, b)
+        else:
+            if vector_b or bias.shape[1] != b.shape[-1] or bias.dtype != a.dtype:
+                raise self.ctx.error(f"the fused bias of shape {list(bias.shape[1:])} does not fit "
+                                     f"B of shape {list(b.shape)}")
+            y = self._product(a, b, _float_epilogue(1.0, 1.0, bias, compute_dtype(a.dtype)), 1.0, bias)
         if vector_b:
             y = y[..., 0]
         if vector_a:
@@ -548,9 +559,9 @@ class MatMulKernel(_ProductKernel):
         return (y,)
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
-        """One BLAS product into the given buffer: what :meth:`run` computes for A (..., M, K)
-        and a matrix B of one type computed as it is, on a serial plan, without an epilogue;
-        None otherwise."""
+        """One BLAS product (and the fused bias) into the given buffer: what :meth:`run`
+        computes for A (..., M, K) and a matrix B of one type computed as it is, on a serial
+        plan, without an epilogue; None otherwise."""
         if len(inputs) != 2 or self.epilogue is not None:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
@@ -558,7 +569,17 @@ class MatMulKernel(_ProductKernel):
                 or compute_dtype(a_dtype) != a_dtype
                 or self.plan(a[-2], b[1], a[-1], a[:-2]) != "serial"):
             return None
-        return Prepared(np.matmul if len(a) == 2 else _rows_product, (*a[:-1], b[1]), a_dtype)
+        bias = self.bias
+        if bias is None:
+            return Prepared(np.matmul if len(a) == 2 else _rows_product, (*a[:-1], b[1]), a_dtype)
+        if bias.shape[1] != b[1] or bias.dtype != a_dtype:
+            return None
+
+        def with_bias(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+            _rows_product(x, w, out)
+            out += bias
+
+        return Prepared(with_bias, (*a[:-1], b[1]), a_dtype)
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

@@ -29,6 +29,9 @@ Runs after constant folding, over the steps left to run, in graph order:
 0. **Attention** (done first): ``MatMul(Q, K^T)``, a scale, an additive mask, Softmax and
    ``MatMul(P, V)`` over heads become one step (``runtime/attention_fusion.py`` states the
    pattern).
+6. **MatMul bias** (after step 5, before the others): a MatMul whose output only an Add of
+   a constant bias row reads adds the bias itself (``runtime/matmul_fusion.py``); an
+   activation after it then becomes its epilogue (step 2).
 5. **Elementwise chains** (done next, before step 2 can make their activations epilogues
    of the nodes before them). Consecutive float32 elementwise nodes that a compiled program can
    compute (``compiled_elementwise.PROGRAM_OPS``), each reading the previous one's output as
@@ -75,6 +78,7 @@ from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
 from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 from .attention_fusion import fuse_attention
+from .matmul_fusion import fuse_matmul_bias
 
 __all__ = ["FusionResult", "fuse"]
 
@@ -117,6 +121,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     sources: set[int] = set()
     steps = fuse_attention(steps, known, keep, shapes, sources)
     steps = _fuse_chains(steps, known, keep, shapes, sources)
+    steps = fuse_matmul_bias(steps, known, keep, shapes, sources)
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
     known = dict(known)  # and the constants fusion adds
     result: list[list] = []
