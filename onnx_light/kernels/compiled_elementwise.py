@@ -240,16 +240,22 @@ def _load_row(source: np.ndarray, length: int, start: int, row: np.ndarray, m: i
         for i in range(m):
             row[i] = value
         return
+    # Indexing slices by the loop counter alone (not ``offset + i``) lets LLVM vectorize
+    # the copies: it cannot prove a sum of two counters non-negative, and numba's negative
+    # index wraparound then stays in the loop.
     offset = start % length
     if offset + m <= length:
+        part = source[offset:offset + m]
         for i in range(m):
-            row[i] = source[offset + i]
+            row[i] = part[i]
         return
     i = 0
     while i < m:
         count = min(m - i, length - offset)
+        part = source[offset:offset + count]
+        target = row[i:i + count]
         for q in range(count):
-            row[i + q] = source[offset + q]
+            target[q] = part[q]
         i += count
         offset = 0
 
@@ -284,8 +290,9 @@ def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.
             op = code[j, 0]
             destination = rows[code[j, 1]]
             if op == STORE:
+                target = out[first:first + m]
                 for i in range(m):
-                    out[first + i] = destination[i]
+                    target[i] = destination[i]
             elif op >= 40:
                 _binary_row(op, rows[code[j, 2]], rows[code[j, 3]], destination, m)
             elif op >= 10:
