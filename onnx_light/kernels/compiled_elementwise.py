@@ -34,7 +34,7 @@ from .compiled import compiled, load_numba, prange
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "emit",
            "exp_row", "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
 
-BLOCK = 256  # elements per register row: a program's registers stay in the L1/L2 cache
+BLOCK = 1024  # elements per register row: a program's registers stay in the L2 cache
 MAX_INPUTS = 4
 
 # Operation codes. An instruction is a row (code, destination, a, b) of register indices;
