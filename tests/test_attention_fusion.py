@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.fused_attention import FusedAttention
+from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax
 from onnx_light.parallel import get_pool
 from onnx_light.runtime import RuntimeSession
 
@@ -83,6 +84,9 @@ def fused_steps(session):
 
 def check(model, values, fused_nodes, threads=1):
     session = RuntimeSession(model, num_threads=threads)
+    if fused_nodes:  # tuned as its Softmax node
+        (entry,) = [e for e in session.tuning_report() if e["key"].startswith("onnx_light/Softmax")]
+        assert set(entry["values"]) == {"parallel.minimum_elements", ATTENTION_MINIMUM_FLOPS}
     plain = RuntimeSession(model, num_threads=threads, fuse=False)
     assert session.fused_nodes == fused_nodes
     assert len(fused_steps(session)) == (1 if fused_nodes else 0)
@@ -169,7 +173,11 @@ def test_split_heads_are_bit_identical_to_serial(threads):
     ctx = NodeContext("a", "FusedAttention", "", 17, {}, (F,) * 4, (F,), 4, 1)
 
     def kernel(pool, minimum_flops):
-        return FusedAttention(ctx, 0.25, perms, (0, 1, 2, 3), [], {}, 1 << 62, minimum_flops).bind(pool)
+        softmax = Softmax(NodeContext("s", "Softmax", "", 17, {}, (F,), (F,), 1, 1))
+        fused = FusedAttention(ctx, softmax, 0.25, perms, (0, 1, 2, 3), [], {}).bind(pool)
+        fused.configure({ATTENTION_MINIMUM_FLOPS: minimum_flops})
+        assert softmax.minimum_flops == minimum_flops
+        return fused
 
     serial = kernel(None, 1 << 62).run(q, k, v, mask)[0]
     split = kernel(get_pool(threads), 1).run(q, k, v, mask)[0]

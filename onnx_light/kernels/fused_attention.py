@@ -26,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..parallel import BLAS
+from ..tuning.schema import KernelTuningSchema, Value
 from .base import Kernel, NodeContext
 from .compiled_softmax import MASK_NONE, SoftmaxRows, mask_layout, softmax_rows
 
@@ -44,22 +45,30 @@ class FusedAttention(Kernel):
     """``softmax(scale * Q K^T + mask) V``: inputs Q, K^T, V (or the Transposes' inputs,
     ``perms`` their permutations, None where not absorbed) and the optional mask; ``nodes``
     (kernel, input slots, output slots) and ``constants`` the original nodes, run when the
-    fused computation cannot be."""
+    fused computation cannot be. The step is tuned as the pattern's Softmax node
+    (``softmax``): its key, and its values read at run time (``minimum_elements``,
+    ``minimum_flops``)."""
 
     op_type: ClassVar[str] = "FusedAttention"
 
-    def __init__(self, ctx: NodeContext, scale: float, perms: tuple[tuple[int, ...] | None, ...],
-                 input_slots: Slots, nodes: Sequence[tuple[Kernel, Slots, Slots]],
-                 constants: Mapping[int, np.ndarray], minimum_elements: int,
-                 minimum_flops: int) -> None:
+    def __init__(self, ctx: NodeContext, softmax: Kernel, scale: float,
+                 perms: tuple[tuple[int, ...] | None, ...], input_slots: Slots,
+                 nodes: Sequence[tuple[Kernel, Slots, Slots]],
+                 constants: Mapping[int, np.ndarray]) -> None:
         super().__init__(ctx)
+        self.softmax = softmax
         self.scale = scale
         self.perms = perms
         self.input_slots = input_slots
         self.nodes = tuple(nodes)
         self.constants = dict(constants)
-        self.minimum_elements = minimum_elements
-        self.minimum_flops = minimum_flops
+
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The Softmax node's schema: the session resolves and checks its values for this step."""
+        return self.softmax.tuning_schema()
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.softmax._configure(values)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -68,7 +77,7 @@ class FusedAttention(Kernel):
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile the softmax rows now, at session construction (a warm cache loads them)."""
-        SoftmaxRows(self.num_threads, self.minimum_elements).compile()
+        SoftmaxRows(self.num_threads, self.softmax.minimum_elements).compile()
         return None
 
     def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
@@ -98,7 +107,7 @@ class FusedAttention(Kernel):
         count = math.prod(batch)
         flops = count * q.shape[-2] * k.shape[-1] * (q.shape[-1] + v.shape[-1])
         with BLAS.limited(1 if self.num_threads > 1 else None):  # a 1-thread session holds 1
-            if self.num_threads > 1 and count > 1 and flops >= self.minimum_flops:
+            if self.num_threads > 1 and count > 1 and flops >= self.softmax.minimum_flops:
                 return self._split(q, k, v, mask, rows, batch, scores_shape)
             scores = np.matmul(q, k)
             if scores.shape != scores_shape:  # a 2-D Q and K under a batched V

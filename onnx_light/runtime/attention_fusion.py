@@ -17,9 +17,9 @@ output) and M. Every value between the first MatMul and the last must be read by
 node of the pattern only and must not be a graph output; otherwise nothing is fused. The
 fusion is refused when the scores' rank is unknown (the Softmax axis cannot be checked), the
 axis is not the last, the types are not float32, or the mask's static shape does not
-broadcast to the scores' along their last axis without enlarging them. The step takes its
-thresholds from the Softmax node's tuning values (``parallel.minimum_elements`` for the
-rows, ``attention.minimum_flops`` for splitting the heads).
+broadcast to the scores' along their last axis without enlarging them. The step is tuned as
+the Softmax node (its key, ``parallel.minimum_elements`` for the rows and
+``attention.minimum_flops`` for splitting the heads).
 
 The fused step computes the scale, the mask and the softmax in float64 and rounds once
 (the graph rounds after each node), so its output is within a few float32 units of the
@@ -79,8 +79,8 @@ class _Match:
         nodes = [steps[i] for i in self.positions]
         ctx = dataclasses.replace(softmax.ctx, op_type=FusedAttention.op_type, num_inputs=4,
                                   input_types=(TensorProto.FLOAT,) * 4)
-        kernel = FusedAttention(ctx, self.scale, self.perms, self.inputs, nodes, self.constants,
-                                softmax.minimum_elements, softmax.minimum_flops).bind(softmax.pool)
+        kernel = FusedAttention(ctx, softmax, self.scale, self.perms, self.inputs, nodes,
+                                self.constants).bind(softmax.pool)
         return kernel, self.inputs, nodes[-1][2]
 
 
