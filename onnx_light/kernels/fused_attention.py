@@ -36,7 +36,7 @@ Slots = tuple[int | None, ...]
 
 #: Multiply-adds of the two products (``heads * queries * keys * (head size + value size)``)
 #: from which the heads are split over the pool (docs/attention.md).
-ATTENTION_MINIMUM_FLOPS = 1 << 23
+ATTENTION_MINIMUM_FLOPS = 1 << 25
 
 _FLOAT32 = np.dtype(np.float32)
 
