@@ -111,3 +111,11 @@ def test_mask_layout_refuses_masks_that_do_not_broadcast_to_the_scores():
     assert mask_layout((2, 1, 6), (1, 6)) is None  # would enlarge the scores
     assert mask_layout((5, 1), (5, 6)) is None  # not along the last axis
     assert mask_layout((1, 6), (2, 6)).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize(("opset", "shape"), [(13, (0, 4)), (13, (3, 0)), (11, (2, 0, 3))])
+def test_empty_tensors(opset, shape):
+    x = np.zeros(shape, np.float32)
+    k = kernel(opset=opset, axis=1)
+    assert k.run(x)[0].shape == shape
+    assert k.prepare([(shape, np.dtype(np.float32))]) is None

@@ -242,6 +242,8 @@ class Softmax(Kernel):
             return [self.normalise(shifted, axis).reshape(x.shape).astype(x.dtype, copy=False)]
 
     def _compiled(self, x: np.ndarray, axis: int) -> np.ndarray:
+        if x.size == 0:
+            return np.empty(x.shape, np.float32)
         if self.ctx.opset < 13:  # one row per index before the axis
             rows = np.ascontiguousarray(x).reshape(math.prod(x.shape[:axis]), -1)
             out = np.empty(rows.shape, np.float32)
@@ -262,6 +264,8 @@ class Softmax(Kernel):
         if axis != len(shape) - 1 and self.ctx.opset >= 13:
             return None
         length = math.prod(shape[axis:])
+        if length == 0 or math.prod(shape) == 0:
+            return None
         rows = self.rows()
 
         def compute(x: np.ndarray, out: np.ndarray) -> None:
