@@ -79,6 +79,7 @@ from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 from .attention_fusion import fuse_attention
 from .matmul_fusion import fuse_matmul_bias
+from .rmsnorm_fusion import fuse_rms_norm
 
 __all__ = ["FusionResult", "fuse"]
 
@@ -120,6 +121,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     """
     sources: set[int] = set()
     steps = fuse_attention(steps, known, keep, shapes, sources)
+    steps = fuse_rms_norm(steps, known, keep, shapes, sources)
     steps = _fuse_chains(steps, known, keep, shapes, sources)
     steps = fuse_matmul_bias(steps, known, keep, shapes, sources)
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
