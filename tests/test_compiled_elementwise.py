@@ -367,3 +367,23 @@ def test_gelu_whose_intermediate_is_read_elsewhere_is_not_folded():
     erf = next(row[1] for row in p._rows if row[0] == ce.ERF)
     program = p.finish(p.binary(ce.ADD, result, erf))
     assert ce.GELU not in program.code[:, 0].tolist()
+
+
+def test_gpt2_gelu_joins_one_program_and_folds_into_gelu_tanh():
+    """x * 0.5 and the tanh chain meet in the last Mul: one program, one GELU_TANH."""
+    scalars = {"half": 0.5, "three": 3.0, "c": 0.044715, "k": math.sqrt(2 / math.pi), "one": 1.0}
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in scalars.items()]
+    nodes = [helper.make_node("Mul", ["x", "half"], ["a"]), helper.make_node("Pow", ["x", "three"], ["p"]),
+             helper.make_node("Mul", ["p", "c"], ["q"]), helper.make_node("Add", ["x", "q"], ["s"]),
+             helper.make_node("Mul", ["s", "k"], ["t"]), helper.make_node("Tanh", ["t"], ["u"]),
+             helper.make_node("Add", ["u", "one"], ["v"]), helper.make_node("Mul", ["a", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 300])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = RuntimeSession(model)
+    (step,) = session._plan
+    program = step.run.__self__.program
+    assert program.code[:, 0].tolist().count(ce.GELU_TANH) == 1 and ce.TANH not in program.code[:, 0]
+    x = (np.random.default_rng(3).standard_normal((4, 300)) * 4).astype(np.float32)
+    expected = RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=5e-7, atol=2e-7)

@@ -454,7 +454,7 @@ class Program:
 
     def finish(self, result: int) -> CompiledProgram:
         """The program storing register ``result`` as the output (GELU written out in
-        elementary steps becomes the one GELU instruction, :func:`_fold_gelu`)."""
+        elementary steps becomes the one GELU or GELU_TANH instruction, :func:`_fold_gelu`)."""
         rows = [*_fold_gelu(self._rows, self._constants, result), (STORE, result, 0, 0)]
         return CompiledProgram(np.array(rows, np.int64), np.array(self._constants or [0.0]),
                                self._registers, self._inputs)
@@ -464,12 +464,13 @@ Row = tuple[int, int, int, int]
 
 
 def _fold_gelu(rows: list[Row], constants: list[float], result: int) -> list[Row]:
-    """``rows`` with each GELU exporters write, ``x * (1 + erf(x / sqrt 2)) * 0.5`` (the
-    division by sqrt 2 or the product with its inverse, the constants in float32 or float64,
-    the factors in any order: ``(x f) 0.5`` or ``(x 0.5) f``), as one GELU instruction on x,
-    when no other instruction reads its intermediate values. The constants rounded to float32
-    move the erf argument by at most 2e-8 of itself; the fused value stays within a float32
-    unit of the chain's."""
+    """``rows`` with each GELU exporters write as one GELU or GELU_TANH instruction on x,
+    when no other instruction reads its intermediate values: ``(1 + erf(x / sqrt 2))`` (the
+    division by sqrt 2 or the product with its inverse) or ``(1 + tanh(sqrt(2 / pi) (x +
+    0.044715 x^3)))``, times x and 0.5 in either order (``(x f) 0.5`` or ``(x 0.5) f``), the
+    constants in float32 or float64. The constants rounded to float32 move the function's
+    argument by at most 4e-8 of itself; the fused value stays within a float32 unit of the
+    chain's."""
     define = {row[1]: i for i, row in enumerate(rows)}
     uses: dict[int, int] = {result: 1}
     for code, _, a, b in rows:
@@ -479,10 +480,29 @@ def _fold_gelu(rows: list[Row], constants: list[float], result: int) -> list[Row
             uses[a] = uses.get(a, 0) + 1
             uses[b] = uses.get(b, 0) + 1
 
-    def constant(register: int, *values: float) -> bool:
+    def constant(register: int, value: float) -> bool:
         row = rows[define[register]] if register in define else None
-        return row is not None and row[0] == CONST and any(
-            math.isclose(constants[row[2]], v, rel_tol=1e-7, abs_tol=0.0) for v in values)
+        return (row is not None and row[0] == CONST
+                and math.isclose(constants[row[2]], value, rel_tol=1e-7, abs_tol=0.0))
+
+    def private(register: int, code: int) -> tuple[int, int, int] | None:
+        """The row defining ``register`` (read once) if it is a ``code`` row: (index, a, b)."""
+        index = define.get(register)
+        if index is None or uses.get(register) != 1 or rows[index][0] != code:
+            return None
+        return index, rows[index][2], rows[index][3]
+
+    def scaled(register: int, code: int, value: float) -> tuple[int, int] | None:
+        """``register`` = the other operand ``code`` the constant ``value``: (index, other)."""
+        found = private(register, code)
+        if found is None:
+            return None
+        index, a, b = found
+        if constant(b, value):
+            return index, a
+        if code == MUL and constant(a, value):
+            return index, b
+        return None
 
     def reader(register: int, code: int) -> tuple[int, int] | None:
         """The only row reading ``register``, if it is a ``code`` row: (index, other operand)."""
@@ -493,20 +513,35 @@ def _fold_gelu(rows: list[Row], constants: list[float], result: int) -> list[Row
                 return i, (b if a == register else a)
         return None
 
+    def erf_core(i: int) -> tuple[int, list[int]] | None:
+        """For the ERF row ``i``: x and the rows of x / sqrt 2."""
+        divided = scaled(rows[i][2], DIV, math.sqrt(2.0)) or scaled(rows[i][2], MUL, _SQRT_HALF)
+        return None if divided is None else (divided[1], [divided[0]])
+
+    def tanh_core(i: int) -> tuple[int, list[int]] | None:
+        """For the TANH row ``i``: x and the rows of sqrt(2 / pi) (x + 0.044715 x x x)."""
+        inner = scaled(rows[i][2], MUL, _SQRT_2_OVER_PI)
+        total = private(inner[1], ADD) if inner is not None else None
+        if total is None:
+            return None
+        for x, q in ((total[1], total[2]), (total[2], total[1])):
+            cubic = scaled(q, MUL, 0.044715)
+            cube = private(cubic[1], MUL) if cubic is not None else None
+            if cube is None or x not in cube[1:]:
+                continue
+            square = private(cube[2] if cube[1] == x else cube[1], MUL)
+            if square is not None and square[1] == square[2] == x:
+                return x, [inner[0], total[0], cubic[0], cube[0], square[0]]
+        return None
+
     drop: set[int] = set()
     replace: dict[int, Row] = {}
-    for i, (code, e, d, _) in enumerate(rows):
-        if code != ERF or uses.get(d) != 1 or d not in define:
+    for i, (code, core, _, _) in enumerate(rows):
+        found = erf_core(i) if code == ERF else tanh_core(i) if code == TANH else None
+        if found is None or uses.get(core) != 1:
             continue
-        scale_code, _, a, b = rows[define[d]]
-        if ((scale_code == DIV and constant(b, math.sqrt(2.0)))
-                or (scale_code == MUL and constant(b, _SQRT_HALF))):
-            x = a
-        elif scale_code == MUL and constant(a, _SQRT_HALF):
-            x = b
-        else:
-            continue
-        plus = reader(e, ADD)
+        x, gone = found
+        plus = reader(core, ADD)
         if plus is None or not constant(plus[1], 1.0):
             continue
         f = rows[plus[0]][1]
@@ -514,19 +549,18 @@ def _fold_gelu(rows: list[Row], constants: list[float], result: int) -> list[Row
         if times is None:
             continue
         g, y = rows[times[0]][1], times[1]
+        half = scaled(y, MUL, 0.5)
         if y == x:  # (x f) 0.5
-            half = reader(g, MUL)
-            if half is None or not constant(half[1], 0.5):
+            outer = reader(g, MUL)
+            if outer is None or not constant(outer[1], 0.5):
                 continue
-            last, gone = half[0], (define[d], i, plus[0], times[0])
-        elif y in define and uses.get(y) == 1 and rows[define[y]][0] == MUL and (
-                (rows[define[y]][2] == x and constant(rows[define[y]][3], 0.5))
-                or (rows[define[y]][3] == x and constant(rows[define[y]][2], 0.5))):  # (x 0.5) f
-            last, gone = times[0], (define[d], i, plus[0], define[y])
+            last, gone = outer[0], [*gone, i, plus[0], times[0]]
+        elif half is not None and half[1] == x:  # (x 0.5) f
+            last, gone = times[0], [*gone, i, plus[0], half[0]]
         else:
             continue
         drop.update(gone)
-        replace[last] = (GELU, rows[last][1], x, 0)
+        replace[last] = (GELU if code == ERF else GELU_TANH, rows[last][1], x, 0)
     return [replace.get(i, row) for i, row in enumerate(rows) if i not in drop]
 
 

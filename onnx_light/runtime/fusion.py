@@ -259,6 +259,23 @@ class _Chain:
         chain.result = chain.registers[outputs[0]] = result
         return chain
 
+    def feeds_only(self, step: Step, readers: Mapping[int, int], keep: set[int]) -> bool:
+        """Whether ``step`` alone reads this chain's output and nothing outside reads its
+        intermediate values."""
+        output = self.nodes[-1][2][0]
+        return (output not in keep and readers[output] == step[1].count(output)
+                and self.closed(readers, keep))
+
+    def join(self, other: _Chain, known: Mapping[int, np.ndarray],
+             shapes: Mapping[int, Sequence[int | str | None]]) -> _Chain | None:
+        """This chain with ``other``'s nodes appended (replayed on this program), or None."""
+        chain: _Chain | None = self
+        for node, position in zip(other.nodes, other.positions, strict=True):
+            chain = chain.extend(node, position, known, shapes)
+            if chain is None:
+                return None
+        return chain
+
     def worth(self) -> bool:
         """Whether the chain holds an op that makes the program faster than numpy's calls."""
         return any(kernel.ctx.op_type in FUSION_WORTH for kernel, _, _ in self.nodes)
@@ -303,17 +320,31 @@ def _fuse_chains(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: s
     (``sources`` gets the constants the programs hold). A node joins the chain that made one
     of its inputs; a chain whose intermediate values something outside it reads stays as it
     was."""
-    chains: list[_Chain] = []
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    chains: list[_Chain | None] = []
     chain_of: dict[int, int] = {}  # slot -> the chain whose node made it
     for position, step in enumerate(steps):
         kernel, inputs, outputs = step
         if not _chainable(kernel, inputs, outputs, known):
             continue
         chain = None
-        for index in dict.fromkeys(chain_of[s] for s in inputs if s in chain_of):
-            chain = chains[index].extend(step, position, known, shapes)
+        candidates = list(dict.fromkeys(chain_of[s] for s in inputs if s in chain_of))
+        for index in candidates:
+            # Another chain whose output only this node reads joins first (GPT-2's GELU: the
+            # x * 0.5 and the tanh chain meet in the last Mul), so that one program holds both.
+            joined, base = [], chains[index]
+            for other in candidates:
+                if other != index and base is not None and chains[other].feeds_only(step, readers, keep):
+                    merged = base.join(chains[other], known, shapes)
+                    if merged is not None:
+                        base = merged
+                        joined.append(other)
+            chain = base.extend(step, position, known, shapes) if base is not None else None
             if chain is not None:
                 chains[index] = chain
+                for other in joined:
+                    chains[other] = None
+                    chain_of.update({s: index for s, i in chain_of.items() if i == other})
                 break
         if chain is None:
             chain = _Chain.start(step, position, known, shapes)
@@ -322,9 +353,8 @@ def _fuse_chains(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: s
             chains.append(chain)
             index = len(chains) - 1
         chain_of[outputs[0]] = index
-    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
     result: list[Step | None] = list(steps)
-    for chain in chains:
+    for chain in filter(None, chains):
         if len(chain.nodes) > 1 and chain.worth() and chain.closed(readers, keep):
             for position in chain.positions[:-1]:
                 result[position] = None
