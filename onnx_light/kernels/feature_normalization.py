@@ -4,7 +4,9 @@ LpNormalization, MeanVarianceNormalization.
 Statistics are taken in the ``stash_type`` precision where the operator has one (float32 by
 default, as for LayerNormalization, float64 inputs included) and in the compute type
 (float32 for float16 and bfloat16) otherwise; the result is rounded once to the input type.
-None of these kernels is tunable: they are memory-bound passes of a few numpy calls each.
+None of these kernels is tunable: they are memory-bound passes of a few numpy calls each;
+RMSNormalization's float32 path is compiled rows (what the runtime makes of RMSNorm written
+out, ``runtime/rmsnorm_fusion.py``).
 """
 
 from __future__ import annotations
