@@ -128,11 +128,13 @@ class FusedAttention(Kernel):
         flat = scores.reshape(-1, keys)
         mask2 = np.zeros((1, 1), np.float32) if mask is None else mask.reshape(-1, keys)
         scale = self.scale
+        per_thread = 1 if BLAS.per_thread else None  # an OpenMP BLAS limits each thread apart
 
         def block(start: int, stop: int) -> None:
-            np.matmul(q3[start:stop], k3[start:stop], out=scores[start:stop])
-            softmax_rows.dispatcher(flat, flat, scale, mask2, rows, start * queries, stop * queries)
-            np.matmul(scores[start:stop], v3[start:stop], out=out[start:stop])
+            with BLAS.limited(per_thread):
+                np.matmul(q3[start:stop], k3[start:stop], out=scores[start:stop])
+                softmax_rows.dispatcher(flat, flat, scale, mask2, rows, start * queries, stop * queries)
+                np.matmul(scores[start:stop], v3[start:stop], out=out[start:stop])
 
         self.pool.parallel_for(count, block, max_blocks=self.num_threads)
         return out.reshape(*batch, queries, v.shape[-1])
