@@ -80,6 +80,7 @@ from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_nor
 from .attention_fusion import fuse_attention
 from .matmul_fusion import fuse_matmul_bias
 from .rmsnorm_fusion import fuse_rms_norm
+from .rotary_fusion import fuse_rotary
 
 __all__ = ["FusionResult", "fuse"]
 
@@ -122,13 +123,14 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     sources: set[int] = set()
     steps = fuse_attention(steps, known, keep, shapes, sources)
     steps = fuse_rms_norm(steps, known, keep, shapes, sources)
+    steps, caches = fuse_rotary(steps, known, keep, shapes, sources, add_constant)
     steps = _fuse_chains(steps, known, keep, shapes, sources)
     steps = fuse_matmul_bias(steps, known, keep, shapes, sources)
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
-    known = dict(known)  # and the constants fusion adds
+    known = {**known, **caches}  # and the constants fusion adds
     result: list[list] = []
     producer: dict[int, int] = {}
-    added: dict[int, np.ndarray] = {}
+    added: dict[int, np.ndarray] = dict(caches)
 
     def private(slot: int) -> int | None:
         """The result index of the step whose only output ``slot`` is read by one step only."""
