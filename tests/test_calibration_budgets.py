@@ -1,7 +1,7 @@
 """Every calibration callback of the library honours its duration budget, on real kernels.
 
-One key per distinct callback (the elementwise crossover search, Gemm and MatMul's and
-Conv's configuration searches), at one and two threads: the tuning API discards a result
+One key per distinct callback (the elementwise crossover search, Softmax's rows crossover,
+Gemm and MatMul's and Conv's configuration searches), at one and two threads: the tuning API discards a result
 that arrives after ``max(2 * budget, budget + 1 s)`` (``api._check_result``), so a callback
 that overran its budget shows up as a failure here. The Gemm search overran on one thread
 before the searches projected a case's cost before starting it.
@@ -31,9 +31,9 @@ def one_key_per_callback() -> list[str]:
     return sorted(chosen.values())
 
 
-def test_the_three_searches_are_covered():
+def test_the_four_searches_are_covered():
     chosen = one_key_per_callback()
-    assert {"Conv", "Gemm"} <= set(chosen) and len(chosen) == 3, chosen  # and one elementwise
+    assert {"Conv", "Gemm", "Softmax"} <= set(chosen) and len(chosen) == 4, chosen  # and one elementwise
 
 
 @pytest.mark.parametrize("threads", [1, 2])

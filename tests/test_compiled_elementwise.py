@@ -323,3 +323,67 @@ def test_layer_norm_other_types_keep_the_numpy_path() -> None:
         assert y.dtype == dtype
         expected = _layer_norm_reference(x.astype(dtype), scale.astype(dtype), bias.astype(dtype), -1)[0]
         np.testing.assert_allclose(y.astype(np.float64), expected, rtol=tolerance, atol=tolerance * 10)
+
+
+def _gelu_program(form: str) -> ce.Program:
+    """GELU as exporters write it, on x = input 0 + input 1 (a bias)."""
+    p = ce.Program()
+    x = p.binary(ce.ADD, p.load(0), p.load(1))
+    if form == "div":
+        d = p.binary(ce.DIV, x, p.constant(float(np.float32(math.sqrt(2)))))
+    else:
+        d = p.binary(ce.MUL, p.constant(float(np.float32(math.sqrt(0.5)))), x)
+    f = p.binary(ce.ADD, p.unary(ce.ERF, d), p.constant(1.0))
+    if form == "half first":
+        g = p.binary(ce.MUL, f, p.binary(ce.MUL, x, p.constant(0.5)))
+        return p, g
+    g = p.binary(ce.MUL, x, f)
+    return p, p.binary(ce.MUL, p.constant(0.5), g)
+
+
+@pytest.mark.parametrize("form", ["div", "mul", "half first"])
+def test_gelu_written_out_folds_into_one_instruction(form):
+    p, result = _gelu_program(form)
+    program = p.finish(result)
+    codes = program.code[:, 0].tolist()
+    assert ce.GELU in codes and ce.ERF not in codes and codes.count(ce.MUL) == 0
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 1000)).astype(np.float32) * 4
+    x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    bias = rng.standard_normal(1000).astype(np.float32)
+    s = x.astype(np.float64) + bias
+    expected = 0.5 * s * np.array([1 + math.erf(v / math.sqrt(2)) if np.isfinite(v) else np.nan
+                                   for v in s.reshape(-1)]).reshape(s.shape)
+    got = program.run([x, bias])
+    finite = np.isfinite(s)
+    # atol: erf is 1 in float32 from 3.95 on, in the chain as in the GELU instruction, so
+    # GELU(x) below -5.58 (less than 7e-8 in magnitude) is 0 in both.
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1.5e-7, atol=7e-8)
+    assert np.isnan(got[0, 0]) and got[0, 1] == np.inf and np.isnan(got[0, 2])  # -inf * 0, as the chain
+
+
+def test_gelu_whose_intermediate_is_read_elsewhere_is_not_folded():
+    p, result = _gelu_program("div")
+    erf = next(row[1] for row in p._rows if row[0] == ce.ERF)
+    program = p.finish(p.binary(ce.ADD, result, erf))
+    assert ce.GELU not in program.code[:, 0].tolist()
+
+
+def test_gpt2_gelu_joins_one_program_and_folds_into_gelu_tanh():
+    """x * 0.5 and the tanh chain meet in the last Mul: one program, one GELU_TANH."""
+    scalars = {"half": 0.5, "three": 3.0, "c": 0.044715, "k": math.sqrt(2 / math.pi), "one": 1.0}
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in scalars.items()]
+    nodes = [helper.make_node("Mul", ["x", "half"], ["a"]), helper.make_node("Pow", ["x", "three"], ["p"]),
+             helper.make_node("Mul", ["p", "c"], ["q"]), helper.make_node("Add", ["x", "q"], ["s"]),
+             helper.make_node("Mul", ["s", "k"], ["t"]), helper.make_node("Tanh", ["t"], ["u"]),
+             helper.make_node("Add", ["u", "one"], ["v"]), helper.make_node("Mul", ["a", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 300])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = RuntimeSession(model)
+    (step,) = session._plan
+    program = step.run.__self__.program
+    assert program.code[:, 0].tolist().count(ce.GELU_TANH) == 1 and ce.TANH not in program.code[:, 0]
+    x = (np.random.default_rng(3).standard_normal((4, 300)) * 4).astype(np.float32)
+    expected = RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=5e-7, atol=2e-7)

@@ -100,7 +100,8 @@ def test_tables_list_every_onnx_since_version() -> None:
                 expected.add(onnx.defs.get_schema(op, opset).since_version)
         assert set(versions) == expected, op
         assert {cls.op_type for cls in versions.values()} == {op}
-        assert not any(cls.declaration.tunable for cls in versions.values())
+        # Softmax alone is tunable: its compiled rows' and the fused attention's thresholds
+        assert all(cls.declaration.tunable == (op == "Softmax") for cls in versions.values())
 
 
 def test_modules_do_not_share_ops() -> None:
@@ -826,3 +827,22 @@ def test_narrow_floats_compute_in_float32_and_other_types_as_they_are():
         assert compute_dtype(dtype) == np.float32
     for dtype in (np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint64):
         assert compute_dtype(np.dtype(dtype)) == dtype
+
+
+def test_a_cast_to_the_inputs_own_type_is_the_input_and_outputs_stay_apart():
+    """The cast is a view for the plan (no copy between nodes), never for the caller."""
+    from onnx_light.runtime import RuntimeSession
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+         helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, 4]) for n in ("c", "y")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    c, y = session.run(None, {"x": x})
+    assert not np.shares_memory(c, x) and not np.shares_memory(c, y)
+    np.testing.assert_array_equal(c, x)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    assert x.min() == -1  # the feed is untouched

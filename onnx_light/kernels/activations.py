@@ -83,6 +83,7 @@ class Hardmax(Softmax):
     """ONNX Hardmax (1, 11, 13): 1 at the first maximum along the axis, 0 elsewhere."""
 
     op_type: ClassVar[str] = "Hardmax"
+    compiled = False
 
     @staticmethod
     def normalise(shifted: np.ndarray, axis: int) -> np.ndarray:

@@ -16,6 +16,7 @@ schema), so this module imports no kernel module.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,7 +39,9 @@ __all__ = [
     "CalibrationSetup",
     "ElementwiseCrossover",
     "GemmConfigurations",
+    "RowsCrossover",
     "calibrate_elementwise",
+    "calibrate_rows",
     "calibration_setup",
 ]
 
@@ -157,6 +160,58 @@ def calibrate_elementwise(declaration: KernelDeclaration, key: KernelTuningKey,
     setup = calibration_setup(declaration, key, descriptor, budget)
     problem = ElementwiseCrossover(declaration, key.element_type, setup.threads)
     return crossover_search(key, problem, problem.parameter, setup.portable, setup.budget)
+
+
+class RowsCrossover:
+    """The shared search's problem for a kernel computing rows of its one float input
+    independently (Softmax): X of ``size`` elements in rows of each case's length, the
+    threshold the schema parameter the callback names."""
+
+    LENGTHS = {"rows of 64": 64, "rows of 1024": 1024}
+
+    def __init__(self, declaration: KernelDeclaration, element_type: int, num_threads: int,
+                 parameter: str) -> None:
+        self.element_type, self.parameter = element_type, parameter
+        self.cases = tuple(self.LENGTHS)
+        op_type = declaration.op_type
+        ctx = NodeContext(f"calibrate_{op_type}", op_type, "", max(declaration.versions),
+                          input_types=(element_type,), output_types=(element_type,), num_inputs=1)
+        pool = get_pool(num_threads)
+        self._serial = declaration.kernel(ctx).bind(pool)
+        self._parallel = declaration.kernel(ctx).bind(pool)
+        self._serial.configure({parameter: SERIAL})
+        self._parallel.configure({parameter: 1})
+
+    def input_bytes(self, size: int, case: str) -> int:
+        return 2 * size * numpy_dtype(self.element_type).itemsize
+
+    def make_inputs(self, size: int, case: str) -> list[np.ndarray]:
+        length = self.LENGTHS[case]
+        rng = np.random.default_rng([SEED, size, self.cases.index(case)])
+        return [_values(rng, self.element_type, (max(1, size // length), length), (-8.0, 8.0))]
+
+    def serial(self, inputs: list[np.ndarray]) -> np.ndarray:
+        return self._serial.run(*inputs)[0]
+
+    def candidate(self, inputs: list[np.ndarray]) -> np.ndarray:
+        return self._parallel.run(*inputs)[0]
+
+    def same_output(self, reference: Any, candidate: Any) -> bool:
+        """Bit-exact: every row is computed the same way on either path."""
+        return (reference.dtype == candidate.dtype and reference.shape == candidate.shape
+                and reference.tobytes() == candidate.tobytes())
+
+
+def calibrate_rows(parameter: str) -> Callable[..., CalibrationResult]:
+    """The calibration callback searching ``parameter`` of a rows kernel (:class:`RowsCrossover`)."""
+
+    def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
+                  descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
+        setup = calibration_setup(declaration, key, descriptor, budget)
+        problem = RowsCrossover(declaration, key.element_type, setup.threads, parameter)
+        return crossover_search(key, problem, parameter, setup.portable, setup.budget)
+
+    return calibrate
 
 
 # (name, M, K, N, transA, transB): small, skinny, square, wide, tall, transposed, and products

@@ -32,9 +32,9 @@ import numpy as np
 from .compiled import compiled, load_numba, prange
 
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "emit",
-           "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
+           "exp_row", "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
 
-BLOCK = 256  # elements per register row: a program's registers stay in the L1/L2 cache
+BLOCK = 1024  # elements per register row: a program's registers stay in the L2 cache
 MAX_INPUTS = 4
 
 # Operation codes. An instruction is a row (code, destination, a, b) of register indices;
@@ -66,7 +66,7 @@ ERF_POLYNOMIAL = (
 
 
 @compiled(fastmath={"contract"})
-def _exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarray) -> None:
+def exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarray) -> None:
     """out[:m] = exp(sign * x[:m]): 2^n e^r with |r| <= ln 2 / 2, e^r by its Taylor series
     to r^11, 2^n built in the exponent bits (``bits``, an int64 scratch row); x is not out."""
     scale = bits.view(np.float64)
@@ -145,13 +145,13 @@ def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarr
         for i in range(m):
             out[i] = abs(x[i])
     elif code == EXP:
-        _exp_row(x, out, m, 1.0, bits)
+        exp_row(x, out, m, 1.0, bits)
     elif code == ERF:
         _erf_row(x, out, m, 1.0)
     elif code == TANH:  # sign(x) (1 - e) / (1 + e), e = exp(-2|x|); x (1 - x^2 / 3) where tiny
         for i in range(m):
             work[i] = abs(x[i])
-        _exp_row(work, out, m, -2.0, bits)
+        exp_row(work, out, m, -2.0, bits)
         for i in range(m):
             v = x[i]
             e = out[i]
@@ -161,7 +161,7 @@ def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarr
     elif code == SIGMOID:  # 1 / (1 + e) or e / (1 + e), e = exp(-|x|) never overflows
         for i in range(m):
             work[i] = abs(x[i])
-        _exp_row(work, out, m, -1.0, bits)
+        exp_row(work, out, m, -1.0, bits)
         for i in range(m):
             e = out[i]
             numerator = 1.0 if x[i] >= 0 else e
@@ -184,11 +184,11 @@ def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarr
         for i in range(m):
             v = x[i]
             work[i] = -2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
-        _exp_row(work, out, m, 1.0, bits)
+        exp_row(work, out, m, 1.0, bits)
         for i in range(m):
             out[i] = x[i] / (1.0 + out[i])
     elif code == MISH:  # x tanh(log(1 + e)) = x (e^2 + 2e) / (e^2 + 2e + 2), e = exp(x)
-        _exp_row(x, out, m, 1.0, bits)
+        exp_row(x, out, m, 1.0, bits)
         for i in range(m):
             v = x[i]
             e = out[i]
@@ -240,16 +240,22 @@ def _load_row(source: np.ndarray, length: int, start: int, row: np.ndarray, m: i
         for i in range(m):
             row[i] = value
         return
+    # Indexing slices by the loop counter alone (not ``offset + i``) lets LLVM vectorize
+    # the copies: it cannot prove a sum of two counters non-negative, and numba's negative
+    # index wraparound then stays in the loop.
     offset = start % length
     if offset + m <= length:
+        part = source[offset:offset + m]
         for i in range(m):
-            row[i] = source[offset + i]
+            row[i] = part[i]
         return
     i = 0
     while i < m:
         count = min(m - i, length - offset)
+        part = source[offset:offset + count]
+        target = row[i:i + count]
         for q in range(count):
-            row[i + q] = source[offset + q]
+            target[q] = part[q]
         i += count
         offset = 0
 
@@ -284,8 +290,9 @@ def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.
             op = code[j, 0]
             destination = rows[code[j, 1]]
             if op == STORE:
+                target = out[first:first + m]
                 for i in range(m):
-                    out[first + i] = destination[i]
+                    target[i] = destination[i]
             elif op >= 40:
                 _binary_row(op, rows[code[j, 2]], rows[code[j, 3]], destination, m)
             elif op >= 10:
@@ -454,10 +461,115 @@ class Program:
         return register
 
     def finish(self, result: int) -> CompiledProgram:
-        """The program storing register ``result`` as the output."""
-        rows = [*self._rows, (STORE, result, 0, 0)]
+        """The program storing register ``result`` as the output (GELU written out in
+        elementary steps becomes the one GELU or GELU_TANH instruction, :func:`_fold_gelu`)."""
+        rows = [*_fold_gelu(self._rows, self._constants, result), (STORE, result, 0, 0)]
         return CompiledProgram(np.array(rows, np.int64), np.array(self._constants or [0.0]),
                                self._registers, self._inputs)
+
+
+Row = tuple[int, int, int, int]
+
+
+def _fold_gelu(rows: list[Row], constants: list[float], result: int) -> list[Row]:
+    """``rows`` with each GELU exporters write as one GELU or GELU_TANH instruction on x,
+    when no other instruction reads its intermediate values: ``(1 + erf(x / sqrt 2))`` (the
+    division by sqrt 2 or the product with its inverse) or ``(1 + tanh(sqrt(2 / pi) (x +
+    0.044715 x^3)))``, times x and 0.5 in either order (``(x f) 0.5`` or ``(x 0.5) f``), the
+    constants in float32 or float64. The constants rounded to float32 move the function's
+    argument by at most 4e-8 of itself; the fused value stays within a float32 unit of the
+    chain's."""
+    define = {row[1]: i for i, row in enumerate(rows)}
+    uses: dict[int, int] = {result: 1}
+    for code, _, a, b in rows:
+        if code in UNARY_CODES:
+            uses[a] = uses.get(a, 0) + 1
+        elif code in BINARY_CODES:
+            uses[a] = uses.get(a, 0) + 1
+            uses[b] = uses.get(b, 0) + 1
+
+    def constant(register: int, value: float) -> bool:
+        row = rows[define[register]] if register in define else None
+        return (row is not None and row[0] == CONST
+                and math.isclose(constants[row[2]], value, rel_tol=1e-7, abs_tol=0.0))
+
+    def private(register: int, code: int) -> tuple[int, int, int] | None:
+        """The row defining ``register`` (read once) if it is a ``code`` row: (index, a, b)."""
+        index = define.get(register)
+        if index is None or uses.get(register) != 1 or rows[index][0] != code:
+            return None
+        return index, rows[index][2], rows[index][3]
+
+    def scaled(register: int, code: int, value: float) -> tuple[int, int] | None:
+        """``register`` = the other operand ``code`` the constant ``value``: (index, other)."""
+        found = private(register, code)
+        if found is None:
+            return None
+        index, a, b = found
+        if constant(b, value):
+            return index, a
+        if code == MUL and constant(a, value):
+            return index, b
+        return None
+
+    def reader(register: int, code: int) -> tuple[int, int] | None:
+        """The only row reading ``register``, if it is a ``code`` row: (index, other operand)."""
+        if uses.get(register) != 1:
+            return None
+        for i, (c, _, a, b) in enumerate(rows):
+            if c == code and register in (a, b):
+                return i, (b if a == register else a)
+        return None
+
+    def erf_core(i: int) -> tuple[int, list[int]] | None:
+        """For the ERF row ``i``: x and the rows of x / sqrt 2."""
+        divided = scaled(rows[i][2], DIV, math.sqrt(2.0)) or scaled(rows[i][2], MUL, _SQRT_HALF)
+        return None if divided is None else (divided[1], [divided[0]])
+
+    def tanh_core(i: int) -> tuple[int, list[int]] | None:
+        """For the TANH row ``i``: x and the rows of sqrt(2 / pi) (x + 0.044715 x x x)."""
+        inner = scaled(rows[i][2], MUL, _SQRT_2_OVER_PI)
+        total = private(inner[1], ADD) if inner is not None else None
+        if total is None:
+            return None
+        for x, q in ((total[1], total[2]), (total[2], total[1])):
+            cubic = scaled(q, MUL, 0.044715)
+            cube = private(cubic[1], MUL) if cubic is not None else None
+            if cube is None or x not in cube[1:]:
+                continue
+            square = private(cube[2] if cube[1] == x else cube[1], MUL)
+            if square is not None and square[1] == square[2] == x:
+                return x, [inner[0], total[0], cubic[0], cube[0], square[0]]
+        return None
+
+    drop: set[int] = set()
+    replace: dict[int, Row] = {}
+    for i, (code, core, _, _) in enumerate(rows):
+        found = erf_core(i) if code == ERF else tanh_core(i) if code == TANH else None
+        if found is None or uses.get(core) != 1:
+            continue
+        x, gone = found
+        plus = reader(core, ADD)
+        if plus is None or not constant(plus[1], 1.0):
+            continue
+        f = rows[plus[0]][1]
+        times = reader(f, MUL)
+        if times is None:
+            continue
+        g, y = rows[times[0]][1], times[1]
+        half = scaled(y, MUL, 0.5)
+        if y == x:  # (x f) 0.5
+            outer = reader(g, MUL)
+            if outer is None or not constant(outer[1], 0.5):
+                continue
+            last, gone = outer[0], [*gone, i, plus[0], times[0]]
+        elif half is not None and half[1] == x:  # (x 0.5) f
+            last, gone = times[0], [*gone, i, plus[0], half[0]]
+        else:
+            continue
+        drop.update(gone)
+        replace[last] = (GELU if code == ERF else GELU_TANH, rows[last][1], x, 0)
+    return [replace.get(i, row) for i, row in enumerate(rows) if i not in drop]
 
 
 _PLAIN_UNARY = {"Neg": NEG, "Abs": ABS, "Exp": EXP, "Erf": ERF, "Tanh": TANH, "Sigmoid": SIGMOID,

@@ -4,11 +4,14 @@ LpNormalization, MeanVarianceNormalization.
 Statistics are taken in the ``stash_type`` precision where the operator has one (float32 by
 default, as for LayerNormalization, float64 inputs included) and in the compute type
 (float32 for float16 and bfloat16) otherwise; the result is rounded once to the input type.
-None of these kernels is tunable: they are memory-bound passes of a few numpy calls each.
+None of these kernels is tunable: they are memory-bound passes of a few numpy calls each;
+RMSNormalization's float32 path is compiled rows (what the runtime makes of RMSNorm written
+out, ``runtime/rmsnorm_fusion.py``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -25,10 +28,11 @@ from .base import (
     normalize_axis,
     numpy_dtype,
 )
+from .compiled import compiled
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
-           "RMSNormalization"]
+           "RMSNormalization", "rms_norm_rows"]
 
 Arrays = Sequence[np.ndarray]
 _STASH_TYPES = (T.FLOAT, T.DOUBLE)
@@ -88,9 +92,39 @@ class GroupNormalization(Kernel):
         return [y.astype(x.dtype, copy=False)]
 
 
+@compiled(fastmath={"contract"})
+def rms_norm_rows(x: np.ndarray, scale: np.ndarray, epsilon: float, out: np.ndarray) -> None:
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + epsilon) * scale for each row of the float32
+    matrix ``x``: the mean of squares in float64 (eight partial sums in a fixed order), the
+    output rounded once."""
+    length = x.shape[1]
+    octets = length // 8 * 8
+    for r in range(x.shape[0]):
+        row = x[r]
+        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+        for i in range(0, octets, 8):
+            s0 += np.float64(row[i]) * np.float64(row[i])
+            s1 += np.float64(row[i + 1]) * np.float64(row[i + 1])
+            s2 += np.float64(row[i + 2]) * np.float64(row[i + 2])
+            s3 += np.float64(row[i + 3]) * np.float64(row[i + 3])
+            s4 += np.float64(row[i + 4]) * np.float64(row[i + 4])
+            s5 += np.float64(row[i + 5]) * np.float64(row[i + 5])
+            s6 += np.float64(row[i + 6]) * np.float64(row[i + 6])
+            s7 += np.float64(row[i + 7]) * np.float64(row[i + 7])
+        for i in range(octets, length):
+            v = np.float64(row[i])
+            s0 += v * v
+        total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+        inverse = 1.0 / math.sqrt(total / length + epsilon)
+        target = out[r]
+        for i in range(length):
+            target[i] = np.float64(row[i]) * inverse * np.float64(scale[i])
+
+
 class RMSNormalization(Kernel):
     """ONNX RMSNormalization (23): X divided by the root mean square over the axes from
-    ``axis`` on (plus ``epsilon``), times ``scale``."""
+    ``axis`` on (plus ``epsilon``), times ``scale``. float32 X and scale with the float32
+    stash run the compiled rows (:func:`rms_norm_rows`, serial), other types numpy."""
 
     op_type: ClassVar[str] = "RMSNormalization"
 
@@ -100,6 +134,13 @@ class RMSNormalization(Kernel):
         self.epsilon = _epsilon(ctx)
         self.stash = _stash(ctx)
 
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the float32 rows now, at session construction (a warm cache loads them)."""
+        if self.element_type == T.FLOAT and self.stash == np.float32:
+            one = np.ones((1, 1), np.float32)
+            rms_norm_rows(one, np.ones(1, np.float32), 0.0, one.copy())
+        return None
+
     def run(self, x: np.ndarray, scale: np.ndarray) -> Arrays:
         axis = normalize_axis(self.ctx, self.axis, x.ndim)
         try:
@@ -107,6 +148,14 @@ class RMSNormalization(Kernel):
         except ValueError:
             raise self.ctx.error(f"scale of shape {list(scale.shape)} does not broadcast to the "
                                  f"normalized axes {list(x.shape[axis:])}") from None
+        length = math.prod(x.shape[axis:])
+        if (x.dtype == np.float32 and scale.dtype == np.float32 and self.stash == np.float32
+                and x.size and scale.size in (1, length)):
+            rows = np.ascontiguousarray(x).reshape(-1, length)
+            out = np.empty(rows.shape, np.float32)
+            rms_norm_rows(rows, np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (length,))),
+                          self.epsilon, out)
+            return [out.reshape(x.shape)]
         stash = self.stash
         data = x.astype(stash, copy=False)
         mean_square = np.mean(np.square(data), axis=tuple(range(axis, x.ndim)), keepdims=True)

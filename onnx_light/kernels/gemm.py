@@ -291,7 +291,7 @@ class _ProductKernel(Kernel):
         with BLAS.limited((self.num_threads if plan == "blas" else 1) if blas else None):
             if plan == "serial" or plan == "blas":
                 if compute == a.dtype:  # the common path: no output to allocate up front
-                    out = np.matmul(a, b)
+                    out = _rows_product(a, b) if b.ndim == 2 else np.matmul(a, b)
                     if epilogue is not None:
                         out = _same(out, epilogue(out, _ALL, _ALL))
                     return out
@@ -386,6 +386,17 @@ class _ProductKernel(Kernel):
 
 _TRANS = {False: 111, True: 112}  # CBLAS's NoTrans and Trans
 _NO_BIAS = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
+
+
+def _rows_product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` for a (..., M, K) and a matrix b (K, N): a C-contiguous A is one (rows, K)
+    matrix, so the product is one BLAS call instead of numpy's call per batch item."""
+    if a.ndim == 2 or not a.flags.c_contiguous:
+        return np.matmul(a, b, out=out)
+    shape = (*a.shape[:-1], b.shape[1])
+    result = np.matmul(a.reshape(-1, a.shape[-1]), b,
+                       out=None if out is None else out.reshape(-1, b.shape[1]))
+    return result.reshape(shape)
 
 
 def _batched(x: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
@@ -515,6 +526,10 @@ class MatMulKernel(_ProductKernel):
     """
 
     op_type: ClassVar[str] = "MatMul"
+    accepts_epilogue: ClassVar[bool] = True
+    #: A (1, N) row the runtime's fusion adds to every row of the product (an ``Add`` of a
+    #: constant bias after the node, ``runtime/matmul_fusion.py``), before the epilogue.
+    bias: np.ndarray | None = None
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
@@ -529,7 +544,14 @@ class MatMulKernel(_ProductKernel):
             a = a[np.newaxis, :]
         if vector_b:
             b = b[:, np.newaxis]
-        y = self._product(a, b)
+        bias = self.bias
+        if bias is None:
+            y = self._product(a, b)
+        else:
+            if vector_b or bias.shape[1] != b.shape[-1] or bias.dtype != a.dtype:
+                raise self.ctx.error(f"the fused bias of shape {list(bias.shape[1:])} does not fit "
+                                     f"B of shape {list(b.shape)}")
+            y = self._product(a, b, _float_epilogue(1.0, 1.0, bias, compute_dtype(a.dtype)), 1.0, bias)
         if vector_b:
             y = y[..., 0]
         if vector_a:
@@ -537,16 +559,27 @@ class MatMulKernel(_ProductKernel):
         return (y,)
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
-        """One ``np.matmul`` into the given buffer: what :meth:`run` computes for two
-        matrices of one type computed as it is, on a serial plan, without an epilogue; None
-        otherwise."""
+        """One BLAS product (and the fused bias) into the given buffer: what :meth:`run`
+        computes for A (..., M, K) and a matrix B of one type computed as it is, on a serial
+        plan, without an epilogue; None otherwise."""
         if len(inputs) != 2 or self.epilogue is not None:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
-        if (len(a) != 2 or len(b) != 2 or a_dtype != b_dtype or a[1] != b[0]
-                or compute_dtype(a_dtype) != a_dtype or self.plan(a[0], b[1], a[1]) != "serial"):
+        if (len(a) < 2 or len(b) != 2 or a_dtype != b_dtype or a[-1] != b[0]
+                or compute_dtype(a_dtype) != a_dtype
+                or self.plan(a[-2], b[1], a[-1], a[:-2]) != "serial"):
             return None
-        return Prepared(np.matmul, (a[0], b[1]), a_dtype)
+        bias = self.bias
+        if bias is None:
+            return Prepared(np.matmul if len(a) == 2 else _rows_product, (*a[:-1], b[1]), a_dtype)
+        if bias.shape[1] != b[1] or bias.dtype != a_dtype:
+            return None
+
+        def with_bias(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+            _rows_product(x, w, out)
+            out += bias
+
+        return Prepared(with_bias, (*a[:-1], b[1]), a_dtype)
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

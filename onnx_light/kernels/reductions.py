@@ -10,15 +10,47 @@ float32 and rounded back; integer results are cast back to the input type.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
 
-from .base import Kernel, NodeContext, compute_dtype, ints, normalize_axes, normalize_axis
+from ..tuning.keys import ElementType as T
+from ..tuning.schema import Parameter, Value
+from .base import (
+    Kernel,
+    NodeContext,
+    Prepared,
+    TensorSpec,
+    compute_dtype,
+    ints,
+    normalize_axes,
+    normalize_axis,
+)
+from .calibration import calibrate_rows
+from .compiled_softmax import SoftmaxRows
 from .declaration import KernelDeclaration, declare, dispatch_table
+from .fused_attention import ATTENTION_MINIMUM_FLOPS as DEFAULT_ATTENTION_MINIMUM_FLOPS
 
-__all__ = ["KERNELS", "Reduce"]
+__all__ = ["ATTENTION_MINIMUM_FLOPS", "KERNELS", "MINIMUM_ELEMENTS", "SOFTMAX_PARALLEL_MINIMUM",
+           "Reduce", "Softmax", "softmax_parameters"]
+
+MINIMUM_ELEMENTS = "parallel.minimum_elements"
+ATTENTION_MINIMUM_FLOPS = "attention.minimum_flops"
+#: The portable threshold of the compiled Softmax: elements of X from which its rows are split
+#: over the session's threads (docs/attention.md).
+SOFTMAX_PARALLEL_MINIMUM = 1 << 16
+
+
+def softmax_parameters(element_type: int | None) -> tuple[Parameter, ...]:
+    """Softmax's schema: the compiled (float32) rows' parallel threshold, and the threshold
+    of the attention step the runtime may fuse around the node (``runtime/attention_fusion.py``)."""
+    return (Parameter(MINIMUM_ELEMENTS, "int", SOFTMAX_PARALLEL_MINIMUM, minimum=1,
+                      description="elements of X from which the rows are split over the threads "
+                                  "(float32, compiled)"),
+            Parameter(ATTENTION_MINIMUM_FLOPS, "int", DEFAULT_ATTENTION_MINIMUM_FLOPS, minimum=1,
+                      description="multiply-adds of a fused attention's two products from which "
+                                  "its heads are split over the threads"))
 
 Arrays = list[np.ndarray]
 Reduction = Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]
@@ -165,13 +197,33 @@ class ArgMin(ArgMax):
 
 
 class Softmax(Kernel):
-    """Softmax along ``axis``; before opset 13 over everything from ``axis`` on (a 2-D view)."""
+    """Softmax along ``axis``; before opset 13 over everything from ``axis`` on (a 2-D view).
+
+    float32 data runs the compiled rows of :mod:`.compiled_softmax` (the axis moved last
+    when it is not), over numba's threads from ``parallel.minimum_elements`` elements on;
+    other types compute with numpy in their compute type.
+    """
 
     op_type = "Softmax"
+    compiled: ClassVar[bool] = True  # LogSoftmax keeps numpy
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.axis = ctx.attribute("axis", 1 if ctx.opset < 13 else -1)
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.minimum_elements = int(values[MINIMUM_ELEMENTS])
+        self.minimum_flops = int(values[ATTENTION_MINIMUM_FLOPS])
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the rows now, at session construction (a warm cache loads them)."""
+        if self.compiled and self.element_type == T.FLOAT:
+            self.rows().compile()
+        return None
+
+    def rows(self) -> SoftmaxRows:
+        """The compiled softmax with this kernel's threads and threshold."""
+        return SoftmaxRows(self.num_threads, self.minimum_elements)
 
     @staticmethod
     def normalise(shifted: np.ndarray, axis: int) -> np.ndarray:
@@ -180,6 +232,8 @@ class Softmax(Kernel):
 
     def run(self, x: np.ndarray) -> Arrays:
         axis = normalize_axis(self.ctx, self.axis, x.ndim)
+        if self.compiled and x.dtype == np.float32:
+            return [self._compiled(x, axis)]
         data = x.astype(compute_dtype(x.dtype), copy=False)
         if self.ctx.opset < 13:
             data, axis = data.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])), 1
@@ -187,9 +241,42 @@ class Softmax(Kernel):
             shifted = data - np.max(data, axis=axis, keepdims=True, initial=-np.inf)
             return [self.normalise(shifted, axis).reshape(x.shape).astype(x.dtype, copy=False)]
 
+    def _compiled(self, x: np.ndarray, axis: int) -> np.ndarray:
+        if x.size == 0:
+            return np.empty(x.shape, np.float32)
+        if self.ctx.opset < 13:  # one row per index before the axis
+            rows = np.ascontiguousarray(x).reshape(math.prod(x.shape[:axis]), -1)
+            out = np.empty(rows.shape, np.float32)
+            self.rows()(rows, out)
+            return out.reshape(x.shape)
+        last = np.ascontiguousarray(np.moveaxis(x, axis, -1))
+        out = np.empty(last.shape, np.float32)
+        self.rows()(last, out)
+        return np.moveaxis(out, -1, axis)
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The compiled rows into the given buffer for a float32 X whose rows are its last
+        axis (the axis is last, or opset < 13); None otherwise."""
+        ((shape, dtype),) = inputs
+        if not self.compiled or dtype != np.float32 or not shape:
+            return None
+        axis = normalize_axis(self.ctx, self.axis, len(shape))
+        if axis != len(shape) - 1 and self.ctx.opset >= 13:
+            return None
+        length = math.prod(shape[axis:])
+        if length == 0 or math.prod(shape) == 0:
+            return None
+        rows = self.rows()
+
+        def compute(x: np.ndarray, out: np.ndarray) -> None:
+            rows(x.reshape(-1, length), out.reshape(-1, length))
+
+        return Prepared(compute, shape, dtype)
+
 
 class LogSoftmax(Softmax):
     op_type = "LogSoftmax"
+    compiled = False
 
     @staticmethod
     def normalise(shifted: np.ndarray, axis: int) -> np.ndarray:
@@ -216,6 +303,8 @@ DECLARATIONS: tuple[KernelDeclaration, ...] = (
     declare(ReduceProd, (1, 11, 13, 18)),
     declare(ReduceSum, (1, 11, 13)),
     declare(ReduceSumSquare, (1, 11, 13, 18)),
-    declare(Softmax, (1, 11, 13)),
+    declare(Softmax, (1, 11, 13), types={1: (T.FLOAT16, T.FLOAT, T.DOUBLE),
+                                         13: (T.FLOAT16, T.FLOAT, T.DOUBLE, T.BFLOAT16)},
+            parameters=softmax_parameters, calibrate=calibrate_rows(MINIMUM_ELEMENTS)),
 )
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)

@@ -27,7 +27,14 @@ Runs after constant folding, over the steps left to run, in graph order:
    other tensor's elements added while it is in cache (ResNet's shortcuts), and a following
    activation then fuses as usual. The sum is the same (one rounding either way).
 
-5. **Elementwise chains** (done first, before step 2 can make their activations epilogues
+Before those, in this order:
+
+0. **Attention, RMSNorm, rotary embeddings** (done first): ``MatMul(Q, K^T)``, a scale, an
+   additive mask, Softmax and ``MatMul(P, V)`` over heads become one step
+   (``runtime/attention_fusion.py`` states the pattern); RMSNorm and rotary embeddings
+   written out in elementary nodes become one step each (``runtime/rmsnorm_fusion.py``,
+   ``runtime/rotary_fusion.py``).
+5. **Elementwise chains** (next, before step 2 can make their activations epilogues
    of the nodes before them). Consecutive float32 elementwise nodes that a compiled program can
    compute (``compiled_elementwise.PROGRAM_OPS``), each reading the previous one's output as
    its only reader, become one
@@ -37,13 +44,12 @@ Runs after constant folding, over the steps left to run, in graph order:
    an op that numpy computes slowly (``compiled_elementwise.FUSION_WORTH``: chains of cheap
    ops such as Sigmoid and Mul, or a bias Add and Relu, measured faster as numpy calls). A
    chain reads at most four tensors; one-element constants become constants of the program.
-
-6. **Small linear layers.** An Add of a constant bias (one value per column: shape ``(N,)``,
-   ``(1, N)``, ...) to the output of a 2-D MatMul of constant weights that nothing else reads,
-   small enough by the inferred shapes (``matmul_bias.SMALL_WORK`` multiply-adds), becomes
-   one :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step, one compiled loop (checked
-   before step 1, which would make the bias a ChannelAffine step). Larger products keep
-   their two steps (the MatMul's tuned plan, an addition that may run in parallel).
+6. **MatMul bias** (then, before step 1, which would make the bias a ChannelAffine step): a
+   MatMul whose output only an Add of a constant bias row reads adds the bias itself
+   (``runtime/matmul_fusion.py``), and an activation after it then becomes its epilogue
+   (step 2); a small 2-D product of constant weights (``matmul_bias.SMALL_WORK``
+   multiply-adds by the inferred shapes) becomes one
+   :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step instead, one compiled loop.
 
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
@@ -65,7 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from ..kernels.base import Kernel, numpy_dtype
+from ..kernels.base import Kernel
 from ..kernels.compiled_activations import in_place
 from ..kernels.compiled_elementwise import (
     ADD,
@@ -79,9 +85,11 @@ from ..kernels.compiled_elementwise import (
 from ..kernels.conv import ConvKernel, Prologue
 from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
 from ..kernels.fused_elementwise import FusedElementwise
-from ..kernels.gemm import MatMulKernel
-from ..kernels.matmul_bias import SMALL_WORK, MatMulBias
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
+from .attention_fusion import fuse_attention
+from .matmul_fusion import fuse_matmul_bias
+from .rmsnorm_fusion import fuse_rms_norm
+from .rotary_fusion import fuse_rotary
 
 __all__ = ["FusionResult", "fuse"]
 
@@ -122,12 +130,16 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     constant and returns its slot.
     """
     sources: set[int] = set()
+    steps = fuse_attention(steps, known, keep, shapes, sources)
+    steps = fuse_rms_norm(steps, known, keep, shapes, sources)
+    steps, caches = fuse_rotary(steps, known, keep, shapes, sources, add_constant)
     steps = _fuse_chains(steps, known, keep, shapes, sources)
+    steps = fuse_matmul_bias(steps, known, keep, shapes, sources)
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
-    known = dict(known)  # and the constants fusion adds
+    known = {**known, **caches}  # and the constants fusion adds
     result: list[list] = []
     producer: dict[int, int] = {}
-    added: dict[int, np.ndarray] = {}
+    added: dict[int, np.ndarray] = dict(caches)
     pending: dict[int, _ConvFold] = {}  # result index -> the affine map its Conv's weights take
 
     def private(slot: int) -> int | None:
@@ -145,12 +157,6 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                 producer[s] = index
 
     for kernel, inputs, outputs in steps:
-        biased = _matmul_bias(kernel, inputs, known, shapes, private, result)
-        if biased is not None:
-            index, bias_slot, fused = biased
-            sources.add(bias_slot)
-            absorb(index, fused, result[index][1], outputs)
-            continue
         affine = _affine(kernel, inputs, known, shapes)
         if affine is not None:
             index = private(affine.x)
@@ -285,6 +291,23 @@ class _Chain:
         chain.result = chain.registers[outputs[0]] = result
         return chain
 
+    def feeds_only(self, step: Step, readers: Mapping[int, int], keep: set[int]) -> bool:
+        """Whether ``step`` alone reads this chain's output and nothing outside reads its
+        intermediate values."""
+        output = self.nodes[-1][2][0]
+        return (output not in keep and readers[output] == step[1].count(output)
+                and self.closed(readers, keep))
+
+    def join(self, other: _Chain, known: Mapping[int, np.ndarray],
+             shapes: Mapping[int, Sequence[int | str | None]]) -> _Chain | None:
+        """This chain with ``other``'s nodes appended (replayed on this program), or None."""
+        chain: _Chain | None = self
+        for node, position in zip(other.nodes, other.positions, strict=True):
+            chain = chain.extend(node, position, known, shapes)
+            if chain is None:
+                return None
+        return chain
+
     def worth(self) -> bool:
         """Whether the chain holds an op that makes the program faster than numpy's calls."""
         return any(kernel.ctx.op_type in FUSION_WORTH for kernel, _, _ in self.nodes)
@@ -329,17 +352,31 @@ def _fuse_chains(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: s
     (``sources`` gets the constants the programs hold). A node joins the chain that made one
     of its inputs; a chain whose intermediate values something outside it reads stays as it
     was."""
-    chains: list[_Chain] = []
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    chains: list[_Chain | None] = []
     chain_of: dict[int, int] = {}  # slot -> the chain whose node made it
     for position, step in enumerate(steps):
         kernel, inputs, outputs = step
         if not _chainable(kernel, inputs, outputs, known):
             continue
         chain = None
-        for index in dict.fromkeys(chain_of[s] for s in inputs if s in chain_of):
-            chain = chains[index].extend(step, position, known, shapes)
+        candidates = list(dict.fromkeys(chain_of[s] for s in inputs if s in chain_of))
+        for index in candidates:
+            # Another chain whose output only this node reads joins first (GPT-2's GELU: the
+            # x * 0.5 and the tanh chain meet in the last Mul), so that one program holds both.
+            joined, base = [], chains[index]
+            for other in candidates:
+                if other != index and base is not None and chains[other].feeds_only(step, readers, keep):
+                    merged = base.join(chains[other], known, shapes)
+                    if merged is not None:
+                        base = merged
+                        joined.append(other)
+            chain = base.extend(step, position, known, shapes) if base is not None else None
             if chain is not None:
                 chains[index] = chain
+                for other in joined:
+                    chains[other] = None
+                    chain_of.update({s: index for s, i in chain_of.items() if i == other})
                 break
         if chain is None:
             chain = _Chain.start(step, position, known, shapes)
@@ -348,9 +385,8 @@ def _fuse_chains(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: s
             chains.append(chain)
             index = len(chains) - 1
         chain_of[outputs[0]] = index
-    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
     result: list[Step | None] = list(steps)
-    for chain in chains:
+    for chain in filter(None, chains):
         if len(chain.nodes) > 1 and chain.worth() and chain.closed(readers, keep):
             for position in chain.positions[:-1]:
                 result[position] = None
@@ -466,37 +502,6 @@ def _channel_scale(conv: ConvKernel, inputs: Slots, w: np.ndarray | None, previo
                 and any(d != 1 for d in x_shape[2:])):
             bias = inputs[2] if len(inputs) > 2 else None
             return conv.variant(channel_scale=True), (x, inputs[1], bias, None, s)
-    return None
-
-
-def _matmul_bias(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
-                 shapes: Mapping[int, Sequence[int | str | None]],
-                 private: Callable[[int], int | None], result: list[list]
-                 ) -> tuple[int, int, MatMulBias] | None:
-    """Step 6 of the module docstring, for ``Add(Y, B)``: the result index of the MatMul that
-    makes ``Y`` (a 2-D product of constant weights, small enough for the compiled loop by the
-    inferred shapes), the bias's slot and the MatMulBias step that replaces both; or None."""
-    if (not isinstance(kernel, ElementwiseKernel) or kernel.ctx.op_type != "Add" or len(inputs) != 2
-            or None in inputs):
-        return None
-    for y, b in (inputs, inputs[::-1]):
-        bias, shape = known.get(b), shapes.get(y)
-        index = private(y) if bias is not None and y not in known else None
-        matmul = result[index][0] if index is not None else None
-        if (type(matmul) is not MatMulKernel or matmul.epilogue is not None or not shape
-                or not matmul.ctx.output_types or matmul.ctx.output_types[0] not in FUSED_TYPES
-                or bias.dtype != numpy_dtype(matmul.ctx.output_types[0])
-                or not 1 <= bias.ndim <= len(shape) or any(d != 1 for d in bias.shape[:-1])
-                or bias.shape[-1] != shape[-1]):
-            continue
-        a, w = result[index][1][0], known.get(result[index][1][1])
-        a_shape = shapes.get(a) if a not in known else known[a].shape
-        if (w is None or w.ndim != 2 or a_shape is None or len(a_shape) != 2
-                or not all(isinstance(d, int) for d in a_shape)
-                or a_shape[0] * a_shape[1] * w.shape[1] > SMALL_WORK):
-            continue  # larger products keep their steps: the MatMul's plan, a parallel add
-        ctx = dataclasses.replace(matmul.ctx, op_type=MatMulBias.op_type)
-        return index, b, MatMulBias(ctx, matmul, bias).bind(matmul.pool)
     return None
 
 

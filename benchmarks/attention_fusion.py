@@ -1,0 +1,122 @@
+"""Fused scaled dot-product attention against the unfused graph and onnxruntime.
+
+Usage: python benchmarks/attention_fusion.py [--rounds N] [--threads 1 2] [--cases bert vit ...]
+
+Each case is the attention exporters write for one layer (Transposes of Q, K and V, MatMul,
+Mul by 1/sqrt(size), Add of a (batch, 1, 1, keys) mask where the model has one, Softmax,
+MatMul) at a zoo model's shape. The first table gives the median time per run of an
+onnx_light session (the pattern fused into one FusedAttention step), of one with fusion off,
+and of onnxruntime with the same intra-op thread count, interleaved in one process, with the
+largest difference between onnx_light's output and onnxruntime's. At more than one thread,
+the second table times the FusedAttention kernel alone, serial against its heads split over
+the pool (``attention.minimum_flops`` out of reach and at 1), to place that threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import onnx
+from _common import interleaved, load_average, onnxruntime_session
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light.kernels.fused_attention import FusedAttention
+from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS
+from onnx_light.parallel import get_pool
+from onnx_light.runtime.session import RuntimeSession
+
+F = TensorProto.FLOAT
+# name: (batch, heads, tokens, head size, masked)
+CASES = {
+    "bert": (2, 4, 32, 64, True),
+    "gpt2": (1, 4, 64, 64, True),
+    "vit": (1, 4, 197, 64, False),
+    "wav2vec2": (1, 4, 49, 64, False),
+    "bert-base 128": (2, 12, 128, 64, True),
+}
+
+
+def model(batch: int, heads: int, tokens: int, size: int, masked: bool) -> onnx.ModelProto:
+    shape = [batch, tokens, heads, size]
+    inputs = [helper.make_tensor_value_info(n, F, shape) for n in "qkv"]
+    nodes = [helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]),
+             helper.make_node("MatMul", ["qt", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "c"], ["scaled"])]
+    scores = "scaled"
+    if masked:
+        inputs.append(helper.make_tensor_value_info("mask", F, [batch, 1, 1, tokens]))
+        nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"]))
+        scores = "masked"
+    nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vt"], ["y"])]
+    scale = numpy_helper.from_array(np.array(size ** -0.5, np.float32), "c")
+    graph = helper.make_graph(nodes, "attention", inputs, [helper.make_tensor_value_info("y", F, None)],
+                              initializer=[scale])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def feeds(batch: int, heads: int, tokens: int, size: int, masked: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    values = {n: rng.standard_normal((batch, tokens, heads, size)).astype(np.float32) for n in "qkv"}
+    if masked:
+        mask = np.zeros((batch, 1, 1, tokens), np.float32)
+        mask[..., tokens * 3 // 4:] = np.finfo(np.float32).min
+        values["mask"] = mask
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--cases", nargs="*", default=list(CASES))
+    args = parser.parse_args()
+    print(f"float32, load average {load_average()}, cpus {os.cpu_count()}")
+    for threads in args.threads:
+        groups, differences, kernels = {}, {}, {}
+        for name in args.cases:
+            m, feed = model(*CASES[name]), feeds(*CASES[name])
+            ours = RuntimeSession(m, num_threads=threads)
+            plain = RuntimeSession(m, num_threads=threads, fuse=False)
+            ort = onnxruntime_session(m, threads)
+            differences[name] = float(np.max(np.abs(ours.run(None, feed)[0] - ort.run(None, feed)[0])))
+            groups[name] = {"fused": lambda s=ours, f=feed: s.run(None, f),
+                            "unfused": lambda s=plain, f=feed: s.run(None, f),
+                            "onnxruntime": lambda s=ort, f=feed: s.run(None, f)}
+            (step,) = [s for s in ours._plan if isinstance(getattr(s.run, "__self__", None), FusedAttention)]
+            kernels[name] = (step.run.__self__, [feed[n] for n in ("q", "k", "v", "mask") if n in feed])
+        medians = interleaved(groups, args.rounds, 0.02)
+        print(f"\n{threads} thread(s), load average {load_average()}\n")
+        print("| case | fused us | unfused us | onnxruntime us | fused/ort | unfused/fused | max diff |")
+        print("|---|---|---|---|---|---|---|")
+        for name, t in medians.items():
+            f, u, o = t["fused"] * 1e6, t["unfused"] * 1e6, t["onnxruntime"] * 1e6
+            print(f"| {name} | {f:.1f} | {u:.1f} | {o:.1f} | {f / o:.2f} | {u / f:.2f} | "
+                  f"{differences[name]:.2g} |")
+        if threads < 2:
+            continue
+        groups = {}
+        for name, (kernel, inputs) in kernels.items():
+            serial, split = (kernel.variant(softmax=kernel.softmax.variant()).bind(get_pool(threads))
+                             for _ in range(2))
+            serial.configure({ATTENTION_MINIMUM_FLOPS: 1 << 62})
+            split.configure({ATTENTION_MINIMUM_FLOPS: 1})
+            groups[name] = {"serial": (lambda k=serial, x=inputs: k.run(*x), True),
+                            "split": (lambda k=split, x=inputs: k.run(*x), True)}
+        medians = interleaved(groups, args.rounds, 0.02)
+        print(f"\nFusedAttention kernel, {threads} threads, load average {load_average()}\n")
+        print("| case | multiply-adds | serial us | heads split us | serial/split |")
+        print("|---|---|---|---|---|")
+        for name, t in medians.items():
+            batch, heads, tokens, size, _ = CASES[name]
+            flops = batch * heads * tokens * tokens * 2 * size
+            s, p = t["serial"] * 1e6, t["split"] * 1e6
+            print(f"| {name} | {flops / 1e6:.1f} M | {s:.1f} | {p:.1f} | {s / p:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""FusedAttention: scaled dot-product attention over float32 heads as one step.
+
+Not an ONNX operator: ``runtime/attention_fusion.py`` makes one of the nodes exporters write
+for ``softmax(Q K^T * scale + mask) V`` (the pattern is stated there). For each of the
+(broadcast) batch of heads the step computes the scores ``Q K^T`` with BLAS (``np.matmul``,
+float32, as the MatMul node does), the softmax of ``scale * scores + mask`` along the keys in
+place with the compiled rows of :mod:`.compiled_softmax` (float64 inside, rounded once), and
+the product with V (BLAS). Q, K and V may be given as the inputs of Transposes the exporter
+wrote (``perms``): the step applies them as views, which BLAS reads with strides.
+
+Serially the three parts run over the whole batch; from ``minimum_flops`` multiply-adds of
+the two products on (and with more than one thread) the heads are split over the intra-op
+pool, each block running the three parts on its heads, each BLAS call on one thread. Both
+paths compute every head the same way, so their outputs are bit-identical.
+
+When the inputs at run time are not float32, or the mask does not broadcast to the scores
+along their last axis, the original nodes run one after another instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from ..parallel import BLAS
+from ..tuning.schema import KernelTuningSchema, Value
+from .base import Kernel, NodeContext
+from .compiled_softmax import MASK_NONE, SoftmaxRows, mask_layout, softmax_rows
+
+__all__ = ["ATTENTION_MINIMUM_FLOPS", "FusedAttention"]
+
+Slots = tuple[int | None, ...]
+
+#: Multiply-adds of the two products (``heads * queries * keys * (head size + value size)``)
+#: from which the heads are split over the pool (docs/attention.md).
+ATTENTION_MINIMUM_FLOPS = 1 << 25
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+class FusedAttention(Kernel):
+    """``softmax(scale * Q K^T + mask) V``: inputs Q, K^T, V (or the Transposes' inputs,
+    ``perms`` their permutations, None where not absorbed) and the optional mask; ``nodes``
+    (kernel, input slots, output slots) and ``constants`` the original nodes, run when the
+    fused computation cannot be. The step is tuned as the pattern's Softmax node
+    (``softmax``): its key, and its values read at run time (``minimum_elements``,
+    ``minimum_flops``)."""
+
+    op_type: ClassVar[str] = "FusedAttention"
+
+    def __init__(self, ctx: NodeContext, softmax: Kernel, scale: float,
+                 perms: tuple[tuple[int, ...] | None, ...], input_slots: Slots,
+                 nodes: Sequence[tuple[Kernel, Slots, Slots]],
+                 constants: Mapping[int, np.ndarray]) -> None:
+        super().__init__(ctx)
+        self.softmax = softmax
+        self.scale = scale
+        self.perms = perms
+        self.input_slots = input_slots
+        self.nodes = tuple(nodes)
+        self.constants = dict(constants)
+
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The Softmax node's schema: the session resolves and checks its values for this step."""
+        return self.softmax.tuning_schema()
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.softmax._configure(values)
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        """The op types of the fused nodes, in graph order."""
+        return tuple(kernel.ctx.op_type for kernel, _, _ in self.nodes)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the softmax rows now, at session construction (a warm cache loads them)."""
+        SoftmaxRows(self.num_threads, self.softmax.minimum_elements).compile()
+        return None
+
+    def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+            mask: np.ndarray | None = None) -> Sequence[np.ndarray]:
+        out = self._fused(q, k, v, mask)
+        return [out] if out is not None else self._unfused(q, k, v, mask)
+
+    def _fused(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               mask: np.ndarray | None) -> np.ndarray | None:
+        if any(x.dtype != _FLOAT32 for x in (q, k, v)) or (mask is not None and mask.dtype != _FLOAT32):
+            return None
+        q, k, v = (x if perm is None or len(perm) != x.ndim else np.transpose(x, perm)
+                   for x, perm in zip((q, k, v), self.perms, strict=True))
+        if min(q.ndim, k.ndim, v.ndim) < 2 or q.shape[-1] != k.shape[-2] or k.shape[-1] != v.shape[-2]:
+            return None
+        try:
+            batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        except ValueError:
+            return None
+        scores_shape = (*batch, q.shape[-2], k.shape[-1])
+        rows = MASK_NONE
+        if mask is not None:
+            rows = mask_layout(mask.shape, scores_shape)
+            if rows is None:
+                return None
+            mask = np.ascontiguousarray(mask)
+        count = math.prod(batch)
+        flops = count * q.shape[-2] * k.shape[-1] * (q.shape[-1] + v.shape[-1])
+        with BLAS.limited(1 if self.num_threads > 1 else None):  # a 1-thread session holds 1
+            if self.num_threads > 1 and count > 1 and flops >= self.softmax.minimum_flops:
+                return self._split(q, k, v, mask, rows, batch, scores_shape)
+            scores = np.matmul(q, k)
+            if scores.shape != scores_shape:  # a 2-D Q and K under a batched V
+                scores = np.ascontiguousarray(np.broadcast_to(scores, scores_shape))
+            SoftmaxRows(1, 1 << 62)(scores, scores, self.scale, mask, rows)
+            return np.matmul(scores, v)
+
+    def _split(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+               rows: np.ndarray, batch: tuple[int, ...], scores_shape: tuple[int, ...]) -> np.ndarray:
+        """The heads in blocks over the pool (``batch`` flattened: broadcast operands and
+        strided views are copied once into (heads, rows, columns) arrays)."""
+        count = math.prod(batch)
+        q3, k3, v3 = (np.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(count, *x.shape[-2:])
+                      for x in (q, k, v))
+        queries, keys = scores_shape[-2:]
+        scores = np.empty((count, queries, keys), np.float32)
+        out = np.empty((count, queries, v.shape[-1]), np.float32)
+        flat = scores.reshape(-1, keys)
+        mask2 = np.zeros((1, 1), np.float32) if mask is None else mask.reshape(-1, keys)
+        scale = self.scale
+        per_thread = 1 if BLAS.per_thread else None  # an OpenMP BLAS limits each thread apart
+
+        def block(start: int, stop: int) -> None:
+            with BLAS.limited(per_thread):
+                np.matmul(q3[start:stop], k3[start:stop], out=scores[start:stop])
+                softmax_rows.dispatcher(flat, flat, scale, mask2, rows, start * queries, stop * queries)
+                np.matmul(scores[start:stop], v3[start:stop], out=out[start:stop])
+
+        self.pool.parallel_for(count, block, max_blocks=self.num_threads)
+        return out.reshape(*batch, queries, v.shape[-1])
+
+    def _unfused(self, *inputs: np.ndarray | None) -> list[np.ndarray]:
+        values: dict[int | None, np.ndarray | None] = {None: None, **self.constants}
+        values.update(zip(self.input_slots, inputs, strict=False))
+        for kernel, node_inputs, node_outputs in self.nodes:
+            results = kernel.run(*(values[s] for s in node_inputs))
+            values.update(zip(node_outputs, results, strict=False))
+        return [values[self.nodes[-1][2][0]]]

@@ -1,0 +1,97 @@
+"""MatMul with its bias, at session construction (called by ``fusion.fuse``).
+
+The pattern: ``Y = MatMul(A, B)`` (float32 or float64, A and B of rank 2 or more) whose
+output only an ``Add`` reads, the Add's other operand a constant of Y's type holding one
+value per column of Y (shape ``(N,)``, ``(1, N)``, ``(1, 1, N)``, ...: it broadcasts along
+Y's last axis without enlarging Y). The MatMul step then adds the bias itself
+(:attr:`~onnx_light.kernels.gemm.MatMulKernel.bias`) to each block of the product while it
+is in cache, and writes the Add's output; an activation after it fuses into it in turn
+(``fusion.fuse``, step 2). The sum is the one the Add computes (one rounding either way), so
+the fused graph's values are the unfused graph's, bit for bit.
+
+A small 2-D product of constant weights (at most :data:`~onnx_light.kernels.matmul_bias.SMALL_WORK`
+multiply-adds by the inferred shapes) becomes a
+:class:`~onnx_light.kernels.matmul_bias.MatMulBias` step instead: product and bias in one
+compiled loop, so that a chain of tiny layers costs one call per layer (its sums are ordered
+as written, so within a unit or so in the last place of BLAS's).
+
+Bias Adds that an elementwise chain took first (GELU's, ``fusion.fuse`` step 5) stay there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from onnx import TensorProto
+
+from ..kernels.base import Kernel
+from ..kernels.elementwise import ElementwiseKernel
+from ..kernels.gemm import MatMulKernel
+from ..kernels.matmul_bias import SMALL_WORK, MatMulBias
+
+__all__ = ["fuse_matmul_bias"]
+
+_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
+
+Slots = tuple[int | None, ...]
+Step = tuple[Kernel, Slots, Slots]
+Shapes = Mapping[int, Sequence[int | str | None]]
+
+
+def fuse_matmul_bias(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+                     shapes: Shapes, sources: set[int]) -> list[Step]:
+    """``steps`` with every MatMul and bias Add of the module's pattern made one step
+    (``sources`` gets the bias constants)."""
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
+    result: list[Step | None] = list(steps)
+    for position, (kernel, inputs, outputs) in enumerate(steps):
+        if not (isinstance(kernel, ElementwiseKernel) and kernel.ctx.op_type == "Add"
+                and len(inputs) == 2 and None not in inputs and kernel.epilogue is None):
+            continue
+        for y, c in (inputs, inputs[::-1]):
+            index = producer.get(y)
+            if index is None or y in keep or readers[y] != 1 or c not in known or result[index] is None:
+                continue
+            matmul, matmul_inputs, _ = steps[index]
+            bias = _bias(matmul, matmul_inputs, known[c], shapes.get(y), shapes)
+            if bias is not None:
+                result[index] = None
+                fused = (MatMulBias(dataclasses.replace(matmul.ctx, op_type=MatMulBias.op_type), matmul,
+                                    bias).bind(matmul.pool)
+                         if _small(matmul_inputs, known, shapes) else matmul.variant(bias=bias))
+                result[position] = (fused, matmul_inputs, outputs)
+                sources.add(c)
+                break
+    return [step for step in result if step is not None]
+
+
+def _bias(matmul: Kernel, inputs: Slots, c: np.ndarray, y_shape: Sequence[int | str | None] | None,
+          shapes: Shapes) -> np.ndarray | None:
+    """``c`` as the (1, N) bias row of the MatMul, or None when the pattern does not hold."""
+    if (type(matmul) is not MatMulKernel or matmul.bias is not None or matmul.epilogue is not None
+            or len(inputs) != 2 or None in inputs or not y_shape):
+        return None
+    a_shape, b_shape = shapes.get(inputs[0]), shapes.get(inputs[1])
+    columns = y_shape[-1]
+    if (a_shape is None or b_shape is None or len(a_shape) < 2 or len(b_shape) < 2
+            or not isinstance(columns, int) or c.ndim > len(y_shape) or c.size != columns
+            or c.shape[-1:] != (columns,) or matmul.ctx.output_types[:1] != (_TYPES.get(c.dtype),)):
+        return None
+    bias = np.ascontiguousarray(c.reshape(1, columns))
+    bias.flags.writeable = False
+    return bias
+
+
+def _small(inputs: Slots, known: Mapping[int, np.ndarray], shapes: Shapes) -> bool:
+    """Whether the product is 2-D, of constant 2-D weights, and at most ``SMALL_WORK``
+    multiply-adds by the inferred shapes (the MatMulBias loop's case)."""
+    a, w = inputs
+    weights = known.get(w)
+    a_shape = known[a].shape if a in known else shapes.get(a)
+    return (weights is not None and weights.ndim == 2 and a_shape is not None and len(a_shape) == 2
+            and all(isinstance(d, int) for d in a_shape)
+            and a_shape[0] * a_shape[1] * weights.shape[1] <= SMALL_WORK)

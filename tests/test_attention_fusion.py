@@ -1,0 +1,185 @@
+"""Scaled dot-product attention fusion (runtime/attention_fusion.py) against the unfused graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.fused_attention import FusedAttention
+from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax
+from onnx_light.parallel import get_pool
+from onnx_light.runtime import RuntimeSession
+
+F = TensorProto.FLOAT
+# The fused step rounds the scaled, masked softmax once where the graph rounds after the
+# scale, the mask and inside Softmax: a few float32 units of the probabilities, carried
+# through the product with V (sums of S terms of magnitude |V|).
+RTOL, ATOL = 2e-5, 2e-6
+
+
+def attention_model(batch, heads, queries, keys, size, *, scale="Mul", mask_shape=None,
+                    transposes=True, casts=0, mask_first=False, axis=-1, opset=17,
+                    extra_output=None):
+    """The exporters' pattern: q, k, v (batch, tokens, heads, size), the Transposes, MatMul,
+    scale, mask Add, Softmax, Casts, MatMul; the mask a graph input."""
+    nodes, inits = [], []
+    inputs = [helper.make_tensor_value_info("q", F, [batch, queries, heads, size]),
+              helper.make_tensor_value_info("k", F, [batch, keys, heads, size]),
+              helper.make_tensor_value_info("v", F, [batch, keys, heads, size])]
+    if transposes:
+        nodes += [helper.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+                  helper.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3])]
+        q, k, v = "qt", "kt", "vt"
+    else:
+        inputs = [helper.make_tensor_value_info("q", F, [batch, heads, queries, size]),
+                  helper.make_tensor_value_info("k", F, [batch, heads, size, keys]),
+                  helper.make_tensor_value_info("v", F, [batch, heads, keys, size])]
+        q, k, v = "q", "k", "v"
+    nodes.append(helper.make_node("MatMul", [q, k], ["s"]))
+    scores = "s"
+    if scale is not None:
+        inits.append(numpy_helper.from_array(np.array(8.0 if scale == "Div" else 0.125, np.float32), "c"))
+        operands = ["c", scores] if scale == "Mul first" else [scores, "c"]
+        nodes.append(helper.make_node("Div" if scale == "Div" else "Mul", operands, ["scaled"]))
+        scores = "scaled"
+    if mask_shape is not None:
+        inputs.append(helper.make_tensor_value_info("mask", F, list(mask_shape)))
+        operands = ["mask", scores] if mask_first else [scores, "mask"]
+        nodes.append(helper.make_node("Add", operands, ["masked"]))
+        scores = "masked"
+    nodes.append(helper.make_node("Softmax", [scores], ["p"], axis=axis))
+    probabilities = "p"
+    for i in range(casts):
+        nodes.append(helper.make_node("Cast", [probabilities], [f"cast{i}"], to=F))
+        probabilities = f"cast{i}"
+    nodes.append(helper.make_node("MatMul", [probabilities, v], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", F, None)]
+    if extra_output is not None:
+        outputs.append(helper.make_tensor_value_info(extra_output, F, None))
+    graph = helper.make_graph(nodes, "attention", inputs, outputs, initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def feeds(model, rng, masked_fraction=0.3, spread=3.0):
+    values = {}
+    for value in model.graph.input:
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if value.name == "mask":
+            mask = np.where(rng.random(shape) < masked_fraction, np.float32(-np.inf), np.float32(0.0))
+            mask[..., 0] = np.finfo(np.float32).min  # the large negative transformers write
+            values["mask"] = mask.astype(np.float32)
+        else:
+            values[value.name] = (rng.standard_normal(shape) * spread).astype(np.float32)
+    return values
+
+
+def fused_steps(session):
+    return [step for step in session._plan if isinstance(getattr(step.run, "__self__", None), FusedAttention)]
+
+
+def check(model, values, fused_nodes, threads=1):
+    session = RuntimeSession(model, num_threads=threads)
+    if fused_nodes:  # tuned as its Softmax node
+        (entry,) = [e for e in session.tuning_report() if e["key"].startswith("onnx_light/Softmax")]
+        assert set(entry["values"]) == {"parallel.minimum_elements", ATTENTION_MINIMUM_FLOPS}
+    plain = RuntimeSession(model, num_threads=threads, fuse=False)
+    assert session.fused_nodes == fused_nodes
+    assert len(fused_steps(session)) == (1 if fused_nodes else 0)
+    got, expected = session.run(None, values), plain.run(None, values)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+    return session
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 4), queries=st.integers(1, 9),
+       keys=st.integers(1, 9), size=st.integers(1, 16),
+       scale=st.sampled_from(["Mul", "Mul first", "Div", None]),
+       mask=st.sampled_from(["none", "per batch", "per query", "full", "keys only"]),
+       mask_first=st.booleans(), casts=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_fused_against_unfused(batch, heads, queries, keys, size, scale, mask, mask_first, casts, seed):
+    mask_shape = {"none": None, "per batch": (batch, 1, 1, keys), "per query": (batch, 1, queries, keys),
+                  "full": (batch, heads, queries, keys), "keys only": (keys,)}[mask]
+    model = attention_model(batch, heads, queries, keys, size, scale=scale, mask_shape=mask_shape,
+                            casts=casts, mask_first=mask_first)
+    nodes = 3 + 1 + (scale is not None) + (mask_shape is not None) + 1 + casts + 1
+    check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
+
+
+@pytest.mark.parametrize("transposes", [True, False])
+def test_without_scale_mask_or_transposes(transposes):
+    model = attention_model(2, 3, 5, 7, 8, scale=None, transposes=transposes)
+    check(model, feeds(model, np.random.default_rng(1)), fused_nodes=(6 if transposes else 3) - 1)
+
+
+def test_opset_11_softmax_on_the_last_axis_fuses():
+    model = attention_model(2, 2, 4, 6, 8, opset=11, axis=3, mask_shape=(2, 1, 1, 6))
+    check(model, feeds(model, np.random.default_rng(2)), fused_nodes=7)
+
+
+@pytest.mark.parametrize("case", ["axis", "kept", "mask"])
+def test_refused(case):
+    """Not the last axis; an intermediate value that is a graph output; a mask whose static
+    shape does not broadcast to the scores along their last axis (3 queries against 4)."""
+    model = {"axis": lambda: attention_model(1, 2, 4, 4, 8, axis=2),
+             "kept": lambda: attention_model(1, 2, 4, 4, 8, extra_output="p"),
+             "mask": lambda: attention_model(1, 2, 4, 4, 8, mask_shape=(1, 1, 4, 1))}[case]()
+    values = feeds(model, np.random.default_rng(3))
+    if case == "mask":
+        values["mask"] = np.zeros((1, 1, 4, 1), np.float32)  # broadcasts in the graph, not in the step
+    check(model, values, fused_nodes=0)
+
+
+def test_fully_masked_rows_are_nan_in_both():
+    model = attention_model(1, 2, 3, 4, 8, mask_shape=(1, 1, 3, 4))
+    values = feeds(model, np.random.default_rng(4))
+    values["mask"][0, 0, 1, :] = -np.inf
+    fused, plain = (RuntimeSession(model, fuse=f).run(None, values)[0] for f in (True, False))
+    assert np.isnan(fused[:, :, 1]).all() and np.isnan(plain[:, :, 1]).all()
+    np.testing.assert_allclose(fused[:, :, [0, 2]], plain[:, :, [0, 2]], rtol=RTOL, atol=ATOL)
+
+
+def test_inputs_the_step_does_not_take_run_the_original_nodes():
+    """float64 inputs (the step computes float32) give the nodes' float64 result; a mask
+    that does not broadcast to the scores fails as the Add node does."""
+    model = attention_model(1, 2, 3, 4, 8, mask_shape=(1, 1, 1, 4))
+    (step,) = fused_steps(RuntimeSession(model))
+    kernel = step.run.__self__
+    values = {name: value.astype(np.float64)
+              for name, value in feeds(model, np.random.default_rng(5)).items()}
+    q, k, v = (values[n].transpose(0, 2, 1, 3) for n in "qkv")
+    scores = q @ k.transpose(0, 1, 3, 2) * 0.125 + values["mask"]
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (e / e.sum(-1, keepdims=True)) @ v
+    got = kernel.run(values["q"], values["k"], values["v"], values["mask"])[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="Add"):
+        kernel.run(*(values[n].astype(np.float32) for n in "qkv"), np.zeros((2, 2, 2, 2), np.float32))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_split_heads_are_bit_identical_to_serial(threads):
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 9, 3, 16)).astype(np.float32) for _ in range(3))
+    mask = np.where(rng.random((2, 1, 9, 9)) < 0.2, -np.inf, 0).astype(np.float32)
+    perms = ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3))
+    ctx = NodeContext("a", "FusedAttention", "", 17, {}, (F,) * 4, (F,), 4, 1)
+
+    def kernel(pool, minimum_flops):
+        softmax = Softmax(NodeContext("s", "Softmax", "", 17, {}, (F,), (F,), 1, 1))
+        fused = FusedAttention(ctx, softmax, 0.25, perms, (0, 1, 2, 3), [], {}).bind(pool)
+        fused.configure({ATTENTION_MINIMUM_FLOPS: minimum_flops})
+        assert softmax.minimum_flops == minimum_flops
+        return fused
+
+    serial = kernel(None, 1 << 62).run(q, k, v, mask)[0]
+    split = kernel(get_pool(threads), 1).run(q, k, v, mask)[0]
+    assert serial.shape == split.shape == (2, 3, 9, 16)
+    assert serial.tobytes() == split.tobytes()

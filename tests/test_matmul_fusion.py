@@ -1,0 +1,101 @@
+"""MatMul with its bias (runtime/matmul_fusion.py) against the unfused graph: bit for bit,
+except small 2-D products, which become a MatMulBias loop (sums in written order)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light.kernels.gemm import MatMulKernel
+from onnx_light.kernels.matmul_bias import MatMulBias
+from onnx_light.runtime import RuntimeSession
+
+F, D = TensorProto.FLOAT, TensorProto.DOUBLE
+
+
+def model(a_shape, w_shape, bias_shape, *, dtype=np.float32, bias_first=False, activation=None,
+          keep_product=False):
+    rng = np.random.default_rng(0)
+    element = F if dtype == np.float32 else D
+    inits = [numpy_helper.from_array(rng.standard_normal(w_shape).astype(dtype), "w"),
+             numpy_helper.from_array(rng.standard_normal(bias_shape).astype(dtype), "b")]
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["p"]),
+             helper.make_node("Add", ["b", "p"] if bias_first else ["p", "b"], ["s"])]
+    last = "s"
+    if activation:
+        nodes.append(helper.make_node(activation, ["s"], ["y"]))
+        last = "y"
+    outputs = [helper.make_tensor_value_info(last, element, None)]
+    if keep_product:
+        outputs.append(helper.make_tensor_value_info("p", element, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", element, list(a_shape))],
+                              outputs, initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def matmuls(session):
+    return [step.run.__self__ for step in session._plan
+            if isinstance(getattr(step.run, "__self__", None), MatMulKernel)]
+
+
+def small_loops(session):
+    return [step.run.__self__ for step in session._plan
+            if isinstance(getattr(step.run, "__self__", None), MatMulBias)]
+
+
+def check(m, a, fused_nodes, threads=1):
+    """The fused session against the unfused one; bitwise unless the product is a MatMulBias
+    loop, whose sums may round otherwise than BLAS's (a few units in the last place)."""
+    session = RuntimeSession(m, num_threads=threads)
+    plain = RuntimeSession(m, num_threads=threads, fuse=False)
+    assert session.fused_nodes == fused_nodes
+    exact = not small_loops(session)
+    for _ in range(2):  # the second run writes into the memory plan's buffers
+        got, expected = session.run(None, {"a": a}), plain.run(None, {"a": a})
+        for x, y in zip(got, expected, strict=True):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            if exact:
+                assert x.tobytes() == y.tobytes()
+            else:
+                eps = np.finfo(x.dtype).eps
+                np.testing.assert_allclose(x, y, rtol=8 * eps, atol=8 * eps)
+    return session
+
+
+@pytest.mark.parametrize(("a_shape", "bias_shape"), [
+    ((5, 8), (6,)), ((5, 8), (1, 6)), ((2, 3, 8), (6,)), ((2, 3, 8), (1, 1, 6)),
+    ((2, 2, 3, 8), (1, 6)), ((2, 2, 3, 8), (1, 1, 1, 6))])
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_bias_rows_fuse(a_shape, bias_shape, bias_first):
+    session = check(model(a_shape, (8, 6), bias_shape, bias_first=bias_first),
+                    np.random.default_rng(1).standard_normal(a_shape).astype(np.float32), fused_nodes=1)
+    if len(a_shape) == 2:  # a small 2-D product of constant weights: one compiled loop
+        (loop,) = small_loops(session)
+        assert loop.bias.shape == (6,) and not matmuls(session)
+    else:
+        (kernel,) = matmuls(session)
+        assert kernel.bias is not None and kernel.bias.shape == (1, 6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_relu_after_the_bias_is_the_products_epilogue(threads):
+    m = model((4, 96, 64), (64, 80), (80,), activation="Relu")
+    session = check(m, np.random.default_rng(2).standard_normal((4, 96, 64)).astype(np.float32),
+                    fused_nodes=2, threads=threads)
+    (kernel,) = matmuls(session)
+    assert kernel.bias is not None and kernel.epilogue is not None
+
+
+def test_double():
+    check(model((3, 8), (8, 6), (6,), dtype=np.float64), np.random.default_rng(3).standard_normal((3, 8)),
+          fused_nodes=1)
+
+
+@pytest.mark.parametrize("case", ["column", "matrix", "kept"])
+def test_refused(case):
+    """A bias per row (M, 1) or per element (M, N) is not a bias row; a product that is a
+    graph output stays one."""
+    bias_shape = {"column": (5, 1), "matrix": (5, 6), "kept": (6,)}[case]
+    check(model((5, 8), (8, 6), bias_shape, keep_product=case == "kept"),
+          np.random.default_rng(4).standard_normal((5, 8)).astype(np.float32), fused_nodes=0)

@@ -1,0 +1,91 @@
+"""RMSNorm written out (runtime/rmsnorm_fusion.py) against the unfused graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light.kernels.feature_normalization import RMSNormalization
+from onnx_light.runtime import RuntimeSession
+
+F = TensorProto.FLOAT
+# The step rounds x / sqrt(mean(x^2) + eps) * w once; the graph after each of six nodes.
+RTOL, ATOL = 4e-7, 1e-7
+
+
+def rms_model(shape, *, casts=True, reciprocal=False, swap=False, opset=17, axis=-1,
+              weight_size=None, keep=None, residual=False):
+    """LLaMA's RMSNorm as PyTorch exports it, on x of ``shape``."""
+    rng = np.random.default_rng(0)
+    size = shape[-1] if weight_size is None else weight_size
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, size).astype(np.float32), "w")]
+    nodes = []
+    x = "x"
+    if casts:
+        nodes.append(helper.make_node("Cast", ["x"], ["xc"], to=F))
+        x = "xc"
+    nodes.append(helper.make_node("Pow", [x, "two"], ["p"]))
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array([axis], np.int64), "axes"))
+        nodes.append(helper.make_node("ReduceMean", ["p", "axes"], ["m"], keepdims=1))
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["p"], ["m"], axes=[axis], keepdims=1))
+    nodes += [helper.make_node("Add", ["eps", "m"] if swap else ["m", "eps"], ["a"]),
+              helper.make_node("Sqrt", ["a"], ["s"])]
+    nodes.append(helper.make_node("Reciprocal", ["s"], ["r"]) if reciprocal
+                 else helper.make_node("Div", ["one", "s"], ["r"]))
+    nodes.append(helper.make_node("Mul", ["r", x] if swap else [x, "r"], ["y"]))
+    y = "y"
+    if casts:
+        nodes.append(helper.make_node("Cast", ["y"], ["yc"], to=F))
+        y = "yc"
+    nodes.append(helper.make_node("Mul", [y, "w"] if swap else ["w", y], ["out"]))
+    outputs = ["out"] + ([keep] if keep else [])
+    if residual:  # X read outside the pattern too
+        nodes.append(helper.make_node("Add", [x, "out"], ["sum"]))
+        outputs = ["sum"]
+    graph = helper.make_graph(nodes, "rms", [helper.make_tensor_value_info("x", F, list(shape))],
+                              [helper.make_tensor_value_info(n, F, None) for n in outputs], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def check(model, fused_nodes, shape):
+    x = (np.random.default_rng(1).standard_normal(shape) * 3).astype(np.float32)
+    session = RuntimeSession(model)
+    plain = RuntimeSession(model, fuse=False)
+    assert session.fused_nodes == fused_nodes
+    kernels = [getattr(step.run, "__self__", None) for step in session._plan]
+    assert sum(isinstance(k, RMSNormalization) for k in kernels) == (1 if fused_nodes else 0)
+    for got, expected in zip(session.run(None, {"x": x}), plain.run(None, {"x": x}), strict=True):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("casts", [True, False])
+@pytest.mark.parametrize("reciprocal", [True, False])
+@pytest.mark.parametrize("swap", [True, False])
+@pytest.mark.parametrize("opset", [17, 18])
+def test_fused_against_unfused(casts, reciprocal, swap, opset):
+    shape = (2, 5, 37)
+    check(rms_model(shape, casts=casts, reciprocal=reciprocal, swap=swap, opset=opset),
+          fused_nodes=(9 if casts else 7) - 1, shape=shape)
+
+
+def test_x_read_elsewhere_keeps_its_cast():
+    shape = (3, 16)
+    check(rms_model(shape, residual=True), fused_nodes=7, shape=shape)  # the second Cast, not the first
+
+
+@pytest.mark.parametrize("case", ["axis", "kept", "weight"])
+def test_refused(case):
+    """Not the last axis; an intermediate value that is a graph output; a weight that is not
+    one value per element of the last axis."""
+    shape = (4, 6)
+    model = {"axis": lambda: rms_model(shape, axis=0, weight_size=6),
+             "kept": lambda: rms_model(shape, keep="s"),
+             "weight": lambda: rms_model(shape, weight_size=1)}[case]()
+    check(model, fused_nodes=0, shape=shape)
