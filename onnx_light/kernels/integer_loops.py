@@ -14,7 +14,8 @@ instructions (AVX-VNNI ``vpdpwssd`` where the processor has them).
 
 :func:`requantize` is onnxruntime's arithmetic: ``float32(acc) * multiplier`` in float32,
 rounded half to even, plus the output zero point, saturated to the output type.
-:func:`row_sums` gives the operands' row sums.
+:func:`row_sums` gives the operands' row sums. :func:`depthwise_sums` is the depthwise
+convolution's (one input channel per output channel) int32 sums, one channel at a time.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from .compiled import compiled
 
-__all__ = ["correct", "dot_tiles", "requantize", "row_sums"]
+__all__ = ["correct", "depthwise_sums", "dot_tiles", "requantize", "row_sums"]
 
 
 @compiled
@@ -91,3 +92,73 @@ def row_sums(data, out):
             total += np.int32(row[k])
         out[r] = total
 
+
+
+
+@compiled
+def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, rows, columns,
+                   multiplier, out_zero, low, high, scaled):
+    """A depthwise convolution (one input channel per output channel) of bytes, channels
+    ``first:last`` of ``out`` (N * C, OH, OW) from ``x`` (N * C, H, W), ``w`` (C, KH, KW)
+    int32 weights with their zero points subtracted and the int32 ``bias`` (C,): the int32
+    sums ``bias + sum_taps (x - zero) * w``, wrapping; with ``scaled`` they are requantized
+    as :func:`requantize` does (``multiplier`` float32 (C,), ``out_zero``, ``low``,
+    ``high``) as they are written.
+
+    The plane is Conv's depthwise one (:func:`~onnx_light.kernels.conv.depthwise.plane_layout`
+    gives ``phases``, ``rows`` and ``columns``), in int32 and holding ``x - zero``, so that
+    the padding, left 0, adds nothing: each kernel row is one contiguous pass of its taps
+    over the output rows at a phase's width, whatever the strides."""
+    height, width = x.shape[1], x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    channels, kernel_h = w.shape[0], w.shape[1]
+    stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
+    phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
+    phase_size = phase_rows * phase_width
+    plane = np.zeros(stride_w * stride_h * phase_size, np.int32)
+    run = np.uintp(out_h) * phase_width
+    result = np.empty(run, np.int32)
+    source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
+    kernel_w = np.uintp(len(columns))
+    shift = np.int32(zero)
+    for pair in range(first, last):
+        c = np.uintp(pair % channels)
+        start = np.uintp(pair) * np.uintp(height * width)
+        for ih in range(np.uintp(height)):
+            p = ih + np.uintp(pads[0])
+            into = (p % stride_h) * phase_size + (p // stride_h) * phase_width
+            if stride_w == 1:
+                into += np.uintp(pads[1])
+                for iw in range(np.uintp(width)):
+                    plane[into + iw] = np.int32(source[start + iw]) - shift
+            else:
+                for r in range(strides[1]):
+                    lowest = max(0, -(-(pads[1] - r) // strides[1]))
+                    highest = (pads[1] + width - 1 - r) // strides[1]
+                    phase = into + np.uintp(r) * stride_h * phase_size
+                    read = start + np.uintp(lowest * strides[1] + r - pads[1])
+                    for m in range(np.uintp(max(0, highest + 1 - lowest))):
+                        plane[phase + np.uintp(lowest) + m] = np.int32(source[read + m * stride_w]) - shift
+            start += np.uintp(width)
+        initial = bias[c]
+        for j in range(run):
+            result[j] = initial
+        for kh in range(np.uintp(kernel_h)):
+            tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+            for j in range(run):
+                total = result[j]
+                for k in range(kernel_w):
+                    total += taps[tap + k] * plane[offset + j + np.uintp(columns[k])]
+                result[j] = total
+        into = np.uintp(pair) * np.uintp(out_h * out_w)
+        scale = multiplier[c]
+        for oh in range(np.uintp(out_h)):
+            line = oh * phase_width
+            if scaled:
+                for ow in range(np.uintp(out_w)):
+                    value = np.rint(np.float32(result[line + ow]) * scale) + np.float32(out_zero)
+                    target[into + ow] = min(max(value, np.float32(low)), np.float32(high))
+            else:
+                for ow in range(np.uintp(out_w)):
+                    target[into + ow] = result[line + ow]
+            into += np.uintp(out_w)

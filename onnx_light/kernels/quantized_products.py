@@ -31,6 +31,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import FLOAT8_TYPES, Kernel, KernelError, NodeContext, numpy_dtype
+from .conv.depthwise import plane_layout, read_only
 from .declaration import KernelDeclaration, declare
 from .integer_gemm import (
     ByteRows,
@@ -39,6 +40,7 @@ from .integer_gemm import (
     calibrate_integer_product,
     integer_parameters,
 )
+from .integer_loops import depthwise_sums
 from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
 from .window import Window, WindowAttributes, pad_spatial
@@ -114,6 +116,8 @@ def integer_matmul(ctx: NodeContext, a: np.ndarray, b: np.ndarray, a_zero: np.nd
 
 
 _BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+#: A requantized output: ``y``, the multiplier per output channel, the zero point, the range.
+Requantization = tuple[np.ndarray, np.ndarray, int, int, int]
 
 
 def _bytes(array: np.ndarray | None) -> bool:
@@ -367,6 +371,8 @@ class _ConvProduct(_IntegerProduct):
         if not _bytes(w) or x not in _BYTES or w.ndim < 3:
             return None
         self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
+        if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
+            compile_depthwise(numpy_dtype(x), w.shape[-1], self.output_dtype(constants))
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
             return None
@@ -396,9 +402,12 @@ class _ConvProduct(_IntegerProduct):
 
     def convolve(self, x: np.ndarray, x_zero: np.ndarray | None, w: np.ndarray,
                  w_zero: np.ndarray | None, bias: np.ndarray | None,
-                 finish: Callable[[np.ndarray, int, slice], Epilogue | None]) -> np.ndarray:
+                 finish: Callable[[np.ndarray, int, slice], Epilogue | None],
+                 requantization: Requantization | None = None) -> np.ndarray:
         """The int32 sums (N, M, positions) of the convolution; ``finish(out, image,
-        channels)`` gives the epilogue for one image's group of channels (or None)."""
+        channels)`` gives the epilogue for one image's group of channels (or None). A 1-D or
+        2-D depthwise convolution writes ``requantization``'s output itself instead (and
+        returns it) when given."""
         if x.ndim < 3 or w.ndim != x.ndim:
             raise self.ctx.error(f"input of shape {list(x.shape)} and weights of shape "
                                  f"{list(w.shape)}: both need rank 3 or more, alike")
@@ -421,11 +430,13 @@ class _ConvProduct(_IntegerProduct):
                    else self.weight_rows(w, w_zero))
         zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
         window = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:])
-        padded = pad_spatial(x, window, value=zero)
         positions, per_group = math.prod(window.output), c // group
         channels_out = m // group
+        if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
+            return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
+        padded = pad_spatial(x, window, value=zero)
         acc = np.empty((n, m, positions), np.int32)
-        if per_group == channels_out == 1 and group > 1:  # depthwise: one pass per tap, all channels
+        if per_group == channels_out == 1 and group > 1:  # 3-D depthwise: one pass per tap
             shifted = w.reshape(m, -1).astype(np.int32) - _vector(w_zero, m).astype(np.int32)[:, None]
             for image in range(n):
                 acc[image] = _depthwise(padded[image], shifted, zero, window)
@@ -444,6 +455,59 @@ class _ConvProduct(_IntegerProduct):
                 acc[image, channels] = self.product(weights[g], right, group_bias,
                                                     finish(acc, image, channels))
         return acc.reshape(n, m, *window.output)
+
+    def depthwise(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
+                  bias: np.ndarray | None, window: Window, requantization: Requantization | None
+                  ) -> np.ndarray:
+        """The 1-D or 2-D depthwise convolution (one input channel per output channel) by the
+        compiled :func:`~onnx_light.kernels.integer_loops.depthwise_sums`: the int32 sums, or
+        with ``requantization`` its output ``y`` (N, M, positions) written requantized. The
+        (image, channel) pairs split across the pool from ``parallel.minimum_macs``
+        multiply-adds."""
+        n, m = x.shape[0], w.shape[0]
+        planar = len(window.output) == 1
+
+        def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
+            return (fill, values[0]) if planar else (values[0], values[1])
+
+        images = read_only(x.reshape(n * m, *two(window.input, 1)))
+        taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
+                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1))
+        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
+        strides, pads = two(window.strides, 1), two(window.begin, 0)
+        output = two(window.output, 1)
+        phases, rows, columns = plane_layout(images.shape[1:], output, taps.shape[1:], strides,
+                                             two(window.dilations, 1), pads)
+        if requantization is None:
+            y = np.empty((n, m, *window.output), np.int32)
+            scales, y_zero, low, high = read_only(np.ones(m, np.float32)), 0, 0, 0
+        else:
+            y, multiplier, y_zero, low, high = requantization
+            scales = read_only(np.ascontiguousarray(multiplier, np.float32).reshape(m))
+        target = y.reshape(n * m, *output)
+        kernel = depthwise_sums.dispatcher
+
+        def block(first: int, last: int) -> None:
+            kernel(images, zero, taps, sums, target, first, last, strides, pads, phases, rows,
+                   columns, scales, y_zero, low, high, requantization is not None)
+
+        if self.num_threads > 1 and n * m * w[0].size * math.prod(window.output) >= self.minimum_macs:
+            self.pool.parallel_for(n * m, block)
+        else:
+            block(0, n * m)
+        return y
+
+
+def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | None) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.depthwise_sums` for input ``dtype``,
+    ``kernel_width`` and the ``output`` type (None: int32 sums), at session construction."""
+    phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
+                                         (1, 1), (0, 0))
+    out = np.empty((1, 1, 1), np.int32 if output is None else output)
+    depthwise_sums(read_only(np.zeros((1, 1, kernel_width), dtype)), 0,
+                   np.zeros((1, 1, kernel_width), np.int32), read_only(np.zeros(1, np.int32)), out,
+                   0, 1, (1, 1), (0, 0), phases, rows, columns, read_only(np.ones(1, np.float32)),
+                   0, 0, 0, output is not None)
 
 
 def _im2col(padded: np.ndarray, window: Window) -> np.ndarray:
@@ -515,7 +579,8 @@ class QLinearConv(_ConvProduct):
             return self.requantizing(y[image, channels], np.ascontiguousarray(multiplier[channels]),
                                      zero, low, high)
 
-        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish)
+        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish,
+                      (y, multiplier[:, 0], zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
 
 
