@@ -53,14 +53,15 @@ def correct(acc, row_start, row_stop, column_start, column_stop,
             a_zero, a_sums, b_zero, b_sums, depth, row_bias, column_bias):
     """Apply the zero points (per row of each operand) and the int32 biases (one per row and
     one per column) to a block of raw sums, in place, wrapping like int32: ``acc[i, j] +=
-    (depth za_i - A_i) zb_j - za_i B_j + row_bias_i + column_bias_j``."""
+    (depth za_i - A_i) zb_j - za_i B_j + row_bias_i + column_bias_j``. The inner loops index
+    with unsigned integers (no negative-index fix-up), which lets LLVM vectorise them."""
     for i in range(row_start, row_stop):
-        za = a_zero[i]
-        scaled = depth * za - a_sums[i]
+        za = np.int32(a_zero[i])
+        scaled = np.int32(depth * za - a_sums[i])
         offset = row_bias[i]
         row = acc[i]
-        for j in range(column_start, column_stop):
-            row[j] = np.int32(row[j] + scaled * b_zero[j] - za * b_sums[j] + offset + column_bias[j])
+        for j in range(np.uintp(column_start), np.uintp(column_stop)):
+            row[j] = row[j] + scaled * b_zero[j] - za * b_sums[j] + offset + column_bias[j]
 
 
 @compiled
@@ -70,16 +71,18 @@ def requantize(acc, row_start, row_stop, column_start, column_stop,
     ``multiplier`` is float32 of shape (1 or rows, 1 or columns)."""
     per_row = multiplier.shape[0] > 1
     per_column = multiplier.shape[1] > 1
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(zero)
     for i in range(row_start, row_stop):
-        mi = i if per_row else 0
-        for j in range(column_start, column_stop):
-            scaled = np.float32(acc[i, j]) * multiplier[mi, j if per_column else 0]
-            value = np.rint(scaled) + np.float32(zero)
-            if value < low:
-                value = np.float32(low)
-            elif value > high:
-                value = np.float32(high)
-            out[i, j] = value
+        source, target, scales = acc[i], out[i], multiplier[i if per_row else 0]
+        if per_column:
+            for j in range(np.uintp(column_start), np.uintp(column_stop)):
+                value = np.rint(np.float32(source[j]) * scales[j]) + shift
+                target[j] = min(max(value, lowest), highest)
+        else:
+            scale = scales[0]
+            for j in range(np.uintp(column_start), np.uintp(column_stop)):
+                value = np.rint(np.float32(source[j]) * scale) + shift
+                target[j] = min(max(value, lowest), highest)
 
 
 @compiled
