@@ -40,7 +40,7 @@ from .integer_gemm import (
     calibrate_integer_product,
     integer_parameters,
 )
-from .integer_loops import depthwise_sums
+from .integer_loops import POINTWISE_BLOCK, depthwise_sums, pointwise_sums
 from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
 from .window import Window, WindowAttributes, pad_spatial
@@ -373,6 +373,8 @@ class _ConvProduct(_IntegerProduct):
         self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
         if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
             compile_depthwise(numpy_dtype(x), w.shape[-1], self.output_dtype(constants))
+        if self.group == 1 and math.prod(w.shape[2:]) == 1:
+            compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
             return None
@@ -434,6 +436,8 @@ class _ConvProduct(_IntegerProduct):
         channels_out = m // group
         if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
             return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
+        if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
+            return self.pointwise(x, zero, w, w_zero, bias, requantization)
         padded = pad_spatial(x, window, value=zero)
         acc = np.empty((n, m, positions), np.int32)
         if per_group == channels_out == 1 and group > 1:  # 3-D depthwise: one pass per tap
@@ -478,12 +482,7 @@ class _ConvProduct(_IntegerProduct):
         output = two(window.output, 1)
         phases, rows, columns = plane_layout(images.shape[1:], output, taps.shape[1:], strides,
                                              two(window.dilations, 1), pads)
-        if requantization is None:
-            y = np.empty((n, m, *window.output), np.int32)
-            scales, y_zero, low, high = read_only(np.ones(m, np.float32)), 0, 0, 0
-        else:
-            y, multiplier, y_zero, low, high = requantization
-            scales = read_only(np.ascontiguousarray(multiplier, np.float32).reshape(m))
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n * m, *output)
         kernel = depthwise_sums.dispatcher
 
@@ -496,6 +495,54 @@ class _ConvProduct(_IntegerProduct):
         else:
             block(0, n * m)
         return y
+
+    def pointwise(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
+                  bias: np.ndarray | None, requantization: Requantization | None) -> np.ndarray:
+        """The 1x1 convolution at stride 1 without padding by the compiled
+        :func:`~onnx_light.kernels.integer_loops.pointwise_sums` (no im2col: the input's
+        channel rows are read in place), as :meth:`depthwise` returns it; each image's
+        positions split across the pool from ``parallel.minimum_macs`` multiply-adds."""
+        n, c, m = x.shape[0], x.shape[1], w.shape[0]
+        positions = math.prod(x.shape[2:])
+        images = read_only(x.reshape(n, c, positions))
+        taps = w.reshape(m, c).astype(np.int32) - _vector(w_zero, m).astype(np.int32).reshape(m, 1)
+        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *x.shape[2:]))
+        target = y.reshape(n, m, positions)
+        kernel = pointwise_sums.dispatcher
+        blocks = -(-positions // POINTWISE_BLOCK)
+        parallel = self.num_threads > 1 and m * c * positions >= self.minimum_macs
+        for image in range(n):
+
+            def block(first: int, last: int, image: int = image) -> None:
+                kernel(images[image], zero, taps, sums, target[image], first * POINTWISE_BLOCK,
+                       min(last * POINTWISE_BLOCK, positions), scales, y_zero, low, high,
+                       requantization is not None)
+
+            if parallel:
+                self.pool.parallel_for(blocks, block)
+            else:
+                block(0, blocks)
+        return y
+
+
+def _target(requantization: Requantization | None, shape: tuple[int, ...]
+            ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Where a compiled depthwise or pointwise pass writes: int32 sums of ``shape`` (N, M,
+    ...), or the requantized output; and the multipliers (M,), zero point and range."""
+    if requantization is None:
+        return np.empty(shape, np.int32), read_only(np.ones(shape[1], np.float32)), 0, 0, 0
+    y, multiplier, zero, low, high = requantization
+    return y, read_only(np.ascontiguousarray(multiplier, np.float32).reshape(shape[1])), zero, low, high
+
+
+def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.pointwise_sums` for input ``dtype``
+    and the ``output`` type (None: int32 sums), at session construction."""
+    out = np.empty((1, 1), np.int32 if output is None else output)
+    pointwise_sums(read_only(np.zeros((1, 1), dtype)), 0, np.zeros((1, 1), np.int32),
+                   read_only(np.zeros(1, np.int32)), out, 0, 1, read_only(np.ones(1, np.float32)),
+                   0, 0, 0, output is not None)
 
 
 def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | None) -> None:

@@ -1,6 +1,7 @@
-"""The compiled depthwise integer convolution (ConvInteger and QLinearConv with one input
-channel per group, 1-D or 2-D): int32 sums against numpy's int64 sums, requantized outputs
-bit-for-bit against onnxruntime, serial and split across threads."""
+"""The compiled depthwise (one input channel per group, 1-D or 2-D) and pointwise (1x1,
+stride 1, no padding) integer convolutions of ConvInteger and QLinearConv: int32 sums against
+numpy's int64 sums, requantized outputs bit-for-bit against onnxruntime, serial and split
+across threads."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light.kernels.integer_gemm import MINIMUM_MACS
 from onnx_light.parallel import ThreadPool
 
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
 
 
@@ -48,6 +49,22 @@ def depthwise_problems(draw: st.DrawFn) -> dict[str, Any]:
             "w_zero": _bytes(rng, w_type, (channels,) if per_channel else ()), "rng": rng}
 
 
+@st.composite
+def pointwise_problems(draw: st.DrawFn) -> dict[str, Any]:
+    """A 1x1 convolution: 1-D to 3-D, up to 9 input channels (the loop takes four a pass),
+    up to 440 positions (the loop takes 256 at a time)."""
+    rank = draw(st.integers(1, 3))
+    size = [draw(st.integers(1, 22 if rank == 2 else 5)) for _ in range(rank)]
+    channels, filters = draw(st.integers(1, 9)), draw(st.integers(1, 5))
+    x_type = draw(st.sampled_from([np.uint8, np.int8]))
+    w_type = np.int8 if x_type == np.int8 else draw(st.sampled_from([np.uint8, np.int8]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    per_channel = draw(st.booleans())
+    return {"x": _bytes(rng, x_type, (draw(st.integers(1, 2)), channels, *size)),
+            "w": _bytes(rng, w_type, (filters, channels, *[1] * rank)), "attributes": {},
+            "w_zero": _bytes(rng, w_type, (filters,) if per_channel else ()), "rng": rng}
+
+
 def _split(kernel: Any) -> Any:
     """``kernel`` on two threads, splitting whatever its size."""
     kernel.bind(ThreadPool(2))
@@ -76,17 +93,24 @@ def _naive_depthwise(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -
     return out.reshape(*out.shape[:2], *([ow] if rank == 1 else [oh, ow]))
 
 
+def _naive(problem: dict[str, Any], x_zero: np.ndarray) -> np.ndarray:
+    """The exact sums of a depthwise or pointwise problem, in int64."""
+    x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
+    shifted = w.astype(np.int64) - w_zero.astype(np.int64).reshape((-1,) + (1,) * (w.ndim - 1))
+    if problem["attributes"]:
+        return _naive_depthwise(x.astype(np.int64) - int(x_zero), shifted, problem["attributes"])
+    return np.einsum("nc...,mc->nm...", x.astype(np.int64) - int(x_zero), shifted.reshape(w.shape[:2]))
+
+
 @SETTINGS
-@given(problem=depthwise_problems(), threads=st.sampled_from([1, 2]))
-def test_conv_integer_depthwise_is_exact(problem: dict[str, Any], threads: int) -> None:
+@given(problem=st.one_of(depthwise_problems(), pointwise_problems()), threads=st.sampled_from([1, 2]))
+def test_conv_integer_is_exact(problem: dict[str, Any], threads: int) -> None:
     x, w, rng, w_zero = problem["x"], problem["w"], problem["rng"], problem["w_zero"]
     x_zero = _bytes(rng, x.dtype, ())
     kernel = build("ConvInteger", [x, w, x_zero, w_zero], 10, **problem["attributes"])[1]
     actual = (_split(kernel) if threads == 2 else kernel).run(x, w, x_zero, w_zero)[0]
-    shifted = w.astype(np.int64) - w_zero.astype(np.int64).reshape((-1,) + (1,) * (w.ndim - 1))
-    expected = _naive_depthwise(x.astype(np.int64) - int(x_zero), shifted, problem["attributes"])
     assert actual.dtype == np.int32
-    np.testing.assert_array_equal(actual, expected)
+    np.testing.assert_array_equal(actual, _naive(problem, x_zero))
 
 
 def _onnxruntime_qlinear_conv(inputs: list[np.ndarray], attributes: dict[str, Any]) -> np.ndarray:
@@ -108,8 +132,9 @@ def _onnxruntime_qlinear_conv(inputs: list[np.ndarray], attributes: dict[str, An
 
 
 @SETTINGS
-@given(problem=depthwise_problems(), bias=st.booleans(), threads=st.sampled_from([1, 2]))
-def test_qlinear_conv_depthwise_matches_onnxruntime(problem: dict[str, Any], bias: bool, threads: int
+@given(problem=st.one_of(depthwise_problems(), pointwise_problems()), bias=st.booleans(),
+       threads=st.sampled_from([1, 2]))
+def test_qlinear_conv_matches_onnxruntime(problem: dict[str, Any], bias: bool, threads: int
                                                    ) -> None:
     """The output of the input's type (the only one onnxruntime's QLinearConv has)."""
     x, w, rng = problem["x"], problem["w"], problem["rng"]
