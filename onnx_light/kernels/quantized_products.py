@@ -13,7 +13,9 @@ Convolutions use Conv's window geometry (:class:`~onnx_light.kernels.window.Wind
 :func:`~onnx_light.kernels.window.pad_spatial`) and an im2col of the raw bytes: padding holds
 the input's zero point, so padded positions add nothing once it is subtracted. The weights
 are the left operand (one row per output channel), the windows the right one, so the product
-comes out channel-major, as the output is laid out.
+comes out channel-major, as the output is laid out. Depthwise (1-D, 2-D) and pointwise (1x1,
+stride 1, no padding) convolutions skip both: compiled loops of
+:mod:`~onnx_light.kernels.integer_loops` compute and requantize them directly.
 
 What the product does not take runs through :func:`integer_matmul` (numpy, exact): zero points
 or scales with a batch shape, 1-D operands, and QLinearMatMul-21's float8 operands, which hold
