@@ -366,6 +366,15 @@ class _ConvProduct(_IntegerProduct):
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
         self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
+        self.windows: dict[tuple[tuple[int, ...], tuple[int, ...]], Window] = {}
+
+    def window(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> Window:
+        """The window geometry of an input and kernel shape, remembered (a model runs few)."""
+        key = (spatial, kernel)
+        window = self.windows.get(key)
+        if window is None:
+            window = self.windows[key] = self.window_attributes.window(self.ctx, spatial, kernel)
+        return window
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> _ConvProduct | None:
         w, w_zero = (constants[i] if i < len(constants) else None for i in self.w_inputs)
@@ -433,7 +442,7 @@ class _ConvProduct(_IntegerProduct):
         weights = (packed[2] if packed is not None and packed[0] is w and packed[1] is w_zero
                    else self.weight_rows(w, w_zero))
         zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
-        window = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:])
+        window = self.window(x.shape[2:], w.shape[2:])
         positions, per_group = math.prod(window.output), c // group
         channels_out = m // group
         if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
@@ -620,7 +629,7 @@ class QLinearConv(_ConvProduct):
                                             ("y_scale", y_scale, None)))
         multiplier = np.broadcast_to(multiplier.reshape(-1, 1), (w.shape[0], 1))
         dtype, zero, low, high = self.output_range(y_zero_point, x)
-        spatial = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:]).output \
+        spatial = self.window(x.shape[2:], w.shape[2:]).output \
             if x.ndim >= 3 and w.ndim == x.ndim else ()
         y = np.empty((x.shape[0], w.shape[0], math.prod(spatial)), dtype)
 
