@@ -162,3 +162,16 @@ def test_depthwise_compiled_at_specialization() -> None:
     specialized = kernel.specialize(inputs) or kernel
     expected = _onnxruntime_qlinear_conv(inputs, {"group": 3, "pads": [1, 1, 1, 1]})
     np.testing.assert_array_equal(specialized.run(*inputs)[0], expected)
+
+
+def test_pointwise_sums_beyond_float32_are_exact() -> None:
+    """600 input channels of extreme shifted bytes: sums far beyond 2**24, still exact."""
+    rng = np.random.default_rng(6)
+    x = rng.integers(250, 256, (1, 600, 3, 5)).astype(np.uint8)
+    w = rng.integers(0, 4, (3, 600, 1, 1)).astype(np.uint8)
+    x_zero, w_zero = np.uint8(0), np.uint8(255)
+    actual = build("ConvInteger", [x, w, np.asarray(x_zero), np.asarray(w_zero)], 10)[1].run(
+        x, w, np.asarray(x_zero), np.asarray(w_zero))[0]
+    expected = np.einsum("nchw,mc->nmhw", x.astype(np.int64), w[:, :, 0, 0].astype(np.int64) - 255)
+    assert np.abs(expected).max() > 2**25
+    np.testing.assert_array_equal(actual, expected)

@@ -171,50 +171,63 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
 
 #: Positions :func:`pointwise_sums` computes at a time (their shifted inputs stay in cache).
 POINTWISE_BLOCK = 256
+#: Input channels whose products of shifted bytes (at most 255 x 255 each) sum exactly in
+#: float32 (every partial sum below 2**24).
+EXACT_CHANNELS = (1 << 24) // (255 * 255)
 
 
-@compiled
+@compiled(fastmath={"contract"})
 def pointwise_sums(x, zero, w, bias, out, first, last, multiplier, out_zero, low, high, scaled):
     """A 1x1 convolution (stride 1, no padding) of bytes, positions ``first:last`` of ``out``
-    (M, P) from ``x`` (C, P), ``w`` (M, C) int32 weights with their zero points subtracted
+    (M, P) from ``x`` (C, P), ``w`` (M, C) float32 weights with their zero points subtracted
     and the int32 ``bias`` (M,): the int32 sums ``bias + sum_c (x - zero) * w``, wrapping;
     with ``scaled`` requantized as :func:`requantize` does (``multiplier`` float32 (M,)).
 
     The positions go in blocks of :data:`POINTWISE_BLOCK`: each block's inputs minus the
-    zero point are copied once into int32 rows, then each output channel sums one
-    contiguous, vectorised pass per input channel."""
+    zero point are copied once into float32 rows, then each output channel sums one
+    contiguous pass per four input channels, fused multiply-adds (``contract``: the only
+    fast-math flag, exact here). Every product and partial sum is an integer below 2**24,
+    exact in float32 in any order, over runs of :data:`EXACT_CHANNELS` channels, each run
+    then added in int32."""
     channels, filters = x.shape[0], w.shape[0]
     block = POINTWISE_BLOCK
-    shifted = np.empty((channels, block), np.int32)
-    acc = np.empty(block, np.int32)
-    shift = np.int32(zero)
+    shifted = np.empty((channels, block), np.float32)
+    acc = np.empty(block, np.float32)
+    total = np.empty(block, np.int32)
+    shift = np.float32(zero)
     lowest, highest, offset = np.float32(low), np.float32(high), np.float32(out_zero)
     for start in range(first, last, block):
         base, width = np.uintp(start), np.uintp(min(block, last - start))
         for c in range(channels):
             source, line = x[c], shifted[c]
             for j in range(width):
-                line[j] = np.int32(source[base + j]) - shift
+                line[j] = np.float32(source[base + j]) - shift
         for m in range(filters):
             initial = bias[m]
             for j in range(width):
-                acc[j] = initial
+                total[j] = initial
             taps = w[m]
-            for c in range(0, channels - 3, 4):  # four channels a pass: a quarter of acc's traffic
-                t0, t1, t2, t3 = taps[c], taps[c + 1], taps[c + 2], taps[c + 3]
-                l0, l1, l2, l3 = shifted[c], shifted[c + 1], shifted[c + 2], shifted[c + 3]
+            for c0 in range(0, channels, EXACT_CHANNELS):
+                c1 = min(channels, c0 + EXACT_CHANNELS)
                 for j in range(width):
-                    acc[j] += t0 * l0[j] + t1 * l1[j] + t2 * l2[j] + t3 * l3[j]
-            for c in range(channels - channels % 4, channels):
-                tap, line = taps[c], shifted[c]
+                    acc[j] = 0
+                for c in range(c0, c1 - 3, 4):
+                    t0, t1, t2, t3 = taps[c], taps[c + 1], taps[c + 2], taps[c + 3]
+                    l0, l1, l2, l3 = shifted[c], shifted[c + 1], shifted[c + 2], shifted[c + 3]
+                    for j in range(width):
+                        acc[j] += t0 * l0[j] + t1 * l1[j] + t2 * l2[j] + t3 * l3[j]
+                for c in range(c1 - (c1 - c0) % 4, c1):
+                    tap, line = taps[c], shifted[c]
+                    for j in range(width):
+                        acc[j] += tap * line[j]
                 for j in range(width):
-                    acc[j] += tap * line[j]
+                    total[j] += np.int32(acc[j])
             target = out[m]
             if scaled:
                 scale = multiplier[m]
                 for j in range(width):
-                    value = np.rint(np.float32(acc[j]) * scale) + offset
+                    value = np.rint(np.float32(total[j]) * scale) + offset
                     target[base + j] = min(max(value, lowest), highest)
             else:
                 for j in range(width):
-                    target[base + j] = acc[j]
+                    target[base + j] = total[j]

@@ -516,7 +516,7 @@ class _ConvProduct(_IntegerProduct):
         n, c, m = x.shape[0], x.shape[1], w.shape[0]
         positions = math.prod(x.shape[2:])
         images = read_only(x.reshape(n, c, positions))
-        taps = w.reshape(m, c).astype(np.int32) - _vector(w_zero, m).astype(np.int32).reshape(m, 1)
+        taps = w.reshape(m, c).astype(np.float32) - _vector(w_zero, m).astype(np.float32).reshape(m, 1)
         sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
         y, scales, y_zero, low, high = _target(requantization, (n, m, *x.shape[2:]))
         target = y.reshape(n, m, positions)
@@ -551,7 +551,7 @@ def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:
     """Compile :func:`~onnx_light.kernels.integer_loops.pointwise_sums` for input ``dtype``
     and the ``output`` type (None: int32 sums), at session construction."""
     out = np.empty((1, 1), np.int32 if output is None else output)
-    pointwise_sums(read_only(np.zeros((1, 1), dtype)), 0, np.zeros((1, 1), np.int32),
+    pointwise_sums(read_only(np.zeros((1, 1), dtype)), 0, np.zeros((1, 1), np.float32),
                    read_only(np.zeros(1, np.int32)), out, 0, 1, read_only(np.ones(1, np.float32)),
                    0, 0, 0, output is not None)
 
