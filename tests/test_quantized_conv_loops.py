@@ -164,14 +164,32 @@ def test_depthwise_compiled_at_specialization() -> None:
     np.testing.assert_array_equal(specialized.run(*inputs)[0], expected)
 
 
-def test_pointwise_sums_beyond_float32_are_exact() -> None:
-    """600 input channels of extreme shifted bytes: sums far beyond 2**24, still exact."""
+@pytest.mark.parametrize(("kernel", "attributes"), [(1, {}), (3, {"pads": [1, 1, 1, 1], "group": 2})])
+def test_float32_sums_beyond_2_to_24_are_exact(kernel: int, attributes: dict[str, Any]) -> None:
+    """600 input channels of extreme shifted bytes (the pointwise loop, and the blas
+    algorithm's product): sums far beyond 2**24, still exact."""
     rng = np.random.default_rng(6)
     x = rng.integers(250, 256, (1, 600, 3, 5)).astype(np.uint8)
-    w = rng.integers(0, 4, (3, 600, 1, 1)).astype(np.uint8)
-    x_zero, w_zero = np.uint8(0), np.uint8(255)
-    actual = build("ConvInteger", [x, w, np.asarray(x_zero), np.asarray(w_zero)], 10)[1].run(
-        x, w, np.asarray(x_zero), np.asarray(w_zero))[0]
-    expected = np.einsum("nchw,mc->nmhw", x.astype(np.int64), w[:, :, 0, 0].astype(np.int64) - 255)
+    w = rng.integers(0, 4, (4, 600 // attributes.get("group", 1), kernel, kernel)).astype(np.uint8)
+    x_zero, w_zero = np.asarray(np.uint8(0)), np.asarray(np.uint8(255))
+    actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
+    expected = _naive_conv(x.astype(np.int64), w.astype(np.int64) - 255, attributes)
     assert np.abs(expected).max() > 2**25
     np.testing.assert_array_equal(actual, expected)
+
+
+def _naive_conv(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.ndarray:
+    """A 2-D convolution at stride 1 in int64, one kernel offset at a time."""
+    group, pad = attributes.get("group", 1), attributes.get("pads", [0])[0]
+    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    m, per_group, kh, kw = w.shape
+    oh, ow = x.shape[2] - kh + 1, x.shape[3] - kw + 1
+    out = np.zeros((x.shape[0], m, oh, ow), np.int64)
+    filters = m // group
+    for g in range(group):
+        for i in range(kh):
+            for j in range(kw):
+                out[:, g * filters:(g + 1) * filters] += np.einsum(
+                    "nchw,mc->nmhw", x[:, g * per_group:(g + 1) * per_group, i:i + oh, j:j + ow],
+                    w[g * filters:(g + 1) * filters, :, i, j])
+    return out

@@ -17,7 +17,8 @@ rounded half to even, plus the output zero point, saturated to the output type.
 :func:`row_sums` gives the operands' row sums. :func:`depthwise_sums` is the depthwise
 convolution's (one input channel per output channel) int32 sums, one channel at a time;
 :func:`pointwise_sums` a 1x1 convolution's (stride 1, no padding), a block of positions at a
-time. Both requantize as they write when asked.
+time. Both requantize as they write when asked; :func:`finish_sums` adds the bias to exact
+sums computed elsewhere (a convolution's float32 BLAS product) and requantizes them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 
 from .compiled import compiled
 
-__all__ = ["correct", "depthwise_sums", "dot_tiles", "pointwise_sums", "requantize", "row_sums"]
+__all__ = ["EXACT_CHANNELS", "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pointwise_sums",
+           "requantize", "row_sums"]
 
 
 @compiled
@@ -167,6 +169,25 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                 for ow in range(np.uintp(out_w)):
                     target[into + ow] = result[line + ow]
             into += np.uintp(out_w)
+
+
+@compiled
+def finish_sums(sums, bias, out, multiplier, out_zero, low, high, scaled):
+    """``out = sums + bias`` in int32 (wrapping) for ``sums`` (R, P) holding exact integers
+    (float32 or int32) and the int32 ``bias`` (R,); with ``scaled`` requantized as
+    :func:`requantize` does (``multiplier`` float32 (R,))."""
+    lowest, highest, offset = np.float32(low), np.float32(high), np.float32(out_zero)
+    for r in range(sums.shape[0]):
+        source, target, initial = sums[r], out[r], bias[r]
+        if scaled:
+            scale = multiplier[r]
+            for j in range(np.uintp(sums.shape[1])):
+                total = np.int32(np.int32(source[j]) + initial)
+                value = np.rint(np.float32(total) * scale) + offset
+                target[j] = min(max(value, lowest), highest)
+        else:
+            for j in range(np.uintp(sums.shape[1])):
+                target[j] = np.int32(source[j]) + initial
 
 
 #: Positions :func:`pointwise_sums` computes at a time (their shifted inputs stay in cache).

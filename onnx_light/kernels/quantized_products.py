@@ -42,7 +42,13 @@ from .integer_gemm import (
     calibrate_integer_product,
     integer_parameters,
 )
-from .integer_loops import POINTWISE_BLOCK, depthwise_sums, pointwise_sums
+from .integer_loops import (
+    EXACT_CHANNELS,
+    POINTWISE_BLOCK,
+    depthwise_sums,
+    finish_sums,
+    pointwise_sums,
+)
 from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
 from .window import Window, WindowAttributes, pad_spatial
@@ -386,6 +392,7 @@ class _ConvProduct(_IntegerProduct):
             compile_depthwise(numpy_dtype(x), w.shape[-1], self.output_dtype(constants))
         if self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
+        compile_finish(self.output_dtype(constants), w[0].size)
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
             return None
@@ -449,6 +456,8 @@ class _ConvProduct(_IntegerProduct):
             return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
         if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
             return self.pointwise(x, zero, w, w_zero, bias, requantization)
+        if self.algorithm == "blas" and not (per_group == channels_out == 1 and group > 1):
+            return self.real_columns(x, zero, w, w_zero, bias, window, requantization)
         padded = pad_spatial(x, window, value=zero)
         acc = np.empty((n, m, positions), np.int32)
         if per_group == channels_out == 1 and group > 1:  # 3-D depthwise: one pass per tap
@@ -536,6 +545,45 @@ class _ConvProduct(_IntegerProduct):
                 block(0, blocks)
         return y
 
+    def real_columns(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
+                     bias: np.ndarray | None, window: Window, requantization: Requantization | None
+                     ) -> np.ndarray:
+        """The ``blas`` algorithm's convolution, as :meth:`depthwise` returns it: per image
+        and group, the float32 BLAS product of the shifted weights (filters, C x kernel) and
+        a channel-major im2col of the shifted input (C x kernel, positions), whose rows are
+        strided copies of the input, not a transpose; exact over runs of
+        :data:`~onnx_light.kernels.integer_loops.EXACT_CHANNELS` of the reduced axis
+        (:func:`_exact_product`), then the bias and the requantization by the compiled
+        :func:`~onnx_light.kernels.integer_loops.finish_sums`."""
+        n, c, m, group = x.shape[0], x.shape[1], w.shape[0], self.group
+        per_group, channels_out = c // group, m // group
+        shifted = pad_spatial(np.subtract(x, np.float32(zero), dtype=np.float32), window)
+        taps = (w.reshape(m, -1).astype(np.float32)
+                - _vector(w_zero, m).astype(np.float32).reshape(m, 1))
+        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n, m, -1)
+        finish = finish_sums.dispatcher
+        for image in range(n):
+            for g in range(group):
+                rows = slice(g * channels_out, (g + 1) * channels_out)
+                columns = _real_columns(shifted[image, g * per_group:(g + 1) * per_group], window)
+                finish(_exact_product(taps[rows], columns), sums[rows], target[image, rows],
+                       scales[rows], y_zero, low, high, requantization is not None)
+        return y
+
+
+def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``left @ right`` of float32 integers below 256 in magnitude, exactly: float32 when the
+    reduced length allows, else int32 sums of exact chunks."""
+    depth = left.shape[1]
+    if depth <= EXACT_CHANNELS:
+        return np.matmul(left, right)
+    total = np.zeros((left.shape[0], right.shape[1]), np.int32)
+    for k in range(0, depth, EXACT_CHANNELS):
+        total += np.matmul(left[:, k:k + EXACT_CHANNELS], right[k:k + EXACT_CHANNELS]).astype(np.int32)
+    return total
+
 
 def _target(requantization: Requantization | None, shape: tuple[int, ...]
             ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
@@ -556,6 +604,16 @@ def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:
                    0, 0, 0, output is not None)
 
 
+def compile_finish(output: np.dtype | None, depth: int) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.finish_sums` for the ``output`` type
+    (None: int32 sums) and the sums a reduced length of ``depth`` gives, at session
+    construction."""
+    out = np.empty((1, 1), np.int32 if output is None else output)
+    finish_sums(np.zeros((1, 1), np.float32 if depth <= EXACT_CHANNELS else np.int32),
+                read_only(np.zeros(1, np.int32)), out, read_only(np.ones(1, np.float32)), 0, 0, 0,
+                output is not None)
+
+
 def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | None) -> None:
     """Compile :func:`~onnx_light.kernels.integer_loops.depthwise_sums` for input ``dtype``,
     ``kernel_width`` and the ``output`` type (None: int32 sums), at session construction."""
@@ -568,16 +626,29 @@ def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | Non
                    0, 0, 0, output is not None)
 
 
+def _tap(padded: np.ndarray, offsets: tuple[int, ...], window: Window) -> np.ndarray:
+    """What one kernel offset reads of a padded (C, *spatial) image: (C, *output)."""
+    return padded[(slice(None), *(
+        slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
+            offsets, window.dilations, window.strides, window.output, strict=True)))]
+
+
 def _im2col(padded: np.ndarray, window: Window) -> np.ndarray:
     """The windows of a padded (C, *spatial) image as rows (positions, C x kernel size), each
     row ordered as the weights' (C, *kernel): one strided copy per kernel offset."""
     columns = np.empty((*window.output, padded.shape[0], *window.kernel), padded.dtype)
     for offsets in itertools.product(*(range(k) for k in window.kernel)):
-        source = padded[(slice(None), *(
-            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
-                offsets, window.dilations, window.strides, window.output, strict=True)))]
-        columns[(Ellipsis, *offsets)] = np.moveaxis(source, 0, -1)
+        columns[(Ellipsis, *offsets)] = np.moveaxis(_tap(padded, offsets, window), 0, -1)
     return columns.reshape(math.prod(window.output), -1)
+
+
+def _real_columns(padded: np.ndarray, window: Window) -> np.ndarray:
+    """The windows of a padded (C, *spatial) image as columns (C x kernel size, positions),
+    rows ordered as the weights' (C, *kernel): one strided copy per kernel offset."""
+    columns = np.empty((padded.shape[0], *window.kernel, *window.output), padded.dtype)
+    for offsets in itertools.product(*(range(k) for k in window.kernel)):
+        columns[(slice(None), *offsets)] = _tap(padded, offsets, window)
+    return columns.reshape(-1, math.prod(window.output))
 
 
 def _depthwise(padded: np.ndarray, shifted: np.ndarray, zero: int, window: Window) -> np.ndarray:
@@ -588,9 +659,7 @@ def _depthwise(padded: np.ndarray, shifted: np.ndarray, zero: int, window: Windo
     acc = np.zeros((channels, math.prod(window.output)), np.int32)
     term = np.empty_like(acc)
     for tap, offsets in enumerate(itertools.product(*(range(k) for k in window.kernel))):
-        source = padded[(slice(None), *(
-            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
-                offsets, window.dilations, window.strides, window.output, strict=True)))]
+        source = _tap(padded, offsets, window)
         np.subtract(source.reshape(channels, -1), zero, out=term, dtype=np.int32)
         term *= shifted[:, tap:tap + 1]
         acc += term
