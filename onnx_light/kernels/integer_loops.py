@@ -205,16 +205,16 @@ def pointwise_sums(x, zero, w, bias, out, first, last, multiplier, out_zero, low
     with ``scaled`` requantized as :func:`requantize` does (``multiplier`` float32 (M,)).
 
     The positions go in blocks of :data:`POINTWISE_BLOCK`: each block's inputs minus the
-    zero point are copied once into float32 rows, then each output channel sums one
-    contiguous pass per four input channels, fused multiply-adds (``contract``: the only
-    fast-math flag, exact here). Every product and partial sum is an integer below 2**24,
-    exact in float32 in any order, over runs of :data:`EXACT_CHANNELS` channels, each run
-    then added in int32."""
+    zero point are copied once into float32 rows, then each pair of output channels sums one
+    contiguous pass per four input channels (each input row loaded once for both), fused
+    multiply-adds (``contract``: the only fast-math flag, exact here). Every product and
+    partial sum is an integer below 2**24, exact in float32 in any order, over runs of
+    :data:`EXACT_CHANNELS` channels, each run then added in int32."""
     channels, filters = x.shape[0], w.shape[0]
     block = POINTWISE_BLOCK
     shifted = np.empty((channels, block), np.float32)
-    acc = np.empty(block, np.float32)
-    total = np.empty(block, np.int32)
+    acc = np.empty((2, block), np.float32)
+    total = np.empty((2, block), np.int32)
     shift = np.float32(zero)
     lowest, highest, offset = np.float32(low), np.float32(high), np.float32(out_zero)
     for start in range(first, last, block):
@@ -223,32 +223,41 @@ def pointwise_sums(x, zero, w, bias, out, first, last, multiplier, out_zero, low
             source, line = x[c], shifted[c]
             for j in range(width):
                 line[j] = np.float32(source[base + j]) - shift
-        for m in range(filters):
-            initial = bias[m]
+        for m0 in range(0, filters, 2):
+            pair = min(2, filters - m0)
+            u, v = w[m0], w[m0 + pair - 1]  # an odd last channel computed twice
+            a0, a1, s0, s1 = acc[0], acc[1], total[0], total[1]
             for j in range(width):
-                total[j] = initial
-            taps = w[m]
+                s0[j] = 0
+                s1[j] = 0
             for c0 in range(0, channels, EXACT_CHANNELS):
                 c1 = min(channels, c0 + EXACT_CHANNELS)
                 for j in range(width):
-                    acc[j] = 0
+                    a0[j] = 0
+                    a1[j] = 0
                 for c in range(c0, c1 - 3, 4):
-                    t0, t1, t2, t3 = taps[c], taps[c + 1], taps[c + 2], taps[c + 3]
                     l0, l1, l2, l3 = shifted[c], shifted[c + 1], shifted[c + 2], shifted[c + 3]
+                    u0, u1, u2, u3 = u[c], u[c + 1], u[c + 2], u[c + 3]
+                    v0, v1, v2, v3 = v[c], v[c + 1], v[c + 2], v[c + 3]
                     for j in range(width):
-                        acc[j] += t0 * l0[j] + t1 * l1[j] + t2 * l2[j] + t3 * l3[j]
+                        e0, e1, e2, e3 = l0[j], l1[j], l2[j], l3[j]
+                        a0[j] += u0 * e0 + u1 * e1 + u2 * e2 + u3 * e3
+                        a1[j] += v0 * e0 + v1 * e1 + v2 * e2 + v3 * e3
                 for c in range(c1 - (c1 - c0) % 4, c1):
-                    tap, line = taps[c], shifted[c]
+                    line, t0, t1 = shifted[c], u[c], v[c]
                     for j in range(width):
-                        acc[j] += tap * line[j]
+                        a0[j] += t0 * line[j]
+                        a1[j] += t1 * line[j]
                 for j in range(width):
-                    total[j] += np.int32(acc[j])
-            target = out[m]
-            if scaled:
-                scale = multiplier[m]
-                for j in range(width):
-                    value = np.rint(np.float32(total[j]) * scale) + offset
-                    target[base + j] = min(max(value, lowest), highest)
-            else:
-                for j in range(width):
-                    target[base + j] = total[j]
+                    s0[j] += np.int32(a0[j])
+                    s1[j] += np.int32(a1[j])
+            for r in range(pair):
+                target, sums, initial = out[m0 + r], total[r], bias[m0 + r]
+                if scaled:
+                    scale = multiplier[m0 + r]
+                    for j in range(width):
+                        value = np.rint(np.float32(np.int32(sums[j] + initial)) * scale) + offset
+                        target[base + j] = min(max(value, lowest), highest)
+                else:
+                    for j in range(width):
+                        target[base + j] = sums[j] + initial
