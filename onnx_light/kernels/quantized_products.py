@@ -13,9 +13,11 @@ Convolutions use Conv's window geometry (:class:`~onnx_light.kernels.window.Wind
 :func:`~onnx_light.kernels.window.pad_spatial`) and an im2col of the raw bytes: padding holds
 the input's zero point, so padded positions add nothing once it is subtracted. The weights
 are the left operand (one row per output channel), the windows the right one, so the product
-comes out channel-major, as the output is laid out. Depthwise (1-D, 2-D) and pointwise (1x1,
-stride 1, no padding) convolutions skip both: compiled loops of
-:mod:`~onnx_light.kernels.integer_loops` compute and requantize them directly.
+comes out channel-major, as the output is laid out. That is the ``compiled`` algorithm's
+path; depthwise (1-D, 2-D) and pointwise (1x1, stride 1, no padding) convolutions run
+compiled loops of :mod:`~onnx_light.kernels.integer_loops` instead, and the others with the
+``blas`` algorithm an exact float32 product of a channel-major im2col of the shifted input
+(:meth:`_ConvProduct.real_columns`); all requantize as they write.
 
 What the product does not take runs through :func:`integer_matmul` (numpy, exact): zero points
 or scales with a batch shape, 1-D operands, and QLinearMatMul-21's float8 operands, which hold
