@@ -698,18 +698,19 @@ class QLinearConv(_ConvProduct):
                                  f"{bias.dtype} of shape {list(bias.shape)}")
         multiplier = _multiplier(self.ctx, (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
                                             ("y_scale", y_scale, None)))
-        multiplier = np.broadcast_to(multiplier.reshape(-1, 1), (w.shape[0], 1))
+        multiplier = multiplier.reshape(-1)
+        if multiplier.size == 1:
+            multiplier = np.full(w.shape[0], multiplier[0], np.float32)
         dtype, zero, low, high = self.output_range(y_zero_point, x)
         spatial = self.window(x.shape[2:], w.shape[2:]).output \
             if x.ndim >= 3 and w.ndim == x.ndim else ()
         y = np.empty((x.shape[0], w.shape[0], math.prod(spatial)), dtype)
 
         def finish(acc: np.ndarray, image: int, channels: slice) -> Epilogue:
-            return self.requantizing(y[image, channels], np.ascontiguousarray(multiplier[channels]),
+            return self.requantizing(y[image, channels], multiplier[channels].reshape(-1, 1),
                                      zero, low, high)
 
-        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish,
-                      (y, multiplier[:, 0], zero, low, high))
+        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
 
 
