@@ -14,7 +14,11 @@ instructions (AVX-VNNI ``vpdpwssd`` where the processor has them).
 
 :func:`requantize` is onnxruntime's arithmetic: ``float32(acc) * multiplier`` in float32,
 rounded half to even, plus the output zero point, saturated to the output type.
-:func:`row_sums` gives the operands' row sums.
+:func:`row_sums` gives the operands' row sums. :func:`depthwise_sums` is the depthwise
+convolution's (one input channel per output channel) int32 sums, one channel at a time;
+:func:`pointwise_sums` a 1x1 convolution's (stride 1, no padding), a block of positions at a
+time. Both requantize as they write when asked; :func:`finish_sums` adds the bias to exact
+sums computed elsewhere (a convolution's float32 BLAS product) and requantizes them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import numpy as np
 
 from .compiled import compiled
 
-__all__ = ["correct", "dot_tiles", "requantize", "row_sums"]
+__all__ = ["EXACT_CHANNELS", "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pointwise_sums",
+           "requantize", "row_sums"]
 
 
 @compiled
@@ -52,14 +57,15 @@ def correct(acc, row_start, row_stop, column_start, column_stop,
             a_zero, a_sums, b_zero, b_sums, depth, row_bias, column_bias):
     """Apply the zero points (per row of each operand) and the int32 biases (one per row and
     one per column) to a block of raw sums, in place, wrapping like int32: ``acc[i, j] +=
-    (depth za_i - A_i) zb_j - za_i B_j + row_bias_i + column_bias_j``."""
+    (depth za_i - A_i) zb_j - za_i B_j + row_bias_i + column_bias_j``. The inner loops index
+    with unsigned integers (no negative-index fix-up), which lets LLVM vectorise them."""
     for i in range(row_start, row_stop):
-        za = a_zero[i]
-        scaled = depth * za - a_sums[i]
+        za = np.int32(a_zero[i])
+        scaled = np.int32(depth * za - a_sums[i])
         offset = row_bias[i]
         row = acc[i]
-        for j in range(column_start, column_stop):
-            row[j] = np.int32(row[j] + scaled * b_zero[j] - za * b_sums[j] + offset + column_bias[j])
+        for j in range(np.uintp(column_start), np.uintp(column_stop)):
+            row[j] = row[j] + scaled * b_zero[j] - za * b_sums[j] + offset + column_bias[j]
 
 
 @compiled
@@ -69,16 +75,18 @@ def requantize(acc, row_start, row_stop, column_start, column_stop,
     ``multiplier`` is float32 of shape (1 or rows, 1 or columns)."""
     per_row = multiplier.shape[0] > 1
     per_column = multiplier.shape[1] > 1
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(zero)
     for i in range(row_start, row_stop):
-        mi = i if per_row else 0
-        for j in range(column_start, column_stop):
-            scaled = np.float32(acc[i, j]) * multiplier[mi, j if per_column else 0]
-            value = np.rint(scaled) + np.float32(zero)
-            if value < low:
-                value = np.float32(low)
-            elif value > high:
-                value = np.float32(high)
-            out[i, j] = value
+        source, target, scales = acc[i], out[i], multiplier[i if per_row else 0]
+        if per_column:
+            for j in range(np.uintp(column_start), np.uintp(column_stop)):
+                value = np.rint(np.float32(source[j]) * scales[j]) + shift
+                target[j] = min(max(value, lowest), highest)
+        else:
+            scale = scales[0]
+            for j in range(np.uintp(column_start), np.uintp(column_stop)):
+                value = np.rint(np.float32(source[j]) * scale) + shift
+                target[j] = min(max(value, lowest), highest)
 
 
 @compiled
@@ -91,3 +99,165 @@ def row_sums(data, out):
             total += np.int32(row[k])
         out[r] = total
 
+
+
+
+@compiled
+def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, rows, columns,
+                   multiplier, out_zero, low, high, scaled):
+    """A depthwise convolution (one input channel per output channel) of bytes, channels
+    ``first:last`` of ``out`` (N * C, OH, OW) from ``x`` (N * C, H, W), ``w`` (C, KH, KW)
+    int32 weights with their zero points subtracted and the int32 ``bias`` (C,): the int32
+    sums ``bias + sum_taps (x - zero) * w``, wrapping; with ``scaled`` they are requantized
+    as :func:`requantize` does (``multiplier`` float32 (C,), ``out_zero``, ``low``,
+    ``high``) as they are written.
+
+    The plane is Conv's depthwise one (:func:`~onnx_light.kernels.conv.depthwise.plane_layout`
+    gives ``phases``, ``rows`` and ``columns``), in int32 and holding ``x - zero``, so that
+    the padding, left 0, adds nothing: each kernel row is one contiguous pass of its taps
+    over the output rows at a phase's width, whatever the strides."""
+    height, width = x.shape[1], x.shape[2]
+    out_h, out_w = out.shape[1], out.shape[2]
+    channels, kernel_h = w.shape[0], w.shape[1]
+    stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
+    phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
+    phase_size = phase_rows * phase_width
+    plane = np.zeros(stride_w * stride_h * phase_size, np.int32)
+    run = np.uintp(out_h) * phase_width
+    result = np.empty(run, np.int32)
+    source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
+    kernel_w = np.uintp(len(columns))
+    shift = np.int32(zero)
+    for pair in range(first, last):
+        c = np.uintp(pair % channels)
+        start = np.uintp(pair) * np.uintp(height * width)
+        for ih in range(np.uintp(height)):
+            p = ih + np.uintp(pads[0])
+            into = (p % stride_h) * phase_size + (p // stride_h) * phase_width
+            if stride_w == 1:
+                into += np.uintp(pads[1])
+                for iw in range(np.uintp(width)):
+                    plane[into + iw] = np.int32(source[start + iw]) - shift
+            else:
+                for r in range(strides[1]):
+                    lowest = max(0, -(-(pads[1] - r) // strides[1]))
+                    highest = (pads[1] + width - 1 - r) // strides[1]
+                    phase = into + np.uintp(r) * stride_h * phase_size
+                    read = start + np.uintp(lowest * strides[1] + r - pads[1])
+                    for m in range(np.uintp(max(0, highest + 1 - lowest))):
+                        plane[phase + np.uintp(lowest) + m] = np.int32(source[read + m * stride_w]) - shift
+            start += np.uintp(width)
+        initial = bias[c]
+        for j in range(run):
+            result[j] = initial
+        for kh in range(np.uintp(kernel_h)):
+            tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+            for j in range(run):
+                total = result[j]
+                for k in range(kernel_w):
+                    total += taps[tap + k] * plane[offset + j + np.uintp(columns[k])]
+                result[j] = total
+        into = np.uintp(pair) * np.uintp(out_h * out_w)
+        scale = multiplier[c]
+        for oh in range(np.uintp(out_h)):
+            line = oh * phase_width
+            if scaled:
+                for ow in range(np.uintp(out_w)):
+                    value = np.rint(np.float32(result[line + ow]) * scale) + np.float32(out_zero)
+                    target[into + ow] = min(max(value, np.float32(low)), np.float32(high))
+            else:
+                for ow in range(np.uintp(out_w)):
+                    target[into + ow] = result[line + ow]
+            into += np.uintp(out_w)
+
+
+@compiled
+def finish_sums(sums, bias, out, multiplier, out_zero, low, high, scaled):
+    """``out = sums + bias`` in int32 (wrapping) for ``sums`` (R, P) holding exact integers
+    (float32 or int32) and the int32 ``bias`` (R,); with ``scaled`` requantized as
+    :func:`requantize` does (``multiplier`` float32 (R,))."""
+    lowest, highest, offset = np.float32(low), np.float32(high), np.float32(out_zero)
+    for r in range(sums.shape[0]):
+        source, target, initial = sums[r], out[r], bias[r]
+        if scaled:
+            scale = multiplier[r]
+            for j in range(np.uintp(sums.shape[1])):
+                total = np.int32(np.int32(source[j]) + initial)
+                value = np.rint(np.float32(total) * scale) + offset
+                target[j] = min(max(value, lowest), highest)
+        else:
+            for j in range(np.uintp(sums.shape[1])):
+                target[j] = np.int32(source[j]) + initial
+
+
+#: Positions :func:`pointwise_sums` computes at a time (their shifted inputs stay in cache).
+POINTWISE_BLOCK = 256
+#: Input channels whose products of shifted bytes (at most 255 x 255 each) sum exactly in
+#: float32 (every partial sum below 2**24).
+EXACT_CHANNELS = (1 << 24) // (255 * 255)
+
+
+@compiled(fastmath={"contract"})
+def pointwise_sums(x, zero, w, bias, out, first, last, multiplier, out_zero, low, high, scaled):
+    """A 1x1 convolution (stride 1, no padding) of bytes, positions ``first:last`` of ``out``
+    (M, P) from ``x`` (C, P), ``w`` (M, C) float32 weights with their zero points subtracted
+    and the int32 ``bias`` (M,): the int32 sums ``bias + sum_c (x - zero) * w``, wrapping;
+    with ``scaled`` requantized as :func:`requantize` does (``multiplier`` float32 (M,)).
+
+    The positions go in blocks of :data:`POINTWISE_BLOCK`: each block's inputs minus the
+    zero point are copied once into float32 rows, then each pair of output channels sums one
+    contiguous pass per four input channels (each input row loaded once for both), fused
+    multiply-adds (``contract``: the only fast-math flag, exact here). Every product and
+    partial sum is an integer below 2**24, exact in float32 in any order, over runs of
+    :data:`EXACT_CHANNELS` channels, each run then added in int32."""
+    channels, filters = x.shape[0], w.shape[0]
+    block = POINTWISE_BLOCK
+    shifted = np.empty((channels, block), np.float32)
+    acc = np.empty((2, block), np.float32)
+    total = np.empty((2, block), np.int32)
+    shift = np.float32(zero)
+    lowest, highest, offset = np.float32(low), np.float32(high), np.float32(out_zero)
+    for start in range(first, last, block):
+        base, width = np.uintp(start), np.uintp(min(block, last - start))
+        for c in range(channels):
+            source, line = x[c], shifted[c]
+            for j in range(width):
+                line[j] = np.float32(source[base + j]) - shift
+        for m0 in range(0, filters, 2):
+            pair = min(2, filters - m0)
+            u, v = w[m0], w[m0 + pair - 1]  # an odd last channel computed twice
+            a0, a1, s0, s1 = acc[0], acc[1], total[0], total[1]
+            for j in range(width):
+                s0[j] = 0
+                s1[j] = 0
+            for c0 in range(0, channels, EXACT_CHANNELS):
+                c1 = min(channels, c0 + EXACT_CHANNELS)
+                for j in range(width):
+                    a0[j] = 0
+                    a1[j] = 0
+                for c in range(c0, c1 - 3, 4):
+                    l0, l1, l2, l3 = shifted[c], shifted[c + 1], shifted[c + 2], shifted[c + 3]
+                    u0, u1, u2, u3 = u[c], u[c + 1], u[c + 2], u[c + 3]
+                    v0, v1, v2, v3 = v[c], v[c + 1], v[c + 2], v[c + 3]
+                    for j in range(width):
+                        e0, e1, e2, e3 = l0[j], l1[j], l2[j], l3[j]
+                        a0[j] += u0 * e0 + u1 * e1 + u2 * e2 + u3 * e3
+                        a1[j] += v0 * e0 + v1 * e1 + v2 * e2 + v3 * e3
+                for c in range(c1 - (c1 - c0) % 4, c1):
+                    line, t0, t1 = shifted[c], u[c], v[c]
+                    for j in range(width):
+                        a0[j] += t0 * line[j]
+                        a1[j] += t1 * line[j]
+                for j in range(width):
+                    s0[j] += np.int32(a0[j])
+                    s1[j] += np.int32(a1[j])
+            for r in range(pair):
+                target, sums, initial = out[m0 + r], total[r], bias[m0 + r]
+                if scaled:
+                    scale = multiplier[m0 + r]
+                    for j in range(width):
+                        value = np.rint(np.float32(np.int32(sums[j] + initial)) * scale) + offset
+                        target[base + j] = min(max(value, lowest), highest)
+                else:
+                    for j in range(width):
+                        target[base + j] = sums[j] + initial

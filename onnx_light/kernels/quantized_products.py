@@ -13,7 +13,11 @@ Convolutions use Conv's window geometry (:class:`~onnx_light.kernels.window.Wind
 :func:`~onnx_light.kernels.window.pad_spatial`) and an im2col of the raw bytes: padding holds
 the input's zero point, so padded positions add nothing once it is subtracted. The weights
 are the left operand (one row per output channel), the windows the right one, so the product
-comes out channel-major, as the output is laid out.
+comes out channel-major, as the output is laid out. That is the ``compiled`` algorithm's
+path; depthwise (1-D, 2-D) and pointwise (1x1, stride 1, no padding) convolutions run
+compiled loops of :mod:`~onnx_light.kernels.integer_loops` instead, and the others with the
+``blas`` algorithm an exact float32 product of a channel-major im2col of the shifted input
+(:meth:`_ConvProduct.real_columns`); all requantize as they write.
 
 What the product does not take runs through :func:`integer_matmul` (numpy, exact): zero points
 or scales with a batch shape, 1-D operands, and QLinearMatMul-21's float8 operands, which hold
@@ -31,6 +35,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import FLOAT8_TYPES, Kernel, KernelError, NodeContext, numpy_dtype
+from .conv.depthwise import plane_layout, read_only
 from .declaration import KernelDeclaration, declare
 from .integer_gemm import (
     ByteRows,
@@ -38,6 +43,13 @@ from .integer_gemm import (
     IntegerProductKernel,
     calibrate_integer_product,
     integer_parameters,
+)
+from .integer_loops import (
+    EXACT_CHANNELS,
+    POINTWISE_BLOCK,
+    depthwise_sums,
+    finish_sums,
+    pointwise_sums,
 )
 from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
@@ -114,6 +126,8 @@ def integer_matmul(ctx: NodeContext, a: np.ndarray, b: np.ndarray, a_zero: np.nd
 
 
 _BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+#: A requantized output: ``y``, the multiplier per output channel, the zero point, the range.
+Requantization = tuple[np.ndarray, np.ndarray, int, int, int]
 
 
 def _bytes(array: np.ndarray | None) -> bool:
@@ -360,6 +374,15 @@ class _ConvProduct(_IntegerProduct):
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
         self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
+        self.windows: dict[tuple[tuple[int, ...], tuple[int, ...]], Window] = {}
+
+    def window(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> Window:
+        """The window geometry of an input and kernel shape, remembered (a model runs few)."""
+        key = (spatial, kernel)
+        window = self.windows.get(key)
+        if window is None:
+            window = self.windows[key] = self.window_attributes.window(self.ctx, spatial, kernel)
+        return window
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> _ConvProduct | None:
         w, w_zero = (constants[i] if i < len(constants) else None for i in self.w_inputs)
@@ -367,6 +390,11 @@ class _ConvProduct(_IntegerProduct):
         if not _bytes(w) or x not in _BYTES or w.ndim < 3:
             return None
         self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
+        if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
+            compile_depthwise(numpy_dtype(x), w.shape[-1], self.output_dtype(constants))
+        if self.group == 1 and math.prod(w.shape[2:]) == 1:
+            compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
+        compile_finish(self.output_dtype(constants), w[0].size)
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
             return None
@@ -396,9 +424,12 @@ class _ConvProduct(_IntegerProduct):
 
     def convolve(self, x: np.ndarray, x_zero: np.ndarray | None, w: np.ndarray,
                  w_zero: np.ndarray | None, bias: np.ndarray | None,
-                 finish: Callable[[np.ndarray, int, slice], Epilogue | None]) -> np.ndarray:
+                 finish: Callable[[np.ndarray, int, slice], Epilogue | None],
+                 requantization: Requantization | None = None) -> np.ndarray:
         """The int32 sums (N, M, positions) of the convolution; ``finish(out, image,
-        channels)`` gives the epilogue for one image's group of channels (or None)."""
+        channels)`` gives the epilogue for one image's group of channels (or None). A 1-D or
+        2-D depthwise convolution writes ``requantization``'s output itself instead (and
+        returns it) when given."""
         if x.ndim < 3 or w.ndim != x.ndim:
             raise self.ctx.error(f"input of shape {list(x.shape)} and weights of shape "
                                  f"{list(w.shape)}: both need rank 3 or more, alike")
@@ -420,12 +451,18 @@ class _ConvProduct(_IntegerProduct):
         weights = (packed[2] if packed is not None and packed[0] is w and packed[1] is w_zero
                    else self.weight_rows(w, w_zero))
         zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
-        window = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:])
-        padded = pad_spatial(x, window, value=zero)
+        window = self.window(x.shape[2:], w.shape[2:])
         positions, per_group = math.prod(window.output), c // group
         channels_out = m // group
+        if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
+            return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
+        if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
+            return self.pointwise(x, zero, w, w_zero, bias, requantization)
+        if self.algorithm == "blas" and not (per_group == channels_out == 1 and group > 1):
+            return self.real_columns(x, zero, w, w_zero, bias, window, requantization)
+        padded = pad_spatial(x, window, value=zero)
         acc = np.empty((n, m, positions), np.int32)
-        if per_group == channels_out == 1 and group > 1:  # depthwise: one pass per tap, all channels
+        if per_group == channels_out == 1 and group > 1:  # 3-D depthwise: one pass per tap
             shifted = w.reshape(m, -1).astype(np.int32) - _vector(w_zero, m).astype(np.int32)[:, None]
             for image in range(n):
                 acc[image] = _depthwise(padded[image], shifted, zero, window)
@@ -445,17 +482,175 @@ class _ConvProduct(_IntegerProduct):
                                                     finish(acc, image, channels))
         return acc.reshape(n, m, *window.output)
 
+    def depthwise(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
+                  bias: np.ndarray | None, window: Window, requantization: Requantization | None
+                  ) -> np.ndarray:
+        """The 1-D or 2-D depthwise convolution (one input channel per output channel) by the
+        compiled :func:`~onnx_light.kernels.integer_loops.depthwise_sums`: the int32 sums, or
+        with ``requantization`` its output ``y`` (N, M, positions) written requantized. The
+        (image, channel) pairs split across the pool from ``parallel.minimum_macs``
+        multiply-adds."""
+        n, m = x.shape[0], w.shape[0]
+        planar = len(window.output) == 1
+
+        def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
+            return (fill, values[0]) if planar else (values[0], values[1])
+
+        images = read_only(x.reshape(n * m, *two(window.input, 1)))
+        taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
+                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1))
+        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
+        strides, pads = two(window.strides, 1), two(window.begin, 0)
+        output = two(window.output, 1)
+        phases, rows, columns = plane_layout(images.shape[1:], output, taps.shape[1:], strides,
+                                             two(window.dilations, 1), pads)
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n * m, *output)
+        kernel = depthwise_sums.dispatcher
+
+        def block(first: int, last: int) -> None:
+            kernel(images, zero, taps, sums, target, first, last, strides, pads, phases, rows,
+                   columns, scales, y_zero, low, high, requantization is not None)
+
+        if self.num_threads > 1 and n * m * w[0].size * math.prod(window.output) >= self.minimum_macs:
+            self.pool.parallel_for(n * m, block)
+        else:
+            block(0, n * m)
+        return y
+
+    def pointwise(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
+                  bias: np.ndarray | None, requantization: Requantization | None) -> np.ndarray:
+        """The 1x1 convolution at stride 1 without padding by the compiled
+        :func:`~onnx_light.kernels.integer_loops.pointwise_sums` (no im2col: the input's
+        channel rows are read in place), as :meth:`depthwise` returns it; each image's
+        positions split across the pool from ``parallel.minimum_macs`` multiply-adds."""
+        n, c, m = x.shape[0], x.shape[1], w.shape[0]
+        positions = math.prod(x.shape[2:])
+        images = read_only(x.reshape(n, c, positions))
+        taps = w.reshape(m, c).astype(np.float32) - _vector(w_zero, m).astype(np.float32).reshape(m, 1)
+        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *x.shape[2:]))
+        target = y.reshape(n, m, positions)
+        kernel = pointwise_sums.dispatcher
+        blocks = -(-positions // POINTWISE_BLOCK)
+        parallel = self.num_threads > 1 and m * c * positions >= self.minimum_macs
+        for image in range(n):
+
+            def block(first: int, last: int, image: int = image) -> None:
+                kernel(images[image], zero, taps, sums, target[image], first * POINTWISE_BLOCK,
+                       min(last * POINTWISE_BLOCK, positions), scales, y_zero, low, high,
+                       requantization is not None)
+
+            if parallel:
+                self.pool.parallel_for(blocks, block)
+            else:
+                block(0, blocks)
+        return y
+
+    def real_columns(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
+                     bias: np.ndarray | None, window: Window, requantization: Requantization | None
+                     ) -> np.ndarray:
+        """The ``blas`` algorithm's convolution, as :meth:`depthwise` returns it: per image
+        and group, the float32 BLAS product of the shifted weights (filters, C x kernel) and
+        a channel-major im2col of the shifted input (C x kernel, positions), whose rows are
+        strided copies of the input, not a transpose; exact over runs of
+        :data:`~onnx_light.kernels.integer_loops.EXACT_CHANNELS` of the reduced axis
+        (:func:`_exact_product`), then the bias and the requantization by the compiled
+        :func:`~onnx_light.kernels.integer_loops.finish_sums`."""
+        n, c, m, group = x.shape[0], x.shape[1], w.shape[0], self.group
+        per_group, channels_out = c // group, m // group
+        shifted = pad_spatial(np.subtract(x, np.float32(zero), dtype=np.float32), window)
+        taps = (w.reshape(m, -1).astype(np.float32)
+                - _vector(w_zero, m).astype(np.float32).reshape(m, 1))
+        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n, m, -1)
+        finish = finish_sums.dispatcher
+        for image in range(n):
+            for g in range(group):
+                rows = slice(g * channels_out, (g + 1) * channels_out)
+                columns = _real_columns(shifted[image, g * per_group:(g + 1) * per_group], window)
+                finish(_exact_product(taps[rows], columns), sums[rows], target[image, rows],
+                       scales[rows], y_zero, low, high, requantization is not None)
+        return y
+
+
+def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``left @ right`` of float32 integers below 256 in magnitude, exactly: float32 when the
+    reduced length allows, else int32 sums of exact chunks."""
+    depth = left.shape[1]
+    if depth <= EXACT_CHANNELS:
+        return np.matmul(left, right)
+    total = np.zeros((left.shape[0], right.shape[1]), np.int32)
+    for k in range(0, depth, EXACT_CHANNELS):
+        total += np.matmul(left[:, k:k + EXACT_CHANNELS], right[k:k + EXACT_CHANNELS]).astype(np.int32)
+    return total
+
+
+def _target(requantization: Requantization | None, shape: tuple[int, ...]
+            ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Where a compiled depthwise or pointwise pass writes: int32 sums of ``shape`` (N, M,
+    ...), or the requantized output; and the multipliers (M,), zero point and range."""
+    if requantization is None:
+        return np.empty(shape, np.int32), read_only(np.ones(shape[1], np.float32)), 0, 0, 0
+    y, multiplier, zero, low, high = requantization
+    return y, read_only(np.ascontiguousarray(multiplier, np.float32).reshape(shape[1])), zero, low, high
+
+
+def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.pointwise_sums` for input ``dtype``
+    and the ``output`` type (None: int32 sums), at session construction."""
+    out = np.empty((1, 1), np.int32 if output is None else output)
+    pointwise_sums(read_only(np.zeros((1, 1), dtype)), 0, np.zeros((1, 1), np.float32),
+                   read_only(np.zeros(1, np.int32)), out, 0, 1, read_only(np.ones(1, np.float32)),
+                   0, 0, 0, output is not None)
+
+
+def compile_finish(output: np.dtype | None, depth: int) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.finish_sums` for the ``output`` type
+    (None: int32 sums) and the sums a reduced length of ``depth`` gives, at session
+    construction."""
+    out = np.empty((1, 1), np.int32 if output is None else output)
+    finish_sums(np.zeros((1, 1), np.float32 if depth <= EXACT_CHANNELS else np.int32),
+                read_only(np.zeros(1, np.int32)), out, read_only(np.ones(1, np.float32)), 0, 0, 0,
+                output is not None)
+
+
+def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | None) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.depthwise_sums` for input ``dtype``,
+    ``kernel_width`` and the ``output`` type (None: int32 sums), at session construction."""
+    phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
+                                         (1, 1), (0, 0))
+    out = np.empty((1, 1, 1), np.int32 if output is None else output)
+    depthwise_sums(read_only(np.zeros((1, 1, kernel_width), dtype)), 0,
+                   np.zeros((1, 1, kernel_width), np.int32), read_only(np.zeros(1, np.int32)), out,
+                   0, 1, (1, 1), (0, 0), phases, rows, columns, read_only(np.ones(1, np.float32)),
+                   0, 0, 0, output is not None)
+
+
+def _tap(padded: np.ndarray, offsets: tuple[int, ...], window: Window) -> np.ndarray:
+    """What one kernel offset reads of a padded (C, *spatial) image: (C, *output)."""
+    return padded[(slice(None), *(
+        slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
+            offsets, window.dilations, window.strides, window.output, strict=True)))]
+
 
 def _im2col(padded: np.ndarray, window: Window) -> np.ndarray:
     """The windows of a padded (C, *spatial) image as rows (positions, C x kernel size), each
     row ordered as the weights' (C, *kernel): one strided copy per kernel offset."""
     columns = np.empty((*window.output, padded.shape[0], *window.kernel), padded.dtype)
     for offsets in itertools.product(*(range(k) for k in window.kernel)):
-        source = padded[(slice(None), *(
-            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
-                offsets, window.dilations, window.strides, window.output, strict=True)))]
-        columns[(Ellipsis, *offsets)] = np.moveaxis(source, 0, -1)
+        columns[(Ellipsis, *offsets)] = np.moveaxis(_tap(padded, offsets, window), 0, -1)
     return columns.reshape(math.prod(window.output), -1)
+
+
+def _real_columns(padded: np.ndarray, window: Window) -> np.ndarray:
+    """The windows of a padded (C, *spatial) image as columns (C x kernel size, positions),
+    rows ordered as the weights' (C, *kernel): one strided copy per kernel offset."""
+    columns = np.empty((padded.shape[0], *window.kernel, *window.output), padded.dtype)
+    for offsets in itertools.product(*(range(k) for k in window.kernel)):
+        columns[(slice(None), *offsets)] = _tap(padded, offsets, window)
+    return columns.reshape(-1, math.prod(window.output))
 
 
 def _depthwise(padded: np.ndarray, shifted: np.ndarray, zero: int, window: Window) -> np.ndarray:
@@ -466,9 +661,7 @@ def _depthwise(padded: np.ndarray, shifted: np.ndarray, zero: int, window: Windo
     acc = np.zeros((channels, math.prod(window.output)), np.int32)
     term = np.empty_like(acc)
     for tap, offsets in enumerate(itertools.product(*(range(k) for k in window.kernel))):
-        source = padded[(slice(None), *(
-            slice(o * d, o * d + s * (size - 1) + 1, s) for o, d, s, size in zip(
-                offsets, window.dilations, window.strides, window.output, strict=True)))]
+        source = _tap(padded, offsets, window)
         np.subtract(source.reshape(channels, -1), zero, out=term, dtype=np.int32)
         term *= shifted[:, tap:tap + 1]
         acc += term
@@ -505,17 +698,19 @@ class QLinearConv(_ConvProduct):
                                  f"{bias.dtype} of shape {list(bias.shape)}")
         multiplier = _multiplier(self.ctx, (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
                                             ("y_scale", y_scale, None)))
-        multiplier = np.broadcast_to(multiplier.reshape(-1, 1), (w.shape[0], 1))
+        multiplier = multiplier.reshape(-1)
+        if multiplier.size == 1:
+            multiplier = np.full(w.shape[0], multiplier[0], np.float32)
         dtype, zero, low, high = self.output_range(y_zero_point, x)
-        spatial = self.window_attributes.window(self.ctx, x.shape[2:], w.shape[2:]).output \
+        spatial = self.window(x.shape[2:], w.shape[2:]).output \
             if x.ndim >= 3 and w.ndim == x.ndim else ()
         y = np.empty((x.shape[0], w.shape[0], math.prod(spatial)), dtype)
 
         def finish(acc: np.ndarray, image: int, channels: slice) -> Epilogue:
-            return self.requantizing(y[image, channels], np.ascontiguousarray(multiplier[channels]),
+            return self.requantizing(y[image, channels], multiplier[channels].reshape(-1, 1),
                                      zero, low, high)
 
-        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish)
+        self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
 
 
