@@ -17,34 +17,26 @@ float32 tolerances; indices (the detector's selections) exactly.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from onnx_light.runtime import RuntimeSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from contrib_models import Graph
 
 ort = pytest.importorskip("onnxruntime")
 F, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
 OPSET = 17
 
 
-class _Graph:
-    """Nodes and seeded random initializers of one model, named in order."""
-
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
-
-    def constant(self, values, dtype=np.float32) -> str:
-        name = f"c{len(self.initializers)}"
-        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype), name))
-        return name
-
-    def weight(self, *shape: int, scale: float | None = None) -> str:
-        scale = scale if scale is not None else 1 / np.sqrt(np.prod(shape[1:]) or 1)
-        return self.constant(self.rng.standard_normal(shape) * scale)
+class _Graph(Graph):
+    """contrib_models' graph builder with nodes of several outputs and named graph outputs."""
 
     def node(self, op_type: str, inputs: list[str], outputs: int = 1, **attributes) -> list[str]:
         names = [f"{op_type.lower()}{len(self.nodes)}_{i}" for i in range(outputs)]
@@ -54,18 +46,17 @@ class _Graph:
     def one(self, op_type: str, inputs: list[str], **attributes) -> str:
         return self.node(op_type, inputs, **attributes)[0]
 
-    def conv(self, x: str, channels: int, filters: int, kernel: int = 3, stride: int = 1) -> str:
-        w, b = self.weight(filters, channels, kernel, kernel), self.weight(filters, scale=0.1)
-        pad = kernel // 2
-        return self.one(
-            "Conv", [x, w, b], kernel_shape=[kernel, kernel], pads=[pad] * 4, strides=[stride, stride]
-        )
+    def conv(self, x: str, channels: int, filters: int, kernel: int = 3, stride: int = 1,
+             group: int = 1) -> str:
+        return super().conv(x, channels, filters, kernel, stride, group)
 
-    def model(self, inputs: list[onnx.ValueInfoProto], outputs: dict[str, str]) -> onnx.ModelProto:
+    def model(self, inputs: list[onnx.ValueInfoProto], outputs: dict[str, str],  # type: ignore[override]
+              name: str = "model") -> onnx.ModelProto:
+        """The graph with ``outputs`` (name -> value) as Identity outputs, shapes inferred."""
         nodes = self.nodes + [helper.make_node("Identity", [v], [k]) for k, v in outputs.items()]
         graph = helper.make_graph(
             nodes,
-            "model",
+            name,
             inputs,
             [helper.make_value_info(k, onnx.TypeProto()) for k in outputs],
             initializer=self.initializers,

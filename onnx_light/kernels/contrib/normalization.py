@@ -124,14 +124,20 @@ class EmbedLayerNormalization(_SkipNormalization):
 
     op_type = "EmbedLayerNormalization"
 
-    @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
+    @staticmethod
+    def _shapes(inputs: Sequence[ValueType]) -> tuple[tuple | None, tuple | None]:
+        """The embeddings' shape (batch, sequence, hidden) and ``mask_index``'s (batch,), where known."""
         ids, words = inputs[0], inputs[2] if len(inputs) > 2 else None
         shape = None
         if ids is not None and words is not None and ids[1] is not None and words[1] is not None:
             shape = (*ids[1], words[1][-1])
-        batch = None if ids is None or ids[1] is None else (ids[1][0],)
+        return shape, None if ids is None or ids[1] is None else (ids[1][0],)
+
+    @classmethod
+    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
+                     num_outputs: int) -> list[ValueType]:
+        shape, batch = cls._shapes(inputs)
+        words = inputs[2] if len(inputs) > 2 else None
         element_type = None if words is None else words[0]
         embedded = None if element_type is None else (element_type, shape)
         return [embedded, (T.INT32, batch), embedded][:num_outputs]
@@ -243,11 +249,8 @@ class QEmbedLayerNormalization(EmbedLayerNormalization):
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
                      num_outputs: int) -> list[ValueType]:
-        ids, words = inputs[0], inputs[2] if len(inputs) > 2 else None
-        shape = None
-        if ids is not None and words is not None and ids[1] is not None and words[1] is not None:
-            shape = (*ids[1], words[1][-1])
-        batch = None if ids is None or ids[1] is None else (ids[1][0],)
+        """EmbedLayerNormalization's shapes; the embeddings are float32 whatever the tables' type."""
+        shape, batch = cls._shapes(inputs)
         return [(T.FLOAT, shape), (T.INT32, batch)][:num_outputs]
 
     def run(self, input_ids: np.ndarray, segment_ids: np.ndarray | None, *rest: np.ndarray | None
