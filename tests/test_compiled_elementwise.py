@@ -14,10 +14,11 @@ from numpy.polynomial import chebyshev
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import onnx_light
 from onnx_light.kernels import KERNELS
 from onnx_light.kernels import compiled_elementwise as ce
 from onnx_light.kernels.base import NodeContext
-from onnx_light.kernels.elementwise import COMPILED_OPS
+from onnx_light.kernels.elementwise import COMPILED_OPS, MINIMUM_ELEMENTS, OPS, default_minimum_elements
 from onnx_light.kernels.fused_elementwise import FusedElementwise
 from onnx_light.parallel import get_pool
 from onnx_light.runtime import RuntimeSession
@@ -271,6 +272,32 @@ def test_a_chain_falls_back_to_its_nodes_for_broadcasts_it_does_not_take() -> No
     y = session.run(None, {"x": x})[0]
     assert y.shape == (2, 8, 64)
     np.testing.assert_allclose(y, ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_a_chain_runs_with_the_published_values_of_the_node_it_is_tuned_as(monkeypatch) -> None:
+    """A value published for Erf (the chain's most expensive op) before the session is built:
+    the fused step runs its program with it and the tuning report shows it and its source."""
+    erf = next(op for op in OPS if op.op_type == "Erf")
+    published = {MINIMUM_ELEMENTS: default_minimum_elements(erf, F) + 777}
+    onnx_light.set_kernel_tuning_parameters("Erf", "float", published, num_threads=2, persist=False)
+    model = _model(GELU_NODES, GELU_CONSTANTS)
+    session = RuntimeSession(model, num_threads=2)
+    fused = session._plan[0].run.__self__
+    assert isinstance(fused, FusedElementwise) and fused.minimum_elements == published[MINIMUM_ELEMENTS]
+    (entry,) = session.tuning_report()
+    assert entry["key"].startswith("onnx_light/Erf/")
+    assert entry["values"] == published and entry["source"] == "published_profile"
+    x = RNG.standard_normal((2, 8, 64)).astype(np.float32)
+    expected = RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
+    thresholds = []
+    run = ce.CompiledProgram.run
+    monkeypatch.setattr(ce.CompiledProgram, "run",
+                        lambda self, arrays, threads=1, minimum=1: (thresholds.append(minimum),
+                                                                    run(self, arrays, threads, minimum))[1])
+    y = session.run(None, {"x": x})[0]
+    assert thresholds == [published[MINIMUM_ELEMENTS]]
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-7)
 
 
 # ------------------------------------------------------------------------------ LayerNormalization

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+import onnx_light
 from onnx_light.runtime import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -354,3 +355,23 @@ def test_qdq_model_with_contrib_quantize_linear(activation: str, tmp_path: Any) 
     expected = theirs.run(None, x)[0]
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=0, atol=step * 1.0001)
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_softmax_is_tuned_as_float_softmax() -> None:
+    """A value published for float Softmax before the session is built configures the
+    node's Softmax and shows in the tuning report with its source."""
+    onnx_light.set_kernel_tuning_parameters("Softmax", "float", {"parallel.minimum_elements": 4321},
+                                            num_threads=2, persist=False)
+    rng = np.random.default_rng(2)
+    feeds = {"x": _bytes(rng, np.uint8, 2, 5, 6)}
+    constants = _parameters(rng, np.uint8, "x")
+    constants.update(y_scale=np.float32(1 / 256), y_zero=np.asarray(0, np.uint8))
+    model = one_node("QLinearSoftmax", feeds, constants, ["x", "x_scale", "x_zero", "y_scale", "y_zero"],
+                     [np.uint8], axis=-1, opset=13)
+    session = RuntimeSession(model, num_threads=2)
+    (step,) = session._plan
+    assert step.run.__self__.softmax.minimum_elements == 4321
+    (entry,) = session.tuning_report()
+    assert entry["key"].startswith("onnx_light/Softmax/") and entry["source"] == "published_profile"
+    assert entry["values"]["parallel.minimum_elements"] == 4321

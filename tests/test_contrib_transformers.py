@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+import onnx_light
 from onnx_light.runtime import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -485,3 +486,20 @@ def test_layer_normalization_below_opset_17_runs_as_onnxruntime_runs_it(opset: i
     for ours, theirs in zip(actual, expected, strict=True):
         assert ours.shape == theirs.shape
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+@pytest.mark.parametrize("name", ["BiasGelu", "FastGelu"])
+def test_gelu_nodes_are_tuned_as_onnx_gelu(name: str) -> None:
+    """A value published for ONNX Gelu before the session is built configures the node's
+    kernel and shows in the tuning report with its source."""
+    published = {"parallel.minimum_elements": 4321}
+    onnx_light.set_kernel_tuning_parameters("Gelu", "float", published, num_threads=2, persist=False)
+    op_type, feeds, constants, inputs, outputs, attributes = _case(name, np.random.default_rng(0))
+    model = one_node(op_type, feeds, constants, inputs, outputs, **attributes)
+    session = RuntimeSession(model, num_threads=2)
+    (step,) = session._plan
+    assert step.run.__self__.gelu.minimum_elements == 4321
+    (entry,) = session.tuning_report()
+    assert entry["key"].startswith("onnx_light/Gelu/") and entry["source"] == "published_profile"
+    assert entry["values"] == published

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import onnx_light
 from onnx_light.kernels.gemm import MatMulKernel
 from onnx_light.kernels.matmul_bias import MatMulBias
 from onnx_light.runtime import RuntimeSession
@@ -99,3 +100,19 @@ def test_refused(case):
     bias_shape = {"column": (5, 1), "matrix": (5, 6), "kept": (6,)}[case]
     check(model((5, 8), (8, 6), bias_shape, keep_product=case == "kept"),
           np.random.default_rng(4).standard_normal((5, 8)).astype(np.float32), fused_nodes=0)
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_a_small_loop_is_tuned_as_its_matmul_node():
+    """Values published for MatMul before the session is built configure the step's product
+    (the path of the shapes the loop does not take) and show in the tuning report."""
+    published = {"parallel.minimum_flops": 12345, "split.minimum_rows": 7}
+    onnx_light.set_kernel_tuning_parameters("MatMul", "float", published, num_threads=2, persist=False)
+    session = check(model((5, 8), (8, 6), (6,)),
+                    np.random.default_rng(5).standard_normal((5, 8)).astype(np.float32),
+                    fused_nodes=1, threads=2)
+    (loop,) = small_loops(session)
+    assert (loop.matmul.minimum_flops, loop.matmul.minimum_rows) == (12345, 7)
+    (entry,) = session.tuning_report()
+    assert entry["key"].startswith("onnx_light/MatMul/") and entry["source"] == "published_profile"
+    assert {name: entry["values"][name] for name in published} == published

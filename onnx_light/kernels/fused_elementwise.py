@@ -7,6 +7,11 @@ its activation; Sigmoid and the Mul by its input). The program
 once, with every intermediate in float64 registers. When the inputs at run time are not
 float32, or broadcast in a way the program does not take, the node runs its original kernels
 one after another instead: the same function, computed as the graph wrote it.
+
+The step is tuned as the chain's node it stands for (``tuned``, chosen by ``runtime/fusion.py``:
+the one whose op has the smallest portable ``parallel.minimum_elements``, the most expensive):
+the session's tuning step resolves that node's key and configures the step with its values,
+which the program reads at run time.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..tuning.schema import KernelTuningSchema, Value
 from .base import Kernel, NodeContext
 from .compiled_elementwise import CompiledProgram
+from .elementwise import ElementwiseKernel
 
 __all__ = ["FusedElementwise"]
 
@@ -26,20 +33,34 @@ Slots = tuple[int | None, ...]
 
 class FusedElementwise(Kernel):
     """``program`` over ``inputs`` (slots); ``nodes`` (kernel, input slots, output slots) and
-    ``constants`` (slot -> value) are the original chain, run when the program cannot be."""
+    ``constants`` (slot -> value) are the original chain, run when the program cannot be;
+    ``tuned`` (one of the nodes' kernels) gives the step its key and its
+    ``parallel.minimum_elements``."""
 
     op_type: ClassVar[str] = "FusedElementwise"
     accepts_epilogue: ClassVar[bool] = False
 
     def __init__(self, ctx: NodeContext, program: CompiledProgram, inputs: Slots,
                  nodes: Sequence[tuple[Kernel, Slots, Slots]],
-                 constants: Mapping[int, np.ndarray], minimum_elements: int) -> None:
+                 constants: Mapping[int, np.ndarray], tuned: ElementwiseKernel) -> None:
         super().__init__(ctx)
         self.program = program
         self.input_slots = inputs
         self.nodes = tuple(nodes)
         self.constants = dict(constants)
-        self.minimum_elements = minimum_elements
+        self.tuned = tuned
+
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The tuned node's schema: the session resolves and checks its values for this step."""
+        return self.tuned.tuning_schema()
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.tuned._configure(values)
+
+    @property
+    def minimum_elements(self) -> int:
+        """The tuned node's configured ``parallel.minimum_elements``."""
+        return self.tuned.minimum_elements
 
     @property
     def node_types(self) -> tuple[str, ...]:

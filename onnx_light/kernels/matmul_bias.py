@@ -16,11 +16,12 @@ unfused graph's by a unit or so in the last place of the products' terms (tested
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
 
+from ..tuning.schema import KernelTuningSchema, Value
 from .base import Kernel, NodeContext, Prepared, TensorSpec
 from .compiled import compiled
 
@@ -48,8 +49,9 @@ def small_matmul_bias(a: np.ndarray, w: np.ndarray, bias: np.ndarray, out: np.nd
 
 
 class MatMulBias(Kernel):
-    """``matmul`` (the MatMul node's kernel, configured and bound as the session's) followed by
-    the addition of ``bias`` (the Add's constant, one value per column, of the inputs' type)."""
+    """``matmul`` (the MatMul node's kernel, bound as the session's) followed by the addition
+    of ``bias`` (the Add's constant, one value per column, of the inputs' type). The step is
+    tuned as the MatMul node: its key, and the values its product reads at run time."""
 
     op_type: ClassVar[str] = "MatMulBias"
 
@@ -58,6 +60,13 @@ class MatMulBias(Kernel):
         self.matmul = matmul
         self.bias = np.ascontiguousarray(bias.reshape(-1))
         self.bias.flags.writeable = False
+
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The MatMul node's schema: the session resolves and checks its values for this step."""
+        return self.matmul.tuning_schema()
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.matmul._configure(values)
 
     def _small(self, a_shape: Sequence[int], a_dtype: np.dtype, w_shape: Sequence[int],
                w_dtype: np.dtype) -> bool:

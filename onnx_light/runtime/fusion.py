@@ -83,7 +83,7 @@ from ..kernels.compiled_elementwise import (
     emit,
 )
 from ..kernels.conv import ConvKernel, Prologue
-from ..kernels.elementwise import EXPENSIVE_MINIMUM_ELEMENTS, ElementwiseKernel
+from ..kernels.elementwise import ElementwiseKernel, default_minimum_elements
 from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 from .attention_fusion import fuse_attention
@@ -319,14 +319,16 @@ class _Chain:
                    for _, _, outputs in self.nodes[:-1] for s in outputs)
 
     def step(self) -> Step:
-        """The chain as one FusedElementwise step."""
+        """The chain as one FusedElementwise step, tuned as its node of the smallest portable
+        threshold (the most expensive op; the first such in graph order): the session's tuning
+        step configures it from that node's key (a worthy chain holds an elementwise node)."""
         first = self.nodes[0][0]
         ctx = dataclasses.replace(first.ctx, op_type=FusedElementwise.op_type,
                                   num_inputs=len(self.input_slots))
-        minimum = min((k.minimum_elements for k, _, _ in self.nodes if isinstance(k, ElementwiseKernel)),
-                      default=EXPENSIVE_MINIMUM_ELEMENTS)
+        elementwise = [k for k, _, _ in self.nodes if isinstance(k, ElementwiseKernel)]
+        tuned = min(elementwise, key=lambda k: default_minimum_elements(k.op, k.element_type))
         kernel = FusedElementwise(ctx, self.program.finish(self.result), tuple(self.input_slots),
-                                  self.nodes, self.folded, minimum).bind(first.pool)
+                                  self.nodes, self.folded, tuned).bind(first.pool)
         return kernel, tuple(self.input_slots), self.nodes[-1][2]
 
 

@@ -38,14 +38,16 @@ def _biased(kernel: ContribKernel, x: np.ndarray, *terms: np.ndarray | None) -> 
 
 
 class _Gelu(ContribKernel):
-    """GELU of ``x`` (plus ``bias``), exact or ``approximate='tanh'``."""
+    """GELU of ``x`` (plus ``bias``), exact or ``approximate='tanh'``: ONNX Gelu's kernel,
+    tuned as it."""
 
     approximate = "none"
+    tuned_as = "gelu"
 
     def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
         self.gelu = onnx_kernel(ctx, ELEMENTWISE["Gelu"][20], 20, {"approximate": self.approximate},
                                 ctx.input_types[:1])
+        super().__init__(ctx)
 
     def run(self, x: np.ndarray, bias: np.ndarray | None = None) -> Arrays:
         values = x if bias is None else _biased(self, x, bias).astype(x.dtype, copy=False)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ...parallel import ThreadPool
 from ...tuning.keys import ElementType as T
+from ...tuning.schema import KernelTuningSchema, Value
 from .. import base
 from ..declaration import KernelDeclaration, declare
 
@@ -59,7 +60,19 @@ def onnx_kernel(ctx: base.NodeContext, kernel: type[base.Kernel], opset: int,
 
 class ContribKernel(base.Kernel):
     """A ``com.microsoft`` kernel: ``output_types`` gives its outputs' types; the ONNX
-    kernels it holds (:func:`onnx_kernel`) share its thread pool."""
+    kernels it holds (:func:`onnx_kernel`) share its thread pool, and the one named by
+    ``tuned_as`` (set before this class's ``__init__`` runs) gives the node its tuning key and
+    takes the values the session resolves for it."""
+
+    tuned_as: ClassVar[str | None] = None
+
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The schema of the ONNX kernel the node is tuned as (``tuned_as``), or None."""
+        return None if self.tuned_as is None else getattr(self, self.tuned_as).tuning_schema()
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        if self.tuned_as is not None:
+            getattr(self, self.tuned_as)._configure(values)
 
     def bind(self, pool: ThreadPool | None) -> ContribKernel:
         for value in vars(self).values():

@@ -165,17 +165,19 @@ class QLinearLeakyRelu(_QLinearUnary):
 
 class QLinearSoftmax(ContribKernel):
     """Softmax of the real values along ``axis`` (-1 by default), with the meaning of ONNX
-    Softmax at the node's ``opset`` attribute (before 13: everything from ``axis`` on)."""
+    Softmax at the node's ``opset`` attribute (before 13: everything from ``axis`` on), tuned
+    as float Softmax."""
 
     op_type = "QLinearSoftmax"
+    tuned_as = "softmax"
 
     def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
         opset = ctx.attribute("opset")
         if opset is None:
             raise ctx.error("attribute 'opset' is required")
         self.softmax = onnx_kernel(ctx, Softmax, int(opset), {"axis": ctx.attribute("axis", -1)},
                                    (T.FLOAT,))
+        super().__init__(ctx)
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
