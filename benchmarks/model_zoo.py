@@ -11,11 +11,11 @@ and this script's export settings: another version or setting exports again. A c
 runs without torch installed.
 
 The ``*_int8`` entries are the torchvision CNNs quantized by onnxruntime's static quantizer
-(``quantize_static``: QDQ format, per channel, uint8 activations and int8 weights, as
-onnxruntime recommends on x86) from the cached float export, calibrated on a few seeded random
-images; their cache key adds ``QUANTIZATION`` and onnxruntime's version to the float model's.
-Their rows compare int8 with int8 (time and outputs), and a second table sets each one beside its
-float model's row of the same run (onnx_light int8 / onnx_light float, likewise for
+(``quant_pre_process``, then ``quantize_static``: QDQ format, per channel, uint8 activations
+and int8 weights, as onnxruntime recommends on x86) from the cached float export, calibrated
+on a few seeded random images; their cache key adds ``QUANTIZATION`` and onnxruntime's version
+to the float model's. Their rows compare int8 with int8 (time and outputs), and a second table
+sets each one beside its float model's row of the same run (onnx_light int8 / onnx_light float, likewise for
 onnxruntime), so run both (``--models resnet50 resnet50_int8``).
 
 For every model the script builds an onnx_light and an onnxruntime session per thread count
@@ -69,8 +69,8 @@ EXPORT_SETTINGS = {"exporter": "torchscript", "opset": OPSET, "seed": SEED, "con
                    "layout": 2}
 VERSIONED_PACKAGES = ("torch", "torchvision", "transformers")
 # Part of the quantized models' cache key, with onnxruntime's version (its quantizer writes them).
-QUANTIZATION = {"format": "QDQ", "per_channel": True, "activations": "QUInt8", "weights": "QInt8",
-                "calibration_images": 4, "calibration_seed": SEED + 1}
+QUANTIZATION = {"pre_process": True, "format": "QDQ", "per_channel": True, "activations": "QUInt8",
+                "weights": "QInt8", "calibration_images": 4, "calibration_seed": SEED + 1}
 
 Feeds = dict[str, np.ndarray]
 
@@ -246,22 +246,34 @@ def calibration_feeds(spec: ModelSpec) -> list[Feeds]:
 
 def quantizer(float_path: Path) -> Exporter:
     """An exporter that writes the model at ``float_path`` quantized by onnxruntime's static
-    quantizer with ``QUANTIZATION``, calibrated on ``calibration_feeds(spec)``."""
+    quantizer with ``QUANTIZATION``, calibrated on ``calibration_feeds(spec)``. The pre-processing
+    onnxruntime recommends (shape inference and its graph optimizations) comes first: without it
+    the TorchScript exporter's ``Identity`` nodes in front of shared biases keep the quantizer
+    from quantizing those biases, and their convolutions stay float between DQ and Q."""
     def quantize(spec: ModelSpec, feeds: Feeds, path: Path) -> None:
-        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+        from onnxruntime import quantization
 
-        class Reader(CalibrationDataReader):
+        class Reader(quantization.CalibrationDataReader):
             def __init__(self) -> None:
                 self.samples = iter(calibration_feeds(spec))
 
             def get_next(self) -> Feeds | None:
                 return next(self.samples, None)
 
-        quantize_static(str(float_path), str(path), Reader(),
-                        quant_format=QuantFormat[QUANTIZATION["format"]],
-                        per_channel=QUANTIZATION["per_channel"],
-                        activation_type=QuantType[QUANTIZATION["activations"]],
-                        weight_type=QuantType[QUANTIZATION["weights"]])
+        source = float_path
+        if QUANTIZATION["pre_process"]:
+            source = path.with_suffix(".pre.onnx")
+            quantization.quant_pre_process(str(float_path), str(source))
+        try:
+            quantization.quantize_static(
+                str(source), str(path), Reader(),
+                quant_format=quantization.QuantFormat[QUANTIZATION["format"]],
+                per_channel=QUANTIZATION["per_channel"],
+                activation_type=quantization.QuantType[QUANTIZATION["activations"]],
+                weight_type=quantization.QuantType[QUANTIZATION["weights"]])
+        finally:
+            if source != float_path:
+                source.unlink(missing_ok=True)
 
     return quantize
 
