@@ -15,8 +15,8 @@ The ``*_int8`` entries are the torchvision CNNs quantized by onnxruntime's stati
 and int8 weights, as onnxruntime recommends on x86) from the cached float export, calibrated
 on a few seeded random images; their cache key adds ``QUANTIZATION`` and onnxruntime's version
 to the float model's. Their rows compare int8 with int8 (time and outputs), and a second table
-sets each one beside its float model's row of the same run (onnx_light int8 / onnx_light float, likewise for
-onnxruntime), so run both (``--models resnet50 resnet50_int8``).
+sets each one beside its float model's row of the same run (onnx_light int8 / onnx_light
+float, likewise for onnxruntime), so run both (``--models resnet50 resnet50_int8``).
 
 For every model the script builds an onnx_light and an onnxruntime session per thread count
 (``--threads``, default 1 2), all in this process, and times them in interleaved rounds with
@@ -92,7 +92,7 @@ class ModelSpec:
     source: ModelSpec | None = None  # set for a model quantized from the float ``source``
 
 
-def _int8(spec: ModelSpec) -> ModelSpec:
+def int8_variant(spec: ModelSpec) -> ModelSpec:
     """``spec`` quantized (``QUANTIZATION``) from its float export, with the same inputs."""
     return ModelSpec(f"{spec.name}_int8", "quantized", spec.build, spec.feeds, spec.config, spec)
 
@@ -180,7 +180,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("resnet50", "torchvision", _torchvision("resnet50"), _image()),
     ModelSpec("convnext_tiny", "torchvision", _torchvision("convnext_tiny"), _image()),
 )}
-MODELS.update({spec.name: spec for spec in map(_int8, (MODELS["mobilenet_v2"], MODELS["resnet50"]))})
+MODELS.update({spec.name: spec for spec in map(int8_variant, (MODELS["mobilenet_v2"], MODELS["resnet50"]))})
 
 
 # ---------------------------------------------------------------------------- export and cache

@@ -187,7 +187,7 @@ def export_conv(spec, feeds, path: Path) -> None:
 def test_a_quantized_entry_is_made_from_the_cached_float_model(tmp_path, monkeypatch):
     versions = {**VERSIONS, "onnxruntime": "1.32.0"}
     float_spec = conv_spec()
-    spec = model_zoo._int8(float_spec)
+    spec = model_zoo.int8_variant(float_spec)
     assert spec.name == "conv_int8" and spec.source is float_spec
     feeds = model_zoo.model_feeds(spec)
     path, exported = model_zoo.model_file(spec, feeds, tmp_path, versions, export_conv)
@@ -218,7 +218,7 @@ def test_a_quantized_entry_is_made_from_the_cached_float_model(tmp_path, monkeyp
 
 def test_the_int8_table_sets_a_quantized_row_beside_its_float_row(tmp_path, monkeypatch):
     float_spec = conv_spec()
-    spec = model_zoo._int8(float_spec)
+    spec = model_zoo.int8_variant(float_spec)
     monkeypatch.setattr(model_zoo, "MODELS", {"conv": float_spec, "conv_int8": spec})
     monkeypatch.setattr(model_zoo, "torch_export", export_conv)
     argv = ["--models", "conv", "conv_int8", "--threads", "1", "2", "--rounds", "1",
