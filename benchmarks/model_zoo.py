@@ -10,6 +10,14 @@ keyed by the model's name and configuration, the torch, torchvision and transfor
 and this script's export settings: another version or setting exports again. A cached model
 runs without torch installed.
 
+The ``*_int8`` entries are the torchvision CNNs quantized by onnxruntime's static quantizer
+(``quant_pre_process``, then ``quantize_static``: QDQ format, per channel, uint8 activations
+and int8 weights, as onnxruntime recommends on x86) from the cached float export, calibrated
+on a few seeded random images; their cache key adds ``QUANTIZATION`` and onnxruntime's version
+to the float model's. Their rows compare int8 with int8 (time and outputs), and a second table
+sets each one beside its float model's row of the same run (onnx_light int8 / onnx_light
+float, likewise for onnxruntime), so run both (``--models resnet50 resnet50_int8``).
+
 For every model the script builds an onnx_light and an onnxruntime session per thread count
 (``--threads``, default 1 2), all in this process, and times them in interleaved rounds with
 ``real_models.Rounds`` (each run settled by 0.2 s of untimed runs, the starting session rotating
@@ -60,6 +68,9 @@ SEED = 0
 EXPORT_SETTINGS = {"exporter": "torchscript", "opset": OPSET, "seed": SEED, "constant_folding": True,
                    "layout": 2}
 VERSIONED_PACKAGES = ("torch", "torchvision", "transformers")
+# Part of the quantized models' cache key, with onnxruntime's version (its quantizer writes them).
+QUANTIZATION = {"pre_process": True, "format": "QDQ", "per_channel": True, "activations": "QUInt8",
+                "weights": "QInt8", "calibration_images": 4, "calibration_seed": SEED + 1}
 
 Feeds = dict[str, np.ndarray]
 
@@ -78,6 +89,12 @@ class ModelSpec:
     build: Callable[[dict[str, Any]], Any]
     feeds: Callable[[np.random.Generator], Feeds]
     config: dict[str, Any] = field(default_factory=dict)
+    source: ModelSpec | None = None  # set for a model quantized from the float ``source``
+
+
+def int8_variant(spec: ModelSpec) -> ModelSpec:
+    """``spec`` quantized (``QUANTIZATION``) from its float export, with the same inputs."""
+    return ModelSpec(f"{spec.name}_int8", "quantized", spec.build, spec.feeds, spec.config, spec)
 
 
 def _image(batch: int = 1, size: int = 224) -> Callable[[np.random.Generator], Feeds]:
@@ -163,6 +180,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
     ModelSpec("resnet50", "torchvision", _torchvision("resnet50"), _image()),
     ModelSpec("convnext_tiny", "torchvision", _torchvision("convnext_tiny"), _image()),
 )}
+MODELS.update({spec.name: spec for spec in map(int8_variant, (MODELS["mobilenet_v2"], MODELS["resnet50"]))})
 
 
 # ---------------------------------------------------------------------------- export and cache
@@ -170,7 +188,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (
 def package_versions() -> dict[str, str]:
     """The versions that go into the cache key (read from the metadata: torch is not imported)."""
     versions = {}
-    for package in VERSIONED_PACKAGES:
+    for package in (*VERSIONED_PACKAGES, "onnxruntime"):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -179,10 +197,16 @@ def package_versions() -> dict[str, str]:
 
 
 def cache_key(spec: ModelSpec, versions: dict[str, str]) -> str:
-    """A file name: the model's name and a digest of its configuration, the versions and
-    ``EXPORT_SETTINGS``."""
-    identity = {"model": spec.name, "family": spec.family, "config": spec.config,
-                "versions": versions, "export": EXPORT_SETTINGS}
+    """A file name: the model's name and a digest of its configuration, the exporting packages'
+    versions and ``EXPORT_SETTINGS``; for a quantized model, of its float model's key,
+    ``QUANTIZATION`` and onnxruntime's version."""
+    if spec.source is not None:
+        identity = {"model": spec.name, "source": cache_key(spec.source, versions),
+                    "quantization": QUANTIZATION, "onnxruntime": versions.get("onnxruntime", "absent")}
+    else:
+        identity = {"model": spec.name, "family": spec.family, "config": spec.config,
+                    "versions": {package: versions.get(package, "absent") for package in VERSIONED_PACKAGES},
+                    "export": EXPORT_SETTINGS}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return f"{spec.name}-{digest}.onnx"
 
@@ -212,6 +236,56 @@ def torch_export(spec: ModelSpec, feeds: Feeds, path: Path) -> None:
 
 
 Exporter = Callable[[ModelSpec, Feeds, Path], None]
+
+
+def calibration_feeds(spec: ModelSpec) -> list[Feeds]:
+    """``QUANTIZATION["calibration_images"]`` seeded inputs, none of them the timed one."""
+    rng = np.random.default_rng(QUANTIZATION["calibration_seed"])
+    return [spec.feeds(rng) for _ in range(QUANTIZATION["calibration_images"])]
+
+
+def quantizer(float_path: Path) -> Exporter:
+    """An exporter that writes the model at ``float_path`` quantized by onnxruntime's static
+    quantizer with ``QUANTIZATION``, calibrated on ``calibration_feeds(spec)``. The pre-processing
+    onnxruntime recommends (shape inference and its graph optimizations) comes first: without it
+    the TorchScript exporter's ``Identity`` nodes in front of shared biases keep the quantizer
+    from quantizing those biases, and their convolutions stay float between DQ and Q."""
+    def quantize(spec: ModelSpec, feeds: Feeds, path: Path) -> None:
+        from onnxruntime import quantization
+
+        class Reader(quantization.CalibrationDataReader):
+            def __init__(self) -> None:
+                self.samples = iter(calibration_feeds(spec))
+
+            def get_next(self) -> Feeds | None:
+                return next(self.samples, None)
+
+        source = float_path
+        if QUANTIZATION["pre_process"]:
+            source = path.with_suffix(".pre.onnx")
+            quantization.quant_pre_process(str(float_path), str(source))
+        try:
+            quantization.quantize_static(
+                str(source), str(path), Reader(),
+                quant_format=quantization.QuantFormat[QUANTIZATION["format"]],
+                per_channel=QUANTIZATION["per_channel"],
+                activation_type=quantization.QuantType[QUANTIZATION["activations"]],
+                weight_type=quantization.QuantType[QUANTIZATION["weights"]])
+        finally:
+            if source != float_path:
+                source.unlink(missing_ok=True)
+
+    return quantize
+
+
+def model_file(spec: ModelSpec, feeds: Feeds, cache_dir: Path, versions: dict[str, str],
+               export: Exporter) -> tuple[Path, bool]:
+    """``cached_model`` for any entry: a quantized one is made from its float model's file (itself
+    exported with ``export`` if absent)."""
+    if spec.source is None:
+        return cached_model(spec, feeds, cache_dir, versions, export)
+    float_path, _ = cached_model(spec.source, feeds, cache_dir, versions, export)
+    return cached_model(spec, feeds, cache_dir, versions, quantizer(float_path))
 
 
 def cached_model(spec: ModelSpec, feeds: Feeds, cache_dir: Path, versions: dict[str, str],
@@ -346,6 +420,33 @@ def table(results: Sequence[Result], threads: Sequence[int], rounds: int) -> _co
     return out
 
 
+def int8_table(results: Sequence[Result], threads: Sequence[int]) -> _common.Table | None:
+    """Each quantized model's times over its float model's, for both runtimes, when both rows
+    ran here; None without quantized models."""
+    by_name = {result.name: result for result in results}
+    quantized = [r for r in results if MODELS.get(r.name) is not None and MODELS[r.name].source is not None]
+    if not quantized:
+        return None
+    columns = ["model"]
+    for count in threads:
+        columns += [f"onnx_light int8/float {count}t", f"onnxruntime int8/float {count}t",
+                    f"int8 ratio {count}t"]
+    out = _common.Table("int8 against float (below 1: int8 is faster); int8 ratio = onnx_light int8 / "
+                        "onnxruntime int8", columns, ratios=tuple(columns[1:]))
+    for result in quantized:
+        source = by_name.get(MODELS[result.name].source.name, Result(""))
+        cells: list[Any] = [result.name]
+        for count in threads:
+            cells += [_over(result.onnx_light, source.onnx_light, count),
+                      _over(result.onnxruntime, source.onnxruntime, count), result.ratio(count)]
+        out.add(*cells)
+    return out
+
+
+def _over(times: dict[int, float], reference: dict[int, float], count: int) -> float | None:
+    return times[count] / reference[count] if count in times and count in reference else None
+
+
 def summary(results: Sequence[Result], threads: Sequence[int]) -> list[str]:
     """Geometric means of the ratios over the models that ran."""
     lines = []
@@ -382,8 +483,8 @@ def run(args: argparse.Namespace, timing: real_models.Rounds,
         feeds = model_feeds(spec)
         started = time.perf_counter()
         try:
-            path, exported = cached_model(spec, feeds, cache_dir, versions, export=torch_export)
-        except Exception as error:  # no torch, or the exporter failed: a row, not a crash
+            path, exported = model_file(spec, feeds, cache_dir, versions, torch_export)
+        except Exception as error:  # no torch, the exporter or quantizer failed: a row, not a crash
             results.append(Result(name, error="export: " + describe_error(error)))
             log(f"{name}: export failed: {results[-1].error}")
             continue
@@ -404,7 +505,7 @@ def header(args: argparse.Namespace) -> str:
     """Date, versions, BLAS and ``python -m onnx_light cpu``."""
     import onnxruntime
 
-    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
+    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items() if k in VERSIONED_PACKAGES)
     lines = [f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}  ",
              f"numpy {np.__version__}, onnx {onnx.__version__}, onnxruntime {onnxruntime.__version__}, "
              f"{versions}; opset {OPSET}, seed {SEED}, {args.rounds} interleaved rounds  "]
@@ -430,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {result.name}: {state}")
     else:
         print(table(results, args.threads, args.rounds).markdown() + "\n")
+        int8 = int8_table(results, args.threads)
+        if int8 is not None:
+            print(int8.markdown() + "\n")
         print(f"{timing.retaken} round(s) retaken because other processes were busy (at most "
               f"{args.max_retakes} per model)  ")
         for line in summary(results, args.threads):

@@ -3,7 +3,8 @@
 Tiny models made with ``onnx.helper`` stand in for the exported architectures and go through
 the script's own cache, timing and table code. No timing is asserted: the ratio columns must
 hold positive finite numbers, the outputs must agree, and a model onnx_light cannot run must be
-a row with its error. Only the last test exports a real architecture, where torch is installed
+a row with its error. A tiny Conv model goes through onnxruntime's static quantizer as the
+``*_int8`` entries do. Only the last test exports a real architecture, where torch is installed
 (it is a benchmark-only extra, so CI skips it).
 """
 
@@ -158,11 +159,96 @@ def test_main_prints_the_table_and_writes_json(tmp_path, monkeypatch, capsys):
     assert "- tiny: cached" in capsys.readouterr().out and export.calls == 1
 
 
+CONV_WEIGHT = np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32)
+
+
+def conv_spec() -> model_zoo.ModelSpec:
+    def build(_config):
+        raise AssertionError("the smoke test exports with onnx.helper, never with torch")
+
+    feeds = lambda rng: {"pixels": rng.standard_normal((1, 3, 8, 8), dtype=np.float32)}  # noqa: E731
+    return model_zoo.ModelSpec("conv", "test", build, feeds)
+
+
+def export_conv(spec, feeds, path: Path) -> None:
+    """pixels (1x3x8x8) -> Conv 3x3 (4 filters) -> Relu."""
+    assert list(feeds) == ["pixels"]
+    nodes = [helper.make_node("Conv", ["pixels", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["y"], ["output"])]
+    bias = np.linspace(-0.5, 0.5, 4, dtype=np.float32)
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(CONV_WEIGHT, "w"), numpy_helper.from_array(bias, "b")])
+    opsets = [helper.make_opsetid("", model_zoo.OPSET)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
+
+
+def test_a_quantized_entry_is_made_from_the_cached_float_model(tmp_path, monkeypatch):
+    versions = {**VERSIONS, "onnxruntime": "1.32.0"}
+    float_spec = conv_spec()
+    spec = model_zoo.int8_variant(float_spec)
+    assert spec.name == "conv_int8" and spec.source is float_spec
+    feeds = model_zoo.model_feeds(spec)
+    path, exported = model_zoo.model_file(spec, feeds, tmp_path, versions, export_conv)
+    float_path = tmp_path / model_zoo.cache_key(float_spec, versions)
+    assert exported and float_path.exists() and path.name.startswith("conv_int8-")
+    assert model_zoo.model_file(spec, feeds, tmp_path, versions, export_conv) == (path, False)
+
+    model = onnx.load(str(path))
+    ops = [node.op_type for node in model.graph.node]
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops and "Conv" in ops
+    scales = [t for t in model.graph.initializer if t.name.startswith("w_") and t.name.endswith("scale")]
+    assert [list(t.dims) for t in scales] == [[4]]  # per output channel
+    activations = {t.name: t.data_type for t in model.graph.initializer if t.name.endswith("zero_point")}
+    assert TensorProto.UINT8 in activations.values() and TensorProto.INT8 in activations.values()
+
+    # the float model's key, onnxruntime's version and the settings all change the file
+    keys = {path.name, float_path.name, model_zoo.cache_key(spec, {**versions, "onnxruntime": "1.31.0"}),
+            model_zoo.cache_key(spec, {**versions, "torch": "2.13.0"})}
+    monkeypatch.setitem(model_zoo.QUANTIZATION, "calibration_images", 8)
+    keys.add(model_zoo.cache_key(spec, versions))
+    assert len(keys) == 5
+    assert model_zoo.cache_key(float_spec, versions) == float_path.name  # onnxruntime: not the float's key
+
+    calibration = model_zoo.calibration_feeds(spec)
+    assert len(calibration) == 8
+    assert not any(np.array_equal(c["pixels"], feeds["pixels"]) for c in calibration)
+
+
+def test_the_int8_table_sets_a_quantized_row_beside_its_float_row(tmp_path, monkeypatch):
+    float_spec = conv_spec()
+    spec = model_zoo.int8_variant(float_spec)
+    monkeypatch.setattr(model_zoo, "MODELS", {"conv": float_spec, "conv_int8": spec})
+    monkeypatch.setattr(model_zoo, "torch_export", export_conv)
+    argv = ["--models", "conv", "conv_int8", "--threads", "1", "2", "--rounds", "1",
+            "--cache-dir", str(tmp_path)]
+    results = model_zoo.run(model_zoo.build_parser().parse_args(argv), model_zoo.real_models.Rounds(0),
+                            log=lambda line: None)
+    floats, int8 = results
+    assert floats.error is None and int8.error is None
+    # int8 against int8: onnxruntime's integer rounding may differ by a quantization step
+    assert int8.max_rel_diff < 0.05
+    table = model_zoo.int8_table(results, THREADS)
+    assert table.column("model") == ["conv_int8"]
+    for count in THREADS:
+        assert table.column(f"onnx_light int8/float {count}t")[0] == pytest.approx(
+            int8.onnx_light[count] / floats.onnx_light[count])
+        assert table.column(f"onnxruntime int8/float {count}t")[0] == pytest.approx(
+            int8.onnxruntime[count] / floats.onnxruntime[count])
+        assert table.column(f"int8 ratio {count}t")[0] == pytest.approx(int8.ratio(count))
+    assert model_zoo.int8_table([floats], THREADS) is None
+    alone = model_zoo.int8_table([int8], THREADS)  # no float row in the run: n/a, not a crash
+    assert alone.column("onnx_light int8/float 1t") == [None] and "| conv_int8 |" in alone.markdown()
+
+
 def test_command_line_defaults():
     args = model_zoo.build_parser().parse_args([])
     assert args.threads == [1, 2] and args.models == list(model_zoo.MODELS) and not args.export_only
     assert {"bert", "distilbert", "gpt2", "llama", "vit", "mobilenet_v2", "mobilenet_v3_small",
-            "efficientnet_b0", "shufflenet_v2", "resnet50"} <= set(model_zoo.MODELS)
+            "efficientnet_b0", "shufflenet_v2", "resnet50", "mobilenet_v2_int8",
+            "resnet50_int8"} <= set(model_zoo.MODELS)
+    assert model_zoo.MODELS["resnet50_int8"].source is model_zoo.MODELS["resnet50"]
 
 
 def test_a_real_architecture_exports_and_runs(tmp_path):
