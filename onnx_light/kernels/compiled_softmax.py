@@ -50,7 +50,7 @@ def exp_shifted(y: np.ndarray, top: float, out: np.ndarray, m: int, bits: np.nda
     """out[:m] = exp(y[:m] - top) to float32's accuracy, for differences <= 0 or NaN (``top``
     is the row's maximum): 2^n e^r with |r| <= ln 2 / 2, e^r by :data:`EXP_POLYNOMIAL`, 2^n
     built in the exponent bits (``bits``, an int64 scratch row). Differences below
-    :data:`_FLOOR` (-inf included) give e^-708 or less, 0 once rounded to float32; NaN gives NaN."""
+    :data:`_FLOOR` (-inf included) give e^-708, 0 once rounded to float32; NaN gives NaN."""
     c = EXP_POLYNOMIAL
     scale = bits.view(np.float64)
     for i in range(m):
