@@ -1,6 +1,7 @@
 """Fused scaled dot-product attention against the unfused graph and onnxruntime.
 
 Usage: python benchmarks/attention_fusion.py [--rounds N] [--threads 1 2] [--cases bert vit ...]
+       python benchmarks/attention_fusion.py --softmax [--rounds N] [--threads 1 2]
 
 Each case is the attention exporters write for one layer (Transposes of Q, K and V, MatMul,
 Mul by 1/sqrt(size), Add of a (batch, 1, 1, keys) mask where the model has one, Softmax,
@@ -10,6 +11,10 @@ and of onnxruntime with the same intra-op thread count, interleaved in one proce
 largest difference between onnx_light's output and onnxruntime's. At more than one thread,
 the second table times the FusedAttention kernel alone, serial against its heads split over
 the pool (``attention.minimum_flops`` out of reach and at 1), to place that threshold.
+
+``--softmax`` times the softmax alone on the scores of :data:`SOFTMAX_CASES`: the compiled
+rows (``SoftmaxRows``, serial) against a one-node onnxruntime Softmax session, interleaved,
+in ns per element.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import onnx
 from _common import interleaved, load_average, onnxruntime_session
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_light.kernels.compiled_softmax import SoftmaxRows
 from onnx_light.kernels.fused_attention import FusedAttention
 from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS
 from onnx_light.parallel import get_pool
@@ -35,6 +41,14 @@ CASES = {
     "vit": (1, 4, 197, 64, False),
     "wav2vec2": (1, 4, 49, 64, False),
     "bert-base 128": (2, 12, 128, 64, True),
+}
+
+# name: scores shape (batch, heads, queries, keys)
+SOFTMAX_CASES = {
+    "vit (1 x 4 heads, 197)": (1, 4, 197, 197),
+    "vit-base (1 x 12, 197)": (1, 12, 197, 197),
+    "bert (2 x 4, 32)": (2, 4, 32, 32),
+    "bert-base 128 (2 x 12, 128)": (2, 12, 128, 128),
 }
 
 
@@ -69,13 +83,43 @@ def feeds(batch: int, heads: int, tokens: int, size: int, masked: bool) -> dict[
     return values
 
 
+def softmax_table(rounds: int, threads: int) -> None:
+    """The compiled softmax rows against onnxruntime's Softmax node, one table."""
+    groups = {}
+    for name, shape in SOFTMAX_CASES.items():
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * 4
+        out = np.empty_like(x)
+        graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
+                                  [helper.make_tensor_value_info("x", F, shape)],
+                                  [helper.make_tensor_value_info("y", F, shape)])
+        ort = onnxruntime_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                  threads)
+        rows = SoftmaxRows(1, 1 << 62)
+        rows.compile()
+        groups[name] = {"compiled": lambda r=rows, x=x, o=out: r(x, o),
+                        "onnxruntime": lambda s=ort, x=x: s.run(None, {"x": x})}
+    medians = interleaved(groups, rounds, 0.02)
+    print(f"\nSoftmax rows, onnxruntime at {threads} thread(s), load average {load_average()}\n")
+    print("| scores | compiled us | ns/element | onnxruntime us | compiled/ort |")
+    print("|---|---|---|---|---|")
+    for name, t in medians.items():
+        c, o = t["compiled"] * 1e6, t["onnxruntime"] * 1e6
+        elements = int(np.prod(SOFTMAX_CASES[name]))
+        print(f"| {name} | {c:.1f} | {c * 1e3 / elements:.2f} | {o:.1f} | {c / o:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--softmax", action="store_true", help="time the softmax rows alone")
     args = parser.parse_args()
     print(f"float32, load average {load_average()}, cpus {os.cpu_count()}")
+    if args.softmax:
+        for threads in args.threads:
+            softmax_table(args.rounds, threads)
+        return
     for threads in args.threads:
         groups, differences, kernels = {}, {}, {}
         for name in args.cases:

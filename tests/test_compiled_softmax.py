@@ -8,14 +8,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onnx_light.kernels.base import NodeContext
-from onnx_light.kernels.compiled_softmax import SoftmaxRows, mask_layout
+from onnx_light.kernels.compiled_softmax import EXP_POLYNOMIAL, SoftmaxRows, exp_shifted, mask_layout
 from onnx_light.kernels.reductions import MINIMUM_ELEMENTS, Softmax
 from onnx_light.parallel import get_pool
 from onnx_light.tuning.keys import ElementType as T
 
-# Each output is the float64 softmax rounded once, up to the polynomial exp's error (1e-14)
-# and the sum's rounding: within a unit in the last place of float32 of the exact value.
+# Each output is the float64 softmax up to the polynomial exp's relative error (2e-9) twice
+# (the entry and the sum), rounded once: within one float32 unit in the last place of the
+# float64 softmax rounded to float32.
 ULP = float(np.finfo(np.float32).eps)
+EXP_ERROR = 2e-9
+
+
+def ulps(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Units in the last place of float32 between non-negative float32 arrays (denormals
+    included: consecutive float32 values differ by one in their bits)."""
+    return np.abs(actual.view(np.int32).astype(np.int64) - expected.view(np.int32).astype(np.int64))
 
 
 def reference(x: np.ndarray, axis: int = -1, scale: float = 1.0,
@@ -119,3 +127,40 @@ def test_empty_tensors(opset, shape):
     k = kernel(opset=opset, axis=1)
     assert k.run(x)[0].shape == shape
     assert k.prepare([(shape, np.dtype(np.float32))]) is None
+
+
+def test_exp_polynomial_error_is_as_stated():
+    r = np.linspace(-np.log(2) / 2, np.log(2) / 2, 100_001)
+    error = np.max(np.abs(np.polynomial.polynomial.polyval(r, EXP_POLYNOMIAL) / np.exp(r) - 1))
+    assert 1e-9 < error < 1.9e-9
+
+
+def test_exp_over_the_whole_range_of_differences():
+    rng = np.random.default_rng(6)
+    d = np.concatenate([-rng.random(50_000) * 750,  # everything from 1 down to 0 in float64
+                        -87 - rng.random(20_000) * 17,  # float32's denormals and its last nonzero
+                        -rng.random(20_000) * 2, -np.arange(1100.0),  # near 0 and every integer
+                        [0.0, -0.0, -np.inf, np.nan, -5e-324, -708.0, -708.5, -745.2, -1e308]])
+    e = np.empty_like(d)
+    exp_shifted.dispatcher(d + 1.5, 1.5, e, d.size, np.empty(d.size, np.int64))
+    assert np.isnan(e[-6]) and not np.isnan(e[:-6]).any()
+    d, e = d[:-6], e[:-6]
+    with np.errstate(under="ignore"):
+        exact = np.exp(d)
+    normal = d > -708
+    assert np.max(np.abs(e[normal] / exact[normal] - 1)) < EXP_ERROR
+    assert (e[~normal] < 2.0 ** -1020).all() and (e >= 0).all()
+    assert ulps(e.astype(np.float32), exact.astype(np.float32)).max() <= 1
+    assert (e[d < -104].astype(np.float32) == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(4, 197), (3, 32), (2, 7), (1, 1000)])
+def test_rows_within_one_float32_unit_of_the_float64_softmax(shape):
+    rng = np.random.default_rng(shape[1])
+    x = (rng.standard_normal(shape) * 20).astype(np.float32)
+    x[0, : shape[1] // 2] = -np.inf
+    x[-1, 0] = 100.0  # the other entries of that row are denormal or 0 in float32
+    out = np.empty_like(x)
+    SoftmaxRows(1, 1 << 62)(x, out)
+    expected = reference(x).astype(np.float32)
+    assert ulps(out, expected).max() <= 1
