@@ -84,7 +84,7 @@ from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import blas_tiles
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
-from .calibration import GemmConfigurations, calibration_setup
+from .calibration import GemmConfigurations, calibration_setup, without_compilation
 from .declaration import KernelDeclaration, RequiredInput, declare, dispatch_table
 
 __all__ = [
@@ -191,8 +191,8 @@ def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
         return CalibrationResult(key, setup.portable, portable_kept=True, diagnostics=[
             f"{key}: only {setup.threads} thread available; portable values kept"])
     problem = GemmConfigurations(declaration, key.element_type, setup.threads)
-    return configuration_search(key, problem, setup.portable, gemm_candidates(key.element_type),
-                                setup.budget)
+    return without_compilation(configuration_search, key, problem, setup.portable,
+                               gemm_candidates(key.element_type), setup.budget)
 
 
 

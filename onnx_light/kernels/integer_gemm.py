@@ -42,6 +42,7 @@ from ..tuning.keys import KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import Parameter, Value
 from .base import Kernel, NodeContext
+from .calibration import without_compilation
 from .declaration import KernelDeclaration
 from .integer_loops import correct, dot_tiles, row_sums
 
@@ -254,5 +255,5 @@ def calibrate_integer_product(declaration: KernelDeclaration, key: KernelTuningK
     threads = min(descriptor.num_threads, budget.max_threads)
     problem = IntegerProductConfigurations(declaration, key.element_type, threads)
     portable = dict(declaration.schema(key.element_type).defaults)
-    return configuration_search(key, problem, portable, integer_candidates(),
-                                Budget(budget.max_duration_s, budget.max_memory_bytes, threads))
+    return without_compilation(configuration_search, key, problem, portable, integer_candidates(),
+                               Budget(budget.max_duration_s, budget.max_memory_bytes, threads))

@@ -374,7 +374,8 @@ def _check_result(result: Any, key: KernelTuningKey, budget: calibration.Budget,
 
     Searches check their budget between measurements, so they may overrun it by one
     measurement; a result arriving after ``max(2 * budget, budget + DURATION_SLACK_S)``
-    comes from a callback that ignored its budget and is discarded.
+    (not counting the one-off setup the result reports, ``setup_s``) comes from a callback
+    that ignored its budget and is discarded.
     """
     if not isinstance(result, calibration.CalibrationResult):
         raise calibration.CalibrationFailure(
@@ -382,9 +383,11 @@ def _check_result(result: Any, key: KernelTuningKey, budget: calibration.Budget,
     if result.key != key:
         raise calibration.CalibrationFailure(f"{key}: the callback returned a result for {result.key}")
     limit = budget.max_duration_s + max(budget.max_duration_s, DURATION_SLACK_S)
-    if elapsed_s > limit:
+    setup_s = result.setup_s if result.setup_s > 0 else 0.0
+    if elapsed_s - setup_s > limit:
+        setup = f", {setup_s:.3g} s of it one-off setup" if setup_s else ""
         raise calibration.CalibrationFailure(
-            f"{key}: the callback ran {elapsed_s:.3g} s, past its duration budget of "
+            f"{key}: the callback ran {elapsed_s:.3g} s{setup}, past its duration budget of "
             f"{budget.max_duration_s:.3g} s (results after {limit:.3g} s are discarded)")
 
 

@@ -138,6 +138,10 @@ class CalibrationResult:
     load_average: tuple[float, float, float] | None = None
     duration_s: float = 0.0
     crossover: int | None = None
+    #: Seconds of one-off setup inside the callback (compiling its kernels on a cold compile
+    #: cache), which the duration budget does not count: a first calibration is not discarded
+    #: for what a second one would not pay.
+    setup_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +153,7 @@ class CalibrationResult:
             "diagnostics": list(self.diagnostics),
             "load_average": None if self.load_average is None else list(self.load_average),
             "duration_s": self.duration_s,
+            "setup_s": self.setup_s,
         }
 
 

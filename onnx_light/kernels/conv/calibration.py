@@ -4,7 +4,6 @@ from the nine ONNX real models, every candidate validated with the error bound f
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from ...tuning.keys import KernelTuningKey
 from ...tuning.processor import CpuExecutionDescriptor
 from ...tuning.schema import Value
 from ..base import NodeContext, compute_dtype
-from ..calibration import calibration_setup
+from ..calibration import calibration_setup, without_compilation
 from ..declaration import KernelDeclaration
 from ..window import Window, WindowAttributes
 from .config import (
@@ -189,19 +188,25 @@ SAMPLES = 3  # interleaved samples per case (what the corpus's search costs: doc
 
 def calibrate_conv(declaration: KernelDeclaration, key: KernelTuningKey,
                    descriptor: CpuExecutionDescriptor, budget: Budget, *,
-                   timer: Callable[[], float] = time.perf_counter,
+                   timer: Callable[[], float] | None = None,
                    corpus: Sequence[CorpusCase] = CORPUS) -> CalibrationResult:
     """Conv's calibration callback (its declaration names it): :func:`configuration_search`
     over :data:`CORPUS`.
 
     Runs on the process-wide pool of ``min(descriptor.num_threads, budget.max_threads)``
-    threads; every candidate of :func:`candidate_grid` is validated against the portable
-    configuration with :func:`error_bound` before it is timed.
+    threads, timed without numba's compilations (:func:`without_compilation`; ``timer``, for
+    tests, replaces that clock); every
+    candidate of :func:`candidate_grid` is validated against the portable configuration with
+    :func:`error_bound` before it is timed.
     """
     setup = calibration_setup(declaration, key, descriptor, budget)
     problem = ConvCalibrationProblem(key.element_type, get_pool(setup.threads), corpus)
-    result = configuration_search(key, problem, setup.portable, candidate_grid(), setup.budget,
-                                  samples=SAMPLES, timer=timer)
+    if timer is None:
+        result = without_compilation(configuration_search, key, problem, setup.portable, candidate_grid(),
+                                     setup.budget, samples=SAMPLES)
+    else:
+        result = configuration_search(key, problem, setup.portable, candidate_grid(), setup.budget,
+                                      samples=SAMPLES, timer=timer)
     result.diagnostics.insert(0, f"{key}: corpus of {len(corpus)} convolutions, "
                                  f"{len(candidate_grid())} candidates, {setup.threads} thread(s)")
     return result
