@@ -26,6 +26,13 @@ __all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_
 FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+@compiled(inline="always")
+def _clamp(v: float, lo: float, hi: float) -> float:
+    """numpy's ``minimum(maximum(v, lo), hi)``: NaN passes through."""
+    v = v if v > lo or v != v else lo
+    return v if v < hi or v != v else hi
+
+
 @compiled
 def finish_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[int, int],
                 bias: np.ndarray, residual: np.ndarray, low: float, high: float) -> None:
@@ -42,25 +49,17 @@ def finish_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[in
             if with_bias and with_residual:
                 b = bias[i, j]
                 for k in range(n):
-                    v = (base[start + k] + b) + residual[start + k]
-                    v = v if v > lo or v != v else lo
-                    base[start + k] = v if v < hi or v != v else hi
+                    base[start + k] = _clamp((base[start + k] + b) + residual[start + k], lo, hi)
             elif with_bias:
                 b = bias[i, j]
                 for k in range(n):
-                    v = base[start + k] + b
-                    v = v if v > lo or v != v else lo
-                    base[start + k] = v if v < hi or v != v else hi
+                    base[start + k] = _clamp(base[start + k] + b, lo, hi)
             elif with_residual:
                 for k in range(n):
-                    v = base[start + k] + residual[start + k]
-                    v = v if v > lo or v != v else lo
-                    base[start + k] = v if v < hi or v != v else hi
+                    base[start + k] = _clamp(base[start + k] + residual[start + k], lo, hi)
             else:
                 for k in range(n):
-                    v = base[start + k]
-                    v = v if v > lo or v != v else lo
-                    base[start + k] = v if v < hi or v != v else hi
+                    base[start + k] = _clamp(base[start + k], lo, hi)
 
 
 @compiled
@@ -84,24 +83,16 @@ def finish_from(target: np.ndarray, source: np.ndarray, shape: tuple[int, int, i
                         + r * np.uintp(source_strides[2]))
                 if with_bias and with_residual:
                     for k in range(n):
-                        v = (source[read + k] + b) + residual[into + k]
-                        v = v if v > lo or v != v else lo
-                        target[into + k] = v if v < hi or v != v else hi
+                        target[into + k] = _clamp((source[read + k] + b) + residual[into + k], lo, hi)
                 elif with_bias:
                     for k in range(n):
-                        v = source[read + k] + b
-                        v = v if v > lo or v != v else lo
-                        target[into + k] = v if v < hi or v != v else hi
+                        target[into + k] = _clamp(source[read + k] + b, lo, hi)
                 elif with_residual:
                     for k in range(n):
-                        v = source[read + k] + residual[into + k]
-                        v = v if v > lo or v != v else lo
-                        target[into + k] = v if v < hi or v != v else hi
+                        target[into + k] = _clamp(source[read + k] + residual[into + k], lo, hi)
                 else:
                     for k in range(n):
-                        v = source[read + k]
-                        v = v if v > lo or v != v else lo
-                        target[into + k] = v if v < hi or v != v else hi
+                        target[into + k] = _clamp(source[read + k], lo, hi)
 
 
 def _flat(view: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
