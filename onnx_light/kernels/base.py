@@ -155,6 +155,12 @@ class NodeContext:
         """Whether the node gives input ``index`` (not omitted, not beyond its inputs)."""
         return index < self.num_inputs and index not in self.omitted_inputs
 
+    def input_dtype(self, index: int) -> np.dtype | None:
+        """Input ``index``'s numpy dtype, or None when construction does not know its type (an
+        input after a node onnx cannot type, or beyond the typed inputs)."""
+        element_type = self.input_types[index] if index < len(self.input_types) else None
+        return None if element_type is None else numpy_dtype(element_type)
+
     def attribute(self, name: str, default: Any = None) -> Any:
         """An attribute's value, or ``default`` when the node does not set it."""
         return self.attributes.get(name, default)

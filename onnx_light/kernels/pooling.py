@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, compute_dtype, numpy_dtype
+from .base import Kernel, NodeContext, compute_dtype
 from .compiled import compiled
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
@@ -213,8 +213,7 @@ class MaxPool(_Pool):
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile :func:`max_pool_planes` for the input's type (at construction)."""
-        element_type = self.ctx.input_types[0] if self.ctx.input_types else None
-        dtype = None if element_type is None else numpy_dtype(element_type)
+        dtype = self.ctx.input_dtype(0)
         if dtype is not None and self._compiled(dtype):
             max_pool_planes.dispatcher(np.zeros((1, 1, 1), dtype), np.empty((1, 1, 1), dtype), 0, 1,
                                        (1, 1), (1, 1), (1, 1), (0, 0))

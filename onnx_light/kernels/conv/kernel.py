@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...tuning.schema import Value
-from ..base import Kernel, KernelError, NodeContext, compute_dtype, numpy_dtype
+from ..base import Kernel, KernelError, NodeContext, compute_dtype
 from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
@@ -144,8 +144,9 @@ class ConvKernel(Kernel):
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights for their Winograd transforms when its convolutions may use
         winograd. Compiles what its runs will call (the depthwise kernel, the finishing pass)."""
-        if self.ctx.input_types and self.ctx.input_types[0] is not None:
-            compile_finish(compute_dtype(numpy_dtype(self.ctx.input_types[0])))
+        dtype = self.ctx.input_dtype(0)
+        if dtype is not None:
+            compile_finish(compute_dtype(dtype))
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
             return None
