@@ -31,7 +31,7 @@ from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import Value
 from .base import NodeContext, numpy_dtype
-from .compiled import clock_without_compilation, compile_totals
+from .compiled import clock_without_compilation, process_compile_seconds
 from .declaration import KernelDeclaration
 
 __all__ = [
@@ -74,12 +74,13 @@ class CalibrationSetup(NamedTuple):
 def without_compilation(search: Callable[..., CalibrationResult], *args: Any,
                         **options: Any) -> CalibrationResult:
     """``search(*args, **options)`` (the core's crossover or configuration search) timed by a
-    clock that stands still while numba compiles on this thread, so that a cold compile
-    cache costs the search no candidates; the seconds compiled become the result's
+    clock that stands still while numba compiles on any thread (a parallel candidate compiles
+    on the pool's threads), so that a cold compile cache costs the search no candidates; the
+    seconds compiled become the result's
     ``setup_s``, which the tuning API does not count against the duration budget."""
-    compiled_before = compile_totals()[1]
+    compiled_before = process_compile_seconds()
     result = search(*args, timer=clock_without_compilation, **options)
-    result.setup_s = compile_totals()[1] - compiled_before
+    result.setup_s = process_compile_seconds() - compiled_before
     return result
 
 
