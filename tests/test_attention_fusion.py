@@ -8,11 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+import onnx_light
+from onnx_light.kernels.attention_calibration import AttentionHeadsCrossover, _joined
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.calibration import RowsCrossover
 from onnx_light.kernels.fused_attention import FusedAttention
 from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax
 from onnx_light.parallel import get_pool
 from onnx_light.runtime import RuntimeSession
+from onnx_light.tuning.calibration import CalibrationResult
 
 F = TensorProto.FLOAT
 # The fused step rounds the scaled, masked softmax once where the graph rounds after the
@@ -183,3 +187,47 @@ def test_split_heads_are_bit_identical_to_serial(threads):
     split = kernel(get_pool(threads), 1).run(q, k, v, mask)[0]
     assert serial.shape == split.shape == (2, 3, 9, 16)
     assert serial.tobytes() == split.tobytes()
+
+
+def _softmax_declaration():
+    from onnx_light.kernels import reductions
+
+    (declaration,) = [d for d in reductions.DECLARATIONS if d.op_type == "Softmax"]
+    return declaration
+
+
+def test_heads_calibration_problem_times_real_attention():
+    """Both of the search's functions compute softmax(Q K^T / 8 + mask) V on the case's heads."""
+    problem = AttentionHeadsCrossover(_softmax_declaration(), 2, ATTENTION_MINIMUM_FLOPS)
+    for case in problem.cases:
+        q, k_t, v, mask = problem.make_inputs(1 << 21, case)
+        assert q.shape[0] >= 2 and problem.input_bytes(1 << 21, case) >= q.nbytes + k_t.nbytes + v.nbytes
+        scores = (q.astype(np.float64) @ k_t) * 0.125 + mask
+        probabilities = np.exp(scores - scores.max(-1, keepdims=True))
+        expected = (probabilities / probabilities.sum(-1, keepdims=True)) @ v
+        serial, split = problem.serial([q, k_t, v, mask]), problem.candidate([q, k_t, v, mask])
+        np.testing.assert_allclose(serial, expected, rtol=1e-4, atol=1e-5)
+        assert problem.same_output(serial, split)
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_softmax_calibration_searches_the_rows_and_the_heads(tmp_path):
+    report = onnx_light.calibrate_kernel_tuning("Softmax", "float", num_threads=2,
+                                                path=tmp_path / "c.txt", max_duration_ms=1500)
+    assert report["failed"] == []
+    (result,) = report["calibrated"]
+    cases = {m["case"] for m in result["measurements"]}
+    assert cases & set(RowsCrossover.LENGTHS) and cases & set(AttentionHeadsCrossover.SHAPES), cases
+    assert len(result["diagnostics"]) >= 2
+
+
+def test_the_joined_result_takes_each_search_s_own_value():
+    key = next(k for k in onnx_light.kernels.calibration_callbacks() if k.kernel == "Softmax")
+    portable = {"parallel.minimum_elements": 65536, ATTENTION_MINIMUM_FLOPS: 1 << 25}
+    rows = CalibrationResult(key, dict(portable), True, diagnostics=["rows"], duration_s=1.0)
+    heads = CalibrationResult(key, {**portable, ATTENTION_MINIMUM_FLOPS: 1 << 22}, False,
+                              diagnostics=["heads"], duration_s=2.0, setup_s=0.5)
+    joined = _joined(rows, heads, ATTENTION_MINIMUM_FLOPS)
+    assert joined.values == {"parallel.minimum_elements": 65536, ATTENTION_MINIMUM_FLOPS: 1 << 22}
+    assert not joined.portable_kept and joined.diagnostics == ["rows", "heads"]
+    assert (joined.duration_s, joined.setup_s) == (3.0, 0.5)

@@ -42,7 +42,6 @@ __all__ = [
     "GemmConfigurations",
     "RowsCrossover",
     "calibrate_elementwise",
-    "calibrate_rows",
     "calibration_setup",
 ]
 
@@ -215,18 +214,6 @@ class RowsCrossover:
         """Bit-exact: every row is computed the same way on either path."""
         return (reference.dtype == candidate.dtype and reference.shape == candidate.shape
                 and reference.tobytes() == candidate.tobytes())
-
-
-def calibrate_rows(parameter: str) -> Callable[..., CalibrationResult]:
-    """The calibration callback searching ``parameter`` of a rows kernel (:class:`RowsCrossover`)."""
-
-    def calibrate(declaration: KernelDeclaration, key: KernelTuningKey,
-                  descriptor: CpuExecutionDescriptor, budget: Budget) -> CalibrationResult:
-        setup = calibration_setup(declaration, key, descriptor, budget)
-        problem = RowsCrossover(declaration, key.element_type, setup.threads, parameter)
-        return without_compilation(crossover_search, key, problem, parameter, setup.portable, setup.budget)
-
-    return calibrate
 
 
 # (name, M, K, N, transA, transB): small, skinny, square, wide, tall, transposed, and products

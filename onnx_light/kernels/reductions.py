@@ -17,6 +17,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from ..tuning.schema import Parameter, Value
+from .attention_calibration import calibrate_softmax
 from .base import (
     Kernel,
     NodeContext,
@@ -27,7 +28,6 @@ from .base import (
     normalize_axes,
     normalize_axis,
 )
-from .calibration import calibrate_rows
 from .compiled_softmax import SoftmaxRows
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .fused_attention import ATTENTION_MINIMUM_FLOPS as DEFAULT_ATTENTION_MINIMUM_FLOPS
@@ -305,6 +305,7 @@ DECLARATIONS: tuple[KernelDeclaration, ...] = (
     declare(ReduceSumSquare, (1, 11, 13, 18)),
     declare(Softmax, (1, 11, 13), types={1: (T.FLOAT16, T.FLOAT, T.DOUBLE),
                                          13: (T.FLOAT16, T.FLOAT, T.DOUBLE, T.BFLOAT16)},
-            parameters=softmax_parameters, calibrate=calibrate_rows(MINIMUM_ELEMENTS)),
+            parameters=softmax_parameters,
+            calibrate=calibrate_softmax(MINIMUM_ELEMENTS, ATTENTION_MINIMUM_FLOPS)),
 )
 KERNELS: dict[str, dict[int, type[Kernel]]] = dispatch_table(DECLARATIONS)
