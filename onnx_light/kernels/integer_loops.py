@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .byte_vectors import LANES, dot4, store, zeros
 from .compiled import compiled
 
-__all__ = ["EXACT_CHANNELS", "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pointwise_sums",
-           "requantize", "row_sums"]
+__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "correct", "depthwise_sums", "dot_tiles",
+           "finish_sums", "pack_columns", "packed_sums", "pointwise_sums", "requantize", "row_sums"]
 
 
 @compiled
@@ -261,3 +262,148 @@ def pointwise_sums(x, zero, w, bias, out, first, last, multiplier, out_zero, low
                 else:
                     for j in range(width):
                         target[base + j] = sums[j] + initial
+
+
+#: Rows of the repeated operand one micro-tile of :func:`packed_sums` takes.
+PACKED_ROWS = 4
+#: Columns (lanes) of one vector of :func:`packed_sums`; a full micro-tile holds three.
+PACKED_LANES = LANES
+
+
+@compiled
+def pack_columns(source, out):
+    """``out[k // 4, j, k % 4] = source[k, j]`` for ``source`` (K, C) bytes into ``out``
+    (ceil(K / 4), width, 4) of the same type, the rest of ``out`` zero: four rows of the
+    reduced axis interleaved per column, the layout :func:`packed_sums` reads its lanes in."""
+    depth, columns = source.shape
+    width = out.shape[1]
+    flat = out.reshape(-1)
+    flat[:] = 0
+    full = depth // 4
+    for q in range(full):
+        base = np.uintp(q) * np.uintp(width) * np.uintp(4)
+        r0, r1, r2, r3 = source[4 * q], source[4 * q + 1], source[4 * q + 2], source[4 * q + 3]
+        for j in range(np.uintp(columns)):
+            at = base + j * np.uintp(4)
+            flat[at] = r0[j]
+            flat[at + np.uintp(1)] = r1[j]
+            flat[at + np.uintp(2)] = r2[j]
+            flat[at + np.uintp(3)] = r3[j]
+    for k in range(4 * full, depth):
+        base = np.uintp(full) * np.uintp(width) * np.uintp(4) + np.uintp(k - 4 * full)
+        row = source[k]
+        for j in range(np.uintp(columns)):
+            flat[base + j * np.uintp(4)] = row[j]
+
+
+@compiled
+def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
+                tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+                column_bias, multiplier, out_zero, low, high, scaled, out):
+    """The exact product of two byte operands, one unsigned and one signed, over rows
+    ``row_first:row_stop`` and columns ``column_first:column_stop`` of ``out``, corrected
+    for the zero points as :func:`correct` does, plus the biases, and requantized as
+    :func:`requantize` does with ``scaled`` (else the int32 sums).
+
+    ``repeated`` (rows rounded up to :data:`PACKED_ROWS`, 4 * Q) holds the left operand's
+    rows, ``lanes`` (Q, width, 4) the right one's columns packed by :func:`pack_columns`
+    (``width`` a multiple of :data:`PACKED_LANES`); ``row_first`` and ``column_first`` are
+    multiples of those. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
+    columns sums in vector registers, four byte products per lane and step
+    (:data:`~onnx_light.kernels.byte_vectors.dot4`), then goes through a scratch panel to
+    the correction and the requantization while in cache. The work goes in blocks of
+    ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
+    stay in cache while its columns stream."""
+    quads, width = lanes.shape[0], lanes.shape[1]
+    stride = np.uintp(repeated.shape[1])
+    step = np.uintp(width) * np.uintp(4)
+    source = lanes.reshape(-1)
+    shared = repeated.reshape(-1)
+    block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
+    wide = 3 * PACKED_LANES
+    block_columns = -(-max(tile_columns, 1) // wide) * wide
+    panel = np.empty(PACKED_ROWS * block_columns, np.int32)
+    per_row, per_column = multiplier.shape[0] > 1, multiplier.shape[1] > 1
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    for r0 in range(row_first, row_stop, block_rows):
+        r1 = min(row_stop, r0 + block_rows)
+        for c0 in range(column_first, column_stop, block_columns):
+            c1 = min(column_stop, c0 + block_columns)
+            span = -(-(c1 - c0) // PACKED_LANES) * PACKED_LANES
+            for m0 in range(r0, r1, PACKED_ROWS):
+                first = np.uintp(m0) * stride
+                j = 0
+                while j + wide <= span:
+                    a00 = zeros(); a01 = zeros(); a02 = zeros()  # noqa: E702
+                    a10 = zeros(); a11 = zeros(); a12 = zeros()  # noqa: E702
+                    a20 = zeros(); a21 = zeros(); a22 = zeros()  # noqa: E702
+                    a30 = zeros(); a31 = zeros(); a32 = zeros()  # noqa: E702
+                    at = np.uintp(c0 + j) * np.uintp(4)
+                    w0 = first
+                    for _ in range(quads):
+                        w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
+                        b1, b2 = at + np.uintp(32), at + np.uintp(64)
+                        a00 = dot4(a00, source, at, shared, w0)
+                        a01 = dot4(a01, source, b1, shared, w0)
+                        a02 = dot4(a02, source, b2, shared, w0)
+                        a10 = dot4(a10, source, at, shared, w1)
+                        a11 = dot4(a11, source, b1, shared, w1)
+                        a12 = dot4(a12, source, b2, shared, w1)
+                        a20 = dot4(a20, source, at, shared, w2)
+                        a21 = dot4(a21, source, b1, shared, w2)
+                        a22 = dot4(a22, source, b2, shared, w2)
+                        a30 = dot4(a30, source, at, shared, w3)
+                        a31 = dot4(a31, source, b1, shared, w3)
+                        a32 = dot4(a32, source, b2, shared, w3)
+                        at += step
+                        w0 += np.uintp(4)
+                    o = np.uintp(j)
+                    store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
+                    o += np.uintp(block_columns)
+                    store(a10, panel, o); store(a11, panel, o + 8); store(a12, panel, o + 16)  # noqa: E702
+                    o += np.uintp(block_columns)
+                    store(a20, panel, o); store(a21, panel, o + 8); store(a22, panel, o + 16)  # noqa: E702
+                    o += np.uintp(block_columns)
+                    store(a30, panel, o); store(a31, panel, o + 8); store(a32, panel, o + 16)  # noqa: E702
+                    j += wide
+                while j < span:
+                    a00 = zeros(); a10 = zeros(); a20 = zeros(); a30 = zeros()  # noqa: E702
+                    at = np.uintp(c0 + j) * np.uintp(4)
+                    w0 = first
+                    for _ in range(quads):
+                        a00 = dot4(a00, source, at, shared, w0)
+                        a10 = dot4(a10, source, at, shared, w0 + stride)
+                        a20 = dot4(a20, source, at, shared, w0 + 2 * stride)
+                        a30 = dot4(a30, source, at, shared, w0 + 3 * stride)
+                        at += step
+                        w0 += np.uintp(4)
+                    o = np.uintp(j)
+                    store(a00, panel, o)
+                    store(a10, panel, o + np.uintp(block_columns))
+                    store(a20, panel, o + np.uintp(2 * block_columns))
+                    store(a30, panel, o + np.uintp(3 * block_columns))
+                    j += PACKED_LANES
+                for i in range(m0, min(m0 + PACKED_ROWS, r1)):
+                    za = np.int32(row_zero[i])
+                    weight = np.int32(depth * za - row_sums[i])
+                    offset = np.int32(row_bias[i])
+                    sums = panel[(i - m0) * block_columns:(i - m0 + 1) * block_columns]
+                    target, scales = out[i], multiplier[i if per_row else 0]
+                    start, stop = np.uintp(c0), np.uintp(c1)
+                    if not scaled:
+                        for j in range(start, stop):
+                            target[j] = np.int32(sums[j - start] + weight * column_zero[j]
+                                                 - za * column_sums[j] + offset + column_bias[j])
+                    elif per_column:
+                        for j in range(start, stop):
+                            total = np.int32(sums[j - start] + weight * column_zero[j]
+                                             - za * column_sums[j] + offset + column_bias[j])
+                            value = np.rint(np.float32(total) * scales[j]) + shift
+                            target[j] = min(max(value, lowest), highest)
+                    else:
+                        scale = scales[0]
+                        for j in range(start, stop):
+                            total = np.int32(sums[j - start] + weight * column_zero[j]
+                                             - za * column_sums[j] + offset + column_bias[j])
+                            value = np.rint(np.float32(total) * scale) + shift
+                            target[j] = min(max(value, lowest), highest)

@@ -41,6 +41,7 @@ from .integer_gemm import (
     ByteRows,
     Epilogue,
     IntegerProductKernel,
+    PackedColumns,
     calibrate_integer_product,
     integer_parameters,
 )
@@ -192,7 +193,7 @@ class _IntegerProduct(IntegerProductKernel):
 
     def warm_up(self, left: np.dtype, right: np.dtype, output: np.dtype | None) -> None:
         """Compile the loops the runs will call (at session construction)."""
-        self.compile_for(left, right)
+        self.compile_for(left, right, output)
         if output is not None:
             requantize_block(np.zeros((1, 1), np.int32), 0, 1, 0, 1, np.ones((1, 1), np.float32),
                              0, 0, 1, np.zeros((1, 1), output))
@@ -337,7 +338,7 @@ class QLinearMatMul(_MatMulProduct):
             multiplier = np.ascontiguousarray(np.tile(multiplier, (rows // m, 1)))
         y = np.empty((len(pairs), rows, n), dtype)
         for index, (left, right) in enumerate(pairs):
-            self.product(left, right, epilogue=self.requantizing(y[index], multiplier, zero, low, high))
+            self.product(left, right, requantization=(y[index], multiplier, zero, low, high))
         return [y.reshape(*batch, m, n)]
 
 
@@ -456,6 +457,8 @@ class _ConvProduct(_IntegerProduct):
         channels_out = m // group
         if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
             return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
+        if self.algorithm == "packed" and not (per_group == channels_out == 1 and group > 1):
+            return self.packed_windows(x, zero, weights, bias, window, requantization)
         if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
             return self.pointwise(x, zero, w, w_zero, bias, requantization)
         if self.algorithm == "blas" and not (per_group == channels_out == 1 and group > 1):
@@ -545,6 +548,34 @@ class _ConvProduct(_IntegerProduct):
                 self.pool.parallel_for(blocks, block)
             else:
                 block(0, blocks)
+        return y
+
+    def packed_windows(self, x: np.ndarray, zero: int, weights: list[ByteRows], bias: np.ndarray | None,
+                       window: Window, requantization: Requantization | None) -> np.ndarray:
+        """The ``packed`` algorithm's convolution, as :meth:`depthwise` returns it: per image
+        and group, the windows as columns (C x kernel size, positions; a 1x1 convolution at
+        stride 1 without padding reads the input's channel rows as they are, the others a
+        channel-major im2col of the padded bytes) packed for the product
+        (:class:`~onnx_light.kernels.integer_gemm.PackedColumns`), the weights the left
+        operand, bias and requantization fused into its writes."""
+        n, c, m, group = x.shape[0], x.shape[1], sum(w.data.shape[0] for w in weights), self.group
+        per_group, channels_out = c // group, m // group
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n, m, -1)
+        in_place = math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded
+        source = x if in_place else pad_spatial(x, window, value=zero)
+        for image in range(n):
+            for g in range(group):
+                inputs = source[image, g * per_group:(g + 1) * per_group]
+                columns = inputs.reshape(per_group, -1) if in_place else _real_columns(inputs, window)
+                channels = slice(g * channels_out, (g + 1) * channels_out)
+                group_bias = None if bias is None else bias[channels].reshape(-1, 1)
+                right = PackedColumns(columns, zero)
+                if requantization is None:
+                    target[image, channels] = self.product(weights[g], right, group_bias)
+                else:
+                    self.product(weights[g], right, group_bias, requantization=(
+                        target[image, channels], scales[channels].reshape(-1, 1), y_zero, low, high))
         return y
 
     def real_columns(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
