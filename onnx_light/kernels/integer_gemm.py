@@ -114,7 +114,7 @@ class ByteRows:
     @functools.cached_property
     def packed(self) -> PackedColumns:
         """These rows as the ``packed`` algorithm's right operand (made once per operand)."""
-        return PackedColumns(self.data.T, self.zero, self.sums)
+        return PackedColumns.of(self.data.T, self.zero, self.sums)
 
     def repeated(self, lanes: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """These rows as the ``packed`` algorithm's left operand against right-operand bytes
@@ -140,27 +140,35 @@ class ByteRows:
 
 
 class PackedColumns:
-    """The ``packed`` algorithm's right operand: ``source`` (K, C) bytes (C columns along
-    the reduced axis K) packed by :func:`~onnx_light.kernels.integer_loops.pack_columns`,
-    with the columns' zero points (int32, C values) and sums over K (None: computed when a
-    product needs them)."""
+    """The ``packed`` algorithm's right operand: ``lanes`` (ceil(K / 4), width, 4) bytes, the
+    layout of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a
+    matrix, :func:`~onnx_light.kernels.integer_loops.pack_windows` a convolution's windows),
+    ``columns`` of them real, with their zero points (int32) and sums over the reduced axis
+    (None: computed when a product needs them)."""
 
-    __slots__ = ("columns", "lanes", "source", "sums", "zero")
+    __slots__ = ("columns", "lanes", "sums", "zero")
 
-    def __init__(self, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None) -> None:
-        depth, self.columns = source.shape
-        width = -(-self.columns // PACKED_LANES) * PACKED_LANES
-        self.lanes = np.empty((-(-depth // 4), width, 4), source.dtype)
-        pack_columns.dispatcher(source, self.lanes)
-        self.source = source if sums is None else None
-        self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (self.columns,)))
-        self.sums = sums
+    def __init__(self, lanes: np.ndarray, columns: int, zero: np.ndarray | int,
+                 sums: np.ndarray | None = None) -> None:
+        self.lanes, self.columns, self.sums = lanes, columns, sums
+        self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (columns,)))
+
+    @staticmethod
+    def empty(depth: int, columns: int, dtype: np.dtype) -> np.ndarray:
+        """Uninitialised lanes for ``columns`` columns of ``depth`` bytes."""
+        return np.empty((-(-depth // 4), -(-columns // PACKED_LANES) * PACKED_LANES, 4), dtype)
+
+    @classmethod
+    def of(cls, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None) -> PackedColumns:
+        """``source`` (K, C) bytes packed: C columns of K bytes each."""
+        lanes = cls.empty(*source.shape, source.dtype)
+        pack_columns.dispatcher(source, lanes)
+        return cls(lanes, source.shape[1], zero, sums)
 
     def column_sums(self) -> np.ndarray:
         """The columns' sums over the reduced axis (int32, wrapping)."""
         if self.sums is None:
-            self.sums = self.source.sum(axis=0, dtype=np.int32)
-            self.source = None
+            self.sums = self.lanes[:, :self.columns].sum(axis=(0, 2), dtype=np.int32)
         return self.sums
 
 

@@ -29,7 +29,8 @@ from .byte_vectors import LANES, dot4, store, zeros
 from .compiled import compiled
 
 __all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "correct", "depthwise_sums", "dot_tiles",
-           "finish_sums", "pack_columns", "packed_sums", "pointwise_sums", "requantize", "row_sums"]
+           "finish_sums", "pack_columns", "pack_windows", "packed_sums", "pointwise_sums", "requantize",
+           "row_sums"]
 
 
 @compiled
@@ -294,6 +295,49 @@ def pack_columns(source, out):
         row = source[k]
         for j in range(np.uintp(columns)):
             flat[base + j * np.uintp(4)] = row[j]
+
+
+@compiled
+def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, words,
+                 first, last):
+    """The windows of a padded image ``image`` (C, H, W) of bytes as :func:`pack_columns`
+    lays out the im2col (C x KH x KW, OH x OW) of a convolution, without the im2col: quads
+    ``first:last`` of ``words`` (Q, width) uint32, the four bytes of each packed lane, and
+    zeros past the last tap and the last position."""
+    height, row = image.shape[1], np.uintp(image.shape[2])
+    taps = kernel_h * kernel_w
+    depth = image.shape[0] * taps
+    width = words.shape[1]
+    out_w = (image.shape[2] - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
+    out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
+    pixels = image.reshape(-1)
+    step = np.uintp(stride_w)
+    starts = np.zeros(4, np.uintp)
+    masks = np.zeros(4, np.uint32)
+    for q in range(first, last):
+        target = words[q]
+        for r in range(4):
+            k = 4 * q + r
+            starts[r], masks[r] = 0, 0
+            if k < depth:
+                c, tap = k // taps, k % taps
+                starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
+                             + np.uintp((tap % kernel_w) * dilation_w))
+                masks[r] = 0xFF
+        s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
+        m0, m1, m2, m3 = masks[0], masks[1], masks[2] << 16, masks[3] << 24
+        m1 = m1 << 8
+        for oh in range(out_h):
+            shift = np.uintp(oh * stride_h) * row
+            at = np.uintp(oh * out_w)
+            for ow in range(np.uintp(out_w)):
+                source = shift + ow * step
+                target[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
+                                   | ((np.uint32(pixels[s1 + source]) << 8) & m1)
+                                   | ((np.uint32(pixels[s2 + source]) << 16) & m2)
+                                   | ((np.uint32(pixels[s3 + source]) << 24) & m3))
+        for p in range(out_h * out_w, width):
+            target[p] = 0
 
 
 @compiled

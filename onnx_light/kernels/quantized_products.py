@@ -50,6 +50,7 @@ from .integer_loops import (
     POINTWISE_BLOCK,
     depthwise_sums,
     finish_sums,
+    pack_windows,
     pointwise_sums,
 )
 from .integer_loops import requantize as requantize_block
@@ -457,7 +458,8 @@ class _ConvProduct(_IntegerProduct):
         channels_out = m // group
         if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
             return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
-        if self.algorithm == "packed" and not (per_group == channels_out == 1 and group > 1):
+        if (self.algorithm == "packed" and not (per_group == channels_out == 1 and group > 1)
+                and len(window.output) <= 2):
             return self.packed_windows(x, zero, weights, bias, window, requantization)
         if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
             return self.pointwise(x, zero, w, w_zero, bias, requantization)
@@ -553,24 +555,40 @@ class _ConvProduct(_IntegerProduct):
     def packed_windows(self, x: np.ndarray, zero: int, weights: list[ByteRows], bias: np.ndarray | None,
                        window: Window, requantization: Requantization | None) -> np.ndarray:
         """The ``packed`` algorithm's convolution, as :meth:`depthwise` returns it: per image
-        and group, the windows as columns (C x kernel size, positions; a 1x1 convolution at
-        stride 1 without padding reads the input's channel rows as they are, the others a
-        channel-major im2col of the padded bytes) packed for the product
-        (:class:`~onnx_light.kernels.integer_gemm.PackedColumns`), the weights the left
-        operand, bias and requantization fused into its writes."""
+        and group, the windows of the padded bytes packed for the product as the columns of
+        an im2col (C x kernel size, positions) would be, without one
+        (:func:`~onnx_light.kernels.integer_loops.pack_windows`, split across the pool), the
+        weights the left operand, bias and requantization fused into its writes. 1-D and
+        2-D convolutions; the others keep the ``blas`` path."""
         n, c, m, group = x.shape[0], x.shape[1], sum(w.data.shape[0] for w in weights), self.group
         per_group, channels_out = c // group, m // group
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n, m, -1)
-        in_place = math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded
-        source = x if in_place else pad_spatial(x, window, value=zero)
+        positions = math.prod(window.output)
+        source = pad_spatial(x, window, value=zero)
+        if source.ndim == 3:  # 1-D: one row of height 1
+            source = source[:, :, None, :]
+            kernel, strides, dilations = (1, *window.kernel), (1, *window.strides), (1, *window.dilations)
+        else:
+            kernel, strides, dilations = window.kernel, window.strides, window.dilations
+        pack = pack_windows.dispatcher
+        depth = per_group * math.prod(kernel)
+        lanes = PackedColumns.empty(depth, positions, x.dtype)
+        words = lanes.view(np.uint32).reshape(lanes.shape[:2])
         for image in range(n):
             for g in range(group):
-                inputs = source[image, g * per_group:(g + 1) * per_group]
-                columns = inputs.reshape(per_group, -1) if in_place else _real_columns(inputs, window)
+                inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
+
+                def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
+                    pack(inputs, *kernel, *strides, *dilations, words, first, last)
+
+                if self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs:
+                    self.pool.parallel_for(lanes.shape[0], fill)
+                else:
+                    fill(0, lanes.shape[0])
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(-1, 1)
-                right = PackedColumns(columns, zero)
+                right = PackedColumns(lanes, positions, zero)
                 if requantization is None:
                     target[image, channels] = self.product(weights[g], right, group_bias)
                 else:
