@@ -47,6 +47,7 @@ from .integer_gemm import (
 )
 from .integer_loops import (
     EXACT_CHANNELS,
+    PACKED_LANES,
     POINTWISE_BLOCK,
     depthwise_sums,
     finish_sums,
@@ -566,6 +567,8 @@ class _ConvProduct(_IntegerProduct):
         target = y.reshape(n, m, -1)
         positions = math.prod(window.output)
         source = pad_spatial(x, window, value=zero)
+        if positions < PACKED_LANES:
+            return self.packed_filters(source, zero, weights, bias, window, requantization)
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
             kernel, strides, dilations = (1, *window.kernel), (1, *window.strides), (1, *window.dilations)
@@ -594,6 +597,29 @@ class _ConvProduct(_IntegerProduct):
                 else:
                     self.product(weights[g], right, group_bias, requantization=(
                         target[image, channels], scales[channels].reshape(-1, 1), y_zero, low, high))
+        return y
+
+    def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
+                       bias: np.ndarray | None, window: Window, requantization: Requantization | None
+                       ) -> np.ndarray:
+        """:meth:`packed_windows` for fewer output positions than a vector has lanes (a
+        classifier written as a convolution): the product the other way round, the windows
+        (an im2col) the left operand and the weights the packed one (packed once), written
+        transposed."""
+        n, m, group = padded.shape[0], sum(w.data.shape[0] for w in weights), self.group
+        per_group, channels_out = padded.shape[1] // group, m // group
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n, m, -1)
+        for image in range(n):
+            for g in range(group):
+                rows = ByteRows(_im2col(padded[image, g * per_group:(g + 1) * per_group], window), zero)
+                channels = slice(g * channels_out, (g + 1) * channels_out)
+                group_bias = None if bias is None else bias[channels].reshape(1, -1)
+                if requantization is None:
+                    target[image, channels] = self.product(rows, weights[g].packed, group_bias).T
+                else:
+                    self.product(rows, weights[g].packed, group_bias, requantization=(
+                        target[image, channels].T, scales[channels].reshape(1, -1), y_zero, low, high))
         return y
 
     def real_columns(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
