@@ -64,7 +64,7 @@ TILE_ROWS = "tile.rows"
 TILE_COLUMNS = "tile.columns"
 MINIMUM_MACS = "parallel.minimum_macs"
 ALGORITHMS = ("packed", "compiled", "blas")
-_DEFAULTS: dict[str, Value] = {ALGORITHM: "packed", TILE_ROWS: 64, TILE_COLUMNS: 192,
+_DEFAULTS: dict[str, Value] = {ALGORITHM: "packed", TILE_ROWS: 64, TILE_COLUMNS: 768,
                                MINIMUM_MACS: 1 << 21}
 # The largest magnitude of each byte type, for the exact float32 chunk length.
 _MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
@@ -140,8 +140,8 @@ class ByteRows:
 
 
 class PackedColumns:
-    """The ``packed`` algorithm's right operand: ``lanes`` (ceil(K / 4), width, 4) bytes, the
-    layout of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a
+    """The ``packed`` algorithm's right operand: ``lanes`` (width / 8, ceil(K / 4), 8, 4)
+    bytes, the layout of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a
     matrix, :func:`~onnx_light.kernels.integer_loops.pack_windows` a convolution's windows),
     ``columns`` of them real, with their zero points (int32) and sums over the reduced axis
     (None: computed when a product needs them)."""
@@ -156,19 +156,25 @@ class PackedColumns:
     @staticmethod
     def empty(depth: int, columns: int, dtype: np.dtype) -> np.ndarray:
         """Uninitialised lanes for ``columns`` columns of ``depth`` bytes."""
-        return np.empty((-(-depth // 4), -(-columns // PACKED_LANES) * PACKED_LANES, 4), dtype)
+        return np.empty((-(-columns // PACKED_LANES), -(-depth // 4), PACKED_LANES, 4), dtype)
+
+    @staticmethod
+    def words(lanes: np.ndarray) -> np.ndarray:
+        """``lanes`` as the packers write them: one uint32 per column and quad."""
+        return lanes.view(np.uint32).reshape(lanes.shape[:3])
 
     @classmethod
     def of(cls, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None) -> PackedColumns:
         """``source`` (K, C) bytes packed: C columns of K bytes each."""
         lanes = cls.empty(*source.shape, source.dtype)
-        pack_columns.dispatcher(source, lanes)
+        pack_columns.dispatcher(source, cls.words(lanes))
         return cls(lanes, source.shape[1], zero, sums)
 
     def column_sums(self) -> np.ndarray:
         """The columns' sums over the reduced axis (int32, wrapping)."""
         if self.sums is None:
-            self.sums = self.lanes[:, :self.columns].sum(axis=(0, 2), dtype=np.int32)
+            sums = self.lanes.sum(axis=(1, 3), dtype=np.int32).reshape(-1)
+            self.sums = np.ascontiguousarray(sums[:self.columns])
         return self.sums
 
 
@@ -328,7 +334,7 @@ PRODUCT_CORPUS: tuple[tuple[str, int, int, int], ...] = (
 def integer_candidates() -> list[dict[str, Value]]:
     """What a calibration tries: the three algorithms, three tiles, three thresholds."""
     return [{ALGORITHM: algorithm, TILE_ROWS: rows, TILE_COLUMNS: columns, MINIMUM_MACS: 1 << exp}
-            for algorithm in ALGORITHMS for rows, columns in ((16, 96), (64, 192), (256, 48))
+            for algorithm in ALGORITHMS for rows, columns in ((64, 192), (64, 768), (16, 1536))
             for exp in (17, 21, 25)]
 
 

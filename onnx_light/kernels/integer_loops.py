@@ -272,50 +272,53 @@ PACKED_LANES = LANES
 
 
 @compiled
-def pack_columns(source, out):
-    """``out[k // 4, j, k % 4] = source[k, j]`` for ``source`` (K, C) bytes into ``out``
-    (ceil(K / 4), width, 4) of the same type, the rest of ``out`` zero: four rows of the
-    reduced axis interleaved per column, the layout :func:`packed_sums` reads its lanes in."""
+def _scatter_panels(line, words, q):
+    """Quad ``q`` of every panel of ``words`` (width / 8, Q, 8) uint32 from ``line`` (width)."""
+    for panel in range(words.shape[0]):
+        target, at = words[panel, q], panel * PACKED_LANES
+        for lane in range(PACKED_LANES):
+            target[lane] = line[at + lane]
+
+
+@compiled
+def pack_columns(source, words):
+    """``source`` (K, C) bytes packed for :func:`packed_sums`: ``words`` (width / 8,
+    ceil(K / 4), 8) uint32, panels of eight columns, each one run of its quads (four rows of
+    the reduced axis, one byte each, in a uint32 per column), zeros past the last row and
+    column."""
     depth, columns = source.shape
-    width = out.shape[1]
-    flat = out.reshape(-1)
-    flat[:] = 0
-    full = depth // 4
-    for q in range(full):
-        base = np.uintp(q) * np.uintp(width) * np.uintp(4)
-        r0, r1, r2, r3 = source[4 * q], source[4 * q + 1], source[4 * q + 2], source[4 * q + 3]
-        for j in range(np.uintp(columns)):
-            at = base + j * np.uintp(4)
-            flat[at] = r0[j]
-            flat[at + np.uintp(1)] = r1[j]
-            flat[at + np.uintp(2)] = r2[j]
-            flat[at + np.uintp(3)] = r3[j]
-    for k in range(4 * full, depth):
-        base = np.uintp(full) * np.uintp(width) * np.uintp(4) + np.uintp(k - 4 * full)
-        row = source[k]
-        for j in range(np.uintp(columns)):
-            flat[base + j * np.uintp(4)] = row[j]
+    line = np.zeros(words.shape[0] * PACKED_LANES, np.uint32)
+    starts = np.zeros(4, np.intp)
+    masks = np.zeros(4, np.uint32)
+    for q in range(words.shape[1]):
+        for r in range(4):
+            k = 4 * q + r
+            starts[r], masks[r] = (k, np.uint32(0xFF) << np.uint32(8 * r)) if k < depth else (0, 0)
+        r0, r1, r2, r3 = source[starts[0]], source[starts[1]], source[starts[2]], source[starts[3]]
+        m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
+        for j in range(columns):
+            line[j] = ((np.uint32(r0[j]) & m0) | ((np.uint32(r1[j]) << 8) & m1)
+                       | ((np.uint32(r2[j]) << 16) & m2) | ((np.uint32(r3[j]) << 24) & m3))
+        _scatter_panels(line, words, q)
 
 
 @compiled
 def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, words,
                  first, last):
-    """The windows of a padded image ``image`` (C, H, W) of bytes as :func:`pack_columns`
-    lays out the im2col (C x KH x KW, OH x OW) of a convolution, without the im2col: quads
-    ``first:last`` of ``words`` (Q, width) uint32, the four bytes of each packed lane, and
-    zeros past the last tap and the last position."""
+    """The windows of a padded image ``image`` (C, H, W) of bytes packed for
+    :func:`packed_sums` as :func:`pack_columns` packs the im2col (C x KH x KW, OH x OW) of
+    a convolution, without the im2col: quads ``first:last`` of ``words``."""
     height, row = image.shape[1], np.uintp(image.shape[2])
     taps = kernel_h * kernel_w
     depth = image.shape[0] * taps
-    width = words.shape[1]
     out_w = (image.shape[2] - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
     out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
     pixels = image.reshape(-1)
     step = np.uintp(stride_w)
+    line = np.zeros(words.shape[0] * PACKED_LANES, np.uint32)
     starts = np.zeros(4, np.uintp)
     masks = np.zeros(4, np.uint32)
     for q in range(first, last):
-        target = words[q]
         for r in range(4):
             k = 4 * q + r
             starts[r], masks[r] = 0, 0
@@ -323,21 +326,19 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
                 c, tap = k // taps, k % taps
                 starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
                              + np.uintp((tap % kernel_w) * dilation_w))
-                masks[r] = 0xFF
+                masks[r] = np.uint32(0xFF) << np.uint32(8 * r)
         s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
-        m0, m1, m2, m3 = masks[0], masks[1], masks[2] << 16, masks[3] << 24
-        m1 = m1 << 8
+        m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
         for oh in range(out_h):
             shift = np.uintp(oh * stride_h) * row
             at = np.uintp(oh * out_w)
             for ow in range(np.uintp(out_w)):
                 source = shift + ow * step
-                target[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
-                                   | ((np.uint32(pixels[s1 + source]) << 8) & m1)
-                                   | ((np.uint32(pixels[s2 + source]) << 16) & m2)
-                                   | ((np.uint32(pixels[s3 + source]) << 24) & m3))
-        for p in range(out_h * out_w, width):
-            target[p] = 0
+                line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
+                                 | ((np.uint32(pixels[s1 + source]) << 8) & m1)
+                                 | ((np.uint32(pixels[s2 + source]) << 16) & m2)
+                                 | ((np.uint32(pixels[s3 + source]) << 24) & m3))
+        _scatter_panels(line, words, q)
 
 
 @compiled
@@ -350,17 +351,20 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     :func:`requantize` does with ``scaled`` (else the int32 sums).
 
     ``repeated`` (rows rounded up to :data:`PACKED_ROWS`, 4 * Q) holds the left operand's
-    rows, ``lanes`` (Q, width, 4) the right one's columns packed by :func:`pack_columns`
-    (``width`` a multiple of :data:`PACKED_LANES`); ``row_first`` and ``column_first`` are
-    multiples of those. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
+    rows, ``lanes`` (width / 8, Q, 8, 4) the right one's columns packed by
+    :func:`pack_columns` (panels of eight columns, each read as one stream);
+    ``row_first`` and ``column_first`` are multiples of :data:`PACKED_ROWS` and
+    :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
     columns sums in vector registers, four byte products per lane and step
     (:data:`~onnx_light.kernels.byte_vectors.dot4`), then goes through a scratch panel to
-    the correction and the requantization while in cache. The work goes in blocks of
+    the correction and the requantization while in cache (the requantized byte written
+    through its low eight bits, the same for uint8 and int8 outputs). The work goes in blocks of
     ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
     stay in cache while its columns stream."""
-    quads, width = lanes.shape[0], lanes.shape[1]
+    quads = lanes.shape[1]
     stride = np.uintp(repeated.shape[1])
-    step = np.uintp(width) * np.uintp(4)
+    step = np.uintp(4 * PACKED_LANES)
+    panel_bytes = np.uintp(quads) * step
     source = lanes.reshape(-1)
     shared = repeated.reshape(-1)
     block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
@@ -369,6 +373,13 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
     per_row, per_column = multiplier.shape[0] > 1, multiplier.shape[1] > 1
     lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    simple = True  # one column zero point, no column bias, no row zero point: a row constant
+    for j in range(column_first, column_stop):
+        if column_zero[j] != column_zero[column_first] or column_bias[j] != 0:
+            simple = False
+    for i in range(row_first, row_stop):
+        if row_zero[i] != 0:
+            simple = False
     for r0 in range(row_first, row_stop, block_rows):
         r1 = min(row_stop, r0 + block_rows)
         for c0 in range(column_first, column_stop, block_columns):
@@ -382,11 +393,11 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     a10 = zeros(); a11 = zeros(); a12 = zeros()  # noqa: E702
                     a20 = zeros(); a21 = zeros(); a22 = zeros()  # noqa: E702
                     a30 = zeros(); a31 = zeros(); a32 = zeros()  # noqa: E702
-                    at = np.uintp(c0 + j) * np.uintp(4)
+                    at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
                     w0 = first
                     for _ in range(quads):
                         w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
-                        b1, b2 = at + np.uintp(32), at + np.uintp(64)
+                        b1, b2 = at + panel_bytes, at + 2 * panel_bytes
                         a00 = dot4(a00, source, at, shared, w0)
                         a01 = dot4(a01, source, b1, shared, w0)
                         a02 = dot4(a02, source, b2, shared, w0)
@@ -412,7 +423,7 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     j += wide
                 while j < span:
                     a00 = zeros(); a10 = zeros(); a20 = zeros(); a30 = zeros()  # noqa: E702
-                    at = np.uintp(c0 + j) * np.uintp(4)
+                    at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
                     w0 = first
                     for _ in range(quads):
                         a00 = dot4(a00, source, at, shared, w0)
@@ -432,22 +443,27 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     weight = np.int32(depth * za - row_sums[i])
                     offset = np.int32(row_bias[i])
                     sums = panel[(i - m0) * block_columns:(i - m0 + 1) * block_columns]
-                    target, scales = out[i], multiplier[i if per_row else 0]
                     start, stop = np.uintp(c0), np.uintp(c1)
+                    count = stop - start
+                    if simple:
+                        base = np.int32(offset + weight * column_zero[column_first])
+                        for j in range(count):
+                            sums[j] = np.int32(sums[j] + base)
+                    else:
+                        for j in range(count):
+                            sums[j] = np.int32(sums[j] + weight * column_zero[start + j]
+                                               - za * column_sums[start + j] + offset
+                                               + column_bias[start + j])
+                    target, scales = out[i], multiplier[i if per_row else 0]
                     if not scaled:
-                        for j in range(start, stop):
-                            target[j] = np.int32(sums[j - start] + weight * column_zero[j]
-                                                 - za * column_sums[j] + offset + column_bias[j])
+                        for j in range(count):
+                            target[start + j] = sums[j]
                     elif per_column:
-                        for j in range(start, stop):
-                            total = np.int32(sums[j - start] + weight * column_zero[j]
-                                             - za * column_sums[j] + offset + column_bias[j])
-                            value = np.rint(np.float32(total) * scales[j]) + shift
-                            target[j] = min(max(value, lowest), highest)
+                        for j in range(count):
+                            value = np.rint(np.float32(sums[j]) * scales[start + j]) + shift
+                            target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
                     else:
                         scale = scales[0]
-                        for j in range(start, stop):
-                            total = np.int32(sums[j - start] + weight * column_zero[j]
-                                             - za * column_sums[j] + offset + column_bias[j])
-                            value = np.rint(np.float32(total) * scale) + shift
-                            target[j] = min(max(value, lowest), highest)
+                        for j in range(count):
+                            value = np.rint(np.float32(sums[j]) * scale) + shift
+                            target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))

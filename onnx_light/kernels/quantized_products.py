@@ -577,7 +577,7 @@ class _ConvProduct(_IntegerProduct):
         pack = pack_windows.dispatcher
         depth = per_group * math.prod(kernel)
         lanes = PackedColumns.empty(depth, positions, x.dtype)
-        words = lanes.view(np.uint32).reshape(lanes.shape[:2])
+        words = PackedColumns.words(lanes)
         for image in range(n):
             for g in range(group):
                 inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
@@ -586,9 +586,9 @@ class _ConvProduct(_IntegerProduct):
                     pack(inputs, *kernel, *strides, *dilations, words, first, last)
 
                 if self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs:
-                    self.pool.parallel_for(lanes.shape[0], fill)
+                    self.pool.parallel_for(lanes.shape[1], fill)
                 else:
-                    fill(0, lanes.shape[0])
+                    fill(0, lanes.shape[1])
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(-1, 1)
                 right = PackedColumns(lanes, positions, zero)
