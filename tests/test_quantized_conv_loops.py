@@ -248,3 +248,18 @@ def _naive_conv(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.
                     "nchw,mc->nmhw", x[:, g * per_group:(g + 1) * per_group, i:i + oh, j:j + ow],
                     w[g * filters:(g + 1) * filters, :, i, j])
     return out
+
+
+@pytest.mark.parametrize("left", [0, 1, 2])
+@pytest.mark.parametrize("width", [8, 9])
+def test_depthwise_stride_two_columns(left: int, width: int) -> None:
+    """Stride 2 along the width (the loop's pairwise copy of columns into the two phases):
+    every left padding parity and width parity, against int64 sums."""
+    rng = np.random.default_rng(left * 10 + width)
+    attributes = {"group": 3, "strides": [1, 2], "dilations": [1, 1], "pads": [1, left, 1, 1]}
+    problem = {"x": _bytes(rng, np.uint8, (1, 3, 5, width)), "w": _bytes(rng, np.int8, (3, 1, 3, 3)),
+               "attributes": attributes, "w_zero": _bytes(rng, np.int8, (3,)), "rng": rng}
+    x_zero = _bytes(rng, np.uint8, ())
+    x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
+    actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
+    np.testing.assert_array_equal(actual, _naive(problem, x_zero))

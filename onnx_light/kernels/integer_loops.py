@@ -104,29 +104,32 @@ def row_sums(data, out):
 
 
 
-@compiled
+@compiled(fastmath={"contract"})
 def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, rows, columns,
                    multiplier, out_zero, low, high, scaled):
     """A depthwise convolution (one input channel per output channel) of bytes, channels
     ``first:last`` of ``out`` (N * C, OH, OW) from ``x`` (N * C, H, W), ``w`` (C, KH, KW)
-    int32 weights with their zero points subtracted and the int32 ``bias`` (C,): the int32
-    sums ``bias + sum_taps (x - zero) * w``, wrapping; with ``scaled`` they are requantized
-    as :func:`requantize` does (``multiplier`` float32 (C,), ``out_zero``, ``low``,
-    ``high``) as they are written.
+    weights with their zero points subtracted and the int32 ``bias`` (C,): the int32 sums
+    ``bias + sum_taps (x - zero) * w``, wrapping; with ``scaled`` they are requantized as
+    :func:`requantize` does (``multiplier`` float32 (C,), ``out_zero``, ``low``, ``high``)
+    as they are written.
 
     The plane is Conv's depthwise one (:func:`~onnx_light.kernels.conv.depthwise.plane_layout`
-    gives ``phases``, ``rows`` and ``columns``), in int32 and holding ``x - zero``, so that
-    the padding, left 0, adds nothing: each kernel row is one contiguous pass of its taps
-    over the output rows at a phase's width, whatever the strides."""
+    gives ``phases``, ``rows`` and ``columns``), in ``w``'s type and holding ``x - zero``, so
+    that the padding, left 0, adds nothing: each kernel row is one contiguous pass of its
+    taps over the output rows at a phase's width, whatever the strides. ``w`` is int32, or
+    float32 when a window has at most :data:`EXACT_CHANNELS` taps: every product and partial
+    sum of shifted bytes is then an integer below 2**24, exact in float32 in any order, fused
+    multiply-adds included (``contract``), and the bias joins in int32 afterwards."""
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     channels, kernel_h = w.shape[0], w.shape[1]
     stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
     phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
     phase_size = phase_rows * phase_width
-    plane = np.zeros(stride_w * stride_h * phase_size, np.int32)
+    plane = np.zeros(stride_w * stride_h * phase_size, w.dtype)
     run = np.uintp(out_h) * phase_width
-    result = np.empty(run, np.int32)
+    result = np.empty(run, w.dtype)
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
     shift = np.int32(zero)
@@ -140,6 +143,20 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
                     plane[into + iw] = np.int32(source[start + iw]) - shift
+            elif stride_w == 2:  # pairs of columns to the two phases, one contiguous read
+                even, odd = into, into + stride_h * phase_size
+                first_column = np.uintp(pads[1] % 2)  # the first input column of an even one
+                if first_column:
+                    plane[odd + np.uintp(pads[1] // 2)] = np.int32(source[start]) - shift
+                pairs = (np.uintp(width) - first_column) // np.uintp(2)
+                base = np.uintp((pads[1] + 1) // 2)
+                read = start + first_column
+                for m in range(pairs):
+                    plane[even + base + m] = np.int32(source[read + np.uintp(2) * m]) - shift
+                    plane[odd + base + m] = np.int32(source[read + np.uintp(2) * m + np.uintp(1)]) - shift
+                last = np.uintp(width) - np.uintp(1)
+                if first_column + np.uintp(2) * pairs <= last:
+                    plane[even + base + pairs] = np.int32(source[start + last]) - shift
             else:
                 for r in range(strides[1]):
                     lowest = max(0, -(-(pads[1] - r) // strides[1]))
@@ -151,7 +168,7 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
             start += np.uintp(width)
         initial = bias[c]
         for j in range(run):
-            result[j] = initial
+            result[j] = 0
         for kh in range(np.uintp(kernel_h)):
             tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
             for j in range(run):
@@ -165,11 +182,13 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
             line = oh * phase_width
             if scaled:
                 for ow in range(np.uintp(out_w)):
-                    value = np.rint(np.float32(result[line + ow]) * scale) + np.float32(out_zero)
-                    target[into + ow] = min(max(value, np.float32(low)), np.float32(high))
+                    total = np.int32(np.int32(result[line + ow]) + initial)
+                    value = np.rint(np.float32(total) * scale) + np.float32(out_zero)
+                    target[into + ow] = np.uint8(np.int32(min(max(value, np.float32(low)),
+                                                              np.float32(high))))
             else:
                 for ow in range(np.uintp(out_w)):
-                    target[into + ow] = result[line + ow]
+                    target[into + ow] = np.int32(np.int32(result[line + ow]) + initial)
             into += np.uintp(out_w)
 
 

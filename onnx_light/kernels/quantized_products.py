@@ -394,7 +394,7 @@ class _ConvProduct(_IntegerProduct):
             return None
         self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
         if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
-            compile_depthwise(numpy_dtype(x), w.shape[-1], self.output_dtype(constants))
+            compile_depthwise(numpy_dtype(x), w.shape[-1], w[0].size, self.output_dtype(constants))
         if self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
         compile_finish(self.output_dtype(constants), w[0].size)
@@ -503,8 +503,9 @@ class _ConvProduct(_IntegerProduct):
             return (fill, values[0]) if planar else (values[0], values[1])
 
         images = read_only(x.reshape(n * m, *two(window.input, 1)))
+        exact = np.float32 if w[0].size <= EXACT_CHANNELS else np.int32
         taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
-                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1))
+                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1)).astype(exact)
         sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
         strides, pads = two(window.strides, 1), two(window.begin, 0)
         output = two(window.output, 1)
@@ -691,14 +692,16 @@ def compile_finish(output: np.dtype | None, depth: int) -> None:
                 output is not None)
 
 
-def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | None) -> None:
+def compile_depthwise(dtype: np.dtype, kernel_width: int, taps: int, output: np.dtype | None) -> None:
     """Compile :func:`~onnx_light.kernels.integer_loops.depthwise_sums` for input ``dtype``,
-    ``kernel_width`` and the ``output`` type (None: int32 sums), at session construction."""
+    ``kernel_width``, windows of ``taps`` taps (float32 or int32 sums) and the ``output``
+    type (None: int32 sums), at session construction."""
     phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
                                          (1, 1), (0, 0))
     out = np.empty((1, 1, 1), np.int32 if output is None else output)
     depthwise_sums(read_only(np.zeros((1, 1, kernel_width), dtype)), 0,
-                   np.zeros((1, 1, kernel_width), np.int32), read_only(np.zeros(1, np.int32)), out,
+                   np.zeros((1, 1, kernel_width), np.float32 if taps <= EXACT_CHANNELS else np.int32),
+                   read_only(np.zeros(1, np.int32)), out,
                    0, 1, (1, 1), (0, 0), phases, rows, columns, read_only(np.ones(1, np.float32)),
                    0, 0, 0, output is not None)
 
