@@ -290,13 +290,25 @@ PACKED_ROWS = 4
 PACKED_LANES = LANES
 
 
+#: Quads the packers gather before writing them to the panels: each panel then takes one
+#: run of this many quads instead of one write per quad, across as many pages as panels.
+PACK_QUADS = 16
+
+
 @compiled
-def _scatter_panels(line, words, q):
-    """Quad ``q`` of every panel of ``words`` (width / 8, Q, 8) uint32 from ``line`` (width)."""
+def _scatter_panels(lines, words, first, count):
+    """Quads ``first:first + count`` of every panel of ``words`` (width / 8, Q, 8) uint32 from
+    ``lines`` (``count`` rows of width)."""
+    flat = words.reshape(-1)
+    panel_words = np.uintp(words.shape[1] * PACKED_LANES)
+    into = np.uintp(first * PACKED_LANES)
     for panel in range(words.shape[0]):
-        target, at = words[panel, q], panel * PACKED_LANES
-        for lane in range(PACKED_LANES):
-            target[lane] = line[at + lane]
+        at = np.uintp(panel * PACKED_LANES)
+        for r in range(count):
+            line = lines[r]
+            for lane in range(np.uintp(PACKED_LANES)):
+                flat[into + np.uintp(r * PACKED_LANES) + lane] = line[at + lane]
+        into += panel_words
 
 
 @compiled
@@ -306,10 +318,11 @@ def pack_columns(source, words):
     the reduced axis, one byte each, in a uint32 per column), zeros past the last row and
     column."""
     depth, columns = source.shape
-    line = np.zeros(words.shape[0] * PACKED_LANES, np.uint32)
+    lines = np.zeros((PACK_QUADS, words.shape[0] * PACKED_LANES), np.uint32)
     starts = np.zeros(4, np.intp)
     masks = np.zeros(4, np.uint32)
     for q in range(words.shape[1]):
+        line = lines[q % PACK_QUADS]
         for r in range(4):
             k = 4 * q + r
             starts[r], masks[r] = (k, np.uint32(0xFF) << np.uint32(8 * r)) if k < depth else (0, 0)
@@ -318,7 +331,8 @@ def pack_columns(source, words):
         for j in range(columns):
             line[j] = ((np.uint32(r0[j]) & m0) | ((np.uint32(r1[j]) << 8) & m1)
                        | ((np.uint32(r2[j]) << 16) & m2) | ((np.uint32(r3[j]) << 24) & m3))
-        _scatter_panels(line, words, q)
+        if q % PACK_QUADS == PACK_QUADS - 1 or q == words.shape[1] - 1:
+            _scatter_panels(lines, words, q - q % PACK_QUADS, q % PACK_QUADS + 1)
 
 
 @compiled
@@ -326,7 +340,8 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
                  first, last):
     """The windows of a padded image ``image`` (C, H, W) of bytes packed for
     :func:`packed_sums` as :func:`pack_columns` packs the im2col (C x KH x KW, OH x OW) of
-    a convolution, without the im2col: quads ``first:last`` of ``words``."""
+    a convolution, without the im2col: quads ``first:last`` of ``words``, written to the
+    panels :data:`PACK_QUADS` quads at a time."""
     height, row = image.shape[1], np.uintp(image.shape[2])
     taps = kernel_h * kernel_w
     depth = image.shape[0] * taps
@@ -334,10 +349,11 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
     out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
     pixels = image.reshape(-1)
     step = np.uintp(stride_w)
-    line = np.zeros(words.shape[0] * PACKED_LANES, np.uint32)
+    lines = np.zeros((PACK_QUADS, words.shape[0] * PACKED_LANES), np.uint32)
     starts = np.zeros(4, np.uintp)
     masks = np.zeros(4, np.uint32)
     for q in range(first, last):
+        line = lines[(q - first) % PACK_QUADS]
         for r in range(4):
             k = 4 * q + r
             starts[r], masks[r] = 0, 0
@@ -351,13 +367,23 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
         for oh in range(out_h):
             shift = np.uintp(oh * stride_h) * row
             at = np.uintp(oh * out_w)
+            if stride_w == 2:  # a constant stride: LLVM vectorizes the strided reads
+                for ow in range(np.uintp(out_w)):
+                    source = shift + ow * np.uintp(2)
+                    line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
+                                     | ((np.uint32(pixels[s1 + source]) << 8) & m1)
+                                     | ((np.uint32(pixels[s2 + source]) << 16) & m2)
+                                     | ((np.uint32(pixels[s3 + source]) << 24) & m3))
+                continue
             for ow in range(np.uintp(out_w)):
                 source = shift + ow * step
                 line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
                                  | ((np.uint32(pixels[s1 + source]) << 8) & m1)
                                  | ((np.uint32(pixels[s2 + source]) << 16) & m2)
                                  | ((np.uint32(pixels[s3 + source]) << 24) & m3))
-        _scatter_panels(line, words, q)
+        done = (q - first) % PACK_QUADS + 1
+        if done == PACK_QUADS or q == last - 1:
+            _scatter_panels(lines, words, q + 1 - done, done)
 
 
 @compiled

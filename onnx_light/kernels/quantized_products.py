@@ -47,7 +47,6 @@ from .integer_gemm import (
 )
 from .integer_loops import (
     EXACT_CHANNELS,
-    PACKED_LANES,
     POINTWISE_BLOCK,
     depthwise_sums,
     finish_sums,
@@ -568,7 +567,7 @@ class _ConvProduct(_IntegerProduct):
         target = y.reshape(n, m, -1)
         positions = math.prod(window.output)
         source = pad_spatial(x, window, value=zero)
-        if positions < PACKED_LANES:
+        if positions < SWAPPED_POSITIONS <= channels_out:
             return self.packed_filters(source, zero, weights, bias, window, requantization)
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
@@ -603,10 +602,11 @@ class _ConvProduct(_IntegerProduct):
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
                        ) -> np.ndarray:
-        """:meth:`packed_windows` for fewer output positions than a vector has lanes (a
-        classifier written as a convolution): the product the other way round, the windows
-        (an im2col) the left operand and the weights the packed one (packed once), written
-        transposed."""
+        """:meth:`packed_windows` for fewer than :data:`SWAPPED_POSITIONS` output positions
+        and at least as many filters (a classifier written as a convolution, the last
+        layers of a CNN): the product the other way round, the windows (an im2col) the left
+        operand and the weights the packed one (packed once), written transposed, so that
+        the micro-tiles run along the filters instead of a few positions."""
         n, m, group = padded.shape[0], sum(w.data.shape[0] for w in weights), self.group
         per_group, channels_out = padded.shape[1] // group, m // group
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
@@ -649,6 +649,12 @@ class _ConvProduct(_IntegerProduct):
                 finish(_exact_product(taps[rows], columns), sums[rows], target[image, rows],
                        scales[rows], y_zero, low, high, requantization is not None)
         return y
+
+
+#: Output positions below which a packed convolution with at least as many filters runs the
+#: product the other way round (:meth:`_ConvProduct.packed_filters`): 7 x 7 runs 49 positions
+#: as two micro-tiles of 24 and one of 8 holding 1, the filters whole micro-tiles.
+SWAPPED_POSITIONS = 64
 
 
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
