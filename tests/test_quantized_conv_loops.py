@@ -263,3 +263,18 @@ def test_depthwise_stride_two_columns(left: int, width: int) -> None:
     x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
     actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
     np.testing.assert_array_equal(actual, _naive(problem, x_zero))
+
+
+@pytest.mark.parametrize("size", [16, 17])
+def test_depthwise_extreme_windows_are_exact(size: int) -> None:
+    """Shifted bytes of the largest magnitude (255 x -255) over a 16 x 16 window (256 taps,
+    summed in float32: every partial sum below 2**24) and a 17 x 17 one (289 taps: int32)."""
+    x = np.full((1, 2, size, size), 255, np.uint8)
+    w = np.zeros((2, 1, size, size), np.uint8)
+    x_zero, w_zero = np.asarray(np.uint8(0)), np.asarray(np.uint8(255))
+    attributes = {"group": 2, "strides": [1, 1], "dilations": [1, 1], "pads": [1, 0, 0, 1]}
+    actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
+    problem = {"x": x, "w": w, "w_zero": w_zero, "attributes": attributes}
+    expected = _naive(problem, x_zero)
+    assert expected.min() <= -(size - 1) * size * 255 * 255
+    np.testing.assert_array_equal(actual, expected)
