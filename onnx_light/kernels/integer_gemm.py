@@ -10,18 +10,21 @@ operators' requantization) while it is in cache.
 Parameters (one schema per operator and element type, :func:`integer_parameters`):
 
 ``product.algorithm``
-    ``"compiled"``: the byte dot products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`,
-    compiled by numba for this processor. ``"blas"``: float32 BLAS products of the raw bytes in
-    chunks of the reduced axis short enough that every partial sum is an integer float32 holds
-    exactly (at most 2**24: 514 terms of uint8 x int8), summed in int32. Both are exact, so
-    they give identical outputs; which is faster depends on the processor's BLAS and vector
-    units.
+    ``"packed"``: the register-blocked byte dot-product micro-kernel of
+    :func:`~onnx_light.kernels.integer_loops.packed_sums` on a right operand packed in panels
+    (:class:`PackedColumns`), requantizing as it writes. ``"compiled"``: the byte dot
+    products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`, compiled by numba for
+    this processor. ``"blas"``: float32 BLAS products of the raw bytes in chunks of the
+    reduced axis short enough that every partial sum is an integer float32 holds exactly (at
+    most 2**24: 514 terms of uint8 x int8), summed in int32. All are exact, so they give
+    identical outputs; which is fastest depends on the processor's instructions and BLAS.
 ``tile.rows``, ``tile.columns``
-    The compiled product's tile: the rows of each operand one tile reads while it stays in
-    cache. They also bound the parallel split: a block is never smaller than a tile.
+    ``packed``: the rows and columns of a block (rounded up to whole micro-tiles) whose left
+    rows stay in cache while its columns stream. ``compiled``: the rows of each operand one
+    tile reads while it stays in cache, and the smallest parallel block.
 ``parallel.minimum_macs``
     Multiply-adds (rows x columns x depth) from which the product's output is split across the
-    session's pool (along its longer side, in blocks of whole tiles).
+    session's pool (along its longer side).
 
 docs/quantization.md has the measurements behind the portable defaults.
 """
@@ -237,14 +240,15 @@ class IntegerProductKernel(Kernel):
     def _split(self, rows: int, columns: int, depth: int, row_unit: int, column_unit: int,
                block: Callable[[int, int, int, int], None]) -> None:
         """Run ``block(r0, r1, c0, c1)`` over the output, split across the pool from
-        ``parallel.minimum_macs`` multiply-adds along its side with more units, in blocks of
-        whole units (rows, columns)."""
+        ``parallel.minimum_macs`` multiply-adds along its longer side, in blocks of whole
+        units (rows, columns): each thread reads the whole of the shorter side's operand
+        and its share of the other."""
         threads = self.num_threads
         if threads < 2 or depth == 0 or rows * columns * depth < self.minimum_macs:
             block(0, rows, 0, columns)
             return
         row_units, column_units = -(-rows // row_unit), -(-columns // column_unit)
-        if row_units * self.tile_columns >= column_units * self.tile_rows:
+        if rows >= columns:
             self.pool.parallel_for(row_units, lambda s, e: block(s * row_unit, min(rows, e * row_unit),
                                                                   0, columns),
                                    max_blocks=min(threads, row_units))
