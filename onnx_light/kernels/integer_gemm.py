@@ -60,7 +60,7 @@ from .integer_loops import (
 
 __all__ = ["ALGORITHM", "MINIMUM_MACS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS", "ByteRows",
            "IntegerProductKernel", "PackedColumns", "Requantization", "calibrate_integer_product",
-           "integer_candidates", "integer_parameters"]
+           "integer_candidates", "integer_parameters", "packed_product"]
 
 ALGORITHM = "product.algorithm"
 TILE_ROWS = "tile.rows"
@@ -262,8 +262,7 @@ class IntegerProductKernel(Kernel):
                 requantization: Requantization | None) -> np.ndarray | None:
         """The ``packed`` algorithm's product (:func:`~onnx_light.kernels.integer_loops.packed_sums`)."""
         rows, depth = left.data.shape
-        repeated, row_zero, sums = left.repeated(right.lanes.dtype)
-        column_sums = right.column_sums() if row_zero.any() else _zeros(right.columns)
+        repeated, row_zero, sums, column_sums = _packed_operands(left, right)
         if requantization is None:
             out = np.empty((rows, right.columns), np.int32)
             multiplier, zero, low, high = _ONE, 0, 0, 0
@@ -293,6 +292,29 @@ class IntegerProductKernel(Kernel):
 
 
 _ONE = np.ones((1, 1), np.float32)
+
+
+def _packed_operands(left: ByteRows, right: PackedColumns
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`~onnx_light.kernels.integer_loops.packed_sums` reads of the left operand
+    (its repeated rows, zero points and row sums) and the right one's column sums (zeros
+    when no row zero point needs them)."""
+    repeated, row_zero, sums = left.repeated(right.lanes.dtype)
+    column_sums = right.column_sums() if row_zero.any() else _zeros(right.columns)
+    return repeated, row_zero, sums, column_sums
+
+
+def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
+    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm with
+    the portable tiles, on the calling thread: the products of kernels that have no tuned
+    integer product of their own (the ``com.microsoft`` quantized products)."""
+    rows, depth = left.data.shape
+    repeated, row_zero, sums, column_sums = _packed_operands(left, right)
+    out = np.empty((rows, right.columns), np.int32)
+    packed_sums.dispatcher(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
+                           _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
+                           _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
+    return out
 
 
 def _zeros(size: int) -> np.ndarray:
