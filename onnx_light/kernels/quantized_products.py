@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -377,6 +377,10 @@ class _ConvProduct(_IntegerProduct):
             raise ctx.error(f"group must be positive, got {self.group}")
         self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
         self.windows: dict[tuple[tuple[int, ...], tuple[int, ...]], Window] = {}
+        # a depthwise convolution's shifted weights (for the weights and zero point they were
+        # made of) and plane layouts per geometry: made once, not per run
+        self.depthwise_taps: tuple[np.ndarray, np.ndarray | None, np.ndarray] | None = None
+        self.depthwise_planes: dict[tuple[tuple[int, ...], ...], tuple[Any, ...]] = {}
 
     def window(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> Window:
         """The window geometry of an input and kernel shape, remembered (a model runs few)."""
@@ -502,14 +506,21 @@ class _ConvProduct(_IntegerProduct):
             return (fill, values[0]) if planar else (values[0], values[1])
 
         images = read_only(x.reshape(n * m, *two(window.input, 1)))
-        exact = np.float32 if w[0].size <= EXACT_CHANNELS else np.int32
-        taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
-                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1)).astype(exact)
+        held = self.depthwise_taps
+        if held is None or held[0] is not w or held[1] is not w_zero:
+            exact = np.float32 if w[0].size <= EXACT_CHANNELS else np.int32
+            taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
+                    - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1)).astype(exact)
+            self.depthwise_taps = held = (w, w_zero, taps)
+        taps = held[2]
         sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
         strides, pads = two(window.strides, 1), two(window.begin, 0)
         output = two(window.output, 1)
-        phases, rows, columns = plane_layout(images.shape[1:], output, taps.shape[1:], strides,
-                                             two(window.dilations, 1), pads)
+        layout = (images.shape[1:], output, taps.shape[1:], strides, two(window.dilations, 1), pads)
+        planes = self.depthwise_planes.get(layout)
+        if planes is None:
+            planes = self.depthwise_planes[layout] = plane_layout(*layout)
+        phases, rows, columns = planes
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n * m, *output)
         kernel = depthwise_sums.dispatcher
