@@ -104,7 +104,7 @@ class ByteRows:
     def __init__(self, data: np.ndarray, zero: np.ndarray | int) -> None:
         self.data = np.ascontiguousarray(data)
         rows = self.data.shape[0]
-        self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (rows,)))
+        self.zero = np.array(np.broadcast_to(np.asarray(zero, np.int32), (rows,)))
         self.sums = np.empty(rows, np.int32)
         if rows:
             row_sums.dispatcher(self.data, self.sums)
@@ -138,7 +138,7 @@ class ByteRows:
             padded[:rows, :depth] = data
             sums = np.empty(padded.shape[0], np.int32)
             row_sums.dispatcher(padded, sums)
-            made[key] = padded, np.ascontiguousarray(zero, np.int32), sums
+            made[key] = padded, np.array(zero, np.int32), sums
         return made[key]
 
 
@@ -154,7 +154,7 @@ class PackedColumns:
     def __init__(self, lanes: np.ndarray, columns: int, zero: np.ndarray | int,
                  sums: np.ndarray | None = None) -> None:
         self.lanes, self.columns, self.sums = lanes, columns, sums
-        self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (columns,)))
+        self.zero = np.array(np.broadcast_to(np.asarray(zero, np.int32), (columns,)))
 
     @staticmethod
     def empty(depth: int, columns: int, dtype: np.dtype) -> np.ndarray:
@@ -268,6 +268,8 @@ class IntegerProductKernel(Kernel):
             multiplier, zero, low, high = _ONE, 0, 0, 0
         else:
             out, multiplier, zero, low, high = requantization
+            # writable, as the warm-up's: one compiled signature whatever the caller's flags
+            multiplier = np.require(multiplier, np.float32, ("C", "W"))
         run = packed_sums.dispatcher
         tiles = (self.tile_rows, self.tile_columns)
 
@@ -281,14 +283,23 @@ class IntegerProductKernel(Kernel):
         self._split(rows, right.columns, depth, PACKED_ROWS, 3 * PACKED_LANES, block)
         return None if requantization is not None else out
 
-    def compile_for(self, left: np.dtype, right: np.dtype, output: np.dtype | None = None) -> None:
+    def compile_for(self, left: np.dtype, right: np.dtype, output: np.dtype | None = None,
+                    swapped: bool = False) -> None:
         """Compile the loops this kernel's product runs for operands of these types and the
         requantized ``output`` type (None: int32 sums), at session construction, so that no
-        run pays for it."""
+        run pays for it; with ``swapped`` also the product of the operands the other way
+        round written transposed (a convolution's :data:`~onnx_light.kernels.
+        quantized_products.SWAPPED_POSITIONS` path)."""
         one = ByteRows(np.zeros((1, 1), left), 0)
-        requantization = None if output is None else (np.zeros((1, 1), output), _ONE, 0, 0, 1)
-        self.product(one, ByteRows(np.zeros((1, 1), right), 0), requantization=requantization)
         self.product(one, ByteRows(np.zeros((1, 1), right), 0))
+        if output is not None:
+            self.product(one, ByteRows(np.zeros((1, 1), right), 0),
+                         requantization=(np.zeros((1, 1), output), _ONE, 0, 0, 1))
+        if swapped:
+            self.product(ByteRows(np.zeros((1, 1), right), 0), ByteRows(np.zeros((1, 1), left), 0))
+        if swapped and output is not None:
+            self.product(ByteRows(np.zeros((2, 1), right), 0), ByteRows(np.zeros((1, 1), left), 0),
+                         requantization=(np.zeros((1, 2), output).T, _ONE, 0, 0, 1))
 
 
 _ONE = np.ones((1, 1), np.float32)

@@ -192,9 +192,10 @@ class _IntegerProduct(IntegerProductKernel):
 
         return epilogue
 
-    def warm_up(self, left: np.dtype, right: np.dtype, output: np.dtype | None) -> None:
+    def warm_up(self, left: np.dtype, right: np.dtype, output: np.dtype | None,
+                swapped: bool = False) -> None:
         """Compile the loops the runs will call (at session construction)."""
-        self.compile_for(left, right, output)
+        self.compile_for(left, right, output, swapped)
         if output is not None:
             requantize_block(np.zeros((1, 1), np.int32), 0, 1, 0, 1, np.ones((1, 1), np.float32),
                              0, 0, 1, np.zeros((1, 1), output))
@@ -395,12 +396,16 @@ class _ConvProduct(_IntegerProduct):
         x = self.ctx.input_types[0] if self.ctx.input_types else None
         if not _bytes(w) or x not in _BYTES or w.ndim < 3:
             return None
-        self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
+        self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants),
+                     swapped=w.shape[0] >= SWAPPED_POSITIONS)
         if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
             compile_depthwise(numpy_dtype(x), w.shape[-1], w[0].size, self.output_dtype(constants))
-        if self.group == 1 and math.prod(w.shape[2:]) == 1:
+        if self.algorithm == "packed" and w.ndim <= 4:
+            compile_pack_windows(numpy_dtype(x))
+        elif self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
-        compile_finish(self.output_dtype(constants), w[0].size)
+        if self.algorithm != "packed" or w.ndim > 4:
+            compile_finish(self.output_dtype(constants), w[0].size)
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
             return None
@@ -688,6 +693,14 @@ def _target(requantization: Requantization | None, shape: tuple[int, ...]
         return np.empty(shape, np.int32), read_only(np.ones(shape[1], np.float32)), 0, 0, 0
     y, multiplier, zero, low, high = requantization
     return y, read_only(np.ascontiguousarray(multiplier, np.float32).reshape(shape[1])), zero, low, high
+
+
+def compile_pack_windows(dtype: np.dtype) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.pack_windows` for input ``dtype``,
+    at session construction."""
+    lanes = PackedColumns.empty(1, 1, dtype)
+    pack_windows(read_only(np.zeros((1, 1, 1), dtype)), 1, 1, 1, 1, 1, 1, PackedColumns.words(lanes),
+                 0, lanes.shape[1])
 
 
 def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:
