@@ -133,12 +133,15 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
     shift = np.int32(zero)
+    row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
+    for ih in range(np.uintp(height)):
+        p = ih + np.uintp(pads[0])
+        row_into[ih] = (p % stride_h) * phase_size + (p // stride_h) * phase_width
     for pair in range(first, last):
         c = np.uintp(pair % channels)
         start = np.uintp(pair) * np.uintp(height * width)
         for ih in range(np.uintp(height)):
-            p = ih + np.uintp(pads[0])
-            into = (p % stride_h) * phase_size + (p // stride_h) * phase_width
+            into = row_into[ih]
             if stride_w == 1:
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
