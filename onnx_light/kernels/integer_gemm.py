@@ -95,6 +95,13 @@ def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, .
     )
 
 
+def _per_row(zero: np.ndarray | int, size: int) -> np.ndarray:
+    """A zero point per row or column: int32, ``size`` values, writable."""
+    if np.ndim(zero) == 0:
+        return np.full(size, zero, np.int32)
+    return np.array(np.broadcast_to(np.asarray(zero, np.int32), (size,)))
+
+
 class ByteRows:
     """One operand of a product: ``data`` (R, K) uint8 or int8, C-contiguous, its zero point
     per row (int32, R values) and the row sums the zero-point correction needs."""
@@ -104,7 +111,7 @@ class ByteRows:
     def __init__(self, data: np.ndarray, zero: np.ndarray | int) -> None:
         self.data = np.ascontiguousarray(data)
         rows = self.data.shape[0]
-        self.zero = np.array(np.broadcast_to(np.asarray(zero, np.int32), (rows,)))
+        self.zero = _per_row(zero, rows)
         self.sums = np.empty(rows, np.int32)
         if rows:
             row_sums.dispatcher(self.data, self.sums)
@@ -154,7 +161,7 @@ class PackedColumns:
     def __init__(self, lanes: np.ndarray, columns: int, zero: np.ndarray | int,
                  sums: np.ndarray | None = None) -> None:
         self.lanes, self.columns, self.sums = lanes, columns, sums
-        self.zero = np.array(np.broadcast_to(np.asarray(zero, np.int32), (columns,)))
+        self.zero = _per_row(zero, columns)
 
     @staticmethod
     def empty(depth: int, columns: int, dtype: np.dtype) -> np.ndarray:

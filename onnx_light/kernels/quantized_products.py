@@ -627,9 +627,13 @@ class _ConvProduct(_IntegerProduct):
         per_group, channels_out = padded.shape[1] // group, m // group
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n, m, -1)
+        pointwise = math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded
         for image in range(n):
             for g in range(group):
-                rows = ByteRows(_im2col(padded[image, g * per_group:(g + 1) * per_group], window), zero)
+                inputs = padded[image, g * per_group:(g + 1) * per_group]
+                windows = (np.ascontiguousarray(inputs.reshape(per_group, -1).T) if pointwise
+                           else _im2col(inputs, window))
+                rows = ByteRows(windows, zero)
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(1, -1)
                 if requantization is None:
