@@ -106,15 +106,19 @@ class ByteRows:
     """One operand of a product: ``data`` (R, K) uint8 or int8, C-contiguous, its zero point
     per row (int32, R values) and the row sums the zero-point correction needs."""
 
-    __slots__ = ("__dict__", "data", "sums", "zero")
+    __slots__ = ("__dict__", "data", "zero")
 
     def __init__(self, data: np.ndarray, zero: np.ndarray | int) -> None:
         self.data = np.ascontiguousarray(data)
-        rows = self.data.shape[0]
-        self.zero = _per_row(zero, rows)
-        self.sums = np.empty(rows, np.int32)
-        if rows:
-            row_sums.dispatcher(self.data, self.sums)
+        self.zero = _per_row(zero, self.data.shape[0])
+
+    @functools.cached_property
+    def sums(self) -> np.ndarray:
+        """The row sums (int32, wrapping; made when a product first needs them)."""
+        sums = np.empty(self.data.shape[0], np.int32)
+        if sums.size:
+            row_sums.dispatcher(self.data, sums)
+        return sums
 
     @functools.cached_property
     def real(self) -> np.ndarray:
@@ -124,7 +128,7 @@ class ByteRows:
     @functools.cached_property
     def packed(self) -> PackedColumns:
         """These rows as the ``packed`` algorithm's right operand (made once per operand)."""
-        return PackedColumns.of(self.data.T, self.zero, self.sums)
+        return PackedColumns.of(self.data.T, self.zero)
 
     def repeated(self, lanes: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """These rows as the ``packed`` algorithm's left operand against right-operand bytes

@@ -801,6 +801,11 @@ class QLinearConv(_ConvProduct):
 
     output_dtype = _requantized_output_dtype
 
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        # the requantization multiplier per output channel, for the scales it was made of
+        self.multiplier: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None,
@@ -808,11 +813,16 @@ class QLinearConv(_ConvProduct):
         if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
             raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
                                  f"{bias.dtype} of shape {list(bias.shape)}")
-        multiplier = _multiplier(self.ctx, (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
-                                            ("y_scale", y_scale, None)))
-        multiplier = multiplier.reshape(-1)
-        if multiplier.size == 1:
-            multiplier = np.full(w.shape[0], multiplier[0], np.float32)
+        held = self.multiplier
+        if held is not None and held[0] is x_scale and held[1] is w_scale and held[2] is y_scale:
+            multiplier = held[3]
+        else:
+            scales = (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
+                      ("y_scale", y_scale, None))
+            multiplier = _multiplier(self.ctx, scales).reshape(-1)
+            if multiplier.size == 1:
+                multiplier = np.full(w.shape[0], multiplier[0], np.float32)
+            self.multiplier = (x_scale, w_scale, y_scale, multiplier)
         dtype, zero, low, high = self.output_range(y_zero_point, x)
         spatial = self.window(x.shape[2:], w.shape[2:]).output \
             if x.ndim >= 3 and w.ndim == x.ndim else ()
