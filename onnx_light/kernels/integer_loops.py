@@ -493,10 +493,9 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     sums = panel[(i - m0) * block_columns:(i - m0 + 1) * block_columns]
                     start, stop = np.uintp(c0), np.uintp(c1)
                     count = stop - start
+                    base = np.int32(0)  # what the writing pass adds: the correction's row constant
                     if simple:
                         base = np.int32(offset + weight * column_zero[column_first])
-                        for j in range(count):
-                            sums[j] = np.int32(sums[j] + base)
                     else:
                         for j in range(count):
                             sums[j] = np.int32(sums[j] + weight * column_zero[start + j]
@@ -505,13 +504,13 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     target, scales = out[i], multiplier[i if per_row else 0]
                     if not scaled:
                         for j in range(count):
-                            target[start + j] = sums[j]
+                            target[start + j] = np.int32(sums[j] + base)
                     elif per_column:
                         for j in range(count):
-                            value = np.rint(np.float32(sums[j]) * scales[start + j]) + shift
+                            value = np.rint(np.float32(np.int32(sums[j] + base)) * scales[start + j]) + shift
                             target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
                     else:
                         scale = scales[0]
                         for j in range(count):
-                            value = np.rint(np.float32(sums[j]) * scale) + shift
+                            value = np.rint(np.float32(np.int32(sums[j] + base)) * scale) + shift
                             target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
