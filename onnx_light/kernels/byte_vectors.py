@@ -20,7 +20,9 @@ magnitude) add without saturation, and the sum wraps modulo 2**32 like int32. El
 the same arithmetic in portable LLVM vector operations (widened to int32: exact, slower).
 
 numba is imported when a compiled kernel that uses them is first compiled, not before
-(:class:`~onnx_light.kernels.compiled.CompiledIntrinsic`).
+(:class:`~onnx_light.kernels.compiled.CompiledIntrinsic`). numba's disk cache keys a kernel by
+its own source file and the target machine, not by this module: a change here needs the
+cache of the kernels using it cleared.
 """
 
 from __future__ import annotations
