@@ -66,6 +66,28 @@ def test_binary(op_type: str, dtype: Any, b_shape: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_binary_compiled_pass_is_the_float32_arithmetic(op_type: str, dtype: Any) -> None:
+    """Operands of one shape take one compiled pass: bit for bit the numpy arithmetic of
+    the broadcasting path (dequantize in float32, combine, divide, round half to even)."""
+    rng = np.random.default_rng(2)
+    feeds = {"a": _bytes(rng, dtype, 2, 16, 9, 9), "b": _bytes(rng, dtype, 2, 16, 9, 9)}
+    constants = _parameters(rng, dtype, "a", "b", "c")
+    if op_type == "QLinearMul":
+        constants["c_scale"] = np.float32(constants["a_scale"] * constants["b_scale"] * 40)
+    model = one_node(op_type, feeds, constants,
+                     ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], [dtype])
+    (actual,) = RuntimeSession(model).run(None, feeds)
+    real = [(feeds[n].astype(np.int32) - constants[f"{n}_zero"].astype(np.int32)).astype(np.float32)
+            * constants[f"{n}_scale"] for n in "ab"]
+    combined = real[0] * real[1] if op_type == "QLinearMul" else real[0] + real[1]
+    info = np.iinfo(dtype)
+    expected = np.clip(np.rint(combined / constants["c_scale"]) + np.float32(constants["c_zero"]),
+                       info.min, info.max).astype(dtype)
+    np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize(("op_type", "attributes"), [
     ("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.2}), ("QLinearLeakyRelu", {}),
     ("QLinearGlobalAveragePool", {}), ("QLinearGlobalAveragePool", {"channels_last": 1}),

@@ -29,7 +29,9 @@ from onnx_light.tuning.processor import detect_cpu, execution_descriptor
 
 OPS = ("QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger")
 CONFIGURATIONS = [
+    {ALGORITHM: "packed", TILE_ROWS: 5, TILE_COLUMNS: 30, MINIMUM_MACS: 1 << 40},
     {ALGORITHM: "blas", TILE_ROWS: 16, TILE_COLUMNS: 64, MINIMUM_MACS: 1 << 40},
+    {ALGORITHM: "packed", TILE_ROWS: 64, TILE_COLUMNS: 192, MINIMUM_MACS: 1},
     {ALGORITHM: "compiled", TILE_ROWS: 3, TILE_COLUMNS: 5, MINIMUM_MACS: 1 << 40},
     {ALGORITHM: "compiled", TILE_ROWS: 16, TILE_COLUMNS: 64, MINIMUM_MACS: 1},
     {ALGORITHM: "blas", TILE_ROWS: 2, TILE_COLUMNS: 7, MINIMUM_MACS: 1},
@@ -52,9 +54,9 @@ def _kernel(op: str, inputs: list[np.ndarray | None], opset: int, values: dict[s
 @pytest.mark.parametrize("depth", [1, 300, 1100])  # 1100: several float32 chunks of every pair
 def test_every_configuration_gives_the_exact_sums(left: Any, right: Any, depth: int) -> None:
     rng = np.random.default_rng(depth)
-    a, b = _bytes(rng, left, (19, depth)), _bytes(rng, right, (23, depth))
-    a_zero, b_zero = _bytes(rng, left, 19).astype(np.int32), _bytes(rng, right, 23).astype(np.int32)
-    bias = rng.integers(-2**20, 2**20, (1, 23)).astype(np.int32)
+    a, b = _bytes(rng, left, (19, depth)), _bytes(rng, right, (61, depth))  # 61: 24 + 24 + 8 + 5
+    a_zero, b_zero = _bytes(rng, left, 19).astype(np.int32), _bytes(rng, right, 61).astype(np.int32)
+    bias = rng.integers(-2**20, 2**20, (1, 61)).astype(np.int32)
     expected = (a.astype(np.int64) - a_zero[:, None]) @ (b.astype(np.int64) - b_zero[:, None]).T + bias
     kernel = build("MatMulInteger", [a, b.T], 10)[1]
     with ThreadPool(2) as pool:
@@ -72,7 +74,7 @@ def test_sums_wrap_like_int32() -> None:
     exact = 255 * 255 * 40000
     wrapped = (exact + 2**31) % 2**32 - 2**31
     kernel = build("MatMulInteger", [a, b.T], 10)[1]
-    for values in CONFIGURATIONS[:2]:
+    for values in CONFIGURATIONS[:3]:
         kernel.configure(values)
         np.testing.assert_array_equal(kernel.product(ByteRows(a, 0), ByteRows(b, 0)), wrapped)
 
@@ -163,7 +165,7 @@ def test_integer_products_are_onnxruntimes(op: str, make: Any, attributes: dict[
     full = make(np.random.default_rng(8), np.uint8, False)
     inputs = [full[0], full[3], full[2], full[5]]
     expected = _onnxruntime(op, inputs, 13, **attributes)
-    for values in CONFIGURATIONS[:2]:
+    for values in CONFIGURATIONS[:3]:
         got = _kernel(op, inputs, 13, values, **attributes).run(*inputs)[0]
         assert got.dtype == np.int32
         if EXACT_IN_ORT:

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light.kernels.integer_gemm import MINIMUM_MACS
 from onnx_light.parallel import ThreadPool
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True)
 RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
 
 
@@ -65,6 +65,32 @@ def pointwise_problems(draw: st.DrawFn) -> dict[str, Any]:
             "w_zero": _bytes(rng, w_type, (filters,) if per_channel else ()), "rng": rng}
 
 
+@st.composite
+def windowed_problems(draw: st.DrawFn) -> dict[str, Any]:
+    """A convolution the packed product takes through its packed windows: 1-D or 2-D,
+    kernels 1-3, strides 1-2, pads 0-2, dilation 1-2, group 1-2, up to 7 input channels per
+    group (reduced lengths not a multiple of four), up to 9 filters and 14 x 14 positions
+    (every micro-tile shape), byte types, zero points per tensor or per channel."""
+    rank = draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(rank)]
+    strides = [draw(st.integers(1, 2)) for _ in range(rank)]
+    dilations = [draw(st.integers(1, 2)) for _ in range(rank)]
+    pads = [draw(st.integers(0, 2)) for _ in range(2 * rank)]
+    size = [draw(st.integers(max(1, (k - 1) * d + 1 - p - q), 14 if rank == 2 else 40))
+            for k, d, p, q in zip(kernel, dilations, pads[:rank], pads[rank:], strict=True)]
+    group = draw(st.integers(1, 2))
+    channels, filters = draw(st.integers(1, 7)), draw(st.integers(1, 9))
+    x_type = draw(st.sampled_from([np.uint8, np.int8]))
+    w_type = np.int8 if x_type == np.int8 else draw(st.sampled_from([np.uint8, np.int8]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    per_channel = draw(st.booleans())
+    return {"x": _bytes(rng, x_type, (draw(st.integers(1, 2)), channels * group, *size)),
+            "w": _bytes(rng, w_type, (filters * group, channels, *kernel)),
+            "attributes": {"group": group, "strides": strides, "dilations": dilations, "pads": pads},
+            "w_zero": _bytes(rng, w_type, (filters * group,) if per_channel else ()), "rng": rng,
+            "windows": True}
+
+
 def _split(kernel: Any) -> Any:
     """``kernel`` on two threads, splitting whatever its size."""
     kernel.bind(ThreadPool(2))
@@ -94,16 +120,45 @@ def _naive_depthwise(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -
 
 
 def _naive(problem: dict[str, Any], x_zero: np.ndarray) -> np.ndarray:
-    """The exact sums of a depthwise or pointwise problem, in int64."""
+    """The exact sums of a depthwise, pointwise or windowed problem, in int64."""
     x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
     shifted = w.astype(np.int64) - w_zero.astype(np.int64).reshape((-1,) + (1,) * (w.ndim - 1))
+    if problem.get("windows"):
+        return _naive_windows(x.astype(np.int64) - int(x_zero), shifted, problem["attributes"])
     if problem["attributes"]:
         return _naive_depthwise(x.astype(np.int64) - int(x_zero), shifted, problem["attributes"])
     return np.einsum("nc...,mc->nm...", x.astype(np.int64) - int(x_zero), shifted.reshape(w.shape[:2]))
 
 
+def _naive_windows(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.ndarray:
+    """A grouped 1-D or 2-D convolution of int64 ``x`` and ``w`` (strides, dilations, pads),
+    one kernel offset at a time (the rank-1 case as a 2-D one of height 1)."""
+    rank = x.ndim - 2
+    strides, dilations, pads = attributes["strides"], attributes["dilations"], attributes["pads"]
+    if rank == 1:
+        x, w = x[:, :, None], w[:, :, None]
+        strides, dilations, pads = [1, *strides], [1, *dilations], [0, pads[0], 0, pads[1]]
+    x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    m, per_group, kh, kw = w.shape
+    group = attributes["group"]
+    filters = m // group
+    oh = (x.shape[2] - (kh - 1) * dilations[0] - 1) // strides[0] + 1
+    ow = (x.shape[3] - (kw - 1) * dilations[1] - 1) // strides[1] + 1
+    out = np.zeros((x.shape[0], m, oh, ow), np.int64)
+    for g in range(group):
+        for i in range(kh):
+            for j in range(kw):
+                patch = x[:, g * per_group:(g + 1) * per_group,
+                          i * dilations[0]:i * dilations[0] + strides[0] * (oh - 1) + 1:strides[0],
+                          j * dilations[1]:j * dilations[1] + strides[1] * (ow - 1) + 1:strides[1]]
+                out[:, g * filters:(g + 1) * filters] += np.einsum(
+                    "nchw,mc->nmhw", patch, w[g * filters:(g + 1) * filters, :, i, j])
+    return out.reshape(*out.shape[:2], *([ow] if rank == 1 else [oh, ow]))
+
+
 @SETTINGS
-@given(problem=st.one_of(depthwise_problems(), pointwise_problems()), threads=st.sampled_from([1, 2]))
+@given(problem=st.one_of(depthwise_problems(), pointwise_problems(), windowed_problems()),
+       threads=st.sampled_from([1, 2]))
 def test_conv_integer_is_exact(problem: dict[str, Any], threads: int) -> None:
     x, w, rng, w_zero = problem["x"], problem["w"], problem["rng"], problem["w_zero"]
     x_zero = _bytes(rng, x.dtype, ())
@@ -132,7 +187,7 @@ def _onnxruntime_qlinear_conv(inputs: list[np.ndarray], attributes: dict[str, An
 
 
 @SETTINGS
-@given(problem=st.one_of(depthwise_problems(), pointwise_problems()), bias=st.booleans(),
+@given(problem=st.one_of(depthwise_problems(), pointwise_problems(), windowed_problems()), bias=st.booleans(),
        threads=st.sampled_from([1, 2]))
 def test_qlinear_conv_matches_onnxruntime(problem: dict[str, Any], bias: bool, threads: int
                                                    ) -> None:
@@ -193,3 +248,33 @@ def _naive_conv(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.
                     "nchw,mc->nmhw", x[:, g * per_group:(g + 1) * per_group, i:i + oh, j:j + ow],
                     w[g * filters:(g + 1) * filters, :, i, j])
     return out
+
+
+@pytest.mark.parametrize("left", [0, 1, 2])
+@pytest.mark.parametrize("width", [8, 9])
+def test_depthwise_stride_two_columns(left: int, width: int) -> None:
+    """Stride 2 along the width (the loop's pairwise copy of columns into the two phases):
+    every left padding parity and width parity, against int64 sums."""
+    rng = np.random.default_rng(left * 10 + width)
+    attributes = {"group": 3, "strides": [1, 2], "dilations": [1, 1], "pads": [1, left, 1, 1]}
+    problem = {"x": _bytes(rng, np.uint8, (1, 3, 5, width)), "w": _bytes(rng, np.int8, (3, 1, 3, 3)),
+               "attributes": attributes, "w_zero": _bytes(rng, np.int8, (3,)), "rng": rng}
+    x_zero = _bytes(rng, np.uint8, ())
+    x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
+    actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
+    np.testing.assert_array_equal(actual, _naive(problem, x_zero))
+
+
+@pytest.mark.parametrize("size", [16, 17])
+def test_depthwise_extreme_windows_are_exact(size: int) -> None:
+    """Shifted bytes of the largest magnitude (255 x -255) over a 16 x 16 window (256 taps,
+    summed in float32: every partial sum below 2**24) and a 17 x 17 one (289 taps: int32)."""
+    x = np.full((1, 2, size, size), 255, np.uint8)
+    w = np.zeros((2, 1, size, size), np.uint8)
+    x_zero, w_zero = np.asarray(np.uint8(0)), np.asarray(np.uint8(255))
+    attributes = {"group": 2, "strides": [1, 1], "dilations": [1, 1], "pads": [1, 0, 0, 1]}
+    actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
+    problem = {"x": x, "w": w, "w_zero": w_zero, "attributes": attributes}
+    expected = _naive(problem, x_zero)
+    assert expected.min() <= -(size - 1) * size * 255 * 255
+    np.testing.assert_array_equal(actual, expected)

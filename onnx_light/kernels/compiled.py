@@ -26,8 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHE_ENV", "CompiledFunction", "clock_without_compilation", "compile_totals", "compiled",
-           "load_numba", "numba_cache_dir", "prange", "process_compile_seconds"]
+__all__ = ["CACHE_ENV", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
+           "compile_totals", "compiled", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -187,6 +187,23 @@ class CompiledFunction:
         return f"<compiled kernel {self.function.__module__}.{self.function.__qualname__}>"
 
 
+class CompiledIntrinsic:
+    """A numba intrinsic (LLVM code a compiled kernel inlines) built by ``build(numba)`` when
+    a kernel calling it is first compiled, so that defining one imports no numba. Only
+    compiled kernels call it."""
+
+    def __init__(self, build: Callable[[ModuleType], Any], name: str) -> None:
+        self.build, self.name = build, name
+
+    @functools.cached_property
+    def dispatcher(self) -> Any:
+        """numba's intrinsic (imports numba on first access)."""
+        return self.build(load_numba())
+
+    def __repr__(self) -> str:
+        return f"<compiled intrinsic {self.name}>"
+
+
 def prange(*arguments: int) -> range:
     """numba's ``prange`` inside a compiled kernel (a kernel module imports this name instead
     of numba's, so that importing it does not import numba); ``range`` when called from Python."""
@@ -203,7 +220,7 @@ def _calling_dispatchers(function: Callable[..., Any]) -> Callable[..., Any]:
     """
     names = function.__code__.co_names
     calls = {name: value.dispatcher for name, value in function.__globals__.items()
-             if name in names and isinstance(value, CompiledFunction)}
+             if name in names and isinstance(value, CompiledFunction | CompiledIntrinsic)}
     calls.update({name: load_numba().prange for name, value in function.__globals__.items()
                   if name in names and value is prange})
     if not calls:

@@ -10,18 +10,21 @@ operators' requantization) while it is in cache.
 Parameters (one schema per operator and element type, :func:`integer_parameters`):
 
 ``product.algorithm``
-    ``"compiled"``: the byte dot products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`,
-    compiled by numba for this processor. ``"blas"``: float32 BLAS products of the raw bytes in
-    chunks of the reduced axis short enough that every partial sum is an integer float32 holds
-    exactly (at most 2**24: 514 terms of uint8 x int8), summed in int32. Both are exact, so
-    they give identical outputs; which is faster depends on the processor's BLAS and vector
-    units.
+    ``"packed"``: the register-blocked byte dot-product micro-kernel of
+    :func:`~onnx_light.kernels.integer_loops.packed_sums` on a right operand packed in panels
+    (:class:`PackedColumns`), requantizing as it writes. ``"compiled"``: the byte dot
+    products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`, compiled by numba for
+    this processor. ``"blas"``: float32 BLAS products of the raw bytes in chunks of the
+    reduced axis short enough that every partial sum is an integer float32 holds exactly (at
+    most 2**24: 514 terms of uint8 x int8), summed in int32. All are exact, so they give
+    identical outputs; which is fastest depends on the processor's instructions and BLAS.
 ``tile.rows``, ``tile.columns``
-    The compiled product's tile: the rows of each operand one tile reads while it stays in
-    cache. They also bound the parallel split: a block is never smaller than a tile.
+    ``packed``: the rows and columns of a block (rounded up to whole micro-tiles) whose left
+    rows stay in cache while its columns stream. ``compiled``: the rows of each operand one
+    tile reads while it stays in cache, and the smallest parallel block.
 ``parallel.minimum_macs``
     Multiply-adds (rows x columns x depth) from which the product's output is split across the
-    session's pool (along its longer side, in blocks of whole tiles).
+    session's pool (along its longer side).
 
 docs/quantization.md has the measurements behind the portable defaults.
 """
@@ -44,32 +47,45 @@ from ..tuning.schema import Parameter, Value
 from .base import Kernel, NodeContext
 from .calibration import without_compilation
 from .declaration import KernelDeclaration
-from .integer_loops import correct, dot_tiles, row_sums
+from .integer_loops import (
+    PACKED_LANES,
+    PACKED_ROWS,
+    correct,
+    dot_tiles,
+    pack_columns,
+    packed_sums,
+    requantize,
+    row_sums,
+)
 
 __all__ = ["ALGORITHM", "MINIMUM_MACS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS", "ByteRows",
-           "IntegerProductKernel", "calibrate_integer_product", "integer_candidates",
-           "integer_parameters"]
+           "IntegerProductKernel", "PackedColumns", "Requantization", "calibrate_integer_product",
+           "integer_candidates", "integer_parameters", "packed_product"]
 
 ALGORITHM = "product.algorithm"
 TILE_ROWS = "tile.rows"
 TILE_COLUMNS = "tile.columns"
 MINIMUM_MACS = "parallel.minimum_macs"
-ALGORITHMS = ("compiled", "blas")
-_DEFAULTS: dict[str, Value] = {ALGORITHM: "blas", TILE_ROWS: 16, TILE_COLUMNS: 64,
+ALGORITHMS = ("packed", "compiled", "blas")
+_DEFAULTS: dict[str, Value] = {ALGORITHM: "packed", TILE_ROWS: 64, TILE_COLUMNS: 768,
                                MINIMUM_MACS: 1 << 21}
 # The largest magnitude of each byte type, for the exact float32 chunk length.
 _MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
 
 #: ``epilogue(acc, row_start, row_stop, column_start, column_stop)``: a finished block.
 Epilogue = Callable[[np.ndarray, int, int, int, int], None]
+#: A requantized output: ``y`` (rows, columns), the float32 multiplier (1 or rows, 1 or
+#: columns), the output zero point and the saturation range.
+Requantization = tuple[np.ndarray, np.ndarray, int, int, int]
 
 
 def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, ...]:
     """The parameters of an integer product's schema (the same for every byte type)."""
     return (
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
-                  description="'compiled': numba's byte dot products; 'blas': exact float32 BLAS "
-                              "products of the bytes in short chunks of the reduced axis"),
+                  description="'packed': register-blocked byte dot-product instructions on packed "
+                              "columns; 'compiled': numba's byte dot products; 'blas': exact float32 "
+                              "BLAS products of the bytes in short chunks of the reduced axis"),
         Parameter(TILE_ROWS, "int", _DEFAULTS[TILE_ROWS], minimum=1, maximum=4096,
                   description="rows of the left operand per tile (and the smallest parallel block)"),
         Parameter(TILE_COLUMNS, "int", _DEFAULTS[TILE_COLUMNS], minimum=1, maximum=4096,
@@ -79,24 +95,101 @@ def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, .
     )
 
 
+def _per_row(zero: np.ndarray | int, size: int) -> np.ndarray:
+    """A zero point per row or column: int32, ``size`` values, writable."""
+    if np.ndim(zero) == 0:
+        return np.full(size, zero, np.int32)
+    return np.array(np.broadcast_to(np.asarray(zero, np.int32), (size,)))
+
+
 class ByteRows:
     """One operand of a product: ``data`` (R, K) uint8 or int8, C-contiguous, its zero point
     per row (int32, R values) and the row sums the zero-point correction needs."""
 
-    __slots__ = ("__dict__", "data", "sums", "zero")
+    __slots__ = ("__dict__", "data", "zero")
 
     def __init__(self, data: np.ndarray, zero: np.ndarray | int) -> None:
         self.data = np.ascontiguousarray(data)
-        rows = self.data.shape[0]
-        self.zero = np.ascontiguousarray(np.broadcast_to(np.asarray(zero, np.int32), (rows,)))
-        self.sums = np.empty(rows, np.int32)
-        if rows:
-            row_sums.dispatcher(self.data, self.sums)
+        self.zero = _per_row(zero, self.data.shape[0])
+
+    @functools.cached_property
+    def sums(self) -> np.ndarray:
+        """The row sums (int32, wrapping; made when a product first needs them)."""
+        sums = np.empty(self.data.shape[0], np.int32)
+        if sums.size:
+            row_sums.dispatcher(self.data, sums)
+        return sums
 
     @functools.cached_property
     def real(self) -> np.ndarray:
         """The bytes as float32 (for the BLAS product; made once per operand)."""
         return self.data.astype(np.float32)
+
+    @functools.cached_property
+    def packed(self) -> PackedColumns:
+        """These rows as the ``packed`` algorithm's right operand (made once per operand)."""
+        return PackedColumns.of(self.data.T, self.zero)
+
+    def repeated(self, lanes: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """These rows as the ``packed`` algorithm's left operand against right-operand bytes
+        of type ``lanes`` (made once per type): the bytes of the other signedness (uint8
+        ``v`` as int8 ``v - 128``, int8 ``v`` as uint8 ``v + 128``, the zero points moved
+        alike, so that the differences stay), padded with zeros to a multiple of four rows
+        and of four along the reduced axis; their zero points and row sums."""
+        made = self.__dict__.setdefault("_repeated", {})
+        key = np.dtype(lanes)
+        if key not in made:
+            target = np.dtype(np.int8 if key == np.uint8 else np.uint8)
+            data, zero = self.data, self.zero
+            if data.dtype != target:
+                data = (data.view(np.uint8) ^ np.uint8(0x80)).view(target)
+                zero = zero + np.int32(128 if target == np.uint8 else -128)
+            rows, depth = data.shape
+            padded = np.zeros((-(-rows // PACKED_ROWS) * PACKED_ROWS, -(-depth // 4) * 4), target)
+            padded[:rows, :depth] = data
+            sums = np.empty(padded.shape[0], np.int32)
+            row_sums.dispatcher(padded, sums)
+            made[key] = padded, np.array(zero, np.int32), sums
+        return made[key]
+
+
+class PackedColumns:
+    """The ``packed`` algorithm's right operand: ``lanes`` (width / 8, ceil(K / 4), 8, 4)
+    bytes, the layout of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a
+    matrix, :func:`~onnx_light.kernels.integer_loops.pack_windows` a convolution's windows),
+    ``columns`` of them real, with their zero points (int32) and sums over the reduced axis
+    (None: computed when a product needs them)."""
+
+    __slots__ = ("columns", "lanes", "sums", "zero")
+
+    def __init__(self, lanes: np.ndarray, columns: int, zero: np.ndarray | int,
+                 sums: np.ndarray | None = None) -> None:
+        self.lanes, self.columns, self.sums = lanes, columns, sums
+        self.zero = _per_row(zero, columns)
+
+    @staticmethod
+    def empty(depth: int, columns: int, dtype: np.dtype) -> np.ndarray:
+        """Uninitialised lanes for ``columns`` columns of ``depth`` bytes."""
+        return np.empty((-(-columns // PACKED_LANES), -(-depth // 4), PACKED_LANES, 4), dtype)
+
+    @staticmethod
+    def words(lanes: np.ndarray) -> np.ndarray:
+        """``lanes`` as the packers write them: one uint32 per column and quad."""
+        return lanes.view(np.uint32).reshape(lanes.shape[:3])
+
+    @classmethod
+    def of(cls, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None) -> PackedColumns:
+        """``source`` (K, C) bytes packed: C columns of K bytes each."""
+        lanes = cls.empty(*source.shape, source.dtype)
+        pack_columns.dispatcher(source, cls.words(lanes))
+        return cls(lanes, source.shape[1], zero, sums)
+
+    def column_sums(self) -> np.ndarray:
+        """The columns' sums over the reduced axis (int32, wrapping)."""
+        if self.sums is None:
+            sums = self.lanes.sum(axis=(1, 3), dtype=np.int32).reshape(-1)
+            self.sums = np.ascontiguousarray(sums[:self.columns])
+        return self.sums
 
 
 def _chunk(left: np.dtype, right: np.dtype) -> int:
@@ -113,17 +206,27 @@ class IntegerProductKernel(Kernel):
         self.tile_columns = int(values[TILE_COLUMNS])
         self.minimum_macs = int(values[MINIMUM_MACS])
 
-    def product(self, left: ByteRows, right: ByteRows, bias: np.ndarray | None = None,
-                epilogue: Epilogue | None = None) -> np.ndarray:
+    def product(self, left: ByteRows, right: ByteRows | PackedColumns, bias: np.ndarray | None = None,
+                epilogue: Epilogue | None = None, requantization: Requantization | None = None
+                ) -> np.ndarray | None:
         """The int32 sums ``(left - zero) @ (right - zero).T + bias`` (``bias`` int32 of shape
         (rows, 1) or (1, columns)); each block goes to ``epilogue`` once final. Returns the
-        (rows, columns) int32 accumulator."""
+        (rows, columns) int32 accumulator; with ``requantization`` writes its output instead
+        (requantized as :func:`~onnx_light.kernels.integer_loops.requantize` does) and
+        returns None. A :class:`PackedColumns` right operand takes the ``packed`` algorithm
+        whatever the configuration."""
         rows, depth = left.data.shape
-        columns = right.data.shape[0]
-        acc = np.empty((rows, columns), np.int32)
+        packed = isinstance(right, PackedColumns)
+        columns = right.columns if packed else right.data.shape[0]
         row_bias, column_bias = np.zeros(rows, np.int32), np.zeros(columns, np.int32)
         if bias is not None:
             (row_bias if bias.shape[0] > 1 or columns == 1 else column_bias)[:] = bias.reshape(-1)
+        if packed or self.algorithm == "packed":
+            return self._packed(left, right if packed else right.packed, row_bias, column_bias,
+                                epilogue, requantization)
+        if requantization is not None:
+            epilogue = _requantizing(requantization)
+        acc = np.empty((rows, columns), np.int32)
         blas = self.algorithm == "blas"
         dot = None if blas else dot_tiles.dispatcher
         fix = correct.dispatcher
@@ -142,23 +245,113 @@ class IntegerProductKernel(Kernel):
                 epilogue(acc, r0, r1, c0, c1)
 
         with BLAS.limited(1 if blas else None):
-            threads = self.num_threads
-            if threads < 2 or depth == 0 or rows * columns * depth < self.minimum_macs:
-                block(0, rows, 0, columns)
-                return acc
-            if rows * self.tile_columns >= columns * self.tile_rows:  # more row tiles
-                blocks = min(threads, -(-rows // self.tile_rows))
-                self.pool.parallel_for(rows, lambda s, e: block(s, e, 0, columns), max_blocks=blocks)
-            else:
-                blocks = min(threads, -(-columns // self.tile_columns))
-                self.pool.parallel_for(columns, lambda s, e: block(0, rows, s, e), max_blocks=blocks)
-        return acc
+            self._split(rows, columns, depth, self.tile_rows, self.tile_columns, block)
+        return None if requantization is not None else acc
 
-    def compile_for(self, left: np.dtype, right: np.dtype) -> None:
-        """Compile the loops this kernel's product runs for operands of these types (at
-        session construction, so that no run pays for it)."""
+    def _split(self, rows: int, columns: int, depth: int, row_unit: int, column_unit: int,
+               block: Callable[[int, int, int, int], None]) -> None:
+        """Run ``block(r0, r1, c0, c1)`` over the output, split across the pool from
+        ``parallel.minimum_macs`` multiply-adds along its longer side, in blocks of whole
+        units (rows, columns): each thread reads the whole of the shorter side's operand
+        and its share of the other."""
+        threads = self.num_threads
+        if threads < 2 or depth == 0 or rows * columns * depth < self.minimum_macs:
+            block(0, rows, 0, columns)
+            return
+        row_units, column_units = -(-rows // row_unit), -(-columns // column_unit)
+        if rows >= columns:
+            self.pool.parallel_for(row_units, lambda s, e: block(s * row_unit, min(rows, e * row_unit),
+                                                                  0, columns),
+                                   max_blocks=min(threads, row_units))
+        else:
+            self.pool.parallel_for(column_units, lambda s, e: block(0, rows, s * column_unit,
+                                                                     min(columns, e * column_unit)),
+                                   max_blocks=min(threads, column_units))
+
+    def _packed(self, left: ByteRows, right: PackedColumns, row_bias: np.ndarray,
+                column_bias: np.ndarray, epilogue: Epilogue | None,
+                requantization: Requantization | None) -> np.ndarray | None:
+        """The ``packed`` algorithm's product (:func:`~onnx_light.kernels.integer_loops.packed_sums`)."""
+        rows, depth = left.data.shape
+        repeated, row_zero, sums, column_sums = _packed_operands(left, right)
+        if requantization is None:
+            out = np.empty((rows, right.columns), np.int32)
+            multiplier, zero, low, high = _ONE, 0, 0, 0
+        else:
+            out, multiplier, zero, low, high = requantization
+            # writable, as the warm-up's: one compiled signature whatever the caller's flags
+            multiplier = np.require(multiplier, np.float32, ("C", "W"))
+        run = packed_sums.dispatcher
+        tiles = (self.tile_rows, self.tile_columns)
+
+        def block(r0: int, r1: int, c0: int, c1: int) -> None:
+            run(right.lanes, repeated, r0, r1, c0, c1, *tiles, row_zero, sums, right.zero,
+                column_sums, depth, row_bias, column_bias, multiplier, zero, low, high,
+                requantization is not None, out)
+            if epilogue is not None:
+                epilogue(out, r0, r1, c0, c1)
+
+        self._split(rows, right.columns, depth, PACKED_ROWS, 3 * PACKED_LANES, block)
+        return None if requantization is not None else out
+
+    def compile_for(self, left: np.dtype, right: np.dtype, output: np.dtype | None = None,
+                    swapped: bool = False) -> None:
+        """Compile the loops this kernel's product runs for operands of these types and the
+        requantized ``output`` type (None: int32 sums), at session construction, so that no
+        run pays for it; with ``swapped`` also the product of the operands the other way
+        round written transposed (a convolution's :data:`~onnx_light.kernels.
+        quantized_products.SWAPPED_POSITIONS` path)."""
         one = ByteRows(np.zeros((1, 1), left), 0)
         self.product(one, ByteRows(np.zeros((1, 1), right), 0))
+        if output is not None:
+            self.product(one, ByteRows(np.zeros((1, 1), right), 0),
+                         requantization=(np.zeros((1, 1), output), _ONE, 0, 0, 1))
+        if swapped:
+            self.product(ByteRows(np.zeros((1, 1), right), 0), ByteRows(np.zeros((1, 1), left), 0))
+        if swapped and output is not None:
+            self.product(ByteRows(np.zeros((2, 1), right), 0), ByteRows(np.zeros((1, 1), left), 0),
+                         requantization=(np.zeros((1, 2), output).T, _ONE, 0, 0, 1))
+
+
+_ONE = np.ones((1, 1), np.float32)
+
+
+def _packed_operands(left: ByteRows, right: PackedColumns
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`~onnx_light.kernels.integer_loops.packed_sums` reads of the left operand
+    (its repeated rows, zero points and row sums) and the right one's column sums (zeros
+    when no row zero point needs them)."""
+    repeated, row_zero, sums = left.repeated(right.lanes.dtype)
+    column_sums = right.column_sums() if row_zero.any() else _zeros(right.columns)
+    return repeated, row_zero, sums, column_sums
+
+
+def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
+    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm with
+    the portable tiles, on the calling thread: the products of kernels that have no tuned
+    integer product of their own (the ``com.microsoft`` quantized products)."""
+    rows, depth = left.data.shape
+    repeated, row_zero, sums, column_sums = _packed_operands(left, right)
+    out = np.empty((rows, right.columns), np.int32)
+    packed_sums.dispatcher(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
+                           _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
+                           _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
+    return out
+
+
+def _zeros(size: int) -> np.ndarray:
+    return np.zeros(size, np.int32)
+
+
+def _requantizing(requantization: Requantization) -> Epilogue:
+    """The epilogue writing each block of sums requantized into the output."""
+    out, multiplier, zero, low, high = requantization
+    run = requantize.dispatcher
+
+    def epilogue(acc: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> None:
+        run(acc, r0, r1, c0, c1, multiplier, zero, low, high, out)
+
+    return epilogue
 
 
 def _blas_block(left: np.ndarray, right: np.ndarray, r0: int, r1: int, c0: int, c1: int,
@@ -187,9 +380,9 @@ PRODUCT_CORPUS: tuple[tuple[str, int, int, int], ...] = (
 
 
 def integer_candidates() -> list[dict[str, Value]]:
-    """What a calibration tries: both algorithms, three tiles, three thresholds."""
+    """What a calibration tries: the three algorithms, three tiles, three thresholds."""
     return [{ALGORITHM: algorithm, TILE_ROWS: rows, TILE_COLUMNS: columns, MINIMUM_MACS: 1 << exp}
-            for algorithm in ALGORITHMS for rows, columns in ((4, 64), (16, 64), (64, 16))
+            for algorithm in ALGORITHMS for rows, columns in ((64, 192), (64, 768), (16, 1536))
             for exp in (17, 21, 25)]
 
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .byte_vectors import LANES, dot4, store, zeros
 from .compiled import compiled
 
-__all__ = ["EXACT_CHANNELS", "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pointwise_sums",
-           "requantize", "row_sums"]
+__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "correct", "depthwise_sums", "dot_tiles",
+           "finish_sums", "pack_columns", "pack_windows", "packed_sums", "pointwise_sums", "requantize",
+           "row_sums"]
 
 
 @compiled
@@ -102,42 +104,62 @@ def row_sums(data, out):
 
 
 
-@compiled
+@compiled(fastmath={"contract"})
 def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, rows, columns,
                    multiplier, out_zero, low, high, scaled):
     """A depthwise convolution (one input channel per output channel) of bytes, channels
     ``first:last`` of ``out`` (N * C, OH, OW) from ``x`` (N * C, H, W), ``w`` (C, KH, KW)
-    int32 weights with their zero points subtracted and the int32 ``bias`` (C,): the int32
-    sums ``bias + sum_taps (x - zero) * w``, wrapping; with ``scaled`` they are requantized
-    as :func:`requantize` does (``multiplier`` float32 (C,), ``out_zero``, ``low``,
-    ``high``) as they are written.
+    weights with their zero points subtracted and the int32 ``bias`` (C,): the int32 sums
+    ``bias + sum_taps (x - zero) * w``, wrapping; with ``scaled`` they are requantized as
+    :func:`requantize` does (``multiplier`` float32 (C,), ``out_zero``, ``low``, ``high``)
+    as they are written.
 
     The plane is Conv's depthwise one (:func:`~onnx_light.kernels.conv.depthwise.plane_layout`
-    gives ``phases``, ``rows`` and ``columns``), in int32 and holding ``x - zero``, so that
-    the padding, left 0, adds nothing: each kernel row is one contiguous pass of its taps
-    over the output rows at a phase's width, whatever the strides."""
+    gives ``phases``, ``rows`` and ``columns``), in ``w``'s type and holding ``x - zero``, so
+    that the padding, left 0, adds nothing: each kernel row is one contiguous pass of its
+    taps over the output rows at a phase's width, whatever the strides. ``w`` is int32, or
+    float32 when a window has at most :data:`EXACT_CHANNELS` taps: every product and partial
+    sum of shifted bytes is then an integer below 2**24, exact in float32 in any order, fused
+    multiply-adds included (``contract``), and the bias joins in int32 afterwards."""
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     channels, kernel_h = w.shape[0], w.shape[1]
     stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
     phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
     phase_size = phase_rows * phase_width
-    plane = np.zeros(stride_w * stride_h * phase_size, np.int32)
+    plane = np.zeros(stride_w * stride_h * phase_size, w.dtype)
     run = np.uintp(out_h) * phase_width
-    result = np.empty(run, np.int32)
+    result = np.empty(run, w.dtype)
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
     shift = np.int32(zero)
+    row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
+    for ih in range(np.uintp(height)):
+        p = ih + np.uintp(pads[0])
+        row_into[ih] = (p % stride_h) * phase_size + (p // stride_h) * phase_width
     for pair in range(first, last):
         c = np.uintp(pair % channels)
         start = np.uintp(pair) * np.uintp(height * width)
         for ih in range(np.uintp(height)):
-            p = ih + np.uintp(pads[0])
-            into = (p % stride_h) * phase_size + (p // stride_h) * phase_width
+            into = row_into[ih]
             if stride_w == 1:
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
                     plane[into + iw] = np.int32(source[start + iw]) - shift
+            elif stride_w == 2:  # pairs of columns to the two phases, one contiguous read
+                even, odd = into, into + stride_h * phase_size
+                first_column = np.uintp(pads[1] % 2)  # the first input column of an even one
+                if first_column:
+                    plane[odd + np.uintp(pads[1] // 2)] = np.int32(source[start]) - shift
+                pairs = (np.uintp(width) - first_column) // np.uintp(2)
+                base = np.uintp((pads[1] + 1) // 2)
+                read = start + first_column
+                for m in range(pairs):
+                    plane[even + base + m] = np.int32(source[read + np.uintp(2) * m]) - shift
+                    plane[odd + base + m] = np.int32(source[read + np.uintp(2) * m + np.uintp(1)]) - shift
+                last = np.uintp(width) - np.uintp(1)
+                if first_column + np.uintp(2) * pairs <= last:
+                    plane[even + base + pairs] = np.int32(source[start + last]) - shift
             else:
                 for r in range(strides[1]):
                     lowest = max(0, -(-(pads[1] - r) // strides[1]))
@@ -149,7 +171,7 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
             start += np.uintp(width)
         initial = bias[c]
         for j in range(run):
-            result[j] = initial
+            result[j] = 0
         for kh in range(np.uintp(kernel_h)):
             tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
             for j in range(run):
@@ -163,11 +185,13 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
             line = oh * phase_width
             if scaled:
                 for ow in range(np.uintp(out_w)):
-                    value = np.rint(np.float32(result[line + ow]) * scale) + np.float32(out_zero)
-                    target[into + ow] = min(max(value, np.float32(low)), np.float32(high))
+                    total = np.int32(np.int32(result[line + ow]) + initial)
+                    value = np.rint(np.float32(total) * scale) + np.float32(out_zero)
+                    target[into + ow] = np.uint8(np.int32(min(max(value, np.float32(low)),
+                                                              np.float32(high))))
             else:
                 for ow in range(np.uintp(out_w)):
-                    target[into + ow] = result[line + ow]
+                    target[into + ow] = np.int32(np.int32(result[line + ow]) + initial)
             into += np.uintp(out_w)
 
 
@@ -261,3 +285,232 @@ def pointwise_sums(x, zero, w, bias, out, first, last, multiplier, out_zero, low
                 else:
                     for j in range(width):
                         target[base + j] = sums[j] + initial
+
+
+#: Rows of the repeated operand one micro-tile of :func:`packed_sums` takes.
+PACKED_ROWS = 4
+#: Columns (lanes) of one vector of :func:`packed_sums`; a full micro-tile holds three.
+PACKED_LANES = LANES
+
+
+#: Quads the packers gather before writing them to the panels: each panel then takes one
+#: run of this many quads instead of one write per quad, across as many pages as panels.
+PACK_QUADS = 16
+
+
+@compiled
+def _scatter_panels(lines, words, first, count):
+    """Quads ``first:first + count`` of every panel of ``words`` (width / 8, Q, 8) uint32 from
+    ``lines`` (``count`` rows of width)."""
+    flat = words.reshape(-1)
+    panel_words = np.uintp(words.shape[1] * PACKED_LANES)
+    into = np.uintp(first * PACKED_LANES)
+    for panel in range(words.shape[0]):
+        at = np.uintp(panel * PACKED_LANES)
+        for r in range(count):
+            line = lines[r]
+            for lane in range(np.uintp(PACKED_LANES)):
+                flat[into + np.uintp(r * PACKED_LANES) + lane] = line[at + lane]
+        into += panel_words
+
+
+@compiled
+def pack_columns(source, words):
+    """``source`` (K, C) bytes packed for :func:`packed_sums`: ``words`` (width / 8,
+    ceil(K / 4), 8) uint32, panels of eight columns, each one run of its quads (four rows of
+    the reduced axis, one byte each, in a uint32 per column), zeros past the last row and
+    column."""
+    depth, columns = source.shape
+    lines = np.zeros((PACK_QUADS, words.shape[0] * PACKED_LANES), np.uint32)
+    starts = np.zeros(4, np.intp)
+    masks = np.zeros(4, np.uint32)
+    for q in range(words.shape[1]):
+        line = lines[q % PACK_QUADS]
+        for r in range(4):
+            k = 4 * q + r
+            starts[r], masks[r] = (k, np.uint32(0xFF) << np.uint32(8 * r)) if k < depth else (0, 0)
+        r0, r1, r2, r3 = source[starts[0]], source[starts[1]], source[starts[2]], source[starts[3]]
+        m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
+        for j in range(columns):
+            line[j] = ((np.uint32(r0[j]) & m0) | ((np.uint32(r1[j]) << 8) & m1)
+                       | ((np.uint32(r2[j]) << 16) & m2) | ((np.uint32(r3[j]) << 24) & m3))
+        if q % PACK_QUADS == PACK_QUADS - 1 or q == words.shape[1] - 1:
+            _scatter_panels(lines, words, q - q % PACK_QUADS, q % PACK_QUADS + 1)
+
+
+@compiled
+def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, words,
+                 first, last):
+    """The windows of a padded image ``image`` (C, H, W) of bytes packed for
+    :func:`packed_sums` as :func:`pack_columns` packs the im2col (C x KH x KW, OH x OW) of
+    a convolution, without the im2col: quads ``first:last`` of ``words``, written to the
+    panels :data:`PACK_QUADS` quads at a time."""
+    height, row = image.shape[1], np.uintp(image.shape[2])
+    taps = kernel_h * kernel_w
+    depth = image.shape[0] * taps
+    out_w = (image.shape[2] - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
+    out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
+    pixels = image.reshape(-1)
+    step = np.uintp(stride_w)
+    lines = np.zeros((PACK_QUADS, words.shape[0] * PACKED_LANES), np.uint32)
+    starts = np.zeros(4, np.uintp)
+    masks = np.zeros(4, np.uint32)
+    for q in range(first, last):
+        line = lines[(q - first) % PACK_QUADS]
+        for r in range(4):
+            k = 4 * q + r
+            starts[r], masks[r] = 0, 0
+            if k < depth:
+                c, tap = k // taps, k % taps
+                starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
+                             + np.uintp((tap % kernel_w) * dilation_w))
+                masks[r] = np.uint32(0xFF) << np.uint32(8 * r)
+        s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
+        m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
+        for oh in range(out_h):
+            shift = np.uintp(oh * stride_h) * row
+            at = np.uintp(oh * out_w)
+            if stride_w == 2:  # a constant stride: LLVM vectorizes the strided reads
+                for ow in range(np.uintp(out_w)):
+                    source = shift + ow * np.uintp(2)
+                    line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
+                                     | ((np.uint32(pixels[s1 + source]) << 8) & m1)
+                                     | ((np.uint32(pixels[s2 + source]) << 16) & m2)
+                                     | ((np.uint32(pixels[s3 + source]) << 24) & m3))
+                continue
+            for ow in range(np.uintp(out_w)):
+                source = shift + ow * step
+                line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
+                                 | ((np.uint32(pixels[s1 + source]) << 8) & m1)
+                                 | ((np.uint32(pixels[s2 + source]) << 16) & m2)
+                                 | ((np.uint32(pixels[s3 + source]) << 24) & m3))
+        done = (q - first) % PACK_QUADS + 1
+        if done == PACK_QUADS or q == last - 1:
+            _scatter_panels(lines, words, q + 1 - done, done)
+
+
+@compiled
+def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
+                tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+                column_bias, multiplier, out_zero, low, high, scaled, out):
+    """The exact product of two byte operands, one unsigned and one signed, over rows
+    ``row_first:row_stop`` and columns ``column_first:column_stop`` of ``out``, corrected
+    for the zero points as :func:`correct` does, plus the biases, and requantized as
+    :func:`requantize` does with ``scaled`` (else the int32 sums).
+
+    ``repeated`` (rows rounded up to :data:`PACKED_ROWS`, 4 * Q) holds the left operand's
+    rows, ``lanes`` (width / 8, Q, 8, 4) the right one's columns packed by
+    :func:`pack_columns` (panels of eight columns, each read as one stream);
+    ``row_first`` and ``column_first`` are multiples of :data:`PACKED_ROWS` and
+    :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
+    columns sums in vector registers, four byte products per lane and step
+    (:data:`~onnx_light.kernels.byte_vectors.dot4`), then goes through a scratch panel to
+    the correction and the requantization while in cache (the requantized byte written
+    through its low eight bits, the same for uint8 and int8 outputs). The work goes in blocks of
+    ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
+    stay in cache while its columns stream."""
+    quads = lanes.shape[1]
+    stride = np.uintp(repeated.shape[1])
+    step = np.uintp(4 * PACKED_LANES)
+    panel_bytes = np.uintp(quads) * step
+    source = lanes.reshape(-1)
+    shared = repeated.reshape(-1)
+    block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
+    wide = 3 * PACKED_LANES
+    block_columns = -(-max(tile_columns, 1) // wide) * wide
+    panel = np.empty(PACKED_ROWS * block_columns, np.int32)
+    per_row, per_column = multiplier.shape[0] > 1, multiplier.shape[1] > 1
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    simple = True  # one column zero point, no column bias, no row zero point: a row constant
+    for j in range(column_first, column_stop):
+        if column_zero[j] != column_zero[column_first] or column_bias[j] != 0:
+            simple = False
+    for i in range(row_first, row_stop):
+        if row_zero[i] != 0:
+            simple = False
+    for r0 in range(row_first, row_stop, block_rows):
+        r1 = min(row_stop, r0 + block_rows)
+        for c0 in range(column_first, column_stop, block_columns):
+            c1 = min(column_stop, c0 + block_columns)
+            span = -(-(c1 - c0) // PACKED_LANES) * PACKED_LANES
+            for m0 in range(r0, r1, PACKED_ROWS):
+                first = np.uintp(m0) * stride
+                j = 0
+                while j + wide <= span:
+                    a00 = zeros(); a01 = zeros(); a02 = zeros()  # noqa: E702
+                    a10 = zeros(); a11 = zeros(); a12 = zeros()  # noqa: E702
+                    a20 = zeros(); a21 = zeros(); a22 = zeros()  # noqa: E702
+                    a30 = zeros(); a31 = zeros(); a32 = zeros()  # noqa: E702
+                    at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
+                    w0 = first
+                    for _ in range(quads):
+                        w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
+                        b1, b2 = at + panel_bytes, at + 2 * panel_bytes
+                        a00 = dot4(a00, source, at, shared, w0)
+                        a01 = dot4(a01, source, b1, shared, w0)
+                        a02 = dot4(a02, source, b2, shared, w0)
+                        a10 = dot4(a10, source, at, shared, w1)
+                        a11 = dot4(a11, source, b1, shared, w1)
+                        a12 = dot4(a12, source, b2, shared, w1)
+                        a20 = dot4(a20, source, at, shared, w2)
+                        a21 = dot4(a21, source, b1, shared, w2)
+                        a22 = dot4(a22, source, b2, shared, w2)
+                        a30 = dot4(a30, source, at, shared, w3)
+                        a31 = dot4(a31, source, b1, shared, w3)
+                        a32 = dot4(a32, source, b2, shared, w3)
+                        at += step
+                        w0 += np.uintp(4)
+                    o = np.uintp(j)
+                    store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
+                    o += np.uintp(block_columns)
+                    store(a10, panel, o); store(a11, panel, o + 8); store(a12, panel, o + 16)  # noqa: E702
+                    o += np.uintp(block_columns)
+                    store(a20, panel, o); store(a21, panel, o + 8); store(a22, panel, o + 16)  # noqa: E702
+                    o += np.uintp(block_columns)
+                    store(a30, panel, o); store(a31, panel, o + 8); store(a32, panel, o + 16)  # noqa: E702
+                    j += wide
+                while j < span:
+                    a00 = zeros(); a10 = zeros(); a20 = zeros(); a30 = zeros()  # noqa: E702
+                    at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
+                    w0 = first
+                    for _ in range(quads):
+                        a00 = dot4(a00, source, at, shared, w0)
+                        a10 = dot4(a10, source, at, shared, w0 + stride)
+                        a20 = dot4(a20, source, at, shared, w0 + 2 * stride)
+                        a30 = dot4(a30, source, at, shared, w0 + 3 * stride)
+                        at += step
+                        w0 += np.uintp(4)
+                    o = np.uintp(j)
+                    store(a00, panel, o)
+                    store(a10, panel, o + np.uintp(block_columns))
+                    store(a20, panel, o + np.uintp(2 * block_columns))
+                    store(a30, panel, o + np.uintp(3 * block_columns))
+                    j += PACKED_LANES
+                for i in range(m0, min(m0 + PACKED_ROWS, r1)):
+                    za = np.int32(row_zero[i])
+                    weight = np.int32(depth * za - row_sums[i])
+                    offset = np.int32(row_bias[i])
+                    sums = panel[(i - m0) * block_columns:(i - m0 + 1) * block_columns]
+                    start, stop = np.uintp(c0), np.uintp(c1)
+                    count = stop - start
+                    base = np.int32(0)  # what the writing pass adds: the correction's row constant
+                    if simple:
+                        base = np.int32(offset + weight * column_zero[column_first])
+                    else:
+                        for j in range(count):
+                            sums[j] = np.int32(sums[j] + weight * column_zero[start + j]
+                                               - za * column_sums[start + j] + offset
+                                               + column_bias[start + j])
+                    target, scales = out[i], multiplier[i if per_row else 0]
+                    if not scaled:
+                        for j in range(count):
+                            target[start + j] = np.int32(sums[j] + base)
+                    elif per_column:
+                        for j in range(count):
+                            value = np.rint(np.float32(np.int32(sums[j] + base)) * scales[start + j]) + shift
+                            target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
+                    else:
+                        scale = scales[0]
+                        for j in range(count):
+                            value = np.rint(np.float32(np.int32(sums[j] + base)) * scale) + shift
+                            target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from .integer_gemm import (
     ByteRows,
     Epilogue,
     IntegerProductKernel,
+    PackedColumns,
     calibrate_integer_product,
     integer_parameters,
 )
@@ -49,6 +50,7 @@ from .integer_loops import (
     POINTWISE_BLOCK,
     depthwise_sums,
     finish_sums,
+    pack_windows,
     pointwise_sums,
 )
 from .integer_loops import requantize as requantize_block
@@ -190,9 +192,10 @@ class _IntegerProduct(IntegerProductKernel):
 
         return epilogue
 
-    def warm_up(self, left: np.dtype, right: np.dtype, output: np.dtype | None) -> None:
+    def warm_up(self, left: np.dtype, right: np.dtype, output: np.dtype | None,
+                swapped: bool = False) -> None:
         """Compile the loops the runs will call (at session construction)."""
-        self.compile_for(left, right)
+        self.compile_for(left, right, output, swapped)
         if output is not None:
             requantize_block(np.zeros((1, 1), np.int32), 0, 1, 0, 1, np.ones((1, 1), np.float32),
                              0, 0, 1, np.zeros((1, 1), output))
@@ -337,7 +340,7 @@ class QLinearMatMul(_MatMulProduct):
             multiplier = np.ascontiguousarray(np.tile(multiplier, (rows // m, 1)))
         y = np.empty((len(pairs), rows, n), dtype)
         for index, (left, right) in enumerate(pairs):
-            self.product(left, right, epilogue=self.requantizing(y[index], multiplier, zero, low, high))
+            self.product(left, right, requantization=(y[index], multiplier, zero, low, high))
         return [y.reshape(*batch, m, n)]
 
 
@@ -375,6 +378,10 @@ class _ConvProduct(_IntegerProduct):
             raise ctx.error(f"group must be positive, got {self.group}")
         self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
         self.windows: dict[tuple[tuple[int, ...], tuple[int, ...]], Window] = {}
+        # a depthwise convolution's shifted weights (for the weights and zero point they were
+        # made of) and plane layouts per geometry: made once, not per run
+        self.depthwise_taps: tuple[np.ndarray, np.ndarray | None, np.ndarray] | None = None
+        self.depthwise_planes: dict[tuple[tuple[int, ...], ...], tuple[Any, ...]] = {}
 
     def window(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> Window:
         """The window geometry of an input and kernel shape, remembered (a model runs few)."""
@@ -389,12 +396,16 @@ class _ConvProduct(_IntegerProduct):
         x = self.ctx.input_types[0] if self.ctx.input_types else None
         if not _bytes(w) or x not in _BYTES or w.ndim < 3:
             return None
-        self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants))
+        self.warm_up(w.dtype, numpy_dtype(x), self.output_dtype(constants),
+                     swapped=w.shape[0] >= SWAPPED_POSITIONS)
         if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
-            compile_depthwise(numpy_dtype(x), w.shape[-1], self.output_dtype(constants))
-        if self.group == 1 and math.prod(w.shape[2:]) == 1:
+            compile_depthwise(numpy_dtype(x), w.shape[-1], w[0].size, self.output_dtype(constants))
+        if self.algorithm == "packed" and w.ndim <= 4:
+            compile_pack_windows(numpy_dtype(x))
+        elif self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
-        compile_finish(self.output_dtype(constants), w[0].size)
+        if self.algorithm != "packed" or w.ndim > 4:
+            compile_finish(self.output_dtype(constants), w[0].size)
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
             return None
@@ -456,6 +467,9 @@ class _ConvProduct(_IntegerProduct):
         channels_out = m // group
         if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
             return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
+        if (self.algorithm == "packed" and not (per_group == channels_out == 1 and group > 1)
+                and len(window.output) <= 2):
+            return self.packed_windows(x, zero, weights, bias, window, requantization)
         if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
             return self.pointwise(x, zero, w, w_zero, bias, requantization)
         if self.algorithm == "blas" and not (per_group == channels_out == 1 and group > 1):
@@ -497,13 +511,21 @@ class _ConvProduct(_IntegerProduct):
             return (fill, values[0]) if planar else (values[0], values[1])
 
         images = read_only(x.reshape(n * m, *two(window.input, 1)))
-        taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
-                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1))
+        held = self.depthwise_taps
+        if held is None or held[0] is not w or held[1] is not w_zero:
+            exact = np.float32 if w[0].size <= EXACT_CHANNELS else np.int32
+            taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
+                    - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1)).astype(exact)
+            self.depthwise_taps = held = (w, w_zero, taps)
+        taps = held[2]
         sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
         strides, pads = two(window.strides, 1), two(window.begin, 0)
         output = two(window.output, 1)
-        phases, rows, columns = plane_layout(images.shape[1:], output, taps.shape[1:], strides,
-                                             two(window.dilations, 1), pads)
+        layout = (images.shape[1:], output, taps.shape[1:], strides, two(window.dilations, 1), pads)
+        planes = self.depthwise_planes.get(layout)
+        if planes is None:
+            planes = self.depthwise_planes[layout] = plane_layout(*layout)
+        phases, rows, columns = planes
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n * m, *output)
         kernel = depthwise_sums.dispatcher
@@ -547,6 +569,80 @@ class _ConvProduct(_IntegerProduct):
                 block(0, blocks)
         return y
 
+    def packed_windows(self, x: np.ndarray, zero: int, weights: list[ByteRows], bias: np.ndarray | None,
+                       window: Window, requantization: Requantization | None) -> np.ndarray:
+        """The ``packed`` algorithm's convolution, as :meth:`depthwise` returns it: per image
+        and group, the windows of the padded bytes packed for the product as the columns of
+        an im2col (C x kernel size, positions) would be, without one
+        (:func:`~onnx_light.kernels.integer_loops.pack_windows`, split across the pool), the
+        weights the left operand, bias and requantization fused into its writes. 1-D and
+        2-D convolutions; the others keep the ``blas`` path."""
+        n, c, m, group = x.shape[0], x.shape[1], sum(w.data.shape[0] for w in weights), self.group
+        per_group, channels_out = c // group, m // group
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n, m, -1)
+        positions = math.prod(window.output)
+        source = pad_spatial(x, window, value=zero)
+        if positions < SWAPPED_POSITIONS <= channels_out:
+            return self.packed_filters(source, zero, weights, bias, window, requantization)
+        if source.ndim == 3:  # 1-D: one row of height 1
+            source = source[:, :, None, :]
+            kernel, strides, dilations = (1, *window.kernel), (1, *window.strides), (1, *window.dilations)
+        else:
+            kernel, strides, dilations = window.kernel, window.strides, window.dilations
+        pack = pack_windows.dispatcher
+        depth = per_group * math.prod(kernel)
+        lanes = PackedColumns.empty(depth, positions, x.dtype)
+        words = PackedColumns.words(lanes)
+        for image in range(n):
+            for g in range(group):
+                inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
+
+                def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
+                    pack(inputs, *kernel, *strides, *dilations, words, first, last)
+
+                if self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs:
+                    self.pool.parallel_for(lanes.shape[1], fill)
+                else:
+                    fill(0, lanes.shape[1])
+                channels = slice(g * channels_out, (g + 1) * channels_out)
+                group_bias = None if bias is None else bias[channels].reshape(-1, 1)
+                right = PackedColumns(lanes, positions, zero)
+                if requantization is None:
+                    target[image, channels] = self.product(weights[g], right, group_bias)
+                else:
+                    self.product(weights[g], right, group_bias, requantization=(
+                        target[image, channels], scales[channels].reshape(-1, 1), y_zero, low, high))
+        return y
+
+    def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
+                       bias: np.ndarray | None, window: Window, requantization: Requantization | None
+                       ) -> np.ndarray:
+        """:meth:`packed_windows` for fewer than :data:`SWAPPED_POSITIONS` output positions
+        and at least as many filters (a classifier written as a convolution, the last
+        layers of a CNN): the product the other way round, the windows (an im2col) the left
+        operand and the weights the packed one (packed once), written transposed, so that
+        the micro-tiles run along the filters instead of a few positions."""
+        n, m, group = padded.shape[0], sum(w.data.shape[0] for w in weights), self.group
+        per_group, channels_out = padded.shape[1] // group, m // group
+        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        target = y.reshape(n, m, -1)
+        pointwise = math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded
+        for image in range(n):
+            for g in range(group):
+                inputs = padded[image, g * per_group:(g + 1) * per_group]
+                windows = (np.ascontiguousarray(inputs.reshape(per_group, -1).T) if pointwise
+                           else _im2col(inputs, window))
+                rows = ByteRows(windows, zero)
+                channels = slice(g * channels_out, (g + 1) * channels_out)
+                group_bias = None if bias is None else bias[channels].reshape(1, -1)
+                if requantization is None:
+                    target[image, channels] = self.product(rows, weights[g].packed, group_bias).T
+                else:
+                    self.product(rows, weights[g].packed, group_bias, requantization=(
+                        target[image, channels].T, scales[channels].reshape(1, -1), y_zero, low, high))
+        return y
+
     def real_columns(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
                      bias: np.ndarray | None, window: Window, requantization: Requantization | None
                      ) -> np.ndarray:
@@ -575,6 +671,12 @@ class _ConvProduct(_IntegerProduct):
         return y
 
 
+#: Output positions below which a packed convolution with at least as many filters runs the
+#: product the other way round (:meth:`_ConvProduct.packed_filters`): 7 x 7 runs 49 positions
+#: as two micro-tiles of 24 and one of 8 holding 1, the filters whole micro-tiles.
+SWAPPED_POSITIONS = 64
+
+
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """``left @ right`` of float32 integers below 256 in magnitude, exactly: float32 when the
     reduced length allows, else int32 sums of exact chunks."""
@@ -597,6 +699,14 @@ def _target(requantization: Requantization | None, shape: tuple[int, ...]
     return y, read_only(np.ascontiguousarray(multiplier, np.float32).reshape(shape[1])), zero, low, high
 
 
+def compile_pack_windows(dtype: np.dtype) -> None:
+    """Compile :func:`~onnx_light.kernels.integer_loops.pack_windows` for input ``dtype``,
+    at session construction."""
+    lanes = PackedColumns.empty(1, 1, dtype)
+    pack_windows(read_only(np.zeros((1, 1, 1), dtype)), 1, 1, 1, 1, 1, 1, PackedColumns.words(lanes),
+                 0, lanes.shape[1])
+
+
 def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:
     """Compile :func:`~onnx_light.kernels.integer_loops.pointwise_sums` for input ``dtype``
     and the ``output`` type (None: int32 sums), at session construction."""
@@ -616,14 +726,16 @@ def compile_finish(output: np.dtype | None, depth: int) -> None:
                 output is not None)
 
 
-def compile_depthwise(dtype: np.dtype, kernel_width: int, output: np.dtype | None) -> None:
+def compile_depthwise(dtype: np.dtype, kernel_width: int, taps: int, output: np.dtype | None) -> None:
     """Compile :func:`~onnx_light.kernels.integer_loops.depthwise_sums` for input ``dtype``,
-    ``kernel_width`` and the ``output`` type (None: int32 sums), at session construction."""
+    ``kernel_width``, windows of ``taps`` taps (float32 or int32 sums) and the ``output``
+    type (None: int32 sums), at session construction."""
     phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
                                          (1, 1), (0, 0))
     out = np.empty((1, 1, 1), np.int32 if output is None else output)
     depthwise_sums(read_only(np.zeros((1, 1, kernel_width), dtype)), 0,
-                   np.zeros((1, 1, kernel_width), np.int32), read_only(np.zeros(1, np.int32)), out,
+                   np.zeros((1, 1, kernel_width), np.float32 if taps <= EXACT_CHANNELS else np.int32),
+                   read_only(np.zeros(1, np.int32)), out,
                    0, 1, (1, 1), (0, 0), phases, rows, columns, read_only(np.ones(1, np.float32)),
                    0, 0, 0, output is not None)
 
@@ -689,6 +801,11 @@ class QLinearConv(_ConvProduct):
 
     output_dtype = _requantized_output_dtype
 
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        # the requantization multiplier per output channel, for the scales it was made of
+        self.multiplier: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None,
@@ -696,11 +813,16 @@ class QLinearConv(_ConvProduct):
         if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
             raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
                                  f"{bias.dtype} of shape {list(bias.shape)}")
-        multiplier = _multiplier(self.ctx, (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
-                                            ("y_scale", y_scale, None)))
-        multiplier = multiplier.reshape(-1)
-        if multiplier.size == 1:
-            multiplier = np.full(w.shape[0], multiplier[0], np.float32)
+        held = self.multiplier
+        if held is not None and held[0] is x_scale and held[1] is w_scale and held[2] is y_scale:
+            multiplier = held[3]
+        else:
+            scales = (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
+                      ("y_scale", y_scale, None))
+            multiplier = _multiplier(self.ctx, scales).reshape(-1)
+            if multiplier.size == 1:
+                multiplier = np.full(w.shape[0], multiplier[0], np.float32)
+            self.multiplier = (x_scale, w_scale, y_scale, multiplier)
         dtype, zero, low, high = self.output_range(y_zero_point, x)
         spatial = self.window(x.shape[2:], w.shape[2:]).output \
             if x.ndim >= 3 and w.ndim == x.ndim else ()

@@ -189,6 +189,10 @@ class QAttention(Attention):
 
     op_type = "QAttention"
 
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.packed: dict[str, Any] = {}  # the weights packed for the integer product
+
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
                      num_outputs: int) -> list[ValueType]:
@@ -200,7 +204,7 @@ class QAttention(Attention):
             input_zero_point: np.ndarray | None = None, weight_zero_point: np.ndarray | None = None,
             past: np.ndarray | None = None) -> Arrays:
         self.check_projection(x, weights, bias)
-        sums = quantized_sums(self.ctx, x, input_zero_point, weights, weight_zero_point)
+        sums = quantized_sums(self.ctx, x, input_zero_point, weights, weight_zero_point, self.packed)
         projected = sums.astype(np.float32) * real_scale(self.ctx, input_scale, weight_scale,
                                                          weights.shape[1])
         projected += bias.astype(np.float32, copy=False)

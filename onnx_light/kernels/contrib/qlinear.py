@@ -24,6 +24,7 @@ import numpy as np
 from ...tuning.keys import ElementType as T
 from .. import quantization
 from ..base import NodeContext, normalize_axis
+from ..compiled import compiled
 from ..declaration import KernelDeclaration
 from ..elementwise import _sigmoid
 from ..pooling import AveragePool
@@ -81,8 +82,27 @@ def _output_type(inputs: Sequence[ValueType], zero_index: int, shape_index: int 
     return source[0], None if shaped is None else shaped[1]
 
 
+@compiled
+def _combine_bytes(a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero, low, high, multiply, out):
+    """:class:`_QLinearBinary`'s arithmetic in one pass over same-shape operands (flat):
+    ``(a - a_zero) * a_scale`` and the same of ``b`` in float32, added (or multiplied), divided
+    by ``c_scale``, rounded half to even, plus ``c_zero``, saturated: the numpy path's
+    operations in its order, so bit for bit its result."""
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(c_zero)
+    za, zb = np.int32(a_zero), np.int32(b_zero)
+    for i in range(np.uintp(a.size)):
+        x = np.float32(np.int32(a[i]) - za) * a_scale
+        y = np.float32(np.int32(b[i]) - zb) * b_scale
+        combined = x * y if multiply else x + y
+        value = np.rint(combined / c_scale) + shift
+        out[i] = min(max(value, lowest), highest)
+
+
 class _QLinearBinary(ContribKernel):
-    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally."""
+    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally; operands
+    of one shape in one compiled pass."""
+
+    multiply: ClassVar[bool] = False
 
     @staticmethod
     def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -101,6 +121,9 @@ class _QLinearBinary(ContribKernel):
             c_scale: np.ndarray, c_zero_point: np.ndarray | None = None) -> Arrays:
         if a.dtype != b.dtype:
             raise self.ctx.error(f"A ({a.dtype}) and B ({b.dtype}) must have the same type")
+        fused = self._compiled(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point)
+        if fused is not None:
+            return [fused]
         real_a = dequantize(self.ctx, "A", a, a_scale, a_zero_point)
         real_b = dequantize(self.ctx, "B", b, b_scale, b_zero_point)
         try:
@@ -108,6 +131,29 @@ class _QLinearBinary(ContribKernel):
         except ValueError:
             raise self.ctx.error(f"cannot broadcast A {list(a.shape)} and B {list(b.shape)}") from None
         return [quantize(self.ctx, combined, c_scale, c_zero_point, a)]
+
+    def _compiled(self, a: np.ndarray, a_scale: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
+                  b_scale: np.ndarray, b_zero: np.ndarray | None, c_scale: np.ndarray,
+                  c_zero: np.ndarray | None) -> np.ndarray | None:
+        """The compiled pass's output when it applies (same shapes, byte operands, float32
+        per-tensor scales, zero points of the operands' type), else None."""
+        parameters = (a_scale, a_zero, b_scale, b_zero, c_scale, c_zero)
+        if (a.shape != b.shape or quantized_type(a.dtype) not in BYTES
+                or any(p is not None and p.size != 1 for p in parameters)
+                or any(s.dtype != np.float32 for s in (a_scale, b_scale, c_scale))
+                or any(z is not None and z.dtype != a.dtype for z in (a_zero, b_zero))):
+            return None
+        target = a.dtype if c_zero is None else c_zero.dtype
+        if target not in (np.dtype(np.uint8), np.dtype(np.int8)):
+            return None
+        info = np.iinfo(target)
+        out = np.empty(a.shape, target)
+        zeros = [0 if z is None else int(z.reshape(-1)[0]) for z in (a_zero, b_zero, c_zero)]
+        _combine_bytes(np.ascontiguousarray(a).reshape(-1), a_scale.reshape(-1)[0], zeros[0],
+                       np.ascontiguousarray(b).reshape(-1), b_scale.reshape(-1)[0], zeros[1],
+                       c_scale.reshape(-1)[0], zeros[2], int(info.min), int(info.max), self.multiply,
+                       out.reshape(-1))
+        return out
 
 
 class QLinearAdd(_QLinearBinary):
@@ -117,6 +163,7 @@ class QLinearAdd(_QLinearBinary):
 
 class QLinearMul(_QLinearBinary):
     op_type = "QLinearMul"
+    multiply = True
     combine = staticmethod(np.multiply)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from ...tuning.keys import ElementType as T
 from ..base import NodeContext
 from ..declaration import KernelDeclaration
+from ..integer_gemm import ByteRows, PackedColumns, packed_product
 from ..quantization import quantized_type, requantize
 from ..quantized_products import integer_matmul
 from .base import ContribKernel, ValueType, declare_contrib
@@ -41,9 +42,11 @@ def _per_column(ctx: NodeContext, name: str, value: np.ndarray | None, columns: 
 
 
 def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
-          b_zero: np.ndarray | None) -> np.ndarray:
+                   b_zero: np.ndarray | None, packed: dict[str, Any] | None = None) -> np.ndarray:
     """``(a - a_zero) @ (b - b_zero)`` as int32 (bytes; A's zero point per tensor, B's per
-    tensor or per column)."""
+    tensor or per column). A matrix B takes the packed integer product
+    (:func:`~onnx_light.kernels.integer_gemm.packed_product`), B packed once while the
+    kernel's ``packed`` holder sees the same B and zero point; the rest numpy's exact path."""
     for name, operand in (("A", a), ("B", b)):
         if quantized_type(operand.dtype) not in BYTES:
             raise ctx.error(f"{name} must be uint8 or int8, got {operand.dtype}")
@@ -51,7 +54,18 @@ def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b
         raise ctx.error(f"a_zero_point must be a scalar, got shape {list(a_zero.shape)}")
     if b.ndim < 1 or a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
         raise ctx.error(f"cannot multiply shapes {list(a.shape)} and {list(b.shape)}")
-    return integer_matmul(ctx, a, b, a_zero, _per_column(ctx, "b_zero_point", b_zero, b.shape[-1]))
+    b_zero = _per_column(ctx, "b_zero_point", b_zero, b.shape[-1])
+    if b.ndim != 2 or a.ndim < 2 or a.size == 0 or b.size == 0 or \
+            (b_zero is not None and b_zero.dtype != b.dtype):
+        return integer_matmul(ctx, a, b, a_zero, b_zero)
+    entry = None if packed is None else packed.get("b")
+    if entry is None or entry[0] is not b or entry[1] is not b_zero:
+        column_zero = 0 if b_zero is None else b_zero.astype(np.int32)
+        entry = (b, b_zero, PackedColumns.of(np.ascontiguousarray(b), column_zero))
+        if packed is not None:
+            packed["b"] = entry  # one assignment: a concurrent run sees the old or the new
+    left = ByteRows(a.reshape(-1, a.shape[-1]), 0 if a_zero is None else int(a_zero.reshape(())))
+    return packed_product(left, entry[2]).reshape(*a.shape[:-1], b.shape[1])
 
 
 def real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, columns: int) -> np.ndarray:
@@ -62,7 +76,16 @@ def real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, colum
             * _per_column(ctx, "b_scale", b_scale, columns).astype(np.float32))
 
 
-class QGemm(ContribKernel):
+class _PackedProduct(ContribKernel):
+    """A kernel whose B, a constant in practice, is packed for the integer product once
+    (:func:`quantized_sums`' holder)."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.packed: dict[str, Any] = {}
+
+
+class QGemm(_PackedProduct):
     """``alpha * (A' - a_zero) @ (B' - b_zero)`` plus the int32 bias C, at scale
     ``a_scale * b_scale`` (A', B': transposed with transA, transB); requantized to ``y_scale``
     and ``y_zero_point`` when given, float32 otherwise."""
@@ -100,7 +123,7 @@ class QGemm(ContribKernel):
             raise self.ctx.error(f"A and B must be matrices, got shapes {list(a.shape)} and {list(b.shape)}")
         a = a.T if self.trans_a else a
         b = b.T if self.trans_b else b
-        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point)
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point, self.packed)
         if c is not None:
             if c.dtype != np.int32:
                 raise self.ctx.error(f"C must be int32, got {c.dtype}")
@@ -121,7 +144,7 @@ class QGemm(ContribKernel):
                            zero_point=None if y_zero_point is None else y_zero_point.reshape(()))]
 
 
-class MatMulIntegerToFloat(ContribKernel):
+class MatMulIntegerToFloat(_PackedProduct):
     """``(A - a_zero) @ (B - b_zero) * a_scale * b_scale + bias``, float; A, B and their zero
     points as MatMulInteger takes them (B's scale and zero point per tensor or per column)."""
 
@@ -136,12 +159,12 @@ class MatMulIntegerToFloat(ContribKernel):
     def run(self, a: np.ndarray, b: np.ndarray, a_scale: np.ndarray, b_scale: np.ndarray,
             a_zero_point: np.ndarray | None = None, b_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
-        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point)
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point, self.packed)
         real = sums.astype(np.float32) * real_scale(self.ctx, a_scale, b_scale, b.shape[-1])
         return [(real if bias is None else real + bias).astype(a_scale.dtype, copy=False)]
 
 
-class DynamicQuantizeMatMul(ContribKernel):
+class DynamicQuantizeMatMul(_PackedProduct):
     """A (float) quantized to uint8 as DynamicQuantizeLinear does, then
     :class:`MatMulIntegerToFloat` with B and its scale and zero point."""
 
@@ -161,7 +184,7 @@ class DynamicQuantizeMatMul(ContribKernel):
         scale = np.float32((high - low) / 255) if high > low else np.float32(1.0)
         zero = np.uint8(np.clip(np.rint(-low / scale), 0, 255))
         quantized = requantize(real / scale, T.UINT8, zero_point=np.asarray(zero))
-        sums = quantized_sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point)
+        sums = quantized_sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point, self.packed)
         result = sums.astype(np.float32) * real_scale(self.ctx, np.asarray(scale), b_scale, b.shape[-1])
         return [(result if bias is None else result + bias).astype(a.dtype, copy=False)]
 
