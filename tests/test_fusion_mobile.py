@@ -90,7 +90,7 @@ def test_relu6_runs_as_the_conv_clamp(group):
     """Clip(0, 6) after a convolution is its clamp (the compiled depthwise kernel applies it
     as it stores): the unfused result, both bounds reached."""
     conv, init = _conv("c", "x", "c", 6, 6, kernel=3, group=group, pad=1)
-    init += [numpy_helper.from_array(np.float32(0.0), "low"), numpy_helper.from_array(np.float32(6.0), "high")]
+    init += [numpy_helper.from_array(np.float32(bound), name) for name, bound in (("low", 0), ("high", 6))]
     model = _model([conv, helper.make_node("Clip", ["c", "low", "high"], ["y"])], init, (2, 6, 9, 11))
     x = RNG.standard_normal((2, 6, 9, 11)).astype(np.float32) * 8
     fused, got, unfused = _check(model, x, fused_nodes=1)
