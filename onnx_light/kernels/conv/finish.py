@@ -202,8 +202,11 @@ class Finish:
                 or block.strides[0] % item or block.strides[1] % item):
             return None
         strides = (block.strides[0] // item, block.strides[1] // item)
-        span = (block.shape[0] - 1) * strides[0] + (block.shape[1] - 1) * strides[1] + block.shape[2]
-        base = as_strided(block, shape=(span,), strides=(item,))
+        if block.flags.c_contiguous:  # the usual block, a whole output: no strided view to make
+            base = block.reshape(-1)
+        else:
+            span = (block.shape[0] - 1) * strides[0] + (block.shape[1] - 1) * strides[1] + block.shape[2]
+            base = as_strided(block, shape=(span,), strides=(item,))
         rows = np.ascontiguousarray(bias.reshape(block.shape[:2]), dtype=block.dtype)
         return base, block.shape, strides, rows
 
