@@ -71,10 +71,9 @@ def test_tiles_equal_the_product_finished(pools, batch, group, channels, filters
 
 def test_tiles_cut_small_weights_only():
     """Large weights keep one tile (each tile's product packs them again); small ones are cut
-    into tiles of TILE_BYTES of output, at least MINIMUM_COLUMNS wide."""
+    into tiles of TILE_COLUMNS."""
     assert pointwise.tile_columns(2048, 512, 4) is None
-    assert pointwise.tile_columns(16, 32, 4) == pointwise.TILE_BYTES // (16 * 4)
-    assert pointwise.tile_columns(96, 16, 4) == pointwise.MINIMUM_COLUMNS
+    assert pointwise.tile_columns(16, 32, 4) == pointwise.tile_columns(96, 16, 4) == pointwise.TILE_COLUMNS
 
 
 def test_a_multi_tile_plane_with_a_relu_and_residual_matches_numpy_bitwise(pools):

@@ -5,7 +5,7 @@
 the output (the bias, the fused residual and clamp: :class:`~onnx_light.kernels.conv.finish.Finish`)
 in a second pass. On a large plane (MobileNetV2's 16 -> 96 channels at 112x112: a 4.8 MB
 output) that pass reads and writes the whole output again from memory. Here the columns
-(output positions) are cut into tiles of at most :data:`TILE_BYTES` of output; each tile is
+(output positions) are cut into tiles of :data:`TILE_COLUMNS`; each tile is
 one call of numpy's own BLAS ``cblas_?gemm`` (:func:`~onnx_light.kernels.blas_tiles.gemm_function`,
 the product ``direct_1x1`` computes, restricted to the tile's columns) and is finished while it
 is still in the second-level cache, with the operations of the finishing pass in its order
@@ -24,12 +24,14 @@ from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from .finish import FINISHED_TYPES, _clamp
 
-__all__ = ["TILE_BYTES", "compile_pointwise", "pointwise_gemm", "pointwise_tiles", "tile_columns"]
+__all__ = ["TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise", "pointwise_gemm", "pointwise_tiles",
+           "tile_columns"]
 
-#: Output bytes per tile: each tile's product is finished while it is in the second-level cache.
-TILE_BYTES = 1 << 16
-#: Fewest columns per tile (a narrower BLAS product loses more than the cache saves).
-MINIMUM_COLUMNS = 256
+#: Columns (output positions) per tile: each tile's product is finished while it is in cache.
+#: Narrower tiles lose more in BLAS than the cache saves; wider ones save less (docs/conv.md).
+TILE_COLUMNS = 256
+#: Weights larger than this keep one tile: each tile's product packs them again.
+TILED_WEIGHT_BYTES = 1 << 16
 
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
@@ -42,12 +44,9 @@ def pointwise_gemm(dtype: np.dtype) -> Any | None:
 
 
 def tile_columns(filters: int, depth: int, itemsize: int) -> int | None:
-    """Columns per tile: :data:`TILE_BYTES` of output, a multiple of 16, at least
-    :data:`MINIMUM_COLUMNS`; None (one tile) when the weights are larger than a tile's
-    output, as each tile's product packs them again."""
-    if filters * depth * itemsize > TILE_BYTES:
-        return None
-    return max(MINIMUM_COLUMNS, TILE_BYTES // max(1, filters * itemsize) // 16 * 16)
+    """Columns per tile, :data:`TILE_COLUMNS`; None (one tile) for weights larger than
+    :data:`TILED_WEIGHT_BYTES`."""
+    return None if filters * depth * itemsize > TILED_WEIGHT_BYTES else TILE_COLUMNS
 
 
 @compiled
