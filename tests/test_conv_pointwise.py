@@ -92,3 +92,20 @@ def test_a_multi_tile_plane_with_a_relu_and_residual_matches_numpy_bitwise(pools
     product = np.matmul(w.reshape(64, 16), x.reshape(16, -1)).reshape(1, 64, 40, 40)
     expected = np.maximum((product + b.reshape(-1, 1, 1)) + shortcut, 0)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_constant_weights_compile_at_construction(pools):
+    """``specialize`` compiles the tiles for the weights' type: runs with writable or read-only
+    arrays, a bias or none, a residual or none, then need no other compiled version."""
+    w = np.ones((4, 3, 1, 1), np.float64)
+    kernel = _kernel(1, pools[1], element_type=TensorProto.DOUBLE)
+    kernel.specialize([None, w, None])
+    signatures = set(pointwise.pointwise_tiles.dispatcher.signatures)
+    assert any(s[1].dtype.name == "float64" for s in signatures)
+    x = np.ones((1, 3, 5, 5))
+    kernel.run(x, w, np.zeros(4))
+    x.flags.writeable = w.flags.writeable = False
+    kernel.run(x, w)
+    kernel.residual = True
+    kernel.run(x, w, np.zeros(4), np.ones((1, 4, 5, 5)))
+    assert set(pointwise.pointwise_tiles.dispatcher.signatures) == signatures

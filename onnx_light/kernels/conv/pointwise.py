@@ -22,6 +22,7 @@ import numpy as np
 
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
+from .depthwise import read_only
 from .finish import FINISHED_TYPES, _clamp
 
 __all__ = ["TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise", "pointwise_gemm", "pointwise_tiles",
@@ -90,13 +91,11 @@ def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset
 
 def compile_pointwise(dtype: np.dtype) -> None:
     """Compile :func:`pointwise_tiles` for ``dtype`` (or load it from numba's cache): a session
-    does it at construction, not in its first run."""
+    does it at construction, not in its first run. Its operands are read-only views, as
+    ``direct_1x1`` passes them (one compiled version per type)."""
     gemm = pointwise_gemm(dtype)
     if gemm is None:
         return
-    w = np.ones((1, 1), dtype)
-    x = np.ones(1, dtype)
-    x.flags.writeable = False
-    out = np.empty(1, dtype)
-    pointwise_tiles.dispatcher(gemm, w, x, 0, 1, out, 0, 1, 1, 1, 1, np.empty(0, dtype),
-                               np.empty(0, dtype), -math.inf, math.inf, 16)
+    w, x, empty = (read_only(np.ones(shape, dtype)) for shape in ((1, 1), 1, 0))
+    pointwise_tiles.dispatcher(gemm, w, x, 0, 1, np.empty(1, dtype), 0, 1, 1, 1, 1, empty, empty,
+                               -math.inf, math.inf, 16)
