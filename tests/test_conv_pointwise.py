@@ -69,22 +69,25 @@ def test_tiles_equal_the_product_finished(pools, batch, group, channels, filters
     assert kernel.problem(x.shape, w.shape).algorithm == "direct_1x1"
 
 
-def test_tiles_cut_small_weights_only():
-    """Large weights keep one tile (each tile's product packs them again); small ones are cut
-    into tiles of TILE_COLUMNS."""
-    assert pointwise.tile_columns(2048, 512, 4) is None
-    assert pointwise.tile_columns(16, 32, 4) == pointwise.tile_columns(96, 16, 4) == pointwise.TILE_COLUMNS
+def test_tiles_cut_small_weights_and_large_outputs_only():
+    """Large weights keep one tile (each tile's product packs them again), and so does an
+    output that fits in cache; the others are cut into equal tiles of about TILE_COLUMNS."""
+    assert pointwise.tile_columns(2048, 512, 12544, 4) is None
+    assert pointwise.tile_columns(40, 144, 784, 4) is None
+    assert pointwise.tile_columns(16, 32, 12544, 4) == 256  # 49 tiles of 256
+    assert pointwise.tile_columns(24, 96, 3136, 4) == 256  # 13 tiles: 12 of 256, one of 64
+    assert pointwise.tile_columns(96, 16, 900, 4) == 240  # 4 tiles of 225 columns, rounded up
 
 
 def test_a_multi_tile_plane_with_a_relu_and_residual_matches_numpy_bitwise(pools):
-    """Several tiles (a 4x16 -> 64x40x40 plane): each element the BLAS product, then the
+    """Several tiles (16 -> 64 channels at 40x40): each element the BLAS product, then the
     bias, the residual and the Relu in numpy's order, as the finishing pass computes them."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
     w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
     shortcut = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
-    assert pointwise.tile_columns(64, 16, 4) < 40 * 40
+    assert pointwise.tile_columns(64, 16, 40 * 40, 4) < 40 * 40
     kernel = _kernel(1, pools[1])
     kernel.residual, kernel.clamp = True, (0.0, math.inf)
     kernel.epilogue = lambda block: np.maximum(block, 0, out=block)

@@ -234,7 +234,7 @@ class _Pointwise(_Algorithm):
             else:
                 self.after = epilogue.epilogue
         self.plane = self.window.output[0] * self.row_size
-        self.tile = tile_columns(self.mg, self.cg, x.itemsize) or self.plane
+        self.tile = tile_columns(self.mg, self.cg, self.plane, x.itemsize) or self.plane
 
     def _product_tiles(self, n: int, g: int, lo: int, hi: int, r0: int, r1: int) -> None:
         """Filters lo:hi of group g, rows r0:r1, by the compiled tiles."""

@@ -25,14 +25,16 @@ from ..compiled import compiled
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, _clamp
 
-__all__ = ["TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise", "pointwise_gemm", "pointwise_tiles",
+__all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise", "pointwise_gemm", "pointwise_tiles",
            "tile_columns"]
 
-#: Columns (output positions) per tile: each tile's product is finished while it is in cache.
-#: Narrower tiles lose more in BLAS than the cache saves; wider ones save less (docs/conv.md).
+#: Columns (output positions) per tile, about: each tile's product is finished while it is in
+#: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
 TILE_COLUMNS = 256
 #: Weights larger than this keep one tile: each tile's product packs them again.
 TILED_WEIGHT_BYTES = 1 << 16
+#: Outputs smaller than this keep one tile: they stay in the second-level cache anyway.
+TILED_OUTPUT_BYTES = 1 << 18
 
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
@@ -44,10 +46,15 @@ def pointwise_gemm(dtype: np.dtype) -> Any | None:
     return gemm_function(dtype) if np.dtype(dtype) in FINISHED_TYPES else None
 
 
-def tile_columns(filters: int, depth: int, itemsize: int) -> int | None:
-    """Columns per tile, :data:`TILE_COLUMNS`; None (one tile) for weights larger than
-    :data:`TILED_WEIGHT_BYTES`."""
-    return None if filters * depth * itemsize > TILED_WEIGHT_BYTES else TILE_COLUMNS
+def tile_columns(filters: int, depth: int, width: int, itemsize: int) -> int | None:
+    """Columns per tile for an output of ``filters`` x ``width``: about :data:`TILE_COLUMNS`,
+    equal tiles, a multiple of 16; None (one tile) for weights larger than
+    :data:`TILED_WEIGHT_BYTES` or an output smaller than :data:`TILED_OUTPUT_BYTES`."""
+    if filters * depth * itemsize > TILED_WEIGHT_BYTES or filters * width * itemsize < TILED_OUTPUT_BYTES:
+        return None
+    tiles = -(-width // TILE_COLUMNS)
+    per_tile = -(-width // tiles)
+    return -(-per_tile // 16) * 16
 
 
 @compiled
