@@ -25,8 +25,8 @@ from ..compiled import compiled
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, _clamp
 
-__all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise", "pointwise_gemm", "pointwise_tiles",
-           "tile_columns"]
+__all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise",
+           "pointwise_gemm", "pointwise_tiles", "tile_columns"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
