@@ -14,6 +14,7 @@ from onnx import TensorProto
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import pointwise
 from onnx_light.parallel import ThreadPool
 
@@ -112,3 +113,22 @@ def test_constant_weights_compile_at_construction(pools):
     kernel.residual = True
     kernel.run(x, w, np.zeros(4), np.ones((1, 4, 5, 5)))
     assert set(pointwise.pointwise_tiles.dispatcher.signatures) == signatures
+
+
+@pytest.mark.parametrize("op_type", ["Sigmoid", "Swish", "HardSigmoid", "HardSwish"])
+@pytest.mark.parametrize("size", [40, 6], ids=["tiles", "one-tile"])
+def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
+    """A fused compiled activation (SiLU as Swish, HardSwish, ...) applied in each tile gives
+    the convolution, then the same activation applied to the finished output, bitwise."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((1, 16, size, size)) * 4).astype(np.float32)
+    w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    activation = in_place(op_type, {"alpha": 1.0} if op_type == "Swish" else {}, lambda block: None)
+    kernel = _kernel(1, pools[1])
+    kernel.epilogue = activation
+    got = kernel.run(x, w, b)[0]
+    expected = _kernel(1, pools[1]).run(x, w, b)[0]
+    activation(expected)
+    np.testing.assert_array_equal(got, expected)
+    assert (got != _kernel(1, pools[1]).run(x, w, b)[0]).any()

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...parallel import ThreadPool
+from ..compiled_activations import InPlace
 from ..window import pad_spatial
 from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block, split
@@ -233,6 +234,9 @@ class _Pointwise(_Algorithm):
                 self.clamp, self.after = epilogue.clamp, None
             else:
                 self.after = epilogue.epilogue
+        self.activation = (-1, 1.0, 0.0)  # none: the compiled call applies only the clamp
+        if isinstance(self.after, InPlace) and x.dtype == np.float32:
+            self.activation, self.after = (self.after.code, self.after.alpha, self.after.beta), None
         self.plane = self.window.output[0] * self.row_size
         self.tile = tile_columns(self.mg, self.cg, self.plane, x.itemsize) or self.plane
 
@@ -243,7 +247,8 @@ class _Pointwise(_Algorithm):
         pointwise_tiles.dispatcher(
             self.gemm, self.tile_weights[g, lo:hi], self.flat_x, pair * self.cg * self.plane + first,
             self.plane, self.flat_out, (pair * self.mg + lo) * self.plane + first, self.plane, hi - lo,
-            self.cg, (r1 - r0) * self.row_size, bias, self.residual, *self.clamp, self.tile)
+            self.cg, (r1 - r0) * self.row_size, bias, self.residual, *self.clamp, *self.activation,
+            self.tile)
         if self.after is not None:
             self.after(self.out[n, g:g + 1, lo:hi, r0:r1])
 

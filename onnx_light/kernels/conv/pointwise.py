@@ -10,6 +10,8 @@ one call of numpy's own BLAS ``cblas_?gemm`` (:func:`~onnx_light.kernels.blas_ti
 the product ``direct_1x1`` computes, restricted to the tile's columns) and is finished while it
 is still in the second-level cache, with the operations of the finishing pass in its order
 and type: ``clamp((product + bias) + residual)``, bitwise :func:`~onnx_light.kernels.conv.finish.finish_rows`.
+A fused Sigmoid, SiLU, HardSigmoid or HardSwish
+(:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
 One compiled call also replaces the Python layers a block goes through.
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
+from ..compiled_activations import activate_run
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, _clamp
 
@@ -61,13 +64,16 @@ def tile_columns(filters: int, depth: int, width: int, itemsize: int) -> int | N
 def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset: int,
                     source_stride: int, out: np.ndarray, out_offset: int, out_stride: int,
                     filters: int, depth: int, width: int, bias: np.ndarray, residual: np.ndarray,
-                    low: float, high: float, tile: int) -> None:
+                    low: float, high: float, activation: int, alpha: float, beta: float,
+                    tile: int) -> None:
     """``out[o + i * out_stride + j] = clamp((sum_k weights[i, k] source[s + k *
     source_stride + j] + bias[i]) + residual[o + i * out_stride + j])`` for filters ``i <
     filters`` and columns ``j < width`` (``o``, ``s``: the offsets), ``tile`` columns at a
     time, each tile one BLAS product (``gemm``) then finished; ``weights`` is (filters, depth)
     C-contiguous; an empty ``bias`` or ``residual`` is not added; the clamp is numpy's
-    maximum with ``low``, then minimum with ``high``."""
+    maximum with ``low``, then minimum with ``high``; then, when ``activation`` is not -1 (a
+    float32 output), that compiled activation
+    (:func:`~onnx_light.kernels.compiled_activations.activate_run`, with ``alpha`` and ``beta``)."""
     item = out.itemsize
     lo, hi = out.dtype.type(low), out.dtype.type(high)
     with_bias, with_residual = bias.size > 0, residual.size > 0
@@ -94,6 +100,8 @@ def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset
             else:
                 for k in range(n):
                     out[row + k] = _clamp(out[row + k], lo, hi)
+            if activation >= 0:
+                activate_run(out, row, n, activation, alpha, beta)
 
 
 def compile_pointwise(dtype: np.dtype) -> None:
@@ -105,4 +113,4 @@ def compile_pointwise(dtype: np.dtype) -> None:
         return
     w, x, empty = (read_only(np.ones(shape, dtype)) for shape in ((1, 1), 1, 0))
     pointwise_tiles.dispatcher(gemm, w, x, 0, 1, np.empty(1, dtype), 0, 1, 1, 1, 1, empty, empty,
-                               -math.inf, math.inf, 16)
+                               -math.inf, math.inf, -1, 1.0, 0.0, 16)
