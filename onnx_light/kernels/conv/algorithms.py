@@ -214,6 +214,7 @@ class _Pointwise(_Algorithm):
         self.row_size = math.prod(window.output[1:])
         self.inputs = x.reshape(problem.batch, problem.groups, self.cg, window.output[0], self.row_size)
         self.outputs = out.reshape(problem.batch, problem.groups, self.mg, window.output[0], self.row_size)
+        # per_filter (a subclass) keeps its one product per filter: equal filters, equal channels
         self.gemm = pointwise_gemm(x.dtype) if prologue is None and type(self) is _Pointwise else None
         if self.gemm is not None:
             self._tiled(x, out, b, epilogue)
