@@ -85,6 +85,20 @@ def test_activation_runs_as_the_conv_epilogue(op, attributes, group):
         np.testing.assert_array_equal(got[0], unfused[0])
 
 
+@pytest.mark.parametrize("group", [1, 6], ids=["dense", "depthwise"])
+def test_relu6_runs_as_the_conv_clamp(group):
+    """Clip(0, 6) after a convolution is its clamp (the compiled depthwise kernel applies it
+    as it stores): the unfused result, both bounds reached."""
+    conv, init = _conv("c", "x", "c", 6, 6, kernel=3, group=group, pad=1)
+    init += [numpy_helper.from_array(np.float32(bound), name) for name, bound in (("low", 0), ("high", 6))]
+    model = _model([conv, helper.make_node("Clip", ["c", "low", "high"], ["y"])], init, (2, 6, 9, 11))
+    x = RNG.standard_normal((2, 6, 9, 11)).astype(np.float32) * 8
+    fused, got, unfused = _check(model, x, fused_nodes=1)
+    assert fused._plan[0].run.__self__.clamp == (0.0, 6.0)
+    assert (got[0] == 0).any() and (got[0] == 6).any()
+    np.testing.assert_array_equal(got[0], unfused[0])
+
+
 @pytest.mark.parametrize("gate_first", [False, True])
 def test_silu_as_sigmoid_and_mul_runs_as_the_conv_epilogue(gate_first):
     conv, init = _conv("c", "x", "c", 4, 8, kernel=3, pad=1)

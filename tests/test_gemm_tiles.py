@@ -221,6 +221,27 @@ def test_blas_gemm_is_checked_and_restores_blas_threads(pool):
     assert BLAS.get() == before
 
 
+def test_the_blas_gemm_is_numpys_own_when_another_blas_is_loaded():
+    """numba loads scipy's BLAS beside numpy's when scipy is installed: the gemm found is in
+    the library numpy loaded (whose threads the runtime's BLAS limit governs)."""
+    import os
+
+    from threadpoolctl import threadpool_info
+
+    home = os.path.dirname(os.path.realpath(np.__file__))
+    assert blas_tiles._numpys(os.path.join(home + ".libs", "libopenblas.so"))
+    assert not blas_tiles._numpys(os.path.join(home + "_other", "libopenblas.so"))
+    numpys = [i for i in threadpool_info() if i["user_api"] == "blas" and blas_tiles._numpys(i["filepath"])]
+    if numpys:  # a wheel's own OpenBLAS: its symbols are the ones found
+        import ctypes
+
+        handle = ctypes.CDLL(numpys[0]["filepath"])
+        function = blas_tiles.gemm_function(np.dtype(np.float32))
+        assert any(ctypes.cast(function, ctypes.c_void_p).value
+                   == ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
+                   for name, _ in blas_tiles._symbol_names("s") if hasattr(handle, name))
+
+
 @pytest.mark.parametrize("element_type", [T.INT32, T.INT64, T.UINT32, T.UINT64],
                          ids=["int32", "int64", "uint32", "uint64"])
 def test_integer_plans_are_exact_on_strided_inputs(element_type, pool):

@@ -293,6 +293,27 @@ def test_global_pools(shape):
         _assert_close(got, _reference("GlobalMaxPool", [x], {})[0], 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_global_average_pool_is_the_mean_rounded_once(dtype):
+    """The compiled mean (float64 sums) of float planes, a view and NaN and infinities
+    included: the float64 mean rounded once to the input's type."""
+    rng = np.random.default_rng(10)
+    x = rng.uniform(-2, 2, (2, 40, 9, 14)).astype(dtype)[:, ::2]  # not contiguous
+    x[0, 0, 0, 0], x[0, 1, 2, 3], x[1, 2, 0, 0], x[1, 2, 1, 1] = np.nan, np.inf, np.inf, -np.inf
+    got = _run(pooling.GlobalAveragePool, "GlobalAveragePool", [x], {})[0]
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN
+        expected = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    assert got.dtype == dtype and got.shape == expected.shape
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(got[~finite], expected[~finite].astype(dtype))
+    # one rounding to the type, plus float64 sums in another order than numpy's
+    terms = x.shape[2] * x.shape[3]
+    magnitude = np.abs(x.astype(np.float64)).mean(axis=(2, 3), keepdims=True)
+    bound = (np.spacing(np.abs(expected).astype(dtype)).astype(np.float64)
+             + terms * np.finfo(np.float64).eps * magnitude)
+    np.testing.assert_array_less(np.abs(got[finite] - expected[finite]), bound[finite])
+
+
 @pytest.mark.parametrize(("shape", "attributes"), [
     ((1, 8, 5, 5), {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
     ((2, 5, 3, 4), {"size": 3}),

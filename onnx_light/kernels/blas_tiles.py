@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import threading
 from typing import Any
 
@@ -56,7 +57,10 @@ def gemm_function(dtype: np.dtype) -> Any | None:
         from threadpoolctl import ThreadpoolController
 
         scalar = ctypes.c_float if prefix == "s" else ctypes.c_double
-        for library in ThreadpoolController().select(user_api="blas").lib_controllers:
+        libraries = ThreadpoolController().select(user_api="blas").lib_controllers
+        # numpy's own first: numba loads scipy's BLAS too when scipy is installed, whose
+        # threads the runtime's BLAS limit does not govern once another library comes first
+        for library in sorted(libraries, key=lambda library: not _numpys(library.filepath)):
             try:
                 handle = ctypes.CDLL(library.filepath)
             except OSError:
@@ -72,6 +76,13 @@ def gemm_function(dtype: np.dtype) -> Any | None:
                 if _agrees_with_numpy(function, dtype):
                     return function
     return None
+
+
+def _numpys(path: str) -> bool:
+    """Whether the library at ``path`` is numpy's own (in its package or its wheel's
+    ``numpy.libs``)."""
+    home = os.path.dirname(os.path.realpath(np.__file__))
+    return os.path.realpath(path).startswith((home + os.sep, home + ".libs" + os.sep))
 
 
 def _agrees_with_numpy(function: Any, dtype: np.dtype) -> bool:

@@ -26,13 +26,14 @@ blocks, and other types, take the numpy function the caller passes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .compiled import compiled
 
-__all__ = ["ACTIVATIONS", "flat_rows", "in_place"]
+__all__ = ["ACTIVATIONS", "InPlace", "activate_run", "flat_rows", "in_place"]
 
 SIGMOID, SWISH, HARD_SIGMOID, HARD_SWISH = range(4)
 #: The op types with a compiled in-place version, and their codes.
@@ -86,39 +87,50 @@ def _hard_gate(v0: float, alpha: float, beta: float) -> float:
 
 
 @compiled(fastmath={"contract"})
-def _sigmoid_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[int, int],
-                  alpha: float, gated: bool) -> None:
-    """sigmoid(alpha x), times x when ``gated``, in place over the rows of the block."""
+def _sigmoid_run(base: np.ndarray, start: int, n: int, alpha: float, gated: bool) -> None:
+    """sigmoid(alpha x), times x when ``gated``, in place over ``base[start:start + n]``."""
     a = np.float32(alpha)
-    n = np.uintp(shape[2])
-    for i in range(np.uintp(shape[0])):
-        for j in range(np.uintp(shape[1])):
-            start = i * np.uintp(strides[0]) + j * np.uintp(strides[1])
-            if gated:
-                for k in range(n):
-                    v = base[start + k]
-                    base[start + k] = v * _gate(v, a)
-            else:
-                for k in range(n):
-                    base[start + k] = _gate(base[start + k], a)
+    if gated:
+        for k in range(n):
+            v = base[start + k]
+            base[start + k] = v * _gate(v, a)
+    else:
+        for k in range(n):
+            base[start + k] = _gate(base[start + k], a)
 
 
 @compiled
-def _hard_sigmoid_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[int, int],
-                       alpha: float, beta: float, gated: bool) -> None:
-    """HardSigmoid(x), times x when ``gated`` (HardSwish), in place over the rows of the block."""
+def _hard_sigmoid_run(base: np.ndarray, start: int, n: int, alpha: float, beta: float,
+                      gated: bool) -> None:
+    """HardSigmoid(x), times x when ``gated`` (HardSwish), in place over ``base[start:start +
+    n]`` (no contraction: numpy's roundings)."""
     a, b = np.float32(alpha), np.float32(beta)
+    if gated:
+        for k in range(n):
+            v = base[start + k]
+            base[start + k] = _hard_gate(v, a, b) * v
+    else:
+        for k in range(n):
+            base[start + k] = _hard_gate(base[start + k], a, b)
+
+
+@compiled
+def activate_run(base: np.ndarray, start: int, n: int, code: int, alpha: float, beta: float) -> None:
+    """Activation ``code`` of :data:`ACTIVATIONS` in place over ``base[start:start + n]``."""
+    if code in (SIGMOID, SWISH):
+        _sigmoid_run(base, start, n, alpha, code == SWISH)
+    else:
+        _hard_sigmoid_run(base, start, n, alpha, beta, code == HARD_SWISH)
+
+
+@compiled
+def _activate_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[int, int],
+                   code: int, alpha: float, beta: float) -> None:
+    """:func:`activate_run` over the rows of the block."""
     n = np.uintp(shape[2])
     for i in range(np.uintp(shape[0])):
         for j in range(np.uintp(shape[1])):
-            start = i * np.uintp(strides[0]) + j * np.uintp(strides[1])
-            if gated:
-                for k in range(n):
-                    v = base[start + k]
-                    base[start + k] = _hard_gate(v, a, b) * v
-            else:
-                for k in range(n):
-                    base[start + k] = _hard_gate(base[start + k], a, b)
+            activate_run(base, i * np.uintp(strides[0]) + j * np.uintp(strides[1]), n, code, alpha, beta)
 
 
 def flat_rows(block: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int]] | None:
@@ -149,8 +161,27 @@ def flat_rows(block: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int], tupl
     return base, (merged[0][0], merged[1][0], merged[2][0]), (merged[0][1], merged[1][1])
 
 
+@dataclass(frozen=True)
+class InPlace:
+    """A compiled in-place activation (:func:`in_place`): ``code`` (of :data:`ACTIVATIONS`),
+    its ``alpha`` and ``beta``, so that a kernel may apply it inside its own compiled loop
+    (:func:`activate_run`) instead of calling it on a finished block."""
+
+    code: int
+    alpha: float
+    beta: float
+    fallback: Callable[[np.ndarray], None]
+
+    def __call__(self, block: np.ndarray) -> None:
+        rows = flat_rows(block) if block.dtype == np.float32 else None
+        if rows is None:
+            self.fallback(block)
+        else:
+            _activate_rows.dispatcher(*rows, self.code, self.alpha, self.beta)
+
+
 def in_place(op_type: str, attributes: Mapping[str, float],
-             fallback: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None] | None:
+             fallback: Callable[[np.ndarray], None]) -> InPlace | None:
     """``f(block)`` overwriting a float32 block with ``op_type``'s activation (of
     :data:`ACTIVATIONS`; ``attributes`` its alpha and beta), compiled here (at session
     construction, not in a run); ``fallback`` computes blocks of other layouts. None for
@@ -160,18 +191,10 @@ def in_place(op_type: str, attributes: Mapping[str, float],
         return None
     if code in (SIGMOID, SWISH):
         alpha = float(attributes.get("alpha", 1.0)) if code == SWISH else 1.0
-        kernel, arguments = _sigmoid_rows.dispatcher, (alpha, code == SWISH)
+        beta = 0.0
     else:
         alpha, beta = ((float(attributes.get("alpha", 0.2)), float(attributes.get("beta", 0.5)))
                        if code == HARD_SIGMOID else (float(_SIXTH), float(_HALF)))
-        kernel, arguments = _hard_sigmoid_rows.dispatcher, (alpha, beta, code == HARD_SWISH)
-
-    def apply(block: np.ndarray) -> None:
-        rows = flat_rows(block) if block.dtype == np.float32 else None
-        if rows is None:
-            fallback(block)
-        else:
-            kernel(*rows, *arguments)
-
+    apply = InPlace(code, alpha, beta, fallback)
     apply(np.zeros(1, np.float32))  # compile (or load from numba's cache) now
     return apply

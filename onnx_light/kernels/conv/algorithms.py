@@ -13,10 +13,13 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...parallel import ThreadPool
+from ..compiled_activations import InPlace
 from ..window import pad_spatial
 from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block, split
 from .depthwise import _CompiledDepthwise, read_only
+from .finish import Finish
+from .pointwise import pointwise_gemm, pointwise_tiles, tile_columns
 from .problem import _Problem
 
 
@@ -197,7 +200,9 @@ class _Shifted(_Columns):
 
 class _Pointwise(_Algorithm):
     """1x1, stride 1, no padding: the weights times the input rows themselves, no buffer (a
-    prologue maps each block of input rows into a new one first)."""
+    prologue maps each block of input rows into a new one first). Without a prologue, in
+    float32 and float64, each block is one compiled call that multiplies and finishes it
+    tile by tile (:mod:`onnx_light.kernels.conv.pointwise`)."""
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
@@ -209,6 +214,44 @@ class _Pointwise(_Algorithm):
         self.row_size = math.prod(window.output[1:])
         self.inputs = x.reshape(problem.batch, problem.groups, self.cg, window.output[0], self.row_size)
         self.outputs = out.reshape(problem.batch, problem.groups, self.mg, window.output[0], self.row_size)
+        # per_filter (a subclass) keeps its one product per filter: equal filters, equal channels
+        self.gemm = pointwise_gemm(x.dtype) if prologue is None and type(self) is _Pointwise else None
+        if self.gemm is not None:
+            self._tiled(x, out, b, epilogue)
+
+    def _tiled(self, x: np.ndarray, out: np.ndarray, b: np.ndarray | None,
+               epilogue: Callable[[np.ndarray], None] | None) -> None:
+        """What the compiled blocks take: flat read-only operands, the finishing pass's
+        bias, residual and clamp, and the activation to run after it (if any)."""
+        empty = read_only(np.empty(0, x.dtype))
+        self.flat_x, self.flat_out = read_only(x.reshape(-1)), out.reshape(-1)
+        self.tile_weights = read_only(self.weights)
+        self.tile_bias = empty if b is None else read_only(b.reshape(-1))
+        self.residual, self.clamp, self.after = empty, (-np.inf, np.inf), epilogue
+        if isinstance(epilogue, Finish):
+            if epilogue.residual is not None:
+                self.residual = read_only(epilogue.residual)
+            if epilogue.clamp is not None:
+                self.clamp, self.after = epilogue.clamp, None
+            else:
+                self.after = epilogue.epilogue
+        self.activation = (-1, 1.0, 0.0)  # none: the compiled call applies only the clamp
+        if isinstance(self.after, InPlace) and x.dtype == np.float32:
+            self.activation, self.after = (self.after.code, self.after.alpha, self.after.beta), None
+        self.plane = self.window.output[0] * self.row_size
+        self.tile = tile_columns(self.mg, self.cg, self.plane, x.itemsize) or self.plane
+
+    def _product_tiles(self, n: int, g: int, lo: int, hi: int, r0: int, r1: int) -> None:
+        """Filters lo:hi of group g, rows r0:r1, by the compiled tiles."""
+        pair, first, filter0 = n * self.problem.groups + g, r0 * self.row_size, g * self.mg
+        bias = self.tile_bias[filter0 + lo:filter0 + hi] if self.tile_bias.size else self.tile_bias
+        pointwise_tiles.dispatcher(
+            self.gemm, self.tile_weights[g, lo:hi], self.flat_x, pair * self.cg * self.plane + first,
+            self.plane, self.flat_out, (pair * self.mg + lo) * self.plane + first, self.plane, hi - lo,
+            self.cg, (r1 - r0) * self.row_size, bias, self.residual, *self.clamp, *self.activation,
+            self.tile)
+        if self.after is not None:
+            self.after(self.out[n, g:g + 1, lo:hi, r0:r1])
 
     def source(self, n: int, g0: int, g1: int, r0: int, r1: int) -> np.ndarray:
         """The input of groups g0:g1, rows r0:r1 as (count, C/group, rows * row size)."""
@@ -220,6 +263,10 @@ class _Pointwise(_Algorithm):
         return mapped.reshape(source.shape)
 
     def product(self, n: int, g0: int, g1: int, lo: int, hi: int, r0: int, r1: int) -> None:
+        if self.gemm is not None:
+            for g in range(g0, g1):
+                self._product_tiles(n, g, lo, hi, r0, r1)
+            return
         count, width = g1 - g0, (r1 - r0) * self.row_size
         target = self.outputs[n, g0:g1, lo:hi, r0:r1].reshape(count, hi - lo, width)
         np.matmul(self.weights[g0:g1, lo:hi], self.source(n, g0, g1, r0, r1), out=target)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..compiled import compiled
 from .blocks import _Algorithm
+from .finish import Finish
 from .problem import _Problem
 
 __all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels", "plane_layout",
@@ -95,8 +96,13 @@ class _CompiledDepthwise(_Algorithm):
         self.phases, self.rows, self.columns = plane_layout(
             self.x.shape[1:], self.out.shape[1:], self.w.shape[1:], self.strides,
             two(window.dilations, 1), self.pads)
+        # a fused clamp alone (Relu, Clip: no residual, no other activation) is applied by the
+        # kernel as it copies the result out; any other epilogue runs on each finished block
+        self.clamp = (-np.inf, np.inf)
+        if isinstance(epilogue, Finish) and epilogue.residual is None and epilogue.clamp is not None:
+            self.clamp, self.epilogue = epilogue.clamp, None
         channel_bytes = math.prod(self.out.shape[1:]) * out.itemsize
-        self.step = max(1, EPILOGUE_BLOCK_BYTES // channel_bytes) if epilogue is not None else 1 << 62
+        self.step = max(1, EPILOGUE_BLOCK_BYTES // channel_bytes) if self.epilogue is not None else 1 << 62
         self.kernel = depthwise_channels.dispatcher
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
@@ -105,7 +111,7 @@ class _CompiledDepthwise(_Algorithm):
         for first in range(start * mg, stop * mg, self.step):
             last = min(stop * mg, first + self.step)
             self.kernel(self.x, self.w, self.b, self.out, first, last, mg, self.strides, self.pads,
-                        self.phases, self.rows, self.columns, -np.inf, np.inf)
+                        self.phases, self.rows, self.columns, *self.clamp)
             if self.epilogue is not None:
                 self.epilogue(self.out[first:last])
 

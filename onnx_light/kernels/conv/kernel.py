@@ -55,6 +55,7 @@ from .config import (
 )
 from .depthwise import compile_depthwise, depthwise_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish
+from .pointwise import compile_pointwise
 from .problem import _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -143,13 +144,16 @@ class ConvKernel(Kernel):
         """With constant weights: a kernel that computes each distinct filter once when
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights for their Winograd transforms when its convolutions may use
-        winograd. Compiles what its runs will call (the depthwise kernel, the finishing pass)."""
+        winograd. Compiles what its runs will call (the depthwise kernel, the pointwise tiles,
+        the finishing pass)."""
         dtype = self.ctx.input_dtype(0)
         if dtype is not None:
             compile_finish(compute_dtype(dtype))
         w = constants[1] if len(constants) > 1 else None
         if w is None or w.ndim < 3:
             return None
+        if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
+            compile_pointwise(compute_dtype(w.dtype))
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
         return self._with_distinct_filters(w) or self._with_winograd_filters(w)

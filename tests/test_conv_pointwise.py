@@ -1,0 +1,134 @@
+"""``direct_1x1``'s compiled tiles (kernels/conv/pointwise.py): each tile one BLAS product,
+finished while in cache, against float64 products, over shapes with one and several tiles,
+groups, batches, both thread counts, with and without the bias, the fused residual and clamp."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto
+
+from onnx_light.kernels import conv
+from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_activations import in_place
+from onnx_light.kernels.conv import pointwise
+from onnx_light.parallel import ThreadPool
+
+
+@pytest.fixture(scope="module")
+def pools():
+    with ThreadPool(1) as one, ThreadPool(2) as two:
+        yield {1: one, 2: two}
+
+
+def _kernel(group, pool, values=None, element_type=TensorProto.FLOAT):
+    ctx = NodeContext("conv", "Conv", "", 22, {"group": group}, (element_type,) * 3, (element_type,), 3, 1)
+    kernel = conv.ConvKernel(ctx)
+    kernel.bind(pool).configure(values)
+    return kernel
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), group=st.sampled_from([1, 2]), channels=st.integers(1, 24),
+       filters=st.integers(1, 70), height=st.integers(1, 24), width=st.integers(1, 24),
+       bias=st.booleans(), residual=st.booleans(),
+       clamp=st.sampled_from([None, (0.0, math.inf), (-0.5, 0.5)]),
+       threads=st.sampled_from([1, 2]), split=st.sampled_from(["auto", "output_rows", "filters"]),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**16))
+def test_tiles_equal_the_product_finished(pools, batch, group, channels, filters, height, width, bias,
+                                          residual, clamp, threads, split, dtype, seed):
+    channels, filters = channels * group, filters * group
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(dtype)
+    w = rng.uniform(-1, 1, (filters, channels // group, 1, 1)).astype(dtype)
+    b = rng.uniform(-1, 1, filters).astype(dtype) if bias else None
+    element_type = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    kernel = _kernel(group, pools[threads], {conv.SPLIT: split, conv.MINIMUM_FLOPS: 1}, element_type)
+    wide = np.einsum("gmc,ngchw->ngmhw", w.astype(np.float64).reshape(group, filters // group, -1),
+                     x.astype(np.float64).reshape(batch, group, channels // group, height, width))
+    expected = wide.reshape(batch, filters, height, width)
+    if b is not None:
+        expected += b.astype(np.float64).reshape(-1, 1, 1)
+    inputs = [x, w, b]
+    if residual:
+        shortcut = rng.uniform(-1, 1, expected.shape).astype(dtype)
+        expected += shortcut
+        inputs.append(shortcut)
+        kernel.residual = True
+    if clamp is not None:
+        kernel.clamp = clamp
+        kernel.epilogue = lambda block, low=clamp[0], high=clamp[1]: np.clip(block, low, high, out=block)
+        expected = np.clip(expected, *clamp)
+    got = kernel.run(*inputs)[0]
+    assert got.dtype == dtype and got.shape == expected.shape
+    tolerance = (channels // group + 3) * np.finfo(dtype).eps * 4
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
+    assert kernel.problem(x.shape, w.shape).algorithm == "direct_1x1"
+
+
+def test_tiles_cut_small_weights_and_large_outputs_only():
+    """Large weights keep one tile (each tile's product packs them again), and so does an
+    output that fits in cache; the others are cut into equal tiles of about TILE_COLUMNS."""
+    assert pointwise.tile_columns(2048, 512, 12544, 4) is None
+    assert pointwise.tile_columns(40, 144, 784, 4) is None
+    assert pointwise.tile_columns(16, 32, 12544, 4) == 256  # 49 tiles of 256
+    assert pointwise.tile_columns(24, 96, 3136, 4) == 256  # 13 tiles: 12 of 256, one of 64
+    assert pointwise.tile_columns(96, 16, 900, 4) == 240  # 4 tiles of 225 columns, rounded up
+
+
+def test_a_multi_tile_plane_with_a_relu_and_residual_matches_numpy_bitwise(pools):
+    """Several tiles (16 -> 64 channels at 40x40): each element the BLAS product, then the
+    bias, the residual and the Relu in numpy's order, as the finishing pass computes them."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
+    w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    shortcut = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
+    assert pointwise.tile_columns(64, 16, 40 * 40, 4) < 40 * 40
+    kernel = _kernel(1, pools[1])
+    kernel.residual, kernel.clamp = True, (0.0, math.inf)
+    kernel.epilogue = lambda block: np.maximum(block, 0, out=block)
+    got = kernel.run(x, w, b, shortcut)[0]
+    product = np.matmul(w.reshape(64, 16), x.reshape(16, -1)).reshape(1, 64, 40, 40)
+    expected = np.maximum((product + b.reshape(-1, 1, 1)) + shortcut, 0)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_constant_weights_compile_at_construction(pools):
+    """``specialize`` compiles the tiles for the weights' type: runs with writable or read-only
+    arrays, a bias or none, a residual or none, then need no other compiled version."""
+    w = np.ones((4, 3, 1, 1), np.float64)
+    kernel = _kernel(1, pools[1], element_type=TensorProto.DOUBLE)
+    kernel.specialize([None, w, None])
+    signatures = set(pointwise.pointwise_tiles.dispatcher.signatures)
+    assert any(s[1].dtype.name == "float64" for s in signatures)
+    x = np.ones((1, 3, 5, 5))
+    kernel.run(x, w, np.zeros(4))
+    x.flags.writeable = w.flags.writeable = False
+    kernel.run(x, w)
+    kernel.residual = True
+    kernel.run(x, w, np.zeros(4), np.ones((1, 4, 5, 5)))
+    assert set(pointwise.pointwise_tiles.dispatcher.signatures) == signatures
+
+
+@pytest.mark.parametrize("op_type", ["Sigmoid", "Swish", "HardSigmoid", "HardSwish"])
+@pytest.mark.parametrize("size", [40, 6], ids=["tiles", "one-tile"])
+def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
+    """A fused compiled activation (SiLU as Swish, HardSwish, ...) applied in each tile gives
+    the convolution, then the same activation applied to the finished output, bitwise."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((1, 16, size, size)) * 4).astype(np.float32)
+    w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    activation = in_place(op_type, {"alpha": 1.0} if op_type == "Swish" else {}, lambda block: None)
+    kernel = _kernel(1, pools[1])
+    kernel.epilogue = activation
+    got = kernel.run(x, w, b)[0]
+    expected = _kernel(1, pools[1]).run(x, w, b)[0]
+    activation(expected)
+    np.testing.assert_array_equal(got, expected)
+    assert (got != _kernel(1, pools[1]).run(x, w, b)[0]).any()
