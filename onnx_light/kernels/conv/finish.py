@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..compiled import compiled
 from ..compiled_activations import flat_rows
 
-__all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows"]
+__all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows", "finish_run"]
 
 #: The output types the compiled pass takes.
 FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -34,6 +34,26 @@ def _clamp(v: float, lo: float, hi: float) -> float:
     return hi if v > hi else v
 
 
+@compiled(inline="always")
+def finish_run(base: np.ndarray, start: int, n: int, b: float, residual: np.ndarray, lo: float,
+               hi: float, with_bias: bool, with_residual: bool) -> None:
+    """``base[start + k] = clamp((base[start + k] + b) + residual[start + k])`` for ``k < n``;
+    ``b`` is added only ``with_bias``, ``residual`` only ``with_residual``: one branch-free
+    loop per combination, which LLVM vectorises."""
+    if with_bias and with_residual:
+        for k in range(n):
+            base[start + k] = _clamp((base[start + k] + b) + residual[start + k], lo, hi)
+    elif with_bias:
+        for k in range(n):
+            base[start + k] = _clamp(base[start + k] + b, lo, hi)
+    elif with_residual:
+        for k in range(n):
+            base[start + k] = _clamp(base[start + k] + residual[start + k], lo, hi)
+    else:
+        for k in range(n):
+            base[start + k] = _clamp(base[start + k], lo, hi)
+
+
 @compiled
 def finish_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[int, int],
                 bias: np.ndarray, residual: np.ndarray, low: float, high: float) -> None:
@@ -42,25 +62,14 @@ def finish_rows(base: np.ndarray, shape: tuple[int, int, int], strides: tuple[in
     ``residual`` is not added; the clamp is numpy's maximum with ``low``, then minimum with
     ``high`` (NaN kept)."""
     lo, hi = base.dtype.type(low), base.dtype.type(high)
+    zero = base.dtype.type(0)
     with_bias, with_residual = bias.size > 0, residual.size > 0
     n = np.uintp(shape[2])
     for i in range(np.uintp(shape[0])):
         for j in range(np.uintp(shape[1])):
             start = i * np.uintp(strides[0]) + j * np.uintp(strides[1])
-            if with_bias and with_residual:
-                b = bias[i, j]
-                for k in range(n):
-                    base[start + k] = _clamp((base[start + k] + b) + residual[start + k], lo, hi)
-            elif with_bias:
-                b = bias[i, j]
-                for k in range(n):
-                    base[start + k] = _clamp(base[start + k] + b, lo, hi)
-            elif with_residual:
-                for k in range(n):
-                    base[start + k] = _clamp(base[start + k] + residual[start + k], lo, hi)
-            else:
-                for k in range(n):
-                    base[start + k] = _clamp(base[start + k], lo, hi)
+            finish_run(base, start, n, bias[i, j] if with_bias else zero, residual, lo, hi,
+                       with_bias, with_residual)
 
 
 @compiled

@@ -26,7 +26,7 @@ from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from ..compiled_activations import activate_run
 from .depthwise import read_only
-from .finish import FINISHED_TYPES, _clamp
+from .finish import FINISHED_TYPES, finish_run
 
 __all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise",
            "pointwise_gemm", "pointwise_tiles", "tile_columns"]
@@ -76,6 +76,7 @@ def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset
     (:func:`~onnx_light.kernels.compiled_activations.activate_run`, with ``alpha`` and ``beta``)."""
     item = out.itemsize
     lo, hi = out.dtype.type(low), out.dtype.type(high)
+    zero = out.dtype.type(0)
     with_bias, with_residual = bias.size > 0, residual.size > 0
     for j0 in range(0, width, tile):
         columns = min(tile, width - j0)
@@ -86,20 +87,8 @@ def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset
         for i in range(filters):
             row = np.uintp(start + i * out_stride)
             n = np.uintp(columns)
-            if with_bias and with_residual:
-                b = bias[i]
-                for k in range(n):
-                    out[row + k] = _clamp((out[row + k] + b) + residual[row + k], lo, hi)
-            elif with_bias:
-                b = bias[i]
-                for k in range(n):
-                    out[row + k] = _clamp(out[row + k] + b, lo, hi)
-            elif with_residual:
-                for k in range(n):
-                    out[row + k] = _clamp(out[row + k] + residual[row + k], lo, hi)
-            else:
-                for k in range(n):
-                    out[row + k] = _clamp(out[row + k], lo, hi)
+            finish_run(out, row, n, bias[i] if with_bias else zero, residual, lo, hi, with_bias,
+                       with_residual)
             if activation >= 0:
                 activate_run(out, row, n, activation, alpha, beta)
 
