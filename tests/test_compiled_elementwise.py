@@ -10,6 +10,8 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.polynomial import chebyshev
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -103,6 +105,36 @@ def test_binary_operations_are_numpys(code: int) -> None:
                     ce.MAX: np.maximum, ce.MIN: np.minimum,
                     ce.LEAKY: lambda x, s: np.where(x > 0, x, x * s)}[code](a64, b64)
     _assert_close(out.run([a, b]), expected, 0.5)
+
+
+@st.composite
+def _run_broadcast(draw) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An output shape and an input shape whose nonunit dimensions are a contiguous run of
+    the output's (leading ones dropped or kept, trailing ones for the axes after the run)."""
+    out = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)))
+    start = draw(st.integers(0, len(out)))
+    stop = draw(st.integers(start, len(out)))
+    lead = draw(st.integers(0, start))
+    return out, (1,) * lead + out[start:stop] + (1,) * (len(out) - stop)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_run_broadcast(), st.integers(0, 2**31 - 1))
+def test_runs_of_output_dimensions_broadcast_like_numpy(shapes, seed: int) -> None:
+    """An input over any contiguous run of the output's dimensions (a per-channel (C, 1)
+    over (N, C, T), a bias, one element) gives numpy's broadcast, GELU rounded once (absolute
+    1e-7 where erf has rounded to -1)."""
+    out_shape, shape = shapes
+    rng = np.random.default_rng(seed)
+    program = ce.Program()
+    x, y = program.load(0), program.load(1)
+    fused = program.finish(program.unary(ce.GELU, program.binary(ce.MUL, x, y)))
+    a = rng.standard_normal(out_shape).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    result = fused.run([a, b])
+    product = a.astype(np.float64) * b
+    assert result is not None and result.shape == product.shape
+    _assert_close(result, 0.5 * product * (1 + _erf(product / np.sqrt(2))), 0.5001, 1e-7)
 
 
 def test_broadcasting_patterns_and_refusals() -> None:
@@ -414,3 +446,33 @@ def test_gpt2_gelu_joins_one_program_and_folds_into_gelu_tanh():
     x = (np.random.default_rng(3).standard_normal((4, 300)) * 4).astype(np.float32)
     expected = RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=5e-7, atol=2e-7)
+
+
+# --------------------------------------------------------------------------- InstanceNormalization
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 7), min_size=3, max_size=4), st.sampled_from([1, 2]),
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_instance_norm_compiled_planes_match_float64(shape, threads: int, fortran: bool, seed: int) -> None:
+    """float32 InstanceNormalization (the compiled planes, serial or over two threads, any
+    layout of X) is the float64 computation rounded once, as numpy's float64 path gives it;
+    the output is a new array."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(shape)
+    ctx = NodeContext("in", "InstanceNormalization", "", 6, {"epsilon": 1e-3}, (F,) * 3, (F,), 3, 1)
+    kernel = KERNELS["InstanceNormalization"][6](ctx).bind(get_pool(threads))
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    scale, bias = (rng.standard_normal(shape[1]).astype(np.float32) for _ in range(2))
+    data = x.astype(np.float64)
+    axes = tuple(range(2, x.ndim))
+    mean = data.mean(axis=axes, keepdims=True)
+    inverse = 1 / np.sqrt(((data - mean) ** 2).mean(axis=axes, keepdims=True) + np.float32(1e-3))
+    wanted = (data - mean) * inverse * scale.reshape(1, -1, *(1,) * len(axes)) \
+        + bias.reshape(1, -1, *(1,) * len(axes))
+    layout = np.asfortranarray(x) if fortran else x
+    (actual,) = kernel.run(layout, scale, bias)
+    assert actual.dtype == np.float32 and actual.shape == x.shape
+    assert not np.shares_memory(actual, x)
+    np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-6)
+    (numpy_path,) = kernel.run(x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64))
+    np.testing.assert_allclose(actual, numpy_path, rtol=1e-6, atol=1e-6)

@@ -16,8 +16,9 @@ SVML), accurate to well under a float32 unit in the last place (docs/elementwise
 to float64's: the programs take float32 data only. NaN and infinities propagate as ONNX says;
 signed zeros are kept.
 
-Inputs broadcast in three ways (:func:`period`): the whole output, one element, or a trailing
-block of the output's shape repeated (a bias along the last axes).
+Inputs broadcast in four ways (:func:`broadcast`): the whole output, one element, a trailing
+block of the output's shape repeated (a bias along the last axes), or a block of the output's
+dimensions each element repeated over the axes after it (a per-channel value over planes).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import numpy as np
 
 from .compiled import compiled, load_numba, prange
 
-__all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "emit",
-           "exp_row", "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
+__all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "broadcast",
+           "emit", "exp_row", "numba_threads", "run_program", "run_program_parallel", "single_op"]
 
 BLOCK = 1024  # elements per register row: a program's registers stay in the L2 cache
 MAX_INPUTS = 4
@@ -105,29 +106,34 @@ def _erf_row(x: np.ndarray, out: np.ndarray, m: int, scale: float) -> None:
         a = abs(v)
         a = a if a < _ERF_LIMIT else _ERF_LIMIT
         u = a * a * _ERF_SCALE - 1.0
-        p = c[22]
-        p = p * u + c[21]
-        p = p * u + c[20]
-        p = p * u + c[19]
-        p = p * u + c[18]
-        p = p * u + c[17]
-        p = p * u + c[16]
-        p = p * u + c[15]
-        p = p * u + c[14]
-        p = p * u + c[13]
-        p = p * u + c[12]
-        p = p * u + c[11]
-        p = p * u + c[10]
-        p = p * u + c[9]
-        p = p * u + c[8]
-        p = p * u + c[7]
-        p = p * u + c[6]
-        p = p * u + c[5]
-        p = p * u + c[4]
-        p = p * u + c[3]
-        p = p * u + c[2]
-        p = p * u + c[1]
-        p = p * u + c[0]
+        u2 = u * u
+        u4 = u2 * u2
+        # Four independent Horner chains in u^4 (Estrin's split): a quarter of one chain's
+        # latency, which bounds a single chain's speed.
+        q0 = c[20]
+        q1 = c[21]
+        q2 = c[22]
+        q3 = c[19]
+        q0 = q0 * u4 + c[16]
+        q1 = q1 * u4 + c[17]
+        q2 = q2 * u4 + c[18]
+        q3 = q3 * u4 + c[15]
+        q0 = q0 * u4 + c[12]
+        q1 = q1 * u4 + c[13]
+        q2 = q2 * u4 + c[14]
+        q3 = q3 * u4 + c[11]
+        q0 = q0 * u4 + c[8]
+        q1 = q1 * u4 + c[9]
+        q2 = q2 * u4 + c[10]
+        q3 = q3 * u4 + c[7]
+        q0 = q0 * u4 + c[4]
+        q1 = q1 * u4 + c[5]
+        q2 = q2 * u4 + c[6]
+        q3 = q3 * u4 + c[3]
+        q0 = q0 * u4 + c[0]
+        q1 = q1 * u4 + c[1]
+        q2 = q2 * u4 + c[2]
+        p = q0 + u * q1 + u2 * (q2 + u * q3)
         r = p * a if a < _ERF_LIMIT else 1.0
         r = math.copysign(r, v)
         out[i] = r if v == v else v
@@ -233,12 +239,25 @@ def _binary_row(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray, m: int
 
 
 @compiled
-def _load_row(source: np.ndarray, length: int, start: int, row: np.ndarray, m: int) -> None:
-    """row[:m] = the elements start..start+m of ``source`` repeated with period ``length``."""
+def _load_row(source: np.ndarray, length: int, repeat: int, start: int, row: np.ndarray,
+              m: int) -> None:
+    """row[:m] = output elements start..start+m of ``source`` broadcast: element ``i`` of the
+    output reads ``source[(i // repeat) % length]``."""
     if length == 1:
         value = np.float64(source[0])
         for i in range(m):
             row[i] = value
+        return
+    if repeat > 1:  # runs of one value (a per-channel constant over a plane)
+        i = 0
+        while i < m:
+            position = start + i
+            count = min(m - i, repeat - position % repeat)
+            value = np.float64(source[(position // repeat) % length])
+            target = row[i:i + count]
+            for q in range(count):
+                target[q] = value
+            i += count
         return
     # Indexing slices by the loop counter alone (not ``offset + i``) lets LLVM vectorize
     # the copies: it cannot prove a sum of two counters non-negative, and numba's negative
@@ -265,8 +284,8 @@ def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.
                 x2: np.ndarray, x3: np.ndarray, periods: np.ndarray, registers: int,
                 out: np.ndarray, start: int, stop: int) -> None:
     """Run the program ``code`` over out[start:stop] (1-D float32 arrays; input ``k``, in
-    register ``k``, repeats with period ``periods[k]``; periods of 0 mark unused inputs), one
-    block at a time."""
+    register ``k``, is broadcast as ``periods[k]`` = (length, repeat) says, :func:`broadcast`;
+    lengths of 0 mark unused inputs), one block at a time."""
     rows = np.empty((registers, BLOCK))
     work = np.empty(BLOCK)
     bits = np.empty(BLOCK, np.int64)
@@ -278,14 +297,14 @@ def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.
         m = min(BLOCK, stop - first)
         # Each input is loaded by its own call: choosing the array by index costs more than
         # the load itself (docs/elementwise.md).
-        if periods[0]:
-            _load_row(x0, periods[0], first, rows[0], m)
-        if periods[1]:
-            _load_row(x1, periods[1], first, rows[1], m)
-        if periods[2]:
-            _load_row(x2, periods[2], first, rows[2], m)
-        if periods[3]:
-            _load_row(x3, periods[3], first, rows[3], m)
+        if periods[0, 0]:
+            _load_row(x0, periods[0, 0], periods[0, 1], first, rows[0], m)
+        if periods[1, 0]:
+            _load_row(x1, periods[1, 0], periods[1, 1], first, rows[1], m)
+        if periods[2, 0]:
+            _load_row(x2, periods[2, 0], periods[2, 1], first, rows[2], m)
+        if periods[3, 0]:
+            _load_row(x3, periods[3, 0], periods[3, 1], first, rows[3], m)
         for j in range(count):
             op = code[j, 0]
             destination = rows[code[j, 1]]
@@ -313,18 +332,26 @@ def run_program_parallel(code: np.ndarray, constants: np.ndarray, x0: np.ndarray
             run_program(code, constants, x0, x1, x2, x3, periods, registers, out, start, stop)
 
 
-def period(shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
-    """How an input of ``shape`` repeats in a C-order output of ``out_shape`` (broadcast):
-    its size when its nonunit dimensions are a trailing part of the output's shape (the whole
-    output, a bias along the last axes, one element), else None."""
+def broadcast(shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, int] | None:
+    """How an input of ``shape`` broadcasts to a C-order output of ``out_shape``, as (length,
+    repeat): output element ``i`` reads the input's element ``(i // repeat) % length``. Its
+    nonunit dimensions must be one contiguous run of the output's dimensions (the whole output,
+    a bias along the last axes, one element, a per-channel value over planes: shape (C, 1)
+    over (N, C, T)); None otherwise."""
     dims = list(shape)
     while dims and dims[0] == 1:
         dims.pop(0)
     if not dims:
-        return 1
-    if len(dims) > len(out_shape) or list(out_shape[len(out_shape) - len(dims):]) != dims:
+        return 1, 1
+    if len(dims) > len(out_shape):
         return None
-    return math.prod(dims)
+    tail = list(out_shape[len(out_shape) - len(dims):])
+    core = len(dims)
+    while core and dims[core - 1] == 1:
+        core -= 1
+    if dims[:core] != tail[:core]:
+        return None
+    return math.prod(dims), math.prod(tail[core:])
 
 
 class _Regions:
@@ -382,13 +409,13 @@ class CompiledProgram:
         out_shape = np.broadcast_shapes(*shapes)
         arrays, periods = [], []
         for x in inputs:
-            p = period(x.shape, out_shape)
+            p = broadcast(x.shape, out_shape)
             if p is None or x.dtype != _FLOAT32:
                 return None
             arrays.append(np.ascontiguousarray(x).reshape(-1))
             periods.append(p)
         arrays += [_DUMMY] * (MAX_INPUTS - len(arrays))
-        periods += [0] * (MAX_INPUTS - len(periods))
+        periods += [(0, 1)] * (MAX_INPUTS - len(periods))
         out = np.empty(out_shape, np.float32)
         flat = out.reshape(-1)
         if flat.size:
