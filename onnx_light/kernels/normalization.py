@@ -18,7 +18,8 @@ LayerNormalization of float32 data with the default float32 stash runs a compile
 row (:func:`layer_norm_rows`: the mean, then the variance of the centred row, then the
 output, in float64, rounded once), over numba's threads from
 :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on when the session has more than one thread;
-other types and layouts take the numpy path.
+other types and layouts take the numpy path. float32 InstanceNormalization runs the same
+pass per (image, channel) plane (:func:`instance_norm_rows`, the channel's scale and bias).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "LAYER_NORM_PARALLEL_MINIMUM", "PARALLEL_MINIMUM", "BatchNormalization",
            "ChannelAffine", "InstanceNormalization", "LayerNormalization", "batch_norm_affine",
-           "layer_norm_rows"]
+           "instance_norm_rows", "layer_norm_rows"]
 
 PARALLEL_MINIMUM = 1 << 20
 # Elements of X from which the compiled LayerNormalization splits its rows over the threads
@@ -232,6 +233,9 @@ class InstanceNormalization(Kernel):
     def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 3:
             raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        if (x.dtype == scale.dtype == bias.dtype == np.float32 and x.size
+                and scale.size == bias.size == x.shape[1]):
+            return (self._compiled(x, scale.reshape(-1), bias.reshape(-1)),)
         compute = compute_dtype(x.dtype)
         axes = tuple(range(2, x.ndim))
         mean = np.mean(x, axis=axes, dtype=np.float64, keepdims=True)
@@ -242,11 +246,33 @@ class InstanceNormalization(Kernel):
         y = x.astype(compute) * a.astype(compute) + b.astype(compute)
         return (y.astype(x.dtype, copy=False),)
 
+    def _compiled(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        """float32 planes by :func:`instance_norm_rows`, over numba's threads from
+        :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on."""
+        planes = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
+        out = np.empty(planes.shape, np.float32)
+        if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and planes.shape[0] > 1
+                and numba_threads(self.num_threads)):
+            _instance_norm_rows_parallel.dispatcher(planes, scale, bias, self.epsilon, out)
+        else:
+            instance_norm_rows.dispatcher(planes, scale, bias, self.epsilon, out)
+        return out.reshape(x.shape)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the compiled pass now, at session construction, for a float32 node."""
+        if self.ctx.input_types[:1] == (T.FLOAT,):
+            one = np.ones(1, np.float32)
+            x = np.zeros((1, 1, 2), np.float32)
+            self._compiled(x, one, one)
+            if self.num_threads > 1 and numba_threads(self.num_threads):
+                _instance_norm_rows_parallel.dispatcher(x[0], one, one, 1e-5, x[0].copy())
+        return None
+
 
 @compiled(fastmath={"contract"})
-def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
-                    epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
-                    row: int) -> None:
+def _row_moments(x: np.ndarray, row: int, epsilon: float) -> tuple[float, float]:
+    """The mean of ``x[row]`` and 1/sqrt(variance + epsilon), the variance of the centred
+    row, both summed in float64."""
     n = x.shape[1]
     # Four partial sums (in a fixed order) let LLVM vectorize the sums without reassociating.
     s0 = s1 = s2 = s3 = 0.0
@@ -270,12 +296,46 @@ def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bia
         d = x[row, j] - mu
         s0 += d * d
     squares = (s0 + s1) + (s2 + s3)
-    inv = 1.0 / np.sqrt(squares / n + epsilon)
+    return mu, 1.0 / np.sqrt(squares / n + epsilon)
+
+
+@compiled(fastmath={"contract"})
+def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
+                    epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
+                    row: int) -> None:
+    mu, inv = _row_moments(x, row, epsilon)
     mean[row] = mu
     inverse[row] = inv
-    for j in range(n):
+    for j in range(x.shape[1]):
         y = (x[row, j] - mu) * inv * scale[j]
         out[row, j] = y + bias[j] if with_bias else y
+
+
+@compiled(fastmath={"contract"})
+def _instance_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float,
+                       out: np.ndarray, row: int) -> None:
+    channel = row % scale.shape[0]
+    mu, inv = _row_moments(x, row, epsilon)
+    a = inv * np.float64(scale[channel])
+    b = np.float64(bias[channel])
+    for j in range(x.shape[1]):
+        out[row, j] = (x[row, j] - mu) * a + b
+
+
+@compiled
+def instance_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float,
+                       out: np.ndarray) -> None:
+    """InstanceNormalization of the float32 (image, channel) planes, the rows of ``x``, into
+    ``out``: channel ``row % C`` scales and shifts row ``row``; in float64, rounded once."""
+    for row in range(x.shape[0]):
+        _instance_norm_row(x, scale, bias, epsilon, out, row)
+
+
+@compiled(parallel=True)
+def _instance_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray,
+                                 epsilon: float, out: np.ndarray) -> None:
+    for row in prange(x.shape[0]):
+        _instance_norm_row(x, scale, bias, epsilon, out, row)
 
 
 @compiled
