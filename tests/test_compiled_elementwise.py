@@ -448,6 +448,28 @@ def test_gpt2_gelu_joins_one_program_and_folds_into_gelu_tanh():
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=5e-7, atol=2e-7)
 
 
+@pytest.mark.parametrize(("shape", "axis", "with_bias"), [((2, 9, 40), -1, True), ((3, 4, 5), 1, False)])
+def test_layer_norm_in_the_bound_plan_gives_the_kernel_bits(shape, axis: int, with_bias: bool) -> None:
+    """The bound plan's prepared LayerNormalization (Y alone) writes what the kernel's run gives."""
+    normalized = list(shape[axis % len(shape):])
+    names = ["x", "scale", *(["bias"] if with_bias else [])]
+    rng = np.random.default_rng(5)
+    parameters = [rng.standard_normal(normalized).astype(np.float32) for _ in names[1:]]
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", names, ["y"], axis=axis)], "g",
+        [helper.make_tensor_value_info("x", F, list(shape))],
+        [helper.make_tensor_value_info("y", F, list(shape))],
+        [numpy_helper.from_array(p, name) for p, name in zip(parameters, names[1:], strict=True)])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                             .SerializeToString())
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    bound = session.run(None, {"x": x})[0]
+    hooked = session.run(None, {"x": x}, node_hook=lambda *_: None)[0]
+    assert bound.tobytes() == hooked.tobytes()
+    np.testing.assert_allclose(bound, _layer_norm_reference(x, *parameters[:1], parameters[1] if with_bias
+                                                            else None, axis)[0], rtol=2e-6, atol=2e-6)
+
+
 # --------------------------------------------------------------------------- InstanceNormalization
 
 @settings(max_examples=25, deadline=None)

@@ -269,34 +269,35 @@ class InstanceNormalization(Kernel):
         return None
 
 
+@compiled(fastmath={"contract", "reassoc"})
+def _row_sum(x: np.ndarray, row: int) -> float:
+    """The float64 sum of ``x[row]``, in the order LLVM's vectorized loop adds it (the same
+    order for every row and thread: reassociation only, no NaN, infinity or zero flag)."""
+    values = x[row]
+    total = 0.0
+    for j in range(values.shape[0]):
+        total += np.float64(values[j])
+    return total
+
+
+@compiled(fastmath={"contract", "reassoc"})
+def _row_squares(x: np.ndarray, row: int, mu: float) -> float:
+    """The float64 sum of ``(x[row] - mu)^2``, vectorized as :func:`_row_sum`."""
+    values = x[row]
+    total = 0.0
+    for j in range(values.shape[0]):
+        d = np.float64(values[j]) - mu
+        total += d * d
+    return total
+
+
 @compiled(fastmath={"contract"})
 def _row_moments(x: np.ndarray, row: int, epsilon: float) -> tuple[float, float]:
     """The mean of ``x[row]`` and 1/sqrt(variance + epsilon), the variance of the centred
     row, both summed in float64."""
     n = x.shape[1]
-    # Four partial sums (in a fixed order) let LLVM vectorize the sums without reassociating.
-    s0 = s1 = s2 = s3 = 0.0
-    whole = n - n % 4
-    for j in range(0, whole, 4):
-        s0 += x[row, j]
-        s1 += x[row, j + 1]
-        s2 += x[row, j + 2]
-        s3 += x[row, j + 3]
-    for j in range(whole, n):
-        s0 += x[row, j]
-    mu = ((s0 + s1) + (s2 + s3)) / n
-    s0 = s1 = s2 = s3 = 0.0
-    for j in range(0, whole, 4):
-        d0, d1, d2, d3 = x[row, j] - mu, x[row, j + 1] - mu, x[row, j + 2] - mu, x[row, j + 3] - mu
-        s0 += d0 * d0
-        s1 += d1 * d1
-        s2 += d2 * d2
-        s3 += d3 * d3
-    for j in range(whole, n):
-        d = x[row, j] - mu
-        s0 += d * d
-    squares = (s0 + s1) + (s2 + s3)
-    return mu, 1.0 / np.sqrt(squares / n + epsilon)
+    mu = _row_sum(x, row) / n
+    return mu, 1.0 / np.sqrt(_row_squares(x, row, mu) / n + epsilon)
 
 
 @compiled(fastmath={"contract"})
@@ -306,9 +307,13 @@ def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bia
     mu, inv = _row_moments(x, row, epsilon)
     mean[row] = mu
     inverse[row] = inv
-    for j in range(x.shape[1]):
-        y = (x[row, j] - mu) * inv * scale[j]
-        out[row, j] = y + bias[j] if with_bias else y
+    values, target = x[row], out[row]
+    if with_bias:
+        for j in range(values.shape[0]):
+            target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
+    else:
+        for j in range(values.shape[0]):
+            target[j] = (values[j] - mu) * inv * scale[j]
 
 
 @compiled(fastmath={"contract"})
@@ -318,8 +323,9 @@ def _instance_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsil
     mu, inv = _row_moments(x, row, epsilon)
     a = inv * np.float64(scale[channel])
     b = np.float64(bias[channel])
-    for j in range(x.shape[1]):
-        out[row, j] = (x[row, j] - mu) * a + b
+    values, target = x[row], out[row]
+    for j in range(values.shape[0]):
+        target[j] = (values[j] - mu) * a + b
 
 
 @compiled
@@ -423,6 +429,30 @@ class LayerNormalization(Kernel):
             layer_norm_rows.dispatcher(matrix, scale_row, bias_row, bias is not None, self.epsilon,
                                        out, mean, inverse)
         return [out.reshape(x.shape), mean.reshape(stats_shape), inverse.reshape(stats_shape)]
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """Y alone (no Mean or InvStdDev asked for) of float32 X, scale and bias of the
+        normalized shape, serially: :func:`layer_norm_rows` into the buffer."""
+        if self.ctx.num_outputs != 1 or len(inputs) not in (2, 3) or self.stash != np.float32:
+            return None
+        (x, _), *parameters = inputs
+        if not x or any(d != np.float32 for _, d in inputs):
+            return None
+        axis = self.axis % len(x) if -len(x) <= self.axis < len(x) else None
+        if axis is None or any(tuple(shape) != tuple(x[axis:]) for shape, _ in parameters):
+            return None
+        rows, n = math.prod(x[:axis]), math.prod(x[axis:])
+        if rows == 0 or n == 0 or (self.num_threads > 1 and rows * n >= LAYER_NORM_PARALLEL_MINIMUM):
+            return None
+        function, epsilon = layer_norm_rows.dispatcher, self.epsilon
+        with_bias = len(parameters) == 2
+
+        def compute(x: np.ndarray, scale: np.ndarray, bias: np.ndarray = _NO_BIAS, *,
+                    out: np.ndarray) -> None:
+            function(x.reshape(rows, n), scale.reshape(n), bias.reshape(-1), with_bias, epsilon,
+                     out.reshape(rows, n), np.empty(rows, np.float32), np.empty(rows, np.float32))
+
+        return Prepared(compute, tuple(x), np.dtype(np.float32))
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile the compiled pass now, at session construction, for a float32 node."""
