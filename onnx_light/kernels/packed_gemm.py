@@ -33,6 +33,7 @@ __all__ = ["MR", "NR", "PackedWeights", "available", "packed_product"]
 MR = 6  # rows of the output block the micro-kernel keeps in registers
 _VECTORS = 4  # 16-float vectors per row of the block
 NR = 16 * _VECTORS  # columns of the block: one panel of packed weights
+_AHEAD = 32  # steps of the sum ahead that the first block of rows prefetches its panel
 
 
 @functools.cache
@@ -71,13 +72,14 @@ def _build_tile(numba: Any) -> Any:
                                             vector.as_pointer()), align=4)
 
     @intrinsic
-    def tile(typingctx, a, panels, out, bias, i0, panel, rows, out_row, out_column, with_bias):
+    def tile(typingctx, a, panels, out, bias, i0, panel, rows, out_row, out_column, with_bias,
+             prefetch):
         signature = types.void(a, panels, out, bias, types.int64, types.int64, types.int64,
-                               types.int64, types.int64, types.boolean)
+                               types.int64, types.int64, types.boolean, types.boolean)
 
         def codegen(context, builder, sig, args):
             a_value, panels_value, out_value, bias_value = args[:4]
-            i0_v, panel_v, rows_v, out_row_v, out_column_v, with_bias_v = args[4:]
+            i0_v, panel_v, rows_v, out_row_v, out_column_v, with_bias_v, prefetch_v = args[4:]
             a_array = context.make_array(sig.args[0])(context, builder, a_value)
             panel_array = context.make_array(sig.args[1])(context, builder, panels_value)
             out_array = context.make_array(sig.args[2])(context, builder, out_value)
@@ -86,6 +88,9 @@ def _build_tile(numba: Any) -> Any:
             ldc = builder.extract_value(out_array.shape, 1)
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vector, [vector, vector, vector]), "llvm.fma.v16f32")
+            fetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
+                "llvm.prefetch")
             last = builder.sub(rows_v, constant(1))
             a_rows = []
             for r in range(MR):
@@ -106,6 +111,11 @@ def _build_tile(numba: Any) -> Any:
                 phi.add_incoming(zero, entry)
                 sums.append(phi)
             step = builder.gep(panel_start, [builder.mul(p, constant(NR))])
+            with builder.if_then(prefetch_v):
+                for q in range(_VECTORS):
+                    ahead = builder.gep(step, [constant(_AHEAD * NR + 16 * q)])
+                    builder.call(fetch, [builder.bitcast(ahead, ir.IntType(8).as_pointer()),
+                                         ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
             w = [load_vector(builder, step, 16 * q) for q in range(_VECTORS)]
             updated = []
             for r in range(MR):
@@ -174,9 +184,9 @@ def packed_product(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bia
         for i0 in range(0, m, MR):
             rows = min(MR, m - i0)
             if width == NR:
-                _tile(a, panels, out, bias, i0, panel, rows, i0, column, with_bias)
+                _tile(a, panels, out, bias, i0, panel, rows, i0, column, with_bias, i0 == 0)
             else:
-                _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias)
+                _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias, i0 == 0)
                 for r in range(rows):
                     for c in range(width):
                         out[i0 + r, column + c] = edge[r, c]
