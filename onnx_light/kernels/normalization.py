@@ -407,16 +407,20 @@ class LayerNormalization(Kernel):
         """The three outputs from :func:`layer_norm_rows`, or None when scale or bias are not
         float32 or do not broadcast to the normalized shape (the numpy path then decides)."""
         normalized = x.shape[axis:]
-        try:
-            parameters = [np.ascontiguousarray(np.broadcast_to(p, normalized)).reshape(-1)
-                          for p in (scale, bias) if p is not None]
-        except ValueError:
-            return None
-        if any(p.dtype != np.float32 for p in parameters):
-            return None
+        given = [p for p in (scale, bias) if p is not None]
+        if all(p.shape == normalized and p.dtype == np.float32 and p.flags.c_contiguous for p in given):
+            parameters = [p.reshape(-1) for p in given]  # the usual case: no copies
+        else:
+            try:
+                parameters = [np.ascontiguousarray(np.broadcast_to(p, normalized)).reshape(-1)
+                              for p in given]
+            except ValueError:
+                return None
+            if any(p.dtype != np.float32 for p in parameters):
+                return None
         scale_row = parameters[0]
         bias_row = parameters[1] if bias is not None else _NO_BIAS
-        rows = int(np.prod(x.shape[:axis]))
+        rows = math.prod(x.shape[:axis])
         matrix = np.ascontiguousarray(x).reshape(rows, -1)
         out = np.empty(matrix.shape, np.float32)
         stats_shape = x.shape[:axis] + (1,) * len(normalized)
