@@ -29,11 +29,12 @@ def _bound(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 70),
+@given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 300),
        st.integers(1, 140), st.booleans(), st.integers(0, 2**31 - 1))
 def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, seed) -> None:
     """Any A (..., M, K) times packed W (K, N), with or without a bias, edge blocks of rows
-    and columns included: within gemm.py's bound of the float64 product, shaped as numpy's."""
+    and columns and sums over several passes of KC steps included: within gemm.py's bound of
+    the float64 product, shaped as numpy's."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((*batch, m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32)
@@ -45,6 +46,27 @@ def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, se
     out = np.full(exact.shape, np.nan, np.float32)
     packed_gemm.PackedWeights(w, bias).multiply(a, out)
     assert out.tobytes() == y.tobytes()
+
+
+def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
+    """Summing in passes of KC steps (partial sums stored and reloaded in float32) gives the
+    bits of one pass: the same fused multiply-adds in the same order."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((13, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 100)).astype(np.float32)
+    bias = rng.standard_normal(100).astype(np.float32)
+    passes = packed_gemm.PackedWeights(w, bias).multiply(a)
+    reference = np.empty_like(passes)
+    panels = packed_gemm.PackedWeights(w, bias)
+    k = 300
+    for i in range(13):  # one pass: the float32 fused multiply-adds in order of the sum
+        for j in range(100):
+            total = np.float32(0)
+            for p in range(k):
+                total = np.float32(np.float64(a[i, p]) * np.float64(w[p, j]) + np.float64(total))
+            reference[i, j] = total + bias[j]
+    assert panels.panels.shape[1] == k > packed_gemm.KC
+    assert passes.tobytes() == reference.tobytes()
 
 
 def test_special_values_propagate_like_blas() -> None:

@@ -34,6 +34,7 @@ MR = 6  # rows of the output block the micro-kernel keeps in registers
 _VECTORS = 4  # 16-float vectors per row of the block
 NR = 16 * _VECTORS  # columns of the block: one panel of packed weights
 _AHEAD = 32  # steps of the sum ahead that the first block of rows prefetches its panel
+KC = 128  # steps of the sum per pass over the rows: a (KC, NR) part of a panel stays in L1
 
 
 @functools.cache
@@ -73,13 +74,15 @@ def _build_tile(numba: Any) -> Any:
 
     @intrinsic
     def tile(typingctx, a, panels, out, bias, i0, panel, rows, out_row, out_column, with_bias,
-             prefetch):
+             prefetch, start, stop, accumulate):
         signature = types.void(a, panels, out, bias, types.int64, types.int64, types.int64,
-                               types.int64, types.int64, types.boolean, types.boolean)
+                               types.int64, types.int64, types.boolean, types.boolean, types.int64,
+                               types.int64, types.boolean)
 
         def codegen(context, builder, sig, args):
             a_value, panels_value, out_value, bias_value = args[:4]
-            i0_v, panel_v, rows_v, out_row_v, out_column_v, with_bias_v, prefetch_v = args[4:]
+            i0_v, panel_v, rows_v, out_row_v, out_column_v, with_bias_v, prefetch_v = args[4:11]
+            start_v, stop_v, accumulate_v = args[11:]
             a_array = context.make_array(sig.args[0])(context, builder, a_value)
             panel_array = context.make_array(sig.args[1])(context, builder, panels_value)
             out_array = context.make_array(sig.args[2])(context, builder, out_value)
@@ -92,23 +95,28 @@ def _build_tile(numba: Any) -> Any:
                 builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
                 "llvm.prefetch")
             last = builder.sub(rows_v, constant(1))
-            a_rows = []
+            a_rows, targets, initial = [], [], []
             for r in range(MR):
                 row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
                 a_rows.append(builder.gep(a_array.data, [builder.mul(builder.add(i0_v, row), k)]))
+                offset = builder.add(builder.mul(builder.add(out_row_v, row), ldc), out_column_v)
+                targets.append(builder.gep(out_array.data, [offset]))
+                for q in range(_VECTORS):  # the partial sums of the steps before ``start``
+                    initial.append(builder.select(accumulate_v, load_vector(builder, targets[r], 16 * q),
+                                                  zero))
             panel_start = builder.gep(panel_array.data,
                                       [builder.mul(builder.mul(panel_v, k), constant(NR))])
             entry = builder.block
             loop = builder.append_basic_block("tile.loop")
             done = builder.append_basic_block("tile.done")
-            builder.cbranch(builder.icmp_signed(">", k, constant(0)), loop, done)
+            builder.cbranch(builder.icmp_signed(">", stop_v, start_v), loop, done)
             builder.position_at_end(loop)
             p = builder.phi(i64)
-            p.add_incoming(constant(0), entry)
+            p.add_incoming(start_v, entry)
             sums = []
-            for _ in range(MR * _VECTORS):
+            for value in initial:
                 phi = builder.phi(vector)
-                phi.add_incoming(zero, entry)
+                phi.add_incoming(value, entry)
                 sums.append(phi)
             step = builder.gep(panel_start, [builder.mul(p, constant(NR))])
             with builder.if_then(prefetch_v):
@@ -130,12 +138,12 @@ def _build_tile(numba: Any) -> Any:
             p.add_incoming(following, body_end)
             for phi, value in zip(sums, updated, strict=True):
                 phi.add_incoming(value, body_end)
-            builder.cbranch(builder.icmp_signed("<", following, k), loop, done)
+            builder.cbranch(builder.icmp_signed("<", following, stop_v), loop, done)
             builder.position_at_end(done)
             totals = []
-            for value in updated:
+            for before, value in zip(initial, updated, strict=True):
                 phi = builder.phi(vector)
-                phi.add_incoming(zero, entry)
+                phi.add_incoming(before, entry)
                 phi.add_incoming(value, body_end)
                 totals.append(phi)
             bias_start = builder.gep(bias_array.data, [builder.mul(panel_v, constant(NR))])
@@ -143,11 +151,9 @@ def _build_tile(numba: Any) -> Any:
                       for q in range(_VECTORS)]
             for r in range(MR):
                 with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
-                    offset = builder.add(builder.mul(builder.add(out_row_v, constant(r)), ldc), out_column_v)
-                    target = builder.gep(out_array.data, [offset])
                     for q in range(_VECTORS):
                         builder.store(builder.fadd(totals[_VECTORS * r + q], biases[q]),
-                                      builder.bitcast(builder.gep(target, [constant(16 * q)]),
+                                      builder.bitcast(builder.gep(targets[r], [constant(16 * q)]),
                                                       vector.as_pointer()), align=4)
             return context.get_dummy_value()
 
@@ -177,19 +183,29 @@ def packed_product(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bia
     """``out = a @ W (+ bias)`` for C-contiguous float32 ``a`` (M, K) and ``out`` (M, N), W
     packed in ``panels`` (P, K, NR) and ``bias`` padded to P * NR values."""
     m, n = out.shape
+    k = a.shape[1]
+    chunks = max(1, -(-k // KC))
     edge = np.empty((MR, NR), np.float32)
     for panel in range(panels.shape[0]):
         column = panel * NR
         width = min(NR, n - column)
+        if width == NR:
+            for chunk in range(chunks):
+                start, stop = chunk * KC, min(k, (chunk + 1) * KC)
+                finished = with_bias and stop == k
+                for i0 in range(0, m, MR):
+                    _tile(a, panels, out, bias, i0, panel, min(MR, m - i0), i0, column, finished,
+                          i0 == 0, start, stop, chunk > 0)
+            continue
         for i0 in range(0, m, MR):
             rows = min(MR, m - i0)
-            if width == NR:
-                _tile(a, panels, out, bias, i0, panel, rows, i0, column, with_bias, i0 == 0)
-            else:
-                _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias, i0 == 0)
-                for r in range(rows):
-                    for c in range(width):
-                        out[i0 + r, column + c] = edge[r, c]
+            for chunk in range(chunks):
+                start, stop = chunk * KC, min(k, (chunk + 1) * KC)
+                _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias and stop == k,
+                      i0 == 0, start, stop, chunk > 0)
+            for r in range(rows):
+                for c in range(width):
+                    out[i0 + r, column + c] = edge[r, c]
 
 
 class PackedWeights:
