@@ -461,7 +461,13 @@ class Split(InputView):
             sizes = [dim // count] * count
         if len(sizes) != count or sum(sizes) != dim or min(sizes) < 0:
             raise self.ctx.error(f"split {sizes} does not cut dimension {dim} into {count} parts")
-        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+        parts, start = [], 0
+        index: list[slice] = [slice(None)] * x.ndim
+        for size in sizes:
+            index[axis] = slice(start, start + size)
+            parts.append(x[tuple(index)])
+            start += size
+        return parts
 
 
 # ---------------------------------------------------------------- indexing
