@@ -49,12 +49,15 @@ def available() -> bool:
     return bool(binding.get_host_cpu_features().get("avx512f", False))
 
 
-def _build_tile(numba: Any) -> Any:
+def _build_tile(numba: Any, height: int = MR) -> Any:
     """numba's ``intrinsic`` ``_tile(a, panels, out, bias, i0, panel, rows, out_row, out_column,
-    with_bias)``: rows i0..i0+rows-1 (rows <= MR) of ``a`` (M, K) times panel ``panel`` of
-    ``panels`` (P, K, NR), plus ``bias[panel * NR:][:NR]`` when ``with_bias``, stored in
-    ``out[out_row:out_row + rows, out_column:out_column + NR]``. Rows past ``rows`` read the
-    last valid row of ``a`` and are not stored."""
+    with_bias, prefetch, start, stop, accumulate)``: rows i0..i0+rows-1 (rows <= ``height``)
+    of ``a`` (M, K) times steps ``start..stop-1`` of panel ``panel`` of
+    ``panels`` (P, K, NR), added to the partial sums already in the output block when
+    ``accumulate`` (else to +0), plus ``bias[panel * NR:][:NR]`` when ``with_bias``, stored in
+    ``out[out_row:out_row + rows, out_column:out_column + NR]``; ``prefetch`` fetches the panel
+    :data:`_AHEAD` steps ahead. Rows past ``rows`` read the last valid row of ``a`` and ``out``
+    and are not stored."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -96,7 +99,7 @@ def _build_tile(numba: Any) -> Any:
                 "llvm.prefetch")
             last = builder.sub(rows_v, constant(1))
             a_rows, targets, initial = [], [], []
-            for r in range(MR):
+            for r in range(height):
                 row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
                 a_rows.append(builder.gep(a_array.data, [builder.mul(builder.add(i0_v, row), k)]))
                 offset = builder.add(builder.mul(builder.add(out_row_v, row), ldc), out_column_v)
@@ -126,7 +129,7 @@ def _build_tile(numba: Any) -> Any:
                                          ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
             w = [load_vector(builder, step, 16 * q) for q in range(_VECTORS)]
             updated = []
-            for r in range(MR):
+            for r in range(height):
                 scalar = builder.load(builder.gep(a_rows[r], [p]))
                 splat = builder.shuffle_vector(
                     builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
@@ -149,7 +152,7 @@ def _build_tile(numba: Any) -> Any:
             bias_start = builder.gep(bias_array.data, [builder.mul(panel_v, constant(NR))])
             biases = [builder.select(with_bias_v, load_vector(builder, bias_start, 16 * q), zero)
                       for q in range(_VECTORS)]
-            for r in range(MR):
+            for r in range(height):
                 with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
                     for q in range(_VECTORS):
                         builder.store(builder.fadd(totals[_VECTORS * r + q], biases[q]),
@@ -175,6 +178,8 @@ class _Intrinsic(CompiledFunction):
 
 
 _tile = _Intrinsic(_build_tile)
+_tile2 = _Intrinsic(functools.partial(_build_tile, height=2))  # the last 1 or 2 rows
+_tile4 = _Intrinsic(functools.partial(_build_tile, height=4))  # the last 3 or 4 rows
 
 
 @compiled
@@ -194,8 +199,16 @@ def packed_product(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bia
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
                 finished = with_bias and stop == k
                 for i0 in range(0, m, MR):
-                    _tile(a, panels, out, bias, i0, panel, min(MR, m - i0), i0, column, finished,
-                          i0 == 0, start, stop, chunk > 0)
+                    rows = min(MR, m - i0)
+                    if rows > 4:
+                        _tile(a, panels, out, bias, i0, panel, rows, i0, column, finished,
+                              i0 == 0, start, stop, chunk > 0)
+                    elif rows > 2:
+                        _tile4(a, panels, out, bias, i0, panel, rows, i0, column, finished,
+                               i0 == 0, start, stop, chunk > 0)
+                    else:
+                        _tile2(a, panels, out, bias, i0, panel, rows, i0, column, finished,
+                               i0 == 0, start, stop, chunk > 0)
             continue
         for i0 in range(0, m, MR):
             rows = min(MR, m - i0)
