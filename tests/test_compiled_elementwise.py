@@ -498,3 +498,31 @@ def test_instance_norm_compiled_planes_match_float64(shape, threads: int, fortra
     np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-6)
     (numpy_path,) = kernel.run(x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64))
     np.testing.assert_allclose(actual, numpy_path, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=3), st.booleans(), st.integers(0, 2**31 - 1))
+def test_gelu_in_one_pass_gives_the_interpreter_bits(shape, with_bias: bool, seed: int) -> None:
+    """GELU(x) and GELU(x + bias along the last axis) take one pass (gelu_rows) and give the
+    interpreter's bits, special values included; other broadcasts keep the interpreter."""
+    rng = np.random.default_rng(seed)
+    program = ce.Program()
+    x = program.load(0)
+    if with_bias:
+        x = program.binary(ce.ADD, program.load(1), x)
+    gelu = program.finish(program.unary(ce.GELU, x))
+    assert gelu._gelu_form is with_bias
+    a = (rng.standard_normal(shape) * 4).astype(np.float32)
+    a.reshape(-1)[:len(SPECIAL)] = SPECIAL[:a.size]
+    inputs = [a, rng.standard_normal(shape[-1:]).astype(np.float32)][:1 + with_bias]
+    flat = np.empty(a.size, np.float32)
+    periods = np.array([(a.size, 1), (shape[-1], 1), (0, 1), (0, 1)], np.int64)
+    arrays = [x.reshape(-1) for x in inputs] + [np.zeros(1, np.float32)] * (4 - len(inputs))
+    ce.run_program.dispatcher(gelu.code, gelu.constants, *arrays, periods, gelu.registers, flat, 0, a.size)
+    assert gelu.run(inputs).tobytes() == flat.tobytes()
+    if with_bias and a.ndim > 1 and shape[0] > 1:  # a bias along the first axis: the interpreter
+        column = rng.standard_normal((shape[0],) + (1,) * (a.ndim - 1)).astype(np.float32)
+        expected = a.astype(np.float64) + column
+        with np.errstate(invalid="ignore"):  # -inf (1 + erf(-inf)) is NaN, as computed
+            expected = 0.5 * expected * (1 + _erf(expected / np.sqrt(2)))
+        _assert_close(gelu.run([a, column]), expected, 0.5001, 1e-7)

@@ -23,6 +23,7 @@ dimensions each element repeated over the axes after it (a per-channel value ove
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -98,45 +99,69 @@ def exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarra
 
 
 @compiled(fastmath={"contract"})
+def _erf(v: float) -> float:
+    """erf(v) for a v that is not NaN (inlined into the loops that call it)."""
+    c = ERF_POLYNOMIAL
+    a = abs(v)
+    a = a if a < _ERF_LIMIT else _ERF_LIMIT
+    u = a * a * _ERF_SCALE - 1.0
+    u2 = u * u
+    u4 = u2 * u2
+    # Four independent Horner chains in u^4 (Estrin's split): a quarter of one chain's
+    # latency, which bounds a single chain's speed.
+    q0 = c[20]
+    q1 = c[21]
+    q2 = c[22]
+    q3 = c[19]
+    q0 = q0 * u4 + c[16]
+    q1 = q1 * u4 + c[17]
+    q2 = q2 * u4 + c[18]
+    q3 = q3 * u4 + c[15]
+    q0 = q0 * u4 + c[12]
+    q1 = q1 * u4 + c[13]
+    q2 = q2 * u4 + c[14]
+    q3 = q3 * u4 + c[11]
+    q0 = q0 * u4 + c[8]
+    q1 = q1 * u4 + c[9]
+    q2 = q2 * u4 + c[10]
+    q3 = q3 * u4 + c[7]
+    q0 = q0 * u4 + c[4]
+    q1 = q1 * u4 + c[5]
+    q2 = q2 * u4 + c[6]
+    q3 = q3 * u4 + c[3]
+    q0 = q0 * u4 + c[0]
+    q1 = q1 * u4 + c[1]
+    q2 = q2 * u4 + c[2]
+    p = q0 + u * q1 + u2 * (q2 + u * q3)
+    r = p * a if a < _ERF_LIMIT else 1.0
+    return math.copysign(r, v)
+
+
+@compiled(fastmath={"contract"})
 def _erf_row(x: np.ndarray, out: np.ndarray, m: int, scale: float) -> None:
     """out[:m] = erf(scale * x[:m])."""
-    c = ERF_POLYNOMIAL
     for i in range(m):
         v = scale * x[i]
-        a = abs(v)
-        a = a if a < _ERF_LIMIT else _ERF_LIMIT
-        u = a * a * _ERF_SCALE - 1.0
-        u2 = u * u
-        u4 = u2 * u2
-        # Four independent Horner chains in u^4 (Estrin's split): a quarter of one chain's
-        # latency, which bounds a single chain's speed.
-        q0 = c[20]
-        q1 = c[21]
-        q2 = c[22]
-        q3 = c[19]
-        q0 = q0 * u4 + c[16]
-        q1 = q1 * u4 + c[17]
-        q2 = q2 * u4 + c[18]
-        q3 = q3 * u4 + c[15]
-        q0 = q0 * u4 + c[12]
-        q1 = q1 * u4 + c[13]
-        q2 = q2 * u4 + c[14]
-        q3 = q3 * u4 + c[11]
-        q0 = q0 * u4 + c[8]
-        q1 = q1 * u4 + c[9]
-        q2 = q2 * u4 + c[10]
-        q3 = q3 * u4 + c[7]
-        q0 = q0 * u4 + c[4]
-        q1 = q1 * u4 + c[5]
-        q2 = q2 * u4 + c[6]
-        q3 = q3 * u4 + c[3]
-        q0 = q0 * u4 + c[0]
-        q1 = q1 * u4 + c[1]
-        q2 = q2 * u4 + c[2]
-        p = q0 + u * q1 + u2 * (q2 + u * q3)
-        r = p * a if a < _ERF_LIMIT else 1.0
-        r = math.copysign(r, v)
-        out[i] = r if v == v else v
+        out[i] = _erf(v) if v == v else v
+
+
+@compiled(fastmath={"contract"})
+def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, out: np.ndarray) -> None:
+    """out[r] = GELU(x[r] + bias) (or GELU(x[r])) for the rows of the 2-D float32 ``x`` and
+    ``out``, ``bias`` one row: the GELU program's instructions in one pass over float32
+    memory, the same float64 values (the sum is exact in float64), rounded once."""
+    for r in range(x.shape[0]):
+        row, target = x[r], out[r]
+        if with_bias:
+            for i in range(row.shape[0]):
+                t = np.float64(row[i]) + np.float64(bias[i])
+                g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
+                target[i] = g if t == t else t
+        else:
+            for i in range(row.shape[0]):
+                t = np.float64(row[i])
+                g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
+                target[i] = g if t == t else t
 
 
 @compiled(fastmath={"contract"})
@@ -419,8 +444,11 @@ class CompiledProgram:
         out = np.empty(out_shape, np.float32)
         flat = out.reshape(-1)
         if flat.size:
+            parallel = threads > 1 and flat.size >= minimum_elements
+            if not parallel and self._gelu_rows(arrays, periods, out_shape, out):
+                return out
             period_array = np.array(periods, np.int64)
-            if threads > 1 and flat.size >= minimum_elements and numba_threads(threads):
+            if parallel and numba_threads(threads):
                 run_program_parallel.dispatcher(self.code, self.constants, *arrays, period_array,
                                                 self.registers, flat, threads)
             else:
@@ -428,9 +456,37 @@ class CompiledProgram:
                                        self.registers, flat, 0, flat.size)
         return out
 
+    def _gelu_rows(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
+                   out_shape: tuple[int, ...], out: np.ndarray) -> bool:
+        """GELU(x) or GELU(x + bias), bias along the last axis, by :func:`gelu_rows` (one pass
+        instead of the interpreter's); False for any other program or broadcast."""
+        form = self._gelu_form
+        if form is None:
+            return False
+        length = out_shape[-1] if out_shape else 1
+        if periods[0] != (out.size, 1) or (form and periods[1] != (length, 1)):
+            return False
+        rows = out.size // length
+        gelu_rows.dispatcher(arrays[0].reshape(rows, length), arrays[1] if form else _DUMMY, form,
+                             out.reshape(rows, length))
+        return True
+
+    @functools.cached_property
+    def _gelu_form(self) -> bool | None:
+        """True for the program GELU(input 0 + input 1), False for GELU(input 0), else None."""
+        rows = [tuple(int(v) for v in row) for row in self.code]
+        if self.inputs == 1 and rows == [(GELU, rows[0][1], 0, 0), (STORE, rows[0][1], 0, 0)]:
+            return False
+        if self.inputs == 2 and len(rows) == 3 and rows[0][0] == ADD and sorted(rows[0][2:]) == [0, 1] \
+                and rows[1] == (GELU, rows[1][1], rows[0][1], 0) and rows[2] == (STORE, rows[1][1], 0, 0):
+            return True
+        return None
+
     def compile(self, parallel: bool) -> None:
         """Compile (or load from numba's disk cache) what :meth:`run` calls."""
         self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
+        if self._gelu_form is not None:
+            self.run([np.zeros((1, 1), np.float32)] * self.inputs)
 
 
 class Program:
