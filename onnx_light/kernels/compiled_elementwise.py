@@ -473,8 +473,9 @@ class CompiledProgram:
 
     @functools.cached_property
     def _gelu_form(self) -> bool | None:
-        """True for the program GELU(input 0 + input 1), False for GELU(input 0), else None."""
-        rows = [tuple(int(v) for v in row) for row in self.code]
+        """True for the program GELU(input 0 + input 1), False for GELU(input 0), else None
+        (constants the folded GELU left unread do not count)."""
+        rows = [tuple(int(v) for v in row) for row in self.code if row[0] != CONST]
         if self.inputs == 1 and rows == [(GELU, rows[0][1], 0, 0), (STORE, rows[0][1], 0, 0)]:
             return False
         if self.inputs == 2 and len(rows) == 3 and rows[0][0] == ADD and sorted(rows[0][2:]) == [0, 1] \
