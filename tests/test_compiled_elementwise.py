@@ -521,6 +521,11 @@ def test_gelu_in_one_pass_gives_the_interpreter_bits(shape, with_bias: bool, see
     arrays = [x.reshape(-1) for x in inputs] + [np.zeros(1, np.float32)] * (4 - len(inputs))
     ce.run_program.dispatcher(gelu.code, gelu.constants, *arrays, periods, gelu.registers, flat, 0, a.size)
     assert gelu.run(inputs).tobytes() == flat.tobytes()
+    if with_bias:  # the bias as input 0, the whole tensor as input 1
+        periods[:2] = periods[1::-1]
+        ce.run_program.dispatcher(gelu.code, gelu.constants, arrays[1], arrays[0], *arrays[2:], periods,
+                                  gelu.registers, flat, 0, a.size)
+        assert gelu.run(inputs[::-1]).tobytes() == flat.tobytes()
     if with_bias and a.ndim > 1 and shape[0] > 1:  # a bias along the first axis: the interpreter
         column = rng.standard_normal((shape[0],) + (1,) * (a.ndim - 1)).astype(np.float32)
         expected = a.astype(np.float64) + column

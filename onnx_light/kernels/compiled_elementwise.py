@@ -464,10 +464,12 @@ class CompiledProgram:
         if form is None:
             return False
         length = out_shape[-1] if out_shape else 1
-        if periods[0] != (out.size, 1) or (form and periods[1] != (length, 1)):
+        whole, row = (out.size, 1), (length, 1)
+        x = 0 if periods[0] == whole else 1 if form and periods[1] == whole else None
+        if x is None or (form and periods[1 - x] != row):  # the sum is exact: either order
             return False
         rows = out.size // length
-        gelu_rows.dispatcher(arrays[0].reshape(rows, length), arrays[1] if form else _DUMMY, form,
+        gelu_rows.dispatcher(arrays[x].reshape(rows, length), arrays[1 - x] if form else _DUMMY, form,
                              out.reshape(rows, length))
         return True
 
