@@ -148,3 +148,23 @@ def test_matmul_with_bias_packs_weights_and_bias() -> None:
     assert session._steps[0][0]._packed is None
     y = session.run(None, {"a": a[0], "c": bias})[0]
     assert np.all(np.abs(y - (a[0].astype(np.float64) @ w + bias)) <= _bound(a[0], w, bias))
+
+
+def test_a_larger_than_the_limit_goes_to_blas(monkeypatch) -> None:
+    """An A above MAX_A_BYTES is multiplied by BLAS (the packed kernel's A must stay in L2),
+    with the same values within the bound."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((32, 70)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", F, ["m", 32])],
+        [helper.make_tensor_value_info("y", F, ["m", 70])], [numpy_helper.from_array(w, "w")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                             .SerializeToString())
+    kernel = session._steps[0][0]
+    assert kernel._packed_for((10, 32), np.dtype(np.float32)) is not None
+    monkeypatch.setattr(packed_gemm, "MAX_A_BYTES", 10 * 32 * 4 - 1)
+    assert kernel._packed_for((10, 32), np.dtype(np.float32)) is None
+    a = rng.standard_normal((10, 32)).astype(np.float32)
+    y = session.run(None, {"a": a})[0]
+    assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))

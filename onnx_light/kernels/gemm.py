@@ -243,10 +243,12 @@ class _ProductKernel(Kernel):
         return kernel
 
     def _packed_for(self, shape: Sequence[int], dtype: np.dtype) -> packed_gemm.PackedWeights | None:
-        """The packed weights, when a float32 A of ``shape`` (..., M, K) multiplies them on a
-        serial plan; else None (BLAS and the pool's splits compute it)."""
+        """The packed weights, when a float32 A of ``shape`` (..., M, K), of at most
+        ``packed_gemm.MAX_A_BYTES``, multiplies them on a serial plan; else None (BLAS and the
+        pool's splits compute it)."""
         packed = self._packed
         if (packed is None or dtype != np.float32 or len(shape) < 2 or shape[-1] != packed.k
+                or math.prod(shape) * 4 > packed_gemm.MAX_A_BYTES
                 or self.plan(shape[-2], packed.n, packed.k, shape[:-2]) != "serial"):
             return None
         return packed
