@@ -146,19 +146,33 @@ def _erf_row(x: np.ndarray, out: np.ndarray, m: int, scale: float) -> None:
 
 
 @compiled(fastmath={"contract"})
-def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, out: np.ndarray) -> None:
-    """out[r] = GELU(x[r] + bias) (or GELU(x[r])) for the rows of the 2-D float32 ``x`` and
-    ``out``, ``bias`` one row: the GELU program's instructions in one pass over float32
-    memory, the same float64 values (the sum is exact in float64), rounded once."""
+def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray) -> None:
+    """out[r] = GELU(x[r] + bias) (or GELU(x[r])), the erf form or the ``tanh`` form, for the
+    rows of the 2-D float32 ``x`` and ``out``, ``bias`` one row: the program's instructions
+    row by row over float32 memory, the same float64 values (the sum is exact in float64),
+    rounded once."""
+    length = x.shape[1]
+    if tanh:
+        values, work, e = np.empty(length), np.empty(length), np.empty(length)
+        bits = np.empty(length, np.int64)
     for r in range(x.shape[0]):
         row, target = x[r], out[r]
-        if with_bias:
-            for i in range(row.shape[0]):
+        if tanh:
+            for i in range(length):
+                values[i] = np.float64(row[i]) + np.float64(bias[i]) if with_bias else np.float64(row[i])
+            for i in range(length):
+                v = values[i]
+                work[i] = -2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
+            exp_row(work, e, length, 1.0, bits)
+            for i in range(length):
+                target[i] = values[i] / (1.0 + e[i])
+        elif with_bias:
+            for i in range(length):
                 t = np.float64(row[i]) + np.float64(bias[i])
                 g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
                 target[i] = g if t == t else t
         else:
-            for i in range(row.shape[0]):
+            for i in range(length):
                 t = np.float64(row[i])
                 g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
                 target[i] = g if t == t else t
@@ -458,31 +472,36 @@ class CompiledProgram:
 
     def _gelu_rows(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
                    out_shape: tuple[int, ...], out: np.ndarray) -> bool:
-        """GELU(x) or GELU(x + bias), bias along the last axis, by :func:`gelu_rows` (one pass
-        instead of the interpreter's); False for any other program or broadcast."""
+        """GELU(x) or GELU(x + bias), either form, bias along the last axis, by
+        :func:`gelu_rows` (row by row instead of the interpreter's blocks); False for any
+        other program or broadcast."""
         form = self._gelu_form
         if form is None:
             return False
+        code, with_bias = form
         length = out_shape[-1] if out_shape else 1
         whole, row = (out.size, 1), (length, 1)
-        x = 0 if periods[0] == whole else 1 if form and periods[1] == whole else None
-        if x is None or (form and periods[1 - x] != row):  # the sum is exact: either order
+        x = 0 if periods[0] == whole else 1 if with_bias and periods[1] == whole else None
+        if x is None or (with_bias and periods[1 - x] != row):  # the sum is exact: either order
             return False
         rows = out.size // length
-        gelu_rows.dispatcher(arrays[x].reshape(rows, length), arrays[1 - x] if form else _DUMMY, form,
-                             out.reshape(rows, length))
+        gelu_rows.dispatcher(arrays[x].reshape(rows, length), arrays[1 - x] if with_bias else _DUMMY,
+                             with_bias, code == GELU_TANH, out.reshape(rows, length))
         return True
 
     @functools.cached_property
-    def _gelu_form(self) -> bool | None:
-        """True for the program GELU(input 0 + input 1), False for GELU(input 0), else None
-        (constants the folded GELU left unread do not count)."""
+    def _gelu_form(self) -> tuple[int, bool] | None:
+        """(GELU or GELU_TANH, whether input 1 is added to input 0 first) for the programs
+        GELU(input 0) and GELU(input 0 + input 1), else None (constants the folded GELU left
+        unread do not count)."""
         rows = [tuple(int(v) for v in row) for row in self.code if row[0] != CONST]
-        if self.inputs == 1 and rows == [(GELU, rows[0][1], 0, 0), (STORE, rows[0][1], 0, 0)]:
-            return False
+        if self.inputs == 1 and len(rows) == 2 and rows[0][0] in (GELU, GELU_TANH) \
+                and rows == [(rows[0][0], rows[0][1], 0, 0), (STORE, rows[0][1], 0, 0)]:
+            return rows[0][0], False
         if self.inputs == 2 and len(rows) == 3 and rows[0][0] == ADD and sorted(rows[0][2:]) == [0, 1] \
-                and rows[1] == (GELU, rows[1][1], rows[0][1], 0) and rows[2] == (STORE, rows[1][1], 0, 0):
-            return True
+                and rows[1][0] in (GELU, GELU_TANH) and rows[1] == (rows[1][0], rows[1][1], rows[0][1], 0) \
+                and rows[2] == (STORE, rows[1][1], 0, 0):
+            return rows[1][0], True
         return None
 
     def compile(self, parallel: bool) -> None:
