@@ -178,6 +178,28 @@ def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out:
                 target[i] = g if t == t else t
 
 
+@compiled
+def _affine(x: float, scale: float, shift: float) -> float:
+    """x * scale + shift, two roundings (no contraction), as the program's MUL and ADD."""
+    return x * scale + shift
+
+
+@compiled(fastmath={"contract"})
+def gelu_channel_rows(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, out: np.ndarray) -> None:
+    """out[r] = GELU(x[r] * scale[r % C] + shift[r % C]) (erf form) for the rows of the 2-D
+    float32 ``x`` and ``out``, ``scale`` and ``shift`` C values (a per-channel affine over
+    planes): the program's float64 values, rounded once."""
+    channels = scale.shape[0]
+    for r in range(x.shape[0]):
+        row, target = x[r], out[r]
+        a = np.float64(scale[r % channels])
+        b = np.float64(shift[r % channels])
+        for i in range(row.shape[0]):
+            t = _affine(np.float64(row[i]), a, b)
+            g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
+            target[i] = g if t == t else t
+
+
 @compiled(fastmath={"contract"})
 def _unary_row(code: int, x: np.ndarray, out: np.ndarray, m: int, work: np.ndarray,
                bits: np.ndarray) -> None:
@@ -459,7 +481,8 @@ class CompiledProgram:
         flat = out.reshape(-1)
         if flat.size:
             parallel = threads > 1 and flat.size >= minimum_elements
-            if not parallel and self._gelu_rows(arrays, periods, out_shape, out):
+            if not parallel and (self._gelu_rows(arrays, periods, out_shape, out)
+                                 or self._gelu_channels(arrays, periods, out)):
                 return out
             period_array = np.array(periods, np.int64)
             if parallel and numba_threads(threads):
@@ -489,6 +512,33 @@ class CompiledProgram:
                              with_bias, code == GELU_TANH, out.reshape(rows, length))
         return True
 
+    def _gelu_channels(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
+                       out: np.ndarray) -> bool:
+        """GELU(x * scale + shift), scale and shift one value per run of the output (a
+        per-channel affine over planes: shape (C, 1) over (N, C, T)), by
+        :func:`gelu_channel_rows`; False for any other program or broadcast."""
+        if not self._gelu_affine:
+            return False
+        x = 0 if periods[0] == (out.size, 1) else 1  # the product is exact in either order
+        scale, shift = 1 - x, 2
+        plane = periods[scale][1]
+        if (periods[x] != (out.size, 1) or plane < 2 or periods[shift] != periods[scale]
+                or out.size % plane):
+            return False
+        rows = out.size // plane
+        gelu_channel_rows.dispatcher(arrays[x].reshape(rows, plane), arrays[scale], arrays[shift],
+                                     out.reshape(rows, plane))
+        return True
+
+    @functools.cached_property
+    def _gelu_affine(self) -> bool:
+        """Whether the program is GELU(input 0 * input 1 + input 2), erf form (constants the
+        folded GELU left unread do not count)."""
+        rows = [tuple(int(v) for v in row) for row in self.code if row[0] != CONST]
+        return (self.inputs == 3 and len(rows) == 4 and rows[0][0] == MUL and sorted(rows[0][2:]) == [0, 1]
+                and rows[1][0] == ADD and sorted(rows[1][2:]) == sorted((rows[0][1], 2))
+                and rows[2] == (GELU, rows[2][1], rows[1][1], 0) and rows[3] == (STORE, rows[2][1], 0, 0))
+
     @functools.cached_property
     def _gelu_form(self) -> tuple[int, bool] | None:
         """(GELU or GELU_TANH, whether input 1 is added to input 0 first) for the programs
@@ -509,6 +559,9 @@ class CompiledProgram:
         self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
         if self._gelu_form is not None:
             self.run([np.zeros((1, 1), np.float32)] * self.inputs)
+        if self._gelu_affine:
+            self.run([np.zeros((1, 2, 2), np.float32), np.ones((2, 1), np.float32),
+                      np.zeros((2, 1), np.float32)])
 
 
 class Program:
