@@ -10,6 +10,8 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numpy.polynomial import chebyshev
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -103,6 +105,36 @@ def test_binary_operations_are_numpys(code: int) -> None:
                     ce.MAX: np.maximum, ce.MIN: np.minimum,
                     ce.LEAKY: lambda x, s: np.where(x > 0, x, x * s)}[code](a64, b64)
     _assert_close(out.run([a, b]), expected, 0.5)
+
+
+@st.composite
+def _run_broadcast(draw) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """An output shape and an input shape whose nonunit dimensions are a contiguous run of
+    the output's (leading ones dropped or kept, trailing ones for the axes after the run)."""
+    out = tuple(draw(st.lists(st.integers(1, 9), min_size=1, max_size=4)))
+    start = draw(st.integers(0, len(out)))
+    stop = draw(st.integers(start, len(out)))
+    lead = draw(st.integers(0, start))
+    return out, (1,) * lead + out[start:stop] + (1,) * (len(out) - stop)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_run_broadcast(), st.integers(0, 2**31 - 1))
+def test_runs_of_output_dimensions_broadcast_like_numpy(shapes, seed: int) -> None:
+    """An input over any contiguous run of the output's dimensions (a per-channel (C, 1)
+    over (N, C, T), a bias, one element) gives numpy's broadcast, GELU rounded once (absolute
+    1e-7 where erf has rounded to -1)."""
+    out_shape, shape = shapes
+    rng = np.random.default_rng(seed)
+    program = ce.Program()
+    x, y = program.load(0), program.load(1)
+    fused = program.finish(program.unary(ce.GELU, program.binary(ce.MUL, x, y)))
+    a = rng.standard_normal(out_shape).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    result = fused.run([a, b])
+    product = a.astype(np.float64) * b
+    assert result is not None and result.shape == product.shape
+    _assert_close(result, 0.5 * product * (1 + _erf(product / np.sqrt(2))), 0.5001, 1e-7)
 
 
 def test_broadcasting_patterns_and_refusals() -> None:
@@ -414,3 +446,113 @@ def test_gpt2_gelu_joins_one_program_and_folds_into_gelu_tanh():
     x = (np.random.default_rng(3).standard_normal((4, 300)) * 4).astype(np.float32)
     expected = RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=5e-7, atol=2e-7)
+
+
+@pytest.mark.parametrize(("shape", "axis", "with_bias"), [((2, 9, 40), -1, True), ((3, 4, 5), 1, False)])
+def test_layer_norm_in_the_bound_plan_gives_the_kernel_bits(shape, axis: int, with_bias: bool) -> None:
+    """The bound plan's prepared LayerNormalization (Y alone) writes what the kernel's run gives."""
+    normalized = list(shape[axis % len(shape):])
+    names = ["x", "scale", *(["bias"] if with_bias else [])]
+    rng = np.random.default_rng(5)
+    parameters = [rng.standard_normal(normalized).astype(np.float32) for _ in names[1:]]
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", names, ["y"], axis=axis)], "g",
+        [helper.make_tensor_value_info("x", F, list(shape))],
+        [helper.make_tensor_value_info("y", F, list(shape))],
+        [numpy_helper.from_array(p, name) for p, name in zip(parameters, names[1:], strict=True)])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                             .SerializeToString())
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    bound = session.run(None, {"x": x})[0]
+    hooked = session.run(None, {"x": x}, node_hook=lambda *_: None)[0]
+    assert bound.tobytes() == hooked.tobytes()
+    np.testing.assert_allclose(bound, _layer_norm_reference(x, *parameters[:1], parameters[1] if with_bias
+                                                            else None, axis)[0], rtol=2e-6, atol=2e-6)
+
+
+# --------------------------------------------------------------------------- InstanceNormalization
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 7), min_size=3, max_size=4), st.sampled_from([1, 2]),
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_instance_norm_compiled_planes_match_float64(shape, threads: int, fortran: bool, seed: int) -> None:
+    """float32 InstanceNormalization (the compiled planes, serial or over two threads, any
+    layout of X) is the float64 computation rounded once, as numpy's float64 path gives it;
+    the output is a new array."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(shape)
+    ctx = NodeContext("in", "InstanceNormalization", "", 6, {"epsilon": 1e-3}, (F,) * 3, (F,), 3, 1)
+    kernel = KERNELS["InstanceNormalization"][6](ctx).bind(get_pool(threads))
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    scale, bias = (rng.standard_normal(shape[1]).astype(np.float32) for _ in range(2))
+    data = x.astype(np.float64)
+    axes = tuple(range(2, x.ndim))
+    mean = data.mean(axis=axes, keepdims=True)
+    inverse = 1 / np.sqrt(((data - mean) ** 2).mean(axis=axes, keepdims=True) + np.float32(1e-3))
+    wanted = (data - mean) * inverse * scale.reshape(1, -1, *(1,) * len(axes)) \
+        + bias.reshape(1, -1, *(1,) * len(axes))
+    layout = np.asfortranarray(x) if fortran else x
+    (actual,) = kernel.run(layout, scale, bias)
+    assert actual.dtype == np.float32 and actual.shape == x.shape
+    assert not np.shares_memory(actual, x)
+    np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-6)
+    (numpy_path,) = kernel.run(x.astype(np.float64), scale.astype(np.float64), bias.astype(np.float64))
+    np.testing.assert_allclose(actual, numpy_path, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=3), st.booleans(),
+       st.sampled_from([ce.GELU, ce.GELU_TANH]), st.integers(0, 2**31 - 1))
+def test_gelu_in_one_pass_gives_the_interpreter_bits(shape, with_bias: bool, code: int, seed: int) -> None:
+    """GELU(x) and GELU(x + bias along the last axis), erf and tanh forms, run row by row
+    (gelu_rows) and give the interpreter's bits, special values included; other broadcasts
+    keep the interpreter."""
+    rng = np.random.default_rng(seed)
+    program = ce.Program()
+    x = program.load(0)
+    if with_bias:
+        x = program.binary(ce.ADD, program.load(1), x)
+    program.constant(0.5)  # a constant nothing reads, as the folded GELU leaves them
+    gelu = program.finish(program.unary(code, x))
+    assert gelu._gelu_form == (code, with_bias)
+    a = (rng.standard_normal(shape) * 4).astype(np.float32)
+    a.reshape(-1)[:len(SPECIAL)] = SPECIAL[:a.size]
+    inputs = [a, rng.standard_normal(shape[-1:]).astype(np.float32)][:1 + with_bias]
+    flat = np.empty(a.size, np.float32)
+    periods = np.array([(a.size, 1), (shape[-1], 1), (0, 1), (0, 1)], np.int64)
+    arrays = [x.reshape(-1) for x in inputs] + [np.zeros(1, np.float32)] * (4 - len(inputs))
+    ce.run_program.dispatcher(gelu.code, gelu.constants, *arrays, periods, gelu.registers, flat, 0, a.size)
+    assert gelu.run(inputs).tobytes() == flat.tobytes()
+    if with_bias:  # the bias as input 0, the whole tensor as input 1
+        periods[:2] = periods[1::-1]
+        ce.run_program.dispatcher(gelu.code, gelu.constants, arrays[1], arrays[0], *arrays[2:], periods,
+                                  gelu.registers, flat, 0, a.size)
+        assert gelu.run(inputs[::-1]).tobytes() == flat.tobytes()
+    if with_bias and a.ndim > 1 and shape[0] > 1:  # a bias along the first axis: the interpreter
+        column = rng.standard_normal((shape[0],) + (1,) * (a.ndim - 1)).astype(np.float32)
+        with np.errstate(all="ignore"):  # -inf (1 + erf(-inf)) is NaN, as computed
+            expected = _reference(code, a.astype(np.float64) + column)
+        _assert_close(gelu.run([a, column]), expected, 0.5001, 1e-7)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 50), st.booleans(), st.integers(0, 2**31 - 1))
+def test_gelu_of_a_channel_affine_gives_the_interpreter_bits(batch: int, channels: int, plane: int,
+                                                             swap: bool, seed: int) -> None:
+    """GELU(x * scale + shift), scale and shift (C, 1) over (N, C, T) (wav2vec2's group norm
+    and GELU), run plane by plane and give the interpreter's bits, special values included."""
+    rng = np.random.default_rng(seed)
+    program = ce.Program()
+    x, scale, shift = program.load(0), program.load(1), program.load(2)
+    product = program.binary(ce.MUL, scale, x) if swap else program.binary(ce.MUL, x, scale)
+    program.constant(1.0)
+    chain = program.finish(program.unary(ce.GELU, program.binary(ce.ADD, shift, product)))
+    assert chain._gelu_affine
+    a = (rng.standard_normal((batch, channels, plane)) * 3).astype(np.float32)
+    a.reshape(-1)[:len(SPECIAL)] = SPECIAL[:a.size]
+    s, b = (rng.standard_normal((channels, 1)).astype(np.float32) for _ in range(2))
+    flat = np.empty(a.size, np.float32)
+    periods = np.array([(a.size, 1), (channels, plane), (channels, plane), (0, 1)], np.int64)
+    ce.run_program.dispatcher(chain.code, chain.constants, a.reshape(-1), s.reshape(-1), b.reshape(-1),
+                              np.zeros(1, np.float32), periods, chain.registers, flat, 0, a.size)
+    assert chain.run([a, s, b]).tobytes() == flat.tobytes()

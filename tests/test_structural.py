@@ -11,6 +11,7 @@ values are written out by hand.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import ml_dtypes
@@ -288,6 +289,22 @@ def test_reshape(shape: list[int], allowzero: int, kind: str) -> None:
     x = SAMPLES[kind]().reshape(4, 6)
     check("Reshape", [x, ints64(*shape)], opset=5)
     check("Reshape", [x, ints64(*shape)], allowzero=allowzero)
+
+
+def test_reshape_of_a_constant_shape_follows_each_input_shape() -> None:
+    """A Reshape specialized for its constant shape (0 and -1 in it) gives numpy's reshape
+    for input shapes that change from call to call, and the same errors."""
+    # Values from arange, not the module's generator, whose draws later cases depend on.
+    kernel = build("Reshape", [np.zeros((2, 3, 4), np.float32), ints64(0, -1)], LATEST, 1)[1]
+    shape = ints64(0, -1)
+    special = kernel.specialize([None, shape])
+    assert special is not None and special is not kernel
+    for dims in [(2, 3, 4), (2, 3, 4), (5, 2), (5, 2, 2), (2, 3, 4)]:
+        x = np.arange(math.prod(dims), dtype=np.float32).reshape(dims)
+        same(special.run(x, shape)[0], x.reshape(dims[0], -1))
+    assert kernel.specialize([None, None]) is None
+    with pytest.raises(KernelError, match="copies a dimension"):
+        special.run(np.zeros(3, np.float32), ints64(3, 0))
 
 
 def test_reshape_zeros_and_opset_1() -> None:

@@ -16,12 +16,14 @@ SVML), accurate to well under a float32 unit in the last place (docs/elementwise
 to float64's: the programs take float32 data only. NaN and infinities propagate as ONNX says;
 signed zeros are kept.
 
-Inputs broadcast in three ways (:func:`period`): the whole output, one element, or a trailing
-block of the output's shape repeated (a bias along the last axes).
+Inputs broadcast in four ways (:func:`broadcast`): the whole output, one element, a trailing
+block of the output's shape repeated (a bias along the last axes), or a block of the output's
+dimensions each element repeated over the axes after it (a per-channel value over planes).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -31,8 +33,8 @@ import numpy as np
 
 from .compiled import compiled, load_numba, prange
 
-__all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "emit",
-           "exp_row", "numba_threads", "period", "run_program", "run_program_parallel", "single_op"]
+__all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "broadcast",
+           "emit", "exp_row", "numba_threads", "run_program", "run_program_parallel", "single_op"]
 
 BLOCK = 1024  # elements per register row: a program's registers stay in the L2 cache
 MAX_INPUTS = 4
@@ -97,40 +99,105 @@ def exp_row(x: np.ndarray, out: np.ndarray, m: int, sign: float, bits: np.ndarra
 
 
 @compiled(fastmath={"contract"})
+def _erf(v: float) -> float:
+    """erf(v) for a v that is not NaN (inlined into the loops that call it)."""
+    c = ERF_POLYNOMIAL
+    a = abs(v)
+    a = a if a < _ERF_LIMIT else _ERF_LIMIT
+    u = a * a * _ERF_SCALE - 1.0
+    u2 = u * u
+    u4 = u2 * u2
+    # Four independent Horner chains in u^4 (Estrin's split): a quarter of one chain's
+    # latency, which bounds a single chain's speed.
+    q0 = c[20]
+    q1 = c[21]
+    q2 = c[22]
+    q3 = c[19]
+    q0 = q0 * u4 + c[16]
+    q1 = q1 * u4 + c[17]
+    q2 = q2 * u4 + c[18]
+    q3 = q3 * u4 + c[15]
+    q0 = q0 * u4 + c[12]
+    q1 = q1 * u4 + c[13]
+    q2 = q2 * u4 + c[14]
+    q3 = q3 * u4 + c[11]
+    q0 = q0 * u4 + c[8]
+    q1 = q1 * u4 + c[9]
+    q2 = q2 * u4 + c[10]
+    q3 = q3 * u4 + c[7]
+    q0 = q0 * u4 + c[4]
+    q1 = q1 * u4 + c[5]
+    q2 = q2 * u4 + c[6]
+    q3 = q3 * u4 + c[3]
+    q0 = q0 * u4 + c[0]
+    q1 = q1 * u4 + c[1]
+    q2 = q2 * u4 + c[2]
+    p = q0 + u * q1 + u2 * (q2 + u * q3)
+    r = p * a if a < _ERF_LIMIT else 1.0
+    return math.copysign(r, v)
+
+
+@compiled(fastmath={"contract"})
 def _erf_row(x: np.ndarray, out: np.ndarray, m: int, scale: float) -> None:
     """out[:m] = erf(scale * x[:m])."""
-    c = ERF_POLYNOMIAL
     for i in range(m):
         v = scale * x[i]
-        a = abs(v)
-        a = a if a < _ERF_LIMIT else _ERF_LIMIT
-        u = a * a * _ERF_SCALE - 1.0
-        p = c[22]
-        p = p * u + c[21]
-        p = p * u + c[20]
-        p = p * u + c[19]
-        p = p * u + c[18]
-        p = p * u + c[17]
-        p = p * u + c[16]
-        p = p * u + c[15]
-        p = p * u + c[14]
-        p = p * u + c[13]
-        p = p * u + c[12]
-        p = p * u + c[11]
-        p = p * u + c[10]
-        p = p * u + c[9]
-        p = p * u + c[8]
-        p = p * u + c[7]
-        p = p * u + c[6]
-        p = p * u + c[5]
-        p = p * u + c[4]
-        p = p * u + c[3]
-        p = p * u + c[2]
-        p = p * u + c[1]
-        p = p * u + c[0]
-        r = p * a if a < _ERF_LIMIT else 1.0
-        r = math.copysign(r, v)
-        out[i] = r if v == v else v
+        out[i] = _erf(v) if v == v else v
+
+
+@compiled(fastmath={"contract"})
+def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray) -> None:
+    """out[r] = GELU(x[r] + bias) (or GELU(x[r])), the erf form or the ``tanh`` form, for the
+    rows of the 2-D float32 ``x`` and ``out``, ``bias`` one row: the program's instructions
+    row by row over float32 memory, the same float64 values (the sum is exact in float64),
+    rounded once."""
+    length = x.shape[1]
+    if tanh:
+        values, work, e = np.empty(length), np.empty(length), np.empty(length)
+        bits = np.empty(length, np.int64)
+    for r in range(x.shape[0]):
+        row, target = x[r], out[r]
+        if tanh:
+            for i in range(length):
+                values[i] = np.float64(row[i]) + np.float64(bias[i]) if with_bias else np.float64(row[i])
+            for i in range(length):
+                v = values[i]
+                work[i] = -2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
+            exp_row(work, e, length, 1.0, bits)
+            for i in range(length):
+                target[i] = values[i] / (1.0 + e[i])
+        elif with_bias:
+            for i in range(length):
+                t = np.float64(row[i]) + np.float64(bias[i])
+                g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
+                target[i] = g if t == t else t
+        else:
+            for i in range(length):
+                t = np.float64(row[i])
+                g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
+                target[i] = g if t == t else t
+
+
+@compiled
+def _affine(x: float, scale: float, shift: float) -> float:
+    """x * scale + shift, two roundings (no contraction), as the program's MUL and ADD."""
+    return x * scale + shift
+
+
+@compiled(fastmath={"contract"})
+def gelu_channel_rows(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, out: np.ndarray) -> None:
+    """out[r] = GELU(x[r] * scale[r % C] + shift[r % C]) (erf form) for the rows of the 2-D
+    float32 ``x`` and ``out``, ``scale`` and ``shift`` C values (a per-channel affine over
+    planes): the program's float64 values, rounded once."""
+    channels = scale.shape[0]
+    for r in range(x.shape[0]):
+        row, target = x[r], out[r]
+        a = np.float64(scale[r % channels])
+        b = np.float64(shift[r % channels])
+        for i in range(row.shape[0]):
+            t = _affine(np.float64(row[i]), a, b)
+            g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
+            target[i] = g if t == t else t
 
 
 @compiled(fastmath={"contract"})
@@ -233,12 +300,25 @@ def _binary_row(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray, m: int
 
 
 @compiled
-def _load_row(source: np.ndarray, length: int, start: int, row: np.ndarray, m: int) -> None:
-    """row[:m] = the elements start..start+m of ``source`` repeated with period ``length``."""
+def _load_row(source: np.ndarray, length: int, repeat: int, start: int, row: np.ndarray,
+              m: int) -> None:
+    """row[:m] = output elements start..start+m of ``source`` broadcast: element ``i`` of the
+    output reads ``source[(i // repeat) % length]``."""
     if length == 1:
         value = np.float64(source[0])
         for i in range(m):
             row[i] = value
+        return
+    if repeat > 1:  # runs of one value (a per-channel constant over a plane)
+        i = 0
+        while i < m:
+            position = start + i
+            count = min(m - i, repeat - position % repeat)
+            value = np.float64(source[(position // repeat) % length])
+            target = row[i:i + count]
+            for q in range(count):
+                target[q] = value
+            i += count
         return
     # Indexing slices by the loop counter alone (not ``offset + i``) lets LLVM vectorize
     # the copies: it cannot prove a sum of two counters non-negative, and numba's negative
@@ -265,8 +345,8 @@ def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.
                 x2: np.ndarray, x3: np.ndarray, periods: np.ndarray, registers: int,
                 out: np.ndarray, start: int, stop: int) -> None:
     """Run the program ``code`` over out[start:stop] (1-D float32 arrays; input ``k``, in
-    register ``k``, repeats with period ``periods[k]``; periods of 0 mark unused inputs), one
-    block at a time."""
+    register ``k``, is broadcast as ``periods[k]`` = (length, repeat) says, :func:`broadcast`;
+    lengths of 0 mark unused inputs), one block at a time."""
     rows = np.empty((registers, BLOCK))
     work = np.empty(BLOCK)
     bits = np.empty(BLOCK, np.int64)
@@ -278,14 +358,14 @@ def run_program(code: np.ndarray, constants: np.ndarray, x0: np.ndarray, x1: np.
         m = min(BLOCK, stop - first)
         # Each input is loaded by its own call: choosing the array by index costs more than
         # the load itself (docs/elementwise.md).
-        if periods[0]:
-            _load_row(x0, periods[0], first, rows[0], m)
-        if periods[1]:
-            _load_row(x1, periods[1], first, rows[1], m)
-        if periods[2]:
-            _load_row(x2, periods[2], first, rows[2], m)
-        if periods[3]:
-            _load_row(x3, periods[3], first, rows[3], m)
+        if periods[0, 0]:
+            _load_row(x0, periods[0, 0], periods[0, 1], first, rows[0], m)
+        if periods[1, 0]:
+            _load_row(x1, periods[1, 0], periods[1, 1], first, rows[1], m)
+        if periods[2, 0]:
+            _load_row(x2, periods[2, 0], periods[2, 1], first, rows[2], m)
+        if periods[3, 0]:
+            _load_row(x3, periods[3, 0], periods[3, 1], first, rows[3], m)
         for j in range(count):
             op = code[j, 0]
             destination = rows[code[j, 1]]
@@ -313,18 +393,26 @@ def run_program_parallel(code: np.ndarray, constants: np.ndarray, x0: np.ndarray
             run_program(code, constants, x0, x1, x2, x3, periods, registers, out, start, stop)
 
 
-def period(shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
-    """How an input of ``shape`` repeats in a C-order output of ``out_shape`` (broadcast):
-    its size when its nonunit dimensions are a trailing part of the output's shape (the whole
-    output, a bias along the last axes, one element), else None."""
+def broadcast(shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, int] | None:
+    """How an input of ``shape`` broadcasts to a C-order output of ``out_shape``, as (length,
+    repeat): output element ``i`` reads the input's element ``(i // repeat) % length``. Its
+    nonunit dimensions must be one contiguous run of the output's dimensions (the whole output,
+    a bias along the last axes, one element, a per-channel value over planes: shape (C, 1)
+    over (N, C, T)); None otherwise."""
     dims = list(shape)
     while dims and dims[0] == 1:
         dims.pop(0)
     if not dims:
-        return 1
-    if len(dims) > len(out_shape) or list(out_shape[len(out_shape) - len(dims):]) != dims:
+        return 1, 1
+    if len(dims) > len(out_shape):
         return None
-    return math.prod(dims)
+    tail = list(out_shape[len(out_shape) - len(dims):])
+    core = len(dims)
+    while core and dims[core - 1] == 1:
+        core -= 1
+    if dims[:core] != tail[:core]:
+        return None
+    return math.prod(dims), math.prod(tail[core:])
 
 
 class _Regions:
@@ -382,18 +470,22 @@ class CompiledProgram:
         out_shape = np.broadcast_shapes(*shapes)
         arrays, periods = [], []
         for x in inputs:
-            p = period(x.shape, out_shape)
+            p = broadcast(x.shape, out_shape)
             if p is None or x.dtype != _FLOAT32:
                 return None
             arrays.append(np.ascontiguousarray(x).reshape(-1))
             periods.append(p)
         arrays += [_DUMMY] * (MAX_INPUTS - len(arrays))
-        periods += [0] * (MAX_INPUTS - len(periods))
+        periods += [(0, 1)] * (MAX_INPUTS - len(periods))
         out = np.empty(out_shape, np.float32)
         flat = out.reshape(-1)
         if flat.size:
+            parallel = threads > 1 and flat.size >= minimum_elements
+            if not parallel and (self._gelu_rows(arrays, periods, out_shape, out)
+                                 or self._gelu_channels(arrays, periods, out)):
+                return out
             period_array = np.array(periods, np.int64)
-            if threads > 1 and flat.size >= minimum_elements and numba_threads(threads):
+            if parallel and numba_threads(threads):
                 run_program_parallel.dispatcher(self.code, self.constants, *arrays, period_array,
                                                 self.registers, flat, threads)
             else:
@@ -401,9 +493,75 @@ class CompiledProgram:
                                        self.registers, flat, 0, flat.size)
         return out
 
+    def _gelu_rows(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
+                   out_shape: tuple[int, ...], out: np.ndarray) -> bool:
+        """GELU(x) or GELU(x + bias), either form, bias along the last axis, by
+        :func:`gelu_rows` (row by row instead of the interpreter's blocks); False for any
+        other program or broadcast."""
+        form = self._gelu_form
+        if form is None:
+            return False
+        code, with_bias = form
+        length = out_shape[-1] if out_shape else 1
+        whole, row = (out.size, 1), (length, 1)
+        x = 0 if periods[0] == whole else 1 if with_bias and periods[1] == whole else None
+        if x is None or (with_bias and periods[1 - x] != row):  # the sum is exact: either order
+            return False
+        rows = out.size // length
+        gelu_rows.dispatcher(arrays[x].reshape(rows, length), arrays[1 - x] if with_bias else _DUMMY,
+                             with_bias, code == GELU_TANH, out.reshape(rows, length))
+        return True
+
+    def _gelu_channels(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
+                       out: np.ndarray) -> bool:
+        """GELU(x * scale + shift), scale and shift one value per run of the output (a
+        per-channel affine over planes: shape (C, 1) over (N, C, T)), by
+        :func:`gelu_channel_rows`; False for any other program or broadcast."""
+        if not self._gelu_affine:
+            return False
+        x = 0 if periods[0] == (out.size, 1) else 1  # the product is exact in either order
+        scale, shift = 1 - x, 2
+        plane = periods[scale][1]
+        if (periods[x] != (out.size, 1) or plane < 2 or periods[shift] != periods[scale]
+                or out.size % plane):
+            return False
+        rows = out.size // plane
+        gelu_channel_rows.dispatcher(arrays[x].reshape(rows, plane), arrays[scale], arrays[shift],
+                                     out.reshape(rows, plane))
+        return True
+
+    @functools.cached_property
+    def _gelu_affine(self) -> bool:
+        """Whether the program is GELU(input 0 * input 1 + input 2), erf form (constants the
+        folded GELU left unread do not count)."""
+        rows = [tuple(int(v) for v in row) for row in self.code if row[0] != CONST]
+        return (self.inputs == 3 and len(rows) == 4 and rows[0][0] == MUL and sorted(rows[0][2:]) == [0, 1]
+                and rows[1][0] == ADD and sorted(rows[1][2:]) == sorted((rows[0][1], 2))
+                and rows[2] == (GELU, rows[2][1], rows[1][1], 0) and rows[3] == (STORE, rows[2][1], 0, 0))
+
+    @functools.cached_property
+    def _gelu_form(self) -> tuple[int, bool] | None:
+        """(GELU or GELU_TANH, whether input 1 is added to input 0 first) for the programs
+        GELU(input 0) and GELU(input 0 + input 1), else None (constants the folded GELU left
+        unread do not count)."""
+        rows = [tuple(int(v) for v in row) for row in self.code if row[0] != CONST]
+        if self.inputs == 1 and len(rows) == 2 and rows[0][0] in (GELU, GELU_TANH) \
+                and rows == [(rows[0][0], rows[0][1], 0, 0), (STORE, rows[0][1], 0, 0)]:
+            return rows[0][0], False
+        if self.inputs == 2 and len(rows) == 3 and rows[0][0] == ADD and sorted(rows[0][2:]) == [0, 1] \
+                and rows[1][0] in (GELU, GELU_TANH) and rows[1] == (rows[1][0], rows[1][1], rows[0][1], 0) \
+                and rows[2] == (STORE, rows[1][1], 0, 0):
+            return rows[1][0], True
+        return None
+
     def compile(self, parallel: bool) -> None:
         """Compile (or load from numba's disk cache) what :meth:`run` calls."""
         self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
+        if self._gelu_form is not None:
+            self.run([np.zeros((1, 1), np.float32)] * self.inputs)
+        if self._gelu_affine:
+            self.run([np.zeros((1, 2, 2), np.float32), np.ones((2, 1), np.float32),
+                      np.zeros((2, 1), np.float32)])
 
 
 class Program:

@@ -3,8 +3,8 @@
 :func:`softmax_rows` computes, for each row ``x`` of a (rows, length) float32 array,
 ``softmax(scale * x + mask_row)`` along the row: the scaled and masked row, its maximum, the
 exponentials of the shifted row (:func:`exp_shifted`, a vectorized polynomial exp accurate to
-float32, not float64: relative error under 2e-9), their sum (eight partial sums in a fixed
-order) and the quotients, in float64 and rounded once into the float32 output: within one
+float32, not float64: relative error under 2e-9), their sum (vectorized, reassociated: one
+order for every row) and the quotients, in float64 and rounded once into the float32 output: within one
 float32 unit in the last place of the float64 softmax rounded to float32. ``mask`` holds the
 distinct mask rows and ``mask_rows`` the mask row of each row (a broadcast mask, (batch, 1, q,
 k) against (batch, heads, q, k) scores, is not copied per head); an empty ``mask_rows`` means
@@ -13,7 +13,8 @@ no mask.
 NaN and infinities propagate as numpy's softmax has them: a row holding NaN or +inf is all
 NaN, and a row of -inf only (every key masked with -inf) is all NaN too, since its maximum
 minus itself is NaN; with a finite maximum, -inf entries come out 0. No fast-math
-flag but floating-point contraction (fused multiply-adds) is used.
+flag but floating-point contraction (fused multiply-adds) and, for the sum, reassociation
+is used.
 
 :func:`softmax_rows_parallel` splits the rows over numba's threads (``prange``).
 """
@@ -37,7 +38,10 @@ MASK_NONE = np.zeros(0, np.int64)
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 _ROUND = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
-_FLOOR = -708.0  # differences are clamped here: e^-708 is far below float32's smallest value
+# Differences are clamped here: e^-104 is below half of float32's smallest denormal, so it and
+# its quotient by the row's sum (at least 1) round to 0, as e^d does below it; a lower clamp let
+# masked entries (e^-708) make float64 denormal quotients, 20-100 times slower to compute.
+_FLOOR = -104.0
 # e^r on |r| <= ln 2 / 2: the polynomial of degree 6 fitted by least squares in relative terms
 # at 400 Chebyshev nodes (numpy's polyfit weighted by e^-r); relative error 1.9e-9, 0.016 of a
 # float32 unit in the last place (tests recompute it).
@@ -50,7 +54,7 @@ def exp_shifted(y: np.ndarray, top: float, out: np.ndarray, m: int, bits: np.nda
     """out[:m] = exp(y[:m] - top) to float32's accuracy, for differences <= 0 or NaN (``top``
     is the row's maximum): 2^n e^r with |r| <= ln 2 / 2, e^r by :data:`EXP_POLYNOMIAL`, 2^n
     built in the exponent bits (``bits``, an int64 scratch row). Differences below
-    :data:`_FLOOR` (-inf included) give e^-708, 0 once rounded to float32; NaN gives NaN."""
+    :data:`_FLOOR` (-inf included) give e^-104, 0 once rounded to float32; NaN gives NaN."""
     c = EXP_POLYNOMIAL
     scale = bits.view(np.float64)
     for i in range(m):
@@ -89,39 +93,42 @@ def softmax_rows(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray,
         else:
             for i in range(length):
                 y[i] = scale * np.float64(row[i])
-        # Eight running maxima and sums in a fixed order: independent chains that LLVM can
-        # put in vector lanes without reassociating anything. NaN is skipped by the maxima
-        # and reaches every output through the sum.
-        octets = length // 8 * 8
-        t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = -math.inf
-        for i in range(0, octets, 8):
-            t0 = y[i] if y[i] > t0 else t0
-            t1 = y[i + 1] if y[i + 1] > t1 else t1
-            t2 = y[i + 2] if y[i + 2] > t2 else t2
-            t3 = y[i + 3] if y[i + 3] > t3 else t3
-            t4 = y[i + 4] if y[i + 4] > t4 else t4
-            t5 = y[i + 5] if y[i + 5] > t5 else t5
-            t6 = y[i + 6] if y[i + 6] > t6 else t6
-            t7 = y[i + 7] if y[i + 7] > t7 else t7
-        for i in range(octets, length):
-            t0 = y[i] if y[i] > t0 else t0
-        top = max(max(max(t0, t1), max(t2, t3)), max(max(t4, t5), max(t6, t7)))
+        top = _row_maximum(y, length)
         exp_shifted(y, top, e, length, bits)  # -inf - -inf and inf - inf are NaN, as in numpy
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-        for i in range(0, octets, 8):
-            s0 += e[i]
-            s1 += e[i + 1]
-            s2 += e[i + 2]
-            s3 += e[i + 3]
-            s4 += e[i + 4]
-            s5 += e[i + 5]
-            s6 += e[i + 6]
-            s7 += e[i + 7]
-        for i in range(octets, length):
-            s0 += e[i]
-        inverse = 1.0 / (((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)))
+        inverse = 1.0 / _row_total(e, length)
+        target = out[r]
         for i in range(length):
-            out[r, i] = e[i] * inverse
+            target[i] = e[i] * inverse
+
+
+@compiled(fastmath={"contract"})
+def _row_maximum(y: np.ndarray, length: int) -> float:
+    """The largest of y[:length], NaN skipped: eight running maxima (independent chains that
+    LLVM can put in vector lanes without reassociating anything)."""
+    octets = length // 8 * 8
+    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = -math.inf
+    for i in range(0, octets, 8):
+        t0 = y[i] if y[i] > t0 else t0
+        t1 = y[i + 1] if y[i + 1] > t1 else t1
+        t2 = y[i + 2] if y[i + 2] > t2 else t2
+        t3 = y[i + 3] if y[i + 3] > t3 else t3
+        t4 = y[i + 4] if y[i + 4] > t4 else t4
+        t5 = y[i + 5] if y[i + 5] > t5 else t5
+        t6 = y[i + 6] if y[i + 6] > t6 else t6
+        t7 = y[i + 7] if y[i + 7] > t7 else t7
+    for i in range(octets, length):
+        t0 = y[i] if y[i] > t0 else t0
+    return max(max(max(t0, t1), max(t2, t3)), max(max(t4, t5), max(t6, t7)))
+
+
+@compiled(fastmath={"contract", "reassoc"})
+def _row_total(e: np.ndarray, length: int) -> float:
+    """The sum of e[:length] in the order LLVM's vectorized loop adds it (reassociation only:
+    the same order for every row; NaN and infinities propagate)."""
+    total = 0.0
+    for i in range(length):
+        total += e[i]
+    return total
 
 
 @compiled(parallel=True)

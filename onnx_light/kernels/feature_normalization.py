@@ -92,30 +92,26 @@ class GroupNormalization(Kernel):
         return [y.astype(x.dtype, copy=False)]
 
 
+@compiled(fastmath={"contract", "reassoc"})
+def _square_sum(row: np.ndarray) -> float:
+    """The float64 sum of the squares of ``row``, in the order LLVM's vectorized loop adds them
+    (reassociation only: the same order for every row)."""
+    total = 0.0
+    for i in range(row.shape[0]):
+        v = np.float64(row[i])
+        total += v * v
+    return total
+
+
 @compiled(fastmath={"contract"})
 def rms_norm_rows(x: np.ndarray, scale: np.ndarray, epsilon: float, out: np.ndarray) -> None:
     """out[r] = x[r] / sqrt(mean(x[r]^2) + epsilon) * scale for each row of the float32
-    matrix ``x``: the mean of squares in float64 (eight partial sums in a fixed order), the
-    output rounded once."""
+    matrix ``x``: the mean of squares in float64 (vectorized, :func:`_square_sum`), the output
+    rounded once."""
     length = x.shape[1]
-    octets = length // 8 * 8
     for r in range(x.shape[0]):
         row = x[r]
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-        for i in range(0, octets, 8):
-            s0 += np.float64(row[i]) * np.float64(row[i])
-            s1 += np.float64(row[i + 1]) * np.float64(row[i + 1])
-            s2 += np.float64(row[i + 2]) * np.float64(row[i + 2])
-            s3 += np.float64(row[i + 3]) * np.float64(row[i + 3])
-            s4 += np.float64(row[i + 4]) * np.float64(row[i + 4])
-            s5 += np.float64(row[i + 5]) * np.float64(row[i + 5])
-            s6 += np.float64(row[i + 6]) * np.float64(row[i + 6])
-            s7 += np.float64(row[i + 7]) * np.float64(row[i + 7])
-        for i in range(octets, length):
-            v = np.float64(row[i])
-            s0 += v * v
-        total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-        inverse = 1.0 / math.sqrt(total / length + epsilon)
+        inverse = 1.0 / math.sqrt(_square_sum(row) / length + epsilon)
         target = out[r]
         for i in range(length):
             target[i] = np.float64(row[i]) * inverse * np.float64(scale[i])
@@ -153,8 +149,9 @@ class RMSNormalization(Kernel):
                 and x.size and scale.size in (1, length)):
             rows = np.ascontiguousarray(x).reshape(-1, length)
             out = np.empty(rows.shape, np.float32)
-            rms_norm_rows(rows, np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (length,))),
-                          self.epsilon, out)
+            scale_row = scale.reshape(-1) if scale.size == length and scale.flags.c_contiguous \
+                else np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (length,)))
+            rms_norm_rows(rows, scale_row, self.epsilon, out)
             return [out.reshape(x.shape)]
         stash = self.stash
         data = x.astype(stash, copy=False)

@@ -71,6 +71,7 @@ calibration tries.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -82,7 +83,7 @@ from ..tuning.calibration import Budget, CalibrationResult, configuration_search
 from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import KernelTuningSchema, Parameter, Value
-from . import blas_tiles
+from . import blas_tiles, packed_gemm
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
 from .calibration import GemmConfigurations, calibration_setup, without_compilation
 from .declaration import KernelDeclaration, RequiredInput, declare, dispatch_table
@@ -209,6 +210,8 @@ class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
     trans_a = False  # Gemm's transA: A is (K, M)
+    #: Constant float32 weights packed at construction (:meth:`_pack`), for serial plans.
+    _packed: packed_gemm.PackedWeights | None = None
 
     def __init__(self, ctx: NodeContext) -> None:
         self._region: Any = None  # blas_tiles.region(), taken on first use of the tiles plan
@@ -227,6 +230,28 @@ class _ProductKernel(Kernel):
             if blas_tiles.gemm_function(compute) is not None:
                 one = np.ones((1, 1), compute)
                 self._tiles(one, one, (), compute, 1.0, None, 1.0)
+
+    def _pack(self, w: np.ndarray, bias: np.ndarray | None) -> Kernel | None:
+        """A copy of this kernel whose serial float32 products multiply by ``w`` (K, N),
+        packed now, and add ``bias`` (N values) in the same pass (:mod:`.packed_gemm`); None
+        where the packed kernel cannot run (no AVX-512, no numba)."""
+        if w.dtype != np.float32 or w.ndim != 2 or not packed_gemm.available():
+            return None
+        kernel = copy.copy(self)
+        kernel._packed = packed_gemm.PackedWeights(w, bias)
+        kernel._packed.compile()
+        return kernel
+
+    def _packed_for(self, shape: Sequence[int], dtype: np.dtype) -> packed_gemm.PackedWeights | None:
+        """The packed weights, when a float32 A of ``shape`` (..., M, K), of at most
+        ``packed_gemm.MAX_A_BYTES``, multiplies them on a serial plan; else None (BLAS and the
+        pool's splits compute it)."""
+        packed = self._packed
+        if (packed is None or dtype != np.float32 or len(shape) < 2 or shape[-1] != packed.k
+                or math.prod(shape) * 4 > packed_gemm.MAX_A_BYTES
+                or self.plan(shape[-2], packed.n, packed.k, shape[:-2]) != "serial"):
+            return None
+        return packed
 
     def plan(self, m: int, n: int, k: int, batch: Sequence[int] = (),
              compute: np.dtype | None = None) -> str:
@@ -450,6 +475,12 @@ class GemmKernel(_ProductKernel):
         if b.dtype != a.dtype or (c is not None and c.dtype != a.dtype):
             types = [x.dtype for x in (a, b, c) if x is not None]
             raise self.ctx.error(f"A, B and C must have the same type, got {types}")
+        packed = None if self.trans_a else self._packed_for(a.shape, a.dtype)
+        if packed is not None:
+            y = packed.multiply(a)
+            if self.epilogue is not None:
+                self.epilogue(y)
+            return (y,)
         if self.trans_a:
             a = a.T
         if self.trans_b:
@@ -468,6 +499,24 @@ class GemmKernel(_ProductKernel):
         else:
             epilogue = _float_epilogue(alpha, beta, c2, compute_dtype(a.dtype))
         return (self._product(a, b, epilogue, alpha, c2, beta),)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Constant float32 weights B packed once (:meth:`_pack`), with a constant C of one
+        value per column as the bias, when alpha is 1 and A is not transposed."""
+        b = constants[1] if len(constants) > 1 else None
+        if (b is None or self.trans_a or self.alpha != 1.0 or b.ndim != 2
+                or self.ctx.input_types[:1] != (T.FLOAT,)):
+            return None
+        w = b.T if self.trans_b else b
+        c = None
+        if self.ctx.given(2) and self.beta != 0.0:
+            c = constants[2] if len(constants) > 2 else None
+            if c is None:
+                return None  # a C given at run time
+        if c is not None and (self.beta != 1.0 or c.dtype != np.float32 or c.ndim > 2
+                              or c.size != w.shape[1] or c.shape[-1] != w.shape[1]):
+            return None
+        return self._pack(np.ascontiguousarray(w), c)
 
 
 def _as_matrix(c: np.ndarray, m: int, n: int) -> np.ndarray | None:
@@ -545,7 +594,12 @@ class MatMulKernel(_ProductKernel):
         if vector_b:
             b = b[:, np.newaxis]
         bias = self.bias
-        if bias is None:
+        packed = None if vector_b else self._packed_for(a.shape, a.dtype)
+        if packed is not None:
+            y = packed.multiply(a)
+            if self.epilogue is not None:
+                self.epilogue(y)
+        elif bias is None:
             y = self._product(a, b)
         else:
             if vector_b or bias.shape[1] != b.shape[-1] or bias.dtype != a.dtype:
@@ -565,6 +619,13 @@ class MatMulKernel(_ProductKernel):
         if len(inputs) != 2 or self.epilogue is not None:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
+        packed = self._packed_for(a, a_dtype)
+        if packed is not None and len(b) == 2 and b_dtype == a_dtype:
+
+            def packed_product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+                packed.multiply(x, out)
+
+            return Prepared(packed_product, (*a[:-1], packed.n), a_dtype)
         if (len(a) < 2 or len(b) != 2 or a_dtype != b_dtype or a[-1] != b[0]
                 or compute_dtype(a_dtype) != a_dtype
                 or self.plan(a[-2], b[1], a[-1], a[:-2]) != "serial"):
@@ -580,6 +641,17 @@ class MatMulKernel(_ProductKernel):
             out += bias
 
         return Prepared(with_bias, (*a[:-1], b[1]), a_dtype)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Constant float32 weights B (a matrix) packed once, with the fused bias
+        (:meth:`_pack`)."""
+        b = constants[1] if len(constants) > 1 else None
+        if b is None or b.ndim != 2 or self.ctx.input_types[:1] != (T.FLOAT,):
+            return None
+        bias = self.bias
+        if bias is not None and (bias.dtype != np.float32 or bias.shape[-1] != b.shape[1]):
+            return None
+        return self._pack(b, bias)
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

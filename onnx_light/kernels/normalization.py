@@ -18,7 +18,8 @@ LayerNormalization of float32 data with the default float32 stash runs a compile
 row (:func:`layer_norm_rows`: the mean, then the variance of the centred row, then the
 output, in float64, rounded once), over numba's threads from
 :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on when the session has more than one thread;
-other types and layouts take the numpy path.
+other types and layouts take the numpy path. float32 InstanceNormalization runs the same
+pass per (image, channel) plane (:func:`instance_norm_rows`, the channel's scale and bias).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "LAYER_NORM_PARALLEL_MINIMUM", "PARALLEL_MINIMUM", "BatchNormalization",
            "ChannelAffine", "InstanceNormalization", "LayerNormalization", "batch_norm_affine",
-           "layer_norm_rows"]
+           "instance_norm_rows", "layer_norm_rows"]
 
 PARALLEL_MINIMUM = 1 << 20
 # Elements of X from which the compiled LayerNormalization splits its rows over the threads
@@ -232,6 +233,9 @@ class InstanceNormalization(Kernel):
     def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> Sequence[np.ndarray]:
         if x.ndim < 3:
             raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        if (x.dtype == scale.dtype == bias.dtype == np.float32 and x.size
+                and scale.size == bias.size == x.shape[1]):
+            return (self._compiled(x, scale.reshape(-1), bias.reshape(-1)),)
         compute = compute_dtype(x.dtype)
         axes = tuple(range(2, x.ndim))
         mean = np.mean(x, axis=axes, dtype=np.float64, keepdims=True)
@@ -242,40 +246,102 @@ class InstanceNormalization(Kernel):
         y = x.astype(compute) * a.astype(compute) + b.astype(compute)
         return (y.astype(x.dtype, copy=False),)
 
+    def _compiled(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        """float32 planes by :func:`instance_norm_rows`, over numba's threads from
+        :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on."""
+        planes = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
+        out = np.empty(planes.shape, np.float32)
+        if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and planes.shape[0] > 1
+                and numba_threads(self.num_threads)):
+            _instance_norm_rows_parallel.dispatcher(planes, scale, bias, self.epsilon, out)
+        else:
+            instance_norm_rows.dispatcher(planes, scale, bias, self.epsilon, out)
+        return out.reshape(x.shape)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the compiled pass now, at session construction, for a float32 node."""
+        if self.ctx.input_types[:1] == (T.FLOAT,):
+            one = np.ones(1, np.float32)
+            x = np.zeros((1, 1, 2), np.float32)
+            self._compiled(x, one, one)
+            if self.num_threads > 1 and numba_threads(self.num_threads):
+                _instance_norm_rows_parallel.dispatcher(x[0], one, one, 1e-5, x[0].copy())
+        return None
+
+
+@compiled(fastmath={"contract", "reassoc"})
+def _row_sum(x: np.ndarray, row: int) -> float:
+    """The float64 sum of ``x[row]``, in the order LLVM's vectorized loop adds it (the same
+    order for every row and thread: reassociation only, no NaN, infinity or zero flag)."""
+    values = x[row]
+    total = 0.0
+    for j in range(values.shape[0]):
+        total += np.float64(values[j])
+    return total
+
+
+@compiled(fastmath={"contract", "reassoc"})
+def _row_squares(x: np.ndarray, row: int, mu: float) -> float:
+    """The float64 sum of ``(x[row] - mu)^2``, vectorized as :func:`_row_sum`."""
+    values = x[row]
+    total = 0.0
+    for j in range(values.shape[0]):
+        d = np.float64(values[j]) - mu
+        total += d * d
+    return total
+
+
+@compiled(fastmath={"contract"})
+def _row_moments(x: np.ndarray, row: int, epsilon: float) -> tuple[float, float]:
+    """The mean of ``x[row]`` and 1/sqrt(variance + epsilon), the variance of the centred
+    row, both summed in float64."""
+    n = x.shape[1]
+    mu = _row_sum(x, row) / n
+    return mu, 1.0 / np.sqrt(_row_squares(x, row, mu) / n + epsilon)
+
 
 @compiled(fastmath={"contract"})
 def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
                     epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
                     row: int) -> None:
-    n = x.shape[1]
-    # Four partial sums (in a fixed order) let LLVM vectorize the sums without reassociating.
-    s0 = s1 = s2 = s3 = 0.0
-    whole = n - n % 4
-    for j in range(0, whole, 4):
-        s0 += x[row, j]
-        s1 += x[row, j + 1]
-        s2 += x[row, j + 2]
-        s3 += x[row, j + 3]
-    for j in range(whole, n):
-        s0 += x[row, j]
-    mu = ((s0 + s1) + (s2 + s3)) / n
-    s0 = s1 = s2 = s3 = 0.0
-    for j in range(0, whole, 4):
-        d0, d1, d2, d3 = x[row, j] - mu, x[row, j + 1] - mu, x[row, j + 2] - mu, x[row, j + 3] - mu
-        s0 += d0 * d0
-        s1 += d1 * d1
-        s2 += d2 * d2
-        s3 += d3 * d3
-    for j in range(whole, n):
-        d = x[row, j] - mu
-        s0 += d * d
-    squares = (s0 + s1) + (s2 + s3)
-    inv = 1.0 / np.sqrt(squares / n + epsilon)
+    mu, inv = _row_moments(x, row, epsilon)
     mean[row] = mu
     inverse[row] = inv
-    for j in range(n):
-        y = (x[row, j] - mu) * inv * scale[j]
-        out[row, j] = y + bias[j] if with_bias else y
+    values, target = x[row], out[row]
+    if with_bias:
+        for j in range(values.shape[0]):
+            target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
+    else:
+        for j in range(values.shape[0]):
+            target[j] = (values[j] - mu) * inv * scale[j]
+
+
+@compiled(fastmath={"contract"})
+def _instance_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float,
+                       out: np.ndarray, row: int) -> None:
+    channel = row % scale.shape[0]
+    mu, inv = _row_moments(x, row, epsilon)
+    a = inv * np.float64(scale[channel])
+    b = np.float64(bias[channel])
+    values, target = x[row], out[row]
+    for j in range(values.shape[0]):
+        target[j] = (values[j] - mu) * a + b
+
+
+@compiled
+def instance_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float,
+                       out: np.ndarray) -> None:
+    """InstanceNormalization of the float32 (image, channel) planes, the rows of ``x``, into
+    ``out``: channel ``row % C`` scales and shifts row ``row``; in float64, rounded once."""
+    for row in range(x.shape[0]):
+        _instance_norm_row(x, scale, bias, epsilon, out, row)
+
+
+@compiled(parallel=True)
+def _instance_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray,
+                                 epsilon: float, out: np.ndarray) -> None:
+    for row in prange(x.shape[0]):
+        _instance_norm_row(x, scale, bias, epsilon, out, row)
 
 
 @compiled
@@ -341,16 +407,20 @@ class LayerNormalization(Kernel):
         """The three outputs from :func:`layer_norm_rows`, or None when scale or bias are not
         float32 or do not broadcast to the normalized shape (the numpy path then decides)."""
         normalized = x.shape[axis:]
-        try:
-            parameters = [np.ascontiguousarray(np.broadcast_to(p, normalized)).reshape(-1)
-                          for p in (scale, bias) if p is not None]
-        except ValueError:
-            return None
-        if any(p.dtype != np.float32 for p in parameters):
-            return None
+        given = [p for p in (scale, bias) if p is not None]
+        if all(p.shape == normalized and p.dtype == np.float32 and p.flags.c_contiguous for p in given):
+            parameters = [p.reshape(-1) for p in given]  # the usual case: no copies
+        else:
+            try:
+                parameters = [np.ascontiguousarray(np.broadcast_to(p, normalized)).reshape(-1)
+                              for p in given]
+            except ValueError:
+                return None
+            if any(p.dtype != np.float32 for p in parameters):
+                return None
         scale_row = parameters[0]
         bias_row = parameters[1] if bias is not None else _NO_BIAS
-        rows = int(np.prod(x.shape[:axis]))
+        rows = math.prod(x.shape[:axis])
         matrix = np.ascontiguousarray(x).reshape(rows, -1)
         out = np.empty(matrix.shape, np.float32)
         stats_shape = x.shape[:axis] + (1,) * len(normalized)
@@ -363,6 +433,30 @@ class LayerNormalization(Kernel):
             layer_norm_rows.dispatcher(matrix, scale_row, bias_row, bias is not None, self.epsilon,
                                        out, mean, inverse)
         return [out.reshape(x.shape), mean.reshape(stats_shape), inverse.reshape(stats_shape)]
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """Y alone (no Mean or InvStdDev asked for) of float32 X, scale and bias of the
+        normalized shape, serially: :func:`layer_norm_rows` into the buffer."""
+        if self.ctx.num_outputs != 1 or len(inputs) not in (2, 3) or self.stash != np.float32:
+            return None
+        (x, _), *parameters = inputs
+        if not x or any(d != np.float32 for _, d in inputs):
+            return None
+        axis = self.axis % len(x) if -len(x) <= self.axis < len(x) else None
+        if axis is None or any(tuple(shape) != tuple(x[axis:]) for shape, _ in parameters):
+            return None
+        rows, n = math.prod(x[:axis]), math.prod(x[axis:])
+        if rows == 0 or n == 0 or (self.num_threads > 1 and rows * n >= LAYER_NORM_PARALLEL_MINIMUM):
+            return None
+        function, epsilon = layer_norm_rows.dispatcher, self.epsilon
+        with_bias = len(parameters) == 2
+
+        def compute(x: np.ndarray, scale: np.ndarray, bias: np.ndarray = _NO_BIAS, *,
+                    out: np.ndarray) -> None:
+            function(x.reshape(rows, n), scale.reshape(n), bias.reshape(-1), with_bias, epsilon,
+                     out.reshape(rows, n), np.empty(rows, np.float32), np.empty(rows, np.float32))
+
+        return Prepared(compute, tuple(x), np.dtype(np.float32))
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile the compiled pass now, at session construction, for a float32 node."""

@@ -8,6 +8,7 @@ Slice bounds, Pad pads, Reshape shape).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -282,7 +283,31 @@ class Reshape(InputView):
         super().__init__(ctx)
         self.allowzero = bool(ctx.attribute("allowzero", 0))
 
+    #: Whether the shape is a constant of the plan (:meth:`specialize`), and then the last
+    #: input shape reshaped and its output shape.
+    _constant_shape = False
+    _last: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """With a constant shape, a copy that remembers the output shape of the last input
+        shape it reshaped (the same input shape every run gives the same output shape)."""
+        if self.ctx.opset >= 5 and (len(constants) < 2 or constants[1] is None):
+            return None
+        kernel = copy.copy(self)
+        kernel._constant_shape = True
+        return kernel
+
     def run(self, x: np.ndarray, shape: np.ndarray | None = None) -> Arrays:
+        if not self._constant_shape:
+            return self._reshape(x, shape)
+        last = self._last
+        if last is not None and x.shape == last[0]:
+            return [x.reshape(last[1])]
+        (y,) = self._reshape(x, shape)
+        self._last = (x.shape, y.shape)
+        return [y]
+
+    def _reshape(self, x: np.ndarray, shape: np.ndarray | None) -> Arrays:
         dims = ints_since(self.ctx, "shape", shape, 5)
         if not self.allowzero:
             if any(d == 0 and i >= x.ndim for i, d in enumerate(dims)):
@@ -436,7 +461,13 @@ class Split(InputView):
             sizes = [dim // count] * count
         if len(sizes) != count or sum(sizes) != dim or min(sizes) < 0:
             raise self.ctx.error(f"split {sizes} does not cut dimension {dim} into {count} parts")
-        return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+        parts, start = [], 0
+        index: list[slice] = [slice(None)] * x.ndim
+        for size in sizes:
+            index[axis] = slice(start, start + size)
+            parts.append(x[tuple(index)])
+            start += size
+        return parts
 
 
 # ---------------------------------------------------------------- indexing

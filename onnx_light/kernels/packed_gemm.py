@@ -1,0 +1,259 @@
+"""Products with constant float32 weights packed once: ``A @ W (+ bias)`` by a register-blocked
+compiled kernel instead of a BLAS call that packs W again on every call.
+
+A MatMul or Gemm whose B is a constant (the weights of a linear layer) gets its B packed at
+the session's construction (:class:`PackedWeights`): the columns in panels of :data:`NR`,
+each panel ``(K, NR)`` contiguous and zero-padded past N, so that the micro-kernel reads one
+contiguous row of a panel per step of the sum. The micro-kernel (:func:`_tile`, LLVM vector
+code written through numba's ``intrinsic``) keeps an ``MR x NR`` block of the output in 24
+AVX-512 registers, adds ``a[i, p] * panel[p, :]`` for p = 0..K-1 with fused multiply-adds,
+then adds the bias (when there is one) and stores the block once. It needs AVX-512
+(:func:`available`): with fewer, wider-than-the-machine vectors would spill.
+
+Numerics. Each output element is ``sum_p a[i, p] w[p, j]`` summed in order of p from +0 in
+float32 with one rounding per fused multiply-add, then ``+ bias[j]`` rounded once: one of the
+orders the BLAS bound of ``gemm.py`` covers (``|Y - exact| <= K u sum |a||w|`` to first
+order), and the bias is added to the rounded product as the unfused Add does. NaN and
+infinities propagate as IEEE arithmetic says; a sum of only negative zeros is +0, as BLAS
+gives it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from .compiled import CompiledFunction, compiled, load_numba
+
+__all__ = ["MAX_A_BYTES", "MR", "NR", "PackedWeights", "available", "packed_product"]
+
+MR = 6  # rows of the output block the micro-kernel keeps in registers
+_VECTORS = 4  # 16-float vectors per row of the block
+NR = 16 * _VECTORS  # columns of the block: one panel of packed weights
+_AHEAD = 32  # steps of the sum ahead that the first block of rows prefetches its panel
+KC = 128  # steps of the sum per pass over the rows: a (KC, NR) part of a panel stays in L1
+#: The largest A (in bytes) multiplied here: every panel passes over all of A, which must stay
+#: in the L2 cache; larger products go to BLAS, whose blocking suits them (4096 x 1024 x 1024:
+#: 70-79 ms here against OpenBLAS's 56-61 ms).
+MAX_A_BYTES = 1 << 20
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this process can run the packed products: numba loads and LLVM's host has
+    AVX-512F (the micro-kernel's 24 accumulators are 512-bit registers)."""
+    try:
+        load_numba()
+        from llvmlite import binding
+    except ImportError:
+        return False
+    return bool(binding.get_host_cpu_features().get("avx512f", False))
+
+
+def _build_tile(numba: Any, height: int = MR) -> Any:
+    """numba's ``intrinsic`` ``_tile(a, panels, out, bias, i0, panel, rows, out_row, out_column,
+    with_bias, prefetch, start, stop, accumulate)``: rows i0..i0+rows-1 (rows <= ``height``)
+    of ``a`` (M, K) times steps ``start..stop-1`` of panel ``panel`` of
+    ``panels`` (P, K, NR), added to the partial sums already in the output block when
+    ``accumulate`` (else to +0), plus ``bias[panel * NR:][:NR]`` when ``with_bias``, stored in
+    ``out[out_row:out_row + rows, out_column:out_column + NR]``; ``prefetch`` fetches the panel
+    :data:`_AHEAD` steps ahead. Rows past ``rows`` read the last valid row of ``a`` and ``out``
+    and are not stored."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    f32 = ir.FloatType()
+    vector = ir.VectorType(f32, 16)
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    zero = ir.Constant(vector, [0.0] * 16)
+    broadcast = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
+
+    def constant(value: int) -> ir.Constant:
+        return ir.Constant(i64, value)
+
+    def load_vector(builder: Any, pointer: Any, offset: int) -> Any:
+        return builder.load(builder.bitcast(builder.gep(pointer, [constant(offset)]),
+                                            vector.as_pointer()), align=4)
+
+    @intrinsic
+    def tile(typingctx, a, panels, out, bias, i0, panel, rows, out_row, out_column, with_bias,
+             prefetch, start, stop, accumulate):
+        signature = types.void(a, panels, out, bias, types.int64, types.int64, types.int64,
+                               types.int64, types.int64, types.boolean, types.boolean, types.int64,
+                               types.int64, types.boolean)
+
+        def codegen(context, builder, sig, args):
+            a_value, panels_value, out_value, bias_value = args[:4]
+            i0_v, panel_v, rows_v, out_row_v, out_column_v, with_bias_v, prefetch_v = args[4:11]
+            start_v, stop_v, accumulate_v = args[11:]
+            a_array = context.make_array(sig.args[0])(context, builder, a_value)
+            panel_array = context.make_array(sig.args[1])(context, builder, panels_value)
+            out_array = context.make_array(sig.args[2])(context, builder, out_value)
+            bias_array = context.make_array(sig.args[3])(context, builder, bias_value)
+            k = builder.extract_value(a_array.shape, 1)
+            ldc = builder.extract_value(out_array.shape, 1)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vector, [vector, vector, vector]), "llvm.fma.v16f32")
+            fetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
+                "llvm.prefetch")
+            last = builder.sub(rows_v, constant(1))
+            a_rows, targets, initial = [], [], []
+            for r in range(height):
+                row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
+                a_rows.append(builder.gep(a_array.data, [builder.mul(builder.add(i0_v, row), k)]))
+                offset = builder.add(builder.mul(builder.add(out_row_v, row), ldc), out_column_v)
+                targets.append(builder.gep(out_array.data, [offset]))
+                for q in range(_VECTORS):  # the partial sums of the steps before ``start``
+                    initial.append(builder.select(accumulate_v, load_vector(builder, targets[r], 16 * q),
+                                                  zero))
+            panel_start = builder.gep(panel_array.data,
+                                      [builder.mul(builder.mul(panel_v, k), constant(NR))])
+            entry = builder.block
+            loop = builder.append_basic_block("tile.loop")
+            done = builder.append_basic_block("tile.done")
+            builder.cbranch(builder.icmp_signed(">", stop_v, start_v), loop, done)
+            builder.position_at_end(loop)
+            p = builder.phi(i64)
+            p.add_incoming(start_v, entry)
+            sums = []
+            for value in initial:
+                phi = builder.phi(vector)
+                phi.add_incoming(value, entry)
+                sums.append(phi)
+            step = builder.gep(panel_start, [builder.mul(p, constant(NR))])
+            with builder.if_then(prefetch_v):
+                for q in range(_VECTORS):
+                    ahead = builder.gep(step, [constant(_AHEAD * NR + 16 * q)])
+                    builder.call(fetch, [builder.bitcast(ahead, ir.IntType(8).as_pointer()),
+                                         ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            w = [load_vector(builder, step, 16 * q) for q in range(_VECTORS)]
+            updated = []
+            for r in range(height):
+                scalar = builder.load(builder.gep(a_rows[r], [p]))
+                splat = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
+                    ir.Constant(vector, ir.Undefined), broadcast)
+                for q in range(_VECTORS):
+                    updated.append(builder.call(fma, [splat, w[q], sums[_VECTORS * r + q]]))
+            following = builder.add(p, constant(1))
+            body_end = builder.block
+            p.add_incoming(following, body_end)
+            for phi, value in zip(sums, updated, strict=True):
+                phi.add_incoming(value, body_end)
+            builder.cbranch(builder.icmp_signed("<", following, stop_v), loop, done)
+            builder.position_at_end(done)
+            totals = []
+            for before, value in zip(initial, updated, strict=True):
+                phi = builder.phi(vector)
+                phi.add_incoming(before, entry)
+                phi.add_incoming(value, body_end)
+                totals.append(phi)
+            bias_start = builder.gep(bias_array.data, [builder.mul(panel_v, constant(NR))])
+            biases = [builder.select(with_bias_v, load_vector(builder, bias_start, 16 * q), zero)
+                      for q in range(_VECTORS)]
+            for r in range(height):
+                with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
+                    for q in range(_VECTORS):
+                        builder.store(builder.fadd(totals[_VECTORS * r + q], biases[q]),
+                                      builder.bitcast(builder.gep(targets[r], [constant(16 * q)]),
+                                                      vector.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return tile
+
+
+class _Intrinsic(CompiledFunction):
+    """A numba ``intrinsic`` built on first use, called by compiled kernels like one of them."""
+
+    def __init__(self, build: Any) -> None:
+        super().__init__(build, {})
+        self.build = build
+
+    @functools.cached_property
+    def dispatcher(self) -> Any:
+        return self.build(load_numba())
+
+
+_tile = _Intrinsic(_build_tile)
+_tile2 = _Intrinsic(functools.partial(_build_tile, height=2))  # the last 1 or 2 rows
+_tile4 = _Intrinsic(functools.partial(_build_tile, height=4))  # the last 3 or 4 rows
+
+
+@compiled
+def packed_product(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bias: bool,
+                   out: np.ndarray) -> None:
+    """``out = a @ W (+ bias)`` for C-contiguous float32 ``a`` (M, K) and ``out`` (M, N), W
+    packed in ``panels`` (P, K, NR) and ``bias`` padded to P * NR values."""
+    m, n = out.shape
+    k = a.shape[1]
+    chunks = max(1, -(-k // KC))
+    edge = np.empty((MR, NR), np.float32)
+    for panel in range(panels.shape[0]):
+        column = panel * NR
+        width = min(NR, n - column)
+        if width == NR:
+            for chunk in range(chunks):
+                start, stop = chunk * KC, min(k, (chunk + 1) * KC)
+                finished = with_bias and stop == k
+                for i0 in range(0, m, MR):
+                    rows = min(MR, m - i0)
+                    if rows > 4:
+                        _tile(a, panels, out, bias, i0, panel, rows, i0, column, finished,
+                              i0 == 0, start, stop, chunk > 0)
+                    elif rows > 2:
+                        _tile4(a, panels, out, bias, i0, panel, rows, i0, column, finished,
+                               i0 == 0, start, stop, chunk > 0)
+                    else:
+                        _tile2(a, panels, out, bias, i0, panel, rows, i0, column, finished,
+                               i0 == 0, start, stop, chunk > 0)
+            continue
+        for i0 in range(0, m, MR):
+            rows = min(MR, m - i0)
+            for chunk in range(chunks):
+                start, stop = chunk * KC, min(k, (chunk + 1) * KC)
+                _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias and stop == k,
+                      i0 == 0, start, stop, chunk > 0)
+            for r in range(rows):
+                for c in range(width):
+                    out[i0 + r, column + c] = edge[r, c]
+
+
+class PackedWeights:
+    """A constant float32 matrix W (K, N) packed for :func:`packed_product`, with an optional
+    bias (N values) added to every row of the product."""
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None = None) -> None:
+        k, n = w.shape
+        count = -(-n // NR)
+        panels = np.zeros((count, k, NR), np.float32)
+        for panel in range(count):
+            part = w[:, panel * NR:(panel + 1) * NR]
+            panels[panel, :, :part.shape[1]] = part
+        self.k, self.n = k, n
+        self.panels = panels
+        self.bias = np.zeros(count * NR, np.float32)
+        self.with_bias = bias is not None
+        if bias is not None:
+            self.bias[:n] = bias.reshape(-1)
+        self._function = packed_product.dispatcher
+
+    def compile(self) -> None:
+        """Compile (or load from numba's disk cache) the product now."""
+        self.multiply(np.zeros((1, self.k), np.float32))
+
+    def multiply(self, a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``a @ W (+ bias)`` for float32 ``a`` (..., M, K), into ``out`` (..., M, N) when
+        given (C-contiguous)."""
+        count = math.prod(a.shape[:-1])
+        rows = np.ascontiguousarray(a).reshape(count, self.k)
+        if out is None:
+            out = np.empty((*a.shape[:-1], self.n), np.float32)
+        self._function(rows, self.panels, self.bias, self.with_bias, out.reshape(count, self.n))
+        return out

@@ -1,0 +1,170 @@
+"""Products with packed constant weights (kernels/packed_gemm.py) against float64 and the
+unpacked BLAS path, and MatMul / Gemm nodes that pack their weights in a session."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_light.kernels import packed_gemm
+from onnx_light.kernels.gemm import GemmKernel, MatMulKernel
+from onnx_light.runtime import RuntimeSession
+
+pytestmark = pytest.mark.skipif(not packed_gemm.available(), reason="packed products need AVX-512F")
+
+F = TensorProto.FLOAT
+U = float(np.finfo(np.float32).eps) / 2
+
+
+def _bound(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """gemm.py's error bound of a float32 product of length K, plus the bias's rounding."""
+    k = a.shape[-1]
+    size = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    if bias is not None:
+        size = size + np.abs(bias.astype(np.float64))
+    return 2 * (k + 2) * U * size + np.finfo(np.float32).tiny
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 300),
+       st.integers(1, 140), st.booleans(), st.integers(0, 2**31 - 1))
+def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, seed) -> None:
+    """Any A (..., M, K) times packed W (K, N), with or without a bias, edge blocks of rows
+    and columns and sums over several passes of KC steps included: within gemm.py's bound of
+    the float64 product, shaped as numpy's."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((*batch, m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y = packed_gemm.PackedWeights(w, bias).multiply(a)
+    exact = a.astype(np.float64) @ w.astype(np.float64) + (0 if bias is None else bias)
+    assert y.dtype == np.float32 and y.shape == exact.shape
+    assert np.all(np.abs(y - exact) <= _bound(a, w, bias))
+    out = np.full(exact.shape, np.nan, np.float32)
+    packed_gemm.PackedWeights(w, bias).multiply(a, out)
+    assert out.tobytes() == y.tobytes()
+
+
+def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
+    """Summing in passes of KC steps (partial sums stored and reloaded in float32) gives the
+    bits of one pass: the same fused multiply-adds in the same order."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((13, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 100)).astype(np.float32)
+    bias = rng.standard_normal(100).astype(np.float32)
+    passes = packed_gemm.PackedWeights(w, bias).multiply(a)
+    reference = np.empty_like(passes)
+    panels = packed_gemm.PackedWeights(w, bias)
+    k = 300
+    for i in range(13):  # one pass: the float32 fused multiply-adds in order of the sum
+        for j in range(100):
+            total = np.float32(0)
+            for p in range(k):
+                total = np.float32(np.float64(a[i, p]) * np.float64(w[p, j]) + np.float64(total))
+            reference[i, j] = total + bias[j]
+    assert panels.panels.shape[1] == k > packed_gemm.KC
+    assert passes.tobytes() == reference.tobytes()
+
+
+def test_special_values_propagate_like_blas() -> None:
+    """NaN and infinities reach the elements IEEE arithmetic says; products of zeros and
+    negative zeros sum to +0, as numpy's BLAS gives them."""
+    a = np.ones((7, 5), np.float32)
+    a[1, 2] = np.nan
+    a[3, 0] = np.inf
+    a[4] = -0.0
+    w = np.ones((5, 70), np.float32)
+    w[:, 3] = 0.0
+    y = packed_gemm.PackedWeights(w).multiply(a)
+    with np.errstate(invalid="ignore"):
+        expected = a @ w
+    assert np.array_equal(np.isnan(y), np.isnan(expected))
+    assert np.array_equal(np.isposinf(y), np.isposinf(expected))
+    zeros = expected == 0
+    assert np.array_equal(y == 0, zeros) and not np.signbit(y[zeros]).any()
+
+
+def _session(node: helper.NodeProto, initializers: list[np.ndarray], names: list[str],
+             a_shape: tuple[int, ...], out_shape: tuple[int, ...], threads: int) -> RuntimeSession:
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("a", F, list(a_shape))],
+        [helper.make_tensor_value_info("y", F, list(out_shape))],
+        [numpy_helper.from_array(v, name) for v, name in zip(initializers, names, strict=True)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return RuntimeSession(model.SerializeToString(), num_threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("trans_b", "c_shape"), [(0, None), (1, (70,)), (0, (1, 70))])
+def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int) -> None:
+    """A Gemm of constant B (and C of one value per column) packs B at construction and
+    gives the unpacked kernel's values within the bound, in both the bound plan and a run
+    with a node hook."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((33, 40)).astype(np.float32)
+    w = rng.standard_normal((40, 70)).astype(np.float32)
+    b = np.ascontiguousarray(w.T) if trans_b else w
+    initializers, names = [b], ["b"]
+    if c_shape is not None:
+        initializers.append(rng.standard_normal(c_shape).astype(np.float32))
+        names.append("c")
+    node = helper.make_node("Gemm", ["a", *names], ["y"], transB=trans_b)
+    session = _session(node, initializers, names, a.shape, (33, 70), threads)
+    assert any(isinstance(k, GemmKernel) and k._packed is not None for k, _, _ in session._steps)
+    bias = None if c_shape is None else initializers[1].reshape(-1)
+    expected = a @ w + (0 if bias is None else bias)
+    for y in (session.run(None, {"a": a})[0], session.run(None, {"a": a}, node_hook=lambda *_: None)[0]):
+        assert np.all(np.abs(y - expected) <= _bound(a, w, bias))
+
+
+def test_matmul_with_bias_packs_weights_and_bias() -> None:
+    """MatMul(A, W) + b with constant W and b: one packed step, the fused graph's values
+    within the bound of float64; a Gemm with a C given at run time is not packed."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((2, 9, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 130)).astype(np.float32)
+    bias = rng.standard_normal(130).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["y"])],
+        "g", [helper.make_tensor_value_info("a", F, [2, 9, 64])],
+        [helper.make_tensor_value_info("y", F, [2, 9, 130])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                             .SerializeToString())
+    assert [type(k) for k, _, _ in session._steps] == [MatMulKernel]
+    assert session._steps[0][0]._packed is not None
+    y = session.run(None, {"a": a})[0]
+    exact = a.astype(np.float64) @ w + bias
+    assert np.all(np.abs(y - exact) <= _bound(a, w, bias))
+    gemm = helper.make_graph(
+        [helper.make_node("Gemm", ["a", "w", "c"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", F, [9, 64]), helper.make_tensor_value_info("c", F, [130])],
+        [helper.make_tensor_value_info("y", F, [9, 130])], [numpy_helper.from_array(w, "w")])
+    session = RuntimeSession(helper.make_model(gemm, opset_imports=[helper.make_opsetid("", 13)])
+                             .SerializeToString())
+    assert session._steps[0][0]._packed is None
+    y = session.run(None, {"a": a[0], "c": bias})[0]
+    assert np.all(np.abs(y - (a[0].astype(np.float64) @ w + bias)) <= _bound(a[0], w, bias))
+
+
+def test_a_larger_than_the_limit_goes_to_blas(monkeypatch) -> None:
+    """An A above MAX_A_BYTES is multiplied by BLAS (the packed kernel's A must stay in L2),
+    with the same values within the bound."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((32, 70)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", F, ["m", 32])],
+        [helper.make_tensor_value_info("y", F, ["m", 70])], [numpy_helper.from_array(w, "w")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                             .SerializeToString())
+    kernel = session._steps[0][0]
+    assert kernel._packed_for((10, 32), np.dtype(np.float32)) is not None
+    monkeypatch.setattr(packed_gemm, "MAX_A_BYTES", 10 * 32 * 4 - 1)
+    assert kernel._packed_for((10, 32), np.dtype(np.float32)) is None
+    a = rng.standard_normal((10, 32)).astype(np.float32)
+    y = session.run(None, {"a": a})[0]
+    assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))
