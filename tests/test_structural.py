@@ -304,7 +304,13 @@ def test_reshape_of_a_constant_shape_follows_each_input_shape() -> None:
         same(special.run(x, shape)[0], x.reshape(dims[0], -1))
     assert kernel.specialize([None, None]) is None
     with pytest.raises(KernelError, match="copies a dimension"):
-        special.run(np.zeros(3, np.float32), ints64(3, 0))
+        special.run(np.float32(1.0).reshape(()), shape)
+    with pytest.raises(KernelError, match="infer"):
+        special.run(np.zeros((0, 3), np.float32), shape)
+    fixed = kernel.specialize([None, ints64(4, -1)])
+    with pytest.raises(KernelError, match="infer"):
+        fixed.run(np.zeros(6, np.float32), ints64(4, -1))
+    same(fixed.run(np.zeros(8, np.float32), ints64(4, -1))[0], np.zeros((4, 2), np.float32))
 
 
 def test_reshape_zeros_and_opset_1() -> None:

@@ -283,29 +283,39 @@ class Reshape(InputView):
         super().__init__(ctx)
         self.allowzero = bool(ctx.attribute("allowzero", 0))
 
-    #: Whether the shape is a constant of the plan (:meth:`specialize`), and then the last
-    #: input shape reshaped and its output shape.
-    _constant_shape = False
-    _last: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    #: The constant shape (:meth:`specialize`), and the positions where its 0 copies the
+    #: input's dimension.
+    _dims: tuple[int, ...] | None = None
+    _copied: tuple[int, ...] = ()
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
-        """With a constant shape, a copy that remembers the output shape of the last input
-        shape it reshaped (the same input shape every run gives the same output shape)."""
+        """With a constant shape, a copy that keeps it checked once: a run fills in the
+        dimensions its 0s copy and hands it to numpy's reshape, which infers the -1; an input
+        it does not fit goes the checking way, for the node's error."""
         if self.ctx.opset >= 5 and (len(constants) < 2 or constants[1] is None):
             return None
+        dims = ints_since(self.ctx, "shape", constants[1] if len(constants) > 1 else None, 5)
+        copied = () if self.allowzero else tuple(i for i, d in enumerate(dims) if d == 0)
+        if dims.count(-1) > 1 or any(d < -1 for d in dims):
+            return None
         kernel = copy.copy(self)
-        kernel._constant_shape = True
+        kernel._dims, kernel._copied = tuple(dims), copied
         return kernel
 
     def run(self, x: np.ndarray, shape: np.ndarray | None = None) -> Arrays:
-        if not self._constant_shape:
-            return self._reshape(x, shape)
-        last = self._last
-        if last is not None and x.shape == last[0]:
-            return [x.reshape(last[1])]
-        (y,) = self._reshape(x, shape)
-        self._last = (x.shape, y.shape)
-        return [y]
+        dims = self._dims
+        if dims is not None and (not self._copied or self._copied[-1] < x.ndim):
+            if self._copied:
+                filled = list(dims)
+                for i in self._copied:
+                    filled[i] = x.shape[i]
+                dims = tuple(filled)
+            if -1 not in dims or math.prod(dims) != 0:
+                try:
+                    return [x.reshape(dims)]
+                except ValueError:
+                    pass  # the checking way names the problem
+        return self._reshape(x, shape)
 
     def _reshape(self, x: np.ndarray, shape: np.ndarray | None) -> Arrays:
         dims = ints_since(self.ctx, "shape", shape, 5)
