@@ -16,11 +16,10 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
 
 from ..parallel import get_pool
 from ..tuning.calibration import Budget, CalibrationResult, crossover_search
-from ..tuning.keys import KernelTuningKey
+from ..tuning.keys import ElementType, KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from .base import NodeContext
 from .calibration import SEED, SERIAL, RowsCrossover, calibration_setup, without_compilation
@@ -51,11 +50,11 @@ class AttentionHeadsCrossover:
     @staticmethod
     def _step(declaration: KernelDeclaration, pool: Any, values: dict[str, Any]) -> FusedAttention:
         ctx = NodeContext("calibrate_attention_softmax", declaration.op_type, "", max(declaration.versions),
-                          attributes={"axis": -1}, input_types=(TensorProto.FLOAT,),
-                          output_types=(TensorProto.FLOAT,), num_inputs=1)
+                          attributes={"axis": -1}, input_types=(ElementType.FLOAT,),
+                          output_types=(ElementType.FLOAT,), num_inputs=1)
         softmax = declaration.kernel(ctx).bind(pool)
         step_ctx = dataclasses.replace(ctx, name="calibrate_attention", op_type=FusedAttention.op_type,
-                                       num_inputs=4, input_types=(TensorProto.FLOAT,) * 4)
+                                       num_inputs=4, input_types=(ElementType.FLOAT,) * 4)
         step = FusedAttention(step_ctx, softmax, 0.125, (None, None, None), (0, 1, 2, 3), (), {})
         step.bind(pool).configure(values)
         return step
@@ -99,7 +98,7 @@ def calibrate_softmax(rows_parameter: str, heads_parameter: str) -> Any:
         half = dataclasses.replace(setup.budget, max_duration_s=setup.budget.max_duration_s / 2)
         rows_problem = RowsCrossover(declaration, key.element_type, setup.threads, rows_parameter)
         rows = without_compilation(crossover_search, key, rows_problem, rows_parameter, setup.portable, half)
-        if key.element_type != TensorProto.FLOAT or setup.threads < 2:
+        if key.element_type != ElementType.FLOAT or setup.threads < 2:
             return rows
         left = dataclasses.replace(setup.budget,
                                    max_duration_s=max(setup.budget.max_duration_s - rows.duration_s, 1e-3))
