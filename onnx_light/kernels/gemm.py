@@ -356,8 +356,7 @@ class _ProductKernel(Kernel):
                        per_thread)
 
             size = out.shape[-1]
-        blocks = min(self.num_threads, size // self.minimum_rows)
-        self.pool.parallel_for(size, block, max_blocks=blocks)
+        self.pool.parallel_chunks(size, block, min(self.num_threads, size // self.minimum_rows))
 
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
              output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
@@ -381,7 +380,7 @@ class _ProductKernel(Kernel):
             index = (*lead, slice(start, stop))
             _block(a[index], b[index], out[index], compute, None, _ALL, _ALL, per_thread)
 
-        self.pool.parallel_for(batch[axis], block, max_blocks=self.num_threads)
+        self.pool.parallel_chunks(batch[axis], block, self.num_threads)
 
 
 _TRANS = {False: 111, True: 112}  # CBLAS's NoTrans and Trans
