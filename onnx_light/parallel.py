@@ -42,7 +42,7 @@ from typing import Any
 
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
+__all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
 
 _STOP = object()  # task sentinel telling workers to exit
 
@@ -457,12 +457,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class BlasHold:
+    """One limit in force, returned by :meth:`BlasThreads.limit` for its :meth:`~BlasThreads.restore`."""
+
+    __slots__ = ("counts", "previous")
+
+    def __init__(self, counts: tuple[int | None, ...], previous: tuple[int | None, ...]) -> None:
+        self.counts = counts  # what this limit set
+        self.previous = previous  # what it found (restored by a per-thread BLAS)
+
+
 class BlasThreads:
     """The thread count of the BLAS libraries numpy uses, read and changed cheaply.
 
     Builds one ``threadpoolctl.ThreadpoolController`` on first use and keeps its BLAS library
     controllers. :meth:`limit` changes the count only when it differs and returns what to
     pass to :meth:`restore`. With no BLAS library found every method does nothing.
+
+    A process-wide count (OpenBLAS with pthreads) is shared by every thread, so limits that
+    overlap in time (two sessions running in two threads) are kept in a list under a lock
+    rather than each restoring what it found: while limits are in force the count is that of
+    the latest one still in force, and when the last one ends the count found by the first is
+    put back, whatever order they end in. A per-thread count (an OpenMP BLAS) is each
+    thread's own, and each limit restores what it found.
     """
 
     def __init__(self) -> None:
@@ -472,6 +489,9 @@ class BlasThreads:
         # (get, set) of a single process-wide OpenBLAS, called directly: a run limits and
         # restores the count around every call, and threadpoolctl's wrappers cost microseconds.
         self._raw: tuple[Callable[[], int], Callable[[int], Any]] | None = None
+        self._held_lock = threading.Lock()
+        self._held: list[BlasHold] = []  # process-wide limits in force, oldest first
+        self._saved: tuple[int | None, ...] = ()  # the counts found by the oldest of them
 
     def _controllers(self) -> tuple[Any, ...]:
         libraries = self._libraries
@@ -494,9 +514,16 @@ class BlasThreads:
 
     def get(self) -> tuple[int | None, ...]:
         """The current thread count of each BLAS library."""
+        raw = self._raw
+        if raw is not None:
+            return (raw[0](),)
         return tuple(lib.get_num_threads() for lib in self._controllers())
 
     def _set(self, counts: Sequence[int | None]) -> None:
+        raw = self._raw
+        if raw is not None and counts[0] is not None:
+            raw[1](counts[0])
+            return
         for lib, count in zip(self._controllers(), counts, strict=True):
             if count is not None:
                 lib.set_num_threads(count)
@@ -506,38 +533,44 @@ class BlasThreads:
                 if release is not None:
                     release()
 
-    def limit(self, num_threads: int) -> tuple[int | None, ...] | None:
-        """Set every BLAS library to ``num_threads`` if one differs; the previous counts or None."""
-        libraries = self._libraries
-        if libraries is None:
-            libraries = self._controllers()
+    def limit(self, num_threads: int) -> BlasHold | None:
+        """Set every BLAS library to ``num_threads`` if one differs: a hold to pass to
+        :meth:`restore`, or None when nothing changed (and nothing is to be restored)."""
+        if self._libraries is None:
+            self._controllers()
         raw = self._raw
-        if raw is not None:  # the usual case, kept short: it runs around every run
-            count = raw[0]()
-            if count == num_threads:
+        if raw is not None:  # the usual case, kept short: it runs around every product
+            if raw[0]() == num_threads:
                 return None
-            raw[1](num_threads)
-            return (count,)
-        if len(libraries) == 1:
-            count = libraries[0].get_num_threads()
-            if count == num_threads or count is None:
-                return None
-            previous: tuple[int | None, ...] = (count,)
-        else:
+        elif all(count == num_threads or count is None for count in self.get()):
+            return None
+        if self._per_thread:
             previous = self.get()
-            if all(count == num_threads or count is None for count in previous):
-                return None
-        self._set([num_threads] * len(previous))
-        return previous
+            hold = BlasHold((num_threads,) * len(previous), previous)
+            self._set(hold.counts)
+            return hold
+        with self._held_lock:
+            current = self.get()
+            hold = BlasHold((num_threads,) * len(current), current)
+            if not self._held:
+                self._saved = current
+            self._held.append(hold)
+            self._set(hold.counts)
+        return hold
 
-    def restore(self, previous: tuple[int | None, ...] | None) -> None:
-        """Undo :meth:`limit` (nothing when it changed nothing)."""
-        if previous is not None:
-            raw = self._raw
-            if raw is not None and previous[0] is not None:
-                raw[1](previous[0])
-            else:
-                self._set(previous)
+    def restore(self, hold: BlasHold | None) -> None:
+        """End a limit of :meth:`limit` (nothing when it changed nothing)."""
+        if hold is None:
+            return
+        if self._per_thread:
+            self._set(hold.previous)
+            return
+        with self._held_lock:
+            held = self._held
+            held.remove(hold)
+            counts = held[-1].counts if held else self._saved
+            if self.get() != counts:
+                self._set(counts)
 
     def scope(self, num_threads: int) -> BlasLimit:
         """Hold ``num_threads`` BLAS threads inside the block: for a runtime, around a whole run."""
@@ -567,18 +600,18 @@ class BlasLimit:
     """The block of :meth:`BlasThreads.scope` and :meth:`~BlasThreads.limited`: :meth:`limit`
     on entry, :meth:`restore` on exit (a class, not a generator: kernels enter one per block)."""
 
-    __slots__ = ("_blas", "_num_threads", "_previous")
+    __slots__ = ("_blas", "_hold", "_num_threads")
 
     def __init__(self, blas: BlasThreads, num_threads: int) -> None:
         self._blas = blas
         self._num_threads = num_threads
-        self._previous: tuple[int | None, ...] | None = None
+        self._hold: BlasHold | None = None
 
     def __enter__(self) -> None:
-        self._previous = self._blas.limit(self._num_threads)
+        self._hold = self._blas.limit(self._num_threads)
 
     def __exit__(self, *exc_info: object) -> None:
-        self._blas.restore(self._previous)
+        self._blas.restore(self._hold)
 
 
 _UNCHANGED = contextlib.nullcontext()  # reusable: it holds no state

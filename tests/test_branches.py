@@ -17,7 +17,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import KERNELS
 from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
-from onnx_light.runtime import RuntimeSession
+from onnx_light.runtime import RuntimeSession, branches
 from onnx_light.runtime.branches import Branches, group_branches
 from onnx_light.runtime.plan import plan_steps
 
@@ -67,7 +67,7 @@ INCEPTION = [("stem", (0,), 1),
 def test_a_fork_and_its_join_make_one_group_largest_branch_first():
     steps = _steps(INCEPTION, keep={0, 10})
     work = [5, 10, 10, 10, 10, 10, 10, 10, 1, 1]
-    items = group_branches(steps, work, threads=2)
+    items = group_branches(steps, work, threads=2, minimum_work=0)
     assert _names(items) == ["stem", [["c1", "c2", "c3"], ["b1", "b2"], ["a1"], ["d1"]],
                              "concat", "head"]
     group = items[1]
@@ -88,9 +88,21 @@ def test_unbalanced_unknown_or_single_threaded_plans_stay_as_they_are():
     assert group_branches(steps, unknown, threads=2) == tuple(steps)
     assert group_branches(steps, balanced, threads=1) == tuple(steps)
     # the rule: side by side at most 1 / speedup of the serial time (here 90 of 130)
-    assert group_branches(steps, [5, 10, 10, 10, 70, 10, 10, 10, 1, 1], threads=2) == tuple(steps)
+    assert group_branches(steps, [5, 10, 10, 10, 70, 10, 10, 10, 1, 1], threads=2,
+                          minimum_work=0) == tuple(steps)
     assert isinstance(group_branches(steps, [5, 10, 10, 10, 70, 10, 10, 10, 1, 1], threads=2,
-                                     speedup=1.2)[1], Branches)
+                                     speedup=1.2, minimum_work=0)[1], Branches)
+
+
+def test_branches_saving_less_than_the_minimum_work_stay_serial():
+    """Branches run side by side only when that saves the minimum work (a handoff to the pool
+    costs about as much): three equal 4 M projections on two threads save 4 M, too little."""
+    steps = _steps(INCEPTION, keep={0, 10})
+    balanced = [5, 30, 15, 15, 10, 10, 10, 30, 1, 1]  # four branches of 30: 60 of 120 saved
+    assert isinstance(group_branches(steps, balanced, threads=2, minimum_work=60)[1], Branches)
+    assert group_branches(steps, balanced, threads=2, minimum_work=61) == tuple(steps)
+    projections = [x << 20 for x in (1, 4, 4, 0, 4, 0, 0, 0, 0, 0)]  # 4 M multiply-adds each
+    assert group_branches(steps, projections, threads=2, minimum_work=1 << 23) == tuple(steps)
 
 
 def test_chains_and_residual_blocks_have_no_branches():
@@ -142,7 +154,7 @@ def test_any_order_of_the_branches_respects_every_dependency_and_release(graph, 
     edges, work = graph
     keep = {0, len(edges)}
     steps = _steps(edges, keep)
-    items = group_branches(steps, work, threads=2, speedup=speedup)
+    items = group_branches(steps, work, threads=2, speedup=speedup, minimum_work=0)
     flat = [s for item in items for s in
             (sum(item.branches, ()) if isinstance(item, Branches) else (item,))]
     assert sorted(s.name for s in flat) == sorted(s.name for s in steps)
@@ -177,6 +189,12 @@ def test_work_estimates_count_multiply_adds_for_products_and_elements_otherwise(
 
 def _tensor(name, shape):
     return numpy_helper.from_array(RNG.uniform(-1, 1, shape).astype(np.float32), name)
+
+
+@pytest.fixture(autouse=True)
+def any_work_pays(monkeypatch):
+    """The test models' branches are tiny: group them whatever they save."""
+    monkeypatch.setattr(branches, "BRANCH_MINIMUM_WORK", 0)
 
 
 def _inception(channels=8, size=12, extra_nodes=(), extra_inputs=()):

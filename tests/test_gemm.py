@@ -23,6 +23,7 @@ from onnx_light.kernels import gemm
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.parallel import ThreadPool
+from onnx_light.runtime.session import RuntimeSession
 from onnx_light.tuning.keys import element_type_name
 from onnx_light.tuning.registry import KernelTuningRegistry
 from onnx_light.tuning.schema import TuningValidationError
@@ -390,7 +391,7 @@ def test_blas_limit_and_restore(blas_two):
     # one count per BLAS library loaded: numpy's, and scipy's where it is installed (conftest.py)
     libraries = len(gemm.BLAS.get())
     previous = gemm.BLAS.limit(1)
-    assert previous == (2,) * libraries
+    assert previous is not None and previous.previous == (2,) * libraries
     assert gemm.BLAS.get() == (1,) * libraries
     assert gemm.BLAS.limit(1) is None  # nothing to change: nothing to restore
     gemm.BLAS.restore(previous)
@@ -446,6 +447,62 @@ def test_kernel_in_a_live_thread_leaves_threadpoolctl_usable():
     finally:
         finish.set()
         thread.join()
+    assert gemm.BLAS.get() == counts
+
+
+def test_concurrent_runs_leave_the_blas_thread_count_as_found(pools):
+    """A session's run and a BLAS-threaded kernel in another thread, ending in the opposite
+    order to their start: the count in force is the later one's, then the count found."""
+    counts = gemm.BLAS.get()
+    if not counts or counts[0] is None or counts[0] < 2 or gemm.BLAS.per_thread:
+        pytest.skip("needs a process-wide BLAS library running more than one thread")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["Y"])], "g",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [4, 4]) for name in "AB"],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                             num_threads=1)
+    kernel = _kernel("MatMul", T.FLOAT, _forced("blas"), pools[3])
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    session_inside, session_go = threading.Event(), threading.Event()
+    kernel_inside, kernel_go = threading.Event(), threading.Event()
+    seen, results = {}, {}
+
+    def hook(node, op_type):
+        seen["session"] = gemm.BLAS.get()
+        session_inside.set()
+        session_go.wait()
+
+    def spy(y, rows, columns):
+        seen["kernel"] = gemm.BLAS.get()
+        kernel_inside.set()
+        kernel_go.wait()
+        return y
+
+    def run_session():
+        results["session"] = session.run(None, {"A": a, "B": a}, node_hook=hook)[0]
+
+    def run_kernel():
+        results["kernel"] = kernel._product(a, a, spy)
+
+    threads = [threading.Thread(target=run_session), threading.Thread(target=run_kernel)]
+    try:
+        threads[0].start()
+        assert session_inside.wait(30)  # the run holds one BLAS thread
+        threads[1].start()
+        assert kernel_inside.wait(30)  # the kernel holds three
+        session_go.set()
+        threads[0].join()
+        assert gemm.BLAS.get() == (3,) * len(counts)  # the kernel's limit is still in force
+    finally:
+        session_go.set()
+        kernel_go.set()
+        for thread in threads:
+            if thread.is_alive() or thread.ident is not None:
+                thread.join()
+    assert seen == {"session": (1,) * len(counts), "kernel": (3,) * len(counts)}
+    np.testing.assert_array_equal(results["session"], a @ a)
+    np.testing.assert_array_equal(results["kernel"], a @ a)
     assert gemm.BLAS.get() == counts
 
 

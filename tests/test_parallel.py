@@ -399,7 +399,8 @@ def test_a_lone_openblas_is_limited_through_its_own_functions() -> None:
     target = 1 if before != 1 else 2
     previous = blas.limit(target)
     try:
-        assert previous == (before,) and lib.get_num_threads() == target
+        assert previous is not None and previous.previous == (before,)
+        assert lib.get_num_threads() == target
         assert blas.limit(target) is None  # nothing to change
     finally:
         blas.restore(previous)
@@ -514,3 +515,29 @@ def test_nested_chunked_region_runs_inline() -> None:
 def test_invalid_chunks(chunks: object) -> None:
     with ThreadPool(2) as pool, pytest.raises(ValueError, match="chunks"):
         pool.parallel_chunks(4, lambda a, b: None, chunks)  # type: ignore[arg-type]
+
+
+def test_blas_limits_ending_out_of_order_restore_the_first_count() -> None:
+    """Overlapping limits (two sessions in two threads) may end in any order: the count in
+    force is the latest one still held, and the last to end restores what the first found."""
+    from onnx_light.parallel import BlasThreads
+
+    blas = BlasThreads()
+    before = blas.get()
+    if not before or before[0] is None or before[0] < 2 or blas.per_thread:
+        pytest.skip("needs a process-wide BLAS library running more than one thread")
+    first = blas.limit(1)
+    second = blas.limit(3)
+    assert first is not None and second is not None
+    try:
+        blas.restore(first)
+        assert blas.get() == (3,) * len(before)
+    finally:
+        blas.restore(second)
+    assert blas.get() == before
+    inner = blas.limit(1)
+    nested = blas.limit(3)
+    blas.restore(nested)
+    assert blas.get() == (1,) * len(before)  # nested in the same thread: back to the outer limit
+    blas.restore(inner)
+    assert blas.get() == before

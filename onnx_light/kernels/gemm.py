@@ -13,7 +13,9 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     Gemm's bias added to each tile while it is in cache;
     ``"blas"`` makes one BLAS call with as many BLAS threads as the session's pool;
     ``"split_rows"`` / ``"split_columns"`` split the output's rows or columns into contiguous
-    blocks run on the pool, each block one BLAS call limited to one BLAS thread; ``"split"``
+    blocks run on the pool as a chunked region (``ThreadPool.parallel_chunks``: the caller
+    starts on the first block and does not wait for a worker that wakes after it took every
+    block), each block one BLAS call limited to one BLAS thread; ``"split"``
     picks whichever of the two gives more blocks, and on a tie the larger dimension (rows when
     M >= N), so that each block stays a wide product. Inputs with a batch axis of size 2 or
     more split that axis instead, in every split mode. A split that cannot make two blocks
@@ -381,8 +383,7 @@ class _ProductKernel(Kernel):
                        per_thread)
 
             size = out.shape[-1]
-        blocks = min(self.num_threads, size // self.minimum_rows)
-        self.pool.parallel_for(size, block, max_blocks=blocks)
+        self.pool.parallel_chunks(size, block, min(self.num_threads, size // self.minimum_rows))
 
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
              output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
@@ -406,7 +407,7 @@ class _ProductKernel(Kernel):
             index = (*lead, slice(start, stop))
             _block(a[index], b[index], out[index], compute, None, _ALL, _ALL, per_thread)
 
-        self.pool.parallel_for(batch[axis], block, max_blocks=self.num_threads)
+        self.pool.parallel_chunks(batch[axis], block, self.num_threads)
 
 
 _TRANS = {False: 111, True: 112}  # CBLAS's NoTrans and Trans

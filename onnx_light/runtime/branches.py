@@ -12,7 +12,8 @@ ends after a step whose output several steps read (a fork) and before a step tha
 outputs of two of its branches (a join). Inside a segment, steps that share no value made in
 the segment form one branch (a connected component). A segment with two or more branches
 becomes one :class:`Branches` item when its branches, placed largest first on the
-least-loaded thread, finish within ``1 / BRANCH_SPEEDUP`` of their serial time; otherwise its
+least-loaded thread, finish within ``1 / BRANCH_SPEEDUP`` of their serial time and save at least
+``BRANCH_MINIMUM_WORK`` (what a handoff to the pool costs); otherwise its
 steps stay in plan order and their kernels split their own work (intra-op). Work estimates
 come from the kernels (:meth:`~onnx_light.kernels.base.Kernel.work`); a segment with a step
 whose work is unknown stays serial.
@@ -31,13 +32,20 @@ from typing import Any, Protocol
 
 from ..parallel import ThreadPool
 
-__all__ = ["BRANCH_SPEEDUP", "Branches", "group_branches"]
+__all__ = ["BRANCH_MINIMUM_WORK", "BRANCH_SPEEDUP", "Branches", "group_branches"]
 
 # Branches run side by side only where that takes at most 1 / BRANCH_SPEEDUP of their serial
 # time: the speedup splitting each convolution across two threads gave on the light models
 # here (1.0-1.6x; docs/real-models.md). ResNet-50's projection blocks (the main branch 0.78
 # of the work) and three of Inception v1's nine modules (0.71-0.79) stay serial under it.
 BRANCH_SPEEDUP = 1.5
+# ... and where that saves at least this much work (the sum less the most loaded thread's, in
+# the kernels' work units: multiply-adds for products and convolutions): handing a group to
+# the pool and running its branches side by side costs about a hundred microseconds here, as
+# much as a few million multiply-adds. A transformer's three 64x256x256 query, key and value
+# projections (4.2 M saved) ran 0.1 ms slower per group as branches than one after the other;
+# Inception's groups save 16-98 M (docs/parallel.md, "Branches").
+BRANCH_MINIMUM_WORK = 1 << 23
 
 
 class _Step(Protocol):
@@ -68,17 +76,18 @@ class Branches:
         pool.parallel_for(len(branches), take, max_blocks=pool.num_threads)
 
 
-def _balanced(work: list[int], threads: int, speedup: float) -> bool:
+def _balanced(work: list[int], threads: int, speedup: float, minimum: int) -> bool:
     """Whether ``work`` (per branch), placed largest first on the least-loaded of ``threads``,
-    finishes within 1 / speedup of its sum."""
+    finishes within 1 / speedup of its sum, saving at least ``minimum`` of it."""
     loads = [0] * threads
     for amount in sorted(work, reverse=True):
         loads[loads.index(min(loads))] += amount
-    return max(loads) * speedup <= sum(work)
+    total = sum(work)
+    return max(loads) * speedup <= total and total - max(loads) >= minimum
 
 
 def _as_branches(segment: list[tuple[Any, tuple[int, int]]], work: Sequence[int | None],
-                 threads: int, speedup: float) -> list[Any]:
+                 threads: int, speedup: float, minimum: int) -> list[Any]:
     """One segment's items (``(step, (index in the plan, branch))`` pairs): a Branches when it
     pays, else its steps in plan order."""
     members: dict[int, list[tuple[Any, int]]] = {}
@@ -88,7 +97,7 @@ def _as_branches(segment: list[tuple[Any, tuple[int, int]]], work: Sequence[int 
     if len(groups) < 2 or any(work[index] is None for _, (index, _) in segment):
         return [step for step, _ in segment]
     sizes = [sum(work[index] for _, index in group) for group in groups]
-    if not _balanced(sizes, threads, speedup):
+    if not _balanced(sizes, threads, speedup, minimum):
         return [step for step, _ in segment]
     readers: dict[int, set[int]] = {}
     for number, group in enumerate(groups):
@@ -107,12 +116,15 @@ def _as_branches(segment: list[tuple[Any, tuple[int, int]]], work: Sequence[int 
 
 
 def group_branches(steps: Sequence[_Step], work: Sequence[int | None], threads: int,
-                   speedup: float = BRANCH_SPEEDUP) -> tuple[Any, ...]:
+                   speedup: float = BRANCH_SPEEDUP,
+                   minimum_work: int | None = None) -> tuple[Any, ...]:
     """The plan ``steps`` (dataclasses with ``inputs``, ``outputs`` and ``release`` slot
     tuples, in a topological order) with the independent branches that pay grouped into
-    :class:`Branches` items; ``work[i]`` estimates step i's cost (None: unknown)."""
+    :class:`Branches` items; ``work[i]`` estimates step i's cost (None: unknown), and a group
+    must save ``minimum_work`` of it (None: :data:`BRANCH_MINIMUM_WORK`)."""
     if threads < 2:
         return tuple(steps)
+    minimum = BRANCH_MINIMUM_WORK if minimum_work is None else minimum_work
     readers: dict[int, int] = {}
     for step in steps:
         for s in set(step.inputs):
@@ -123,7 +135,7 @@ def group_branches(steps: Sequence[_Step], work: Sequence[int | None], threads: 
     branch_of: dict[int, int] = {}  # slot made in the segment -> the branch that made it
 
     def close() -> None:
-        items.extend(_as_branches(segment, work, threads, speedup))
+        items.extend(_as_branches(segment, work, threads, speedup, minimum))
         segment.clear()
         branch_of.clear()
 

@@ -1,0 +1,165 @@
+"""Where a second thread's time goes in a session: one model, onnx_light sessions that differ in
+one threading decision, timed side by side at quiet instants.
+
+Each variant is ``THREADS[,SETTING...]`` with settings
+
+* ``branches=off`` (no branch groups), ``branches=all`` (every balanced group, whatever it
+  saves: ``BRANCH_MINIMUM_WORK`` 0, the rule before the minimum existed);
+* ``gemm=MODE@EXPONENT``: every Gemm and MatMul step configured with ``parallel.mode`` MODE
+  from 2^EXPONENT multiply-adds;
+* ``elementwise=serial``: every step tuned by ``parallel.minimum_elements`` alone (the
+  elementwise kernels and fused chains) kept serial.
+
+The variant ``1`` (one thread, as tuned) is always measured first and is the reference. A
+timed run counts only if no other task was runnable just before and just after it (the running
+count of ``/proc/loadavg``, less this process's own thread), so the figures are those of the
+moments the machine was quiet; a run that sees another task is taken again (counted in the
+header; a variant left without a run by ``--max-seconds`` shows 0 runs). Without
+``/proc/loadavg`` every run counts. Each timed run follows 20 ms of untimed runs of the same
+session; the variants take turns. Outputs are checked against the one-thread session's.
+
+The models are the model zoo's cached exports (``benchmarks/model_zoo.py``, run it first with
+the same packages: the cache key holds their versions). Results: docs/parallel.md ("Two
+threads in a session").
+
+Run: ``python benchmarks/session_threads.py --model bert --variants 2 2,branches=all
+2,elementwise=serial [--samples 25] [--max-seconds 900]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import model_zoo  # noqa: E402
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+
+from onnx_light.kernels import gemm  # noqa: E402
+from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
+from onnx_light.runtime import RuntimeSession, branches  # noqa: E402
+
+WARM_S = 0.02
+LOADAVG = Path("/proc/loadavg")
+
+
+def others_runnable() -> int:
+    """Tasks runnable now besides the calling thread (0 where the count is unknown)."""
+    try:
+        running = LOADAVG.read_text().split()[3].split("/")[0]
+    except OSError:
+        return 0
+    return int(running) - 1
+
+
+def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
+    """The session ``variant`` names (see the module's docstring)."""
+    threads, *settings = variant.split(",")
+    options = dict(setting.split("=", 1) for setting in settings)
+    unknown = set(options) - {"branches", "gemm", "elementwise"}
+    if unknown:
+        raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
+    saved = branches.BRANCH_MINIMUM_WORK
+    if options.get("branches") == "all":
+        branches.BRANCH_MINIMUM_WORK = 0
+    try:
+        session = RuntimeSession(model, num_threads=int(threads),
+                                 branches=options.get("branches", "on") != "off")
+    finally:
+        branches.BRANCH_MINIMUM_WORK = saved
+    products = None
+    if "gemm" in options:
+        mode, exponent = options["gemm"].split("@")
+        products = {gemm.MINIMUM_FLOPS: 1 << int(exponent), gemm.MODE: mode, gemm.MINIMUM_ROWS: 16}
+    serial = options.get("elementwise") == "serial"
+    for kernel, _, _ in session._steps:
+        schema = kernel.tuning_schema()
+        names = [] if schema is None else [p.name for p in schema.parameters]
+        if products is not None and gemm.MODE in names:
+            kernel._configure(products)
+        elif serial and names == [MINIMUM_ELEMENTS]:
+            kernel._configure({MINIMUM_ELEMENTS: 1 << 62})
+    return session
+
+
+def measure(sessions: dict[str, RuntimeSession], feeds: dict[str, np.ndarray], samples: int,
+            deadline: float) -> tuple[dict[str, list[float]], int]:
+    """Seconds per counted run of each session, and the runs taken again."""
+    times: dict[str, list[float]] = {key: [] for key in sessions}
+    retakes = 0
+    turn = 0
+    keys = list(sessions)
+    while min(map(len, times.values())) < samples and time.monotonic() < deadline:
+        key = keys[turn % len(keys)]
+        session = sessions[key]
+        while others_runnable() > 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        end = time.perf_counter() + WARM_S
+        while time.perf_counter() < end:
+            session.run(None, feeds)
+        if others_runnable() > 0:
+            retakes += 1
+            continue
+        started = time.perf_counter()
+        session.run(None, feeds)
+        elapsed = time.perf_counter() - started
+        if others_runnable() > 0:
+            retakes += 1
+            continue
+        times[key].append(elapsed)
+        turn += 1
+    return times, retakes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bert", choices=sorted(model_zoo.MODELS))
+    parser.add_argument("--variants", nargs="+", default=["2", "2,branches=all", "2,elementwise=serial"])
+    parser.add_argument("--samples", type=int, default=25)
+    parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument("--cache-dir", type=Path, default=model_zoo.default_cache_dir())
+    args = parser.parse_args(argv)
+    spec = model_zoo.MODELS[args.model]
+    feeds = model_zoo.model_feeds(spec)
+    path, _ = model_zoo.model_file(spec, feeds, args.cache_dir, model_zoo.package_versions(),
+                                   model_zoo.torch_export)
+    model = onnx.load(str(path))
+    keys = ["1", *args.variants]
+    sessions = {key: build(model, key) for key in keys}
+    reference = sessions["1"].run(None, feeds)
+    for session in sessions.values():
+        for got, expected in zip(session.run(None, feeds), reference, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
+    before = os.getloadavg()[0]
+    times, retakes = measure(sessions, feeds, args.samples, time.monotonic() + args.max_seconds)
+    if not times["1"]:
+        print(f"{args.model}: no quiet run within {args.max_seconds:.0f} s (load average "
+              f"{os.getloadavg()[0]:.2f})")
+        return 1
+    one = statistics.median(times["1"])
+    print(f"{args.model}: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average "
+          f"{before:.2f} before, {os.getloadavg()[0]:.2f} after, {retakes} retakes")
+    print()
+    print("| variant | median (ms) | 20th percentile (ms) | t / t(1 thread) | runs |")
+    print("|---|---:|---:|---:|---:|")
+    for key in keys:
+        if not times[key]:
+            print(f"| {key} | - | - | - | 0 |")
+            continue
+        median = statistics.median(times[key])
+        p20 = float(np.percentile(times[key], 20))
+        print(f"| {key} | {median * 1e3:.2f} | {p20 * 1e3:.2f} | {median / one:.2f} | {len(times[key])} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
