@@ -1,128 +1,222 @@
-"""Per-operator-type time of a model zoo export in onnx_light and onnxruntime, at one thread count.
+"""Where a model's time goes, per operator type and per convolution shape class, in onnx_light
+and in onnxruntime (each runtime's own per-node profile), side by side.
 
-onnx_light's times come from ``RuntimeSession.run``'s node hook, onnxruntime's from its own
-profiler (``SessionOptions.enable_profiling``, default graph optimizations). Each node's time is
-its median over ``--runs`` runs after ``--warmup`` untimed ones; the table sums them per
-operator type (a fused step counts under its fused type, as each runtime names it). Whole-run
-medians of both sessions come from the same process, timed without hooks or profiling.
+Each model of the zoo (``model_zoo.py``'s cached exports, seeded random weights) runs in one
+onnx_light session with a node hook (``RuntimeSession.run(node_hook=...)``, the hook of
+``SessionOptions.enable_profiling``) and one onnxruntime session with
+``SessionOptions.enable_profiling``, in interleaved rounds; each node's time is its median
+over the runs. A node's time in onnx_light is a whole step of the plan, a fused chain
+included (it carries its first node's name); onnxruntime fuses too (``FusedConv`` with its
+activation, the NCHWc convolutions with their reorders). Convolutions are classed by their
+weights as ``pointwise`` (1x1), ``depthwise KxK`` (one input channel per group), ``stem``
+(at most 4 input channels), ``grouped KxK`` or ``full KxK``; the rest by operator type (ORT's
+NCHWc reorders as ``reorder``). The totals are the sums of the node medians, which leave out
+each runtime's time between nodes: the ``run`` row is the median of whole runs.
 
-Run: ``python benchmarks/zoo_profile.py bert [--threads 1] [--runs 30]`` (the model must be in
-the zoo's cache: ``python benchmarks/model_zoo.py --export-only --models bert``).
+Run: ``python benchmarks/zoo_profile.py [--models mobilenet_v2 bert ...] [--threads 1] [--runs 30]``
+(any model of ``model_zoo.py``; a transformer's table is per operator type, having no Conv
+but its patch or feature embedding).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import _common
+import model_zoo
+import numpy as np
+import onnx
+from onnx import numpy_helper
 
-import model_zoo  # noqa: E402
-import numpy as np  # noqa: E402
+from onnx_light.runtime.session import RuntimeSession
 
-from onnx_light.runtime import RuntimeSession  # noqa: E402
-
-
-def _cached_path(name: str) -> Path:
-    spec = model_zoo.MODELS[name]
-    path = model_zoo.default_cache_dir() / model_zoo.cache_key(spec, model_zoo.package_versions())
-    if not path.exists():
-        raise SystemExit(f"{path} is not cached: run model_zoo.py --export-only --models {name}")
-    return path
+ACTIVATIONS = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu"}
 
 
-def _median_ms(run, count: int) -> float:
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def conv_classes(model: onnx.ModelProto) -> dict[str, str]:
+    """The shape class of each Conv node, by node name and by the names of its output and of
+    the outputs of the activations that follow it alone (onnxruntime names a fused node after
+    its last output)."""
+    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            weights[node.output[0]] = tuple(numpy_helper.to_array(node.attribute[0].t).shape)
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for node in model.graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    classes = {}
+    for node in model.graph.node:
+        if node.op_type != "Conv" or node.input[1] not in weights:
+            continue
+        shape = weights[node.input[1]]
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        kernel = "x".join(map(str, shape[2:]))
+        if all(k == 1 for k in shape[2:]):
+            name = "pointwise"
+        elif shape[1] == 1 and group > 1:
+            name = f"depthwise {kernel}"
+        elif shape[1] * group <= 4:
+            name = f"stem {kernel}"
+        else:
+            name = f"{'grouped' if group > 1 else 'full'} {kernel}"
+        strides = next((list(a.ints) for a in node.attribute if a.name == "strides"), [1])
+        name += " /2" if max(strides) > 1 else ""
+        classes[node.name] = name
+        output = node.output[0]
+        while True:
+            classes[output] = name
+            following = consumers.get(output, [])
+            if len(following) != 1 or following[0].op_type not in ACTIVATIONS:
+                break
+            output = following[0].output[0]
+    return classes
 
 
-def onnx_light_nodes(serialized: bytes, feeds: dict, threads: int, warmup: int, runs: int):
-    session = RuntimeSession(serialized, num_threads=threads)
-    for _ in range(warmup):
-        session.run(None, feeds)
-    samples: dict[tuple[str, str], list[float]] = defaultdict(list)
-
-    def hook(name: str, op_type: str):
-        start = time.perf_counter_ns()
-        return lambda: samples[name, op_type].append((time.perf_counter_ns() - start) / 1e3)
-
-    for _ in range(runs):
-        session.run(None, feeds, node_hook=hook)
-    whole = _median_ms(lambda: session.run(None, feeds), runs)
-    return {key: statistics.median(v) for key, v in samples.items()}, whole
+def node_class(name: str, op_type: str, classes: dict[str, str]) -> str:
+    """The class of a profiled node: its convolution's shape class (onnxruntime's NCHWc
+    nodes are named after their output, with a suffix) or its operator type."""
+    if op_type.startswith("Reorder"):
+        return "reorder"
+    return classes.get(name.removesuffix("_nchwc"), op_type)
 
 
-def onnxruntime_nodes(serialized: bytes, feeds: dict, threads: int, warmup: int, runs: int):
-    import onnxruntime as ort
+class OurProfile:
+    """An onnx_light session whose runs record each step's time."""
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    plain = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
-    for _ in range(warmup):
-        plain.run(None, feeds)
-    whole = _median_ms(lambda: plain.run(None, feeds), runs)
-    with tempfile.TemporaryDirectory() as folder:
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int) -> None:
+        self.session = RuntimeSession(model.SerializeToString(), num_threads=threads)
+        self.feeds = feeds
+        self.times: dict[str, list[float]] = collections.defaultdict(list)
+        self.types: dict[str, str] = {}
+        self.runs: list[float] = []
+
+    def hook(self, name: str, op_type: str) -> Callable[[], None]:
+        started = time.perf_counter()
+        self.types[name] = op_type
+
+        def done() -> None:
+            self.times[name].append(time.perf_counter() - started)
+
+        return done
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        self.session.run(None, self.feeds, node_hook=self.hook)
+        self.runs.append(time.perf_counter() - started)
+
+
+class TheirProfile:
+    """An onnxruntime session with its profiler on; the events are read at the end."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int,
+                 folder: str) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.enable_profiling = True
         options.profile_file_prefix = os.path.join(folder, "ort")
-        session = ort.InferenceSession(serialized, options, providers=["CPUExecutionProvider"])
-        for _ in range(warmup + runs):
-            session.run(None, feeds)
-        events = json.loads(Path(session.end_profiling()).read_text())
-    samples: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            samples[event["name"][: -len("_kernel_time")], event["args"]["op_name"]].append(event["dur"])
-    return {key: statistics.median(v[warmup:] or v) for key, v in samples.items()}, whole
+        self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+        self.feeds = feeds
+        self.runs: list[float] = []
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        self.session.run(None, self.feeds)
+        self.runs.append(time.perf_counter() - started)
+
+    def node_times(self, skip: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+        """Each node's times (seconds) after the first ``skip`` runs, and its operator type."""
+        events = json.loads(Path(self.session.end_profiling()).read_text())
+        times: dict[str, list[float]] = collections.defaultdict(list)
+        types: dict[str, str] = {}
+        counts: dict[str, int] = collections.Counter()
+        for event in events:
+            if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+                continue
+            name = event["name"][:-len("_kernel_time")]
+            counts[name] += 1
+            if counts[name] > skip:
+                times[name].append(event["dur"] * 1e-6)
+                types[name] = event["args"]["op_name"]
+        return times, types
 
 
-def by_type(nodes: dict) -> dict[str, tuple[float, int]]:
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for (_, op_type), us in nodes.items():
-        totals[op_type][0] += us
-        totals[op_type][1] += 1
-    return {op: (t, n) for op, (t, n) in totals.items()}
+def grouped(times: dict[str, list[float]], types: dict[str, str], classes: dict[str, str]
+            ) -> dict[str, tuple[float, int]]:
+    """Per class: the sum of its nodes' medians (seconds) and the node count."""
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for name, values in times.items():
+        entry = totals[node_class(name, types[name], classes)]
+        entry[0] += statistics.median(values)
+        entry[1] += 1
+    return {k: (v[0], int(v[1])) for k, v in totals.items()}
 
 
-def main() -> None:
+def profile(name: str, threads: int, runs: int, folder: str) -> _common.Table:
+    spec = model_zoo.MODELS[name]
+    feeds = model_zoo.model_feeds(spec)
+    path, _ = model_zoo.model_file(spec, feeds, model_zoo.default_cache_dir(), model_zoo.package_versions(),
+                                   model_zoo.torch_export)
+    model = onnx.load(str(path))
+    classes = conv_classes(model)
+    ours, theirs = OurProfile(model, feeds, threads), TheirProfile(model, feeds, threads, folder)
+    warm = 3
+    for _ in range(warm):
+        ours.run()
+        theirs.run()
+    ours.times.clear()
+    ours.runs.clear()
+    theirs.runs.clear()
+    for _ in range(runs):
+        ours.run()
+        theirs.run()
+    mine = grouped(ours.times, ours.types, classes)
+    their_times, their_types = theirs.node_times(warm)
+    other = grouped(their_times, their_types, classes)
+    rows = []
+    for key in sorted(set(mine) | set(other), key=lambda k: -mine.get(k, (0.0, 0))[0]):
+        a, b = mine.get(key, (0.0, 0)), other.get(key, (0.0, 0))
+        rows.append([key, a[1], f"{a[0] * 1e3:.2f}", b[1], f"{b[0] * 1e3:.2f}",
+                     f"{a[0] / b[0]:.2f}" if b[0] else "-"])
+    sum_a, sum_b = sum(v[0] for v in mine.values()), sum(v[0] for v in other.values())
+    run_a, run_b = statistics.median(ours.runs), statistics.median(theirs.runs)
+    rows.append(["nodes' sum", sum(v[1] for v in mine.values()), f"{sum_a * 1e3:.2f}",
+                 sum(v[1] for v in other.values()), f"{sum_b * 1e3:.2f}", f"{sum_a / sum_b:.2f}"])
+    rows.append(["run", "", f"{run_a * 1e3:.2f}", "", f"{run_b * 1e3:.2f}", f"{run_a / run_b:.2f}"])
+    return _common.Table(f"## {name}, {threads} thread(s), medians of {runs} runs",
+                         ["class", "nodes", "onnx_light ms", "ort nodes", "onnxruntime ms", "ratio"], rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", choices=sorted(model_zoo.MODELS))
+    parser.add_argument("--models", nargs="+", default=["mobilenet_v2", "efficientnet_b0",
+                                                        "mobilenet_v3_small", "convnext_tiny"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.2f}")
-    for name in args.models:
-        spec = model_zoo.MODELS[name]
-        serialized = _cached_path(name).read_bytes()
-        feeds = spec.feeds(np.random.default_rng(model_zoo.SEED))
-        ours, our_whole = onnx_light_nodes(serialized, feeds, args.threads, args.warmup, args.runs)
-        theirs, their_whole = onnxruntime_nodes(serialized, feeds, args.threads, args.warmup, args.runs)
-        print(f"\n### {name}, {args.threads} thread(s): onnx_light {our_whole:.2f} ms "
-              f"(nodes {sum(ours.values()) / 1e3:.2f}), onnxruntime {their_whole:.2f} ms "
-              f"(nodes {sum(theirs.values()) / 1e3:.2f})\n")
-        print("| runtime | op type | nodes | total (us) |")
-        print("|---|---|---:|---:|")
-        for runtime, nodes in (("onnx_light", ours), ("onnxruntime", theirs)):
-            for op, (total, count) in sorted(by_type(nodes).items(), key=lambda kv: -kv[1][0]):
-                print(f"| {runtime} | {op} | {count} | {total:.0f} |")
+    args = parser.parse_args(argv)
+    print(f"load average (1 min) at start {_common.load_average():.2f}  ")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models:
+            print("\n" + profile(name, args.threads, args.runs, folder).markdown())
+    print(f"\nload average (1 min) at end {_common.load_average():.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""benchmarks/conv_profile.py's classes: each Conv by its weights' shape, found by its node
+"""benchmarks/zoo_profile.py's classes: each Conv by its weights' shape, found by its node
 name (onnx_light's steps) and by the output names onnxruntime gives its fused and NCHWc nodes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 pytest.importorskip("onnxruntime")
 
-import conv_profile  # noqa: E402
+import zoo_profile  # noqa: E402
 
 
 def _model():
@@ -38,11 +38,11 @@ def _model():
 
 
 def test_convolutions_are_classed_by_their_weights():
-    classes = conv_profile.conv_classes(_model())
+    classes = zoo_profile.conv_classes(_model())
     expected = {"stem_conv": "stem 3x3 /2", "dw_conv": "depthwise 3x3", "pw_conv": "pointwise",
                 "full_conv": "full 3x3", "grouped_conv": "grouped 3x3"}
     assert {name: classes[name] for name in expected} == expected
     # onnxruntime names a Conv fused with its Relu after the Relu's output, with an NCHWc suffix
-    assert conv_profile.node_class("a_relu_nchwc", "Conv", classes) == "stem 3x3 /2"
-    assert conv_profile.node_class("ReorderInput_3", "ReorderInput", classes) == "reorder"
-    assert conv_profile.node_class("add", "Add", classes) == "Add"
+    assert zoo_profile.node_class("a_relu_nchwc", "Conv", classes) == "stem 3x3 /2"
+    assert zoo_profile.node_class("ReorderInput_3", "ReorderInput", classes) == "reorder"
+    assert zoo_profile.node_class("add", "Add", classes) == "Add"
