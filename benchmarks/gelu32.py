@@ -63,7 +63,8 @@ def _program(code: int, bias: bool) -> ce.CompiledProgram:
 def _gelu64(tanh: bool, t: np.ndarray) -> np.ndarray:
     t = t.astype(np.float64)
     if tanh:
-        return t / (1.0 + np.exp(-2.0 * math.sqrt(2 / math.pi) * (t + 0.044715 * t * t * t)))
+        with np.errstate(over="ignore"):  # exp(-2u) is inf for t below -20: GELU -0
+            return t / (1.0 + np.exp(-2.0 * math.sqrt(2 / math.pi) * (t + 0.044715 * t * t * t)))
     return 0.5 * t * erfc(-t * math.sqrt(0.5))
 
 
