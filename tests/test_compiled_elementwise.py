@@ -524,6 +524,7 @@ def test_gelu_in_one_pass_is_within_the_float32_bound_of_the_interpreter(shape, 
     ce.run_program.dispatcher(gelu.code, gelu.constants, *arrays, periods, gelu.registers, flat, 0, a.size)
     argument = (a + inputs[1]) if with_bias else a
     assert_within_gelu32_bound(gelu.run(inputs).reshape(-1), flat, argument.reshape(-1))
+    assert gelu.run(inputs, threads=2).tobytes() == gelu.run(inputs).tobytes()  # rows over threads
     if with_bias:  # the bias as input 0, the whole tensor as input 1
         assert gelu.run(inputs[::-1]).tobytes() == gelu.run(inputs).tobytes()
     if with_bias and a.ndim > 1 and shape[0] > 1:  # a bias along the first axis: the interpreter

@@ -169,6 +169,19 @@ def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out:
                 target[i] = gelu32(row[i])
 
 
+@compiled(parallel=True)
+def gelu_rows_parallel(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray,
+                       threads: int) -> None:
+    """:func:`gelu_rows` with the rows split in ``threads`` ranges run by numba's threads (the
+    caller has set their count): the same values, whichever thread computes them."""
+    rows = x.shape[0]
+    for t in prange(threads):
+        start = t * rows // threads
+        stop = (t + 1) * rows // threads
+        if start < stop:
+            gelu_rows(x[start:stop], bias, with_bias, tanh, out[start:stop])
+
+
 @compiled
 def _affine(x: float, scale: float, shift: float) -> float:
     """x * scale + shift, two roundings (no contraction), as the program's MUL and ADD."""
@@ -472,8 +485,8 @@ class CompiledProgram:
         flat = out.reshape(-1)
         if flat.size:
             parallel = threads > 1 and flat.size >= minimum_elements
-            if not parallel and (self._gelu_rows(arrays, periods, out_shape, out)
-                                 or self._gelu_channels(arrays, periods, out)):
+            if self._gelu_rows(arrays, periods, out_shape, out, threads if parallel else 1) \
+                    or (not parallel and self._gelu_channels(arrays, periods, out)):
                 return out
             period_array = np.array(periods, np.int64)
             if parallel and numba_threads(threads):
@@ -485,10 +498,11 @@ class CompiledProgram:
         return out
 
     def _gelu_rows(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
-                   out_shape: tuple[int, ...], out: np.ndarray) -> bool:
+                   out_shape: tuple[int, ...], out: np.ndarray, threads: int) -> bool:
         """GELU(x) or GELU(x + bias), either form, bias along the last axis, by
-        :func:`gelu_rows` (row by row instead of the interpreter's blocks); False for any
-        other program or broadcast."""
+        :func:`gelu_rows` (row by row in float32 instead of the interpreter's float64 blocks),
+        its rows split over ``threads`` numba threads when more than one; False for any other
+        program or broadcast."""
         form = self._gelu_form
         if form is None:
             return False
@@ -499,8 +513,12 @@ class CompiledProgram:
         if x is None or (with_bias and periods[1 - x] != row):  # the sum is exact: either order
             return False
         rows = out.size // length
-        gelu_rows.dispatcher(arrays[x].reshape(rows, length), arrays[1 - x] if with_bias else _DUMMY,
-                             with_bias, code == GELU_TANH, out.reshape(rows, length))
+        operands = (arrays[x].reshape(rows, length), arrays[1 - x] if with_bias else _DUMMY,
+                    with_bias, code == GELU_TANH, out.reshape(rows, length))
+        if threads > 1 and numba_threads(threads):
+            gelu_rows_parallel.dispatcher(*operands, threads)
+        else:
+            gelu_rows.dispatcher(*operands)
         return True
 
     def _gelu_channels(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
@@ -549,7 +567,7 @@ class CompiledProgram:
         """Compile (or load from numba's disk cache) what :meth:`run` calls."""
         self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
         if self._gelu_form is not None:
-            self.run([np.zeros((1, 1), np.float32)] * self.inputs)
+            self.run([np.zeros((2, 1), np.float32)] * self.inputs, 2 if parallel else 1)
         if self._gelu_affine:
             self.run([np.zeros((1, 2, 2), np.float32), np.ones((2, 1), np.float32),
                       np.zeros((2, 1), np.float32)])
