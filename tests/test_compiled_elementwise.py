@@ -10,6 +10,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from float32_bounds import assert_within_gelu32_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.polynomial import chebyshev
@@ -410,14 +411,12 @@ def test_gelu_written_out_folds_into_one_instruction(form):
     x = rng.standard_normal((3, 1000)).astype(np.float32) * 4
     x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
     bias = rng.standard_normal(1000).astype(np.float32)
-    s = x.astype(np.float64) + bias
+    s = x + bias  # gelu_rows rounds the sum to float32, as onnxruntime's BiasGelu
     expected = 0.5 * s * np.array([1 + math.erf(v / math.sqrt(2)) if np.isfinite(v) else np.nan
-                                   for v in s.reshape(-1)]).reshape(s.shape)
+                                   for v in s.reshape(-1).astype(np.float64)]).reshape(s.shape)
     got = program.run([x, bias])
     finite = np.isfinite(s)
-    # atol: erf is 1 in float32 from 3.95 on, in the chain as in the GELU instruction, so
-    # GELU(x) below -5.58 (less than 7e-8 in magnitude) is 0 in both.
-    np.testing.assert_allclose(got[finite], expected[finite], rtol=1.5e-7, atol=7e-8)
+    assert_within_gelu32_bound(got[finite], expected[finite], s[finite])
     assert np.isnan(got[0, 0]) and got[0, 1] == np.inf and np.isnan(got[0, 2])  # -inf * 0, as the chain
 
 
@@ -503,10 +502,11 @@ def test_instance_norm_compiled_planes_match_float64(shape, threads: int, fortra
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=3), st.booleans(),
        st.sampled_from([ce.GELU, ce.GELU_TANH]), st.integers(0, 2**31 - 1))
-def test_gelu_in_one_pass_gives_the_interpreter_bits(shape, with_bias: bool, code: int, seed: int) -> None:
-    """GELU(x) and GELU(x + bias along the last axis), erf and tanh forms, run row by row
-    (gelu_rows) and give the interpreter's bits, special values included; other broadcasts
-    keep the interpreter."""
+def test_gelu_in_one_pass_is_within_the_float32_bound_of_the_interpreter(shape, with_bias: bool, code: int,
+                                                                          seed: int) -> None:
+    """GELU(x) and GELU(x + bias along the last axis), erf and tanh forms, run row by row in
+    float32 (gelu_rows) within 2 ulp of the interpreter's float64 values plus 1 ulp of the
+    argument, special values included; other broadcasts keep the interpreter."""
     rng = np.random.default_rng(seed)
     program = ce.Program()
     x = program.load(0)
@@ -522,12 +522,11 @@ def test_gelu_in_one_pass_gives_the_interpreter_bits(shape, with_bias: bool, cod
     periods = np.array([(a.size, 1), (shape[-1], 1), (0, 1), (0, 1)], np.int64)
     arrays = [x.reshape(-1) for x in inputs] + [np.zeros(1, np.float32)] * (4 - len(inputs))
     ce.run_program.dispatcher(gelu.code, gelu.constants, *arrays, periods, gelu.registers, flat, 0, a.size)
-    assert gelu.run(inputs).tobytes() == flat.tobytes()
+    argument = (a + inputs[1]) if with_bias else a
+    assert_within_gelu32_bound(gelu.run(inputs).reshape(-1), flat, argument.reshape(-1))
+    assert gelu.run(inputs, threads=2).tobytes() == gelu.run(inputs).tobytes()  # rows over threads
     if with_bias:  # the bias as input 0, the whole tensor as input 1
-        periods[:2] = periods[1::-1]
-        ce.run_program.dispatcher(gelu.code, gelu.constants, arrays[1], arrays[0], *arrays[2:], periods,
-                                  gelu.registers, flat, 0, a.size)
-        assert gelu.run(inputs[::-1]).tobytes() == flat.tobytes()
+        assert gelu.run(inputs[::-1]).tobytes() == gelu.run(inputs).tobytes()
     if with_bias and a.ndim > 1 and shape[0] > 1:  # a bias along the first axis: the interpreter
         column = rng.standard_normal((shape[0],) + (1,) * (a.ndim - 1)).astype(np.float32)
         with np.errstate(all="ignore"):  # -inf (1 + erf(-inf)) is NaN, as computed

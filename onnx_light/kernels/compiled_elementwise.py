@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compiled import compiled, load_numba, prange
+from .float32_math import gelu32, gelu_tanh32
 
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "broadcast",
            "emit", "exp_row", "numba_threads", "run_program", "run_program_parallel", "single_op"]
@@ -148,34 +149,37 @@ def _erf_row(x: np.ndarray, out: np.ndarray, m: int, scale: float) -> None:
 @compiled(fastmath={"contract"})
 def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray) -> None:
     """out[r] = GELU(x[r] + bias) (or GELU(x[r])), the erf form or the ``tanh`` form, for the
-    rows of the 2-D float32 ``x`` and ``out``, ``bias`` one row: the program's instructions
-    row by row over float32 memory, the same float64 values (the sum is exact in float64),
-    rounded once."""
+    rows of the 2-D float32 ``x`` and ``out``, ``bias`` one row: one loop in float32
+    (:mod:`.float32_math`, within 2 ulp of the result plus 1 ulp of the argument of the
+    interpreter's float64 values; the sum rounded to float32)."""
     length = x.shape[1]
-    if tanh:
-        values, work, e = np.empty(length), np.empty(length), np.empty(length)
-        bits = np.empty(length, np.int64)
     for r in range(x.shape[0]):
         row, target = x[r], out[r]
-        if tanh:
+        if tanh and with_bias:
             for i in range(length):
-                values[i] = np.float64(row[i]) + np.float64(bias[i]) if with_bias else np.float64(row[i])
+                target[i] = gelu_tanh32(row[i] + bias[i])
+        elif tanh:
             for i in range(length):
-                v = values[i]
-                work[i] = -2.0 * _SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)
-            exp_row(work, e, length, 1.0, bits)
-            for i in range(length):
-                target[i] = values[i] / (1.0 + e[i])
+                target[i] = gelu_tanh32(row[i])
         elif with_bias:
             for i in range(length):
-                t = np.float64(row[i]) + np.float64(bias[i])
-                g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
-                target[i] = g if t == t else t
+                target[i] = gelu32(row[i] + bias[i])
         else:
             for i in range(length):
-                t = np.float64(row[i])
-                g = 0.5 * t * (1.0 + _erf(t * _SQRT_HALF))
-                target[i] = g if t == t else t
+                target[i] = gelu32(row[i])
+
+
+@compiled(parallel=True)
+def gelu_rows_parallel(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray,
+                       threads: int) -> None:
+    """:func:`gelu_rows` with the rows split in ``threads`` ranges run by numba's threads (the
+    caller has set their count): the same values, whichever thread computes them."""
+    rows = x.shape[0]
+    for t in prange(threads):
+        start = t * rows // threads
+        stop = (t + 1) * rows // threads
+        if start < stop:
+            gelu_rows(x[start:stop], bias, with_bias, tanh, out[start:stop])
 
 
 @compiled
@@ -481,8 +485,8 @@ class CompiledProgram:
         flat = out.reshape(-1)
         if flat.size:
             parallel = threads > 1 and flat.size >= minimum_elements
-            if not parallel and (self._gelu_rows(arrays, periods, out_shape, out)
-                                 or self._gelu_channels(arrays, periods, out)):
+            if self._gelu_rows(arrays, periods, out_shape, out, threads if parallel else 1) \
+                    or (not parallel and self._gelu_channels(arrays, periods, out)):
                 return out
             period_array = np.array(periods, np.int64)
             if parallel and numba_threads(threads):
@@ -494,10 +498,11 @@ class CompiledProgram:
         return out
 
     def _gelu_rows(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
-                   out_shape: tuple[int, ...], out: np.ndarray) -> bool:
+                   out_shape: tuple[int, ...], out: np.ndarray, threads: int) -> bool:
         """GELU(x) or GELU(x + bias), either form, bias along the last axis, by
-        :func:`gelu_rows` (row by row instead of the interpreter's blocks); False for any
-        other program or broadcast."""
+        :func:`gelu_rows` (row by row in float32 instead of the interpreter's float64 blocks),
+        its rows split over ``threads`` numba threads when more than one; False for any other
+        program or broadcast."""
         form = self._gelu_form
         if form is None:
             return False
@@ -508,8 +513,12 @@ class CompiledProgram:
         if x is None or (with_bias and periods[1 - x] != row):  # the sum is exact: either order
             return False
         rows = out.size // length
-        gelu_rows.dispatcher(arrays[x].reshape(rows, length), arrays[1 - x] if with_bias else _DUMMY,
-                             with_bias, code == GELU_TANH, out.reshape(rows, length))
+        operands = (arrays[x].reshape(rows, length), arrays[1 - x] if with_bias else _DUMMY,
+                    with_bias, code == GELU_TANH, out.reshape(rows, length))
+        if threads > 1 and numba_threads(threads):
+            gelu_rows_parallel.dispatcher(*operands, threads)
+        else:
+            gelu_rows.dispatcher(*operands)
         return True
 
     def _gelu_channels(self, arrays: list[np.ndarray], periods: list[tuple[int, int]],
@@ -558,7 +567,7 @@ class CompiledProgram:
         """Compile (or load from numba's disk cache) what :meth:`run` calls."""
         self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
         if self._gelu_form is not None:
-            self.run([np.zeros((1, 1), np.float32)] * self.inputs)
+            self.run([np.zeros((2, 1), np.float32)] * self.inputs, 2 if parallel else 1)
         if self._gelu_affine:
             self.run([np.zeros((1, 2, 2), np.float32), np.ones((2, 1), np.float32),
                       np.zeros((2, 1), np.float32)])

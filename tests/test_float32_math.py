@@ -1,0 +1,79 @@
+"""float32 GELU (``kernels/float32_math.py``) against float64: a dense sweep, every float32
+around the erf polynomials' split, hypothesis over all float32 bit patterns, and the fit
+that produced the coefficients."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from float32_bounds import assert_within_gelu32_bound
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from numpy.polynomial import chebyshev, polynomial
+
+from onnx_light.kernels import compiled_elementwise as ce
+from onnx_light.kernels import float32_math as fm
+from onnx_light.kernels.math_functions import erfc
+
+FORMS = {"none": ce.GELU, "tanh": ce.GELU_TANH}
+
+
+def _gelu64(form: str, t: np.ndarray) -> np.ndarray:
+    """GELU of float32 ``t`` in float64 (erfc for the erf form: no cancellation for t < 0)."""
+    t = t.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if form == "none":
+            return np.where(np.isinf(t) & (t < 0), np.nan, 0.5 * t * erfc(-t * math.sqrt(0.5)))
+        u = math.sqrt(2 / math.pi) * (t + 0.044715 * t * t * t)
+        return t / (1.0 + np.exp(-2.0 * u))
+
+
+def _run(form: str, t: np.ndarray) -> np.ndarray:
+    program = ce.single_op("Gelu", 1, {"approximate": form})
+    assert program is not None and program._gelu_form == (FORMS[form], False)
+    return program.run([t.reshape(1, -1)]).reshape(-1)
+
+
+def _every_float32(low: float, high: float) -> np.ndarray:
+    """Every float32 in [low, high], 0 < low < high, with its negative."""
+    first, last = np.array([low, high], np.float32).view(np.int32)
+    positive = np.arange(first, last + 1, dtype=np.int32).view(np.float32)
+    return np.concatenate([positive, -positive])
+
+
+@pytest.mark.parametrize("form", ["none", "tanh"])
+def test_dense_sweep_within_bound(form: str) -> None:
+    """Every 128th float32 from 2^-30 to 2^7 and every float32 where erf's argument crosses
+    its split (t = 1.25 sqrt 2) or its limit, both signs, and the special values."""
+    split = fm.ERF_SPLIT * math.sqrt(2)
+    limit = fm.ERF_LIMIT * math.sqrt(2)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-45, -1e-45], np.float32)
+    t = np.concatenate([_every_float32(2.0 ** -30, 128.0)[::128], _every_float32(split - 0.01, split + 0.01),
+                        _every_float32(limit - 0.01, limit + 0.01), special])
+    assert_within_gelu32_bound(_run(form, t), _gelu64(form, t), t)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(1, 300), elements=st.floats(width=32)),
+       st.sampled_from(["none", "tanh"]))
+def test_any_float32_within_bound(t: np.ndarray, form: str) -> None:
+    assert_within_gelu32_bound(_run(form, t), _gelu64(form, t), t)
+
+
+def test_refit_gives_the_shipped_coefficients() -> None:
+    """The coefficients are the weighted least-squares fits on 3000 Chebyshev nodes that the
+    module's docstring describes, rounded to float32."""
+    s = np.cos(np.pi * (np.arange(3000) + 0.5) / 3000)
+    split, limit = fm.ERF_SPLIT, fm.ERF_LIMIT
+    a = np.sqrt((s + 1) / 2) * split
+    ratio = np.array([math.erf(v) for v in a]) / np.where(a == 0, 1, a) - 1
+    small = polynomial.polyfit(a * a, ratio, 8, w=np.maximum(a, 0.05))
+    middle, half = (limit + split) / 2, (limit - split) / 2
+    large = chebyshev.cheb2poly(chebyshev.chebfit(s, [math.erfc(v) for v in middle + half * s], 12))
+    r = s * math.log(2) / 2
+    exp = polynomial.polyfit(r, np.exp(r), 6, w=np.exp(-r))
+    for fitted, shipped in ((small, fm.ERF_SMALL), (large, fm.ERF_LARGE), (exp, fm.EXP_POLYNOMIAL)):
+        np.testing.assert_allclose(np.float32(fitted), np.float32(shipped), rtol=1e-6, atol=1e-12)
