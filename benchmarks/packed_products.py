@@ -3,7 +3,7 @@
 onnxruntime (``_common.onnxruntime_session``: its pool does not spin), at one and two threads,
 sampled in interleaved rounds; medians in microseconds.
 
-    PYTHONPATH=. python benchmarks/packed_products.py [--rounds 7] [--threads 1 2]
+    PYTHONPATH=. python benchmarks/packed_products.py [--rounds 7] [--threads 1 2] [--shapes 197x768x768]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light.kernels import packed_gemm
 from onnx_light.runtime import RuntimeSession
 
-SHAPES = [(64, 256, 1024), (197, 768, 768), (197, 768, 3072), (197, 3072, 768), (256, 768, 768),
+SHAPES = [(64, 256, 1024), (197, 256, 1024), (197, 1024, 256), (197, 768, 3072), (197, 3072, 768),
           (3136, 256, 256), (4096, 1024, 1024)]
 
 
@@ -50,12 +50,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--shapes", nargs="+", metavar="MxKxN", help="default: SHAPES")
     args = parser.parse_args()
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else SHAPES
     rng = np.random.default_rng(0)
     print(f"load average {os.getloadavg()}")
     print("| M x K x N | threads | packed (us) | BLAS (us) | onnxruntime (us) | packed / ort | BLAS / ort |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for m, k, n in SHAPES:
+    for m, k, n in shapes:
         model = _model(m, k, n, rng)
         a = rng.standard_normal((m, k)).astype(np.float32)
         for threads in args.threads:
