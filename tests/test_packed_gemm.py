@@ -11,9 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels import packed_gemm
 from onnx_light.kernels.gemm import GemmKernel, MatMulKernel
+from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
 
-pytestmark = pytest.mark.skipif(not packed_gemm.available(), reason="packed products need AVX-512F")
+avx512 = pytest.mark.skipif(not packed_gemm.available(), reason="packed products need AVX-512F")
 
 F = TensorProto.FLOAT
 U = float(np.finfo(np.float32).eps) / 2
@@ -28,6 +29,7 @@ def _bound(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     return 2 * (k + 2) * U * size + np.finfo(np.float32).tiny
 
 
+@avx512
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 300),
        st.integers(1, 140), st.booleans(), st.integers(0, 2**31 - 1))
@@ -48,6 +50,7 @@ def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, se
     assert out.tobytes() == y.tobytes()
 
 
+@avx512
 def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
     """Summing in passes of KC steps (partial sums stored and reloaded in float32) gives the
     bits of one pass: the same fused multiply-adds in the same order."""
@@ -69,6 +72,7 @@ def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
     assert passes.tobytes() == reference.tobytes()
 
 
+@avx512
 def test_special_values_propagate_like_blas() -> None:
     """NaN and infinities reach the elements IEEE arithmetic says; products of zeros and
     negative zeros sum to +0, as numpy's BLAS gives them."""
@@ -97,6 +101,7 @@ def _session(node: helper.NodeProto, initializers: list[np.ndarray], names: list
     return RuntimeSession(model.SerializeToString(), num_threads=threads)
 
 
+@avx512
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("trans_b", "c_shape"), [(0, None), (1, (70,)), (0, (1, 70))])
 def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int) -> None:
@@ -120,6 +125,7 @@ def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int
         assert np.all(np.abs(y - expected) <= _bound(a, w, bias))
 
 
+@avx512
 def test_matmul_with_bias_packs_weights_and_bias() -> None:
     """MatMul(A, W) + b with constant W and b: one packed step, the fused graph's values
     within the bound of float64; a Gemm with a C given at run time is not packed."""
@@ -150,21 +156,78 @@ def test_matmul_with_bias_packs_weights_and_bias() -> None:
     assert np.all(np.abs(y - (a[0].astype(np.float64) @ w + bias)) <= _bound(a[0], w, bias))
 
 
-def test_a_larger_than_the_limit_goes_to_blas(monkeypatch) -> None:
-    """An A above MAX_A_BYTES is multiplied by BLAS (the packed kernel's A must stay in L2),
-    with the same values within the bound."""
-    rng = np.random.default_rng(9)
-    w = rng.standard_normal((32, 70)).astype(np.float32)
+def _matmul_session(w: np.ndarray, threads: int) -> RuntimeSession:
+    k, n = w.shape
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("a", F, ["m", 32])],
-        [helper.make_tensor_value_info("y", F, ["m", 70])], [numpy_helper.from_array(w, "w")])
-    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-                             .SerializeToString())
-    kernel = session._steps[0][0]
-    assert kernel._packed_for((10, 32), np.dtype(np.float32)) is not None
-    monkeypatch.setattr(packed_gemm, "MAX_A_BYTES", 10 * 32 * 4 - 1)
-    assert kernel._packed_for((10, 32), np.dtype(np.float32)) is None
-    a = rng.standard_normal((10, 32)).astype(np.float32)
+        [helper.make_tensor_value_info("a", F, ["m", k])],
+        [helper.make_tensor_value_info("y", F, ["m", n])], [numpy_helper.from_array(w, "w")])
+    return RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                          .SerializeToString(), num_threads=threads)
+
+
+@avx512
+def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
+    """The product blocked over rows of A (blocks that are not whole micro-kernel blocks
+    included) and split in chunks over a pool gives the bits of one block: each element's sum
+    runs in the same order."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((3, 17, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 130)).astype(np.float32)
+    packed = packed_gemm.PackedWeights(w, rng.standard_normal(130).astype(np.float32))
+    packed.block = 1 << 20
+    whole = packed.multiply(a)
+    pool = ThreadPool(2)
+    try:
+        for block in (packed_gemm.MR, 4 * packed_gemm.MR, 7):
+            packed.block = block
+            assert packed.multiply(a).tobytes() == whole.tobytes()
+            for chunks in (2, 3):
+                assert packed.multiply(a, pool=pool, chunks=chunks).tobytes() == whole.tobytes()
+    finally:
+        pool.close()
+
+
+@avx512
+def test_two_threads_split_the_packed_product(monkeypatch) -> None:
+    """Above ``parallel.minimum_flops`` a two-thread session splits the packed product's rows
+    across its pool (the weights stay packed) and gives the one-thread session's bits, A of
+    more than ``BLOCK_A_BYTES`` included."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((384, 200)).astype(np.float32)
+    a = rng.standard_normal((500, 384)).astype(np.float32)
+    assert a.nbytes > packed_gemm.BLOCK_A_BYTES and a.size * w.shape[1] >= 1 << 25
+    serial, split = _matmul_session(w, 1), _matmul_session(w, 2)
+    assert split._steps[0][0]._packed is not None
+    calls = []
+    original = type(split._pool).parallel_chunks
+
+    def recorded(pool, n, fn, chunks):
+        calls.append(chunks)
+        return original(pool, n, fn, chunks)
+
+    monkeypatch.setattr(type(split._pool), "parallel_chunks", recorded)
+    y = split.run(None, {"a": a})[0]
+    assert calls == [2]
+    assert y.tobytes() == serial.run(None, {"a": a})[0].tobytes()
+    assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_without_avx512_blas_multiplies_constant_weights(monkeypatch, threads: int) -> None:
+    """Where the packed kernel cannot run (``available()`` false), MatMul and Gemm of constant
+    weights keep them unpacked and BLAS computes the product within the bound."""
+    monkeypatch.setattr(packed_gemm, "available", lambda: False)
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((256, 200)).astype(np.float32)
+    a = rng.standard_normal((700, 256)).astype(np.float32)
+    session = _matmul_session(w, threads)
+    assert session._steps[0][0]._packed is None
     y = session.run(None, {"a": a})[0]
     assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))
+    c = rng.standard_normal(200).astype(np.float32)
+    gemm = _session(helper.make_node("Gemm", ["a", "b", "c"], ["y"]), [w, c], ["b", "c"], a.shape,
+                    (700, 200), threads)
+    assert gemm._steps[0][0]._packed is None
+    y = gemm.run(None, {"a": a})[0]
+    assert np.all(np.abs(y - (a.astype(np.float64) @ w + c)) <= _bound(a, w, c))

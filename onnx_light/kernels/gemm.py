@@ -212,7 +212,7 @@ class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
     trans_a = False  # Gemm's transA: A is (K, M)
-    #: Constant float32 weights packed at construction (:meth:`_pack`), for serial plans.
+    #: Constant float32 weights packed at construction (:meth:`_pack`).
     _packed: packed_gemm.PackedWeights | None = None
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -245,15 +245,23 @@ class _ProductKernel(Kernel):
         return kernel
 
     def _packed_for(self, shape: Sequence[int], dtype: np.dtype) -> packed_gemm.PackedWeights | None:
-        """The packed weights, when a float32 A of ``shape`` (..., M, K), of at most
-        ``packed_gemm.MAX_A_BYTES``, multiplies them on a serial plan; else None (BLAS and the
-        pool's splits compute it)."""
+        """The packed weights, when a float32 A of ``shape`` (..., M, K) multiplies them; else
+        None (BLAS computes it)."""
         packed = self._packed
-        if (packed is None or dtype != np.float32 or len(shape) < 2 or shape[-1] != packed.k
-                or math.prod(shape) * 4 > packed_gemm.MAX_A_BYTES
-                or self.plan(shape[-2], packed.n, packed.k, shape[:-2]) != "serial"):
+        if packed is None or dtype != np.float32 or len(shape) < 2 or shape[-1] != packed.k:
             return None
         return packed
+
+    def _packed_product(self, packed: packed_gemm.PackedWeights, a: np.ndarray,
+                        out: np.ndarray | None = None) -> np.ndarray:
+        """``a @ W (+ bias)`` by the packed weights: A's rows split across the pool from
+        ``parallel.minimum_flops`` multiply-adds, in chunks of at least ``split.minimum_rows``
+        rows."""
+        count = math.prod(a.shape[:-1])
+        chunks = 1
+        if self.num_threads > 1 and count * packed.n * packed.k >= self.minimum_flops:
+            chunks = min(self.num_threads, count // self.minimum_rows)
+        return packed.multiply(a, out, self.pool, chunks)
 
     def plan(self, m: int, n: int, k: int, batch: Sequence[int] = (),
              compute: np.dtype | None = None) -> str:
@@ -478,7 +486,7 @@ class GemmKernel(_ProductKernel):
             raise self.ctx.error(f"A, B and C must have the same type, got {types}")
         packed = None if self.trans_a else self._packed_for(a.shape, a.dtype)
         if packed is not None:
-            y = packed.multiply(a)
+            y = self._packed_product(packed, a)
             if self.epilogue is not None:
                 self.epilogue(y)
             return (y,)
@@ -597,7 +605,7 @@ class MatMulKernel(_ProductKernel):
         bias = self.bias
         packed = None if vector_b else self._packed_for(a.shape, a.dtype)
         if packed is not None:
-            y = packed.multiply(a)
+            y = self._packed_product(packed, a)
             if self.epilogue is not None:
                 self.epilogue(y)
         elif bias is None:
@@ -624,7 +632,7 @@ class MatMulKernel(_ProductKernel):
         if packed is not None and len(b) == 2 and b_dtype == a_dtype:
 
             def packed_product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-                packed.multiply(x, out)
+                self._packed_product(packed, x, out)
 
             return Prepared(packed_product, (*a[:-1], packed.n), a_dtype)
         if (len(a) < 2 or len(b) != 2 or a_dtype != b_dtype or a[-1] != b[0]

@@ -8,14 +8,17 @@ contiguous row of a panel per step of the sum. The micro-kernel (:func:`_tile`, 
 code written through numba's ``intrinsic``) keeps an ``MR x NR`` block of the output in 24
 AVX-512 registers, adds ``a[i, p] * panel[p, :]`` for p = 0..K-1 with fused multiply-adds,
 then adds the bias (when there is one) and stores the block once. It needs AVX-512
-(:func:`available`): with fewer, wider-than-the-machine vectors would spill.
+(:func:`available`): with fewer, wider-than-the-machine vectors would spill. A's rows go in
+blocks of :data:`BLOCK_A_BYTES` that every panel passes over in turn (:func:`packed_rows`), and
+a caller may split the rows across a thread pool in chunks of whole ``MR``-row blocks.
 
 Numerics. Each output element is ``sum_p a[i, p] w[p, j]`` summed in order of p from +0 in
 float32 with one rounding per fused multiply-add, then ``+ bias[j]`` rounded once: one of the
 orders the BLAS bound of ``gemm.py`` covers (``|Y - exact| <= K u sum |a||w|`` to first
 order), and the bias is added to the rounded product as the unfused Add does. NaN and
 infinities propagate as IEEE arithmetic says; a sum of only negative zeros is +0, as BLAS
-gives it.
+gives it. The blocks and chunks of rows change only who computes an element and when, never its
+sum's order: the same bits at any block size and thread count.
 """
 
 from __future__ import annotations
@@ -26,19 +29,19 @@ from typing import Any
 
 import numpy as np
 
+from ..parallel import ThreadPool
 from .compiled import CompiledFunction, compiled, load_numba
 
-__all__ = ["MAX_A_BYTES", "MR", "NR", "PackedWeights", "available", "packed_product"]
+__all__ = ["BLOCK_A_BYTES", "MR", "NR", "PackedWeights", "available", "packed_rows"]
 
 MR = 6  # rows of the output block the micro-kernel keeps in registers
 _VECTORS = 4  # 16-float vectors per row of the block
 NR = 16 * _VECTORS  # columns of the block: one panel of packed weights
 _AHEAD = 32  # steps of the sum ahead that the first block of rows prefetches its panel
 KC = 128  # steps of the sum per pass over the rows: a (KC, NR) part of a panel stays in L1
-#: The largest A (in bytes) multiplied here: every panel passes over all of A, which must stay
-#: in the L2 cache; larger products go to BLAS, whose blocking suits them (4096 x 1024 x 1024:
-#: 70-79 ms here against OpenBLAS's 56-61 ms).
-MAX_A_BYTES = 1 << 20
+#: The size (in bytes) of the blocks of rows of A that every panel passes over in turn: a
+#: block stays in the L2 cache while the panels stream past it.
+BLOCK_A_BYTES = 1 << 19
 
 
 @functools.cache
@@ -187,11 +190,22 @@ _tile4 = _Intrinsic(functools.partial(_build_tile, height=4))  # the last 3 or 4
 
 
 @compiled
-def packed_product(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bias: bool,
-                   out: np.ndarray) -> None:
-    """``out = a @ W (+ bias)`` for C-contiguous float32 ``a`` (M, K) and ``out`` (M, N), W
-    packed in ``panels`` (P, K, NR) and ``bias`` padded to P * NR values."""
-    m, n = out.shape
+def packed_rows(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bias: bool,
+                out: np.ndarray, first: int, last: int, block: int) -> None:
+    """Rows ``first..last-1`` of ``out = a @ W (+ bias)`` for C-contiguous float32 ``a``
+    (M, K) and ``out`` (M, N), W packed in ``panels`` (P, K, NR) and ``bias`` padded to
+    P * NR values, in blocks of ``block`` rows: every panel passes over one block of A before
+    the next block, so that the block stays in the L2 cache. Each element's sum runs in the
+    same order whatever the rows and the block are."""
+    for top in range(first, last, block):
+        _panels_over_rows(a, panels, bias, with_bias, out, top, min(last, top + block))
+
+
+@compiled
+def _panels_over_rows(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bias: bool,
+                      out: np.ndarray, first: int, last: int) -> None:
+    """Rows ``first..last-1`` of the product, every panel over all of them."""
+    n = out.shape[1]
     k = a.shape[1]
     chunks = max(1, -(-k // KC))
     edge = np.empty((MR, NR), np.float32)
@@ -202,31 +216,31 @@ def packed_product(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bia
             for chunk in range(chunks):
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
                 finished = with_bias and stop == k
-                for i0 in range(0, m, MR):
-                    rows = min(MR, m - i0)
+                for i0 in range(first, last, MR):
+                    rows = min(MR, last - i0)
                     if rows > 4:
                         _tile(a, panels, out, bias, i0, panel, rows, i0, column, finished,
-                              i0 == 0, start, stop, chunk > 0)
+                              i0 == first, start, stop, chunk > 0)
                     elif rows > 2:
                         _tile4(a, panels, out, bias, i0, panel, rows, i0, column, finished,
-                               i0 == 0, start, stop, chunk > 0)
+                               i0 == first, start, stop, chunk > 0)
                     else:
                         _tile2(a, panels, out, bias, i0, panel, rows, i0, column, finished,
-                               i0 == 0, start, stop, chunk > 0)
+                               i0 == first, start, stop, chunk > 0)
             continue
-        for i0 in range(0, m, MR):
-            rows = min(MR, m - i0)
+        for i0 in range(first, last, MR):
+            rows = min(MR, last - i0)
             for chunk in range(chunks):
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
                 _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias and stop == k,
-                      i0 == 0, start, stop, chunk > 0)
+                      i0 == first, start, stop, chunk > 0)
             for r in range(rows):
                 for c in range(width):
                     out[i0 + r, column + c] = edge[r, c]
 
 
 class PackedWeights:
-    """A constant float32 matrix W (K, N) packed for :func:`packed_product`, with an optional
+    """A constant float32 matrix W (K, N) packed for :func:`packed_rows`, with an optional
     bias (N values) added to every row of the product."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None = None) -> None:
@@ -242,18 +256,31 @@ class PackedWeights:
         self.with_bias = bias is not None
         if bias is not None:
             self.bias[:n] = bias.reshape(-1)
-        self._function = packed_product.dispatcher
+        self._function = packed_rows.dispatcher
+        self.block = max(MR, BLOCK_A_BYTES // (4 * max(k, 1)) // MR * MR)
 
     def compile(self) -> None:
         """Compile (or load from numba's disk cache) the product now."""
         self.multiply(np.zeros((1, self.k), np.float32))
 
-    def multiply(self, a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def multiply(self, a: np.ndarray, out: np.ndarray | None = None, pool: ThreadPool | None = None,
+                 chunks: int = 1) -> np.ndarray:
         """``a @ W (+ bias)`` for float32 ``a`` (..., M, K), into ``out`` (..., M, N) when
-        given (C-contiguous)."""
+        given (C-contiguous); the rows split into ``chunks`` chunks of whole micro-kernel
+        blocks run on ``pool`` when given (the same values as one chunk)."""
         count = math.prod(a.shape[:-1])
         rows = np.ascontiguousarray(a).reshape(count, self.k)
         if out is None:
             out = np.empty((*a.shape[:-1], self.n), np.float32)
-        self._function(rows, self.panels, self.bias, self.with_bias, out.reshape(count, self.n))
+        out2 = out.reshape(count, self.n)
+        function, panels, bias, with_bias, block = (self._function, self.panels, self.bias,
+                                                    self.with_bias, self.block)
+        if pool is None or chunks < 2:
+            function(rows, panels, bias, with_bias, out2, 0, count, block)
+            return out
+
+        def part(start: int, stop: int) -> None:
+            function(rows, panels, bias, with_bias, out2, start * MR, min(count, stop * MR), block)
+
+        pool.parallel_chunks(-(-count // MR), part, chunks)
         return out
