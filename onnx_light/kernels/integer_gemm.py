@@ -68,7 +68,7 @@ TILE_COLUMNS = "tile.columns"
 MINIMUM_MACS = "parallel.minimum_macs"
 ALGORITHMS = ("packed", "compiled", "blas")
 _DEFAULTS: dict[str, Value] = {ALGORITHM: "packed", TILE_ROWS: 64, TILE_COLUMNS: 768,
-                               MINIMUM_MACS: 1 << 21}
+                               MINIMUM_MACS: 1 << 25}
 # The largest magnitude of each byte type, for the exact float32 chunk length.
 _MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
 
