@@ -87,8 +87,7 @@ def windowed_problems(draw: st.DrawFn) -> dict[str, Any]:
     return {"x": _bytes(rng, x_type, (draw(st.integers(1, 2)), channels * group, *size)),
             "w": _bytes(rng, w_type, (filters * group, channels, *kernel)),
             "attributes": {"group": group, "strides": strides, "dilations": dilations, "pads": pads},
-            "w_zero": _bytes(rng, w_type, (filters * group,) if per_channel else ()), "rng": rng,
-            "windows": True}
+            "w_zero": _bytes(rng, w_type, (filters * group,) if per_channel else ()), "rng": rng}
 
 
 def _split(kernel: Any) -> Any:
@@ -98,35 +97,12 @@ def _split(kernel: Any) -> Any:
     return kernel
 
 
-def _naive_depthwise(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.ndarray:
-    """The depthwise convolution of int64 ``x`` (N, C, *spatial) and ``w`` (C, 1, *kernel),
-    one kernel offset at a time (the rank-1 case as a 2-D one of height 1)."""
-    rank = x.ndim - 2
-    strides, dilations, pads = attributes["strides"], attributes["dilations"], attributes["pads"]
-    if rank == 1:
-        x, w = x[:, :, None], w[:, :, None]
-        strides, dilations, pads = [1, *strides], [1, *dilations], [0, pads[0], 0, pads[1]]
-    x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    kh, kw = w.shape[2:]
-    oh = (x.shape[2] - (kh - 1) * dilations[0] - 1) // strides[0] + 1
-    ow = (x.shape[3] - (kw - 1) * dilations[1] - 1) // strides[1] + 1
-    out = np.zeros((x.shape[0], x.shape[1], oh, ow), np.int64)
-    for i in range(kh):
-        for j in range(kw):
-            out += x[:, :, i * dilations[0]:i * dilations[0] + strides[0] * (oh - 1) + 1:strides[0],
-                     j * dilations[1]:j * dilations[1] + strides[1] * (ow - 1) + 1:strides[1]] \
-                * w[None, :, 0, i, j, None, None]
-    return out.reshape(*out.shape[:2], *([ow] if rank == 1 else [oh, ow]))
-
-
 def _naive(problem: dict[str, Any], x_zero: np.ndarray) -> np.ndarray:
     """The exact sums of a depthwise, pointwise or windowed problem, in int64."""
     x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
     shifted = w.astype(np.int64) - w_zero.astype(np.int64).reshape((-1,) + (1,) * (w.ndim - 1))
-    if problem.get("windows"):
+    if problem["attributes"]:  # depthwise (one channel per group) or windowed
         return _naive_windows(x.astype(np.int64) - int(x_zero), shifted, problem["attributes"])
-    if problem["attributes"]:
-        return _naive_depthwise(x.astype(np.int64) - int(x_zero), shifted, problem["attributes"])
     return np.einsum("nc...,mc->nm...", x.astype(np.int64) - int(x_zero), shifted.reshape(w.shape[:2]))
 
 
