@@ -134,11 +134,8 @@ class Attention(_Attention):
                 raise ctx.error(f"attribute {name}=1 is not supported")
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        if first is None:
-            return [None] * num_outputs
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
         return [(first[0], None)] * num_outputs
 
     def run(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None = None,
@@ -221,10 +218,9 @@ class MultiHeadAttention(_Attention):
     op_type = "MultiHeadAttention"
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        return [None if first is None else (first[0], None)] * num_outputs
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
+        return [(first[0], None)] * num_outputs
 
     def run(self, query: np.ndarray, key: np.ndarray | None = None, value: np.ndarray | None = None,
             bias: np.ndarray | None = None, key_padding_mask: np.ndarray | None = None,

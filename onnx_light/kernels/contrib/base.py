@@ -84,11 +84,17 @@ class ContribKernel(base.Kernel):
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
                      num_outputs: int) -> list[ValueType]:
         """The outputs' types from the inputs' (None where unknown) and the node's attributes:
-        by default the first output is typed as the first input, the others have its element
-        type and an unknown shape."""
+        unknown while the first input's type is, else :meth:`typed_outputs`'s."""
         first = inputs[0] if inputs else None
         if first is None:
             return [None] * num_outputs
+        return cls.typed_outputs(first, attributes, num_outputs)
+
+    @classmethod
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
+        """The outputs' types given the first input's (``first``): by default the first output
+        is typed as it, the others have its element type and an unknown shape."""
         return [first] + [(first[0], None)] * (num_outputs - 1)
 
 

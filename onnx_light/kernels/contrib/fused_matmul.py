@@ -8,7 +8,7 @@ of a transposed batch). Half-precision operands compute in float32 and round onc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,10 +30,9 @@ class FusedMatMul(ContribKernel):
         self.trans_batch = (bool(ctx.attribute("transBatchA", 0)), bool(ctx.attribute("transBatchB", 0)))
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        return [None if first is None else (first[0], None)]
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
+        return [(first[0], None)]
 
     def _operand(self, x: np.ndarray, index: int) -> np.ndarray:
         if self.trans_batch[index] and x.ndim > 2:

@@ -16,7 +16,7 @@ the lowest float32; softmax; times V.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -58,10 +58,9 @@ class GroupQueryAttention(ContribKernel):
                                       (T.FLOAT, T.FLOAT, T.FLOAT, T.INT64))
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        return [None if first is None else (first[0], None)] * num_outputs
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
+        return [(first[0], None)] * num_outputs
 
     def _heads(self, query: np.ndarray, key: np.ndarray | None, value: np.ndarray | None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -56,11 +56,8 @@ class MatMulNBits(ContribKernel):
         self.weights: tuple[tuple[np.ndarray | None, ...], np.ndarray] | None = None
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        if first is None:
-            return [None]
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
         shape = None if first[1] is None else (*first[1][:-1], int(attributes.get("N", 0)) or None)
         return [(first[0], shape)]
 

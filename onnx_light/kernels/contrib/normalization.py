@@ -37,12 +37,9 @@ def _layer_norm(ctx: NodeContext) -> LayerNormalization:
     return onnx_kernel(ctx, LayerNormalization, 17, attributes, (T.FLOAT,) * 3, num_outputs=3)
 
 
-def _row_statistics(inputs: Sequence[ValueType], num_outputs: int) -> list[ValueType]:
-    """Outputs: normalized (input 0's type), mean and inverse deviation (B, S, 1, float32),
-    and the sum (input 0's type)."""
-    first = inputs[0] if inputs else None
-    if first is None:
-        return [None] * num_outputs
+def _row_statistics(first: ValueType, num_outputs: int) -> list[ValueType]:
+    """Outputs: normalized (input 0's type, ``first``), mean and inverse deviation (B, S, 1,
+    float32), and the sum (input 0's type)."""
     shape = first[1]
     rows = None if shape is None else (*shape[:-1], 1)
     return [first, (T.FLOAT, rows), (T.FLOAT, rows), first][:num_outputs]
@@ -59,9 +56,9 @@ class _SkipNormalization(ContribKernel):
         self.layer_norm = _layer_norm(ctx)
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        return _row_statistics(inputs, num_outputs)
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
+        return _row_statistics(first, num_outputs)
 
     def skip_sum(self, x: np.ndarray, skip: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         if x.ndim != 3 or skip.shape not in (x.shape, (1, *x.shape[1:]), x.shape[1:]):
@@ -189,11 +186,8 @@ class LegacyLayerNormalization(ContribKernel):
                                       num_outputs=max(1, ctx.num_outputs))
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        if first is None:
-            return [None] * num_outputs
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
         return [first, *[(attributes.get("stash_type", T.FLOAT), None)] * 2][:num_outputs]
 
     def run(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> Arrays:
@@ -217,11 +211,8 @@ class SimplifiedLayerNormalization(ContribKernel):
         self.stash = np.dtype(np.float32 if stash == T.FLOAT else np.float64)
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        if first is None:
-            return [None] * num_outputs
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
         stash = attributes.get("stash_type", T.FLOAT)
         return [first, (stash, None)][:num_outputs]
 

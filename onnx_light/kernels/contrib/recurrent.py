@@ -38,10 +38,9 @@ class DynamicQuantizeLSTM(ContribKernel):
                                 num_outputs=max(1, ctx.num_outputs))
 
     @classmethod
-    def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
-                     num_outputs: int) -> list[ValueType]:
-        first = inputs[0] if inputs else None
-        return [None if first is None else (first[0], None)] * num_outputs
+    def typed_outputs(cls, first: ValueType, attributes: Mapping[str, Any],
+                      num_outputs: int) -> list[ValueType]:
+        return [(first[0], None)] * num_outputs
 
     def _weights(self, name: str, q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
         """``q`` (directions, rows, 4 * hidden) dequantized as ONNX's (directions, 4 * hidden, rows)."""
