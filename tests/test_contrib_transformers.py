@@ -386,7 +386,11 @@ def test_fused_then_dynamically_quantized_encoder_matches_onnxruntime(tmp_path: 
 
 
 def _gqa_case(rng: np.random.Generator, batch: int, length: int, past: int, lengths: list[int],
-              packed: bool = False, rotary: int = 0, **attributes: Any) -> tuple[onnx.ModelProto, dict]:
+              packed: bool = False, rotary: int = 0, total: int | None = None,
+              **attributes: Any) -> tuple[onnx.ModelProto, dict]:
+    """One GroupQueryAttention node: a past buffer of ``past`` entries, ``total_sequence_length``
+    ``total`` (by default ``past + length``)."""
+    total = past + length if total is None else total
     heads, kv_heads = 4, 2
     size = 32 if rotary else 8  # onnxruntime rotates heads of a multiple of 16 features only
     feeds: dict[str, np.ndarray] = {}
@@ -403,10 +407,11 @@ def _gqa_case(rng: np.random.Generator, batch: int, length: int, past: int, leng
                      past_v=_random(rng, batch, kv_heads, past, size))
     inputs += ["past_k", "past_v"] if past else ["", ""]
     constants = {"seqlens": np.array([n - 1 for n in lengths], np.int32),
-                 "total": np.array(past + length, np.int32)}
+                 "total": np.array(total, np.int32)}
     inputs += ["seqlens", "total"]
     if rotary:
-        angles = np.arange(past + length + 2)[:, None] * 0.3 / np.arange(1, rotary // 2 + 1)[None, :]
+        positions = np.arange(max(past, total) + length + 2)
+        angles = positions[:, None] * 0.3 / np.arange(1, rotary // 2 + 1)[None, :]
         constants.update(cos=np.cos(angles).astype(np.float32), sin=np.sin(angles).astype(np.float32))
         inputs += ["cos", "sin"]
         attributes["do_rotary"] = 1
@@ -423,11 +428,18 @@ def _gqa_case(rng: np.random.Generator, batch: int, length: int, past: int, leng
     (1, 3, 4, [7], {"rotary": 32}),
     (1, 3, 4, [7], {"rotary": 16, "rotary_interleaved": 1}),
     (1, 6, 0, [6], {"softcap": 2.0, "local_window_size": 3}),
+    # a shared buffer of the maximal length: sequences of a batch at their own lengths
+    (2, 1, 6, [4, 6], {"total": 6}),
+    (2, 1, 8, [3, 7], {"total": 7, "rotary": 32}),
+    (2, 1, 4, [4, 5], {"total": 5}),  # a buffer shorter than the total: the present grows
+    (2, 3, 6, [2, 3], {"total": 3}),  # the first prompt, padded, into a buffer
+    (1, 2, 6, [5], {"total": 5, "local_window_size": 2}),  # a later prompt of two tokens
 ])
 def test_group_query_attention_matches_onnxruntime(batch: int, length: int, past: int,
                                                    lengths: list[int], options: dict) -> None:
     """Prompt (padded or not, packed QKV) and decoding steps with a cache, grouped heads (4
-    query heads on 2 key-value heads), full and partial rotary, softcap, a local window."""
+    query heads on 2 key-value heads), full and partial rotary, softcap, a local window, and
+    onnxruntime's shared past/present buffers with sequences of different lengths."""
     model, feeds = _gqa_case(np.random.default_rng(9), batch, length, past, lengths, **options)
     actual = RuntimeSession(model).run(None, feeds)
     expected = _theirs(model, feeds)
@@ -436,9 +448,27 @@ def test_group_query_attention_matches_onnxruntime(batch: int, length: int, past
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-def test_group_query_attention_refuses_a_cache_it_does_not_support() -> None:
-    model, feeds = _gqa_case(np.random.default_rng(10), 2, 1, 5, [6, 4])
-    with pytest.raises(ValueError, match=r"node 'node' \(GroupQueryAttention\): with a past of 5"):
+def test_group_query_attention_runs_a_padded_batch_of_later_prompts_as_each_alone() -> None:
+    """onnxruntime takes a later prompt of several tokens for one sequence only; a batch of
+    them at their own cache lengths gives what each sequence gives alone."""
+    lengths = [5, 7]
+    model, feeds = _gqa_case(np.random.default_rng(12), 2, 2, 6, lengths, total=7, rotary=32)
+    together = RuntimeSession(model).run(None, feeds)
+    for b, n in enumerate(lengths):
+        alone, _ = _gqa_case(np.random.default_rng(12), 1, 2, 6, [n], total=7, rotary=32)
+        alone_feeds = {name: value[b:b + 1] for name, value in feeds.items()}
+        for ours, single in zip(together, RuntimeSession(alone).run(None, alone_feeds), strict=True):
+            np.testing.assert_allclose(ours[b:b + 1], single, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("lengths", "total", "message"), [
+    ([6, 0], 6, r"with S = 1 new tokens, a past buffer of 5 and total_sequence_length 6"),
+    ([6, 7], 6, r"\(\[6, 7\]\) must be within S\.\.S \+ 5 and at most 6"),
+])
+def test_group_query_attention_refuses_lengths_its_cache_cannot_hold(lengths: list[int], total: int,
+                                                                     message: str) -> None:
+    model, feeds = _gqa_case(np.random.default_rng(10), 2, 1, 5, lengths, total=total)
+    with pytest.raises(ValueError, match=r"node 'node' \(GroupQueryAttention\): .*" + message):
         RuntimeSession(model).run(None, feeds)
 
 

@@ -3,12 +3,16 @@ key-value cache, as onnxruntime's model builder writes it.
 
 Q (batch, S, heads * size) and K, V (batch, S, kv heads * size), or the three packed in the
 query; each group of ``num_heads / kv_num_heads`` query heads reads one key-value head. The
-past key and value (batch, kv heads, P, size) are prepended and returned as the present ones.
-``seqlens_k`` gives each sequence's total length minus one: in the first run (no past) the
-keys from that length on are padding; with a past, every sequence must have the past's
-length plus S (a cache of another length, shared past and present buffers, is refused).
+past key and value are a buffer (batch, kv heads, P, size) whose first entries hold each
+sequence's cache; the present ones (batch, kv heads, max(P, total_sequence_length), size) hold
+them followed by the new keys and values, zeros after (so a buffer of the maximal length can be
+fed back as the next past: onnxruntime's shared past and present buffers).
+``seqlens_k`` gives each sequence's total length minus one. The first prompt is a run whose S
+equals ``total_sequence_length``: no past is read, and a sequence's keys from its length on are
+padding. Otherwise sequence b's cache holds ``seqlens_k[b] + 1 - S`` entries (each sequence its
+own, a padded batch), its new keys go after them and its queries sit at those positions.
 ``do_rotary`` rotates the first ``2 * cos_cache.shape[1]`` features of each head of Q and K
-by ``cos_cache``/``sin_cache`` at positions P, P + 1, ... (ONNX RotaryEmbedding's kernel).
+by ``cos_cache``/``sin_cache`` at those positions (ONNX RotaryEmbedding's kernel).
 Scores are ``scale Q K^T`` (1/sqrt(size) by default), capped by ``softcap`` when given, plus
 ``attention_bias``, masked causally (and to ``local_window_size`` keys before each query) with
 the lowest float32; softmax; times V.
@@ -88,6 +92,34 @@ class GroupQueryAttention(ContribKernel):
             out.append(x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3))
         return out[0], out[1], out[2]
 
+    def _cache_lengths(self, lengths: np.ndarray, length: int, total: int, buffer: int) -> np.ndarray:
+        """Each sequence's number of cached entries (0 in the first prompt), checked against
+        the past buffer and ``total_sequence_length``."""
+        if length == total:
+            if np.any(lengths > length) or np.any(lengths < 1):
+                raise self.ctx.error(f"in the first prompt (S = total_sequence_length = {total}), "
+                                     f"seqlens_k + 1 must be within 1..S, got {lengths.tolist()}")
+            return np.zeros_like(lengths)
+        pasts = lengths - length
+        if np.any(pasts < 0) or np.any(pasts > buffer) or np.any(lengths > max(buffer, total)):
+            raise self.ctx.error(f"with S = {length} new tokens, a past buffer of {buffer} and "
+                                 f"total_sequence_length {total}, seqlens_k + 1 ({lengths.tolist()}) "
+                                 f"must be within S..S + {buffer} and at most {max(buffer, total)}")
+        return pasts
+
+    @staticmethod
+    def _present(past: np.ndarray | None, new: np.ndarray, pasts: np.ndarray, present: int,
+                 compute: np.dtype) -> np.ndarray:
+        """The present keys or values: each sequence's cached entries, then its new ones, then
+        zeros, (batch, kv heads, ``present``, size)."""
+        batch, heads, length, size = new.shape
+        out = np.zeros((batch, heads, present, size), compute)
+        for b, cached in enumerate(pasts.tolist()):
+            if cached:
+                out[b, :, :cached] = past[b, :, :cached]
+            out[b, :, cached:cached + length] = new[b]
+        return out
+
     def run(self, query: np.ndarray, key: np.ndarray | None, value: np.ndarray | None,
             past_key: np.ndarray | None, past_value: np.ndarray | None, seqlens_k: np.ndarray,
             total_sequence_length: np.ndarray, cos_cache: np.ndarray | None = None,
@@ -103,30 +135,26 @@ class GroupQueryAttention(ContribKernel):
             raise self.ctx.error(f"seqlens_k must hold {batch} values, got {lengths.size}")
         if (past_key is None) != (past_value is None):
             raise self.ctx.error("past_key and past_value go together")
-        past = 0 if past_key is None else past_key.shape[2]
+        buffer = 0 if past_key is None else past_key.shape[2]
         total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-        if past and (total != past + length or np.any(lengths != total)):
-            raise self.ctx.error(f"with a past of {past}, every sequence must have the total length "
-                                 f"{past} + {length} (shared or padded caches are not supported); "
-                                 f"total_sequence_length {total}, seqlens_k + 1 {lengths.tolist()}")
-        if not past and (total != length or np.any(lengths > length)):
-            raise self.ctx.error(f"without a past, total_sequence_length ({total}) must be S "
-                                 f"({length}) and seqlens_k + 1 at most S")
+        pasts = self._cache_lengths(lengths, length, total, buffer)
         if self.rotate is not None:
             if cos_cache is None or sin_cache is None:
                 raise self.ctx.error("do_rotary needs cos_cache and sin_cache")
-            positions = np.broadcast_to(past + np.arange(length), (batch, length))
+            positions = pasts.reshape(-1, 1) + np.arange(length)
             rotate = self.rotate.variant(rotary_dim=2 * cos_cache.shape[-1])
             q = rotate.run(q, cos_cache, sin_cache, positions)[0]
             k = rotate.run(k, cos_cache, sin_cache, positions)[0]
-        if past:
-            k = np.concatenate([past_key.astype(compute), k], axis=2)
-            v = np.concatenate([past_value.astype(compute), v], axis=2)
+        present = max(buffer, total)
+        k = self._present(past_key, k, pasts, present, compute)
+        v = self._present(past_value, v, pasts, present, compute)
         present_key, present_value = k.astype(query.dtype), v.astype(query.dtype)
         group = self.heads // self.kv_heads
-        keys, values = (np.repeat(x, group, axis=1) if group > 1 else x for x in (k, v))
-        position = past + np.arange(length).reshape(-1, 1)
-        j = np.arange(k.shape[2])
+        span = max(total, int(lengths.max()))  # the keys any query may read
+        keys, values = (np.repeat(x[:, :, :span], group, axis=1) if group > 1 else x[:, :, :span]
+                        for x in (k, v))
+        position = pasts.reshape(-1, 1, 1, 1) + np.arange(length).reshape(-1, 1)
+        j = np.arange(span)
         masked = (j > position) | (j >= lengths.reshape(-1, 1, 1, 1))
         if self.window >= 0:
             masked = masked | (j <= position - self.window)
