@@ -359,15 +359,17 @@ def _packed_operands(left: ByteRows, right: PackedColumns
 
 
 def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
-    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm with
-    the portable tiles, on the calling thread: the products of kernels that have no tuned
-    integer product of their own (the ``com.microsoft`` quantized products)."""
+    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm (the
+    ``amx`` one for ``right`` in its layout) with the portable tiles, on the calling thread:
+    the products of kernels that have no tuned integer product of their own (the
+    ``com.microsoft`` quantized products)."""
     rows, depth = left.data.shape
     repeated, row_zero, sums, column_sums = _packed_operands(left, right)
     out = np.empty((rows, right.columns), np.int32)
-    packed_sums.dispatcher(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
-                           _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
-                           _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
+    run = (tile_sums if right.tiles else packed_sums).dispatcher
+    run(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
+        _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
+        _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
     return out
 
 

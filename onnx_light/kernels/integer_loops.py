@@ -526,7 +526,8 @@ def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, t
     row_bytes = np.uintp(4 * block_columns)
     simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
                            column_bias)
-    tile_configure(tile_configuration())
+    # a reduced axis of one step reads only its own bytes (padded to 4), not the step's 64
+    tile_configure(tile_configuration(min(TILE_BYTES, -(-max(depth, 1) // 4) * 4)))
     for r0 in range(row_first, row_stop, block_rows):
         r1 = min(row_stop, r0 + block_rows)
         for c0 in range(column_first, column_stop, block_columns):

@@ -5,13 +5,14 @@ Intel's Advanced Matrix Extensions hold eight tiles of up to 16 rows x 64 bytes;
 ``tdpbusd`` adds to an int32 tile C (16 x 16) the byte products of a tile A (16 rows x 64
 bytes of the reduced axis) and a tile B in the dot-product layout (16 rows of four reduced
 steps x 16 columns, four bytes per column): ``C[m, n] += sum_k A[m, k] B[k / 4, 4 n + k % 4]``,
-exact in int32 (wrapping), 1024 multiply-adds per instruction. These intrinsics give a
-kernel the instructions, every tile 16 x 64 bytes:
+exact in int32 (wrapping), 1024 multiply-adds per instruction (fewer steps of the reduced
+axis when configured so). These intrinsics give a kernel the instructions:
 
-- :data:`configure`: load the tile configuration (:func:`tile_configuration`, 64 bytes);
+- :data:`configure`: load the tile configuration (:func:`tile_configuration`, 64 bytes:
+  tiles 0-3 for sums, 4-5 for left rows, 6-7 for right columns);
 - :data:`zero`: clear a tile;
-- :data:`load`: a tile's 16 rows of 64 bytes from a byte array at an offset, rows ``stride``
-  bytes apart;
+- :data:`load`: a tile's rows (as configured) from a byte array at an offset, rows
+  ``stride`` bytes apart;
 - :data:`dot`: ``C += A . B`` of tiles, the instruction following the types of the arrays
   A and B were loaded from (``tdpbusd``, ``tdpbsud``, ``tdpbssd`` or ``tdpbuud``);
 - :data:`store`: a tile's 16 rows of 16 int32 to an int32 array at an offset (in elements),
@@ -55,13 +56,16 @@ _XFEATURE_XTILEDATA = 18
 
 
 @compiled
-def tile_configuration():
-    """The 64-byte configuration of palette 1 with its eight tiles at 16 rows x 64 bytes."""
+def tile_configuration(depth_bytes):
+    """The 64-byte configuration of palette 1: tiles 0-3 (the int32 sums) 16 rows x 64
+    bytes, tiles 4 and 5 (left rows) 16 rows x ``depth_bytes``, tiles 6 and 7 (right columns)
+    ``depth_bytes / 4`` rows x 64 bytes: ``depth_bytes`` (a multiple of 4, at most 64)
+    steps of the reduced axis per product."""
     config = np.zeros(64, np.uint8)
     config[0] = 1
     for t in range(8):
-        config[16 + 2 * t] = TILE_BYTES  # bytes per row, uint16 little-endian
-        config[48 + t] = TILE_ROWS
+        config[16 + 2 * t] = depth_bytes if t in (4, 5) else TILE_BYTES  # uint16 little-endian
+        config[48 + t] = depth_bytes // 4 if t in (6, 7) else TILE_ROWS
     return config
 
 
