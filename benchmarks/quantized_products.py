@@ -8,7 +8,9 @@ and encoder-shaped MatMul stack (static QDQ; the MLP part dynamic), at a larger 
 tests use, with onnx_light's time for the float model beside them (what int8 has to beat). The
 last column is the largest difference of the outputs, in steps of the output scale for
 quantized outputs (0: bit-for-bit) and absolute for float ones. onnx_light uses the portable
-defaults of its integer products (``product.algorithm``: docs/quantization.md).
+defaults of its integer products (``product.algorithm``: docs/quantization.md), so AMX tiles
+where the processor has them; the "VNNI" column is the same session with the tiles off (the
+byte dot-product kernel, ``packed``), shown where they are on.
 
 Run: ``python benchmarks/quantized_products.py [--threads 1 2] [--rounds 5]``.
 """
@@ -16,10 +18,12 @@ Run: ``python benchmarks/quantized_products.py [--threads 1 2] [--rounds 5]``.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -27,6 +31,7 @@ import quantized_models
 from _common import onnxruntime_session
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_light.kernels import tile_matrices
 from onnx_light.runtime.session import RuntimeSession
 
 RNG = np.random.default_rng(0)
@@ -124,6 +129,10 @@ def row(case: Case, threads: int, rounds: int) -> str:
     theirs = onnxruntime_session(model, threads)
     runs: dict[str, Callable[[], object]] = {"ours": lambda: ours.run(None, {"x": x}),
                                              "theirs": lambda: theirs.run(None, {"x": x})}
+    if tile_matrices.available():
+        with mock.patch.object(tile_matrices, "available", lambda: False):
+            vnni = RuntimeSession(model, num_threads=threads)
+        runs["vnni"] = lambda: vnni.run(None, {"x": x})
     if float_model is not None:
         ours_float = RuntimeSession(float_model, num_threads=threads)
         runs["float"] = lambda: ours_float.run(None, {"x": x})
@@ -132,7 +141,8 @@ def row(case: Case, threads: int, rounds: int) -> str:
     difference = float(np.abs(mine.astype(np.float64) - reference.astype(np.float64)).max())
     shown = f"{difference / step:.0f} steps" if step and mine.dtype.kind == "f" else f"{difference:.3g}"
     float_ms = f"{best['float'] * 1e3:.2f}" if "float" in best else "-"
-    return (f"| {name} | {threads} | {best['ours'] * 1e3:.2f} | {best['theirs'] * 1e3:.2f} | "
+    vnni_ms = f"{best['vnni'] * 1e3:.2f}" if "vnni" in best else "-"
+    return (f"| {name} | {threads} | {best['ours'] * 1e3:.2f} | {vnni_ms} | {best['theirs'] * 1e3:.2f} | "
             f"{best['ours'] / best['theirs']:.1f} | {float_ms} | {shown} |")
 
 
@@ -141,13 +151,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    print("| case | threads | onnx_light (ms) | onnxruntime (ms) | onnx_light / onnxruntime | "
-          "onnx_light float model (ms) | max output difference |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"load average {os.getloadavg()}")
+    print("| case | threads | onnx_light (ms) | onnx_light VNNI (ms) | onnxruntime (ms) | "
+          "onnx_light / onnxruntime | onnx_light float model (ms) | max output difference |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for case in (*node_cases(), *model_cases(Path(folder))):
             for threads in args.threads:
                 print(row(case, threads, args.rounds), flush=True)
+    print(f"load average {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Kernels written with processor-specific vector code give the same results where the
 processor lacks the instructions: numba compiles for a generic x86-64 target
 (``NUMBA_CPU_NAME=generic``, in a subprocess with a compile cache of its own), so the portable
-form of each intrinsic is what runs (and the float32 micro-kernel's 512-bit vector code is
-lowered for a target without them), checked against numpy."""
+form of each intrinsic is what runs, the integer products without AMX tiles (and the float32
+micro-kernel's 512-bit vector code is lowered for a target without them), checked against
+numpy."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light import RuntimeSession
 from onnx_light.kernels.byte_vectors import has_byte_dot_product
 from onnx_light.kernels.compiled import load_numba
+from onnx_light.kernels.tile_matrices import available
 
 
 def run(nodes, feeds, inits, output_type=TensorProto.INT32, opset=13):
@@ -58,6 +60,7 @@ load_numba()
 print(json.dumps({
     "floats": bool(np.allclose(floats, expected_floats, rtol=1e-5, atol=1e-4)),
     "vector_instructions": has_byte_dot_product(cpu_target.target_context.codegen()._tm_features),
+    "tiles": available(),
     "product": bool(np.array_equal(product, (a.astype(np.int64) - 7) @ b.astype(np.int64))),
     "conv": bool(np.array_equal(conv, expected_conv)),
 }))
@@ -73,4 +76,5 @@ def test_generic_x86_64_target_computes_the_same(tmp_path):
                           cwd=ROOT, check=False)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"floats": True, "vector_instructions": False, "product": True, "conv": True}
+    assert result == {"floats": True, "vector_instructions": False, "tiles": False, "product": True,
+                      "conv": True}

@@ -12,14 +12,17 @@ Parameters (one schema per operator and element type, :func:`integer_parameters`
 ``product.algorithm``
     ``"packed"``: the register-blocked byte dot-product micro-kernel of
     :func:`~onnx_light.kernels.integer_loops.packed_sums` on a right operand packed in panels
-    (:class:`PackedColumns`), requantizing as it writes. ``"compiled"``: the byte dot
+    (:class:`PackedColumns`), requantizing as it writes. ``"amx"``: the same on AMX tiles
+    (:func:`~onnx_light.kernels.integer_loops.tile_sums`) where the processor has AMX-INT8
+    and Linux lets the process use them (:func:`~onnx_light.kernels.tile_matrices.available`),
+    else ``"packed"``. ``"compiled"``: the byte dot
     products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`, compiled by numba for
     this processor. ``"blas"``: float32 BLAS products of the raw bytes in chunks of the
     reduced axis short enough that every partial sum is an integer float32 holds exactly (at
     most 2**24: 514 terms of uint8 x int8), summed in int32. All are exact, so they give
     identical outputs; which is fastest depends on the processor's instructions and BLAS.
 ``tile.rows``, ``tile.columns``
-    ``packed``: the rows and columns of a block (rounded up to whole micro-tiles) whose left
+    ``packed``, ``amx``: the rows and columns of a block (rounded up to whole micro-tiles) whose left
     rows stay in cache while its columns stream. ``compiled``: the rows of each operand one
     tile reads while it stays in cache, and the smallest parallel block.
 ``parallel.minimum_macs``
@@ -44,30 +47,36 @@ from ..tuning.keys import ElementType as T
 from ..tuning.keys import KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import Parameter, Value
+from . import tile_matrices
 from .base import Kernel, NodeContext
 from .calibration import without_compilation
 from .declaration import KernelDeclaration
 from .integer_loops import (
     PACKED_LANES,
     PACKED_ROWS,
+    TILE_LANES,
+    TILE_QUADS,
     correct,
     dot_tiles,
     pack_columns,
     packed_sums,
     requantize,
     row_sums,
+    tile_sums,
 )
 
-__all__ = ["ALGORITHM", "MINIMUM_MACS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS", "ByteRows",
-           "IntegerProductKernel", "PackedColumns", "Requantization", "calibrate_integer_product",
-           "integer_candidates", "integer_parameters", "packed_product"]
+__all__ = ["ALGORITHM", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS",
+           "ByteRows", "IntegerProductKernel", "PackedColumns", "Requantization",
+           "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_product"]
 
 ALGORITHM = "product.algorithm"
 TILE_ROWS = "tile.rows"
 TILE_COLUMNS = "tile.columns"
 MINIMUM_MACS = "parallel.minimum_macs"
-ALGORITHMS = ("packed", "compiled", "blas")
-_DEFAULTS: dict[str, Value] = {ALGORITHM: "packed", TILE_ROWS: 64, TILE_COLUMNS: 768,
+ALGORITHMS = ("amx", "packed", "compiled", "blas")
+#: The algorithms whose right operand is a :class:`PackedColumns`.
+PACKED_ALGORITHMS = ("amx", "packed")
+_DEFAULTS: dict[str, Value] = {ALGORITHM: "amx", TILE_ROWS: 64, TILE_COLUMNS: 768,
                                MINIMUM_MACS: 1 << 25}
 # The largest magnitude of each byte type, for the exact float32 chunk length.
 _MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
@@ -83,9 +92,11 @@ def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, .
     """The parameters of an integer product's schema (the same for every byte type)."""
     return (
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
-                  description="'packed': register-blocked byte dot-product instructions on packed "
-                              "columns; 'compiled': numba's byte dot products; 'blas': exact float32 "
-                              "BLAS products of the bytes in short chunks of the reduced axis"),
+                  description="'amx': AMX tiles on packed columns where the processor has them, "
+                              "else 'packed'; 'packed': register-blocked byte dot-product "
+                              "instructions on packed columns; 'compiled': numba's byte dot "
+                              "products; 'blas': exact float32 BLAS products of the bytes in short "
+                              "chunks of the reduced axis"),
         Parameter(TILE_ROWS, "int", _DEFAULTS[TILE_ROWS], minimum=1, maximum=4096,
                   description="rows of the left operand per tile (and the smallest parallel block)"),
         Parameter(TILE_COLUMNS, "int", _DEFAULTS[TILE_COLUMNS], minimum=1, maximum=4096,
@@ -125,27 +136,33 @@ class ByteRows:
         """The bytes as float32 (for the BLAS product; made once per operand)."""
         return self.data.astype(np.float32)
 
-    @functools.cached_property
-    def packed(self) -> PackedColumns:
-        """These rows as the ``packed`` algorithm's right operand (made once per operand)."""
-        return PackedColumns.of(self.data.T, self.zero)
+    def packed(self, tiles: bool = False) -> PackedColumns:
+        """These rows as the ``packed`` algorithm's right operand, or with ``tiles`` the
+        ``amx`` one's (made once per layout)."""
+        made = self.__dict__.setdefault("_packed", {})
+        if tiles not in made:
+            made[tiles] = PackedColumns.of(self.data.T, self.zero, tiles=tiles)
+        return made[tiles]
 
-    def repeated(self, lanes: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def repeated(self, lanes: np.dtype, tiles: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """These rows as the ``packed`` algorithm's left operand against right-operand bytes
-        of type ``lanes`` (made once per type): the bytes of the other signedness (uint8
-        ``v`` as int8 ``v - 128``, int8 ``v`` as uint8 ``v + 128``, the zero points moved
-        alike, so that the differences stay), padded with zeros to a multiple of four rows
-        and of four along the reduced axis; their zero points and row sums."""
+        of type ``lanes`` (made once per type and layout): the bytes of the other signedness
+        (uint8 ``v`` as int8 ``v - 128``, int8 ``v`` as uint8 ``v + 128``, the zero points
+        moved alike, so that the differences stay), padded with zeros to a multiple of four
+        rows and of four along the reduced axis (with ``tiles``, the ``amx`` algorithm's:
+        of 16 rows and 64); their zero points and row sums."""
         made = self.__dict__.setdefault("_repeated", {})
-        key = np.dtype(lanes)
+        key = (np.dtype(lanes), tiles)
+        row_unit, depth_unit = (TILE_LANES, 4 * TILE_QUADS) if tiles else (PACKED_ROWS, 4)
         if key not in made:
-            target = np.dtype(np.int8 if key == np.uint8 else np.uint8)
+            target = np.dtype(np.int8 if key[0] == np.uint8 else np.uint8)
             data, zero = self.data, self.zero
             if data.dtype != target:
                 data = (data.view(np.uint8) ^ np.uint8(0x80)).view(target)
                 zero = zero + np.int32(128 if target == np.uint8 else -128)
             rows, depth = data.shape
-            padded = np.zeros((-(-rows // PACKED_ROWS) * PACKED_ROWS, -(-depth // 4) * 4), target)
+            padded = np.zeros((-(-rows // row_unit) * row_unit, -(-depth // depth_unit) * depth_unit),
+                              target)
             padded[:rows, :depth] = data
             sums = np.empty(padded.shape[0], np.int32)
             row_sums.dispatcher(padded, sums)
@@ -155,8 +172,9 @@ class ByteRows:
 
 class PackedColumns:
     """The ``packed`` algorithm's right operand: ``lanes`` (width / 8, ceil(K / 4), 8, 4)
-    bytes, the layout of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a
-    matrix, :func:`~onnx_light.kernels.integer_loops.pack_windows` a convolution's windows),
+    bytes (the ``amx`` algorithm's: (width / 16, Q, 16, 4), Q rounded up to 16), the layout
+    of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a matrix,
+    :func:`~onnx_light.kernels.integer_loops.pack_windows` a convolution's windows),
     ``columns`` of them real, with their zero points (int32) and sums over the reduced axis
     (None: computed when a product needs them)."""
 
@@ -168,9 +186,16 @@ class PackedColumns:
         self.zero = _per_row(zero, columns)
 
     @staticmethod
-    def empty(depth: int, columns: int, dtype: np.dtype) -> np.ndarray:
-        """Uninitialised lanes for ``columns`` columns of ``depth`` bytes."""
-        return np.empty((-(-columns // PACKED_LANES), -(-depth // 4), PACKED_LANES, 4), dtype)
+    def empty(depth: int, columns: int, dtype: np.dtype, tiles: bool = False) -> np.ndarray:
+        """Uninitialised lanes for ``columns`` columns of ``depth`` bytes (``tiles``: in the
+        ``amx`` algorithm's layout)."""
+        width, quads = (TILE_LANES, TILE_QUADS) if tiles else (PACKED_LANES, 1)
+        return np.empty((-(-columns // width), -(-depth // (4 * quads)) * quads, width, 4), dtype)
+
+    @property
+    def tiles(self) -> bool:
+        """Whether these are in the ``amx`` algorithm's layout."""
+        return self.lanes.shape[2] == TILE_LANES
 
     @staticmethod
     def words(lanes: np.ndarray) -> np.ndarray:
@@ -178,9 +203,11 @@ class PackedColumns:
         return lanes.view(np.uint32).reshape(lanes.shape[:3])
 
     @classmethod
-    def of(cls, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None) -> PackedColumns:
-        """``source`` (K, C) bytes packed: C columns of K bytes each."""
-        lanes = cls.empty(*source.shape, source.dtype)
+    def of(cls, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None,
+           tiles: bool = False) -> PackedColumns:
+        """``source`` (K, C) bytes packed: C columns of K bytes each (``tiles``: in the
+        ``amx`` algorithm's layout)."""
+        lanes = cls.empty(*source.shape, source.dtype, tiles)
         pack_columns.dispatcher(source, cls.words(lanes))
         return cls(lanes, source.shape[1], zero, sums)
 
@@ -205,6 +232,8 @@ class IntegerProductKernel(Kernel):
         self.tile_rows = int(values[TILE_ROWS])
         self.tile_columns = int(values[TILE_COLUMNS])
         self.minimum_macs = int(values[MINIMUM_MACS])
+        #: Whether the packed products run on AMX tiles (the right operands' layout).
+        self.tiles = self.algorithm == "amx" and tile_matrices.available()
 
     def product(self, left: ByteRows, right: ByteRows | PackedColumns, bias: np.ndarray | None = None,
                 epilogue: Epilogue | None = None, requantization: Requantization | None = None
@@ -214,16 +243,16 @@ class IntegerProductKernel(Kernel):
         (rows, columns) int32 accumulator; with ``requantization`` writes its output instead
         (requantized as :func:`~onnx_light.kernels.integer_loops.requantize` does) and
         returns None. A :class:`PackedColumns` right operand takes the ``packed`` algorithm
-        whatever the configuration."""
+        (``amx`` in its layout) whatever the configuration."""
         rows, depth = left.data.shape
         packed = isinstance(right, PackedColumns)
         columns = right.columns if packed else right.data.shape[0]
         row_bias, column_bias = np.zeros(rows, np.int32), np.zeros(columns, np.int32)
         if bias is not None:
             (row_bias if bias.shape[0] > 1 or columns == 1 else column_bias)[:] = bias.reshape(-1)
-        if packed or self.algorithm == "packed":
-            return self._packed(left, right if packed else right.packed, row_bias, column_bias,
-                                epilogue, requantization)
+        if packed or self.algorithm in PACKED_ALGORITHMS:
+            return self._packed(left, right if packed else right.packed(self.tiles), row_bias,
+                                column_bias, epilogue, requantization)
         if requantization is not None:
             epilogue = _requantizing(requantization)
         acc = np.empty((rows, columns), np.int32)
@@ -271,7 +300,9 @@ class IntegerProductKernel(Kernel):
     def _packed(self, left: ByteRows, right: PackedColumns, row_bias: np.ndarray,
                 column_bias: np.ndarray, epilogue: Epilogue | None,
                 requantization: Requantization | None) -> np.ndarray | None:
-        """The ``packed`` algorithm's product (:func:`~onnx_light.kernels.integer_loops.packed_sums`)."""
+        """The ``packed`` algorithm's product (:func:`~onnx_light.kernels.integer_loops.packed_sums`),
+        or the ``amx`` one's (:func:`~onnx_light.kernels.integer_loops.tile_sums`) for a right
+        operand in its layout."""
         rows, depth = left.data.shape
         repeated, row_zero, sums, column_sums = _packed_operands(left, right)
         if requantization is None:
@@ -281,7 +312,7 @@ class IntegerProductKernel(Kernel):
             out, multiplier, zero, low, high = requantization
             # writable, as the warm-up's: one compiled signature whatever the caller's flags
             multiplier = np.require(multiplier, np.float32, ("C", "W"))
-        run = packed_sums.dispatcher
+        run = (tile_sums if right.tiles else packed_sums).dispatcher
         tiles = (self.tile_rows, self.tile_columns)
 
         def block(r0: int, r1: int, c0: int, c1: int) -> None:
@@ -291,7 +322,8 @@ class IntegerProductKernel(Kernel):
             if epilogue is not None:
                 epilogue(out, r0, r1, c0, c1)
 
-        self._split(rows, right.columns, depth, PACKED_ROWS, 3 * PACKED_LANES, block)
+        units = (2 * TILE_LANES, 2 * TILE_LANES) if right.tiles else (PACKED_ROWS, 3 * PACKED_LANES)
+        self._split(rows, right.columns, depth, *units, block)
         return None if requantization is not None else out
 
     def compile_for(self, left: np.dtype, right: np.dtype, output: np.dtype | None = None,
@@ -321,21 +353,23 @@ def _packed_operands(left: ByteRows, right: PackedColumns
     """What :func:`~onnx_light.kernels.integer_loops.packed_sums` reads of the left operand
     (its repeated rows, zero points and row sums) and the right one's column sums (zeros
     when no row zero point needs them)."""
-    repeated, row_zero, sums = left.repeated(right.lanes.dtype)
+    repeated, row_zero, sums = left.repeated(right.lanes.dtype, right.tiles)
     column_sums = right.column_sums() if row_zero.any() else _zeros(right.columns)
     return repeated, row_zero, sums, column_sums
 
 
 def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
-    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm with
-    the portable tiles, on the calling thread: the products of kernels that have no tuned
-    integer product of their own (the ``com.microsoft`` quantized products)."""
+    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm (the
+    ``amx`` one for ``right`` in its layout) with the portable tiles, on the calling thread:
+    the products of kernels that have no tuned integer product of their own (the
+    ``com.microsoft`` quantized products)."""
     rows, depth = left.data.shape
     repeated, row_zero, sums, column_sums = _packed_operands(left, right)
     out = np.empty((rows, right.columns), np.int32)
-    packed_sums.dispatcher(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
-                           _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
-                           _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
+    run = (tile_sums if right.tiles else packed_sums).dispatcher
+    run(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
+        _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
+        _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
     return out
 
 

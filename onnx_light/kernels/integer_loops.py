@@ -27,10 +27,17 @@ import numpy as np
 
 from .byte_vectors import LANES, dot4, store, zeros
 from .compiled import compiled
+from .tile_matrices import TILE_BYTES, TILE_ROWS, tile_configuration
+from .tile_matrices import configure as tile_configure
+from .tile_matrices import dot as tile_dot
+from .tile_matrices import load as tile_load
+from .tile_matrices import release as tile_release
+from .tile_matrices import store as tile_store
+from .tile_matrices import zero as tile_zero
 
-__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "correct", "depthwise_sums", "dot_tiles",
-           "finish_sums", "pack_columns", "pack_windows", "packed_sums", "pointwise_sums", "requantize",
-           "row_sums"]
+__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "TILE_LANES", "TILE_QUADS", "correct",
+           "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows", "packed_sums",
+           "pointwise_sums", "requantize", "row_sums", "tile_sums"]
 
 
 @compiled
@@ -300,28 +307,29 @@ PACK_QUADS = 16
 
 @compiled
 def _scatter_panels(lines, words, first, count):
-    """Quads ``first:first + count`` of every panel of ``words`` (width / 8, Q, 8) uint32 from
+    """Quads ``first:first + count`` of every panel of ``words`` (width / L, Q, L) uint32 from
     ``lines`` (``count`` rows of width)."""
     flat = words.reshape(-1)
-    panel_words = np.uintp(words.shape[1] * PACKED_LANES)
-    into = np.uintp(first * PACKED_LANES)
+    panel_lanes = np.uintp(words.shape[2])
+    panel_words = np.uintp(words.shape[1]) * panel_lanes
+    into = np.uintp(first) * panel_lanes
     for panel in range(words.shape[0]):
-        at = np.uintp(panel * PACKED_LANES)
+        at = np.uintp(panel) * panel_lanes
         for r in range(count):
             line = lines[r]
-            for lane in range(np.uintp(PACKED_LANES)):
-                flat[into + np.uintp(r * PACKED_LANES) + lane] = line[at + lane]
+            for lane in range(panel_lanes):
+                flat[into + np.uintp(r) * panel_lanes + lane] = line[at + lane]
         into += panel_words
 
 
 @compiled
 def pack_columns(source, words):
-    """``source`` (K, C) bytes packed for :func:`packed_sums`: ``words`` (width / 8,
-    ceil(K / 4), 8) uint32, panels of eight columns, each one run of its quads (four rows of
-    the reduced axis, one byte each, in a uint32 per column), zeros past the last row and
-    column."""
+    """``source`` (K, C) bytes packed for :func:`packed_sums`: ``words`` (width / L, Q, L)
+    uint32, panels of L columns (8; :data:`TILE_LANES` for :func:`tile_sums`), each one run of
+    its Q quads (four rows of the reduced axis, one byte each, in a uint32 per column; Q at
+    least ceil(K / 4)), zeros past the last row and column."""
     depth, columns = source.shape
-    lines = np.zeros((PACK_QUADS, words.shape[0] * PACKED_LANES), np.uint32)
+    lines = np.zeros((PACK_QUADS, words.shape[0] * words.shape[2]), np.uint32)
     starts = np.zeros(4, np.intp)
     masks = np.zeros(4, np.uint32)
     for q in range(words.shape[1]):
@@ -352,7 +360,7 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
     out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
     pixels = image.reshape(-1)
     step = np.uintp(stride_w)
-    lines = np.zeros((PACK_QUADS, words.shape[0] * PACKED_LANES), np.uint32)
+    lines = np.zeros((PACK_QUADS, words.shape[0] * words.shape[2]), np.uint32)
     starts = np.zeros(4, np.uintp)
     masks = np.zeros(4, np.uint32)
     for q in range(first, last):
@@ -419,15 +427,8 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     wide = 3 * PACKED_LANES
     block_columns = -(-max(tile_columns, 1) // wide) * wide
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
-    per_row, per_column = multiplier.shape[0] > 1, multiplier.shape[1] > 1
-    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
-    simple = True  # one column zero point, no column bias, no row zero point: a row constant
-    for j in range(column_first, column_stop):
-        if column_zero[j] != column_zero[column_first] or column_bias[j] != 0:
-            simple = False
-    for i in range(row_first, row_stop):
-        if row_zero[i] != 0:
-            simple = False
+    simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
+                           column_bias)
     for r0 in range(row_first, row_stop, block_rows):
         r1 = min(row_stop, r0 + block_rows)
         for c0 in range(column_first, column_stop, block_columns):
@@ -486,31 +487,146 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     store(a20, panel, o + np.uintp(2 * block_columns))
                     store(a30, panel, o + np.uintp(3 * block_columns))
                     j += PACKED_LANES
-                for i in range(m0, min(m0 + PACKED_ROWS, r1)):
-                    za = np.int32(row_zero[i])
-                    weight = np.int32(depth * za - row_sums[i])
-                    offset = np.int32(row_bias[i])
-                    sums = panel[(i - m0) * block_columns:(i - m0 + 1) * block_columns]
-                    start, stop = np.uintp(c0), np.uintp(c1)
-                    count = stop - start
-                    base = np.int32(0)  # what the writing pass adds: the correction's row constant
-                    if simple:
-                        base = np.int32(offset + weight * column_zero[column_first])
-                    else:
-                        for j in range(count):
-                            sums[j] = np.int32(sums[j] + weight * column_zero[start + j]
-                                               - za * column_sums[start + j] + offset
-                                               + column_bias[start + j])
-                    target, scales = out[i], multiplier[i if per_row else 0]
-                    if not scaled:
-                        for j in range(count):
-                            target[start + j] = np.int32(sums[j] + base)
-                    elif per_column:
-                        for j in range(count):
-                            value = np.rint(np.float32(np.int32(sums[j] + base)) * scales[start + j]) + shift
-                            target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
-                    else:
-                        scale = scales[0]
-                        for j in range(count):
-                            value = np.rint(np.float32(np.int32(sums[j] + base)) * scale) + shift
-                            target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
+                _finish_rows(panel, block_columns, m0, min(m0 + PACKED_ROWS, r1), c0, c1, simple,
+                             row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+                             column_bias, multiplier, out_zero, low, high, scaled, out)
+
+
+#: Columns of one AMX tile of :func:`tile_sums` (its right operand's panels are this wide).
+TILE_LANES = TILE_ROWS
+#: Quads (four steps of the reduced axis) one tile of :func:`tile_sums` takes.
+TILE_QUADS = TILE_BYTES // 4
+
+
+@compiled
+def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
+              tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+              column_bias, multiplier, out_zero, low, high, scaled, out):
+    """:func:`packed_sums` on AMX tiles (:mod:`~onnx_light.kernels.tile_matrices`; only
+    where :func:`~onnx_light.kernels.tile_matrices.available`), the same arguments and
+    output, in other layouts: ``repeated`` has its rows rounded up to :data:`TILE_ROWS` and
+    its reduced axis to :data:`TILE_BYTES`, ``lanes`` (width / 16, Q, 16, 4) panels of
+    :data:`TILE_LANES` columns with Q a multiple of :data:`TILE_QUADS`; ``row_first`` and
+    ``column_first`` are multiples of 16.
+
+    Each block of 32 rows x 32 columns sums in four int32 tiles (tiles 0-3), two tiles of
+    left rows (4, 5) and two of right columns (6, 7) loaded per 64 steps of the reduced axis,
+    four tile products each (fewer at the last rows and columns); the block goes through a
+    scratch panel to the epilogue of :func:`packed_sums` a strip of 32 rows at a time."""
+    strip = 2 * TILE_ROWS
+    steps = lanes.shape[1] // TILE_QUADS
+    stride = np.uintp(repeated.shape[1])
+    step_bytes = np.uintp(TILE_QUADS * TILE_LANES * 4)
+    panel_bytes = np.uintp(steps) * step_bytes
+    source = lanes.reshape(-1)
+    shared = repeated.reshape(-1)
+    block_rows = -(-max(tile_rows, 1) // strip) * strip
+    block_columns = -(-max(tile_columns, 1) // strip) * strip
+    panel = np.empty(strip * block_columns, np.int32)
+    row_bytes = np.uintp(4 * block_columns)
+    simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
+                           column_bias)
+    # a reduced axis of one step reads only its own bytes (padded to 4), not the step's 64
+    tile_configure(tile_configuration(min(TILE_BYTES, -(-max(depth, 1) // 4) * 4)))
+    for r0 in range(row_first, row_stop, block_rows):
+        r1 = min(row_stop, r0 + block_rows)
+        for c0 in range(column_first, column_stop, block_columns):
+            c1 = min(column_stop, c0 + block_columns)
+            for m0 in range(r0, r1, strip):
+                two_rows = m0 + TILE_ROWS < r1
+                first = np.uintp(m0) * stride
+                second = first + np.uintp(TILE_ROWS) * stride
+                for j in range(c0, c1, strip):
+                    two_columns = j + TILE_LANES < c1
+                    tile_zero(0)
+                    tile_zero(1)
+                    tile_zero(2)
+                    tile_zero(3)
+                    at = np.uintp(j // TILE_LANES) * panel_bytes
+                    w0 = first
+                    w1 = second
+                    for _ in range(steps):
+                        tile_load(4, shared, w0, stride)
+                        tile_load(6, source, at, 64)
+                        tile_dot(0, 4, 6, repeated, lanes)
+                        if two_columns:
+                            tile_load(7, source, at + panel_bytes, 64)
+                            tile_dot(1, 4, 7, repeated, lanes)
+                        if two_rows:
+                            tile_load(5, shared, w1, stride)
+                            tile_dot(2, 5, 6, repeated, lanes)
+                            if two_columns:
+                                tile_dot(3, 5, 7, repeated, lanes)
+                        at += step_bytes
+                        w0 += np.uintp(TILE_BYTES)
+                        w1 += np.uintp(TILE_BYTES)
+                    o = np.uintp(j - c0)
+                    tile_store(0, panel, o, row_bytes)
+                    if two_columns:
+                        tile_store(1, panel, o + np.uintp(TILE_LANES), row_bytes)
+                    if two_rows:
+                        o += np.uintp(TILE_ROWS * block_columns)
+                        tile_store(2, panel, o, row_bytes)
+                        if two_columns:
+                            tile_store(3, panel, o + np.uintp(TILE_LANES), row_bytes)
+                _finish_rows(panel, block_columns, m0, min(m0 + strip, r1), c0, c1, simple,
+                             row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+                             column_bias, multiplier, out_zero, low, high, scaled, out)
+    tile_release()
+
+
+@compiled
+def _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero, column_bias):
+    """Whether the zero-point correction and bias of a block add a constant per row (one
+    column zero point, no column bias, no row zero point)."""
+    simple = True
+    for j in range(column_first, column_stop):
+        if column_zero[j] != column_zero[column_first] or column_bias[j] != 0:
+            simple = False
+    for i in range(row_first, row_stop):
+        if row_zero[i] != 0:
+            simple = False
+    return simple
+
+
+@compiled
+def _finish_rows(panel, block_columns, row_first, row_stop, column_first, column_stop, simple,
+                 row_zero, row_sums, column_zero, column_sums, depth, row_bias, column_bias,
+                 multiplier, out_zero, low, high, scaled, out):
+    """The epilogue of :func:`packed_sums` and :func:`tile_sums`: the raw sums of rows
+    ``row_first:row_stop`` and columns ``column_first:column_stop``, in ``panel`` (one row
+    of ``block_columns`` per row from ``row_first``, column ``column_first`` first),
+    corrected for the zero points as :func:`correct` does, plus the biases, written to
+    ``out`` requantized as :func:`requantize` does with ``scaled`` (the byte through its low
+    eight bits, the same for uint8 and int8 outputs), else as int32 sums. ``simple``: the
+    correction is a constant per row (:func:`_row_constant`)."""
+    per_row, per_column = multiplier.shape[0] > 1, multiplier.shape[1] > 1
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    for i in range(row_first, row_stop):
+        za = np.int32(row_zero[i])
+        weight = np.int32(depth * za - row_sums[i])
+        offset = np.int32(row_bias[i])
+        sums = panel[(i - row_first) * block_columns:(i - row_first + 1) * block_columns]
+        start, stop = np.uintp(column_first), np.uintp(column_stop)
+        count = stop - start
+        base = np.int32(0)  # what the writing pass adds: the correction's row constant
+        if simple:
+            base = np.int32(offset + weight * column_zero[start])
+        else:
+            for j in range(count):
+                sums[j] = np.int32(sums[j] + weight * column_zero[start + j]
+                                   - za * column_sums[start + j] + offset
+                                   + column_bias[start + j])
+        target, scales = out[i], multiplier[i if per_row else 0]
+        if not scaled:
+            for j in range(count):
+                target[start + j] = np.int32(sums[j] + base)
+        elif per_column:
+            for j in range(count):
+                value = np.rint(np.float32(np.int32(sums[j] + base)) * scales[start + j]) + shift
+                target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
+        else:
+            scale = scales[0]
+            for j in range(count):
+                value = np.rint(np.float32(np.int32(sums[j] + base)) * scale) + shift
+                target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))

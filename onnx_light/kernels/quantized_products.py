@@ -38,6 +38,7 @@ from .base import FLOAT8_TYPES, Kernel, KernelError, NodeContext, numpy_dtype
 from .conv.depthwise import plane_layout, read_only
 from .declaration import KernelDeclaration, declare
 from .integer_gemm import (
+    PACKED_ALGORITHMS,
     ByteRows,
     Epilogue,
     IntegerProductKernel,
@@ -400,11 +401,11 @@ class _ConvProduct(_IntegerProduct):
                      swapped=w.shape[0] >= SWAPPED_POSITIONS)
         if w.shape[1] == 1 and self.group == w.shape[0] > 1 and w.ndim <= 4:
             compile_depthwise(numpy_dtype(x), w.shape[-1], w[0].size, self.output_dtype(constants))
-        if self.algorithm == "packed" and w.ndim <= 4:
+        if self.algorithm in PACKED_ALGORITHMS and w.ndim <= 4:
             compile_pack_windows(numpy_dtype(x))
         elif self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
-        if self.algorithm != "packed" or w.ndim > 4:
+        if self.algorithm not in PACKED_ALGORITHMS or w.ndim > 4:
             compile_finish(self.output_dtype(constants), w[0].size)
         has_zero = self.w_inputs[1] < self.ctx.num_inputs and self.ctx.input_types[self.w_inputs[1]]
         if has_zero and w_zero is None:
@@ -467,7 +468,7 @@ class _ConvProduct(_IntegerProduct):
         channels_out = m // group
         if per_group == channels_out == 1 and group > 1 and len(window.output) <= 2:
             return self.depthwise(x, zero, w, w_zero, bias, window, requantization)
-        if (self.algorithm == "packed" and not (per_group == channels_out == 1 and group > 1)
+        if (self.algorithm in PACKED_ALGORITHMS and not (per_group == channels_out == 1 and group > 1)
                 and len(window.output) <= 2):
             return self.packed_windows(x, zero, weights, bias, window, requantization)
         if group == 1 and math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded:
@@ -592,7 +593,7 @@ class _ConvProduct(_IntegerProduct):
             kernel, strides, dilations = window.kernel, window.strides, window.dilations
         pack = pack_windows.dispatcher
         depth = per_group * math.prod(kernel)
-        lanes = PackedColumns.empty(depth, positions, x.dtype)
+        lanes = PackedColumns.empty(depth, positions, x.dtype, self.tiles)
         words = PackedColumns.words(lanes)
         for image in range(n):
             for g in range(group):
@@ -637,9 +638,9 @@ class _ConvProduct(_IntegerProduct):
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(1, -1)
                 if requantization is None:
-                    target[image, channels] = self.product(rows, weights[g].packed, group_bias).T
+                    target[image, channels] = self.product(rows, weights[g].packed(self.tiles), group_bias).T
                 else:
-                    self.product(rows, weights[g].packed, group_bias, requantization=(
+                    self.product(rows, weights[g].packed(self.tiles), group_bias, requantization=(
                         target[image, channels].T, scales[channels].reshape(1, -1), y_zero, low, high))
         return y
 
