@@ -98,7 +98,7 @@ _DEFAULTS: dict[str, Value] = {
     LARGE_TILE_CHANNELS: 64,
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
-    BLOCKED_OUTPUTS: 1 << 14,
+    BLOCKED_OUTPUTS: 3136,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
