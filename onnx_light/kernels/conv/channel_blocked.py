@@ -300,7 +300,8 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
                     for j in range(count):
                         out[out_at + r * out_plane + q0 + j] = scratch[r * 16 + j]
         if code >= 0:
-            activate_run(out, out_at, rows * out_plane, code, alpha, beta)
+            # unsigned: numba then emits no negative-index fix-up, and LLVM vectorises the run
+            activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
 
 
 def tile_geometry(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
