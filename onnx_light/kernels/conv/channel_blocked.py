@@ -19,9 +19,10 @@ The weights are arranged once per weight set as ``(C/16, K*K, 16)`` (:func:`bloc
 channels past C are zero), the bias as ``(C/16 * 16,)``. numba does not vectorise a 16-lane
 loop over arrays that may alias, so the vector code is LLVM IR written through numba's
 ``intrinsic``; it needs AVX-512 (:func:`~onnx_light.kernels.packed_gemm.available`), where
-it is not, ``depthwise`` computes these convolutions. Positions past the plane's end (the
-last 1 to 15) go through a 16 x 16 scratch block, so that no vector reads or writes outside
-the arrays.
+it is not, ``depthwise`` computes these convolutions. A plane's last 16 positions overlap
+the chunk before them (computed and written again, the same values), and a plane of fewer
+than 16 goes through a 16 x 16 scratch block, so that no vector reads or writes outside the
+arrays.
 
 Numerics: every output is ``bias``, then plus ``w[kh, kw] * x[...]`` for the taps in row-major
 order (kh, then kw), each step one fused multiply-add (one rounding), from the bias: within the
@@ -253,7 +254,7 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
     blocks = -(-channels // 16)
     taps = offsets.shape[0]
     tile = np.zeros(tile_h * tile_w * 16, np.float32)
-    scratch = np.zeros(16 * 16, np.float32)  # the last positions of a plane, padded to 16
+    scratch = np.zeros(16 * 16, np.float32)  # a plane of fewer than 16 positions, padded
     targets = np.empty(16, np.int64)
     bases = np.empty(16, np.int64)
     low32, high32 = np.float32(low), np.float32(high)
@@ -262,9 +263,11 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
         c0 = k * 16
         rows = min(16, channels - c0)
         x_at = (n * channels + c0) * plane
-        ih, iw = 0, 0
-        for p0 in range(0, plane, 16):
+        for start in range(0, plane, 16):
+            # the last 16 positions overlap the chunk before (written again, the same values)
+            p0 = max(0, min(start, plane - 16))
             count = min(16, plane - p0)
+            ih, iw = p0 // width, p0 % width
             for j in range(count):
                 targets[j] = (ih + pads[0]) * tile_w + iw + pads[1]
                 iw += 1
@@ -272,15 +275,16 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
                     ih, iw = ih + 1, 0
             if count == 16:
                 _transpose_in(x, x_at + p0, plane, rows, tile, targets, count)
-            else:
+            else:  # a plane of fewer than 16 positions
                 for r in range(rows):
                     for j in range(count):
-                        scratch[r * 16 + j] = x[x_at + r * plane + p0 + j]
+                        scratch[r * 16 + j] = x[x_at + r * plane + j]
                 _transpose_in(scratch, 0, 16, rows, tile, targets, count)
         out_at = (n * channels + c0) * out_plane
-        oh, ow = 0, 0
-        for q0 in range(0, out_plane, 16):
+        for start in range(0, out_plane, 16):
+            q0 = max(0, min(start, out_plane - 16))
             count = min(16, out_plane - q0)
+            oh, ow = q0 // out_w, q0 % out_w
             for j in range(16):
                 bases[j] = oh * strides[0] * tile_w + ow * strides[1]
                 if j < count - 1:
@@ -290,15 +294,12 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
             if count == 16:
                 _positions_out(tile, bases, offsets, weights, k * taps * 16, bias, c0, low32, high32,
                                out, out_at + q0, out_plane, rows)
-                ow += 1
-                if ow == out_w:
-                    oh, ow = oh + 1, 0
             else:
                 _positions_out(tile, bases, offsets, weights, k * taps * 16, bias, c0, low32, high32,
                                scratch, 0, 16, rows)
                 for r in range(rows):
                     for j in range(count):
-                        out[out_at + r * out_plane + q0 + j] = scratch[r * 16 + j]
+                        out[out_at + r * out_plane + j] = scratch[r * 16 + j]
         if code >= 0:
             # unsigned: numba then emits no negative-index fix-up, and LLVM vectorises the run
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
