@@ -305,10 +305,12 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
 
 
+@functools.lru_cache(maxsize=256)
 def tile_geometry(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
                   strides: tuple[int, int], pads: tuple[int, int]) -> tuple[tuple[int, int], np.ndarray]:
     """The tile (Hp, Wp) that holds the padded input and every window, and the taps' offsets
-    in it (row-major, read-only)."""
+    in it (row-major, read-only). Cached: a model has few geometries, and each run needs its
+    own."""
     tile = tuple(max(p + s, (o - 1) * t + k)
                  for s, o, k, t, p in zip(size, output, kernel, strides, pads, strict=True))
     offsets = np.array([kh * tile[1] + kw for kh in range(kernel[0]) for kw in range(kernel[1])],
