@@ -3,9 +3,12 @@ and onnxruntime at 1 and 2 threads, side by side, in one process: its depthwise 
 5x5 / 7x7 ones, EfficientNet and ConvNeXt style) and its pointwise (1x1) ones.
 
 Each model is one Conv with seeded random constant weights and a bias. onnx_light runs it
-with the portable configuration (the compiled ``depthwise`` algorithm; ``direct_1x1``, one
-BLAS product, for 1x1) and, for depthwise ones, with ``auto.depthwise=im2col_wide`` (the
-batched BLAS product, the default before the compiled kernel); the sessions of a thread
+with the portable configuration (a compiled depthwise kernel, per ``depthwise.blocked_outputs``;
+``direct_1x1``, one BLAS product, for 1x1) and, for depthwise ones, also with each compiled
+kernel everywhere (``depthwise.blocked_outputs`` 0: the per-channel ``depthwise``; out of reach:
+the channel-blocked ``depthwise_blocked``, where it applies) and with
+``auto.depthwise=im2col_wide`` (the batched BLAS product, the default before the compiled
+kernels); the sessions of a thread
 count run in the interleaved rounds of ``real_models.Rounds``, each sample a loop of runs
 lasting a few milliseconds, and the table gives the fastest and the median sample (time of
 one run) and the ratios to onnxruntime's (fastest, which the load of a shared machine
@@ -34,13 +37,15 @@ from onnx_light.kernels import conv
 from onnx_light.runtime.session import RuntimeSession
 
 # (channels, filters, size, kernel, stride, group): MobileNetV2's depthwise convolutions, each
-# shape once, 5x5 (EfficientNet-B0) and 7x7 (ConvNeXt-style) ones, then MobileNetV2's 1x1 ones.
+# shape once, 5x5 (EfficientNet-B0) and 7x7 (ConvNeXt-style) ones, more of EfficientNet-B0's
+# 5x5 ones, then MobileNetV2's 1x1 ones.
 SHAPES = [
     (32, 32, 112, 3, 1, 32), (96, 96, 112, 3, 2, 96), (144, 144, 56, 3, 1, 144),
     (144, 144, 56, 3, 2, 144), (192, 192, 28, 3, 1, 192), (192, 192, 28, 3, 2, 192),
     (384, 384, 14, 3, 1, 384), (576, 576, 14, 3, 1, 576), (576, 576, 14, 3, 2, 576),
     (960, 960, 7, 3, 1, 960), (240, 240, 28, 5, 1, 240), (672, 672, 14, 5, 2, 672),
     (384, 384, 14, 7, 1, 384), (768, 768, 7, 7, 1, 768),
+    (144, 144, 56, 5, 2, 144), (480, 480, 14, 5, 1, 480), (1152, 1152, 7, 5, 1, 1152),
     (32, 16, 112, 1, 1, 1), (16, 96, 112, 1, 1, 1), (96, 24, 56, 1, 1, 1), (24, 144, 56, 1, 1, 1),
     (144, 24, 56, 1, 1, 1), (144, 32, 28, 1, 1, 1), (32, 192, 28, 1, 1, 1), (192, 32, 28, 1, 1, 1),
     (192, 64, 14, 1, 1, 1), (64, 384, 14, 1, 1, 1), (384, 64, 14, 1, 1, 1), (384, 96, 14, 1, 1, 1),
@@ -90,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; us per run, "
           f"fastest (median); ratios of the fastest to onnxruntime's")
-    print("| C -> M x H x W, k, s, group | threads | onnx_light | im2col_wide | onnxruntime "
-          "| ours / ort | im2col_wide / ort |\n|---|---|---|---|---|---|---|")
+    print("| C -> M x H x W, k, s, group | threads | onnx_light | per channel | channel-blocked "
+          "| im2col_wide | onnxruntime | ours / ort | per channel / ort | blocked / ort "
+          "| im2col_wide / ort |\n|---|---|---|---|---|---|---|---|---|---|")
     ratios: dict[tuple[str, int], list[float]] = {}
     for channels, filters, size, kernel, stride, group in shapes:
         model = conv_model(channels, filters, size, kernel, stride, group)
@@ -100,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         for threads in args.threads:
             runs = {"ours": RuntimeSession(model, num_threads=threads).run}
             if kind == "depthwise":
-                runs["wide"] = RuntimeSession(model, num_threads=threads, registry=registry_with(
-                    {conv.AUTO_DEPTHWISE: "im2col_wide"}, threads)).run
+                for name, setting in (("rows", {conv.BLOCKED_OUTPUTS: 0}),
+                                      ("blocked", {conv.BLOCKED_OUTPUTS: conv.NEVER}),
+                                      ("wide", {conv.AUTO_DEPTHWISE: "im2col_wide"})):
+                    runs[name] = RuntimeSession(model, num_threads=threads,
+                                                registry=registry_with(setting, threads)).run
             runs["ort"] = onnxruntime_session(model, threads).run
             loops = {name: repeated(functools.partial(run, None, feeds)) for name, run in runs.items()}
             samples = Rounds(3).run([loop for loop, _ in loops.values()], args.rounds)
@@ -110,10 +119,16 @@ def main(argv: list[str] | None = None) -> int:
                       for name, s in zip(loops, samples, strict=True)}
             ratios.setdefault((kind, threads), []).append(fastest["ours"] / fastest["ort"])
             cells = {name: f"{fastest[name]:.0f} ({median[name]:.0f})" for name in fastest}
-            wide = f"{fastest['wide'] / fastest['ort']:.2f}" if "wide" in fastest else "-"
+            for name in ("rows", "blocked"):
+                if name in fastest:
+                    ratios.setdefault((f"{kind} ({name})", threads), []).append(
+                        fastest[name] / fastest["ort"])
+            versus = {name: f"{fastest[name] / fastest['ort']:.2f}" if name in fastest else "-"
+                      for name in ("rows", "blocked", "wide")}
             print(f"| {channels} -> {filters} x {size} x {size}, {kernel}, {stride}, {group} | {threads} "
-                  f"| {cells['ours']} | {cells.get('wide', '-')} | {cells['ort']} "
-                  f"| {fastest['ours'] / fastest['ort']:.2f} | {wide} |", flush=True)
+                  f"| {cells['ours']} | {cells.get('rows', '-')} | {cells.get('blocked', '-')} "
+                  f"| {cells.get('wide', '-')} | {cells['ort']} | {fastest['ours'] / fastest['ort']:.2f} "
+                  f"| {versus['rows']} | {versus['blocked']} | {versus['wide']} |", flush=True)
     for (kind, threads), values in ratios.items():
         geomean = float(np.exp(np.mean(np.log(values))))
         print(f"\n{kind}, {threads} thread(s): geometric mean ours / ort {geomean:.2f}, "

@@ -1,5 +1,8 @@
 """Whole light models under several Conv settings and onnxruntime, side by side, in one run.
 
+A model is one of the light ONNX models (with the benchmark's random weights) or of the model
+zoo (``model_zoo.py``'s cached exports, which carry seeded random weights, and its feeds).
+
 Each setting is a set of Conv (float) values published over the portable defaults for this
 machine, for example ``im2col.block_bytes=2097152`` or ``algorithm=winograd,parallel.split=blas``
 (names from ``python -m onnx_light tune-kernels --show``), and of the session options
@@ -10,7 +13,7 @@ rotating, disturbed rounds retaken), with the benchmark's random weights, and th
 the median and the fastest run of each, and their ratios to onnxruntime's.
 
 Run: ``python benchmarks/conv_settings.py --models vgg19 resnet50 --threads 2
---setting "" --setting im2col.block_bytes=2097152``.
+--setting "" --setting im2col.block_bytes=2097152`` (zoo models: ``--models mobilenet_v2``).
 """
 
 from __future__ import annotations
@@ -71,9 +74,25 @@ def registry_with(setting: dict[str, int | str], threads: int) -> KernelTuningRe
     return registry
 
 
+def load_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A light model with random weights and its input, or a zoo model and its feeds."""
+    if name in MODELS:
+        model = with_random_weights(onnx.load(model_path(name)))
+        input_name, x = model_input(model)
+        return model, {input_name: x}
+    import model_zoo  # the zoo's exports (torch only to export one not cached yet)
+
+    spec = model_zoo.MODELS[name]
+    feeds = model_zoo.model_feeds(spec)
+    path, _ = model_zoo.model_file(spec, feeds, model_zoo.default_cache_dir(),
+                                   model_zoo.package_versions(), model_zoo.torch_export)
+    return onnx.load(str(path)), feeds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50", "vgg19"])
+    parser.add_argument("--models", nargs="+", default=["resnet50", "vgg19"],
+                        help=f"light models ({', '.join(MODELS)}) or model_zoo.py's")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--setting", action="append", default=None,
@@ -84,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(ratio to onnxruntime's median / fastest)")
     print(f"{'model':<14} {'setting':<44} {'median':>16} {'fastest':>16}")
     for name in args.models:
-        model = with_random_weights(onnx.load(model_path(name)))
-        input_name, x = model_input(model)
+        model, feeds = load_model(name)
         runs = {}
         for text in settings:
             setting, options = parse_setting(text)
@@ -93,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
                                      registry=registry_with(setting, args.threads), **options)
             runs[text or "(portable)"] = functools.partial(session.run, None)
         runs["onnxruntime"] = functools.partial(onnxruntime_session(model, args.threads).run, None)
-        feeds = {input_name: x}
         samples = Rounds(MAX_RETAKES).run([functools.partial(run, feeds) for run in runs.values()],
                                           args.rounds)
         times = dict(zip(runs, samples, strict=True))

@@ -121,9 +121,9 @@ def test_matches_onnxruntime_at_mobile_shapes(pools, x_shape, kernel_size, strid
     session = ort.InferenceSession(_model(attributes, T.FLOAT, True, opset=17).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     expected = session.run(None, _feeds(x, w, b))[0]
-    # the portable configuration chooses the compiled kernel for these
+    # the portable configuration chooses a compiled kernel for these
     kernel = _kernel(attributes, pools[2], values=None)
-    assert kernel.problem(x.shape, w.shape).algorithm == "depthwise"
+    assert kernel.problem(x.shape, w.shape).algorithm in ("depthwise", "depthwise_blocked")
     got = kernel.run(x, w, b)[0]
     # onnxruntime's own rounding is in the bound as well: twice it covers both
     _assert_within(got, expected, 2 * _bound(x, w, b, attributes))
@@ -204,22 +204,24 @@ def test_constant_weights_compile_at_construction(pools):
 def test_calibration_turns_the_compiled_kernel_off_where_it_is_slower(monkeypatch):
     """With a clock on which the compiled kernel is slow, the calibration validates the
     candidates and keeps one that computes the depthwise case without it."""
-    from onnx_light.kernels.conv import depthwise
+    from onnx_light.kernels.conv import channel_blocked, depthwise
     from onnx_light.tuning.calibration import Budget
     from onnx_light.tuning.processor import execution_descriptor
 
     clock = [0.0]
-    block = depthwise._CompiledDepthwise.block
 
-    def slow_block(self, *arguments):
-        clock[0] += 1.0
-        block(self, *arguments)
+    def slowed(block):
+        def slow_block(self, *arguments):
+            clock[0] += 1.0
+            block(self, *arguments)
+        return slow_block
 
     def timer():
         clock[0] += 1e-3
         return clock[0]
 
-    monkeypatch.setattr(depthwise._CompiledDepthwise, "block", slow_block)
+    for algorithm in (depthwise._CompiledDepthwise, channel_blocked._BlockedDepthwise):
+        monkeypatch.setattr(algorithm, "block", slowed(algorithm.block))
     corpus = (conv.CorpusCase("tiny_depthwise", "test", 6, (9, 9), 6, (3, 3), pads=(1, 1, 1, 1),
                               group=6),)
     result = conv.calibrate_conv(conv.DECLARATIONS[0], conv.conv_schema(T.FLOAT).key,

@@ -4,7 +4,8 @@ The package's modules, one job each: :mod:`~onnx_light.kernels.conv.config` (par
 schema, typed configuration), :mod:`~onnx_light.kernels.conv.problem` (one call's shapes and
 parallel plan), :mod:`~onnx_light.kernels.conv.blocks` (what the algorithms share, how a plan
 runs them), :mod:`~onnx_light.kernels.conv.algorithms` (one class per algorithm),
-:mod:`~onnx_light.kernels.conv.depthwise` (the compiled depthwise convolution),
+:mod:`~onnx_light.kernels.conv.depthwise` (the compiled depthwise convolution, one channel at
+a time), :mod:`~onnx_light.kernels.conv.channel_blocked` (the same, 16 channels at a time),
 :mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) and F(4x4, 3x3)
 arithmetic),
 :mod:`~onnx_light.kernels.conv.kernel` (:class:`ConvKernel`),
@@ -33,6 +34,7 @@ from .config import (
     ALGORITHMS,
     AUTO_DEPTHWISE,
     BLOCK_BYTES,
+    BLOCKED_OUTPUTS,
     CONV_TYPES,
     LARGE_TILE_CHANNELS,
     LARGE_TILE_OUTPUTS,
@@ -55,6 +57,7 @@ __all__ = [
     "ALGORITHM",
     "ALGORITHMS",
     "AUTO_DEPTHWISE",
+    "BLOCKED_OUTPUTS",
     "BLOCK_BYTES",
     "CONV_TYPES",
     "CORPUS",

@@ -13,12 +13,12 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...parallel import ThreadPool
-from ..compiled_activations import InPlace
 from ..window import pad_spatial
 from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block, split
+from .channel_blocked import _BlockedDepthwise
 from .depthwise import _CompiledDepthwise, read_only
-from .finish import Finish
+from .finish import fused_parts
 from .pointwise import pointwise_gemm, pointwise_tiles, tile_columns
 from .problem import _Problem
 
@@ -227,17 +227,8 @@ class _Pointwise(_Algorithm):
         self.flat_x, self.flat_out = read_only(x.reshape(-1)), out.reshape(-1)
         self.tile_weights = read_only(self.weights)
         self.tile_bias = empty if b is None else read_only(b.reshape(-1))
-        self.residual, self.clamp, self.after = empty, (-np.inf, np.inf), epilogue
-        if isinstance(epilogue, Finish):
-            if epilogue.residual is not None:
-                self.residual = read_only(epilogue.residual)
-            if epilogue.clamp is not None:
-                self.clamp, self.after = epilogue.clamp, None
-            else:
-                self.after = epilogue.epilogue
-        self.activation = (-1, 1.0, 0.0)  # none: the compiled call applies only the clamp
-        if isinstance(self.after, InPlace) and x.dtype == np.float32:
-            self.activation, self.after = (self.after.code, self.after.alpha, self.after.beta), None
+        residual, self.clamp, self.activation, self.after = fused_parts(epilogue, x.dtype)
+        self.residual = empty if residual is None else read_only(residual)
         self.plane = self.window.output[0] * self.row_size
         self.tile = tile_columns(self.mg, self.cg, self.plane, x.itemsize) or self.plane
 
@@ -419,6 +410,7 @@ _ALGORITHMS: dict[str, type[_Algorithm]] = {
     "direct_1x1": _Pointwise,
     "per_filter": _PerFilter,
     "depthwise": _CompiledDepthwise,
+    "depthwise_blocked": _BlockedDepthwise,
     "winograd": _Winograd,
     "shifted": _Shifted,
 }

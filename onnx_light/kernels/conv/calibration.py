@@ -25,6 +25,7 @@ from .config import (
     ALGORITHM,
     AUTO_DEPTHWISE,
     BLOCK_BYTES,
+    BLOCKED_OUTPUTS,
     LARGE_TILE_CHANNELS,
     LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
@@ -66,7 +67,7 @@ class CorpusCase:
         return WindowAttributes.read(ctx).window(ctx, self.size, self.kernel)
 
 
-# Shapes from the nine ONNX real models (light_*.onnx) and MobileNetV2, batch 1.
+# Shapes from the nine ONNX real models (light_*.onnx), MobileNetV2 and EfficientNet-B0, batch 1.
 CORPUS: tuple[CorpusCase, ...] = (
     CorpusCase("resnet50_stem_7x7s2", "ResNet-50 conv1", 3, (224, 224), 64, (7, 7), (2, 2),
                (3, 3, 3, 3)),
@@ -82,6 +83,10 @@ CORPUS: tuple[CorpusCase, ...] = (
                (3, 3), pads=(1, 1, 1, 1), group=144),
     CorpusCase("mobilenetv2_depthwise_s2", "MobileNetV2 (torchvision) block 4", 144, (56, 56), 144,
                (3, 3), (2, 2), (1, 1, 1, 1), group=144),
+    CorpusCase("mobilenetv2_depthwise_14_s2", "MobileNetV2 (torchvision) block 14", 576, (14, 14),
+               576, (3, 3), (2, 2), (1, 1, 1, 1), group=576),
+    CorpusCase("efficientnet_depthwise_5x5_14", "EfficientNet-B0 block 5", 672, (14, 14), 672,
+               (5, 5), pads=(2, 2, 2, 2), group=672),
     CorpusCase("shufflenet_group4_1x1", "ShuffleNet stage 3", 272, (14, 14), 272, (1, 1), group=4),
     CorpusCase("alexnet_11x11s4", "AlexNet conv1", 3, (224, 224), 96, (11, 11), (4, 4)),
     CorpusCase("alexnet_5x5_group2", "AlexNet conv2", 96, (26, 26), 256, (5, 5), pads=(2, 2, 2, 2),
@@ -94,7 +99,7 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (14 candidates). Never the ``blas`` split: it
+    varied alone around the portable values (16 candidates). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
     :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
@@ -106,6 +111,8 @@ def candidate_grid() -> list[dict[str, Value]]:
         grid.append({**base, BLOCK_BYTES: block_bytes})
     grid.append({**base, ALGORITHM: "im2col"})
     grid.append({**base, AUTO_DEPTHWISE: "im2col_wide"})
+    for outputs in (0, NEVER):  # the per-channel depthwise kernel everywhere, the blocked one
+        grid.append({**base, BLOCKED_OUTPUTS: outputs})
     for minimum in (1 << 20, 1 << 24):
         grid.append({**base, MINIMUM_FLOPS: minimum})
     for channels in (64, NEVER):

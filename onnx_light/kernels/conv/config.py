@@ -4,9 +4,10 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 
 ``algorithm``
     How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
-    ``per_filter``, ``depthwise``, ``winograd``, ``shifted`` (each described where it is
-    implemented, :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
-    :mod:`onnx_light.kernels.conv.depthwise`) or ``auto``, whose rule is
+    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``winograd``, ``shifted`` (each
+    described where it is implemented, :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
+    :mod:`onnx_light.kernels.conv.depthwise` and :mod:`onnx_light.kernels.conv.channel_blocked`)
+    or ``auto``, whose rule is
     ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
     where it does not apply falls back to ``im2col``, which applies to every convolution.
 ``im2col.block_bytes``
@@ -17,6 +18,11 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     What ``auto`` computes a depthwise convolution (1-D or 2-D, one input channel per group)
     with: ``depthwise`` (compiled) or ``im2col_wide`` (one batched BLAS product over the
     groups).
+``depthwise.blocked_outputs``
+    Where ``auto`` computes a depthwise convolution with the compiled kernels, it uses the
+    channel-blocked one (``depthwise_blocked``, :mod:`onnx_light.kernels.conv.channel_blocked`:
+    float32, 2-D, one filter per channel, dilation 1, AVX-512) where the output plane has at
+    most this many positions, the per-channel one (``depthwise``) elsewhere; 0: never.
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -70,12 +76,13 @@ WINOGRAD_OUTPUTS = "winograd.minimum_outputs"
 LARGE_TILE_CHANNELS = "winograd.large_tile_channels"
 LARGE_TILE_OUTPUTS = "winograd.large_tile_outputs"
 AUTO_DEPTHWISE = "auto.depthwise"
+BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 4
+TUNING_ABI = 5
 
-ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise", "winograd",
-              "shifted")
+ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
+              "depthwise_blocked", "winograd", "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
 
@@ -91,6 +98,7 @@ _DEFAULTS: dict[str, Value] = {
     LARGE_TILE_CHANNELS: 64,
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
+    BLOCKED_OUTPUTS: 3136,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -103,6 +111,7 @@ REFERENCE: dict[str, Value] = {
     LARGE_TILE_CHANNELS: 64,
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "im2col_wide",
+    BLOCKED_OUTPUTS: 0,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -132,7 +141,9 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
                               "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' "
-                              "(compiled, 1-D or 2-D, one input channel per group), 'winograd' "
+                              "(compiled, 1-D or 2-D, one input channel per group), "
+                              "'depthwise_blocked' (compiled, 16 channels at once: float32, 2-D, "
+                              "one filter per channel, dilation 1, AVX-512), 'winograd' "
                               "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
                               "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
@@ -158,6 +169,11 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
         Parameter(AUTO_DEPTHWISE, "str", _DEFAULTS[AUTO_DEPTHWISE], choices=DEPTHWISE_ALGORITHMS,
                   description="what auto computes a 1-D or 2-D depthwise convolution with: "
                               "'depthwise' (compiled) or 'im2col_wide' (one batched product)"),
+        Parameter(BLOCKED_OUTPUTS, "int", _DEFAULTS[BLOCKED_OUTPUTS], minimum=0,
+                  description="auto's compiled depthwise convolutions are channel-blocked "
+                              "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512) where the "
+                              "output plane has at most this many positions, per channel "
+                              "('depthwise') elsewhere; 0: never"),
     )
 
 
@@ -174,6 +190,7 @@ class ConvConfig:
     large_tile_channels: int = int(_DEFAULTS[LARGE_TILE_CHANNELS])
     large_tile_outputs: int = int(_DEFAULTS[LARGE_TILE_OUTPUTS])
     auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
+    blocked_outputs: int = int(_DEFAULTS[BLOCKED_OUTPUTS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -182,5 +199,6 @@ class ConvConfig:
         return cls(str(values[ALGORITHM]), int(values[BLOCK_BYTES]), str(values[SPLIT]),
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
                    int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
-                   int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]))
+                   int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
+                   int(values[BLOCKED_OUTPUTS]))
 

@@ -18,9 +18,10 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..compiled import compiled
-from ..compiled_activations import flat_rows
+from ..compiled_activations import InPlace, flat_rows
 
-__all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows", "finish_run"]
+__all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows", "finish_run",
+           "fused_parts"]
 
 #: The output types the compiled pass takes.
 FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -229,3 +230,23 @@ class Finish:
                    out=block)
         if self.epilogue is not None:
             self.epilogue(block)
+
+
+def fused_parts(epilogue: Callable[[np.ndarray], None] | None, dtype: np.dtype
+                ) -> tuple[np.ndarray | None, tuple[float, float], tuple[int, float, float],
+                           Callable[[np.ndarray], None] | None]:
+    """What a compiled kernel that finishes its own output takes of a fused ``epilogue``:
+    the residual (a :class:`Finish`'s, or None), the clamp bounds (``(-inf, inf)`` for none),
+    the compiled activation as ``(code, alpha, beta)`` (code -1 for none; float32 only) and
+    what is left to run after it on each finished block (or None)."""
+    residual, clamp, after = None, (-math.inf, math.inf), epilogue
+    if isinstance(epilogue, Finish):
+        residual = epilogue.residual
+        if epilogue.clamp is not None:
+            clamp, after = epilogue.clamp, None
+        else:
+            after = epilogue.epilogue
+    activation = (-1, 1.0, 0.0)
+    if isinstance(after, InPlace) and np.dtype(dtype) == np.float32:
+        activation, after = (after.code, after.alpha, after.beta), None
+    return residual, clamp, activation, after

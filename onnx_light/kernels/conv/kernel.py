@@ -45,6 +45,7 @@ from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
 from .blocks import Prologue, _execute
+from .channel_blocked import blocked_applies, blocked_weights, compile_blocked
 from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
@@ -97,6 +98,16 @@ class _WinogradFilters:
 
 
 @dataclass(frozen=True)
+class _BlockedWeights:
+    """Constant depthwise weights and their arrangement for ``depthwise_blocked``
+    (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`), made once by
+    :meth:`ConvKernel.specialize`."""
+
+    weights: np.ndarray
+    arranged: np.ndarray
+
+
+@dataclass(frozen=True)
 class _Settled:
     """What :meth:`ConvKernel.settle` decided for the shapes the session inferred."""
 
@@ -123,6 +134,7 @@ class ConvKernel(Kernel):
             raise ctx.error(f"group must be positive, got {self.group}")
         self._distinct: _DistinctFilters | None = None  # set by specialize
         self._winograd: _WinogradFilters | None = None  # set by specialize
+        self._blocked: _BlockedWeights | None = None  # set by specialize
         self.prologue: Prologue | None = None  # set by the runtime's fusion
         self.residual = False  # set by the runtime's fusion: a fourth input to add
         # set by the runtime's fusion: a fifth input, one factor per image and input channel
@@ -156,7 +168,22 @@ class ConvKernel(Kernel):
             compile_pointwise(compute_dtype(w.dtype))
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
-        return self._with_distinct_filters(w) or self._with_winograd_filters(w)
+        return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
+                or self._with_blocked_weights(w))
+
+    def _with_blocked_weights(self, w: np.ndarray) -> ConvKernel | None:
+        """The kernel with the weights arranged for ``depthwise_blocked`` when its runs may
+        use it (compiled now)."""
+        algorithm = self.config.algorithm
+        attributes = self.attributes
+        if not (self._compiles_depthwise(w) or algorithm == "depthwise_blocked"):
+            return None
+        if not (blocked_applies(w.dtype, w.ndim - 2, w.shape[1], self.group, w.shape[0],
+                                tuple(attributes.dilations or (1,)))
+                and (algorithm == "depthwise_blocked" or self.config.blocked_outputs > 0)):
+            return None
+        compile_blocked()
+        return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
 
     def _compiles_depthwise(self, w: np.ndarray) -> bool:
         """Whether runs with these (constant) weights use the compiled ``depthwise``."""
@@ -271,7 +298,7 @@ class ConvKernel(Kernel):
         config = self.config
         threads = self.num_threads
         flops = batch * filters * math.prod(window.output) * group_channels * math.prod(window.kernel)
-        if algorithm == "depthwise":
+        if algorithm in ("depthwise", "depthwise_blocked"):
             flops *= DEPTHWISE_COST
         tile = 0
         if algorithm == "winograd":
@@ -290,6 +317,9 @@ class ConvKernel(Kernel):
                      and not window.padded)
         depthwise = group_channels == 1 and groups > 1
         compiled_depthwise = depthwise_applies(len(window.input), group_channels, groups)
+        dtype = self.ctx.input_dtype(0)
+        blocked = dtype is not None and blocked_applies(dtype, len(window.input), group_channels,
+                                                        groups, channels_out, window.dilations)
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
         tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
@@ -297,6 +327,8 @@ class ConvKernel(Kernel):
             if pointwise:
                 return "direct_1x1"
             if compiled_depthwise and self.config.auto_depthwise == "depthwise":
+                if blocked and math.prod(window.output) <= self.config.blocked_outputs:
+                    return "depthwise_blocked"
                 return "depthwise"
             outputs = math.prod(window.output)
             if tiled and transformed and (
@@ -318,7 +350,8 @@ class ConvKernel(Kernel):
             return "im2col"
         unit_strides = len(window.input) >= 2 and all(s == 1 for s in window.strides)
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
-                   "per_filter": pointwise, "depthwise": compiled_depthwise, "winograd": tiled,
+                   "per_filter": pointwise, "depthwise": compiled_depthwise,
+                   "depthwise_blocked": blocked, "winograd": tiled,
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 
@@ -383,6 +416,11 @@ class ConvKernel(Kernel):
                 options["filters"] = self._winograd.filters(tiling)
         if prologue is not None:  # direct_1x1 or per_filter
             options["prologue"] = prologue
+        if problem.algorithm == "depthwise_blocked":
+            if xc.dtype != np.float32:  # a node typed otherwise at construction
+                problem = dataclasses.replace(problem, algorithm="depthwise")
+            elif self._blocked is not None and w is self._blocked.weights:
+                options["arranged"] = self._blocked.arranged
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)

@@ -50,7 +50,8 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
     if split == "blas":
         return "blas"
     items = problem.batch * problem.groups
-    if problem.algorithm == "depthwise":
+    depthwise = problem.algorithm in ("depthwise", "depthwise_blocked")
+    if depthwise:
         split = "batch_and_groups"  # whole channels: a depthwise filter is one channel
     if split == "auto":
         many_filters = problem.group_filters > math.prod(problem.window.output)
@@ -63,9 +64,9 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
             split = "filters"
         else:
             split = "output_rows"
-    rows = problem.window.output[0] if problem.algorithm != "depthwise" else 0
+    rows = problem.window.output[0] if not depthwise else 0
     sizes = {"batch_and_groups": items, "output_rows": rows,
-             "filters": problem.filters if problem.algorithm != "depthwise" else 0}
+             "filters": problem.filters if not depthwise else 0}
     order = {"batch_and_groups": ("batch_and_groups", "output_rows", "filters"),
              "output_rows": ("output_rows", "filters", "batch_and_groups"),
              "filters": ("filters", "output_rows", "batch_and_groups")}[split]
