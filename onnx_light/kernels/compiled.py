@@ -26,8 +26,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHE_ENV", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
-           "compile_totals", "compiled", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds"]
+__all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
+           "compile_totals", "compiled", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds",
+           "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -202,6 +203,38 @@ class CompiledIntrinsic:
 
     def __repr__(self) -> str:
         return f"<compiled intrinsic {self.name}>"
+
+
+#: The LLVM function attribute :func:`wide_vectors` sets: LLVM's x86 back end otherwise keeps
+#: vectorized loops to 256-bit vectors on processors with AVX-512 (Ice Lake's tuning), half
+#: the lanes onnxruntime's float32 kernels use; on processors without 512-bit vectors it
+#: changes nothing (docs/elementwise.md measures it).
+WIDE_VECTORS = '"prefer-vector-width"="512"'
+
+
+@functools.cache
+def _build_wide_vectors(numba: ModuleType) -> Any:
+    """The intrinsic marking the calling kernel's LLVM function with :data:`WIDE_VECTORS`."""
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def wide_vectors(typingctx: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            # llvmlite's attribute set accepts only LLVM's keyword attributes: a string
+            # attribute goes into the underlying set, which llvmlite prints as it is.
+            set.add(builder.function.attributes, WIDE_VECTORS)
+            return context.get_dummy_value()
+        return types.none(), codegen
+
+    return wide_vectors
+
+
+#: Called first in a compiled kernel, lets LLVM vectorize its loops with 512-bit vectors
+#: where the processor has them (the values are those of narrower vectors: each lane computes
+#: the same operations; only a reduction that a kernel lets LLVM reassociate adds in another
+#: order).
+wide_vectors = CompiledIntrinsic(_build_wide_vectors, "wide_vectors")
 
 
 def prange(*arguments: int) -> range:

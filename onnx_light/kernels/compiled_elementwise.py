@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compiled import compiled, load_numba, prange
+from .compiled import compiled, load_numba, prange, wide_vectors
 from .float32_math import gelu32, gelu_tanh32
 
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "broadcast",
@@ -151,7 +151,9 @@ def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out:
     """out[r] = GELU(x[r] + bias) (or GELU(x[r])), the erf form or the ``tanh`` form, for the
     rows of the 2-D float32 ``x`` and ``out``, ``bias`` one row: one loop in float32
     (:mod:`.float32_math`, within 2 ulp of the result plus 1 ulp of the argument of the
-    interpreter's float64 values; the sum rounded to float32)."""
+    interpreter's float64 values; the sum rounded to float32), 512-bit vectors where the
+    processor has them."""
+    wide_vectors()
     length = x.shape[1]
     for r in range(x.shape[0]):
         row, target = x[r], out[r]
@@ -193,7 +195,9 @@ def gelu_channel_rows(x: np.ndarray, scale: np.ndarray, shift: np.ndarray, out: 
     """out[r] = GELU(x[r] * scale[r % C] + shift[r % C]) (erf form) for the rows of the 2-D
     float32 ``x`` and ``out``, ``scale`` and ``shift`` C float32 values (a per-channel affine
     over planes): the affine in float32 as the Mul and Add nodes round it, then GELU in
-    float32 (:mod:`.float32_math`: within 2 ulp of the result plus 1 ulp of the argument)."""
+    float32 (:mod:`.float32_math`: within 2 ulp of the result plus 1 ulp of the argument),
+    512-bit vectors where the processor has them."""
+    wide_vectors()
     channels = scale.shape[0]
     for r in range(x.shape[0]):
         row, target = x[r], out[r]

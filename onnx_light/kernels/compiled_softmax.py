@@ -1,14 +1,20 @@
 """Compiled softmax over the last axis of float32 rows, with an optional scale and additive mask.
 
 :func:`softmax_rows` computes, for each row ``x`` of a (rows, length) float32 array,
-``softmax(scale * x + mask_row)`` along the row: the scaled and masked row, its maximum, the
-exponentials of the shifted row (:func:`exp_shifted`, a vectorized polynomial exp accurate to
-float32, not float64: relative error under 2e-9), their sum (vectorized, reassociated: one
-order for every row) and the quotients, in float64 and rounded once into the float32 output: within one
-float32 unit in the last place of the float64 softmax rounded to float32. ``mask`` holds the
-distinct mask rows and ``mask_rows`` the mask row of each row (a broadcast mask, (batch, 1, q,
-k) against (batch, heads, q, k) scores, is not copied per head); an empty ``mask_rows`` means
-no mask.
+``softmax(y)`` with ``y = scale * x + mask_row`` rounded once to float32 (a fused
+multiply-add: the graph's Mul and Add round twice): the row's maximum, the exponentials of
+the exact differences from it (:func:`exp_difference`, float32 arithmetic, within 1.4 float32
+units of the exact value), their sum in float64 (vectorized, reassociated: one order for every
+row) and the quotients in float64, each rounded once into the float32 output: **within 2
+float32 units in the last place of the float64 softmax of y** (tests/test_compiled_softmax.py),
+denormal outputs included. With no mask and a scale of 1 (the Softmax node), or a power of
+two, y is x's row exactly. ``mask`` holds the distinct mask rows and ``mask_rows`` the mask
+row of each row (a broadcast mask, (batch, 1, q, k) against (batch, heads, q, k) scores, is
+not copied per head); an empty ``mask_rows`` means no mask.
+
+The loops compute in float32 lanes, 512-bit vectors where the processor has them
+(:func:`.compiled.wide_vectors`): 16 lanes where a float64 computation has 4 in LLVM's
+default 256-bit vectors.
 
 NaN and infinities propagate as numpy's softmax has them: a row holding NaN or +inf is all
 NaN, and a row of -inf only (every key masked with -inf) is all NaN too, since its maximum
@@ -26,108 +32,102 @@ import math
 
 import numpy as np
 
-from .compiled import compiled, prange
+from .compiled import compiled, prange, wide_vectors
 from .compiled_elementwise import numba_threads
+from .float32_math import LN2_HI32, LN2_LO32, LOG2E32, exp32_reduced, float_bits
 
-__all__ = ["EXP_POLYNOMIAL", "MASK_NONE", "SoftmaxRows", "exp_shifted", "mask_layout", "softmax_rows",
+__all__ = ["MASK_NONE", "SoftmaxRows", "exp_difference", "mask_layout", "softmax_rows",
            "softmax_rows_parallel"]
 
 _NO_MASK = np.zeros((1, 1), np.float32)
 MASK_NONE = np.zeros(0, np.int64)
 
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
-_ROUND = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
-# Differences are clamped here: e^-104 is below half of float32's smallest denormal, so it and
-# its quotient by the row's sum (at least 1) round to 0, as e^d does below it; a lower clamp let
-# masked entries (e^-708) make float64 denormal quotients, 20-100 times slower to compute.
-_FLOOR = -104.0
-# e^r on |r| <= ln 2 / 2: the polynomial of degree 6 fitted by least squares in relative terms
-# at 400 Chebyshev nodes (numpy's polyfit weighted by e^-r); relative error 1.9e-9, 0.016 of a
-# float32 unit in the last place (tests recompute it).
-EXP_POLYNOMIAL = (1.000000000592492, 1.0000000361472858, 0.49999991487949647, 0.1666642073469246,
-                  0.04166835870788223, 0.008374779754900911, 0.0013829408729353712)
+_ZERO = np.float32(0.0)
+_ROUND = np.float32(12582912.0)  # 1.5 * 2^23: adding and subtracting it rounds to an integer
+# Differences below this give 0: e^-104 is below half of float32's smallest denormal, and so
+# is its quotient by the row's sum (at least 1).
+_FLOOR = np.float32(-104.0)
+# Exponentials are computed times 2^64 (and so is their sum): e^d 2^64 stays a normal float32
+# down to d = -104, so no denormal is ever an operand (this processor computes those 20-100
+# times slower); only outputs that are themselves denormal are rounded into that range.
+_BIAS = 127 + 64
 
 
 @compiled(fastmath={"contract"})
-def exp_shifted(y: np.ndarray, top: float, out: np.ndarray, m: int, bits: np.ndarray) -> None:
-    """out[:m] = exp(y[:m] - top) to float32's accuracy, for differences <= 0 or NaN (``top``
-    is the row's maximum): 2^n e^r with |r| <= ln 2 / 2, e^r by :data:`EXP_POLYNOMIAL`, 2^n
-    built in the exponent bits (``bits``, an int64 scratch row). Differences below
-    :data:`_FLOOR` (-inf included) give e^-104, 0 once rounded to float32; NaN gives NaN."""
-    c = EXP_POLYNOMIAL
-    scale = bits.view(np.float64)
-    for i in range(m):
-        d = y[i] - top
-        u = d if d > _FLOOR else _FLOOR  # NaN -> _FLOOR: n stays an integer in range
-        v = _FLOOR if d < _FLOOR else d  # NaN stays NaN and reaches the output through r
-        n = (u * _LOG2E + _ROUND) - _ROUND
-        bits[i] = (np.int64(n) + 1023) << 52
-        r = v - n * _LN2  # |n| <= 1022: the rounding of ln 2 moves r by under 3e-14
-        p = c[6]
-        p = p * r + c[5]
-        p = p * r + c[4]
-        p = p * r + c[3]
-        p = p * r + c[2]
-        p = p * r + c[1]
-        p = p * r + c[0]
-        out[i] = p * scale[i]
+def exp_difference(a: np.float32, b: np.float32) -> np.float32:
+    """2^64 exp(a - b) for float32 ``a`` and ``b``, a - b <= 0 or NaN: the difference split
+    exactly into its float32 rounding and that rounding's error (TwoSum: no error of the
+    rounded difference, which grows with it, reaches the exponential), ``2^n e^r`` with ``r``
+    reduced to |r| <= ln 2 / 2 (Cody and Waite's two-part ln 2: the product with the high
+    part is exact and so is its subtraction, by Sterbenz's lemma; the low part's and the
+    error's additions round once each, 2^-26 relative of e^r at most), ``e^r`` by
+    :func:`.float32_math.exp32_reduced` (0.9 units), ``2^(n + 64)`` built in the exponent
+    bits. Within 1.4 float32 units in the last place (2^-24 relative) of the exact value; 0
+    for differences below -104 (-inf too), NaN for NaN."""
+    d = a - b
+    ap = d + b
+    bp = d - ap
+    err = (a - ap) - (b + bp)
+    u = d if d > _FLOOR else _FLOOR  # NaN -> _FLOOR: n stays an integer in range
+    n = (u * LOG2E32 + _ROUND) - _ROUND
+    r = ((d - n * LN2_HI32) - n * LN2_LO32) + err
+    e = exp32_reduced(r) * float_bits((np.int32(n) + _BIAS) << 23)
+    return _ZERO if d < _FLOOR else e  # NaN stays NaN
 
 
 @compiled(fastmath={"contract"})
 def softmax_rows(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray,
                  mask_rows: np.ndarray, start: int, stop: int) -> None:
     """out[r] = softmax(scale * x[r] + mask[mask_rows[r]]) for rows start..stop of the 2-D
-    float32 arrays ``x`` and ``out`` (no mask when ``mask_rows`` is empty)."""
+    float32 arrays ``x`` and ``out`` (no mask when ``mask_rows`` is empty; ``x`` may be
+    ``out``)."""
+    wide_vectors()
     length = x.shape[1]
     masked = mask_rows.shape[0] > 0
-    y = np.empty(length)
-    e = np.empty(length)
-    bits = np.empty(length, np.int64)
+    s = np.float32(scale)
+    y = np.empty(length, np.float32)
+    keys = y.view(np.int32)
     for r in range(start, stop):
         row = x[r]
         if masked:
             mask_row = mask[mask_rows[r]]
             for i in range(length):
-                y[i] = scale * np.float64(row[i]) + np.float64(mask_row[i])
+                y[i] = s * row[i] + mask_row[i]  # one rounding (a fused multiply-add)
         else:
             for i in range(length):
-                y[i] = scale * np.float64(row[i])
-        top = _row_maximum(y, length)
-        exp_shifted(y, top, e, length, bits)  # -inf - -inf and inf - inf are NaN, as in numpy
-        inverse = 1.0 / _row_total(e, length)
+                y[i] = s * row[i]
+        top = _row_maximum(keys, length)
         target = out[r]
         for i in range(length):
-            target[i] = e[i] * inverse
+            target[i] = exp_difference(y[i], top)  # -inf - -inf, inf - inf: NaN, as in numpy
+        inverse = 1.0 / _row_total(target, length)
+        for i in range(length):
+            target[i] = np.float64(target[i]) * inverse  # rounded once
 
 
-@compiled(fastmath={"contract"})
-def _row_maximum(y: np.ndarray, length: int) -> float:
-    """The largest of y[:length], NaN skipped: eight running maxima (independent chains that
-    LLVM can put in vector lanes without reassociating anything)."""
-    octets = length // 8 * 8
-    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = -math.inf
-    for i in range(0, octets, 8):
-        t0 = y[i] if y[i] > t0 else t0
-        t1 = y[i + 1] if y[i + 1] > t1 else t1
-        t2 = y[i + 2] if y[i + 2] > t2 else t2
-        t3 = y[i + 3] if y[i + 3] > t3 else t3
-        t4 = y[i + 4] if y[i + 4] > t4 else t4
-        t5 = y[i + 5] if y[i + 5] > t5 else t5
-        t6 = y[i + 6] if y[i + 6] > t6 else t6
-        t7 = y[i + 7] if y[i + 7] > t7 else t7
-    for i in range(octets, length):
-        t0 = y[i] if y[i] > t0 else t0
-    return max(max(max(t0, t1), max(t2, t3)), max(max(t4, t5), max(t6, t7)))
+@compiled
+def _row_maximum(keys: np.ndarray, length: int) -> np.float32:
+    """The largest of the float32 values whose bits are keys[:length] (int32): each key's
+    magnitude bits flipped when negative orders the keys as the floats, so that the maximum
+    is an integer one, which LLVM vectorizes without reassociating floats. A NaN is either
+    the maximum or skipped: both give a NaN row in :func:`softmax_rows`."""
+    wide_vectors()
+    top = np.int32(-2147483648)
+    for i in range(length):
+        k = keys[i]
+        k ^= (k >> np.int32(31)) & np.int32(0x7FFFFFFF)
+        top = k if k > top else top
+    return float_bits(top ^ ((top >> np.int32(31)) & np.int32(0x7FFFFFFF)))
 
 
 @compiled(fastmath={"contract", "reassoc"})
 def _row_total(e: np.ndarray, length: int) -> float:
-    """The sum of e[:length] in the order LLVM's vectorized loop adds it (reassociation only:
-    the same order for every row; NaN and infinities propagate)."""
+    """The sum of the float32 e[:length] in float64, in the order LLVM's vectorized loop adds
+    it (reassociation only: the same order for every row; NaN and infinities propagate)."""
+    wide_vectors()
     total = 0.0
     for i in range(length):
-        total += e[i]
+        total += np.float64(e[i])
     return total
 
 

@@ -28,7 +28,7 @@ from .base import (
     normalize_axis,
     numpy_dtype,
 )
-from .compiled import compiled
+from .compiled import compiled, wide_vectors
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
@@ -96,6 +96,7 @@ class GroupNormalization(Kernel):
 def _square_sum(row: np.ndarray) -> float:
     """The float64 sum of the squares of ``row``, in the order LLVM's vectorized loop adds them
     (reassociation only: the same order for every row)."""
+    wide_vectors()
     total = 0.0
     for i in range(row.shape[0]):
         v = np.float64(row[i])
@@ -108,6 +109,7 @@ def rms_norm_rows(x: np.ndarray, scale: np.ndarray, epsilon: float, out: np.ndar
     """out[r] = x[r] / sqrt(mean(x[r]^2) + epsilon) * scale for each row of the float32
     matrix ``x``: the mean of squares in float64 (vectorized, :func:`_square_sum`), the output
     rounded once."""
+    wide_vectors()
     length = x.shape[1]
     for r in range(x.shape[0]):
         row = x[r]

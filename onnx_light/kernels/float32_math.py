@@ -28,8 +28,8 @@ import numpy as np
 
 from .compiled import CompiledIntrinsic, compiled
 
-__all__ = ["ERF_LARGE", "ERF_LIMIT", "ERF_SMALL", "ERF_SPLIT", "EXP_POLYNOMIAL", "erf32", "exp32", "gelu32",
-           "gelu_tanh32"]
+__all__ = ["ERF_LARGE", "ERF_LIMIT", "ERF_SMALL", "ERF_SPLIT", "EXP_POLYNOMIAL", "LN2_HI32", "LN2_LO32",
+           "LOG2E32", "erf32", "exp32", "exp32_reduced", "float_bits", "gelu32", "gelu_tanh32"]
 
 _f = np.float32
 ERF_SPLIT = 1.25
@@ -56,9 +56,9 @@ _SPLIT32, _LIMIT32 = _f(ERF_SPLIT), _f(ERF_LIMIT)
 _MID32, _INV_HALF32 = _f(_MID), _f(1.0 / _HALF)
 _ONE, _HALF32, _ZERO = _f(1.0), _f(0.5), _f(0.0)
 _SQRT_HALF32 = _f(0.7071067811865476)
-_LOG2E32 = _f(1.4426950408889634)
-_LN2_HI32 = _f(0.693145751953125)  # 16 significant bits: n * _LN2_HI32 is exact for |n| <= 128
-_LN2_LO32 = _f(0.6931471805599453 - 0.693145751953125)
+LOG2E32 = _f(1.4426950408889634)
+LN2_HI32 = _f(0.693145751953125)  # 16 significant bits: n * LN2_HI32 is exact for |n| < 256
+LN2_LO32 = _f(0.6931471805599453 - 0.693145751953125)
 _EXP_LOW, _EXP_HIGH = _f(-87.0), _f(88.0)
 _INF32 = _f(np.inf)
 _TANH_K1 = _f(-2.0 * 0.7978845608028654)  # -2 sqrt(2/pi)
@@ -125,20 +125,24 @@ def erf32(v: np.float32) -> np.float32:
 
 
 @compiled(fastmath={"contract"})
-def exp32(w: np.float32) -> np.float32:
-    """exp(w) in float32: 0 far below -87 (2^-126 at most), inf above 88, NaN for NaN."""
-    v = w if w < _EXP_HIGH else _EXP_HIGH
-    v = v if v > _EXP_LOW else _EXP_LOW
-    n = np.floor(v * _LOG2E32 + _HALF32)
-    r = v - n * _LN2_HI32 - n * _LN2_LO32
+def exp32_reduced(r: np.float32) -> np.float32:
+    """e^r in float32 for |r| <= ln 2 / 2 (:data:`EXP_POLYNOMIAL`, relative error 0.9 ulp)."""
     p = _E[6]
     p = p * r + _E[5]
     p = p * r + _E[4]
     p = p * r + _E[3]
     p = p * r + _E[2]
     p = p * r + _E[1]
-    p = p * r + _E[0]
-    e = p * float_bits((np.int32(n) + 127) << 23)
+    return p * r + _E[0]
+
+
+@compiled(fastmath={"contract"})
+def exp32(w: np.float32) -> np.float32:
+    """exp(w) in float32: 0 far below -87 (2^-126 at most), inf above 88, NaN for NaN."""
+    v = w if w < _EXP_HIGH else _EXP_HIGH
+    v = v if v > _EXP_LOW else _EXP_LOW
+    n = np.floor(v * LOG2E32 + _HALF32)
+    e = exp32_reduced(v - n * LN2_HI32 - n * LN2_LO32) * float_bits((np.int32(n) + 127) << 23)
     e = e if w <= _EXP_HIGH else _INF32
     return e if w == w else w
 
