@@ -453,14 +453,15 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=4)
+    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=5)
                                   for t in conv.CONV_TYPES)
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
                                      conv.SPLIT: "auto", conv.MINIMUM_FLOPS: 1 << 22,
                                      conv.WINOGRAD_CHANNELS: 256, conv.WINOGRAD_OUTPUTS: 784,
                                      conv.LARGE_TILE_CHANNELS: 64, conv.LARGE_TILE_OUTPUTS: 3136,
-                                     conv.AUTO_DEPTHWISE: "depthwise"}
+                                     conv.AUTO_DEPTHWISE: "depthwise",
+                                     conv.POINTWISE_PRODUCT: "blas"}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

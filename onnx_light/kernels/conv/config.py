@@ -29,6 +29,12 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     output at least ``large_tile_outputs`` positions: with fewer tiles its 36 products are
     too narrow for BLAS, and its transformed filters (four times the weights) are streamed
     for too little work.
+``pointwise.product``
+    What computes ``direct_1x1``'s float32 products: ``blas`` (numpy's own BLAS, a call per
+    tile of positions, :func:`~onnx_light.kernels.conv.pointwise.pointwise_tiles`) or
+    ``packed`` (the packed micro-kernel of :mod:`onnx_light.kernels.packed_gemm` reading the
+    input's rows as its panels, :func:`~onnx_light.kernels.conv.pointwise.pointwise_packed`;
+    BLAS where the processor lacks AVX-512F).
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -70,14 +76,16 @@ WINOGRAD_OUTPUTS = "winograd.minimum_outputs"
 LARGE_TILE_CHANNELS = "winograd.large_tile_channels"
 LARGE_TILE_OUTPUTS = "winograd.large_tile_outputs"
 AUTO_DEPTHWISE = "auto.depthwise"
+POINTWISE_PRODUCT = "pointwise.product"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 4
+TUNING_ABI = 5
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise", "winograd",
               "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
+POINTWISE_PRODUCTS = ("blas", "packed")
 
 # Portable defaults: the choices that held up on the calibration corpus and the nine light
 # models (measurements: docs/conv.md).
@@ -91,6 +99,7 @@ _DEFAULTS: dict[str, Value] = {
     LARGE_TILE_CHANNELS: 64,
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
+    POINTWISE_PRODUCT: "blas",
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -103,6 +112,7 @@ REFERENCE: dict[str, Value] = {
     LARGE_TILE_CHANNELS: 64,
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "im2col_wide",
+    POINTWISE_PRODUCT: "blas",
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -158,6 +168,10 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
         Parameter(AUTO_DEPTHWISE, "str", _DEFAULTS[AUTO_DEPTHWISE], choices=DEPTHWISE_ALGORITHMS,
                   description="what auto computes a 1-D or 2-D depthwise convolution with: "
                               "'depthwise' (compiled) or 'im2col_wide' (one batched product)"),
+        Parameter(POINTWISE_PRODUCT, "str", _DEFAULTS[POINTWISE_PRODUCT], choices=POINTWISE_PRODUCTS,
+                  description="what computes direct_1x1's float32 products: 'blas' (a BLAS call "
+                              "per tile of positions) or 'packed' (the AVX-512 micro-kernel; "
+                              "blas without AVX-512F)"),
     )
 
 
@@ -174,6 +188,7 @@ class ConvConfig:
     large_tile_channels: int = int(_DEFAULTS[LARGE_TILE_CHANNELS])
     large_tile_outputs: int = int(_DEFAULTS[LARGE_TILE_OUTPUTS])
     auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
+    pointwise_product: str = str(_DEFAULTS[POINTWISE_PRODUCT])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -182,5 +197,6 @@ class ConvConfig:
         return cls(str(values[ALGORITHM]), int(values[BLOCK_BYTES]), str(values[SPLIT]),
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
                    int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
-                   int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]))
+                   int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
+                   str(values[POINTWISE_PRODUCT]))
 

@@ -153,7 +153,7 @@ class ConvKernel(Kernel):
         if w is None or w.ndim < 3:
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
-            compile_pointwise(compute_dtype(w.dtype))
+            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
         return self._with_distinct_filters(w) or self._with_winograd_filters(w)
@@ -383,6 +383,8 @@ class ConvKernel(Kernel):
                 options["filters"] = self._winograd.filters(tiling)
         if prologue is not None:  # direct_1x1 or per_filter
             options["prologue"] = prologue
+        if problem.algorithm == "direct_1x1":
+            options["product"] = self.config.pointwise_product
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
