@@ -28,7 +28,7 @@ from .. import packed_gemm
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from ..compiled_activations import activate_run
-from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, packed_rows
+from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, packed_layout, packed_rows
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
@@ -153,12 +153,13 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
         columns = min(tile, width - j0)
         full = columns // NR * NR
         if full > 0:
-            packed_rows(weights, source, source_offset + j0, NR, source_stride, no_bias, False, grid,
-                        0, filters, block, row0, column0 + j0, full)
+            # the first block of filters fetches each channel's next 64 positions
+            packed_rows(weights, source, (source_offset + j0, NR, source_stride, NR), no_bias, False,
+                        grid, 0, filters, block, row0, column0 + j0, full)
         if full < columns:
             pack_panels(source, source_offset + j0 + full, source_stride, depth, columns - full, edge)
-            packed_rows(weights, edge, 0, 0, NR, no_bias, False, grid, 0, filters, block, row0,
-                        column0 + j0 + full, columns - full)
+            packed_rows(weights, edge, packed_layout(depth), no_bias, False, grid, 0, filters, block,
+                        row0, column0 + j0 + full, columns - full)
         _finish_tile(out, out_offset + j0, out_stride, filters, columns, bias, residual, low, high,
                      activation, alpha, beta)
 
