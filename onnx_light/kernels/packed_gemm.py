@@ -32,8 +32,8 @@ import numpy as np
 from ..parallel import ThreadPool
 from .compiled import CompiledFunction, compiled, load_numba
 
-__all__ = ["BLOCK_A_BYTES", "MR", "NR", "PackedWeights", "available", "pack_panels", "packed_layout",
-           "packed_rows"]
+__all__ = ["BLOCK_A_BYTES", "MR", "NR", "PackedWeights", "aligned_empty", "available", "pack_panels",
+           "packed_layout", "packed_rows"]
 
 MR = 6  # rows of the output block the micro-kernel keeps in registers
 _VECTORS = 4  # 16-float vectors per row of the block
@@ -280,6 +280,17 @@ def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, in
             for r in range(rows):
                 for c in range(width):
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary (numpy's
+    start 16 bytes past one): the micro-kernel's 64-byte stores then each fill one cache line
+    where the rows are multiples of 64 bytes, instead of straddling two."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    raw = np.empty(count * dtype.itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
 @compiled(inline="always")

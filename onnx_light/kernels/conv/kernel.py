@@ -41,6 +41,7 @@ import numpy as np
 
 from ...tuning.schema import Value
 from ..base import Kernel, KernelError, NodeContext, compute_dtype
+from ..packed_gemm import aligned_empty
 from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
@@ -360,7 +361,9 @@ class ConvKernel(Kernel):
         if b is not None and b.shape != (problem.filters,):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)
-        out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
+        shape = (problem.batch, problem.filters, *problem.window.output)
+        # direct_1x1's compiled tiles store whole rows of 64-byte blocks
+        out = aligned_empty(shape, compute) if problem.algorithm == "direct_1x1" else np.empty(shape, compute)
         finish = self._finisher(out, residual, b is not None)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
