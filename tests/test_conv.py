@@ -465,7 +465,8 @@ def test_schemas_and_configuration_validation():
                                      conv.WINOGRAD_CHANNELS: 256, conv.WINOGRAD_OUTPUTS: 784,
                                      conv.LARGE_TILE_CHANNELS: 64, conv.LARGE_TILE_OUTPUTS: 3136,
                                      conv.AUTO_DEPTHWISE: "depthwise",
-                                     conv.BLOCKED_OUTPUTS: 3136}
+                                     conv.BLOCKED_OUTPUTS: 3136,
+                                     conv.POINTWISE_PRODUCT: "blas"}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

@@ -1,6 +1,7 @@
-"""``direct_1x1``'s compiled tiles (kernels/conv/pointwise.py): each tile one BLAS product,
-finished while in cache, against float64 products, over shapes with one and several tiles,
-groups, batches, both thread counts, with and without the bias, the fused residual and clamp."""
+"""``direct_1x1``'s compiled tiles (kernels/conv/pointwise.py): each tile one BLAS product (or,
+for ``pointwise.product = packed``, the packed micro-kernel), finished while in cache, against
+float64 products, over shapes with one and several tiles, groups, batches, both thread counts,
+with and without the bias, the fused residual and clamp."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-from onnx_light.kernels import conv
+from onnx_light.kernels import conv, packed_gemm
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import pointwise
@@ -132,3 +133,109 @@ def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
     activation(expected)
     np.testing.assert_array_equal(got, expected)
     assert (got != _kernel(1, pools[1]).run(x, w, b)[0]).any()
+
+
+packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX-512F")
+
+
+@packed_only
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(channels=st.integers(1, 150), filters=st.integers(1, 40), height=st.integers(1, 21),
+       width=st.integers(1, 23), batch=st.integers(1, 2), bias=st.booleans(), residual=st.booleans(),
+       clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
+def test_packed_products_are_within_the_bound_and_split_to_the_same_bits(
+        pools, monkeypatch, channels, filters, height, width, batch, bias, residual, clamp, seed):
+    """``pointwise.product = packed`` (float32): each element within conv.numerics's bound of
+    the float64 convolution (plus one rounding for the residual's addition), and the same bits
+    at two threads, split by rows or by filters, and with tiles of 64 positions (the panels of
+    the input read in place, the last 1-63 positions packed; more than 128 channels take two
+    passes of the sum)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(np.float32)
+    w = rng.uniform(-1, 1, (filters, channels, 1, 1)).astype(np.float32)
+    b = rng.uniform(-1, 1, filters).astype(np.float32) if bias else None
+    inputs = [x, w, b]
+    expected = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
+    if b is not None:
+        expected += b.astype(np.float64).reshape(-1, 1, 1)
+    bound = conv.error_bound(x, w, b)
+    if residual:
+        shortcut = rng.uniform(-1, 1, expected.shape).astype(np.float32)
+        expected += shortcut
+        inputs.append(shortcut)
+        bound = bound + np.abs(expected) * np.finfo(np.float32).eps
+    if clamp is not None:
+        expected = np.clip(expected, *clamp)
+
+    def run(threads, split):
+        kernel = _kernel(1, pools[threads], {conv.POINTWISE_PRODUCT: "packed", conv.SPLIT: split,
+                                             conv.MINIMUM_FLOPS: 1})
+        kernel.residual = residual
+        if clamp is not None:
+            kernel.clamp = clamp
+            kernel.epilogue = lambda block: np.clip(block, *clamp, out=block)
+        return kernel.run(*inputs)[0]
+
+    got = run(1, "auto")
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert np.all(np.abs(got - expected) <= bound)
+    for split in ("output_rows", "filters"):
+        np.testing.assert_array_equal(run(2, split), got)
+    with monkeypatch.context() as patch:
+        patch.setattr(pointwise, "TILE_COLUMNS", 64)
+        np.testing.assert_array_equal(run(1, "auto"), got)
+
+
+@packed_only
+@pytest.mark.parametrize("op_type", ["Swish", "HardSwish"])
+def test_packed_products_run_a_compiled_activation_in_the_tiles_bitwise(pools, op_type):
+    """The packed product's tiles apply a fused activation as the BLAS tiles do: the packed
+    convolution, then the activation over the finished output, bitwise."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 70, 19, 17)) * 2).astype(np.float32)
+    w = rng.standard_normal((29, 70, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(29).astype(np.float32)
+    packed = {conv.POINTWISE_PRODUCT: "packed"}
+    activation = in_place(op_type, {"alpha": 1.0} if op_type == "Swish" else {}, lambda block: None)
+    kernel = _kernel(1, pools[1], packed)
+    kernel.epilogue = activation
+    got = kernel.run(x, w, b)[0]
+    expected = _kernel(1, pools[1], packed).run(x, w, b)[0]
+    activation(expected)
+    np.testing.assert_array_equal(got, expected)
+    assert pointwise.pointwise_product(np.float32, "packed") is pointwise.pointwise_packed.dispatcher
+    assert pointwise.pointwise_product(np.float64, "packed").func is pointwise.pointwise_tiles.dispatcher
+
+
+@packed_only
+def test_packed_products_propagate_nan_and_infinities(pools):
+    """A NaN input position makes its column NaN in every filter, an infinite one infinite
+    (or NaN where the sum meets the opposite infinity), as the float64 product says, in the
+    read-in-place panels and in the packed last ones alike (70 positions: 64 + 6)."""
+    rng = np.random.default_rng(6)
+    x = rng.uniform(0.5, 1, (1, 9, 7, 10)).astype(np.float32)
+    w = rng.uniform(0.5, 1, (8, 9, 1, 1)).astype(np.float32)
+    w[3, 2] = -1.0
+    x[0, 2, 0, 3] = np.nan
+    x[0, 4, 6, 8] = np.inf  # position 68, in the packed panel
+    x[0, 2, 2, 1] = np.inf  # filter 3 meets -inf there
+    x[0, 5, 2, 1] = np.inf
+    got = _kernel(1, pools[1], {conv.POINTWISE_PRODUCT: "packed"}).run(x, w)[0]
+    with np.errstate(invalid="ignore"):
+        expected = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(expected))
+    assert np.isnan(got[0, :, 0, 3]).all() and np.isposinf(got[0, :, 6, 8]).all()
+    assert np.isnan(got[0, 3, 2, 1]) and np.isposinf(got[0, 0, 2, 1])
+
+
+def test_without_avx512_packed_falls_back_to_the_blas_tiles(pools, monkeypatch):
+    """Where the processor lacks AVX-512F, ``packed`` runs the BLAS tiles: the same bits as
+    ``blas``."""
+    monkeypatch.setattr(packed_gemm, "available", lambda: False)
+    assert pointwise.pointwise_product(np.float32, "packed").func is pointwise.pointwise_tiles.dispatcher
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 12, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((10, 12, 1, 1)).astype(np.float32)
+    got = _kernel(1, pools[1], {conv.POINTWISE_PRODUCT: "packed"}).run(x, w)[0]
+    np.testing.assert_array_equal(got, _kernel(1, pools[1], {conv.POINTWISE_PRODUCT: "blas"}).run(x, w)[0])

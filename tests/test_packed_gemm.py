@@ -231,3 +231,16 @@ def test_without_avx512_blas_multiplies_constant_weights(monkeypatch, threads: i
     assert gemm._steps[0][0]._packed is None
     y = gemm.run(None, {"a": a})[0]
     assert np.all(np.abs(y - (a.astype(np.float64) @ w + c)) <= _bound(a, w, c))
+
+
+@pytest.mark.parametrize("shape", [(1, 96, 112, 112), (3, 5), (0, 4), ()])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_aligned_empty_starts_on_a_cache_line(shape, dtype):
+    """``aligned_empty``: the shape and type asked for, C-contiguous and writable, its data on
+    a 64-byte boundary (numpy's own large arrays start 16 bytes past one) unless it is empty."""
+    array = packed_gemm.aligned_empty(shape, dtype)
+    assert array.shape == shape and array.dtype == dtype
+    assert array.flags.c_contiguous and array.flags.writeable
+    assert array.size == 0 or array.ctypes.data % 64 == 0
+    array[...] = 1
+    assert array.sum() == array.size

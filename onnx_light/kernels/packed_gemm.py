@@ -32,7 +32,8 @@ import numpy as np
 from ..parallel import ThreadPool
 from .compiled import CompiledFunction, compiled, load_numba
 
-__all__ = ["BLOCK_A_BYTES", "MR", "NR", "PackedWeights", "available", "packed_rows"]
+__all__ = ["BLOCK_A_BYTES", "MR", "NR", "PackedWeights", "aligned_empty", "available", "pack_panels",
+           "packed_layout", "packed_rows"]
 
 MR = 6  # rows of the output block the micro-kernel keeps in registers
 _VECTORS = 4  # 16-float vectors per row of the block
@@ -56,15 +57,18 @@ def available() -> bool:
     return bool(binding.get_host_cpu_features().get("avx512f", False))
 
 
-def _build_tile(numba: Any, height: int = MR) -> Any:
-    """numba's ``intrinsic`` ``_tile(a, panels, out, bias, i0, panel, rows, out_row, out_column,
-    with_bias, prefetch, start, stop, accumulate)``: rows i0..i0+rows-1 (rows <= ``height``)
-    of ``a`` (M, K) times steps ``start..stop-1`` of panel ``panel`` of
-    ``panels`` (P, K, NR), added to the partial sums already in the output block when
-    ``accumulate`` (else to +0), plus ``bias[panel * NR:][:NR]`` when ``with_bias``, stored in
-    ``out[out_row:out_row + rows, out_column:out_column + NR]``; ``prefetch`` fetches the panel
-    :data:`_AHEAD` steps ahead. Rows past ``rows`` read the last valid row of ``a`` and ``out``
-    and are not stored."""
+def _build_tile(numba: Any, height: int = MR, vectors: int = _VECTORS) -> Any:
+    """numba's ``intrinsic`` ``_tile(a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start,
+    rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate)``: rows i0..i0+rows-1
+    (rows <= ``height``) of ``a`` (M, K) times steps ``start..stop-1`` of a panel of B, the
+    ``NR`` contiguous values of its step p at ``b``'s element ``b_start + p * b_step`` (a
+    packed panel of (P, K, NR) ``panels``: ``b_start = panel * K * NR``, ``b_step = NR``), added
+    to the partial sums already in the output block when ``accumulate`` (else to +0), plus
+    ``bias[bias_start:][:NR]`` when ``with_bias``, stored in ``out[out_row:out_row + rows,
+    out_column:out_column + NR]``; ``prefetch`` fetches, at each step, the ``NR`` values
+    ``b_ahead`` elements further (``_AHEAD * NR`` in packed panels: :data:`_AHEAD` steps ahead).
+    Rows past ``rows`` read the last valid row of ``a`` and ``out`` and are not stored. With
+    ``vectors`` below 4 the block is ``16 * vectors`` columns wide (the panel's first ones)."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -83,16 +87,16 @@ def _build_tile(numba: Any, height: int = MR) -> Any:
                                             vector.as_pointer()), align=4)
 
     @intrinsic
-    def tile(typingctx, a, panels, out, bias, i0, panel, rows, out_row, out_column, with_bias,
-             prefetch, start, stop, accumulate):
-        signature = types.void(a, panels, out, bias, types.int64, types.int64, types.int64,
-                               types.int64, types.int64, types.boolean, types.boolean, types.int64,
-                               types.int64, types.boolean)
+    def tile(typingctx, a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start, rows, out_row,
+             out_column, with_bias, prefetch, start, stop, accumulate):
+        signature = types.void(a, b, out, bias, types.int64, types.int64, types.int64, types.int64,
+                               types.int64, types.int64, types.int64, types.int64, types.boolean,
+                               types.boolean, types.int64, types.int64, types.boolean)
 
         def codegen(context, builder, sig, args):
             a_value, panels_value, out_value, bias_value = args[:4]
-            i0_v, panel_v, rows_v, out_row_v, out_column_v, with_bias_v, prefetch_v = args[4:11]
-            start_v, stop_v, accumulate_v = args[11:]
+            i0_v, b_start_v, b_step_v, ahead_offset, bias_start_v, rows_v, out_row_v = args[4:11]
+            out_column_v, with_bias_v, prefetch_v, start_v, stop_v, accumulate_v = args[11:]
             a_array = context.make_array(sig.args[0])(context, builder, a_value)
             panel_array = context.make_array(sig.args[1])(context, builder, panels_value)
             out_array = context.make_array(sig.args[2])(context, builder, out_value)
@@ -105,17 +109,28 @@ def _build_tile(numba: Any, height: int = MR) -> Any:
                 builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
                 "llvm.prefetch")
             last = builder.sub(rows_v, constant(1))
-            a_rows, targets, initial = [], [], []
+            a_rows, targets = [], []
             for r in range(height):
                 row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
                 a_rows.append(builder.gep(a_array.data, [builder.mul(builder.add(i0_v, row), k)]))
                 offset = builder.add(builder.mul(builder.add(out_row_v, row), ldc), out_column_v)
                 targets.append(builder.gep(out_array.data, [offset]))
-                for q in range(_VECTORS):  # the partial sums of the steps before ``start``
-                    initial.append(builder.select(accumulate_v, load_vector(builder, targets[r], 16 * q),
-                                                  zero))
-            panel_start = builder.gep(panel_array.data,
-                                      [builder.mul(builder.mul(panel_v, k), constant(NR))])
+            # the partial sums of the steps before ``start``, read only when there are some: a
+            # first pass must not wait for the output's (cold) lines before its first step
+            with builder.if_else(accumulate_v) as (stored, fresh):
+                with stored:
+                    partial = [load_vector(builder, target, 16 * q) for target in targets
+                               for q in range(vectors)]
+                    stored_block = builder.block
+                with fresh:
+                    fresh_block = builder.block
+            initial = []
+            for value in partial:
+                phi = builder.phi(vector)
+                phi.add_incoming(value, stored_block)
+                phi.add_incoming(zero, fresh_block)
+                initial.append(phi)
+            panel_start = builder.gep(panel_array.data, [b_start_v])
             entry = builder.block
             loop = builder.append_basic_block("tile.loop")
             done = builder.append_basic_block("tile.done")
@@ -128,21 +143,21 @@ def _build_tile(numba: Any, height: int = MR) -> Any:
                 phi = builder.phi(vector)
                 phi.add_incoming(value, entry)
                 sums.append(phi)
-            step = builder.gep(panel_start, [builder.mul(p, constant(NR))])
+            step = builder.gep(panel_start, [builder.mul(p, b_step_v)])
             with builder.if_then(prefetch_v):
-                for q in range(_VECTORS):
-                    ahead = builder.gep(step, [constant(_AHEAD * NR + 16 * q)])
+                for q in range(vectors):
+                    ahead = builder.gep(step, [builder.add(ahead_offset, constant(16 * q))])
                     builder.call(fetch, [builder.bitcast(ahead, ir.IntType(8).as_pointer()),
                                          ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-            w = [load_vector(builder, step, 16 * q) for q in range(_VECTORS)]
+            w = [load_vector(builder, step, 16 * q) for q in range(vectors)]
             updated = []
             for r in range(height):
                 scalar = builder.load(builder.gep(a_rows[r], [p]))
                 splat = builder.shuffle_vector(
                     builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
                     ir.Constant(vector, ir.Undefined), broadcast)
-                for q in range(_VECTORS):
-                    updated.append(builder.call(fma, [splat, w[q], sums[_VECTORS * r + q]]))
+                for q in range(vectors):
+                    updated.append(builder.call(fma, [splat, w[q], sums[vectors * r + q]]))
             following = builder.add(p, constant(1))
             body_end = builder.block
             p.add_incoming(following, body_end)
@@ -156,13 +171,13 @@ def _build_tile(numba: Any, height: int = MR) -> Any:
                 phi.add_incoming(before, entry)
                 phi.add_incoming(value, body_end)
                 totals.append(phi)
-            bias_start = builder.gep(bias_array.data, [builder.mul(panel_v, constant(NR))])
+            bias_start = builder.gep(bias_array.data, [bias_start_v])
             biases = [builder.select(with_bias_v, load_vector(builder, bias_start, 16 * q), zero)
-                      for q in range(_VECTORS)]
+                      for q in range(vectors)]
             for r in range(height):
                 with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
-                    for q in range(_VECTORS):
-                        builder.store(builder.fadd(totals[_VECTORS * r + q], biases[q]),
+                    for q in range(vectors):
+                        builder.store(builder.fadd(totals[vectors * r + q], biases[q]),
                                       builder.bitcast(builder.gep(targets[r], [constant(16 * q)]),
                                                       vector.as_pointer()), align=4)
             return context.get_dummy_value()
@@ -187,31 +202,44 @@ class _Intrinsic(CompiledFunction):
 _tile = _Intrinsic(_build_tile)
 _tile2 = _Intrinsic(functools.partial(_build_tile, height=2))  # the last 1 or 2 rows
 _tile4 = _Intrinsic(functools.partial(_build_tile, height=4))  # the last 3 or 4 rows
+# the last panel's first 16, 32 or 48 columns, where it has no more
+_tile16 = _Intrinsic(functools.partial(_build_tile, vectors=1))
+_tile32 = _Intrinsic(functools.partial(_build_tile, vectors=2))
+_tile48 = _Intrinsic(functools.partial(_build_tile, vectors=3))
 
 
 @compiled
-def packed_rows(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bias: bool,
-                out: np.ndarray, first: int, last: int, block: int) -> None:
-    """Rows ``first..last-1`` of ``out = a @ W (+ bias)`` for C-contiguous float32 ``a``
-    (M, K) and ``out`` (M, N), W packed in ``panels`` (P, K, NR) and ``bias`` padded to
-    P * NR values, in blocks of ``block`` rows: every panel passes over one block of A before
-    the next block, so that the block stays in the L2 cache. Each element's sum runs in the
-    same order whatever the rows and the block are."""
+def packed_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
+                bias: np.ndarray, with_bias: bool, out: np.ndarray, first: int, last: int,
+                block: int, out_row: int, out_column: int, n: int) -> None:
+    """Rows ``first..last-1`` of ``a @ B (+ bias)`` for C-contiguous float32 ``a`` (M, K) and B
+    (K, n) in panels of ``NR`` columns read from ``b``, ``b_layout = (start, panel, step,
+    ahead)``: panel q's step p is the ``NR`` contiguous values from element ``start + q * panel
+    + p * step`` (every one of them readable, past n too), and the first block of rows
+    prefetches the values ``ahead`` elements further (W packed in (P, K, NR) ``panels``:
+    :func:`packed_layout`); ``bias``
+    padded to a multiple of NR values. Row i and column j land in ``out[out_row + i,
+    out_column + j]`` (C-contiguous 2-D). The rows go in blocks of ``block``: every panel passes
+    over one block of A before the next block, so that the block stays in the L2 cache. Each
+    element's sum runs in the same order whatever the rows and the block are."""
     for top in range(first, last, block):
-        _panels_over_rows(a, panels, bias, with_bias, out, top, min(last, top + block))
+        _panels_over_rows(a, b, b_layout, bias, with_bias, out, top, min(last, top + block),
+                          out_row, out_column, n)
 
 
 @compiled
-def _panels_over_rows(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_bias: bool,
-                      out: np.ndarray, first: int, last: int) -> None:
+def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
+                      bias: np.ndarray, with_bias: bool, out: np.ndarray, first: int, last: int,
+                      out_row: int, out_column: int, n: int) -> None:
     """Rows ``first..last-1`` of the product, every panel over all of them."""
-    n = out.shape[1]
+    b_start, b_panel, b_step, b_ahead = b_layout
     k = a.shape[1]
     chunks = max(1, -(-k // KC))
     edge = np.empty((MR, NR), np.float32)
-    for panel in range(panels.shape[0]):
+    for panel in range(-(-n // NR)):
         column = panel * NR
         width = min(NR, n - column)
+        start_b = b_start + panel * b_panel
         if width == NR:
             for chunk in range(chunks):
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
@@ -219,24 +247,76 @@ def _panels_over_rows(a: np.ndarray, panels: np.ndarray, bias: np.ndarray, with_
                 for i0 in range(first, last, MR):
                     rows = min(MR, last - i0)
                     if rows > 4:
-                        _tile(a, panels, out, bias, i0, panel, rows, i0, column, finished,
-                              i0 == first, start, stop, chunk > 0)
+                        _tile(a, b, out, bias, i0, start_b, b_step, b_ahead, column, rows,
+                              out_row + i0, out_column + column, finished, i0 == first, start, stop,
+                              chunk > 0)
                     elif rows > 2:
-                        _tile4(a, panels, out, bias, i0, panel, rows, i0, column, finished,
-                               i0 == first, start, stop, chunk > 0)
+                        _tile4(a, b, out, bias, i0, start_b, b_step, b_ahead, column, rows,
+                               out_row + i0, out_column + column, finished, i0 == first, start, stop,
+                               chunk > 0)
                     else:
-                        _tile2(a, panels, out, bias, i0, panel, rows, i0, column, finished,
-                               i0 == first, start, stop, chunk > 0)
+                        _tile2(a, b, out, bias, i0, start_b, b_step, b_ahead, column, rows,
+                               out_row + i0, out_column + column, finished, i0 == first, start, stop,
+                               chunk > 0)
             continue
+        vectors = -(-width // 16)
         for i0 in range(first, last, MR):
             rows = min(MR, last - i0)
             for chunk in range(chunks):
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
-                _tile(a, panels, edge, bias, i0, panel, rows, 0, 0, with_bias and stop == k,
-                      i0 == first, start, stop, chunk > 0)
+                finished, prefetch, accumulate = with_bias and stop == k, i0 == first, chunk > 0
+                if vectors == 1:
+                    _tile16(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
+                            finished, prefetch, start, stop, accumulate)
+                elif vectors == 2:
+                    _tile32(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
+                            finished, prefetch, start, stop, accumulate)
+                elif vectors == 3:
+                    _tile48(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
+                            finished, prefetch, start, stop, accumulate)
+                else:
+                    _tile(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
+                          finished, prefetch, start, stop, accumulate)
             for r in range(rows):
                 for c in range(width):
-                    out[i0 + r, column + c] = edge[r, c]
+                    out[out_row + i0 + r, out_column + column + c] = edge[r, c]
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary (numpy's
+    start 16 bytes past one): the micro-kernel's 64-byte stores then each fill one cache line
+    where the rows are multiples of 64 bytes, instead of straddling two."""
+    dtype = np.dtype(dtype)
+    count = math.prod(shape)
+    raw = np.empty(count * dtype.itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+@compiled(inline="always")
+def packed_layout(k: int) -> tuple[int, int, int, int]:
+    """:func:`packed_rows`'s ``b_layout`` of panels (P, k, NR) packed contiguously."""
+    return (0, k * NR, NR, _AHEAD * NR)
+
+
+@compiled
+def pack_panels(source: np.ndarray, offset: int, stride: int, depth: int, columns: int,
+                panels: np.ndarray) -> None:
+    """Pack ``columns`` columns of a (``depth``, ...) matrix read from the flat ``source``
+    (element (k, j) at ``offset + k * stride + j``) into the first ``ceil(columns / NR)``
+    panels of ``panels`` (P, depth, NR), zero past ``columns``: the operand a caller packs per
+    call (a convolution's input) rather than once."""
+    flat = panels.reshape(-1)
+    for panel in range(-(-columns // NR)):
+        column = panel * NR
+        width = np.uintp(min(NR, columns - column))
+        for k in range(depth):
+            source_row = np.uintp(offset + k * stride + column)
+            target_row = np.uintp((panel * depth + k) * NR)
+            for c in range(width):
+                flat[target_row + c] = source[source_row + c]
+            for c in range(width, np.uintp(NR)):
+                flat[target_row + c] = 0.0
 
 
 class PackedWeights:
@@ -252,6 +332,7 @@ class PackedWeights:
             panels[panel, :, :part.shape[1]] = part
         self.k, self.n = k, n
         self.panels = panels
+        self.layout = packed_layout(k)
         self.bias = np.zeros(count * NR, np.float32)
         self.with_bias = bias is not None
         if bias is not None:
@@ -276,11 +357,12 @@ class PackedWeights:
         function, panels, bias, with_bias, block = (self._function, self.panels, self.bias,
                                                     self.with_bias, self.block)
         if pool is None or chunks < 2:
-            function(rows, panels, bias, with_bias, out2, 0, count, block)
+            function(rows, panels, self.layout, bias, with_bias, out2, 0, count, block, 0, 0, self.n)
             return out
 
         def part(start: int, stop: int) -> None:
-            function(rows, panels, bias, with_bias, out2, start * MR, min(count, stop * MR), block)
+            function(rows, panels, self.layout, bias, with_bias, out2, start * MR,
+                     min(count, stop * MR), block, 0, 0, self.n)
 
         pool.parallel_chunks(-(-count // MR), part, chunks)
         return out

@@ -19,7 +19,7 @@ from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limite
 from .channel_blocked import _BlockedDepthwise
 from .depthwise import _CompiledDepthwise, read_only
 from .finish import fused_parts
-from .pointwise import pointwise_gemm, pointwise_tiles, tile_columns
+from .pointwise import pointwise_product, tile_columns, uses_packed
 from .problem import _Problem
 
 
@@ -202,12 +202,13 @@ class _Pointwise(_Algorithm):
     """1x1, stride 1, no padding: the weights times the input rows themselves, no buffer (a
     prologue maps each block of input rows into a new one first). Without a prologue, in
     float32 and float64, each block is one compiled call that multiplies and finishes it
-    tile by tile (:mod:`onnx_light.kernels.conv.pointwise`)."""
+    tile by tile (:mod:`onnx_light.kernels.conv.pointwise`), by BLAS or, for ``product`` =
+    ``packed``, the packed micro-kernel (the ``pointwise.product`` parameter)."""
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
                  epilogue: Callable[[np.ndarray], None] | None = None,
-                 prologue: Prologue | None = None) -> None:
+                 prologue: Prologue | None = None, product: str = "blas") -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         self.prologue = prologue
         window = self.window
@@ -215,12 +216,13 @@ class _Pointwise(_Algorithm):
         self.inputs = x.reshape(problem.batch, problem.groups, self.cg, window.output[0], self.row_size)
         self.outputs = out.reshape(problem.batch, problem.groups, self.mg, window.output[0], self.row_size)
         # per_filter (a subclass) keeps its one product per filter: equal filters, equal channels
-        self.gemm = pointwise_gemm(x.dtype) if prologue is None and type(self) is _Pointwise else None
-        if self.gemm is not None:
-            self._tiled(x, out, b, epilogue)
+        self.tiles = (pointwise_product(x.dtype, product)
+                      if prologue is None and type(self) is _Pointwise else None)
+        if self.tiles is not None:
+            self._tiled(x, out, b, epilogue, uses_packed(x.dtype, product))
 
     def _tiled(self, x: np.ndarray, out: np.ndarray, b: np.ndarray | None,
-               epilogue: Callable[[np.ndarray], None] | None) -> None:
+               epilogue: Callable[[np.ndarray], None] | None, packed: bool) -> None:
         """What the compiled blocks take: flat read-only operands, the finishing pass's
         bias, residual and clamp, and the activation to run after it (if any)."""
         empty = read_only(np.empty(0, x.dtype))
@@ -230,14 +232,14 @@ class _Pointwise(_Algorithm):
         residual, self.clamp, self.activation, self.after = fused_parts(epilogue, x.dtype)
         self.residual = empty if residual is None else read_only(residual)
         self.plane = self.window.output[0] * self.row_size
-        self.tile = tile_columns(self.mg, self.cg, self.plane, x.itemsize) or self.plane
+        self.tile = tile_columns(self.mg, self.cg, self.plane, x.itemsize, packed) or self.plane
 
     def _product_tiles(self, n: int, g: int, lo: int, hi: int, r0: int, r1: int) -> None:
         """Filters lo:hi of group g, rows r0:r1, by the compiled tiles."""
         pair, first, filter0 = n * self.problem.groups + g, r0 * self.row_size, g * self.mg
         bias = self.tile_bias[filter0 + lo:filter0 + hi] if self.tile_bias.size else self.tile_bias
-        pointwise_tiles.dispatcher(
-            self.gemm, self.tile_weights[g, lo:hi], self.flat_x, pair * self.cg * self.plane + first,
+        self.tiles(
+            self.tile_weights[g, lo:hi], self.flat_x, pair * self.cg * self.plane + first,
             self.plane, self.flat_out, (pair * self.mg + lo) * self.plane + first, self.plane, hi - lo,
             self.cg, (r1 - r0) * self.row_size, bias, self.residual, *self.clamp, *self.activation,
             self.tile)
@@ -254,7 +256,7 @@ class _Pointwise(_Algorithm):
         return mapped.reshape(source.shape)
 
     def product(self, n: int, g0: int, g1: int, lo: int, hi: int, r0: int, r1: int) -> None:
-        if self.gemm is not None:
+        if self.tiles is not None:
             for g in range(g0, g1):
                 self._product_tiles(n, g, lo, hi, r0, r1)
             return

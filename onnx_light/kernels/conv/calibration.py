@@ -16,6 +16,7 @@ from ...tuning.keys import ElementType as T
 from ...tuning.keys import KernelTuningKey
 from ...tuning.processor import CpuExecutionDescriptor
 from ...tuning.schema import Value
+from .. import packed_gemm
 from ..base import NodeContext, compute_dtype
 from ..calibration import calibration_setup, without_compilation
 from ..declaration import KernelDeclaration
@@ -30,6 +31,8 @@ from .config import (
     LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
     NEVER,
+    POINTWISE_PRODUCT,
+    POINTWISE_PRODUCTS,
     SPLIT,
     WINOGRAD_CHANNELS,
 )
@@ -87,6 +90,10 @@ CORPUS: tuple[CorpusCase, ...] = (
                576, (3, 3), (2, 2), (1, 1, 1, 1), group=576),
     CorpusCase("efficientnet_depthwise_5x5_14", "EfficientNet-B0 block 5", 672, (14, 14), 672,
                (5, 5), pads=(2, 2, 2, 2), group=672),
+    CorpusCase("mobilenetv2_1x1_project_56", "MobileNetV2 (torchvision) block 3 projection", 144,
+               (56, 56), 24, (1, 1)),
+    CorpusCase("mobilenetv2_1x1_expand_14", "MobileNetV2 (torchvision) block 12 expansion", 96,
+               (14, 14), 576, (1, 1)),
     CorpusCase("shufflenet_group4_1x1", "ShuffleNet stage 3", 272, (14, 14), 272, (1, 1), group=4),
     CorpusCase("alexnet_11x11s4", "AlexNet conv1", 3, (224, 224), 96, (11, 11), (4, 4)),
     CorpusCase("alexnet_5x5_group2", "AlexNet conv2", 96, (26, 26), 256, (5, 5), pads=(2, 2, 2, 2),
@@ -99,7 +106,8 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (16 candidates). Never the ``blas`` split: it
+    varied alone around the portable values (16 candidates, and ``pointwise.product`` where
+    the packed micro-kernel can run). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
     :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
@@ -119,6 +127,9 @@ def candidate_grid() -> list[dict[str, Value]]:
         grid.append({**base, WINOGRAD_CHANNELS: channels})
     grid.append({**base, LARGE_TILE_CHANNELS: NEVER})  # F(4x4, 3x3) nowhere
     grid.append({**base, LARGE_TILE_OUTPUTS: 784})  # F(4x4, 3x3) from 28x28
+    if packed_gemm.available():
+        for product in POINTWISE_PRODUCTS:
+            grid.append({**base, POINTWISE_PRODUCT: product})
     return [c for c in grid if c != base]
 
 

@@ -35,6 +35,12 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     output at least ``large_tile_outputs`` positions: with fewer tiles its 36 products are
     too narrow for BLAS, and its transformed filters (four times the weights) are streamed
     for too little work.
+``pointwise.product``
+    What computes ``direct_1x1``'s float32 products: ``blas`` (numpy's own BLAS, a call per
+    tile of positions, :func:`~onnx_light.kernels.conv.pointwise.pointwise_tiles`) or
+    ``packed`` (the packed micro-kernel of :mod:`onnx_light.kernels.packed_gemm` reading the
+    input's rows as its panels, :func:`~onnx_light.kernels.conv.pointwise.pointwise_packed`;
+    BLAS where the processor lacks AVX-512F).
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -77,6 +83,7 @@ LARGE_TILE_CHANNELS = "winograd.large_tile_channels"
 LARGE_TILE_OUTPUTS = "winograd.large_tile_outputs"
 AUTO_DEPTHWISE = "auto.depthwise"
 BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
+POINTWISE_PRODUCT = "pointwise.product"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
 TUNING_ABI = 5
@@ -85,6 +92,7 @@ ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "dept
               "depthwise_blocked", "winograd", "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
+POINTWISE_PRODUCTS = ("blas", "packed")
 
 # Portable defaults: the choices that held up on the calibration corpus and the nine light
 # models (measurements: docs/conv.md).
@@ -99,6 +107,7 @@ _DEFAULTS: dict[str, Value] = {
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
     BLOCKED_OUTPUTS: 3136,
+    POINTWISE_PRODUCT: "blas",
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -112,6 +121,7 @@ REFERENCE: dict[str, Value] = {
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "im2col_wide",
     BLOCKED_OUTPUTS: 0,
+    POINTWISE_PRODUCT: "blas",
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -174,6 +184,10 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512) where the "
                               "output plane has at most this many positions, per channel "
                               "('depthwise') elsewhere; 0: never"),
+        Parameter(POINTWISE_PRODUCT, "str", _DEFAULTS[POINTWISE_PRODUCT], choices=POINTWISE_PRODUCTS,
+                  description="what computes direct_1x1's float32 products: 'blas' (a BLAS call "
+                              "per tile of positions) or 'packed' (the AVX-512 micro-kernel; "
+                              "blas without AVX-512F)"),
     )
 
 
@@ -191,6 +205,7 @@ class ConvConfig:
     large_tile_outputs: int = int(_DEFAULTS[LARGE_TILE_OUTPUTS])
     auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
     blocked_outputs: int = int(_DEFAULTS[BLOCKED_OUTPUTS])
+    pointwise_product: str = str(_DEFAULTS[POINTWISE_PRODUCT])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -200,5 +215,5 @@ class ConvConfig:
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
                    int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
-                   int(values[BLOCKED_OUTPUTS]))
+                   int(values[BLOCKED_OUTPUTS]), str(values[POINTWISE_PRODUCT]))
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from ...tuning.schema import Value
 from ..base import Kernel, KernelError, NodeContext, compute_dtype
+from ..packed_gemm import aligned_empty
 from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
@@ -165,7 +166,7 @@ class ConvKernel(Kernel):
         if w is None or w.ndim < 3:
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
-            compile_pointwise(compute_dtype(w.dtype))
+            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
@@ -393,7 +394,9 @@ class ConvKernel(Kernel):
         if b is not None and b.shape != (problem.filters,):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
         compute = compute_dtype(x.dtype)
-        out = np.empty((problem.batch, problem.filters, *problem.window.output), compute)
+        shape = (problem.batch, problem.filters, *problem.window.output)
+        # direct_1x1's compiled tiles store whole rows of 64-byte blocks
+        out = aligned_empty(shape, compute) if problem.algorithm == "direct_1x1" else np.empty(shape, compute)
         finish = self._finisher(out, residual, b is not None)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
@@ -421,6 +424,8 @@ class ConvKernel(Kernel):
                 problem = dataclasses.replace(problem, algorithm="depthwise")
             elif self._blocked is not None and w is self._blocked.weights:
                 options["arranged"] = self._blocked.arranged
+        if problem.algorithm == "direct_1x1":
+            options["product"] = self.config.pointwise_product
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)

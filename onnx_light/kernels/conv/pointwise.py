@@ -17,19 +17,24 @@ One compiled call also replaces the Python layers a block goes through.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import packed_gemm
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from ..compiled_activations import activate_run
+from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, packed_layout, packed_rows
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
 __all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise",
-           "pointwise_gemm", "pointwise_tiles", "tile_columns"]
+           "pointwise_gemm", "pointwise_packed", "pointwise_product", "pointwise_tiles",
+           "tile_columns", "uses_packed"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
@@ -49,15 +54,55 @@ def pointwise_gemm(dtype: np.dtype) -> Any | None:
     return gemm_function(dtype) if np.dtype(dtype) in FINISHED_TYPES else None
 
 
-def tile_columns(filters: int, depth: int, width: int, itemsize: int) -> int | None:
+def uses_packed(dtype: np.dtype, product: str) -> bool:
+    """Whether ``direct_1x1`` computes its products in ``dtype`` with :func:`pointwise_packed`
+    for the ``pointwise.product`` value ``product``: float32 on a processor with AVX-512F."""
+    return product == "packed" and np.dtype(dtype) == np.float32 and packed_gemm.available()
+
+
+def pointwise_product(dtype: np.dtype, product: str) -> Callable[..., None] | None:
+    """The compiled call that multiplies and finishes a block of ``direct_1x1`` in ``dtype``
+    (the arguments of :func:`pointwise_packed`): :func:`pointwise_packed` where
+    :func:`uses_packed`, else :func:`pointwise_tiles` with :func:`pointwise_gemm`; None where
+    neither applies."""
+    if uses_packed(dtype, product):
+        return pointwise_packed.dispatcher
+    gemm = pointwise_gemm(dtype)
+    return None if gemm is None else functools.partial(pointwise_tiles.dispatcher, gemm)
+
+
+def tile_columns(filters: int, depth: int, width: int, itemsize: int, packed: bool = False
+                 ) -> int | None:
     """Columns per tile for an output of ``filters`` x ``width``: about :data:`TILE_COLUMNS`,
     equal tiles, a multiple of 16; None (one tile) for weights larger than
-    :data:`TILED_WEIGHT_BYTES` or an output smaller than :data:`TILED_OUTPUT_BYTES`."""
+    :data:`TILED_WEIGHT_BYTES` or an output smaller than :data:`TILED_OUTPUT_BYTES`. The
+    ``packed`` product (nothing packed again per tile) always takes :data:`TILE_COLUMNS`, a
+    multiple of its panels' 64 columns."""
+    if packed:
+        return TILE_COLUMNS
     if filters * depth * itemsize > TILED_WEIGHT_BYTES or filters * width * itemsize < TILED_OUTPUT_BYTES:
         return None
     tiles = -(-width // TILE_COLUMNS)
     per_tile = -(-width // tiles)
     return -(-per_tile // 16) * 16
+
+
+@compiled(inline="always")
+def _finish_tile(out: np.ndarray, start: int, out_stride: int, filters: int, columns: int,
+                 bias: np.ndarray, residual: np.ndarray, low: float, high: float, activation: int,
+                 alpha: float, beta: float) -> None:
+    """The finishing pass of one tile (``columns`` positions from ``start``, each filter's
+    row ``out_stride`` further), while it is in cache: bias, residual, clamp, activation."""
+    lo, hi = out.dtype.type(low), out.dtype.type(high)
+    zero = out.dtype.type(0)
+    with_bias, with_residual = bias.size > 0, residual.size > 0
+    n = np.uintp(columns)
+    for i in range(filters):
+        row = np.uintp(start + i * out_stride)
+        finish_run(out, row, n, bias[i] if with_bias else zero, residual, lo, hi, with_bias,
+                   with_residual)
+        if activation >= 0:
+            activate_run(out, row, n, activation, alpha, beta)
 
 
 @compiled
@@ -75,31 +120,58 @@ def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset
     float32 output), that compiled activation
     (:func:`~onnx_light.kernels.compiled_activations.activate_run`, with ``alpha`` and ``beta``)."""
     item = out.itemsize
-    lo, hi = out.dtype.type(low), out.dtype.type(high)
-    zero = out.dtype.type(0)
-    with_bias, with_residual = bias.size > 0, residual.size > 0
     for j0 in range(0, width, tile):
         columns = min(tile, width - j0)
         start = out_offset + j0
         gemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, filters, columns, depth, 1.0, weights.ctypes.data,
              depth, source.ctypes.data + (source_offset + j0) * item, source_stride, 0.0,
              out.ctypes.data + start * item, out_stride)
-        for i in range(filters):
-            row = np.uintp(start + i * out_stride)
-            n = np.uintp(columns)
-            finish_run(out, row, n, bias[i] if with_bias else zero, residual, lo, hi, with_bias,
-                       with_residual)
-            if activation >= 0:
-                activate_run(out, row, n, activation, alpha, beta)
+        _finish_tile(out, start, out_stride, filters, columns, bias, residual, low, high,
+                     activation, alpha, beta)
 
 
-def compile_pointwise(dtype: np.dtype) -> None:
-    """Compile :func:`pointwise_tiles` for ``dtype`` (or load it from numba's cache): a session
-    does it at construction, not in its first run. Its operands are read-only views, as
-    ``direct_1x1`` passes them (one compiled version per type)."""
-    gemm = pointwise_gemm(dtype)
-    if gemm is None:
+@compiled
+def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int,
+                     source_stride: int, out: np.ndarray, out_offset: int, out_stride: int,
+                     filters: int, depth: int, width: int, bias: np.ndarray, residual: np.ndarray,
+                     low: float, high: float, activation: int, alpha: float, beta: float,
+                     tile: int) -> None:
+    """:func:`pointwise_tiles` in float32 with the packed micro-kernel
+    (:func:`~onnx_light.kernels.packed_gemm.packed_rows`) for the product of each tile:
+    ``weights`` are its rows as they are, and its panels are the input's rows themselves (each
+    step of the sum the next channel's 64 positions, ``source_stride`` further), but for the
+    last ``width % 64`` positions, which are packed into one zero-padded panel
+    (:func:`~onnx_light.kernels.packed_gemm.pack_panels`). The product lands straight in the
+    output's rows and is finished as :func:`pointwise_tiles` finishes it. ``out`` is the whole
+    flat output, ``out_stride`` dividing its size; ``tile`` a multiple of 64."""
+    grid = out.reshape(out.size // out_stride, out_stride)
+    row0, column0 = out_offset // out_stride, out_offset % out_stride
+    edge = np.empty((1, depth, NR), np.float32)
+    no_bias = np.zeros(-(-tile // NR) * NR, np.float32)
+    block = max(MR, BLOCK_A_BYTES // (4 * max(depth, 1)) // MR * MR)
+    for j0 in range(0, width, tile):
+        columns = min(tile, width - j0)
+        full = columns // NR * NR
+        if full > 0:
+            # the first block of filters fetches each channel's next 64 positions
+            packed_rows(weights, source, (source_offset + j0, NR, source_stride, NR), no_bias, False,
+                        grid, 0, filters, block, row0, column0 + j0, full)
+        if full < columns:
+            pack_panels(source, source_offset + j0 + full, source_stride, depth, columns - full, edge)
+            packed_rows(weights, edge, packed_layout(depth), no_bias, False, grid, 0, filters, block,
+                        row0, column0 + j0 + full, columns - full)
+        _finish_tile(out, out_offset + j0, out_stride, filters, columns, bias, residual, low, high,
+                     activation, alpha, beta)
+
+
+def compile_pointwise(dtype: np.dtype, product: str) -> None:
+    """Compile what :func:`pointwise_product` picks for ``dtype`` and ``product`` (or load it
+    from numba's cache): a session does it at construction, not in its first run. Its
+    operands are read-only views, as ``direct_1x1`` passes them (one compiled version per
+    type)."""
+    function = pointwise_product(dtype, product)
+    if function is None:
         return
     w, x, empty = (read_only(np.ones(shape, dtype)) for shape in ((1, 1), 1, 0))
-    pointwise_tiles.dispatcher(gemm, w, x, 0, 1, np.empty(1, dtype), 0, 1, 1, 1, 1, empty, empty,
-                               -math.inf, math.inf, -1, 1.0, 0.0, 16)
+    function(w, x, 0, 1, np.empty(1, dtype), 0, 1, 1, 1, 1, empty, empty, -math.inf, math.inf, -1,
+             1.0, 0.0, TILE_COLUMNS)
