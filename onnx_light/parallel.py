@@ -32,6 +32,7 @@ them, so a kernel gives the same results whether a region runs in parallel or in
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import operator
 import os
@@ -40,11 +41,20 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from threadpoolctl import ThreadpoolController
 
 __all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
 
 _STOP = object()  # task sentinel telling workers to exit
+# The shared counters a hot pool's threads spin on (int64 slots of _Core.flags): regions
+# published, hot scopes in force (0 or 1), regions whose last block finished while the caller
+# waited.
+_GENERATION, _HOT, _FINISHED = 0, 1, 2
+#: A spinning thread that finds this many microseconds between two of its reads was preempted
+#: by another task: it stops spinning and sleeps, so that on a busy machine the pool behaves
+#: as one that never spins.
+_PREEMPTED_US = 20.0
 
 
 class _Local(threading.local):
@@ -59,7 +69,8 @@ _tls = _Local()
 class _Core:
     """State shared between a pool and its workers (kept apart so workers do not pin the pool)."""
 
-    __slots__ = ("count_lock", "done", "remaining", "task", "threads", "wake", "woken")
+    __slots__ = ("count_lock", "done", "flags", "gap", "hot", "hot_lock", "limit", "remaining", "spin",
+                 "task", "threads", "wake", "woken")
 
     def __init__(self, num_workers: int) -> None:
         self.task: object = None
@@ -74,22 +85,74 @@ class _Core:
         # before its workers wake: the next region must not release their locks again)
         self.woken = [False] * num_workers
         self.threads: list[threading.Thread] = []
+        self.flags = np.zeros(3, np.int64)  # read by spinning threads without the GIL
+        self.hot = 0  # hot scopes in force (ThreadPool.hot), under hot_lock
+        self.hot_lock = threading.Lock()
+        self.spin: Callable[..., int] | None = None  # kernels.spin.spin_while, once loaded
+        self.limit = 0  # cycles a thread spins before it sleeps
+        self.gap = 0  # cycles between two reads that mean the spinning thread was preempted
 
     def wake_workers(self, count: int) -> None:
-        """Wake the first ``count`` workers (those not woken already) for the published task."""
+        """Wake the first ``count`` workers (those not woken already) for the published task:
+        release their locks, then count the region for the workers that spin (which take a
+        released lock when they see the count change)."""
         woken, wake = self.woken, self.wake
         for i in range(count):
             if not woken[i]:
                 woken[i] = True
                 wake[i].release()
+        self.flags[_GENERATION] += 1
+
+    def await_region(self, wake: threading.Lock) -> None:
+        """Take a worker's wake-up: while the pool is hot, spin for up to :attr:`limit` cycles
+        until a region is published and this worker's lock released, then sleep on it."""
+        flags, spin = self.flags, self.spin
+        if spin is None or not flags[_HOT]:
+            wake.acquire()
+            return
+        # The count read before the lock is tried: a region published in between changes it.
+        seen = int(flags[_GENERATION])
+        while not wake.acquire(False):
+            current = spin(flags, _GENERATION, seen, _HOT, self.limit, self.gap)
+            if current == seen:  # no region within the limit, or the run is over
+                wake.acquire()
+                return
+            seen = current
+
+    def finish(self, lock: threading.Lock) -> None:
+        """Count a region finished and release the lock its caller waits on."""
+        self.flags[_FINISHED] += 1
+        lock.release()
+
+    def await_finish(self, lock: threading.Lock, finished: int) -> None:
+        """The caller's wait for its region's last block (``finished``: the count before the
+        region): spinning, without the GIL, while the pool is hot, then on the lock. An
+        interruption (KeyboardInterrupt) is raised only once the lock is taken, so that no
+        late release can leak into the next region."""
+        spin, flags = self.spin, self.flags
+        interrupted: BaseException | None = None
+        if spin is not None and flags[_HOT]:
+            try:
+                spin(flags, _FINISHED, finished, _HOT, self.limit, self.gap)
+            except BaseException as exc:
+                interrupted = exc
+        while True:
+            try:
+                lock.acquire()
+                break
+            except BaseException as exc:
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
 
 class _Chunks:
     """A chunked region: contiguous chunks that whichever thread is free claims in order."""
 
-    __slots__ = ("bounds", "claimed", "done", "errors", "finished", "fn", "lock", "waiting")
+    __slots__ = ("bounds", "claimed", "core", "done", "errors", "finished", "fn", "lock", "waiting")
 
-    def __init__(self, fn: Callable[[int, int], None], bounds: list[int]) -> None:
+    def __init__(self, core: _Core, fn: Callable[[int, int], None], bounds: list[int]) -> None:
+        self.core = core
         self.fn = fn
         self.bounds = bounds
         self.claimed = itertools.count()  # next() is atomic under the GIL
@@ -114,16 +177,17 @@ class _Chunks:
                 self.finished += 1
                 last = self.finished == count and self.waiting
             if last:
-                self.done.release()
+                self.core.finish(self.done)
 
-    def wait(self) -> None:
-        """Return once every chunk is finished (the caller claims no more)."""
+    def wait(self, finished: int) -> None:
+        """Return once every chunk is finished (the caller claims no more); ``finished``: the
+        core's count of finished regions before this one."""
         count = len(self.bounds) - 1
         with self.lock:
             if self.finished == count:
                 return
             self.waiting = True
-        self.done.acquire()
+        self.core.await_finish(self.done, finished)
 
 
 def _worker_main(core: _Core, index: int) -> None:
@@ -132,7 +196,7 @@ def _worker_main(core: _Core, index: int) -> None:
     wake = core.wake[index]
     count_lock = core.count_lock
     while True:
-        wake.acquire()
+        core.await_region(wake)
         core.woken[index] = False  # before reading the task: a region published later wakes us
         task = core.task
         if task is _STOP:
@@ -156,7 +220,7 @@ def _worker_main(core: _Core, index: int) -> None:
             core.remaining -= 1
             last = core.remaining == 0
         if last:
-            core.done.release()
+            core.finish(core.done)
 
 
 def _start_core(num_workers: int, label: str) -> _Core:
@@ -307,6 +371,7 @@ class ThreadPool:
         errors: list[BaseException] = []
         core.remaining = blocks - 1
         core.task = (fn, bounds, errors)
+        finished = int(core.flags[_FINISHED])
         core.wake_workers(blocks - 1)
         _tls.active = core
         try:
@@ -317,16 +382,10 @@ class ThreadPool:
             _tls.active = None
         # Wait for the workers even if interrupted (KeyboardInterrupt): leaving early would let
         # a late "done" release leak into the next region.
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                core.done.acquire()
-                break
-            except BaseException as exc:
-                interrupted = exc
-        core.task = None
-        if interrupted is not None:
-            raise interrupted
+        try:
+            core.await_finish(core.done, finished)
+        finally:
+            core.task = None
         return errors
 
     def parallel_chunks(self, n: int, fn: Callable[[int, int], None], chunks: int) -> None:
@@ -368,26 +427,21 @@ class ThreadPool:
             if core is None:  # first use in a forked child: restart the workers
                 self._start()
                 core = self._core
-            region = _Chunks(fn, bounds)
+            region = _Chunks(core, fn, bounds)
             core.task = region
+            finished = int(core.flags[_FINISHED])
             core.wake_workers(min(self._num_threads, chunks) - 1)
             _tls.active = core
             try:
                 region.run()
             finally:
                 _tls.active = None
-            interrupted: BaseException | None = None
-            while True:  # as in _run_region: never leave with a chunk still running
-                try:
-                    region.wait()
-                    break
-                except BaseException as exc:
-                    interrupted = exc
-            core.task = None
+            try:  # as in _run_region: never leave with a chunk still running
+                region.wait(finished)
+            finally:
+                core.task = None
         finally:
             region_lock.release()
-        if interrupted is not None:
-            raise interrupted
         errors = region.errors
         if errors:
             err = errors[0]
@@ -395,6 +449,16 @@ class ThreadPool:
                 raise err
             finally:
                 del err, errors
+
+    def hot(self, spin_us: float) -> _HotScope:
+        """A block (``with pool.hot(spin_us):``, around a whole session run) in which threads
+        that wait for a region, or for a region's last block, spin for up to ``spin_us``
+        microseconds before they sleep: a woken thread costs 20-60 us on a virtual machine
+        whose idle processor halts (docs/parallel.md). Scopes may overlap (sessions in several
+        threads); when the last one ends every spinning thread stops within a microsecond
+        and sleeps. Nothing spins with ``spin_us <= 0``, in a one-thread pool, or where the
+        compiled spin loop is not available (no numba, no cycle counter)."""
+        return _HotScope(self, spin_us)
 
     def close(self) -> None:
         """Stop the workers (waiting for a running region first). Idempotent."""
@@ -418,6 +482,50 @@ class ThreadPool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@functools.cache
+def _spin_loop() -> tuple[Callable[..., int], float] | None:
+    """The compiled spin loop and the cycle counter's rate, or None where nothing can spin."""
+    from .kernels.spin import cycles_per_second, spin_while
+
+    rate = cycles_per_second()
+    return None if rate <= 0 else (spin_while.dispatcher, rate)
+
+
+class _HotScope:
+    """The block of :meth:`ThreadPool.hot` (a class: a session enters one per run)."""
+
+    __slots__ = ("_core", "_pool", "_spin_us")
+
+    def __init__(self, pool: ThreadPool, spin_us: float) -> None:
+        self._pool, self._spin_us = pool, spin_us
+        self._core: _Core | None = None
+
+    def __enter__(self) -> None:
+        core = self._pool._core
+        if core is None or self._spin_us <= 0:
+            return
+        loop = _spin_loop()
+        if loop is None:
+            return
+        spin, rate = loop
+        with core.hot_lock:
+            core.spin = spin
+            core.limit = int(self._spin_us * 1e-6 * rate)
+            core.gap = int(_PREEMPTED_US * 1e-6 * rate)
+            core.hot += 1
+            core.flags[_HOT] = 1
+        self._core = core
+
+    def __exit__(self, *exc_info: object) -> None:
+        core, self._core = self._core, None
+        if core is None:
+            return
+        with core.hot_lock:
+            core.hot -= 1
+            if core.hot == 0:
+                core.flags[_HOT] = 0
 
 
 _pools: dict[int, ThreadPool] = {}

@@ -67,6 +67,10 @@ logger = logging.getLogger("onnx_light")
 #: A construction that compiles kernels for longer than this says so at WARNING level (shown
 #: without any logging set up); shorter compilations are logged at INFO.
 COMPILE_NOTICE_SECONDS = 1.0
+#: How long (microseconds) the pool's threads spin, while a run is in progress, waiting for the
+#: next parallel region or for its last block before they sleep (``ThreadPool.hot``): the
+#: session's ``spin_us`` (docs/parallel.md, "Hot regions").
+SPIN_US = 0.0
 
 
 def _report_compiles(count: int, seconds: float) -> None:
@@ -168,6 +172,9 @@ class RuntimeSession:
         self.descriptor = execution_descriptor(num_threads)
         self.num_threads = self.descriptor.num_threads
         self._pool = get_pool(self.num_threads)
+        self.spin_us = SPIN_US
+        with self._pool.hot(self.spin_us):  # loads the spin loop now rather than in a run
+            pass
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
         kernels, nested = dispatch_graph(graph, inferred.graph, opsets, types, table)
@@ -403,7 +410,7 @@ class RuntimeSession:
                 values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
-        with BLAS.scope(1), quiet():
+        with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us):
             if plan is self._plan and node_hook is None:  # the steady state: the bound plan
                 bound = self._arenas.take()
                 try:

@@ -1,0 +1,113 @@
+"""Packed float32 products split over two threads, with the pool cold and hot.
+
+Usage: python benchmarks/hot_regions.py [--shapes 64x256x256 64x256x1024 ...]
+[--spin 0 200] [--rounds 10] [--calls 20] [--quiet]
+
+For each shape ``MxKxN``, interleaved within every round: the packed product (``kernels/
+packed_gemm.py``) on one thread, then split in two chunked halves on a 2-thread pool inside
+``ThreadPool.hot(spin)`` for each ``--spin`` value (0: the pool as it was, every handoff a
+sleeping thread woken). Each timed call follows three untimed serial products of the same
+shape, as a product follows other steps in a model. ``--quiet`` keeps only the calls before
+and after which no task outside this process was runnable (``/proc/loadavg``'s running count
+less this process's running threads; the spinning worker is one of them) and says how many
+were taken again. Printed: a markdown table of median and 20th-percentile microseconds and the
+median over the serial median. Results: docs/parallel.md ("Hot regions").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from onnx_light.kernels.packed_gemm import PackedWeights, available
+from onnx_light.parallel import ThreadPool
+
+
+def others_runnable() -> int:
+    """Runnable tasks outside this process (0 where /proc does not say)."""
+    try:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+        tasks = Path("/proc/self/task")
+        mine = 0
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):
+                mine += (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+    except OSError:
+        return 0
+    return running - mine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["64x256x256", "64x256x1024", "64x1024x256",
+                                                        "128x768x768"])
+    parser.add_argument("--spin", nargs="+", type=float, default=[0.0, 200.0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if not available():
+        print("the packed products need numba and AVX-512")
+        return 1
+    pool = ThreadPool(2)
+    retakes = 0
+    print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average "
+          f"{os.getloadavg()[0]:.2f} before; rounds={args.rounds}, calls={args.calls}, "
+          f"quiet={args.quiet}")
+    print()
+    print("| product | variant | median (us) | 20th percentile (us) | t / serial | calls |")
+    print("|---|---|---:|---:|---:|---:|")
+    for shape in args.shapes:
+        m, k, n = (int(part) for part in shape.split("x"))
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        packed = PackedWeights(rng.standard_normal((k, n)).astype(np.float32))
+        out = np.empty((m, n), np.float32)
+        expected = packed.multiply(a)
+        variants = {"serial": None} | {f"2 threads, spin {spin:g} us": spin for spin in args.spin}
+        times: dict[str, list[float]] = {key: [] for key in variants}
+        for _ in range(args.rounds):
+            for key, spin in variants.items():
+                with pool.hot(spin or 0.0):
+                    for _ in range(args.calls):
+                        for _ in range(3):
+                            packed.multiply(a, out)
+                        if args.quiet and others_runnable() > 0:
+                            retakes += 1
+                            continue
+                        started = time.perf_counter()
+                        if spin is None:
+                            packed.multiply(a, out)
+                        else:
+                            packed.multiply(a, out, pool, 2)
+                        elapsed = time.perf_counter() - started
+                        if args.quiet and others_runnable() > 0:
+                            retakes += 1
+                            continue
+                        times[key].append(elapsed)
+                np.testing.assert_array_equal(out, expected)
+        serial = statistics.median(times["serial"]) if times["serial"] else float("nan")
+        for key, values in times.items():
+            if not values:
+                print(f"| {shape} | {key} | - | - | - | 0 |")
+                continue
+            median = statistics.median(values)
+            print(f"| {shape} | {key} | {median * 1e6:.0f} | "
+                  f"{np.percentile(values, 20) * 1e6:.0f} | {median / serial:.2f} | {len(values)} |")
+    print()
+    print(f"load average {os.getloadavg()[0]:.2f} after; {retakes} calls taken again")
+    pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
