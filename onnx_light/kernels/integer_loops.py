@@ -599,34 +599,34 @@ def _finish_rows(panel, block_columns, row_first, row_stop, column_first, column
     corrected for the zero points as :func:`correct` does, plus the biases, written to
     ``out`` requantized as :func:`requantize` does with ``scaled`` (the byte through its low
     eight bits, the same for uint8 and int8 outputs), else as int32 sums. ``simple``: the
-    correction is a constant per row (:func:`_row_constant`)."""
+    correction is a constant per row (:func:`_row_constant`). The panel is indexed flat, not
+    sliced per row (slices of an argument were slower here: docs/quantization.md)."""
     per_row, per_column = multiplier.shape[0] > 1, multiplier.shape[1] > 1
     lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    start, count = np.uintp(column_first), np.uintp(column_stop - column_first)
     for i in range(row_first, row_stop):
         za = np.int32(row_zero[i])
         weight = np.int32(depth * za - row_sums[i])
         offset = np.int32(row_bias[i])
-        sums = panel[(i - row_first) * block_columns:(i - row_first + 1) * block_columns]
-        start, stop = np.uintp(column_first), np.uintp(column_stop)
-        count = stop - start
+        at = np.uintp((i - row_first) * block_columns)  # the row's sums: panel[at:at + count]
         base = np.int32(0)  # what the writing pass adds: the correction's row constant
         if simple:
             base = np.int32(offset + weight * column_zero[start])
         else:
             for j in range(count):
-                sums[j] = np.int32(sums[j] + weight * column_zero[start + j]
-                                   - za * column_sums[start + j] + offset
-                                   + column_bias[start + j])
+                panel[at + j] = np.int32(panel[at + j] + weight * column_zero[start + j]
+                                         - za * column_sums[start + j] + offset
+                                         + column_bias[start + j])
         target, scales = out[i], multiplier[i if per_row else 0]
         if not scaled:
             for j in range(count):
-                target[start + j] = np.int32(sums[j] + base)
+                target[start + j] = np.int32(panel[at + j] + base)
         elif per_column:
             for j in range(count):
-                value = np.rint(np.float32(np.int32(sums[j] + base)) * scales[start + j]) + shift
+                value = np.rint(np.float32(np.int32(panel[at + j] + base)) * scales[start + j]) + shift
                 target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
         else:
             scale = scales[0]
             for j in range(count):
-                value = np.rint(np.float32(np.int32(sums[j] + base)) * scale) + shift
+                value = np.rint(np.float32(np.int32(panel[at + j] + base)) * scale) + shift
                 target[start + j] = np.uint8(np.int32(min(max(value, lowest), highest)))
