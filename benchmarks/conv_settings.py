@@ -10,7 +10,9 @@ rotating, disturbed rounds retaken), with the benchmark's random weights, and th
 the median and the fastest run of each, and their ratios to onnxruntime's.
 
 Run: ``python benchmarks/conv_settings.py --models vgg19 resnet50 --threads 2
---setting "" --setting im2col.block_bytes=2097152``.
+--setting "" --setting im2col.block_bytes=2097152``; ``--zoo mobilenet_v2 ...`` adds models of
+``model_zoo.py`` (its cached exports, seeded random weights and inputs; needs its torch
+environment to export one that is not cached yet).
 """
 
 from __future__ import annotations
@@ -71,9 +73,29 @@ def registry_with(setting: dict[str, int | str], threads: int) -> KernelTuningRe
     return registry
 
 
+def _light_model(name: str) -> tuple[str, onnx.ModelProto, dict[str, np.ndarray]]:
+    """A light model with random weights, and its input."""
+    model = with_random_weights(onnx.load(model_path(name)))
+    input_name, x = model_input(model)
+    return name, model, {input_name: x}
+
+
+def _zoo_model(name: str) -> tuple[str, onnx.ModelProto, dict[str, np.ndarray]]:
+    """A model of ``model_zoo.py`` (its cached export) and its inputs."""
+    import model_zoo
+
+    spec = model_zoo.MODELS[name]
+    feeds = model_zoo.model_feeds(spec)
+    path, _ = model_zoo.model_file(spec, feeds, model_zoo.default_cache_dir(), model_zoo.package_versions(),
+                                   model_zoo.torch_export)
+    return name, onnx.load(str(path)), feeds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=["resnet50", "vgg19"])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=None,
+                        help="light models (default resnet50 vgg19 unless --zoo is given)")
+    parser.add_argument("--zoo", nargs="+", default=[], help="models of model_zoo.py")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--setting", action="append", default=None,
@@ -83,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"threads {args.threads}, {args.rounds} interleaved rounds, median / fastest in ms "
           f"(ratio to onnxruntime's median / fastest)")
     print(f"{'model':<14} {'setting':<44} {'median':>16} {'fastest':>16}")
-    for name in args.models:
-        model = with_random_weights(onnx.load(model_path(name)))
-        input_name, x = model_input(model)
+    models = args.models if args.models is not None else [] if args.zoo else ["resnet50", "vgg19"]
+    for name, model, feeds in [*map(_light_model, models), *map(_zoo_model, args.zoo)]:
         runs = {}
         for text in settings:
             setting, options = parse_setting(text)
@@ -93,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
                                      registry=registry_with(setting, args.threads), **options)
             runs[text or "(portable)"] = functools.partial(session.run, None)
         runs["onnxruntime"] = functools.partial(onnxruntime_session(model, args.threads).run, None)
-        feeds = {input_name: x}
         samples = Rounds(MAX_RETAKES).run([functools.partial(run, feeds) for run in runs.values()],
                                           args.rounds)
         times = dict(zip(runs, samples, strict=True))
