@@ -4,11 +4,17 @@ AVX-512 micro-kernel reading the input's rows as its panels), and onnxruntime's 
 side in one process.
 
 Each shape is one Conv node (seeded random constant weights, a bias, and optionally a fused
-Relu6 as a Clip) in three sessions run in the interleaved rounds of ``real_models.Rounds``,
-each sample a loop of runs lasting a few milliseconds; the table gives the median sample (time
-of one run, which includes each session's fixed cost per run) and the ratios of the medians.
+Relu6 as a Clip) in three one-thread sessions (onnxruntime's with one intra-op thread), which
+all run on the calling thread: each sample is the thread CPU time of a loop of runs lasting a
+few milliseconds (which other programs on a shared machine disturb far less than wall time),
+the sessions interleaved, their order alternating; the table gives the median sample (time of
+one run, each session's fixed cost per run included) and the ratios of the medians.
 
-Run: ``python benchmarks/conv_pointwise_packed.py [--threads 1 2] [--rounds 7] [--relu6]``.
+``--zoo mobilenet_v2 ...`` times whole models of ``model_zoo.py`` instead (their cached
+exports), one-thread sessions with each value of ``pointwise.product``, in the same way (each
+sample three runs).
+
+Run: ``python benchmarks/conv_pointwise_packed.py [--rounds 15] [--relu6] [--zoo MODEL ...]``.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import argparse
 import functools
 import os
 import sys
+import time
+from collections.abc import Callable
 
 import numpy as np
 import onnx
 from conv_mobile import repeated
-from conv_settings import registry_with
+from conv_settings import _zoo_model, registry_with
 from onnx import TensorProto, helper
-from real_models import Rounds, onnxruntime_session
+from real_models import onnxruntime_session
 
 from onnx_light.kernels import conv, packed_gemm
 from onnx_light.runtime.session import RuntimeSession
@@ -54,39 +62,76 @@ def pointwise_model(channels: int, filters: int, size: int, relu6: bool) -> onnx
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def cpu_samples(loops: list[Callable[[], object]], rounds: int) -> list[list[float]]:
+    """Thread CPU seconds of each loop, ``rounds`` times, interleaved, the order alternating."""
+    samples: list[list[float]] = [[] for _ in loops]
+    for round_ in range(rounds):
+        order = range(len(loops)) if round_ % 2 == 0 else reversed(range(len(loops)))
+        for index in order:
+            start = time.thread_time()
+            loops[index]()
+            samples[index].append(time.thread_time() - start)
+    return samples
+
+
+def _sessions(model: onnx.ModelProto) -> dict[str, Callable[..., object]]:
+    """One-thread sessions of ``model`` with each value of ``pointwise.product``."""
+    return {product: RuntimeSession(model, num_threads=1, registry=registry_with(
+        {conv.POINTWISE_PRODUCT: product}, 1)).run for product in conv.POINTWISE_PRODUCTS}
+
+
+def whole_models(names: list[str], rounds: int) -> int:
+    """The table of whole models, blas against packed."""
+    print(f"load average {os.getloadavg()[0]:.1f}; {rounds} interleaved rounds; thread CPU ms per "
+          f"run (median); one thread")
+    print("| model | blas | packed | packed / blas |\n|---|---|---|---|")
+    for name, model, feeds in map(_zoo_model, names):
+        runs = _sessions(model)
+
+        def three(run: Callable[..., object], feeds: dict[str, np.ndarray] = feeds) -> None:
+            for _ in range(3):
+                run(None, feeds)
+
+        loops = [functools.partial(three, run) for run in runs.values()]
+        for loop in loops:
+            loop()
+        blas, packed = (float(np.median(s)) / 3 * 1e3 for s in cpu_samples(loops, rounds))
+        print(f"| {name} | {blas:.2f} | {packed:.2f} | {packed / blas:.3f} |", flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--relu6", action="store_true", help="a Clip(0, 6) after each Conv")
+    parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
     args = parser.parse_args(argv)
     if not packed_gemm.available():
         print("no AVX-512F: packed runs the BLAS tiles")
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; us per run "
-          f"(median); relu6 {args.relu6}")
-    print("| C -> M at size | threads | blas | packed | onnxruntime | packed / blas | blas / ort "
-          "| packed / ort |\n|---|---|---|---|---|---|---|---|")
-    ratios: dict[int, list[float]] = {}
+    if args.zoo:
+        return whole_models(args.zoo, args.rounds)
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; thread CPU "
+          f"us per run (median); one thread; relu6 {args.relu6}")
+    print("| C -> M at size | blas | packed | onnxruntime | packed / blas | blas / ort "
+          "| packed / ort |\n|---|---|---|---|---|---|---|")
+    ratios = []
     for channels, filters, size in SHAPES:
         model = pointwise_model(channels, filters, size, args.relu6)
         feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
-        for threads in args.threads:
-            runs = {product: RuntimeSession(model, num_threads=threads, registry=registry_with(
-                {conv.POINTWISE_PRODUCT: product}, threads)).run for product in ("blas", "packed")}
-            runs["ort"] = onnxruntime_session(model, threads).run
-            loops = {name: repeated(functools.partial(run, None, feeds)) for name, run in runs.items()}
-            samples = Rounds(3).run([loop for loop, _ in loops.values()], args.rounds)
-            median = {name: float(np.median(s)) / loops[name][1] * 1e6
-                      for name, s in zip(loops, samples, strict=True)}
-            ratios.setdefault(threads, []).append(median["packed"] / median["blas"])
-            print(f"| {channels} -> {filters} at {size}x{size} | {threads} | {median['blas']:.0f} "
-                  f"| {median['packed']:.0f} | {median['ort']:.0f} "
-                  f"| {median['packed'] / median['blas']:.2f} | {median['blas'] / median['ort']:.2f} "
-                  f"| {median['packed'] / median['ort']:.2f} |", flush=True)
-    for threads, values in ratios.items():
-        geomean = float(np.exp(np.mean(np.log(values))))
-        print(f"\n{threads} thread(s): geometric mean packed / blas {geomean:.2f}, "
-              f"range {min(values):.2f}-{max(values):.2f}")
+        runs = _sessions(model)
+        runs["ort"] = onnxruntime_session(model, 1).run
+        loops = {name: repeated(functools.partial(run, None, feeds)) for name, run in runs.items()}
+        samples = cpu_samples([loop for loop, _ in loops.values()], args.rounds)
+        median = {name: float(np.median(s)) / loops[name][1] * 1e6
+                  for name, s in zip(loops, samples, strict=True)}
+        ratios.append(median["packed"] / median["blas"])
+        print(f"| {channels} -> {filters} at {size}x{size} | {median['blas']:.0f} "
+              f"| {median['packed']:.0f} | {median['ort']:.0f} "
+              f"| {median['packed'] / median['blas']:.2f} | {median['blas'] / median['ort']:.2f} "
+              f"| {median['packed'] / median['ort']:.2f} |", flush=True)
+    geomean = float(np.exp(np.mean(np.log(ratios))))
+    print(f"\ngeometric mean packed / blas {geomean:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
