@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -95,12 +96,18 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"light models ({', '.join(MODELS)}) or model_zoo.py's")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="'thread': the calling thread's CPU time (one thread only: what the "
+                             "load of a shared machine disturbs least)")
     parser.add_argument("--setting", action="append", default=None,
                         help="name=value[,name=value]; repeat for each setting ('' = portable)")
     args = parser.parse_args(argv)
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread measures one thread")
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     settings = args.setting if args.setting is not None else [""]
-    print(f"threads {args.threads}, {args.rounds} interleaved rounds, median / fastest in ms "
-          f"(ratio to onnxruntime's median / fastest)")
+    print(f"threads {args.threads}, {args.rounds} interleaved rounds, {args.clock} clock, median / "
+          f"fastest in ms (ratio to onnxruntime's median / fastest)")
     print(f"{'model':<14} {'setting':<44} {'median':>16} {'fastest':>16}")
     for name in args.models:
         model, feeds = load_model(name)
@@ -111,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                                      registry=registry_with(setting, args.threads), **options)
             runs[text or "(portable)"] = functools.partial(session.run, None)
         runs["onnxruntime"] = functools.partial(onnxruntime_session(model, args.threads).run, None)
-        samples = Rounds(MAX_RETAKES).run([functools.partial(run, feeds) for run in runs.values()],
-                                          args.rounds)
+        samples = Rounds(MAX_RETAKES, clock=clock).run(
+            [functools.partial(run, feeds) for run in runs.values()], args.rounds)
         times = dict(zip(runs, samples, strict=True))
         median_peer, fastest_peer = np.median(times["onnxruntime"]), min(times["onnxruntime"])
         for label, samples in times.items():
