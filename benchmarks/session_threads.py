@@ -8,14 +8,17 @@ Each variant is ``THREADS[,SETTING...]`` with settings
 * ``gemm=MODE@EXPONENT``: every Gemm and MatMul step configured with ``parallel.mode`` MODE
   from 2^EXPONENT multiply-adds;
 * ``elementwise=serial``: every step tuned by ``parallel.minimum_elements`` alone (the
-  elementwise kernels and fused chains) kept serial.
+  elementwise kernels and fused chains) kept serial;
+* ``spin=US``: the session's ``spin_us`` (``ThreadPool.hot``: how long the pool's threads spin
+  waiting for each other during a run before they sleep; 0: never).
 
 The variant ``1`` (one thread, as tuned) is always measured first and is the reference. A
 timed run counts only if no other task was runnable just before and just after it (the running
 count of ``/proc/loadavg``, less this process's own thread), so the figures are those of the
 moments the machine was quiet; a run that sees another task is taken again (counted in the
 header; a variant left without a run by ``--max-seconds`` shows 0 runs). Without
-``/proc/loadavg`` every run counts. Each timed run follows 20 ms of untimed runs of the same
+``/proc/loadavg``, or with ``--every-run`` (a machine that is never quiet), every run
+counts. Each timed run follows 20 ms of untimed runs of the same
 session; the variants take turns. Outputs are checked against the one-thread session's.
 
 The models are the model zoo's cached exports (``benchmarks/model_zoo.py``, run it first with
@@ -43,29 +46,20 @@ if str(HERE) not in sys.path:
 import model_zoo  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
+from hot_regions import others_runnable  # noqa: E402
 
 from onnx_light.kernels import gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
 from onnx_light.runtime import RuntimeSession, branches  # noqa: E402
 
 WARM_S = 0.02
-LOADAVG = Path("/proc/loadavg")
-
-
-def others_runnable() -> int:
-    """Tasks runnable now besides the calling thread (0 where the count is unknown)."""
-    try:
-        running = LOADAVG.read_text().split()[3].split("/")[0]
-    except OSError:
-        return 0
-    return int(running) - 1
 
 
 def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     """The session ``variant`` names (see the module's docstring)."""
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
-    unknown = set(options) - {"branches", "gemm", "elementwise"}
+    unknown = set(options) - {"branches", "gemm", "elementwise", "spin"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -76,6 +70,8 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
                                  branches=options.get("branches", "on") != "off")
     finally:
         branches.BRANCH_MINIMUM_WORK = saved
+    if "spin" in options:
+        session.spin_us = float(options["spin"])
     products = None
     if "gemm" in options:
         mode, exponent = options["gemm"].split("@")
@@ -92,8 +88,9 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
 
 
 def measure(sessions: dict[str, RuntimeSession], feeds: dict[str, np.ndarray], samples: int,
-            deadline: float) -> tuple[dict[str, list[float]], int]:
-    """Seconds per counted run of each session, and the runs taken again."""
+            deadline: float, gate: bool = True) -> tuple[dict[str, list[float]], int]:
+    """Seconds per counted run of each session, and the runs taken again (``gate``: only runs
+    at quiet instants count)."""
     times: dict[str, list[float]] = {key: [] for key in sessions}
     retakes = 0
     turn = 0
@@ -101,18 +98,18 @@ def measure(sessions: dict[str, RuntimeSession], feeds: dict[str, np.ndarray], s
     while min(map(len, times.values())) < samples and time.monotonic() < deadline:
         key = keys[turn % len(keys)]
         session = sessions[key]
-        while others_runnable() > 0 and time.monotonic() < deadline:
+        while gate and others_runnable() > 0 and time.monotonic() < deadline:
             time.sleep(0.001)
         end = time.perf_counter() + WARM_S
         while time.perf_counter() < end:
             session.run(None, feeds)
-        if others_runnable() > 0:
+        if gate and others_runnable() > 0:
             retakes += 1
             continue
         started = time.perf_counter()
         session.run(None, feeds)
         elapsed = time.perf_counter() - started
-        if others_runnable() > 0:
+        if gate and others_runnable() > 0:
             retakes += 1
             continue
         times[key].append(elapsed)
@@ -126,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["2", "2,branches=all", "2,elementwise=serial"])
     parser.add_argument("--samples", type=int, default=25)
     parser.add_argument("--max-seconds", type=float, default=900.0)
+    parser.add_argument("--every-run", action="store_true", help="count runs whatever the load")
     parser.add_argument("--cache-dir", type=Path, default=model_zoo.default_cache_dir())
     args = parser.parse_args(argv)
     spec = model_zoo.MODELS[args.model]
@@ -140,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for got, expected in zip(session.run(None, feeds), reference, strict=True):
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
     before = os.getloadavg()[0]
-    times, retakes = measure(sessions, feeds, args.samples, time.monotonic() + args.max_seconds)
+    times, retakes = measure(sessions, feeds, args.samples, time.monotonic() + args.max_seconds,
+                             gate=not args.every_run)
     if not times["1"]:
         print(f"{args.model}: no quiet run within {args.max_seconds:.0f} s (load average "
               f"{os.getloadavg()[0]:.2f})")

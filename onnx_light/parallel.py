@@ -55,6 +55,10 @@ _GENERATION, _HOT, _FINISHED = 0, 1, 2
 #: by another task: it stops spinning and sleeps, so that on a busy machine the pool behaves
 #: as one that never spins.
 _PREEMPTED_US = 20.0
+#: A spinning worker that sees a region keeps spinning this many microseconds before it takes
+#: the GIL, which the caller holds until its own block enters compiled code: taken earlier,
+#: the worker would sleep on the GIL and cost a wake-up.
+_SETTLE_US = 4.0
 
 
 class _Local(threading.local):
@@ -69,8 +73,8 @@ _tls = _Local()
 class _Core:
     """State shared between a pool and its workers (kept apart so workers do not pin the pool)."""
 
-    __slots__ = ("count_lock", "done", "flags", "gap", "hot", "hot_lock", "limit", "remaining", "spin",
-                 "task", "threads", "wake", "woken")
+    __slots__ = ("count_lock", "done", "flags", "gap", "hot", "hot_lock", "limit", "remaining",
+                 "settle", "spin", "task", "threads", "wake", "woken")
 
     def __init__(self, num_workers: int) -> None:
         self.task: object = None
@@ -91,6 +95,7 @@ class _Core:
         self.spin: Callable[..., int] | None = None  # kernels.spin.spin_while, once loaded
         self.limit = 0  # cycles a thread spins before it sleeps
         self.gap = 0  # cycles between two reads that mean the spinning thread was preempted
+        self.settle = 0  # cycles a worker that saw a region waits before it takes the GIL
 
     def wake_workers(self, count: int) -> None:
         """Wake the first ``count`` workers (those not woken already) for the published task:
@@ -113,7 +118,7 @@ class _Core:
         # The count read before the lock is tried: a region published in between changes it.
         seen = int(flags[_GENERATION])
         while not wake.acquire(False):
-            current = spin(flags, _GENERATION, seen, _HOT, self.limit, self.gap)
+            current = spin(flags, _GENERATION, seen, _HOT, self.limit, self.gap, self.settle)
             if current == seen:  # no region within the limit, or the run is over
                 wake.acquire()
                 return
@@ -133,7 +138,7 @@ class _Core:
         interrupted: BaseException | None = None
         if spin is not None and flags[_HOT]:
             try:
-                spin(flags, _FINISHED, finished, _HOT, self.limit, self.gap)
+                spin(flags, _FINISHED, finished, _HOT, self.limit, self.gap, 0)
             except BaseException as exc:
                 interrupted = exc
         while True:
@@ -514,6 +519,7 @@ class _HotScope:
             core.spin = spin
             core.limit = int(self._spin_us * 1e-6 * rate)
             core.gap = int(_PREEMPTED_US * 1e-6 * rate)
+            core.settle = int(_SETTLE_US * 1e-6 * rate)
             core.hot += 1
             core.flags[_HOT] = 1
         self._core = core

@@ -71,18 +71,23 @@ _cycles = CompiledIntrinsic(lambda numba: _build(numba)["cycles"], "cycles")
 
 
 @compiled
-def spin_while(flags: np.ndarray, index: int, value: int, hot: int, limit: int, gap: int) -> int:
+def spin_while(flags: np.ndarray, index: int, value: int, hot: int, limit: int, gap: int,
+               settle: int) -> int:
     """Wait while ``flags[index] == value`` and ``flags[hot] != 0``, for at most ``limit``
     cycles, and only while no two reads of the counter are more than ``gap`` cycles apart
     (a longer gap: the thread lost its processor to another task, and spinning would only
     take it again from the busy machine); the value of ``flags[index]`` last read (``value``
-    when the wait ended otherwise)."""
+    when the wait ended otherwise). A changed value is returned ``settle`` cycles after it
+    was seen (time for the thread that changed it to leave the GIL)."""
     start = last = _cycles()
     while True:
         current = _load_acquire(flags, index)
         now = _cycles()
-        if (current != value or _load_acquire(flags, hot) == 0 or now - start > limit
-                or now - last > gap):
+        if current != value:
+            while _cycles() - now < settle:
+                _pause()
+            return current
+        if _load_acquire(flags, hot) == 0 or now - start > limit or now - last > gap:
             return current
         last = now
         _pause()
