@@ -12,7 +12,7 @@ import onnx_light
 from onnx_light.kernels.attention_calibration import AttentionHeadsCrossover, _joined
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.calibration import RowsCrossover
-from onnx_light.kernels.fused_attention import FusedAttention
+from onnx_light.kernels.fused_attention import FusedAttention, repeat_count
 from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax
 from onnx_light.parallel import get_pool
 from onnx_light.runtime import RuntimeSession
@@ -187,6 +187,89 @@ def test_split_heads_are_bit_identical_to_serial(threads):
     split = kernel(get_pool(threads), 1).run(q, k, v, mask)[0]
     assert serial.shape == split.shape == (2, 3, 9, 16)
     assert serial.tobytes() == split.tobytes()
+
+
+def grouped_model(batch, groups, repeat, tokens, size, *, transpose_k=True, mask=True, opset=17):
+    """LLaMA's grouped-query attention as exported: q (batch, groups * repeat, tokens, size),
+    k and v (batch, groups, tokens, size) each repeated by Unsqueeze, Expand and Reshape
+    (``repeat_kv``), K^T by a Transpose (or k given as (batch, groups, size, tokens)), the
+    scale, the causal mask, Softmax, MatMul."""
+    heads = groups * repeat
+    last = {"k": (tokens, size) if transpose_k else (size, tokens), "v": (tokens, size)}
+    inputs = [helper.make_tensor_value_info("q", F, [batch, heads, tokens, size])]
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "axes"),
+             numpy_helper.from_array(np.array(size ** -0.5, np.float32), "c")]
+    nodes = []
+    for name in "kv":
+        inputs.append(helper.make_tensor_value_info(name, F, [batch, groups, *last[name]]))
+        expand, merged = [batch, groups, repeat, *last[name]], [0, heads, -1, last[name][1]]
+        inits += [numpy_helper.from_array(np.array(expand, np.int64), f"{name}x"),
+                  numpy_helper.from_array(np.array(merged, np.int64), f"{name}h")]
+        nodes += [helper.make_node("Unsqueeze", [name, "axes"], [f"{name}5"]),
+                  helper.make_node("Expand", [f"{name}5", f"{name}x"], [f"{name}e"]),
+                  helper.make_node("Reshape", [f"{name}e", f"{name}h"], [f"{name}r"])]
+    key = "kr"
+    if transpose_k:
+        nodes.append(helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]))
+        key = "kt"
+    nodes += [helper.make_node("MatMul", ["q", key], ["s"]), helper.make_node("Mul", ["s", "c"], ["scaled"])]
+    scores = "scaled"
+    if mask:
+        causal = np.triu(np.full((tokens, tokens), np.finfo(np.float32).min, np.float32), 1)
+        inits.append(numpy_helper.from_array(causal.reshape(1, 1, tokens, tokens), "mask"))
+        nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"]))
+        scores = "masked"
+    nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vr"], ["y"])]
+    output = helper.make_tensor_value_info("y", F, None)
+    graph = helper.make_graph(nodes, "gqa", inputs, [output], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=st.integers(1, 2), groups=st.integers(1, 3), repeat=st.integers(1, 4), tokens=st.integers(1, 9),
+       size=st.integers(1, 16), transpose_k=st.booleans(), mask=st.booleans(), seed=st.integers(0, 2**16))
+def test_grouped_query_attention_reads_k_and_v_unrepeated(batch, groups, repeat, tokens, size, transpose_k,
+                                                         mask, seed):
+    """The repetitions fuse into the step (all nodes but one), which never falls back to
+    them, and its output is the unfused graph's within the bound."""
+    model = grouped_model(batch, groups, repeat, tokens, size, transpose_k=transpose_k, mask=mask)
+    nodes = len(model.graph.node)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(FusedAttention, "_unfused", lambda *a: pytest.fail("fell back to the nodes"))
+        session = check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
+    (step,) = fused_steps(session)
+    assert step.run.__self__.repeats[0] is not None and step.run.__self__.repeats[1] is not None
+
+
+def test_repeat_count_checks_that_the_shapes_repeat_the_heads_in_place():
+    x = np.zeros((1, 2, 5, 4), np.float32)
+    assert repeat_count(x, ((1, 2, 3, 5, 4), (1, 6, 5, 4))) == 3
+    assert repeat_count(x, ((1, 1, 3, 1, 1), (0, -1, 5, 4))) == 3  # broadcast ones, 0 and -1
+    assert repeat_count(x, ((1, 2, 3, 5, 4), (0, -1, 5, 0))) is None  # 0 copies the 5-D shape's 5
+    assert repeat_count(x, ((1, 2, 1, 5, 4), (1, 2, 5, 4))) == 1
+    assert repeat_count(x, ((2, 2, 3, 5, 4), (2, 6, 5, 4))) is None  # also repeats the batch
+    assert repeat_count(x, ((1, 2, 3, 5, 4), (1, 2, 15, 4))) is None  # not merged into the heads
+    assert repeat_count(x, ((1, 2, 3, 5, 4), (1, 6, 20))) is None
+    assert repeat_count(x, ((1, 3, 3, 5, 4), (1, 9, 5, 4))) is None  # does not broadcast
+
+
+def test_a_repetition_the_kernel_does_not_take_runs_the_original_nodes():
+    """K and V of one group where the constant shapes say two: the Expand repeats the groups
+    as well as the heads, which the step does not compute; the nodes do."""
+    model = grouped_model(1, 2, 2, 3, 4)
+    (step,) = fused_steps(RuntimeSession(model))
+    kernel = step.run.__self__
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 4, 3, 4)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, 3, 4)).astype(np.float32) for _ in range(2))
+    mask = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "mask"))
+    scores = (q.astype(np.float64) @ k.transpose(0, 1, 3, 2)) * np.float32(0.5) + mask
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (e / e.sum(-1, keepdims=True)) @ v
+    got = kernel.run(q, k, v, mask)[0]
+    assert got.shape == (1, 4, 3, 4)
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
 
 
 def _softmax_declaration():

@@ -3,6 +3,9 @@ unpacked BLAS path, and MatMul / Gemm nodes that pack their weights in a session
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -154,6 +157,85 @@ def test_matmul_with_bias_packs_weights_and_bias() -> None:
     assert session._steps[0][0]._packed is None
     y = session.run(None, {"a": a[0], "c": bias})[0]
     assert np.all(np.abs(y - (a[0].astype(np.float64) @ w + bias)) <= _bound(a[0], w, bias))
+
+
+@avx512
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_feeding_packed_weights_listed_as_an_input_multiplies_the_fed_ones(op: str) -> None:
+    """Weights that are an initializer and a graph input are packed for the usual run; a run
+    that feeds other weights multiplies those (the unfolded plan), the next run without them
+    the packed ones again."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((8, 64)).astype(np.float32)
+    w, fed = (rng.standard_normal((64, 48)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [helper.make_node(op, ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", F, [8, 64]), helper.make_tensor_value_info("w", F, [64, 48])],
+        [helper.make_tensor_value_info("y", F, [8, 48])], [numpy_helper.from_array(w, "w")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                             .SerializeToString())
+    assert session._steps[0][0]._packed is not None
+    for weights, feeds in ((w, {"a": a}), (fed, {"a": a, "w": fed}), (w, {"a": a})):
+        y = session.run(None, feeds)[0]
+        assert np.all(np.abs(y - a.astype(np.float64) @ weights) <= _bound(a, weights, None))
+
+
+def _held_by(data: bytes) -> tuple[RuntimeSession, int]:
+    """A session of the serialized model and the bytes of Python memory it holds."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        session = RuntimeSession(data)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return session, held
+
+
+@avx512
+def test_constant_weights_are_kept_once_in_panels() -> None:
+    """The session keeps packed weights in their panels only: its memory grows by about the
+    weights' size, not twice it (the slot holds a stand-in of their shape that takes none)."""
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((1024, 2048)).astype(np.float32)  # 8 MiB
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", F, [4, 1024])],
+        [helper.make_tensor_value_info("y", F, [4, 2048])], [numpy_helper.from_array(w, "w")])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    _held_by(data)  # imports, compiled kernels, caches: what a second session does not add
+    session, held = _held_by(data)
+    assert w.nbytes <= held < 1.5 * w.nbytes
+    (slot,) = session._released
+    assert session._values[slot].shape == w.shape and session._values[slot].strides == (0, 0)
+    a = rng.standard_normal((4, 1024)).astype(np.float32)
+    assert np.all(np.abs(session.run(None, {"a": a})[0] - a.astype(np.float64) @ w) <= _bound(a, w, None))
+
+
+@avx512
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_a_run_of_the_unfolded_plan_rebuilds_released_weights(trans_b: int) -> None:
+    """Gemm of released weights B and an overridable C (packed as the bias): a run that
+    feeds C takes the unfolded plan, whose Gemm multiplies B rebuilt from the panels, bit
+    for bit the original (transposed back for ``transB``)."""
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((6, 40)).astype(np.float32)
+    w = rng.standard_normal((40, 70)).astype(np.float32)
+    b = np.ascontiguousarray(w.T) if trans_b else w
+    c, fed = (rng.standard_normal(70).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=trans_b)], "g",
+        [helper.make_tensor_value_info("a", F, [6, 40]), helper.make_tensor_value_info("c", F, [70])],
+        [helper.make_tensor_value_info("y", F, [6, 70])],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(c, "c")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                             .SerializeToString())
+    (slot,) = session._released
+    for bias, feeds in ((c, {"a": a}), (fed, {"a": a, "c": fed}), (c, {"a": a})):
+        y = session.run(None, feeds)[0]
+        assert np.all(np.abs(y - (a.astype(np.float64) @ w + bias)) <= _bound(a, w, bias))
+    assert session._constants[slot].tobytes() == b.tobytes()
 
 
 def _matmul_session(w: np.ndarray, threads: int) -> RuntimeSession:

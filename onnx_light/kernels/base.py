@@ -336,6 +336,12 @@ class Kernel:
         inputs can differ."""
         return None
 
+    def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
+        """When a :meth:`specialize`d kernel holds the constant input at ``position`` in
+        another form and reads only its shape and type at run time (packed product weights):
+        a function rebuilding that input, so that the session need not keep it; None here."""
+        return None
+
     def settle(self, input_shapes: Sequence[tuple[int, ...] | None]) -> Kernel | None:
         """A kernel that has made, once, the decisions :meth:`run` would make on every call
         for inputs of these shapes (the session's inferred ones, None where unknown): it keeps

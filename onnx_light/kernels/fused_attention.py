@@ -13,8 +13,15 @@ the two products on (and with more than one thread) the heads are split over the
 pool, each block running the three parts on its heads, each BLAS call on one thread. Both
 paths compute every head the same way, so their outputs are bit-identical.
 
-When the inputs at run time are not float32, or the mask does not broadcast to the scores
-along their last axis, the original nodes run one after another instead.
+K and V may also be given before the repetition of grouped-query attention (LLaMA's
+``repeat_kv``: Unsqueeze, Expand, Reshape giving each of G key/value heads to R query heads,
+``repeats`` the Expand's and the Reshape's shapes): the step then views Q's H = G R heads as
+(G, R) and lets the products broadcast K and V over R, so the repeated K and V are never
+made; each head's products and softmax are those of the repeated graph.
+
+When the inputs at run time are not float32, the mask does not broadcast to the scores
+along their last axis, or the repetition's shapes do not repeat K's and V's heads in place,
+the original nodes run one after another instead.
 """
 
 from __future__ import annotations
@@ -40,6 +47,31 @@ ATTENTION_MINIMUM_FLOPS = 1 << 25
 
 _FLOAT32 = np.dtype(np.float32)
 
+#: The shapes of a repetition of grouped-query attention: the Expand's and the Reshape's.
+Repeat = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def repeat_count(x: np.ndarray, repeat: Repeat) -> int | None:
+    """R when ``Reshape(Expand(Unsqueeze(x, axis -3), expand), reshape)`` (Reshape without
+    ``allowzero``) repeats each head of ``x`` (..., G, N, D) R times in place, giving
+    (..., G R, N, D); else None."""
+    expand, reshape = repeat
+    if x.ndim < 3:
+        return None
+    unsqueezed = (*x.shape[:-2], 1, *x.shape[-2:])
+    try:
+        target = np.broadcast_shapes(unsqueezed, expand)
+    except ValueError:
+        return None
+    count = target[-3]
+    if len(reshape) != x.ndim or target != (*x.shape[:-2], count, *x.shape[-2:]):
+        return None
+    dims = [target[i] if d == 0 else d for i, d in enumerate(reshape)]
+    if dims.count(-1) == 1:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = math.prod(target) // known if known else -1
+    return count if tuple(dims) == (*x.shape[:-3], x.shape[-3] * count, *x.shape[-2:]) else None
+
 
 class FusedAttention(Kernel):
     """``softmax(scale * Q K^T + mask) V``: inputs Q, K^T, V (or the Transposes' inputs,
@@ -54,11 +86,13 @@ class FusedAttention(Kernel):
     def __init__(self, ctx: NodeContext, softmax: Kernel, scale: float,
                  perms: tuple[tuple[int, ...] | None, ...], input_slots: Slots,
                  nodes: Sequence[tuple[Kernel, Slots, Slots]],
-                 constants: Mapping[int, np.ndarray]) -> None:
+                 constants: Mapping[int, np.ndarray],
+                 repeats: tuple[Repeat | None, Repeat | None] = (None, None)) -> None:
         super().__init__(ctx)
         self.softmax = softmax
         self.scale = scale
         self.perms = perms
+        self.repeats = repeats
         self.input_slots = input_slots
         self.nodes = tuple(nodes)
         self.constants = dict(constants)
@@ -89,8 +123,19 @@ class FusedAttention(Kernel):
                mask: np.ndarray | None) -> np.ndarray | None:
         if any(x.dtype != _FLOAT32 for x in (q, k, v)) or (mask is not None and mask.dtype != _FLOAT32):
             return None
+        counts = {repeat_count(x, repeat) for x, repeat in zip((k, v), self.repeats, strict=True)
+                  if repeat is not None}
+        if None in counts or len(counts) > 1:
+            return None
         q, k, v = (x if perm is None or len(perm) != x.ndim else np.transpose(x, perm)
                    for x, perm in zip((q, k, v), self.perms, strict=True))
+        if counts:  # grouped-query attention: Q's heads as (G, R), K and V broadcast over R
+            (count,) = counts
+            groups = k.shape[-3]
+            if q.ndim < 3 or v.ndim < 3 or q.shape[-3] != groups * count or v.shape[-3] != groups:
+                return None
+            q = q.reshape(*q.shape[:-3], groups, count, *q.shape[-2:])
+            k, v = k[..., None, :, :], v[..., None, :, :]
         if min(q.ndim, k.ndim, v.ndim) < 2 or q.shape[-1] != k.shape[-2] or k.shape[-1] != v.shape[-2]:
             return None
         try:
@@ -98,12 +143,19 @@ class FusedAttention(Kernel):
         except ValueError:
             return None
         scores_shape = (*batch, q.shape[-2], k.shape[-1])
+        heads = (*batch[:-2], batch[-2] * batch[-1]) if counts else batch  # the graph's heads
         rows = MASK_NONE
         if mask is not None:
-            rows = mask_layout(mask.shape, scores_shape)
+            rows = mask_layout(mask.shape, (*heads, *scores_shape[-2:]))
             if rows is None:
                 return None
             mask = np.ascontiguousarray(mask)
+        out = self._heads(q, k, v, mask, rows, batch, scores_shape)
+        return out.reshape(*heads, *out.shape[-2:]) if counts else out
+
+    def _heads(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+               rows: np.ndarray, batch: tuple[int, ...], scores_shape: tuple[int, ...]) -> np.ndarray:
+        """The three parts over the (broadcast) ``batch`` of heads, serially or split."""
         count = math.prod(batch)
         flops = count * q.shape[-2] * k.shape[-1] * (q.shape[-1] + v.shape[-1])
         with BLAS.limited(1 if self.num_threads > 1 else None):  # a 1-thread session holds 1

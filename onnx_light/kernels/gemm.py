@@ -244,6 +244,15 @@ class _ProductKernel(Kernel):
         kernel._packed.compile()
         return kernel
 
+    def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
+        """For the input at ``position``: when it is B and this kernel holds it packed (and
+        reads only its shape and type at run time), a function rebuilding B from the panels;
+        else None."""
+        packed = self._packed
+        if packed is None or position != 1:
+            return None
+        return packed.weights
+
     def _packed_for(self, shape: Sequence[int], dtype: np.dtype) -> packed_gemm.PackedWeights | None:
         """The packed weights, when a float32 A of ``shape`` (..., M, K) multiplies them; else
         None (BLAS computes it)."""
@@ -508,6 +517,20 @@ class GemmKernel(_ProductKernel):
         else:
             epilogue = _float_epilogue(alpha, beta, c2, compute_dtype(a.dtype))
         return (self._product(a, b, epilogue, alpha, c2, beta),)
+
+    def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
+        """As :meth:`_ProductKernel.packed_input`, B transposed back where ``transB`` packed
+        its transpose."""
+        rebuild = super().packed_input(position)
+        if rebuild is None or not self.trans_b:
+            return rebuild
+
+        def transposed() -> np.ndarray:
+            b = np.ascontiguousarray(rebuild().T)
+            b.flags.writeable = False
+            return b
+
+        return transposed
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Constant float32 weights B packed once (:meth:`_pack`), with a constant C of one

@@ -340,6 +340,13 @@ class PackedWeights:
         self._function = packed_rows.dispatcher
         self.block = max(MR, BLOCK_A_BYTES // (4 * max(k, 1)) // MR * MR)
 
+    def weights(self) -> np.ndarray:
+        """W again (K, N), rebuilt from the panels (bit for bit: they are W's values), a new
+        read-only array."""
+        w = np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(self.k, -1)[:, :self.n])
+        w.flags.writeable = False
+        return w
+
     def compile(self) -> None:
         """Compile (or load from numba's disk cache) the product now."""
         self.multiply(np.zeros((1, self.k), np.float32))

@@ -11,10 +11,17 @@ wav2vec2 from PyTorch), every value float32::
     [P = Cast(P, to=FLOAT)] ...                  float-to-float Casts, as GPT-2 and ViT have
     O  = MatMul(P, V)
 
+where K and V (before their Transposes) may each be the repetition of grouped-query
+attention, as LLaMA's export writes ``repeat_kv`` (shapes constant)::
+
+    k = Reshape(Expand(Unsqueeze(k4, axes=[-3 of 5]), shape), shape')   k4 (..., G, N, D)
+
 becomes one :class:`~onnx_light.kernels.fused_attention.FusedAttention` step at the place of
 the last MatMul, reading q, k, v (a Transpose is absorbed when only this pattern reads its
-output) and M. Every value between the first MatMul and the last must be read by the next
-node of the pattern only and must not be a graph output; otherwise nothing is fused. The
+output, and a repetition when only this pattern reads its values and the Transpose after it,
+if any, keeps the heads' axis) and M. Every value between the first MatMul and the last must
+be read by the next node of the pattern only and must not be a graph output; otherwise
+nothing is fused. The
 fusion is refused when the scores' rank is unknown (the Softmax axis cannot be checked), the
 axis is not the last, the types are not float32, or the mask's static shape does not
 broadcast to the scores' along their last axis without enlarging them. The step is tuned as
@@ -30,14 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel
 from ..kernels.compiled_softmax import mask_layout
-from ..kernels.fused_attention import FusedAttention
+from ..kernels.fused_attention import FusedAttention, Repeat
 from ..kernels.reductions import Softmax
 
 __all__ = ["fuse_attention"]
@@ -73,6 +80,7 @@ class _Match:
     perms: tuple[tuple[int, ...] | None, ...]
     scale: float
     constants: dict[int, np.ndarray]
+    repeats: tuple[Repeat | None, Repeat | None]
 
     def step(self, steps: Sequence[Step]) -> Step:
         softmax = self.softmax
@@ -80,7 +88,7 @@ class _Match:
         ctx = dataclasses.replace(softmax.ctx, op_type=FusedAttention.op_type, num_inputs=4,
                                   input_types=(TensorProto.FLOAT,) * 4)
         kernel = FusedAttention(ctx, softmax, self.scale, self.perms, self.inputs, nodes,
-                                self.constants).bind(softmax.pool)
+                                self.constants, self.repeats).bind(softmax.pool)
         return kernel, self.inputs, nodes[-1][2]
 
 
@@ -161,7 +169,7 @@ def _match(position: int, steps: Sequence[Step], known: Mapping[int, np.ndarray]
         positions.append(index)
         v = inputs[1]
         break
-    operands, perms = [], []
+    operands, perms, repeats = [], [], []
     for slot in (q, k, v):
         index = private(slot, "Transpose")
         perm = getattr(steps[index][0], "perm", None) if index is not None else None
@@ -172,9 +180,45 @@ def _match(position: int, steps: Sequence[Step], known: Mapping[int, np.ndarray]
             positions.append(index)
             operands.append(steps[index][1][0])
             perms.append(tuple(perm))
+    for i in (1, 2):  # K and V: a repetition of grouped-query attention before the Transpose
+        perm = perms[i]
+        found = _repetition(operands[i], steps, known, shapes, private)
+        if found is not None and (perm is None or list(perm[:-2]) == list(range(len(perm) - 2))):
+            operands[i], repeat, nodes, shape_constants = found
+            positions += nodes
+            constants.update(shape_constants)
+            repeats.append(repeat)
+        else:
+            repeats.append(None)
     if any(s is None for s in operands):
         return None
-    return _Match(softmax, sorted(positions), (*operands, mask), tuple(perms), scale, constants)
+    return _Match(softmax, sorted(positions), (*operands, mask), tuple(perms), scale, constants,
+                  (repeats[0], repeats[1]))
+
+
+def _repetition(slot: int | None, steps: Sequence[Step], known: Mapping[int, np.ndarray], shapes: Shapes,
+                private: Callable[[int | None, str], int | None]
+                ) -> tuple[int, Repeat, list[int], dict[int, np.ndarray]] | None:
+    """Back from ``slot``: ``Reshape(Expand(Unsqueeze(x, axis -3 of the result), shape),
+    shape')`` with constant shapes, each value read once: (x, the two shapes, the nodes'
+    places, the constants they read); None otherwise (the kernel checks at run time that the
+    shapes repeat x's heads in place)."""
+    reshape = private(slot, "Reshape")
+    expand = private(steps[reshape][1][0], "Expand") if reshape is not None else None
+    unsqueeze = private(steps[expand][1][0], "Unsqueeze") if expand is not None else None
+    if unsqueeze is None or getattr(steps[reshape][0], "allowzero", 0):
+        return None
+    kernel, inputs, _ = steps[unsqueeze]
+    x, rank = inputs[0], len(shapes.get(inputs[0]) or ())
+    axes_slot = inputs[1] if len(inputs) > 1 else None
+    axes = known.get(axes_slot) if axes_slot is not None else kernel.ctx.attribute("axes")
+    shape_slots = (steps[expand][1][1], steps[reshape][1][1])
+    if (rank < 3 or axes is None or [int(a) % (rank + 1) for a in np.ravel(axes)] != [rank - 2]
+            or any(s not in known for s in shape_slots)):
+        return None
+    expand_shape, reshape_shape = (tuple(int(d) for d in known[s].reshape(-1)) for s in shape_slots)
+    constants = {s: known[s] for s in (*shape_slots, axes_slot) if s is not None}
+    return x, (expand_shape, reshape_shape), [unsqueeze, expand, reshape], constants
 
 
 def _mask_fits(mask_shape: Sequence[int | str | None] | None,

@@ -228,12 +228,21 @@ class RuntimeSession:
         self.generation = self._configuration.generation
         self.tuning_resolution_seconds = time.perf_counter() - tuning_started
         # Step 6: kernels may specialize for the inputs that are constant in the folded plan,
-        # and settle what they decide from the inferred shapes once.
-        steps = [(kernel.specialize([None if s is None else known.get(s) for s in inputs]) or kernel,
-                  inputs, outputs) for kernel, inputs, outputs in steps]
+        # and settle what they decide from the inferred shapes once. A kernel specialized
+        # for an initializer a feed may override (packed weights) holds its value: a run
+        # that feeds it takes the unfolded plan, as for a folded value.
+        overridable = set(self._feed_slots.values()) & set(self._constants)
+        specialized = []
+        for kernel, inputs, outputs in steps:
+            chosen = kernel.specialize([None if s is None else known.get(s) for s in inputs])
+            if chosen is not None:
+                self._fold_sources |= overridable.intersection(inputs)
+            specialized.append((chosen or kernel, inputs, outputs))
+        steps = specialized
         self._steps = [(kernel.settle([static_shape(s, known, shapes) for s in inputs]) or kernel,
                         inputs, outputs) for kernel, inputs, outputs in steps]
         self._plans(every_step, known, shapes, branches)
+        self._release_packed_constants()
 
     def _fold_and_fuse(self, every_step: list[NodeStep],
                        output_shapes: Callable[[Kernel], list[list[int | str | None] | None]],
@@ -282,10 +291,34 @@ class RuntimeSession:
         self._plan_memory(steps, known, graph_outputs)
         self._unfolded_inputs = (every_step, shapes, grouped)
 
+    def _release_packed_constants(self) -> None:
+        """Let go of the initializers that every step of the plan reading them holds packed
+        (product weights, kept again in panels): their slots get a stand-in of their shape
+        and type that takes no memory (the packed kernels read only those), and the unfolded
+        plan, whose kernels multiply them, gets them rebuilt from the panels on its first
+        run (``_released``)."""
+        readers: dict[int, list[tuple[Kernel, int]]] = {}
+        for kernel, inputs, _ in self._steps:
+            for position, s in enumerate(inputs):
+                if s is not None:
+                    readers.setdefault(s, []).append((kernel, position))
+        kept = set(self._feed_slots.values()) | set(self._output_slots.values())
+        self._released: dict[int, Callable[[], np.ndarray]] = {}
+        for s, array in self._constants.items():
+            rebuilds = [kernel.packed_input(position) for kernel, position in readers.get(s, ())]
+            if s in kept or not rebuilds or None in rebuilds:
+                continue
+            self._released[s] = rebuilds[0]
+            stand_in = np.broadcast_to(np.zeros((), array.dtype), array.shape)
+            self._constants[s] = self._values[s] = self._values_unfolded[s] = stand_in
+
     @functools.cached_property
     def _unfolded(self) -> tuple[tuple[Any, ...], Handoff]:
         """The plan without folding and its hand-off, for runs that feed an initializer the
-        folding used: planned on the first such run (most sessions never take it)."""
+        folding used: planned on the first such run (most sessions never take it), with the
+        released constants rebuilt."""
+        for s, rebuild in self._released.items():
+            self._constants[s] = self._values_unfolded[s] = rebuild()
         every_step, shapes, grouped = self._unfolded_inputs
         graph_outputs = list(self._output_slots.values())
         plan = plan_steps(every_step, set(self._constants) | set(graph_outputs))
