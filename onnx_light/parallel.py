@@ -13,6 +13,10 @@ the hot path is kept to a handful of raw lock operations:
   Event and Condition variants measured about 1.2-1.6x slower. Spinning (polling with
   ``time.sleep(0)`` / ``os.sched_yield``) was slower still under the GIL, so threads block.
   What remains is dominated by the OS waking a sleeping thread (see docs/parallel.md).
+* Inside :meth:`ThreadPool.hot` (a session's run) the threads wait for each other by spinning
+  first, without the GIL, in a compiled loop (:mod:`.kernels.spin`) on a shared counter, for a
+  bounded time, and stop as soon as they find themselves preempted; the locks stay the only
+  synchronisation. Outside it nothing spins.
 * A call made while the calling thread is already executing a block of a multi-block region
   (of any pool) runs its blocks serially inline: no deadlock and no oversubscription.
 * Concurrent callers: a region holds the pool's region lock, taken with a non-blocking
