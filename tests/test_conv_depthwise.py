@@ -229,3 +229,21 @@ def test_calibration_turns_the_compiled_kernel_off_where_it_is_slower(monkeypatc
                                  corpus=corpus)
     assert not result.portable_kept
     assert result.values[conv.AUTO_DEPTHWISE] == "im2col_wide" or result.values[conv.ALGORITHM] == "im2col"
+
+
+def test_without_avx512_the_per_channel_kernel_computes_float32(pools, monkeypatch):
+    """Where the processor has no AVX-512 the channel-blocked kernel does not apply: ``auto``
+    keeps the per-channel one (and its results) whatever ``depthwise.blocked_outputs``."""
+    from onnx_light.kernels.conv import channel_blocked
+
+    monkeypatch.setattr(channel_blocked, "available", lambda: False)
+    attributes = {"group": 23, "pads": [1, 1, 1, 1], "strides": [2, 2]}
+    rng = np.random.default_rng(9)
+    x = rng.uniform(-1, 1, (1, 23, 13, 11)).astype(np.float32)  # a shape no other test decides
+    w = rng.uniform(-1, 1, (23, 1, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 23).astype(np.float32)
+    kernel = _kernel(attributes, pools[1], values={conv.BLOCKED_OUTPUTS: 1 << 20})
+    assert kernel.problem(x.shape, w.shape).algorithm == "depthwise"
+    assert kernel.specialize([None, w, None]) is None  # no weights arranged, nothing compiled
+    expected = ReferenceEvaluator(_model(attributes, T.FLOAT, True)).run(None, _feeds(x, w, b))[0]
+    _assert_within(kernel.run(x, w, b)[0], expected, _bound(x, w, b, attributes))
