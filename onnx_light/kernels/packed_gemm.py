@@ -10,7 +10,10 @@ AVX-512 registers, adds ``a[i, p] * panel[p, :]`` for p = 0..K-1 with fused mult
 then adds the bias (when there is one) and stores the block once. It needs AVX-512
 (:func:`available`): with fewer, wider-than-the-machine vectors would spill. A's rows go in
 blocks of :data:`BLOCK_A_BYTES` that every panel passes over in turn (:func:`packed_rows`), and
-a caller may split the rows across a thread pool in chunks of whole ``MR``-row blocks.
+a caller may split the rows across a thread pool in chunks of whole ``MR``-row blocks. The
+panels may also be a matrix read in place, each step of a panel ``NR`` contiguous values of
+one of its rows (``packed_rows``'s ``b_layout``: a 1x1 convolution's input rows, its columns
+past the last whole panel packed by :func:`pack_panels`).
 
 Numerics. Each output element is ``sum_p a[i, p] w[p, j]`` summed in order of p from +0 in
 float32 with one rounding per fused multiply-add, then ``+ bias[j]`` rounded once: one of the

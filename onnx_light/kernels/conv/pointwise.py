@@ -13,6 +13,11 @@ and type: ``clamp((product + bias) + residual)``, bitwise :func:`~onnx_light.ker
 A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
 One compiled call also replaces the Python layers a block goes through.
+
+With ``pointwise.product = packed`` (float32, AVX-512F) :func:`pointwise_packed` computes each
+tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
+as its rows and the input's rows read in place as its panels, and finishes it the same way;
+measured, it does not beat the BLAS tiles (docs/conv.md), so ``blas`` is the default.
 """
 
 from __future__ import annotations
