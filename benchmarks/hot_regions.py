@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from onnx_light.kernels.packed_gemm import PackedWeights, available
+from onnx_light.kernels.spin import spin_loop
 from onnx_light.parallel import ThreadPool
 
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {key: [] for key in variants}
         for _ in range(args.rounds):
             for key, spin in variants.items():
-                with pool.hot(spin or 0.0):
+                with pool.hot(spin or 0.0, spin_loop()):
                     for _ in range(args.calls):
                         for _ in range(3):
                             packed.multiply(a, out)

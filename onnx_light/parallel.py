@@ -36,7 +36,6 @@ them, so a kernel gives the same results whether a region runs in parallel or in
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import operator
 import os
@@ -49,6 +48,10 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 __all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
+
+#: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher) and its cycle counter's rate
+#: (cycles per second), which :meth:`ThreadPool.hot` is given.
+SpinLoop = tuple[Callable[..., int], float]
 
 _STOP = object()  # task sentinel telling workers to exit
 # The shared counters a hot pool's threads spin on (int64 slots of _Core.flags): regions
@@ -459,15 +462,16 @@ class ThreadPool:
             finally:
                 del err, errors
 
-    def hot(self, spin_us: float) -> _HotScope:
-        """A block (``with pool.hot(spin_us):``, around a whole session run) in which threads
+    def hot(self, spin_us: float, loop: SpinLoop | None) -> _HotScope:
+        """A block (``with pool.hot(spin_us, loop):``, around a whole session run) in which threads
         that wait for a region, or for a region's last block, spin for up to ``spin_us``
         microseconds before they sleep: a woken thread costs 20-60 us on a virtual machine
         whose idle processor halts (docs/parallel.md). Scopes may overlap (sessions in several
         threads); when the last one ends every spinning thread stops within a microsecond
-        and sleeps. Nothing spins with ``spin_us <= 0``, in a one-thread pool, or where the
-        compiled spin loop is not available (no numba, no cycle counter)."""
-        return _HotScope(self, spin_us)
+        and sleeps. ``loop`` is the compiled spin loop and its cycle counter's rate (the
+        kernel library's ``kernels.spin.spin_loop()``: this layer compiles nothing). Nothing
+        spins with ``spin_us <= 0``, in a one-thread pool, or without a loop."""
+        return _HotScope(self, spin_us, loop)
 
     def close(self) -> None:
         """Stop the workers (waiting for a running region first). Idempotent."""
@@ -493,32 +497,22 @@ class ThreadPool:
         self.close()
 
 
-@functools.cache
-def _spin_loop() -> tuple[Callable[..., int], float] | None:
-    """The compiled spin loop and the cycle counter's rate, or None where nothing can spin."""
-    from .kernels.spin import cycles_per_second, spin_while
-
-    rate = cycles_per_second()
-    return None if rate <= 0 else (spin_while.dispatcher, rate)
-
-
 class _HotScope:
     """The block of :meth:`ThreadPool.hot` (a class: a session enters one per run)."""
 
-    __slots__ = ("_core", "_pool", "_spin_us")
+    __slots__ = ("_core", "_loop", "_pool", "_spin_us")
 
-    def __init__(self, pool: ThreadPool, spin_us: float) -> None:
-        self._pool, self._spin_us = pool, spin_us
+    def __init__(self, pool: ThreadPool, spin_us: float, loop: SpinLoop | None) -> None:
+        self._pool, self._spin_us, self._loop = pool, spin_us, loop
         self._core: _Core | None = None
 
     def __enter__(self) -> None:
         core = self._pool._core
         if core is None or self._spin_us <= 0:
             return
-        loop = _spin_loop()
-        if loop is None:
+        if self._loop is None:
             return
-        spin, rate = loop
+        spin, rate = self._loop
         with core.hot_lock:
             core.spin = spin
             core.limit = int(self._spin_us * 1e-6 * rate)

@@ -10,10 +10,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light import parallel
+from onnx_light.kernels.spin import spin_loop
 from onnx_light.parallel import ThreadPool, get_pool
 from onnx_light.runtime import RuntimeSession
 
-pytestmark = pytest.mark.skipif(parallel._spin_loop() is None, reason="nothing can spin here")
+LOOP = spin_loop()
+pytestmark = pytest.mark.skipif(LOOP is None, reason="nothing can spin here")
 
 
 def thread_cpu(thread: threading.Thread) -> float:
@@ -36,7 +38,7 @@ def test_hot_regions_run_every_block_once(num_threads: int, spin_us: float) -> N
     what a serial loop does (a short spin makes threads fall asleep between regions)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal(4099)
-    with ThreadPool(num_threads) as pool, pool.hot(spin_us):
+    with ThreadPool(num_threads) as pool, pool.hot(spin_us, LOOP):
         assert hot_flag(pool) == 1
         for round_ in range(300):
             y = np.full_like(x, np.nan)
@@ -58,7 +60,7 @@ def test_hot_region_errors_propagate() -> None:
         if start > 0:
             raise ValueError(f"block {start}")
 
-    with ThreadPool(2) as pool, pool.hot(1000.0):
+    with ThreadPool(2) as pool, pool.hot(1000.0, LOOP):
         for _ in range(20):
             with pytest.raises(ValueError, match="block"):
                 pool.parallel_for(10, fail)
@@ -71,23 +73,23 @@ def test_hot_region_errors_propagate() -> None:
 
 def test_overlapping_scopes_keep_the_pool_hot_until_the_last_ends() -> None:
     with ThreadPool(2) as pool:
-        first, second = pool.hot(100.0), pool.hot(100.0)
+        first, second = pool.hot(100.0, LOOP), pool.hot(100.0, LOOP)
         first.__enter__()
         second.__enter__()
         first.__exit__(None, None, None)
         assert hot_flag(pool) == 1
         second.__exit__(None, None, None)
         assert hot_flag(pool) == 0
-        with pool.hot(0.0):  # no spin asked for
+        with pool.hot(0.0, LOOP):  # no spin asked for
             assert hot_flag(pool) == 0
-    with ThreadPool(1) as pool, pool.hot(100.0):  # no workers
+    with ThreadPool(1) as pool, pool.hot(100.0, LOOP):  # no workers
         pool.parallel_for(4, lambda start, stop: None)
 
 
 def test_no_thread_spins_after_the_scope() -> None:
     """After a hot scope whose spin would last 200 ms, the workers use no processor time."""
     with ThreadPool(2) as pool:
-        with pool.hot(200_000.0):
+        with pool.hot(200_000.0, LOOP):
             for _ in range(10):
                 pool.parallel_for(2, lambda start, stop: None)
         assert hot_flag(pool) == 0
@@ -105,7 +107,7 @@ def test_concurrent_hot_callers() -> None:
     def caller(seed: int) -> None:
         try:
             x = np.random.default_rng(seed).standard_normal(1000)
-            with pool.hot(500.0):
+            with pool.hot(500.0, LOOP):
                 for _ in range(200):
                     y = np.empty_like(x)
                     pool.parallel_chunks(x.size, lambda a, b, y=y: np.negative(x[a:b], out=y[a:b]), 4)
@@ -127,13 +129,13 @@ def test_concurrent_hot_callers() -> None:
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork with threads
 def test_hot_pool_works_in_forked_child() -> None:
     pool = get_pool(2)
-    with pool.hot(1000.0):
+    with pool.hot(1000.0, LOOP):
         pool.parallel_for(2, lambda start, stop: None)
         pid = os.fork()
         if pid == 0:  # child: a fresh core, cold until a scope of its own
             code = 1
             try:
-                with pool.hot(1000.0):
+                with pool.hot(1000.0, LOOP):
                     seen: list[int] = []
                     for _ in range(20):
                         pool.parallel_chunks(10, lambda start, stop: seen.append(start), 2)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .compiled import CompiledIntrinsic, compiled, load_numba
 
-__all__ = ["cycles_per_second", "spin_while"]
+__all__ = ["cycles_per_second", "spin_loop", "spin_while"]
 
 
 @functools.cache
@@ -112,3 +112,11 @@ def cycles_per_second() -> float:
     time.sleep(0.005)
     rate = (read() - first) / (time.perf_counter() - started)
     return rate if rate > 1e6 else 0.0
+
+
+@functools.cache
+def spin_loop() -> tuple[Any, float] | None:
+    """What :meth:`onnx_light.parallel.ThreadPool.hot` spins with: the compiled
+    :func:`spin_while` and the cycle counter's rate, or None where nothing can spin."""
+    rate = cycles_per_second()
+    return None if rate <= 0 else (spin_while.dispatcher, rate)

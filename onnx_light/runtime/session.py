@@ -41,6 +41,7 @@ import onnx
 from ..kernels.base import Kernel, TensorSpec, quiet
 from ..kernels.compiled import CACHE_ENV, compile_totals, load_numba
 from ..kernels.declaration import KernelDeclaration
+from ..kernels.spin import spin_loop
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
@@ -173,8 +174,8 @@ class RuntimeSession:
         self.num_threads = self.descriptor.num_threads
         self._pool = get_pool(self.num_threads)
         self.spin_us = SPIN_US
-        with self._pool.hot(self.spin_us):  # loads the spin loop now rather than in a run
-            pass
+        if self.spin_us > 0:
+            spin_loop()  # compiled (or loaded) now rather than in a run
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
         kernels, nested = dispatch_graph(graph, inferred.graph, opsets, types, table)
@@ -443,7 +444,7 @@ class RuntimeSession:
                 values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
-        with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us):
+        with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us, spin_loop() if self.spin_us > 0 else None):
             if plan is self._plan and node_hook is None:  # the steady state: the bound plan
                 bound = self._arenas.take()
                 try:
