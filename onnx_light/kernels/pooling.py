@@ -29,16 +29,18 @@ squeeze-and-excitation pools of MobileNetV3 and EfficientNet) is a few times slo
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from types import ModuleType
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, compute_dtype
-from .compiled import compiled
+from .compiled import CompiledIntrinsic, compiled, wide_vectors
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
 
@@ -137,60 +139,152 @@ def _lowest(dtype: np.dtype) -> object:
     return -np.inf
 
 
+@compiled(inline="always")
+def _nan_max(m: float, v: float) -> float:
+    """numpy's maximum of ``m`` and ``v`` (NaN wins): ``|``, not ``or``, so that LLVM sees one
+    select (two compares) it vectorizes, not a branch."""
+    return v if (v > m) | (v != v) else m
+
+
+@compiled(inline="always")
+def _combine(target: np.ndarray, at: int, source: np.ndarray, start: int, count: int, fresh: bool) -> None:
+    """``target[at:][:count]`` = ``source[start:][:count]`` (``fresh``) or the maximum of both:
+    unit-stride loops over flat arrays with unsigned offsets, which LLVM vectorizes."""
+    into, read = np.uintp(at), np.uintp(start)
+    if fresh:
+        for j in range(np.uintp(count)):
+            target[into + j] = source[read + j]
+    else:
+        for j in range(np.uintp(count)):
+            target[into + j] = _nan_max(target[into + j], source[read + j])
+
+
+@functools.cache
+def _build_deinterleave(numba: ModuleType) -> Any:
+    """The intrinsic ``deinterleave(source, start, evens, odds, at, fresh)``: the ``2 * L``
+    values at ``source[start:]`` (``L`` = one 64-byte vector of the type), the even ones into
+    ``evens[at:][:L]``, the odd ones into ``odds[at:][:L]`` (stored when ``fresh``, else
+    combined by :func:`_nan_max`): two vector loads and two shuffles. LLVM does not vectorize
+    the loop of stride-2 reads this replaces."""
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def deinterleave(typingctx: Any, source: Any, start: Any, evens: Any, odds: Any, at: Any,
+                     fresh: Any) -> Any:
+        if not all(isinstance(a, types.Array) and a.dtype == source.dtype for a in (evens, odds)):
+            return None
+        signature = types.void(source, types.uintp, evens, odds, types.uintp, types.boolean)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            def data(index: int) -> Any:
+                return context.make_array(sig.args[index])(context, builder, args[index]).data
+
+            element = context.get_value_type(sig.args[0].dtype)
+            lanes = 64 // context.get_abi_sizeof(element)
+            vector = ir.VectorType(element, lanes)
+
+            def at(base: Any, offset: Any) -> Any:
+                return builder.bitcast(builder.gep(base, [offset]), vector.as_pointer())
+
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            read = builder.gep(data(0), [args[1]])
+            halves = [builder.load(at(read, ir.Constant(i64, h * lanes)), align=1) for h in (0, 1)]
+            for parity, index in ((0, 2), (1, 3)):
+                picks = [2 * k + parity for k in range(lanes)]
+                value = builder.shuffle_vector(*halves, ir.Constant(ir.VectorType(i32, lanes), picks))
+                target = at(data(index), args[4])
+                old = builder.load(target, align=1)
+                take = builder.or_(builder.fcmp_ordered(">", value, old),
+                                   builder.fcmp_unordered("uno", value, value))
+                combined = builder.select(take, value, old)
+                builder.store(builder.select(args[5], value, combined), target, align=1)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return deinterleave
+
+
+_deinterleave = CompiledIntrinsic(_build_deinterleave, "deinterleave")
+
+
+@compiled(inline="always")
+def _split_row(source: np.ndarray, read: int, evens: np.ndarray, odds: np.ndarray, low: int, high: int,
+               fresh: bool) -> None:
+    """Positions ``low:high`` of a padded row (position p at ``source[read + p]``) into
+    ``evens[p // 2]`` (p even) and ``odds[p // 2]`` (p odd), stored or combined as
+    :func:`_combine`: 64-byte blocks by :func:`_deinterleave`, the ends one by one."""
+    p = low
+    if p % 2 == 1 and p < high:
+        _combine(odds, p // 2, source, read + p, 1, fresh)
+        p += 1
+    lanes = 64 // source.itemsize
+    blocks = (high - p) // (2 * lanes)
+    for b in range(np.uintp(blocks)):
+        _deinterleave(source, np.uintp(read + p) + b * np.uintp(2 * lanes), evens, odds,
+                      np.uintp(p // 2) + b * np.uintp(lanes), fresh)
+    p += blocks * 2 * lanes
+    while p < high:
+        if p % 2 == 0:
+            _combine(evens, p // 2, source, read + p, 1, fresh)
+        else:
+            _combine(odds, p // 2, source, read + p, 1, fresh)
+        p += 1
+
+
 @compiled
 def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
                     kernel: tuple[int, int], strides: tuple[int, int],
                     dilations: tuple[int, int], begin: tuple[int, int]) -> None:
     """Planes ``first:last`` of ``out`` (planes, OH, OW): the maximum over each window of
     ``x`` (planes, H, W), positions outside ``x`` skipped (as the lowest value pads them; a
-    window with none is -inf), NaN propagated as numpy's maximum does. Separable: each input
-    row's maxima along the row (one pass per kernel column over the outputs whose input lies
-    inside), then each output row the maximum of its kernel rows' results. The loops index
-    flat arrays with unsigned offsets (no views), which LLVM vectorizes."""
+    window with none is -inf), NaN propagated as numpy's maximum does. Separable, per output
+    row: the maximum of its kernel rows inside ``x`` into a padded row buffer (-inf around
+    the input's columns), contiguous and full width; then each kernel column's tap combined
+    into the output row. At a column stride of 2 the buffer is kept as its even and its odd
+    positions (:func:`_split_row`), so that every tap reads at unit stride; other strides
+    read the buffer at their stride."""
+    wide_vectors()
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     source, target = x.reshape(-1), out.reshape(-1)
-    lowest = out.dtype.type(-np.inf)
-    rows = np.empty(height * out_w, out.dtype)  # each input row's maxima along the row
-    stride_w = np.uintp(strides[1])
+    stride_w, step_w = strides[1], dilations[1]
+    span = (out_w - 1) * stride_w + (kernel[1] - 1) * step_w + 1  # the padded row the windows read
+    low, high = min(begin[1], span), min(begin[1] + width, span)  # the input's columns in it
+    split = stride_w == 2
+    evens = np.full((span + 1) // 2 if split else span, out.dtype.type(-np.inf))  # the row (split: even p)
+    odds = np.full((span + 1) // 2 if split else 0, out.dtype.type(-np.inf))
     for plane in range(first, last):
-        base = np.uintp(plane) * np.uintp(height * width)
-        for ih in range(height):
-            into = np.uintp(ih * out_w)
-            for ow in range(np.uintp(out_w)):
-                rows[into + ow] = lowest
-            for kw in range(kernel[1]):
-                shift = kw * dilations[1] - begin[1]
-                low = max(0, -(shift // strides[1]))  # the first ow with ow * s + shift >= 0
-                high = min(out_w, (width - 1 - shift) // strides[1] + 1)
-                if low >= high:
-                    continue
-                read = base + np.uintp(ih * width + low * strides[1] + shift)
-                row = into + np.uintp(low)
-                if stride_w == 1:  # a unit stride LLVM can see: the loop vectorizes
-                    for j in range(np.uintp(high - low)):
-                        v = source[read + j]
-                        m = rows[row + j]
-                        rows[row + j] = v if v > m or v != v else m
-                else:
-                    for j in range(np.uintp(high - low)):
-                        v = source[read + j * stride_w]
-                        m = rows[row + j]
-                        rows[row + j] = v if v > m or v != v else m
-        done = np.uintp(plane) * np.uintp(out_h * out_w)
+        base = plane * height * width
+        done = plane * out_h * out_w
         for oh in range(out_h):
-            into = done + np.uintp(oh * out_w)
-            for ow in range(np.uintp(out_w)):
-                target[into + ow] = lowest
+            fresh = True
             for kh in range(kernel[0]):
                 ih = oh * strides[0] - begin[0] + kh * dilations[0]
-                if ih < 0 or ih >= height:
-                    continue
-                read = np.uintp(ih * out_w)
-                for ow in range(np.uintp(out_w)):
-                    v = rows[read + ow]
-                    m = target[into + ow]
-                    target[into + ow] = v if v > m or v != v else m
+                if 0 <= ih < height:
+                    read = base + ih * width - low  # position p of the padded row at read + p
+                    if split:
+                        _split_row(source, read, evens, odds, low, high, fresh)
+                    else:
+                        _combine(evens, low, source, read + low, high - low, fresh)
+                    fresh = False
+            if fresh:  # no kernel row inside x: the windows hold no value
+                evens[:] = out.dtype.type(-np.inf)
+                odds[:] = out.dtype.type(-np.inf)
+            into = done + oh * out_w
+            for kw in range(kernel[1]):
+                q = kw * step_w
+                if split:
+                    _combine(target, into, odds if q % 2 else evens, q // 2, out_w, kw == 0)
+                elif stride_w == 1:
+                    _combine(target, into, evens, q, out_w, kw == 0)
+                else:
+                    for ow in range(np.uintp(out_w)):
+                        v = evens[np.uintp(q) + ow * np.uintp(stride_w)]
+                        at = np.uintp(into) + ow
+                        target[at] = v if kw == 0 else _nan_max(target[at], v)
 
 
 class MaxPool(_Pool):
