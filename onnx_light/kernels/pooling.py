@@ -146,36 +146,27 @@ def _nan_max(m: float, v: float) -> float:
     return v if (v > m) | (v != v) else m
 
 
-@compiled(inline="always")
-def _combine(target: np.ndarray, at: int, source: np.ndarray, start: int, count: int, fresh: bool) -> None:
-    """``target[at:][:count]`` = ``source[start:][:count]`` (``fresh``) or the maximum of both:
-    unit-stride loops over flat arrays with unsigned offsets, which LLVM vectorizes."""
-    into, read = np.uintp(at), np.uintp(start)
-    if fresh:
-        for j in range(np.uintp(count)):
-            target[into + j] = source[read + j]
-    else:
-        for j in range(np.uintp(count)):
-            target[into + j] = _nan_max(target[into + j], source[read + j])
-
-
 @functools.cache
-def _build_deinterleave(numba: ModuleType) -> Any:
-    """The intrinsic ``deinterleave(source, start, evens, odds, at, fresh)``: the ``2 * L``
-    values at ``source[start:]`` (``L`` = one 64-byte vector of the type), the even ones into
-    ``evens[at:][:L]``, the odd ones into ``odds[at:][:L]`` (stored when ``fresh``, else
-    combined by :func:`_nan_max`): two vector loads and two shuffles. LLVM does not vectorize
-    the loop of stride-2 reads this replaces."""
+def _build_vector_max(numba: ModuleType, parts: int) -> Any:
+    """The intrinsic ``vector_max(source, start, step, rows, first, second, at, fresh)``: the
+    maximum (:func:`_nan_max`) of the ``parts * L`` values at ``source[start + r * step:]``
+    over ``r < rows`` (``L``: one 64-byte vector of the type; ``rows`` >= 1), kept in
+    registers, dealt to ``parts`` (1 or 2) targets (``parts`` 2: the even ones to ``first``,
+    the odd ones to ``second``, by two shuffles; ``parts`` 1 ignores ``second``), each
+    target's ``L`` values stored at ``target[at:]`` when ``fresh``, else combined with them.
+    LLVM does not vectorize a loop of stride-2 reads, nor a unit-stride loop shorter than its
+    4 unrolled vectors (64 float32 columns: wider than most pools' rows)."""
     from llvmlite import ir
-    from numba.core import types
+    from numba.core import cgutils, types
     from numba.extending import intrinsic
 
     @intrinsic
-    def deinterleave(typingctx: Any, source: Any, start: Any, evens: Any, odds: Any, at: Any,
-                     fresh: Any) -> Any:
-        if not all(isinstance(a, types.Array) and a.dtype == source.dtype for a in (evens, odds)):
+    def vector_max(typingctx: Any, source: Any, start: Any, step: Any, rows: Any, first: Any, second: Any,
+                   at: Any, fresh: Any) -> Any:
+        if not all(isinstance(a, types.Array) and a.dtype == source.dtype for a in (first, second)):
             return None
-        signature = types.void(source, types.uintp, evens, odds, types.uintp, types.boolean)
+        signature = types.void(source, types.uintp, types.uintp, types.uintp, first, second, types.uintp,
+                               types.boolean)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             def data(index: int) -> Any:
@@ -184,54 +175,99 @@ def _build_deinterleave(numba: ModuleType) -> Any:
             element = context.get_value_type(sig.args[0].dtype)
             lanes = 64 // context.get_abi_sizeof(element)
             vector = ir.VectorType(element, lanes)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
 
             def at(base: Any, offset: Any) -> Any:
                 return builder.bitcast(builder.gep(base, [offset]), vector.as_pointer())
 
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            read = builder.gep(data(0), [args[1]])
-            halves = [builder.load(at(read, ir.Constant(i64, h * lanes)), align=1) for h in (0, 1)]
-            for parity, index in ((0, 2), (1, 3)):
-                picks = [2 * k + parity for k in range(lanes)]
-                value = builder.shuffle_vector(*halves, ir.Constant(ir.VectorType(i32, lanes), picks))
-                target = at(data(index), args[4])
-                old = builder.load(target, align=1)
+            def maximum(old: Any, value: Any) -> Any:
                 take = builder.or_(builder.fcmp_ordered(">", value, old),
                                    builder.fcmp_unordered("uno", value, value))
-                combined = builder.select(take, value, old)
-                builder.store(builder.select(args[5], value, combined), target, align=1)
+                return builder.select(take, value, old)
+
+            def load(row: Any) -> list[Any]:
+                read = builder.gep(data(0), [builder.add(args[1], builder.mul(row, args[2]))])
+                return [builder.load(at(read, ir.Constant(i64, h * lanes)), align=1) for h in range(parts)]
+
+            sums = [cgutils.alloca_once_value(builder, value) for value in load(ir.Constant(i64, 0))]
+            with cgutils.for_range(builder, builder.sub(args[3], ir.Constant(i64, 1))) as loop:
+                row = builder.add(loop.index, ir.Constant(i64, 1))
+                for total, value in zip(sums, load(row), strict=True):
+                    builder.store(maximum(builder.load(total), value), total)
+            loaded = [builder.load(total) for total in sums]
+            for part in range(parts):
+                value = loaded[0]
+                if parts == 2:
+                    picks = [2 * k + part for k in range(lanes)]
+                    value = builder.shuffle_vector(*loaded, ir.Constant(ir.VectorType(i32, lanes), picks))
+                target = at(data(4 + part), args[6])
+                combined = maximum(builder.load(target, align=1), value)
+                builder.store(builder.select(args[7], value, combined), target, align=1)
             return context.get_dummy_value()
 
         return signature, codegen
 
-    return deinterleave
+    return vector_max
 
 
-_deinterleave = CompiledIntrinsic(_build_deinterleave, "deinterleave")
+_vector_max = CompiledIntrinsic(functools.partial(_build_vector_max, parts=1), "vector_max")
+_deinterleave = CompiledIntrinsic(functools.partial(_build_vector_max, parts=2), "deinterleave")
 
 
-@compiled(inline="always")
-def _split_row(source: np.ndarray, read: int, evens: np.ndarray, odds: np.ndarray, low: int, high: int,
-               fresh: bool) -> None:
-    """Positions ``low:high`` of a padded row (position p at ``source[read + p]``) into
-    ``evens[p // 2]`` (p even) and ``odds[p // 2]`` (p odd), stored or combined as
-    :func:`_combine`: 64-byte blocks by :func:`_deinterleave`, the ends one by one."""
+@compiled
+def _combine(target: np.ndarray, at: int, source: np.ndarray, start: int, count: int, fresh: bool,
+             step: int = 0, rows: int = 1) -> None:
+    """``target[at:][:count]`` = the maximum (:func:`_nan_max`) of ``source[start + r *
+    step:][:count]`` over ``r < rows``, stored (``fresh``) or combined with ``target``'s values:
+    64-byte vectors (:data:`_vector_max`), the last one overlapping the one before when
+    ``count`` is not a multiple (storing or combining a value twice changes nothing), shorter
+    runs one by one."""
+    into, read, lanes = np.uintp(at), np.uintp(start), np.uintp(64 // source.itemsize)
+    if count >= lanes:
+        whole = np.uintp(count) // lanes
+        for b in range(whole):
+            _vector_max(source, read + b * lanes, np.uintp(step), np.uintp(rows), target, target,
+                        into + b * lanes, fresh)
+        if np.uintp(count) % lanes:
+            last = np.uintp(count) - lanes
+            _vector_max(source, read + last, np.uintp(step), np.uintp(rows), target, target, into + last,
+                        fresh)
+    else:
+        for j in range(np.uintp(count)):
+            value = source[read + j]
+            for r in range(1, rows):
+                value = _nan_max(value, source[read + np.uintp(r * step) + j])
+            target[into + j] = value if fresh else _nan_max(target[into + j], value)
+
+
+@compiled
+def _split_row(source: np.ndarray, read: int, step: int, rows: int, evens: np.ndarray, odds: np.ndarray,
+               low: int, high: int) -> None:
+    """Positions ``low:high`` of a padded row (position p: the maximum of ``source[read + r *
+    step + p]`` over ``r < rows``) stored into ``evens[p // 2]`` (p even) and ``odds[p // 2]``
+    (p odd): 64-byte blocks of pairs by :data:`_deinterleave` (the last overlapping the one
+    before), the ends and short rows one by one."""
     p = low
     if p % 2 == 1 and p < high:
-        _combine(odds, p // 2, source, read + p, 1, fresh)
+        _combine(odds, p // 2, source, read + p, 1, True, step, rows)
         p += 1
-    lanes = 64 // source.itemsize
-    blocks = (high - p) // (2 * lanes)
-    for b in range(np.uintp(blocks)):
-        _deinterleave(source, np.uintp(read + p) + b * np.uintp(2 * lanes), evens, odds,
-                      np.uintp(p // 2) + b * np.uintp(lanes), fresh)
-    p += blocks * 2 * lanes
-    while p < high:
-        if p % 2 == 0:
-            _combine(evens, p // 2, source, read + p, 1, fresh)
-        else:
-            _combine(odds, p // 2, source, read + p, 1, fresh)
-        p += 1
+    lanes = np.uintp(64 // source.itemsize)
+    pairs = np.uintp((high - p) // 2)
+    start, at = np.uintp(read + p), np.uintp(p // 2)
+    if pairs >= lanes:
+        for b in range(pairs // lanes):
+            _deinterleave(source, start + 2 * b * lanes, np.uintp(step), np.uintp(rows), evens, odds,
+                          at + b * lanes, True)
+        if pairs % lanes:
+            last = pairs - lanes
+            _deinterleave(source, start + 2 * last, np.uintp(step), np.uintp(rows), evens, odds, at + last,
+                          True)
+    else:
+        for j in range(pairs):
+            _combine(evens, at + j, source, start + 2 * j, 1, True, step, rows)
+            _combine(odds, at + j, source, start + 2 * j + 1, 1, True, step, rows)
+    if (high - p) % 2 == 1:
+        _combine(evens, (high - 1) // 2, source, read + high - 1, 1, True, step, rows)
 
 
 @compiled
@@ -260,17 +296,17 @@ def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
         base = plane * height * width
         done = plane * out_h * out_w
         for oh in range(out_h):
-            fresh = True
-            for kh in range(kernel[0]):
-                ih = oh * strides[0] - begin[0] + kh * dilations[0]
-                if 0 <= ih < height:
-                    read = base + ih * width - low  # position p of the padded row at read + p
-                    if split:
-                        _split_row(source, read, evens, odds, low, high, fresh)
-                    else:
-                        _combine(evens, low, source, read + low, high - low, fresh)
-                    fresh = False
-            if fresh:  # no kernel row inside x: the windows hold no value
+            top = oh * strides[0] - begin[0]  # the input row of kernel row 0
+            k0 = max(0, -(top // dilations[0]))  # the kernel rows inside x: k0:k1
+            k1 = min(kernel[0], (height - 1 - top) // dilations[0] + 1) if top < height else 0
+            if k0 < k1:
+                read = base + (top + k0 * dilations[0]) * width - low  # position p at read + p
+                step, rows = dilations[0] * width, k1 - k0
+                if split:
+                    _split_row(source, read, step, rows, evens, odds, low, high)
+                else:
+                    _combine(evens, low, source, read + low, high - low, True, step, rows)
+            else:  # no kernel row inside x: the windows hold no value
                 evens[:] = out.dtype.type(-np.inf)
                 odds[:] = out.dtype.type(-np.inf)
             into = done + oh * out_w
