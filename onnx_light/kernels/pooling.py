@@ -278,10 +278,11 @@ def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
     ``x`` (planes, H, W), positions outside ``x`` skipped (as the lowest value pads them; a
     window with none is -inf), NaN propagated as numpy's maximum does. Separable, per output
     row: the maximum of its kernel rows inside ``x`` into a padded row buffer (-inf around
-    the input's columns), contiguous and full width; then each kernel column's tap combined
-    into the output row. At a column stride of 2 the buffer is kept as its even and its odd
-    positions (:func:`_split_row`), so that every tap reads at unit stride; other strides
-    read the buffer at their stride."""
+    the input's columns), contiguous and full width; then the maximum of the kernel columns'
+    taps into the output row. At a column stride of 2 the buffer is kept as its even and its
+    odd positions (:func:`_split_row`), so that every tap reads at unit stride; other strides
+    read the buffer at their stride, one by one. The maxima run in 64-byte vectors written
+    with llvmlite (:func:`_combine`): LLVM left the loops scalar."""
     wide_vectors()
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
@@ -310,17 +311,22 @@ def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
                 evens[:] = out.dtype.type(-np.inf)
                 odds[:] = out.dtype.type(-np.inf)
             into = done + oh * out_w
-            for kw in range(kernel[1]):
-                q = kw * step_w
-                if split:
-                    _combine(target, into, odds if q % 2 else evens, q // 2, out_w, kw == 0)
-                elif stride_w == 1:
-                    _combine(target, into, evens, q, out_w, kw == 0)
-                else:
-                    for ow in range(np.uintp(out_w)):
-                        v = evens[np.uintp(q) + ow * np.uintp(stride_w)]
-                        at = np.uintp(into) + ow
-                        target[at] = v if kw == 0 else _nan_max(target[at], v)
+            if split:  # tap kw reads position kw * step_w + 2 * ow: evens or odds at kw * step_w // 2 + ow
+                if step_w % 2 == 0:
+                    _combine(target, into, evens, 0, out_w, True, step_w // 2, kernel[1])
+                else:  # even taps in evens, odd ones in odds
+                    _combine(target, into, evens, 0, out_w, True, step_w, (kernel[1] + 1) // 2)
+                    if kernel[1] > 1:
+                        _combine(target, into, odds, step_w // 2, out_w, False, step_w, kernel[1] // 2)
+            elif stride_w == 1:
+                _combine(target, into, evens, 0, out_w, True, step_w, kernel[1])
+            else:
+                for ow in range(np.uintp(out_w)):
+                    at = np.uintp(ow * stride_w)
+                    value = evens[at]
+                    for kw in range(1, kernel[1]):
+                        value = _nan_max(value, evens[at + np.uintp(kw * step_w)])
+                    target[np.uintp(into) + ow] = value
 
 
 class MaxPool(_Pool):
