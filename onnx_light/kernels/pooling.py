@@ -9,7 +9,8 @@ input (positions that only ceil_mode adds never count, as in ONNX's reference).
 
 A 2-D float MaxPool without Indices is compiled (:func:`max_pool_planes`: per output row,
 the kernel rows' maximum into a padded row buffer, then the kernel columns' maximum, in
-64-byte vectors, no padded copy; docs/real-models.md measures it against onnxruntime). The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
+64-byte vectors, no padded copy; docs/real-models.md measures it against onnxruntime).
+The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
 spatial axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
 one flat array, each combined with one numpy call (:func:`_separable`); MaxPool with
 Indices loops over the K1 * ... * Kk window positions. LRN computes ``t^-0.75`` (its usual
