@@ -246,14 +246,13 @@ def _split_row(source: np.ndarray, read: int, step: int, rows: int, evens: np.nd
     """Positions ``low:high`` of a padded row (position p: the maximum of ``source[read + r *
     step + p]`` over ``r < rows``) stored into ``evens[p // 2]`` (p even) and ``odds[p // 2]``
     (p odd): 64-byte blocks of pairs by :data:`_deinterleave` (the last overlapping the one
-    before), the ends and short rows one by one."""
-    p = low
-    if p % 2 == 1 and p < high:
-        _combine(odds, p // 2, source, read + p, 1, True, step, rows)
-        p += 1
+    before), the ends and short rows one by one (inline: calling :func:`_combine` for them
+    cost reference counting of the arrays at every call)."""
     lanes = np.uintp(64 // source.itemsize)
-    pairs = np.uintp((high - p) // 2)
+    p = low + low % 2  # the first even position
+    pairs = np.uintp(max(0, (high - p) // 2))
     start, at = np.uintp(read + p), np.uintp(p // 2)
+    vectors_from, vectors_to = high, high  # the positions the blocks cover
     if pairs >= lanes:
         for b in range(pairs // lanes):
             _deinterleave(source, start + 2 * b * lanes, np.uintp(step), np.uintp(rows), evens, odds,
@@ -262,12 +261,17 @@ def _split_row(source: np.ndarray, read: int, step: int, rows: int, evens: np.nd
             last = pairs - lanes
             _deinterleave(source, start + 2 * last, np.uintp(step), np.uintp(rows), evens, odds, at + last,
                           True)
-    else:
-        for j in range(pairs):
-            _combine(evens, at + j, source, start + 2 * j, 1, True, step, rows)
-            _combine(odds, at + j, source, start + 2 * j + 1, 1, True, step, rows)
-    if (high - p) % 2 == 1:
-        _combine(evens, (high - 1) // 2, source, read + high - 1, 1, True, step, rows)
+        vectors_from, vectors_to = p, p + 2 * pairs
+    for end in range(2):
+        for position in range(low, vectors_from) if end == 0 else range(vectors_to, high):
+            read_at = np.uintp(read + position)
+            value = source[read_at]
+            for r in range(1, rows):
+                value = _nan_max(value, source[read_at + np.uintp(r * step)])
+            if position % 2 == 0:
+                evens[position // 2] = value
+            else:
+                odds[position // 2] = value
 
 
 @compiled
