@@ -141,8 +141,9 @@ def _lowest(dtype: np.dtype) -> object:
 
 @compiled(inline="always")
 def _nan_max(m: float, v: float) -> float:
-    """numpy's maximum of ``m`` and ``v`` (NaN wins): ``|``, not ``or``, so that LLVM sees one
-    select (two compares) it vectorizes, not a branch."""
+    """numpy's maximum of ``m`` and ``v`` (NaN wins), for the positions the vectors of
+    :func:`_build_vector_max` (which compute the same) leave: ``|``, not ``or``, so that LLVM
+    sees two compares and a select, not a branch."""
     return v if (v > m) | (v != v) else m
 
 
