@@ -481,13 +481,14 @@ def _lists(low, high, size):
 
 
 @settings(deadline=None, derandomize=True, max_examples=60)
-@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 11), st.integers(1, 11), _lists(1, 4, 2),
+@given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 11), st.integers(1, 80), _lists(1, 4, 2),
        _lists(1, 3, 2), _lists(1, 2, 2), _lists(0, 2, 4), st.integers(0, 1),
        st.sampled_from([np.float32, np.float64]))
 def test_compiled_maxpool_equals_the_numpy_passes(n, c, h, w, kernel, strides, dilations, pads, ceil_mode,
                                                   dtype):
     """The compiled 2-D MaxPool against the separable numpy passes on the padded input (its
-    former path), bitwise, NaN and infinities included."""
+    former path), bitwise, NaN and infinities included; rows up to 80 wide, so that stride 2
+    takes the 64-byte deinterleaving blocks (32 float32 or 16 float64 columns) and their ends."""
     pads = [min(p, (k - 1) * d) for p, k, d in zip(pads, kernel * 2, dilations * 2, strict=True)]
     attributes = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads,
                   "ceil_mode": ceil_mode}
@@ -495,7 +496,7 @@ def test_compiled_maxpool_equals_the_numpy_passes(n, c, h, w, kernel, strides, d
     assume(all(size + pads[i] + pads[i + 2] >= extents[i] for i, size in enumerate((h, w))))
     rng = np.random.default_rng(n * 1000 + h * 10 + w)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
-    x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, np.inf, -np.inf]
+    x.reshape(-1)[rng.integers(0, x.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, -np.inf, np.nan]
     kernel_object = pooling.MaxPool(NodeContext("pool", "MaxPool", "", 12, attributes,
                                                 (T.FLOAT,), (T.FLOAT,), 1, 1))
     window = kernel_object.window(x)

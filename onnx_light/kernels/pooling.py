@@ -7,10 +7,10 @@ window position outside the input holds no value: MaxPool pads with the type's l
 those inside the input, or with ``count_include_pad`` those inside the explicitly padded
 input (positions that only ceil_mode adds never count, as in ONNX's reference).
 
-A 2-D float MaxPool without Indices is compiled (:func:`max_pool_planes`: one pass per
-window position over each output row, no padded copy): 1.4-2.2 times faster than the numpy
-passes below on ResNet-50's and SqueezeNet's 3x3 stride-2 pools, as fast on 3x3 stride-1
-ones. The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
+A 2-D float MaxPool without Indices is compiled (:func:`max_pool_planes`: per output row,
+the kernel rows' maximum into a padded row buffer, then the kernel columns' maximum, in
+64-byte vectors, no padded copy; docs/real-models.md measures it against onnxruntime).
+The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
 spatial axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
 one flat array, each combined with one numpy call (:func:`_separable`); MaxPool with
 Indices loops over the K1 * ... * Kk window positions. LRN computes ``t^-0.75`` (its usual
@@ -29,16 +29,18 @@ squeeze-and-excitation pools of MobileNetV3 and EfficientNet) is a few times slo
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from types import ModuleType
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, compute_dtype
-from .compiled import compiled
+from .compiled import CompiledIntrinsic, compiled, wide_vectors
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
 
@@ -137,60 +139,199 @@ def _lowest(dtype: np.dtype) -> object:
     return -np.inf
 
 
+@compiled(inline="always")
+def _nan_max(m: float, v: float) -> float:
+    """numpy's maximum of ``m`` and ``v`` (NaN wins), for the positions the vectors of
+    :func:`_build_vector_max` (which compute the same) leave: ``|``, not ``or``, so that LLVM
+    sees two compares and a select, not a branch."""
+    return v if (v > m) | (v != v) else m
+
+
+@functools.cache
+def _build_vector_max(numba: ModuleType, parts: int) -> Any:
+    """The intrinsic ``vector_max(source, start, step, rows, first, second, at, fresh)``: the
+    maximum (:func:`_nan_max`) of the ``parts * L`` values at ``source[start + r * step:]``
+    over ``r < rows`` (``L``: one 64-byte vector of the type; ``rows`` >= 1), kept in
+    registers, dealt to ``parts`` (1 or 2) targets (``parts`` 2: the even ones to ``first``,
+    the odd ones to ``second``, by two shuffles; ``parts`` 1 ignores ``second``), each
+    target's ``L`` values stored at ``target[at:]`` when ``fresh``, else combined with them.
+    LLVM does not vectorize a loop of stride-2 reads, nor a unit-stride loop shorter than its
+    4 unrolled vectors (64 float32 columns: wider than most pools' rows)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def vector_max(typingctx: Any, source: Any, start: Any, step: Any, rows: Any, first: Any, second: Any,
+                   at: Any, fresh: Any) -> Any:
+        if not all(isinstance(a, types.Array) and a.dtype == source.dtype for a in (first, second)):
+            return None
+        signature = types.void(source, types.uintp, types.uintp, types.uintp, first, second, types.uintp,
+                               types.boolean)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            def data(index: int) -> Any:
+                return context.make_array(sig.args[index])(context, builder, args[index]).data
+
+            element = context.get_value_type(sig.args[0].dtype)
+            lanes = 64 // context.get_abi_sizeof(element)
+            vector = ir.VectorType(element, lanes)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+
+            def at(base: Any, offset: Any) -> Any:
+                return builder.bitcast(builder.gep(base, [offset]), vector.as_pointer())
+
+            def maximum(old: Any, value: Any) -> Any:
+                take = builder.or_(builder.fcmp_ordered(">", value, old),
+                                   builder.fcmp_unordered("uno", value, value))
+                return builder.select(take, value, old)
+
+            def load(row: Any) -> list[Any]:
+                read = builder.gep(data(0), [builder.add(args[1], builder.mul(row, args[2]))])
+                return [builder.load(at(read, ir.Constant(i64, h * lanes)), align=1) for h in range(parts)]
+
+            sums = [cgutils.alloca_once_value(builder, value) for value in load(ir.Constant(i64, 0))]
+            with cgutils.for_range(builder, builder.sub(args[3], ir.Constant(i64, 1))) as loop:
+                row = builder.add(loop.index, ir.Constant(i64, 1))
+                for total, value in zip(sums, load(row), strict=True):
+                    builder.store(maximum(builder.load(total), value), total)
+            loaded = [builder.load(total) for total in sums]
+            for part in range(parts):
+                value = loaded[0]
+                if parts == 2:
+                    picks = [2 * k + part for k in range(lanes)]
+                    value = builder.shuffle_vector(*loaded, ir.Constant(ir.VectorType(i32, lanes), picks))
+                target = at(data(4 + part), args[6])
+                combined = maximum(builder.load(target, align=1), value)
+                builder.store(builder.select(args[7], value, combined), target, align=1)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return vector_max
+
+
+_vector_max = CompiledIntrinsic(functools.partial(_build_vector_max, parts=1), "vector_max")
+_deinterleave = CompiledIntrinsic(functools.partial(_build_vector_max, parts=2), "deinterleave")
+
+
+@compiled
+def _combine(target: np.ndarray, at: int, source: np.ndarray, start: int, count: int, fresh: bool,
+             step: int = 0, rows: int = 1) -> None:
+    """``target[at:][:count]`` = the maximum (:func:`_nan_max`) of ``source[start + r *
+    step:][:count]`` over ``r < rows``, stored (``fresh``) or combined with ``target``'s values:
+    64-byte vectors (:data:`_vector_max`), the last one overlapping the one before when
+    ``count`` is not a multiple (storing or combining a value twice changes nothing), shorter
+    runs one by one."""
+    into, read, lanes = np.uintp(at), np.uintp(start), np.uintp(64 // source.itemsize)
+    if count >= lanes:
+        whole = np.uintp(count) // lanes
+        for b in range(whole):
+            _vector_max(source, read + b * lanes, np.uintp(step), np.uintp(rows), target, target,
+                        into + b * lanes, fresh)
+        if np.uintp(count) % lanes:
+            last = np.uintp(count) - lanes
+            _vector_max(source, read + last, np.uintp(step), np.uintp(rows), target, target, into + last,
+                        fresh)
+    else:
+        for j in range(np.uintp(count)):
+            value = source[read + j]
+            for r in range(1, rows):
+                value = _nan_max(value, source[read + np.uintp(r * step) + j])
+            target[into + j] = value if fresh else _nan_max(target[into + j], value)
+
+
+@compiled
+def _split_row(source: np.ndarray, read: int, step: int, rows: int, evens: np.ndarray, odds: np.ndarray,
+               low: int, high: int) -> None:
+    """Positions ``low:high`` of a padded row (position p: the maximum of ``source[read + r *
+    step + p]`` over ``r < rows``) stored into ``evens[p // 2]`` (p even) and ``odds[p // 2]``
+    (p odd): 64-byte blocks of pairs by :data:`_deinterleave` (the last overlapping the one
+    before), the ends and short rows one by one (inline: calling :func:`_combine` for them
+    cost reference counting of the arrays at every call)."""
+    lanes = np.uintp(64 // source.itemsize)
+    p = low + low % 2  # the first even position
+    pairs = np.uintp(max(0, (high - p) // 2))
+    start, at = np.uintp(read + p), np.uintp(p // 2)
+    vectors_from, vectors_to = high, high  # the positions the blocks cover
+    if pairs >= lanes:
+        for b in range(pairs // lanes):
+            _deinterleave(source, start + 2 * b * lanes, np.uintp(step), np.uintp(rows), evens, odds,
+                          at + b * lanes, True)
+        if pairs % lanes:
+            last = pairs - lanes
+            _deinterleave(source, start + 2 * last, np.uintp(step), np.uintp(rows), evens, odds, at + last,
+                          True)
+        vectors_from, vectors_to = p, p + 2 * pairs
+    for end in range(2):
+        for position in range(low, vectors_from) if end == 0 else range(vectors_to, high):
+            read_at = np.uintp(read + position)
+            value = source[read_at]
+            for r in range(1, rows):
+                value = _nan_max(value, source[read_at + np.uintp(r * step)])
+            if position % 2 == 0:
+                evens[position // 2] = value
+            else:
+                odds[position // 2] = value
+
+
 @compiled
 def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
                     kernel: tuple[int, int], strides: tuple[int, int],
                     dilations: tuple[int, int], begin: tuple[int, int]) -> None:
     """Planes ``first:last`` of ``out`` (planes, OH, OW): the maximum over each window of
     ``x`` (planes, H, W), positions outside ``x`` skipped (as the lowest value pads them; a
-    window with none is -inf), NaN propagated as numpy's maximum does. Separable: each input
-    row's maxima along the row (one pass per kernel column over the outputs whose input lies
-    inside), then each output row the maximum of its kernel rows' results. The loops index
-    flat arrays with unsigned offsets (no views), which LLVM vectorizes."""
+    window with none is -inf), NaN propagated as numpy's maximum does. Separable, per output
+    row: the maximum of its kernel rows inside ``x`` into a padded row buffer (-inf around
+    the input's columns), contiguous and full width; then the maximum of the kernel columns'
+    taps into the output row. At a column stride of 2 the buffer is kept as its even and its
+    odd positions (:func:`_split_row`), so that every tap reads at unit stride; other strides
+    read the buffer at their stride, one by one. The maxima run in 64-byte vectors written
+    with llvmlite (:func:`_combine`): LLVM left the loops scalar."""
+    wide_vectors()
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
     source, target = x.reshape(-1), out.reshape(-1)
-    lowest = out.dtype.type(-np.inf)
-    rows = np.empty(height * out_w, out.dtype)  # each input row's maxima along the row
-    stride_w = np.uintp(strides[1])
+    stride_w, step_w = strides[1], dilations[1]
+    span = (out_w - 1) * stride_w + (kernel[1] - 1) * step_w + 1  # the padded row the windows read
+    low, high = min(begin[1], span), min(begin[1] + width, span)  # the input's columns in it
+    split = stride_w == 2
+    evens = np.full((span + 1) // 2 if split else span, out.dtype.type(-np.inf))  # the row (split: even p)
+    odds = np.full((span + 1) // 2 if split else 0, out.dtype.type(-np.inf))
     for plane in range(first, last):
-        base = np.uintp(plane) * np.uintp(height * width)
-        for ih in range(height):
-            into = np.uintp(ih * out_w)
-            for ow in range(np.uintp(out_w)):
-                rows[into + ow] = lowest
-            for kw in range(kernel[1]):
-                shift = kw * dilations[1] - begin[1]
-                low = max(0, -(shift // strides[1]))  # the first ow with ow * s + shift >= 0
-                high = min(out_w, (width - 1 - shift) // strides[1] + 1)
-                if low >= high:
-                    continue
-                read = base + np.uintp(ih * width + low * strides[1] + shift)
-                row = into + np.uintp(low)
-                if stride_w == 1:  # a unit stride LLVM can see: the loop vectorizes
-                    for j in range(np.uintp(high - low)):
-                        v = source[read + j]
-                        m = rows[row + j]
-                        rows[row + j] = v if v > m or v != v else m
-                else:
-                    for j in range(np.uintp(high - low)):
-                        v = source[read + j * stride_w]
-                        m = rows[row + j]
-                        rows[row + j] = v if v > m or v != v else m
-        done = np.uintp(plane) * np.uintp(out_h * out_w)
+        base = plane * height * width
+        done = plane * out_h * out_w
         for oh in range(out_h):
-            into = done + np.uintp(oh * out_w)
-            for ow in range(np.uintp(out_w)):
-                target[into + ow] = lowest
-            for kh in range(kernel[0]):
-                ih = oh * strides[0] - begin[0] + kh * dilations[0]
-                if ih < 0 or ih >= height:
-                    continue
-                read = np.uintp(ih * out_w)
+            top = oh * strides[0] - begin[0]  # the input row of kernel row 0
+            k0 = max(0, -(top // dilations[0]))  # the kernel rows inside x: k0:k1
+            k1 = min(kernel[0], (height - 1 - top) // dilations[0] + 1) if top < height else 0
+            if k0 < k1:
+                read = base + (top + k0 * dilations[0]) * width - low  # position p at read + p
+                step, rows = dilations[0] * width, k1 - k0
+                if split:
+                    _split_row(source, read, step, rows, evens, odds, low, high)
+                else:
+                    _combine(evens, low, source, read + low, high - low, True, step, rows)
+            else:  # no kernel row inside x: the windows hold no value
+                evens[:] = out.dtype.type(-np.inf)
+                odds[:] = out.dtype.type(-np.inf)
+            into = done + oh * out_w
+            if split:  # tap kw reads position kw * step_w + 2 * ow: evens or odds at kw * step_w // 2 + ow
+                if step_w % 2 == 0:
+                    _combine(target, into, evens, 0, out_w, True, step_w // 2, kernel[1])
+                else:  # even taps in evens, odd ones in odds
+                    _combine(target, into, evens, 0, out_w, True, step_w, (kernel[1] + 1) // 2)
+                    if kernel[1] > 1:
+                        _combine(target, into, odds, step_w // 2, out_w, False, step_w, kernel[1] // 2)
+            elif stride_w == 1:
+                _combine(target, into, evens, 0, out_w, True, step_w, kernel[1])
+            else:
                 for ow in range(np.uintp(out_w)):
-                    v = rows[read + ow]
-                    m = target[into + ow]
-                    target[into + ow] = v if v > m or v != v else m
+                    at = np.uintp(ow * stride_w)
+                    value = evens[at]
+                    for kw in range(1, kernel[1]):
+                        value = _nan_max(value, evens[at + np.uintp(kw * step_w)])
+                    target[np.uintp(into) + ow] = value
 
 
 class MaxPool(_Pool):
