@@ -611,6 +611,10 @@ class MatMulKernel(_ProductKernel):
     #: A (1, N) row the runtime's fusion adds to every row of the product (an ``Add`` of a
     #: constant bias after the node, ``runtime/matmul_fusion.py``), before the epilogue.
     bias: np.ndarray | None = None
+    #: The widths of the groups of columns handed out as separate outputs, views of one
+    #: product (sibling products of one input fused into one, ``runtime/sibling_fusion.py``);
+    #: empty: one output.
+    split: tuple[int, ...] = ()
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
@@ -642,13 +646,16 @@ class MatMulKernel(_ProductKernel):
             y = y[..., 0]
         if vector_a:
             y = y[..., 0, :] if not vector_b else y[..., 0]
+        if self.split:
+            ends = np.cumsum(self.split)
+            return tuple(y[..., end - width:end] for width, end in zip(self.split, ends, strict=True))
         return (y,)
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """One BLAS product (and the fused bias) into the given buffer: what :meth:`run`
         computes for A (..., M, K) and a matrix B of one type computed as it is, on a serial
         plan, without an epilogue; None otherwise."""
-        if len(inputs) != 2 or self.epilogue is not None:
+        if len(inputs) != 2 or self.epilogue is not None or self.split:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
         packed = self._packed_for(a, a_dtype)
