@@ -119,3 +119,19 @@ def test_mixed_bias_groups_apart():
     a = np.random.default_rng(5).standard_normal((1, 5, 16)).astype(np.float32)
     session, _ = check(m, {"a": a})
     assert sorted(k.bias is not None for k in split_products(session)) == [False, True]
+
+
+def test_fed_weights_take_the_unfused_plan():
+    """An initializer that is also a graph input and that a run feeds: the run takes the plan
+    without the fused product (whose weights side by side hold the initializer's value)."""
+    m = model(6, 24, [16, 16, 16])
+    m.graph.input.append(helper.make_tensor_value_info("w1", F, [24, 16]))
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((1, 6, 24)).astype(np.float32)
+    w1 = rng.standard_normal((24, 16)).astype(np.float32)
+    session, plain = RuntimeSession(m), RuntimeSession(m, fuse=False)
+    assert len(split_products(session)) == 1
+    for feeds in ({"a": a, "w1": w1}, {"a": a}, {"a": a, "w1": w1}):
+        got, expected = session.run(None, feeds), plain.run(None, feeds)
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(got, expected, strict=True))
+    assert not np.array_equal(session.run(None, {"a": a, "w1": w1})[1], session.run(None, {"a": a})[1])
