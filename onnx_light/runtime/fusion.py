@@ -240,7 +240,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         conv_inputs = result[index][1]
         result[index][1] = (conv_inputs[0], *made, *conv_inputs[3:])
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
-    steps_out = fuse_siblings(steps_out, known, keep, sources, add_constant, added)
+    steps_out = fuse_siblings(steps_out, known, keep, sources)
     return FusionResult(steps_out, added, sources)
 
 

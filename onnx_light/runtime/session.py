@@ -296,33 +296,21 @@ class RuntimeSession:
         (product weights, kept again in panels): their slots get a stand-in of their shape
         and type that takes no memory (the packed kernels read only those), and the unfolded
         plan, whose kernels multiply them, gets them rebuilt from the panels on its first
-        run (``_released``). Constants the fusion made that only packed kernels read are let
-        go the same way (no plan needs them again)."""
+        run (``_released``)."""
         readers: dict[int, list[tuple[Kernel, int]]] = {}
         for kernel, inputs, _ in self._steps:
             for position, s in enumerate(inputs):
                 if s is not None:
                     readers.setdefault(s, []).append((kernel, position))
         kept = set(self._feed_slots.values()) | set(self._output_slots.values())
-
-        def packed_only(s: int) -> Callable[[], np.ndarray] | None:
-            rebuilds = [kernel.packed_input(position) for kernel, position in readers.get(s, ())]
-            return None if s in kept or not rebuilds or None in rebuilds else rebuilds[0]
-
-        def stand_in(array: np.ndarray) -> np.ndarray:
-            return np.broadcast_to(np.zeros((), array.dtype), array.shape)
-
         self._released: dict[int, Callable[[], np.ndarray]] = {}
         for s, array in self._constants.items():
-            rebuild = packed_only(s)
-            if rebuild is not None:
-                self._released[s] = rebuild
-                self._constants[s] = self._values[s] = self._values_unfolded[s] = stand_in(array)
-        # The fusion's own constants (no name; the sibling products' weights side by side)
-        # serve the folded plan only: its packed kernels hold them.
-        for s in set(self._folded) - set(self._slots.values()):
-            if packed_only(s) is not None:
-                self._folded[s] = self._values[s] = stand_in(self._folded[s])
+            rebuilds = [kernel.packed_input(position) for kernel, position in readers.get(s, ())]
+            if s in kept or not rebuilds or None in rebuilds:
+                continue
+            self._released[s] = rebuilds[0]
+            stand_in = np.broadcast_to(np.zeros((), array.dtype), array.shape)
+            self._constants[s] = self._values[s] = self._values_unfolded[s] = stand_in
 
     @functools.cached_property
     def _unfolded(self) -> tuple[tuple[Any, ...], Handoff]:

@@ -4,14 +4,16 @@
 The pattern: two or more MatMul steps (each with or without the bias the MatMul fusion gave
 it, ``runtime/matmul_fusion.py``, and no activation) reading the same float32 A and each a
 constant float32 matrix B of the same K rows: the query, key and value projections of a
-transformer's attention. They become one MatMul step at the place of the first, multiplying A
-by the weights side by side (``W = [W1 W2 ...]``, one new constant, with the biases side by
-side) by the packed product (:mod:`~onnx_light.kernels.packed_gemm`), and handing out its
-column groups as the siblings' outputs (:attr:`~onnx_light.kernels.gemm.MatMulKernel.split`):
-views of one buffer, so one call instead of several, large enough for the pool's threads to
-pay (docs/gemm.md). Each column's sum is the one the sibling's own packed product computes
-(the packed kernel sums every column in the same order whatever N), so the values are the
-unfused graph's bit for bit.
+transformer's attention. They become one MatMul step at the place of the first, reading A and
+the siblings' weights, that multiplies A by the weights side by side (``W = [W1 W2 ...]``,
+packed once at specialization, with the biases side by side) by the packed product
+(:mod:`~onnx_light.kernels.packed_gemm`), and hands out its column groups as the siblings'
+outputs (:attr:`~onnx_light.kernels.gemm.MatMulKernel.split`): views of one buffer, so one
+call instead of several, large enough for the pool's threads to pay (docs/gemm.md). Each
+column's sum is the one the sibling's own packed product computes (the packed kernel sums
+every column in the same order whatever N), so the values are the unfused graph's bit for
+bit. The siblings' weights are let go as any packed weights are (``MatMulKernel.packed_input``
+rebuilds each from its columns of the panels).
 
 A sibling whose output is a graph output stays as it is (a caller's output is never a view
 of another value), and so do products the packed kernel cannot run (no AVX-512) and siblings
@@ -20,7 +22,7 @@ that differ from the others in having a bias (a zero bias would turn -0 into +0)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from onnx import TensorProto
@@ -36,10 +38,9 @@ Step = tuple[Kernel, Slots, Slots]
 
 
 def fuse_siblings(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
-                  sources: set[int], add_constant: Callable[[np.ndarray], int],
-                  added: dict[int, np.ndarray]) -> list[Step]:
-    """``steps`` with every group of sibling products made one step (``sources`` gets the
-    weights they read, ``added`` the side-by-side weights by their new slot)."""
+                  sources: set[int]) -> list[Step]:
+    """``steps`` with every group of sibling products made one step, reading A and the
+    siblings' weights (``sources`` gets the weights)."""
     if not packed_gemm.available():
         return list(steps)
     groups: dict[tuple[int, int, bool], list[int]] = {}
@@ -52,17 +53,13 @@ def fuse_siblings(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: 
         if len(positions) < 2:
             continue
         members = [steps[p] for p in positions]
-        weights = np.concatenate([known[inputs[1]] for _, inputs, _ in members], axis=1)
-        weights.flags.writeable = False
-        slot = add_constant(weights)
-        added[slot] = weights
         first = members[0][0]
         bias = (None if first.bias is None
                 else np.concatenate([kernel.bias for kernel, _, _ in members], axis=1))
         fused = first.variant(bias=bias, split=tuple(known[inputs[1]].shape[1] for _, inputs, _ in members))
         for p in positions:
             result[p] = None
-        result[positions[0]] = (fused, (members[0][1][0], slot),
+        result[positions[0]] = (fused, (members[0][1][0], *(inputs[1] for _, inputs, _ in members)),
                                 tuple(outputs[0] for _, _, outputs in members))
         sources.update(inputs[1] for _, inputs, _ in members)
     return [step for step in result if step is not None]
