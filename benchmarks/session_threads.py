@@ -10,7 +10,9 @@ Each variant is ``THREADS[,SETTING...]`` with settings
 * ``elementwise=serial``: every step tuned by ``parallel.minimum_elements`` alone (the
   elementwise kernels and fused chains) kept serial;
 * ``spin=US``: the session's ``spin_us`` (``ThreadPool.hot``: how long the pool's threads spin
-  waiting for each other during a run before they sleep; 0: never).
+  waiting for each other during a run before they sleep; 0: never);
+* ``siblings=off``: sibling products of one input left apart (``runtime/sibling_fusion.py``
+  not run: the plan before it).
 
 The variant ``1`` (one thread, as tuned) is always measured first and is the reference. A
 timed run counts only if no other task was runnable just before and just after it (the running
@@ -32,12 +34,14 @@ Run: ``python benchmarks/session_threads.py --model bert --variants 2 2,branches
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -50,7 +54,7 @@ from hot_regions import others_runnable  # noqa: E402
 
 from onnx_light.kernels import gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
-from onnx_light.runtime import RuntimeSession, branches  # noqa: E402
+from onnx_light.runtime import RuntimeSession, branches, fusion  # noqa: E402
 
 WARM_S = 0.02
 
@@ -59,15 +63,18 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     """The session ``variant`` names (see the module's docstring)."""
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
-    unknown = set(options) - {"branches", "gemm", "elementwise", "spin"}
+    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "siblings"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
     if options.get("branches") == "all":
         branches.BRANCH_MINIMUM_WORK = 0
+    apart = (mock.patch.object(fusion, "fuse_siblings", lambda steps, *rest: list(steps))
+             if options.get("siblings") == "off" else contextlib.nullcontext())
     try:
-        session = RuntimeSession(model, num_threads=int(threads),
-                                 branches=options.get("branches", "on") != "off")
+        with apart:
+            session = RuntimeSession(model, num_threads=int(threads),
+                                     branches=options.get("branches", "on") != "off")
     finally:
         branches.BRANCH_MINIMUM_WORK = saved
     if "spin" in options:

@@ -611,8 +611,15 @@ class MatMulKernel(_ProductKernel):
     #: A (1, N) row the runtime's fusion adds to every row of the product (an ``Add`` of a
     #: constant bias after the node, ``runtime/matmul_fusion.py``), before the epilogue.
     bias: np.ndarray | None = None
+    #: The widths of the groups of columns handed out as separate outputs, views of one
+    #: product (sibling products of one input fused into one, ``runtime/sibling_fusion.py``):
+    #: the node then reads A and one B per group, and multiplies A by the Bs side by side;
+    #: empty: one output.
+    split: tuple[int, ...] = ()
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        if self.split and len(inputs) == len(self.split) + 1 and all(x is not None for x in inputs):
+            inputs = (inputs[0], inputs[1] if self._packed is not None else np.concatenate(inputs[1:], -1))
         if len(inputs) != 2 or inputs[0] is None or inputs[1] is None:
             raise self.ctx.error("needs exactly two inputs A and B")
         a, b = inputs
@@ -642,13 +649,16 @@ class MatMulKernel(_ProductKernel):
             y = y[..., 0]
         if vector_a:
             y = y[..., 0, :] if not vector_b else y[..., 0]
+        if self.split:
+            ends = np.cumsum(self.split)
+            return tuple(y[..., end - width:end] for width, end in zip(self.split, ends, strict=True))
         return (y,)
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """One BLAS product (and the fused bias) into the given buffer: what :meth:`run`
         computes for A (..., M, K) and a matrix B of one type computed as it is, on a serial
         plan, without an epilogue; None otherwise."""
-        if len(inputs) != 2 or self.epilogue is not None:
+        if len(inputs) != 2 or self.epilogue is not None or self.split:
             return None
         (a, a_dtype), (b, b_dtype) = inputs
         packed = self._packed_for(a, a_dtype)
@@ -674,10 +684,33 @@ class MatMulKernel(_ProductKernel):
 
         return Prepared(with_bias, (*a[:-1], b[1]), a_dtype)
 
+    def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
+        """As for any product; a :attr:`split` product's B at ``position`` is its group of
+        columns of the packed weights."""
+        whole = super().packed_input(1)
+        if not self.split or whole is None:
+            return super().packed_input(position)
+        if not 1 <= position <= len(self.split):
+            return None
+        stop = sum(self.split[:position])
+        start = stop - self.split[position - 1]
+
+        def columns() -> np.ndarray:
+            w = np.ascontiguousarray(whole()[:, start:stop])
+            w.flags.writeable = False
+            return w
+
+        return columns
+
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
-        """Constant float32 weights B (a matrix) packed once, with the fused bias
-        (:meth:`_pack`)."""
+        """Constant float32 weights B (a matrix; the Bs side by side for a :attr:`split`
+        product) packed once, with the fused bias (:meth:`_pack`)."""
         b = constants[1] if len(constants) > 1 else None
+        if self.split:
+            weights = constants[1:]
+            if len(weights) != len(self.split) or any(w is None or w.ndim != 2 for w in weights):
+                return None
+            b = np.concatenate(weights, axis=1)
         if b is None or b.ndim != 2 or self.ctx.input_types[:1] != (T.FLOAT,):
             return None
         bias = self.bias

@@ -50,6 +50,9 @@ Before those, in this order:
    (step 2); a small 2-D product of constant weights (``matmul_bias.SMALL_WORK``
    multiply-adds by the inferred shapes) becomes one
    :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step instead, one compiled loop.
+7. **Sibling products** (last): MatMuls of one input by constant weights (the query, key
+   and value projections, with their biases) become one product over the weights side by
+   side whose column groups are their outputs (``runtime/sibling_fusion.py``).
 
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
@@ -90,6 +93,7 @@ from .attention_fusion import fuse_attention
 from .matmul_fusion import fuse_matmul_bias
 from .rmsnorm_fusion import fuse_rms_norm
 from .rotary_fusion import fuse_rotary
+from .sibling_fusion import fuse_siblings
 
 __all__ = ["FusionResult", "fuse"]
 
@@ -236,6 +240,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         conv_inputs = result[index][1]
         result[index][1] = (conv_inputs[0], *made, *conv_inputs[3:])
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
+    steps_out = fuse_siblings(steps_out, known, keep, sources)
     return FusionResult(steps_out, added, sources)
 
 
