@@ -10,6 +10,7 @@ import traceback
 import numpy as np
 import pytest
 import threadpoolctl
+from forked import assert_child_succeeds
 
 from onnx_light.parallel import BLAS, ThreadPool, get_pool
 
@@ -369,17 +370,7 @@ def test_pool_works_in_forked_child() -> None:
                 code = 0
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 8
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("forked child hung")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert_child_succeeds(pid)
 
 
 def test_a_lone_openblas_is_limited_through_its_own_functions() -> None:

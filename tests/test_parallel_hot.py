@@ -7,6 +7,7 @@ import time
 import numpy as np
 import onnx
 import pytest
+from forked import assert_child_succeeds
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light import parallel
@@ -143,17 +144,7 @@ def test_hot_pool_works_in_forked_child() -> None:
                         code = 0
             finally:
                 os._exit(code)
-    deadline = time.monotonic() + 8
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("forked child hung")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert_child_succeeds(pid)
 
 
 def test_a_session_run_leaves_nothing_spinning() -> None:
