@@ -149,12 +149,13 @@ class Config:
 
 # ---------------------------------------------------------------------------- peers
 
-def onnxruntime_session(model: onnx.ModelProto, threads: int) -> Any:
+def onnxruntime_session(model: onnx.ModelProto, threads: int, profile_prefix: str | None = None) -> Any:
     """An onnxruntime session set up as ``real_models.onnxruntime_session`` does (``threads``
     intra-op threads, one inter-op thread, sequential execution, CPU provider), with the
     intra-op pool's spinning turned off. With its default spinning, onnxruntime's worker keeps
     a core busy for about 50 ms after every ``run`` (measured here), which would slow down
-    whatever is sampled next in an interleaved round; onnx_light's pool does not spin either."""
+    whatever is sampled next in an interleaved round; onnx_light's pool does not spin either.
+    With ``profile_prefix``, its profiler writes there (``end_profiling`` gives the file)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -163,6 +164,9 @@ def onnxruntime_session(model: onnx.ModelProto, threads: int) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

@@ -120,18 +120,7 @@ class TheirProfile:
 
     def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int,
                  folder: str) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.enable_profiling = True
-        options.profile_file_prefix = os.path.join(folder, "ort")
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = _common.onnxruntime_session(model, threads, os.path.join(folder, "ort"))
         self.feeds = feeds
         self.runs: list[float] = []
 
