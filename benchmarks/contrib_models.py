@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from quantized_models import onnxruntime_saturates
 
 F = TensorProto.FLOAT
 OPSET = 17
@@ -109,7 +110,8 @@ def quantize_static_model(model: onnx.ModelProto, folder: Path, samples: list[np
                           ) -> onnx.ModelProto:
     """``model`` quantized by onnxruntime's static quantizer, calibrated on ``samples`` (fed to
     the input ``x``), per channel, int8 weights, ``activation`` (``QUInt8``/``QInt8``)
-    activations, in ``quant_format`` (``QOperator``/``QDQ``)."""
+    activations, in ``quant_format`` (``QOperator``/``QDQ``); 7-bit weights where onnxruntime's
+    byte products saturate (:func:`quantized_models.onnxruntime_saturates`)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -123,7 +125,8 @@ def quantize_static_model(model: onnx.ModelProto, folder: Path, samples: list[np
     onnx.save(model, source)
     quantize_static(str(source), str(quantized), Reader(), quant_format=QuantFormat[quant_format],
                     per_channel=True, activation_type=QuantType[activation],
-                    weight_type=QuantType.QInt8, **options)
+                    weight_type=QuantType.QInt8,
+                    **{"reduce_range": onnxruntime_saturates(), **options})
     return onnx.load(quantized)
 
 

@@ -12,11 +12,13 @@ runs without torch installed.
 
 The ``*_int8`` entries are the torchvision CNNs quantized by onnxruntime's static quantizer
 (``quant_pre_process``, then ``quantize_static``: QDQ format, per channel, uint8 activations
-and int8 weights, as onnxruntime recommends on x86) from the cached float export, calibrated
-on a few seeded random images; their cache key adds ``QUANTIZATION`` and onnxruntime's version
-to the float model's. Their rows compare int8 with int8 (time and outputs), and a second table
-sets each one beside its float model's row of the same run (onnx_light int8 / onnx_light
-float, likewise for onnxruntime), so run both (``--models resnet50 resnet50_int8``).
+and int8 weights, as onnxruntime recommends on x86; 7-bit weights, its ``reduce_range``, where
+its byte products saturate: ``quantized_models.onnxruntime_saturates``) from the cached float
+export, calibrated on a few seeded random images; their cache key adds ``QUANTIZATION``, the
+weights' range and onnxruntime's version to the float model's. Their rows compare int8 with
+int8 (time and outputs), and a second table sets each one beside its float model's row of the
+same run (onnx_light int8 / onnx_light float, likewise for onnxruntime), so run both
+(``--models resnet50 resnet50_int8``).
 
 For every model the script builds an onnx_light and an onnxruntime session per thread count
 (``--threads``, default 1 2), all in this process, and times them in interleaved rounds with
@@ -57,6 +59,7 @@ if str(HERE) not in sys.path:
 import _common  # noqa: E402  (imports real_models without letting it move the tuning cache)
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
+from quantized_models import onnxruntime_saturates  # noqa: E402
 
 from onnx_light.runtime import RuntimeSession, UnsupportedOperatorError  # noqa: E402
 
@@ -202,7 +205,8 @@ def cache_key(spec: ModelSpec, versions: dict[str, str]) -> str:
     ``QUANTIZATION`` and onnxruntime's version."""
     if spec.source is not None:
         identity = {"model": spec.name, "source": cache_key(spec.source, versions),
-                    "quantization": QUANTIZATION, "onnxruntime": versions.get("onnxruntime", "absent")}
+                    "quantization": QUANTIZATION, "reduce_range": onnxruntime_saturates(),
+                    "onnxruntime": versions.get("onnxruntime", "absent")}
     else:
         identity = {"model": spec.name, "family": spec.family, "config": spec.config,
                     "versions": {package: versions.get(package, "absent") for package in VERSIONED_PACKAGES},
@@ -270,7 +274,8 @@ def quantizer(float_path: Path) -> Exporter:
                 quant_format=quantization.QuantFormat[QUANTIZATION["format"]],
                 per_channel=QUANTIZATION["per_channel"],
                 activation_type=quantization.QuantType[QUANTIZATION["activations"]],
-                weight_type=quantization.QuantType[QUANTIZATION["weights"]])
+                weight_type=quantization.QuantType[QUANTIZATION["weights"]],
+                reduce_range=onnxruntime_saturates())
         finally:
             if source != float_path:
                 source.unlink(missing_ok=True)

@@ -12,10 +12,20 @@ versions, made by onnxruntime's own quantizer: the tests' and the benchmark's in
 :func:`quantize` writes the QDQ model of ``quantize_static`` (uint8 activations, int8
 weights, per-channel or per-tensor, a seeded calibration reader) or the ``quantize_dynamic``
 one (MatMulInteger or ConvInteger with DynamicQuantizeLinear) next to the float model.
+
+onnxruntime's uint8 x int8 products are exact only where the processor has a byte
+dot-product instruction (AVX-512 VNNI, AVX-VNNI, AMX). With AVX2 alone its kernels add each
+pair of byte products in int16 with saturation, so a pair past 32767 is clipped (255 * 127 * 2
+is 64770), and onnxruntime's advice for those machines is 7-bit weights (``reduce_range``),
+whose pairs stay within 2 * 255 * 64 = 32640. :func:`onnxruntime_saturates` probes which
+machine this is; :func:`quantize` and :func:`int8_weights` then make weights onnxruntime
+computes exactly, so that comparisons with it stay bit-for-bit. onnx_light's sums are exact
+everywhere (tests/test_integer_products.py checks them against int64 sums at full range).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,9 +33,38 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["MODELS", "calibration_samples", "cnn", "quantize", "transformer"]
+__all__ = ["MODELS", "calibration_samples", "cnn", "int8_weights", "onnxruntime_saturates", "quantize",
+           "transformer"]
 
 OPSET = 17
+
+
+@functools.cache
+def onnxruntime_saturates() -> bool:
+    """Whether onnxruntime's uint8 x int8 products clip pairs of byte products on this machine
+    (probed once: a MatMulInteger of 255s by 127s; False without onnxruntime)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    depth = 64
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "probe",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [4, depth]),
+         helper.make_tensor_value_info("b", TensorProto.INT8, [depth, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [4, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"a": np.full((4, depth), 255, np.uint8), "b": np.full((depth, 4), 127, np.int8)}
+    y = session.run(None, feeds)[0]
+    return bool((y != 255 * 127 * depth).any())
+
+
+def int8_weights(rng: np.random.Generator, shape: int | tuple[int, ...]) -> np.ndarray:
+    """Uniform int8 weights: the full range, or 7 bits (-64 to 63) where
+    :func:`onnxruntime_saturates`."""
+    low, high = (-64, 63) if onnxruntime_saturates() else (-128, 127)
+    return rng.integers(low, high + 1, shape).astype(np.int8)
 
 
 def _weights(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
@@ -122,7 +161,8 @@ def calibration_samples(model: onnx.ModelProto, count: int, seed: int) -> list[n
 def quantize(model: onnx.ModelProto, folder: Path, mode: str = "static",
              per_channel: bool = True, signed_activations: bool = False) -> Path:
     """The quantized model's path: ``mode`` "static" (QDQ, calibrated on 8 seeded samples;
-    uint8 activations, or int8 with ``signed_activations``) or "dynamic"."""
+    uint8 activations, or int8 with ``signed_activations``) or "dynamic"; 7-bit weights where
+    :func:`onnxruntime_saturates`."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -137,7 +177,8 @@ def quantize(model: onnx.ModelProto, folder: Path, mode: str = "static",
                        f"{'-int8' if signed_activations else ''}.onnx")
     onnx.save(model, source)
     if mode == "dynamic":
-        quantize_dynamic(str(source), str(target), per_channel=per_channel, weight_type=QuantType.QInt8)
+        quantize_dynamic(str(source), str(target), per_channel=per_channel, weight_type=QuantType.QInt8,
+                         reduce_range=onnxruntime_saturates())
         return target
     samples = calibration_samples(model, 8, seed=1)
 
@@ -151,5 +192,5 @@ def quantize(model: onnx.ModelProto, folder: Path, mode: str = "static",
     quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel,
                     activation_type=QuantType.QInt8 if signed_activations else QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)
+                    weight_type=QuantType.QInt8, reduce_range=onnxruntime_saturates())
     return target

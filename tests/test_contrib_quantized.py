@@ -20,6 +20,7 @@ from onnx_light.runtime import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from contrib_models import branches_like, mobilenet_like, one_node, quantize_static_model, resnet_like
+from quantized_models import int8_weights, onnxruntime_saturates
 
 ort = pytest.importorskip("onnxruntime")
 BYTES = (np.uint8, np.int8)
@@ -153,7 +154,7 @@ def test_qgemm(dtype: Any, per_column: bool, quantized: bool, bias: bool, trans_
     feeds = {"a": a}
     constants: dict[str, np.ndarray] = {
         **{k: v for k, v in _parameters(rng, dtype, "a", "y").items()},
-        "b": _bytes(rng, np.int8, 4, 6),
+        "b": int8_weights(rng, (4, 6)),
         "b_scale": rng.uniform(0.005, 0.05, 4 if per_column else 1).astype(np.float32),
         "b_zero": np.zeros(4 if per_column else 1, np.int8),
         "c": rng.integers(-500, 500, 4).astype(np.int32)}
@@ -174,7 +175,7 @@ def test_qgemm(dtype: Any, per_column: bool, quantized: bool, bias: bool, trans_
 def test_matmul_integer_to_float(dtype: Any, bias: bool) -> None:
     rng = np.random.default_rng(5)
     feeds = {"a": _bytes(rng, dtype, 2, 3, 6)}
-    constants = {"b": _bytes(rng, np.int8, 6, 4), "a_scale": np.float32(0.02),
+    constants = {"b": int8_weights(rng, (6, 4)), "a_scale": np.float32(0.02),
                  "b_scale": rng.uniform(0.01, 0.03, 4).astype(np.float32),
                  "a_zero": np.asarray(3, dtype), "b_zero": np.zeros(4, np.int8),
                  "bias": rng.standard_normal(4).astype(np.float32)}
@@ -188,7 +189,8 @@ def test_matmul_integer_to_float(dtype: Any, bias: bool) -> None:
 def test_dynamic_quantize_matmul(b_type: Any) -> None:
     rng = np.random.default_rng(6)
     feeds = {"a": rng.standard_normal((2, 3, 6)).astype(np.float32)}
-    constants = {"b": _bytes(rng, b_type, 6, 4), "b_scale": np.float32(0.02),
+    b = int8_weights(rng, (6, 4)) if b_type == np.int8 else _bytes(rng, b_type, 6, 4)
+    constants = {"b": b, "b_scale": np.float32(0.02),
                  "b_zero": np.asarray(5, b_type), "bias": rng.standard_normal(4).astype(np.float32)}
     model = one_node("DynamicQuantizeMatMul", feeds, constants, ["a", "b", "b_scale", "b_zero", "bias"])
     (actual,), (expected,) = _both(model, feeds)
@@ -276,7 +278,7 @@ def test_dynamic_quantize_lstm(per_channel: bool, tmp_path: Any) -> None:
     source, quantized = tmp_path / "lstm.onnx", tmp_path / "lstm.dq.onnx"
     onnx.save(_lstm_model(rng, 16, 32, 10), source)
     quantize_dynamic(str(source), str(quantized), weight_type=QuantType.QInt8, per_channel=per_channel,
-                     op_types_to_quantize=["LSTM"])
+                     op_types_to_quantize=["LSTM"], reduce_range=onnxruntime_saturates())
     model = onnx.load(quantized)
     (node,) = model.graph.node
     assert (node.domain, node.op_type) == ("com.microsoft", "DynamicQuantizeLSTM")

@@ -82,19 +82,23 @@ def test_tiles_cut_small_weights_and_large_outputs_only():
 
 
 def test_a_multi_tile_plane_with_a_relu_and_residual_matches_numpy_bitwise(pools):
-    """Several tiles (16 -> 64 channels at 40x40): each element the BLAS product, then the
-    bias, the residual and the Relu in numpy's order, as the finishing pass computes them."""
+    """Several tiles (16 -> 64 channels at 40x40): each element the BLAS product of its tile
+    (a BLAS may sum in another order for another shape), then the bias, the residual and the
+    Relu in numpy's order, as the finishing pass computes them."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 16, 40, 40)).astype(np.float32)
     w = rng.standard_normal((64, 16, 1, 1)).astype(np.float32)
     b = rng.standard_normal(64).astype(np.float32)
     shortcut = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
-    assert pointwise.tile_columns(64, 16, 40 * 40, 4) < 40 * 40
+    columns = pointwise.tile_columns(64, 16, 40 * 40, 4)
+    assert columns < 40 * 40
     kernel = _kernel(1, pools[1])
     kernel.residual, kernel.clamp = True, (0.0, math.inf)
     kernel.epilogue = lambda block: np.maximum(block, 0, out=block)
     got = kernel.run(x, w, b, shortcut)[0]
-    product = np.matmul(w.reshape(64, 16), x.reshape(16, -1)).reshape(1, 64, 40, 40)
+    rows = x.reshape(16, -1)
+    product = np.concatenate([np.matmul(w.reshape(64, 16), rows[:, start:start + columns])
+                              for start in range(0, rows.shape[1], columns)], axis=1).reshape(1, 64, 40, 40)
     expected = np.maximum((product + b.reshape(-1, 1, 1)) + shortcut, 0)
     np.testing.assert_array_equal(got, expected)
 

@@ -4,6 +4,8 @@ end to end on a fresh registry."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,10 @@ from onnx_light.kernels.integer_gemm import (
 )
 from onnx_light.parallel import ThreadPool
 from onnx_light.tuning import KernelTuningRegistry, calibrate_kernel_tuning
-from onnx_light.tuning.processor import detect_cpu, execution_descriptor
+from onnx_light.tuning.processor import execution_descriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from quantized_models import int8_weights
 
 OPS = ("QLinearMatMul", "QLinearConv", "MatMulInteger", "ConvInteger")
 CONFIGURATIONS = [
@@ -84,14 +89,14 @@ def test_sums_wrap_like_int32() -> None:
 def _qlinear_matmul_inputs(rng: np.random.Generator, a_type: Any, per_column: bool) -> list[np.ndarray]:
     columns = (48,) if per_column else ()
     return [_bytes(rng, a_type, (2, 37, 200)), np.array(0.02, np.float32), _bytes(rng, a_type, ()),
-            _bytes(rng, np.int8, (200, 48)), rng.uniform(0.002, 0.02, columns).astype(np.float32),
+            int8_weights(rng, (200, 48)), rng.uniform(0.002, 0.02, columns).astype(np.float32),
             np.zeros(columns, np.int8), np.array(0.35, np.float32), _bytes(rng, a_type, ())]
 
 
 def _qlinear_conv_inputs(rng: np.random.Generator, x_type: Any, per_channel: bool) -> list[np.ndarray]:
     channels = (12,) if per_channel else ()
     return [_bytes(rng, x_type, (2, 8, 11, 10)), np.array(0.03, np.float32), _bytes(rng, x_type, ()),
-            _bytes(rng, np.int8, (12, 4, 3, 3)), rng.uniform(0.002, 0.02, channels).astype(np.float32),
+            int8_weights(rng, (12, 4, 3, 3)), rng.uniform(0.002, 0.02, channels).astype(np.float32),
             np.zeros(channels, np.int8), np.array(0.2, np.float32), _bytes(rng, x_type, ()),
             rng.integers(-3000, 3000, 12).astype(np.int32)]
 
@@ -111,11 +116,6 @@ def _onnxruntime(op: str, inputs: list[np.ndarray], opset: int, **attributes: An
     return session.run(None, {f"x{i}": x for i, x in enumerate(inputs)})[0]
 
 
-# onnxruntime's u8 x s8 products are exact where the processor has a byte dot-product
-# instruction; without one (AVX2 alone) they saturate pairs of products to int16.
-EXACT_IN_ORT = bool({"avx512_vnni", "avx_vnni"} & set(detect_cpu().features))
-
-
 @pytest.mark.parametrize(("op", "make", "attributes"), [
     ("QLinearMatMul", _qlinear_matmul_inputs, {}),
     ("QLinearConv", _qlinear_conv_inputs, CONV_ATTRIBUTES),
@@ -126,19 +126,18 @@ def test_qlinear_products_are_onnxruntimes(op: str, make: Any, attributes: dict[
                                            signed: bool, per_channel: bool) -> None:
     inputs = make(np.random.default_rng(7), np.int8 if signed else np.uint8, per_channel)
     expected = _onnxruntime(op, inputs, 13, **attributes)
-    tolerance = 0 if EXACT_IN_ORT else 1
     with ThreadPool(2) as pool:
         for values in CONFIGURATIONS:
             got = _kernel(op, inputs, 13, values, pool, **attributes).run(*inputs)[0]
             assert got.dtype == expected.dtype and got.shape == expected.shape
             difference = np.abs(got.astype(np.int32) - expected.astype(np.int32)).max()
-            assert difference <= tolerance, (values, difference)
+            assert difference == 0, (values, difference)
 
 
 def _depthwise_inputs(rng: np.random.Generator, x_type: Any, per_channel: bool) -> list[np.ndarray]:
     channels = (16,) if per_channel else ()
     return [_bytes(rng, x_type, (2, 16, 9, 10)), np.array(0.03, np.float32), _bytes(rng, x_type, ()),
-            _bytes(rng, np.int8, (16, 1, 3, 3)), rng.uniform(0.002, 0.02, channels).astype(np.float32),
+            int8_weights(rng, (16, 1, 3, 3)), rng.uniform(0.002, 0.02, channels).astype(np.float32),
             _bytes(rng, np.int8, channels), np.array(0.05, np.float32), _bytes(rng, x_type, ()),
             rng.integers(-3000, 3000, 16).astype(np.int32)]
 
@@ -152,7 +151,7 @@ def test_depthwise_qlinear_conv_is_onnxruntimes(signed: bool, per_channel: bool)
     expected = _onnxruntime("QLinearConv", inputs, 13, **attributes)
     got = _kernel("QLinearConv", inputs, 13, CONFIGURATIONS[0], **attributes).run(*inputs)[0]
     assert got.dtype == expected.dtype and got.shape == expected.shape
-    assert np.abs(got.astype(np.int32) - expected.astype(np.int32)).max() <= (0 if EXACT_IN_ORT else 1)
+    np.testing.assert_array_equal(got, expected)
     if not per_channel:  # onnxruntime's ConvInteger takes per-tensor weight zero points only
         integer = [inputs[0], inputs[3], inputs[2], inputs[5]]
         sums = _kernel("ConvInteger", integer, 13, CONFIGURATIONS[0], **attributes).run(*integer)[0]
@@ -170,8 +169,7 @@ def test_integer_products_are_onnxruntimes(op: str, make: Any, attributes: dict[
     for values in CONFIGURATIONS[:3]:
         got = _kernel(op, inputs, 13, values, **attributes).run(*inputs)[0]
         assert got.dtype == np.int32
-        if EXACT_IN_ORT:
-            np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_requantization_rounds_half_to_even_in_float32() -> None:

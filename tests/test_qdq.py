@@ -51,7 +51,7 @@ def _group(op: str, *, output_q: bool = True, bias: bool = True, per_channel: bo
     else:
         x_shape, w_shape, channels = [5, 24], (8, 24) if gemm_trans_b else (24, 8), 8
         attributes = {"transB": gemm_trans_b}
-    w = rng.integers(-127, 128, w_shape).astype(np.int8)
+    w = quantized_models.int8_weights(rng, w_shape)
     w_scale = rng.uniform(0.002, 0.02, channels if per_channel else ()).astype(np.float32)
     axis = 0 if op == "Conv" or (op == "Gemm" and gemm_trans_b) else 1
     inits = {"w_q": w, "w_scale": w_scale, "w_zero": np.zeros(w_scale.shape, np.int8),

@@ -3,6 +3,8 @@ the errors a bad scale, zero point or attribute gets."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -16,6 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.base import KernelError
 from onnx_light.kernels.quantized_products import exact_matmul
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from quantized_models import onnxruntime_saturates
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 
@@ -450,7 +455,8 @@ def test_qdq_model_from_quantize_static_matches_onnxruntime(tmp_path: Any) -> No
     source, quantized = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
     onnx.save(_float_conv_matmul_model(rng), source)
     quantize_static(str(source), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    reduce_range=onnxruntime_saturates())
     model = onnx.load(quantized)
     ops = {node.op_type for node in model.graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv", "MatMul"} <= ops, ops
