@@ -364,19 +364,52 @@ def pack_columns(source, words, per):
 
 
 @compiled
+def _word(pixels, at, s0, s1, s2, s3, m0, m1, m2, m3, per):
+    """The word of the pixels at ``at`` from the starts ``s0``-``s3``, masked by ``m0``-``m3``:
+    four bytes (``per`` 4) or two int16 holding the bytes' values (``per`` 2: ``s2``, ``s3``
+    unused)."""
+    if per == 2:
+        return ((np.uint32(np.int32(pixels[s0 + at])) & m0)
+                | ((np.uint32(np.int32(pixels[s1 + at])) << 16) & m1))
+    return ((np.uint32(pixels[s0 + at]) & m0) | ((np.uint32(pixels[s1 + at]) << 8) & m1)
+            | ((np.uint32(pixels[s2 + at]) << 16) & m2) | ((np.uint32(pixels[s3 + at]) << 24) & m3))
+
+
+@compiled
+def _window_lines(line, pixels, starts, masks, per, out_h, out_w, stride_h, stride_w, row):
+    """``line`` (OH x OW words) of one word (:func:`_word`) of every window, the pixels at
+    each window's offset from ``starts``. Strides 1 and 2 are constants to LLVM, which then
+    vectorizes the reads (and takes the test of ``per`` out of the loops)."""
+    s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
+    m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
+    step = np.uintp(stride_w)
+    for oh in range(out_h):
+        shift = np.uintp(oh * stride_h) * row
+        at = np.uintp(oh * out_w)
+        if stride_w == 1:
+            for ow in range(np.uintp(out_w)):
+                line[at + ow] = _word(pixels, shift + ow, s0, s1, s2, s3, m0, m1, m2, m3, per)
+        elif stride_w == 2:
+            for ow in range(np.uintp(out_w)):
+                line[at + ow] = _word(pixels, shift + ow * np.uintp(2), s0, s1, s2, s3, m0, m1, m2, m3, per)
+        else:
+            for ow in range(np.uintp(out_w)):
+                line[at + ow] = _word(pixels, shift + ow * step, s0, s1, s2, s3, m0, m1, m2, m3, per)
+
+
+@compiled
 def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, words,
                  per, first, last):
     """The windows of a padded image ``image`` (C, H, W) of bytes packed for
     :func:`packed_sums` as :func:`pack_columns` packs the im2col (C x KH x KW, OH x OW) of
-    a convolution (``per`` rows of it per word), without the im2col: words ``first:last``
-    of ``words``, written to the panels :data:`PACK_QUADS` words at a time."""
+    a convolution (``per`` rows of it per word: 4 or 2), without the im2col: words
+    ``first:last`` of ``words``, written to the panels :data:`PACK_QUADS` words at a time."""
     height, row = image.shape[1], np.uintp(image.shape[2])
     taps = kernel_h * kernel_w
     depth = image.shape[0] * taps
     out_w = (image.shape[2] - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
     out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
     pixels = image.reshape(-1)
-    step = np.uintp(stride_w)
     lines = np.zeros((PACK_QUADS, words.shape[0] * words.shape[2]), np.uint32)
     rows = np.zeros(4, np.intp)
     starts = np.zeros(4, np.uintp)
@@ -389,26 +422,7 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
             c, tap = rows[r] // taps, rows[r] % taps
             starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
                          + np.uintp((tap % kernel_w) * dilation_w))
-        s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
-        m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
-        h1, h2, h3 = shifts[1], shifts[2], shifts[3]
-        for oh in range(out_h):
-            shift = np.uintp(oh * stride_h) * row
-            at = np.uintp(oh * out_w)
-            if stride_w == 2:  # a constant stride: LLVM vectorizes the strided reads
-                for ow in range(np.uintp(out_w)):
-                    source = shift + ow * np.uintp(2)
-                    line[at + ow] = ((np.uint32(np.int32(pixels[s0 + source])) & m0)
-                                     | ((np.uint32(np.int32(pixels[s1 + source])) << h1) & m1)
-                                     | ((np.uint32(np.int32(pixels[s2 + source])) << h2) & m2)
-                                     | ((np.uint32(np.int32(pixels[s3 + source])) << h3) & m3))
-                continue
-            for ow in range(np.uintp(out_w)):
-                source = shift + ow * step
-                line[at + ow] = ((np.uint32(np.int32(pixels[s0 + source])) & m0)
-                                 | ((np.uint32(np.int32(pixels[s1 + source])) << h1) & m1)
-                                 | ((np.uint32(np.int32(pixels[s2 + source])) << h2) & m2)
-                                 | ((np.uint32(np.int32(pixels[s3 + source])) << h3) & m3))
+        _window_lines(line, pixels, starts, masks, per, out_h, out_w, stride_h, stride_w, row)
         done = (q - first) % PACK_QUADS + 1
         if done == PACK_QUADS or q == last - 1:
             _scatter_panels(lines, words, q + 1 - done, done)
