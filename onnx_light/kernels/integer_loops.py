@@ -139,7 +139,7 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     result = np.empty(run, w.dtype)
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
-    shift = np.int32(zero)
+    shift = np.int32(zero)  # the differences wrapped back to int32: no int64 vectors
     row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
     for ih in range(np.uintp(height)):
         p = ih + np.uintp(pads[0])
@@ -152,21 +152,22 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
             if stride_w == 1:
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
-                    plane[into + iw] = np.int32(source[start + iw]) - shift
+                    plane[into + iw] = np.int32(np.int32(source[start + iw]) - shift)
             elif stride_w == 2:  # pairs of columns to the two phases, one contiguous read
                 even, odd = into, into + stride_h * phase_size
                 first_column = np.uintp(pads[1] % 2)  # the first input column of an even one
                 if first_column:
-                    plane[odd + np.uintp(pads[1] // 2)] = np.int32(source[start]) - shift
+                    plane[odd + np.uintp(pads[1] // 2)] = np.int32(np.int32(source[start]) - shift)
                 pairs = (np.uintp(width) - first_column) // np.uintp(2)
                 base = np.uintp((pads[1] + 1) // 2)
                 read = start + first_column
                 for m in range(pairs):
-                    plane[even + base + m] = np.int32(source[read + np.uintp(2) * m]) - shift
-                    plane[odd + base + m] = np.int32(source[read + np.uintp(2) * m + np.uintp(1)]) - shift
+                    plane[even + base + m] = np.int32(np.int32(source[read + np.uintp(2) * m]) - shift)
+                    plane[odd + base + m] = np.int32(np.int32(source[read + np.uintp(2) * m + np.uintp(1)])
+                                                     - shift)
                 last = np.uintp(width) - np.uintp(1)
                 if first_column + np.uintp(2) * pairs <= last:
-                    plane[even + base + pairs] = np.int32(source[start + last]) - shift
+                    plane[even + base + pairs] = np.int32(np.int32(source[start + last]) - shift)
             else:
                 for r in range(strides[1]):
                     lowest = max(0, -(-(pads[1] - r) // strides[1]))
@@ -174,7 +175,8 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                     phase = into + np.uintp(r) * stride_h * phase_size
                     read = start + np.uintp(lowest * strides[1] + r - pads[1])
                     for m in range(np.uintp(max(0, highest + 1 - lowest))):
-                        plane[phase + np.uintp(lowest) + m] = np.int32(source[read + m * stride_w]) - shift
+                        plane[phase + np.uintp(lowest) + m] = np.int32(np.int32(source[read + m * stride_w])
+                                                                       - shift)
             start += np.uintp(width)
         initial = bias[c]
         for j in range(run):
