@@ -23,6 +23,7 @@ from onnx_light.kernels.integer_gemm import (
     TILE_ROWS,
     ByteRows,
     PackedColumns,
+    integer_candidates,
     packed_layout,
     packed_product,
 )
@@ -182,6 +183,9 @@ def test_auto_picks_the_layout_by_the_hosts_features(monkeypatch: pytest.MonkeyP
     assert _kernel("auto").layout == "pairs"
     assert _kernel("compiled").layout == "packed"  # unused: its right operand is not packed
     assert dict(DECLARATIONS["", "QLinearConv"].schema(TensorProto.UINT8).defaults)[ALGORITHM] == "auto"
+    # the calibration tries every concrete algorithm, ``pairs`` included (``auto`` is one of them)
+    assert {values[ALGORITHM] for values in integer_candidates()} == {"amx", "packed", "pairs", "compiled",
+                                                                      "blas"}
 
 
 def test_host_layouts_agree_with_each_other() -> None:
