@@ -42,6 +42,9 @@ CONFIGURATIONS = [
     {ALGORITHM: "blas", TILE_ROWS: 2, TILE_COLUMNS: 7, MINIMUM_MACS: 1},
     {ALGORITHM: "amx", TILE_ROWS: 5, TILE_COLUMNS: 30, MINIMUM_MACS: 1 << 40},
     {ALGORITHM: "amx", TILE_ROWS: 64, TILE_COLUMNS: 192, MINIMUM_MACS: 1},
+    {ALGORITHM: "pairs", TILE_ROWS: 5, TILE_COLUMNS: 30, MINIMUM_MACS: 1 << 40},
+    {ALGORITHM: "pairs", TILE_ROWS: 64, TILE_COLUMNS: 192, MINIMUM_MACS: 1},
+    {ALGORITHM: "auto", TILE_ROWS: 64, TILE_COLUMNS: 768, MINIMUM_MACS: 1},
 ]
 
 
@@ -211,7 +214,7 @@ def test_bad_values_name_the_node_key_and_parameter(op: str, values: dict[str, A
         inputs = [inputs[0], inputs[3], inputs[2], inputs[5]]
     kernel = build(op, inputs, 13)[1]
     with pytest.raises(KernelError, match=rf"node '{op.lower()}_node' \({op}\): "
-                                          rf"onnx_light/{op}/portable\[uint8\]@cpu#1: .*{message}"):
+                                          rf"onnx_light/{op}/portable\[uint8\]@cpu#2: .*{message}"):
         kernel.configure(values)
 
 

@@ -57,7 +57,7 @@ def test_tiles_give_the_exact_sums_and_the_packed_kernels_outputs(
     expected = ((a.astype(np.int64) - np.reshape(a_zero, (-1, 1)))
                 @ (b.astype(np.int64) - np.reshape(b_zero, (-1, 1))).T + bias)
     amx, packed = _kernel("amx", *tiles), _kernel("packed", *tiles)
-    assert amx.tiles and not packed.tiles
+    assert amx.layout == "amx" and packed.layout == "packed"
     got = amx.product(ByteRows(a, a_zero), ByteRows(b, b_zero), bias)
     np.testing.assert_array_equal(got, expected)
     multiplier = rng.uniform(1e-5, 1e-3, (1, columns) if per_channel else (1, 1)).astype(np.float32)
@@ -97,11 +97,11 @@ def test_refused_tiles_fall_back_to_the_packed_kernel(monkeypatch: pytest.Monkey
     rng = np.random.default_rng(2)
     a, b = _bytes(rng, np.uint8, (37, 70)), _bytes(rng, np.int8, (53, 70))
     kernel = _kernel("amx")
-    assert not kernel.tiles
+    assert kernel.layout == "packed"
     right = ByteRows(b, 1)
     got = kernel.product(ByteRows(a, 7), right)
     np.testing.assert_array_equal(got, (a.astype(np.int64) - 7) @ (b.astype(np.int64) - 1).T)
-    assert list(right.__dict__["_packed"]) == [False]  # the byte dot-product kernel's layout
+    assert list(right.__dict__["_packed"]) == ["packed"]  # the byte dot-product kernel's layout
 
 
 def test_availability_needs_the_features_and_the_permission(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,23 +1,27 @@
-"""Vectors of eight int32 lanes inside compiled kernels, and the byte dot product that adds to
-them: what the packed integer product (:func:`~onnx_light.kernels.integer_loops.packed_sums`)
-is written in.
+"""Vectors of eight int32 lanes inside compiled kernels, and the dot product of 32-bit words
+that adds to them: what the packed integer product
+(:func:`~onnx_light.kernels.integer_loops.packed_sums`) is written in.
 
 numba has no vector type, and LLVM does not turn a compiled loop of byte products into the
-processor's byte dot-product instruction (its loops widen the bytes to int16 and use
+processor's dot-product instructions (its loops widen the bytes to int16 and use
 ``vpdpwssd`` at best). These intrinsics give a kernel an ``int32x8`` value that lives in a
 register (a 256-bit LLVM vector) and three operations on it:
 
 - :data:`zeros`: eight int32 zeros;
-- :data:`dot4`: ``acc[l] += sum_r u[l, r] * s[l, r]`` over the four bytes ``r`` of each lane
-  ``l``, ``u`` unsigned and ``s`` signed: one operand is 32 bytes read from an array at an
-  offset (the lanes' own bytes), the other 4 bytes read at an offset and repeated in every
-  lane; which is unsigned follows the arrays' types (uint8 and int8, one each);
-- :data:`store`: the eight lanes written to an int32 array at an offset.
+- :data:`dot`: ``acc[l] += sum_r u[l, r] * s[l, r]`` over the parts ``r`` of each lane's
+  32-bit word: one operand is 32 bytes read from an array at a byte offset (the lanes' own
+  words), the other one word read at a byte offset and repeated in every lane. The arrays'
+  types say what a word holds: four bytes, one array uint8 and the other int8 (which is
+  unsigned follows the types), or two int16 in both;
+- :data:`store`: the eight lanes written to an int32 array at an offset (in elements).
 
-Where the processor has AVX512-VNNI or AVX-VNNI (as numba's target machine reports),
-:data:`dot4` is one ``vpdpbusd``: exact, since a lane's four products (at most 255 x 128 in
-magnitude) add without saturation, and the sum wraps modulo 2**32 like int32. Elsewhere it is
-the same arithmetic in portable LLVM vector operations (widened to int32: exact, slower).
+Four bytes per word: where the processor has AVX512-VNNI or AVX-VNNI (as numba's target
+machine reports, :func:`has_byte_dot_product`), one ``vpdpbusd``: exact, since a lane's four
+products (at most 255 x 128 in magnitude) add without saturation, and the sum wraps modulo
+2**32 like int32. Two int16 per word: where the processor has AVX2, one ``vpmaddwd`` and one
+``vpaddd``, exact for int16 holding bytes (each pair of products is at most 2 x 255 x 255).
+Elsewhere the same arithmetic in portable LLVM vector operations (widened to int32: exact,
+slower).
 
 numba is imported when a compiled kernel that uses them is first compiled, not before
 (:class:`~onnx_light.kernels.compiled.CompiledIntrinsic`). numba's disk cache keys a kernel by
@@ -31,13 +35,16 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from .compiled import CompiledIntrinsic
+from .compiled import CompiledIntrinsic, target_features
 
-__all__ = ["LANES", "dot4", "has_byte_dot_product", "store", "zeros"]
+__all__ = ["LANES", "WORD_BYTES", "available", "dot", "has_byte_dot_product", "store", "zeros"]
 
-#: int32 lanes per vector (each lane sums four byte products per :data:`dot4`).
+#: int32 lanes per vector (each lane sums one 32-bit word of products per :data:`dot`).
 LANES = 8
-_INSTRUCTION = "llvm.x86.avx512.vpdpbusd.256"
+#: Bytes of a lane's word (four byte products or two int16 ones per :data:`dot`).
+WORD_BYTES = 4
+_BYTE_DOT = "llvm.x86.avx512.vpdpbusd.256"
+_PAIR_DOT = "llvm.x86.avx2.pmadd.wd"
 
 
 def has_byte_dot_product(features: str) -> bool:
@@ -47,16 +54,25 @@ def has_byte_dot_product(features: str) -> bool:
 
 
 @functools.cache
+def available() -> bool:
+    """Whether numba's target machine has the byte dot product (:func:`has_byte_dot_product`),
+    so that :data:`dot` on bytes is one instruction (asked once)."""
+    try:
+        return has_byte_dot_product(target_features())
+    except Exception:
+        return False
+
+
+@functools.cache
 def _build(numba: ModuleType) -> dict[str, Any]:
     """The numba type and intrinsics (built once, when numba is loaded)."""
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic, models, register_model
 
-    vector = ir.VectorType(ir.IntType(32), LANES)
-    byte_vector = ir.VectorType(ir.IntType(8), 4 * LANES)
-    wide = ir.VectorType(ir.IntType(32), 4 * LANES)
     int32 = ir.IntType(32)
+    vector = ir.VectorType(int32, LANES)
+    byte = ir.IntType(8)
 
     class Int32x8(types.Type):
         def __init__(self) -> None:
@@ -71,6 +87,25 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
     def address(context: Any, builder: Any, array_type: Any, array: Any, offset: Any) -> Any:
         return builder.gep(context.make_array(array_type)(context, builder, array).data, [offset])
+
+    def byte_address(context: Any, builder: Any, array_type: Any, array: Any, offset: Any,
+                     target: Any) -> Any:
+        data = builder.bitcast(context.make_array(array_type)(context, builder, array).data,
+                               byte.as_pointer())
+        return builder.bitcast(builder.gep(data, [offset]), target.as_pointer())
+
+    def parts_sum(builder: Any, total: Any, unsigned: Any, signed: Any, part: Any, count: int,
+                  zero_extend: bool) -> Any:
+        """``total`` plus the products of the ``count`` parts of each lane, widened to int32."""
+        parts = ir.VectorType(part, count * LANES)
+        wide = ir.VectorType(int32, count * LANES)
+        first = builder.bitcast(unsigned, parts)
+        first = builder.zext(first, wide) if zero_extend else builder.sext(first, wide)
+        products = builder.mul(first, builder.sext(builder.bitcast(signed, parts), wide))
+        for r in range(count):
+            chosen = ir.Constant(vector, [count * lane + r for lane in range(LANES)])
+            total = builder.add(total, builder.shuffle_vector(products, products, chosen))
+        return total
 
     @intrinsic
     def zeros(typingctx: Any) -> Any:
@@ -91,39 +126,43 @@ def _build(numba: ModuleType) -> dict[str, Any]:
         return types.none(acc, out, offset), codegen
 
     @intrinsic
-    def dot4(typingctx: Any, acc: Any, lanes: Any, lanes_offset: Any, repeated: Any,
-             repeated_offset: Any) -> Any:
-        kinds = {getattr(lanes, "dtype", None), getattr(repeated, "dtype", None)}
-        if acc != int32x8 or kinds != {types.uint8, types.int8}:
+    def dot(typingctx: Any, acc: Any, lanes: Any, lanes_offset: Any, repeated: Any,
+            repeated_offset: Any) -> Any:
+        kinds = (getattr(lanes, "dtype", None), getattr(repeated, "dtype", None))
+        pairs = kinds == (types.int16, types.int16)
+        if acc != int32x8 or not (pairs or set(kinds) == {types.uint8, types.int8}):
             return None
-        lanes_unsigned = lanes.dtype == types.uint8
+        lanes_unsigned = kinds[0] == types.uint8
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             total, own, own_at, shared, shared_at = args
-            pointer = address(context, builder, signature.args[1], own, own_at)
-            own_bytes = builder.load(builder.bitcast(pointer, byte_vector.as_pointer()), align=1)
-            pointer = address(context, builder, signature.args[3], shared, shared_at)
-            word = builder.load(builder.bitcast(pointer, int32.as_pointer()), align=1)
+            own_words = builder.load(byte_address(context, builder, signature.args[1], own, own_at,
+                                                  vector), align=1)
+            word = builder.load(byte_address(context, builder, signature.args[3], shared, shared_at,
+                                             int32), align=1)
             spread = builder.insert_element(ir.Constant(vector, None), word, ir.Constant(int32, 0))
             spread = builder.shuffle_vector(spread, ir.Constant(vector, None),
                                             ir.Constant(vector, [0] * LANES))
-            own_words = builder.bitcast(own_bytes, vector)
-            unsigned, signed = (own_words, spread) if lanes_unsigned else (spread, own_words)
-            if has_byte_dot_product(context.codegen()._tm_features):
+            features = set(context.codegen()._tm_features.split(","))
+            if pairs:
+                if "+avx2" not in features:
+                    return parts_sum(builder, total, own_words, spread, ir.IntType(16), 2, False)
+                halves = ir.VectorType(ir.IntType(16), 2 * LANES)
                 function = builder.module.declare_intrinsic(
-                    _INSTRUCTION, fnty=ir.FunctionType(vector, [vector, vector, vector]))
+                    _PAIR_DOT, fnty=ir.FunctionType(vector, [halves, halves]))
+                return builder.add(total, builder.call(function, [builder.bitcast(own_words, halves),
+                                                                  builder.bitcast(spread, halves)]))
+            unsigned, signed = (own_words, spread) if lanes_unsigned else (spread, own_words)
+            if has_byte_dot_product(",".join(features)):
+                function = builder.module.declare_intrinsic(
+                    _BYTE_DOT, fnty=ir.FunctionType(vector, [vector, vector, vector]))
                 return builder.call(function, [total, unsigned, signed])
-            products = builder.mul(builder.zext(builder.bitcast(unsigned, byte_vector), wide),
-                                   builder.sext(builder.bitcast(signed, byte_vector), wide))
-            for r in range(4):
-                part = ir.Constant(vector, [4 * lane + r for lane in range(LANES)])
-                total = builder.add(total, builder.shuffle_vector(products, products, part))
-            return total
+            return parts_sum(builder, total, unsigned, signed, byte, 4, True)
         return int32x8(acc, lanes, lanes_offset, repeated, repeated_offset), codegen
 
-    return {"zeros": zeros, "store": store, "dot4": dot4}
+    return {"zeros": zeros, "store": store, "dot": dot}
 
 
 zeros = CompiledIntrinsic(lambda numba: _build(numba)["zeros"], "zeros")
 store = CompiledIntrinsic(lambda numba: _build(numba)["store"], "store")
-dot4 = CompiledIntrinsic(lambda numba: _build(numba)["dot4"], "dot4")
+dot = CompiledIntrinsic(lambda numba: _build(numba)["dot"], "dot")

@@ -28,7 +28,7 @@ from typing import Any
 
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
            "compile_totals", "compiled", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds",
-           "wide_vectors"]
+           "target_features", "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -186,6 +186,15 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<compiled kernel {self.function.__module__}.{self.function.__qualname__}>"
+
+
+def target_features() -> str:
+    """The LLVM features of numba's target machine (``+avx2,+fma,...``: what compiled
+    kernels are built for; loads numba)."""
+    load_numba()
+    from numba.core.registry import cpu_target
+
+    return str(cpu_target.target_context.codegen()._tm_features)
 
 
 class CompiledIntrinsic:

@@ -12,19 +12,25 @@ Parameters (one schema per operator and element type, :func:`integer_parameters`
 ``product.algorithm``
     ``"packed"``: the register-blocked byte dot-product micro-kernel of
     :func:`~onnx_light.kernels.integer_loops.packed_sums` on a right operand packed in panels
-    (:class:`PackedColumns`), requantizing as it writes. ``"amx"``: the same on AMX tiles
-    (:func:`~onnx_light.kernels.integer_loops.tile_sums`) where the processor has AMX-INT8
-    and Linux lets the process use them (:func:`~onnx_light.kernels.tile_matrices.available`),
-    else ``"packed"``. ``"compiled"``: the byte dot
+    (:class:`PackedColumns`), requantizing as it writes: one ``vpdpbusd`` per four byte
+    products of eight lanes where the processor has VNNI, portable vector code (slow) where
+    not. ``"pairs"``: the same micro-kernel on operands widened to int16 pairs, one
+    ``vpmaddwd`` per two products (AVX2; what processors without VNNI run fastest).
+    ``"amx"``: the same on AMX tiles (:func:`~onnx_light.kernels.integer_loops.tile_sums`)
+    where the processor has AMX-INT8 and Linux lets the process use them
+    (:func:`~onnx_light.kernels.tile_matrices.available`), else ``"packed"``. ``"auto"`` (the
+    default): the host's fastest of the three by its features (:func:`packed_layout`).
+    ``"compiled"``: the byte dot
     products of :func:`~onnx_light.kernels.integer_loops.dot_tiles`, compiled by numba for
     this processor. ``"blas"``: float32 BLAS products of the raw bytes in chunks of the
     reduced axis short enough that every partial sum is an integer float32 holds exactly (at
     most 2**24: 514 terms of uint8 x int8), summed in int32. All are exact, so they give
     identical outputs; which is fastest depends on the processor's instructions and BLAS.
 ``tile.rows``, ``tile.columns``
-    ``packed``, ``amx``: the rows and columns of a block (rounded up to whole micro-tiles) whose left
-    rows stay in cache while its columns stream. ``compiled``: the rows of each operand one
-    tile reads while it stays in cache, and the smallest parallel block.
+    ``auto``, ``packed``, ``pairs``, ``amx``: the rows and columns of a block (rounded up
+    to whole micro-tiles) whose left rows stay in cache while its columns stream.
+    ``compiled``: the rows of each operand one tile reads while it stays in cache, and the
+    smallest parallel block.
 ``parallel.minimum_macs``
     Multiply-adds (rows x columns x depth) from which the product's output is split across the
     session's pool (along its longer side).
@@ -37,7 +43,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -47,7 +53,7 @@ from ..tuning.keys import ElementType as T
 from ..tuning.keys import KernelTuningKey
 from ..tuning.processor import CpuExecutionDescriptor
 from ..tuning.schema import Parameter, Value
-from . import tile_matrices
+from . import byte_vectors, tile_matrices
 from .base import Kernel, NodeContext
 from .calibration import without_compilation
 from .declaration import KernelDeclaration
@@ -67,16 +73,19 @@ from .integer_loops import (
 
 __all__ = ["ALGORITHM", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS",
            "ByteRows", "IntegerProductKernel", "PackedColumns", "Requantization",
-           "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_product"]
+           "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_layout",
+           "packed_product"]
 
 ALGORITHM = "product.algorithm"
 TILE_ROWS = "tile.rows"
 TILE_COLUMNS = "tile.columns"
 MINIMUM_MACS = "parallel.minimum_macs"
-ALGORITHMS = ("amx", "packed", "compiled", "blas")
+ALGORITHMS = ("auto", "amx", "packed", "pairs", "compiled", "blas")
 #: The algorithms whose right operand is a :class:`PackedColumns`.
-PACKED_ALGORITHMS = ("amx", "packed")
-_DEFAULTS: dict[str, Value] = {ALGORITHM: "amx", TILE_ROWS: 64, TILE_COLUMNS: 768,
+PACKED_ALGORITHMS = ("auto", "amx", "packed", "pairs")
+#: The layouts of a :class:`PackedColumns`: those algorithms' that are not ``auto``.
+LAYOUTS = ("amx", "packed", "pairs")
+_DEFAULTS: dict[str, Value] = {ALGORITHM: "auto", TILE_ROWS: 64, TILE_COLUMNS: 768,
                                MINIMUM_MACS: 1 << 25}
 # The largest magnitude of each byte type, for the exact float32 chunk length.
 _MAGNITUDE = {np.dtype(np.uint8): 255, np.dtype(np.int8): 128}
@@ -92,9 +101,11 @@ def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, .
     """The parameters of an integer product's schema (the same for every byte type)."""
     return (
         Parameter(ALGORITHM, "str", _DEFAULTS[ALGORITHM], choices=ALGORITHMS,
-                  description="'amx': AMX tiles on packed columns where the processor has them, "
-                              "else 'packed'; 'packed': register-blocked byte dot-product "
-                              "instructions on packed columns; 'compiled': numba's byte dot "
+                  description="'auto': the host's fastest of 'amx', 'packed' and 'pairs' by its "
+                              "features; 'amx': AMX tiles on packed columns where the processor "
+                              "has them, else 'packed'; 'packed': register-blocked byte "
+                              "dot-product instructions on packed columns; 'pairs': the same "
+                              "on int16 pairs (vpmaddwd); 'compiled': numba's byte dot "
                               "products; 'blas': exact float32 BLAS products of the bytes in short "
                               "chunks of the reduced axis"),
         Parameter(TILE_ROWS, "int", _DEFAULTS[TILE_ROWS], minimum=1, maximum=4096,
@@ -104,6 +115,19 @@ def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, .
         Parameter(MINIMUM_MACS, "int", _DEFAULTS[MINIMUM_MACS], minimum=1,
                   description="multiply-adds from which the output is split across the pool"),
     )
+
+
+def packed_layout(algorithm: str) -> str:
+    """The layout of the right operand (one of :data:`LAYOUTS`) a packed ``algorithm`` runs
+    on in this process: ``amx`` where the tiles are available
+    (:func:`~onnx_light.kernels.tile_matrices.available`), else ``packed``; ``auto`` the same
+    but ``pairs`` where the processor lacks the byte dot product too
+    (:func:`~onnx_light.kernels.byte_vectors.available`); ``packed`` and ``pairs`` as named."""
+    if algorithm in ("packed", "pairs"):
+        return algorithm
+    if tile_matrices.available():
+        return "amx"
+    return "packed" if algorithm == "amx" or byte_vectors.available() else "pairs"
 
 
 def _per_row(zero: np.ndarray | int, size: int) -> np.ndarray:
@@ -136,28 +160,30 @@ class ByteRows:
         """The bytes as float32 (for the BLAS product; made once per operand)."""
         return self.data.astype(np.float32)
 
-    def packed(self, tiles: bool = False) -> PackedColumns:
-        """These rows as the ``packed`` algorithm's right operand, or with ``tiles`` the
-        ``amx`` one's (made once per layout)."""
+    def packed(self, layout: str = "packed") -> PackedColumns:
+        """These rows as a packed algorithm's right operand in ``layout`` (one of
+        :data:`LAYOUTS`; made once per layout)."""
         made = self.__dict__.setdefault("_packed", {})
-        if tiles not in made:
-            made[tiles] = PackedColumns.of(self.data.T, self.zero, tiles=tiles)
-        return made[tiles]
+        if layout not in made:
+            made[layout] = PackedColumns.of(self.data.T, self.zero, layout=layout)
+        return made[layout]
 
-    def repeated(self, lanes: np.dtype, tiles: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """These rows as the ``packed`` algorithm's left operand against right-operand bytes
-        of type ``lanes`` (made once per type and layout): the bytes of the other signedness
-        (uint8 ``v`` as int8 ``v - 128``, int8 ``v`` as uint8 ``v + 128``, the zero points
-        moved alike, so that the differences stay), padded with zeros to a multiple of four
-        rows and of four along the reduced axis (with ``tiles``, the ``amx`` algorithm's:
-        of 16 rows and 64); their zero points and row sums."""
+    def repeated(self, lanes: np.dtype, layout: str = "packed") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """These rows as a packed algorithm's left operand against right-operand lanes of
+        type ``lanes`` in ``layout`` (made once per type and layout), padded with zeros to a
+        multiple of four rows and of four along the reduced axis (``amx``: of 16 rows and
+        64; ``pairs``: of four rows and two); their zero points and row sums. The bytes are
+        those of the other signedness than ``lanes`` (uint8 ``v`` as int8 ``v - 128``, int8
+        ``v`` as uint8 ``v + 128``, the zero points moved alike, so that the differences
+        stay), or for ``pairs`` their values as int16."""
         made = self.__dict__.setdefault("_repeated", {})
-        key = (np.dtype(lanes), tiles)
-        row_unit, depth_unit = (TILE_LANES, 4 * TILE_QUADS) if tiles else (PACKED_ROWS, 4)
+        key = (np.dtype(lanes), layout)
+        row_unit, depth_unit = {"amx": (TILE_LANES, 4 * TILE_QUADS), "packed": (PACKED_ROWS, 4),
+                                "pairs": (PACKED_ROWS, 2)}[layout]
         if key not in made:
-            target = np.dtype(np.int8 if key[0] == np.uint8 else np.uint8)
+            target = np.dtype(np.int16 if layout == "pairs" else np.int8 if key[0] == np.uint8 else np.uint8)
             data, zero = self.data, self.zero
-            if data.dtype != target:
+            if target.itemsize == 1 and data.dtype != target:
                 data = (data.view(np.uint8) ^ np.uint8(0x80)).view(target)
                 zero = zero + np.int32(128 if target == np.uint8 else -128)
             rows, depth = data.shape
@@ -171,8 +197,9 @@ class ByteRows:
 
 
 class PackedColumns:
-    """The ``packed`` algorithm's right operand: ``lanes`` (width / 8, ceil(K / 4), 8, 4)
-    bytes (the ``amx`` algorithm's: (width / 16, Q, 16, 4), Q rounded up to 16), the layout
+    """A packed algorithm's right operand: in the ``packed`` layout ``lanes`` (width / 8,
+    ceil(K / 4), 8, 4) bytes, ``pairs`` (width / 8, ceil(K / 2), 8, 2) int16 holding the
+    bytes' values, ``amx`` (width / 16, Q, 16, 4) bytes with Q rounded up to 16: the layout
     of :func:`~onnx_light.kernels.integer_loops.pack_columns` (:meth:`of` packs a matrix,
     :func:`~onnx_light.kernels.integer_loops.pack_windows` a convolution's windows),
     ``columns`` of them real, with their zero points (int32) and sums over the reduced axis
@@ -186,29 +213,32 @@ class PackedColumns:
         self.zero = _per_row(zero, columns)
 
     @staticmethod
-    def empty(depth: int, columns: int, dtype: np.dtype, tiles: bool = False) -> np.ndarray:
-        """Uninitialised lanes for ``columns`` columns of ``depth`` bytes (``tiles``: in the
-        ``amx`` algorithm's layout)."""
-        width, quads = (TILE_LANES, TILE_QUADS) if tiles else (PACKED_LANES, 1)
+    def empty(depth: int, columns: int, dtype: np.dtype, layout: str = "packed") -> np.ndarray:
+        """Uninitialised lanes for ``columns`` columns of ``depth`` bytes of type ``dtype``
+        in ``layout`` (one of :data:`LAYOUTS`)."""
+        if layout == "pairs":
+            return np.empty((-(-columns // PACKED_LANES), -(-depth // 2), PACKED_LANES, 2), np.int16)
+        width, quads = (TILE_LANES, TILE_QUADS) if layout == "amx" else (PACKED_LANES, 1)
         return np.empty((-(-columns // width), -(-depth // (4 * quads)) * quads, width, 4), dtype)
 
     @property
-    def tiles(self) -> bool:
-        """Whether these are in the ``amx`` algorithm's layout."""
-        return self.lanes.shape[2] == TILE_LANES
+    def layout(self) -> str:
+        """The layout these lanes are in (one of :data:`LAYOUTS`)."""
+        return ("pairs" if self.lanes.dtype == np.int16
+                else "amx" if self.lanes.shape[2] == TILE_LANES else "packed")
 
     @staticmethod
     def words(lanes: np.ndarray) -> np.ndarray:
-        """``lanes`` as the packers write them: one uint32 per column and quad."""
+        """``lanes`` as the packers write them: one uint32 per column and word (whose
+        ``lanes.shape[3]`` values the packers take as their ``per``)."""
         return lanes.view(np.uint32).reshape(lanes.shape[:3])
 
     @classmethod
     def of(cls, source: np.ndarray, zero: np.ndarray | int, sums: np.ndarray | None = None,
-           tiles: bool = False) -> PackedColumns:
-        """``source`` (K, C) bytes packed: C columns of K bytes each (``tiles``: in the
-        ``amx`` algorithm's layout)."""
-        lanes = cls.empty(*source.shape, source.dtype, tiles)
-        pack_columns.dispatcher(source, cls.words(lanes))
+           layout: str = "packed") -> PackedColumns:
+        """``source`` (K, C) bytes packed: C columns of K bytes each, in ``layout``."""
+        lanes = cls.empty(*source.shape, source.dtype, layout)
+        pack_columns.dispatcher(source, cls.words(lanes), lanes.shape[3])
         return cls(lanes, source.shape[1], zero, sums)
 
     def column_sums(self) -> np.ndarray:
@@ -227,13 +257,16 @@ def _chunk(left: np.dtype, right: np.dtype) -> int:
 class IntegerProductKernel(Kernel):
     """The integer products' configuration and their blocked, exact product."""
 
+    # 2: ``product.algorithm`` took ``auto`` (the new default) and ``pairs``.
+    tuning_abi: ClassVar[int] = 2
+
     def _configure(self, values: Mapping[str, Value]) -> None:
         self.algorithm = str(values[ALGORITHM])
         self.tile_rows = int(values[TILE_ROWS])
         self.tile_columns = int(values[TILE_COLUMNS])
         self.minimum_macs = int(values[MINIMUM_MACS])
-        #: Whether the packed products run on AMX tiles (the right operands' layout).
-        self.tiles = self.algorithm == "amx" and tile_matrices.available()
+        #: The right operands' layout of the packed products (:func:`packed_layout`).
+        self.layout = packed_layout(self.algorithm) if self.algorithm in PACKED_ALGORITHMS else "packed"
 
     def product(self, left: ByteRows, right: ByteRows | PackedColumns, bias: np.ndarray | None = None,
                 epilogue: Epilogue | None = None, requantization: Requantization | None = None
@@ -242,8 +275,8 @@ class IntegerProductKernel(Kernel):
         (rows, 1) or (1, columns)); each block goes to ``epilogue`` once final. Returns the
         (rows, columns) int32 accumulator; with ``requantization`` writes its output instead
         (requantized as :func:`~onnx_light.kernels.integer_loops.requantize` does) and
-        returns None. A :class:`PackedColumns` right operand takes the ``packed`` algorithm
-        (``amx`` in its layout) whatever the configuration."""
+        returns None. A :class:`PackedColumns` right operand takes the packed algorithm of its
+        layout whatever the configuration."""
         rows, depth = left.data.shape
         packed = isinstance(right, PackedColumns)
         columns = right.columns if packed else right.data.shape[0]
@@ -251,7 +284,7 @@ class IntegerProductKernel(Kernel):
         if bias is not None:
             (row_bias if bias.shape[0] > 1 or columns == 1 else column_bias)[:] = bias.reshape(-1)
         if packed or self.algorithm in PACKED_ALGORITHMS:
-            return self._packed(left, right if packed else right.packed(self.tiles), row_bias,
+            return self._packed(left, right if packed else right.packed(self.layout), row_bias,
                                 column_bias, epilogue, requantization)
         if requantization is not None:
             epilogue = _requantizing(requantization)
@@ -300,7 +333,7 @@ class IntegerProductKernel(Kernel):
     def _packed(self, left: ByteRows, right: PackedColumns, row_bias: np.ndarray,
                 column_bias: np.ndarray, epilogue: Epilogue | None,
                 requantization: Requantization | None) -> np.ndarray | None:
-        """The ``packed`` algorithm's product (:func:`~onnx_light.kernels.integer_loops.packed_sums`),
+        """The packed algorithms' product (:func:`~onnx_light.kernels.integer_loops.packed_sums`),
         or the ``amx`` one's (:func:`~onnx_light.kernels.integer_loops.tile_sums`) for a right
         operand in its layout."""
         rows, depth = left.data.shape
@@ -312,7 +345,7 @@ class IntegerProductKernel(Kernel):
             out, multiplier, zero, low, high = requantization
             # writable, as the warm-up's: one compiled signature whatever the caller's flags
             multiplier = np.require(multiplier, np.float32, ("C", "W"))
-        run = (tile_sums if right.tiles else packed_sums).dispatcher
+        run = (tile_sums if right.layout == "amx" else packed_sums).dispatcher
         tiles = (self.tile_rows, self.tile_columns)
 
         def block(r0: int, r1: int, c0: int, c1: int) -> None:
@@ -322,7 +355,7 @@ class IntegerProductKernel(Kernel):
             if epilogue is not None:
                 epilogue(out, r0, r1, c0, c1)
 
-        units = (2 * TILE_LANES, 2 * TILE_LANES) if right.tiles else (PACKED_ROWS, 3 * PACKED_LANES)
+        units = (2 * TILE_LANES, 2 * TILE_LANES) if right.layout == "amx" else (PACKED_ROWS, 3 * PACKED_LANES)
         self._split(rows, right.columns, depth, *units, block)
         return None if requantization is not None else out
 
@@ -353,20 +386,20 @@ def _packed_operands(left: ByteRows, right: PackedColumns
     """What :func:`~onnx_light.kernels.integer_loops.packed_sums` reads of the left operand
     (its repeated rows, zero points and row sums) and the right one's column sums (zeros
     when no row zero point needs them)."""
-    repeated, row_zero, sums = left.repeated(right.lanes.dtype, right.tiles)
+    repeated, row_zero, sums = left.repeated(right.lanes.dtype, right.layout)
     column_sums = right.column_sums() if row_zero.any() else _zeros(right.columns)
     return repeated, row_zero, sums, column_sums
 
 
 def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
-    """The int32 sums ``(left - zero) @ (right - zero)`` of the ``packed`` algorithm (the
-    ``amx`` one for ``right`` in its layout) with the portable tiles, on the calling thread:
+    """The int32 sums ``(left - zero) @ (right - zero)`` of the packed algorithm of
+    ``right``'s layout with the portable tiles, on the calling thread:
     the products of kernels that have no tuned integer product of their own (the
     ``com.microsoft`` quantized products)."""
     rows, depth = left.data.shape
     repeated, row_zero, sums, column_sums = _packed_operands(left, right)
     out = np.empty((rows, right.columns), np.int32)
-    run = (tile_sums if right.tiles else packed_sums).dispatcher
+    run = (tile_sums if right.layout == "amx" else packed_sums).dispatcher
     run(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
         _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
         _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
@@ -414,9 +447,10 @@ PRODUCT_CORPUS: tuple[tuple[str, int, int, int], ...] = (
 
 
 def integer_candidates() -> list[dict[str, Value]]:
-    """What a calibration tries: the three algorithms, three tiles, three thresholds."""
+    """What a calibration tries: every algorithm but ``auto`` (one of them), three tiles,
+    three thresholds."""
     return [{ALGORITHM: algorithm, TILE_ROWS: rows, TILE_COLUMNS: columns, MINIMUM_MACS: 1 << exp}
-            for algorithm in ALGORITHMS for rows, columns in ((64, 192), (64, 768), (16, 1536))
+            for algorithm in ALGORITHMS[1:] for rows, columns in ((64, 192), (64, 768), (16, 1536))
             for exp in (17, 21, 25)]
 
 

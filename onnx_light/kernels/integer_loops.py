@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .byte_vectors import LANES, dot4, store, zeros
+from .byte_vectors import LANES, WORD_BYTES, dot, store, zeros
 from .compiled import compiled
 from .tile_matrices import TILE_BYTES, TILE_ROWS, tile_configuration
 from .tile_matrices import configure as tile_configure
@@ -139,7 +139,7 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     result = np.empty(run, w.dtype)
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
-    shift = np.int32(zero)
+    shift = np.int32(zero)  # the differences wrapped back to int32: no int64 vectors
     row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
     for ih in range(np.uintp(height)):
         p = ih + np.uintp(pads[0])
@@ -152,21 +152,22 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
             if stride_w == 1:
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
-                    plane[into + iw] = np.int32(source[start + iw]) - shift
+                    plane[into + iw] = np.int32(np.int32(source[start + iw]) - shift)
             elif stride_w == 2:  # pairs of columns to the two phases, one contiguous read
                 even, odd = into, into + stride_h * phase_size
                 first_column = np.uintp(pads[1] % 2)  # the first input column of an even one
                 if first_column:
-                    plane[odd + np.uintp(pads[1] // 2)] = np.int32(source[start]) - shift
+                    plane[odd + np.uintp(pads[1] // 2)] = np.int32(np.int32(source[start]) - shift)
                 pairs = (np.uintp(width) - first_column) // np.uintp(2)
                 base = np.uintp((pads[1] + 1) // 2)
                 read = start + first_column
                 for m in range(pairs):
-                    plane[even + base + m] = np.int32(source[read + np.uintp(2) * m]) - shift
-                    plane[odd + base + m] = np.int32(source[read + np.uintp(2) * m + np.uintp(1)]) - shift
+                    plane[even + base + m] = np.int32(np.int32(source[read + np.uintp(2) * m]) - shift)
+                    plane[odd + base + m] = np.int32(np.int32(source[read + np.uintp(2) * m + np.uintp(1)])
+                                                     - shift)
                 last = np.uintp(width) - np.uintp(1)
                 if first_column + np.uintp(2) * pairs <= last:
-                    plane[even + base + pairs] = np.int32(source[start + last]) - shift
+                    plane[even + base + pairs] = np.int32(np.int32(source[start + last]) - shift)
             else:
                 for r in range(strides[1]):
                     lowest = max(0, -(-(pads[1] - r) // strides[1]))
@@ -174,7 +175,8 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                     phase = into + np.uintp(r) * stride_h * phase_size
                     read = start + np.uintp(lowest * strides[1] + r - pads[1])
                     for m in range(np.uintp(max(0, highest + 1 - lowest))):
-                        plane[phase + np.uintp(lowest) + m] = np.int32(source[read + m * stride_w]) - shift
+                        plane[phase + np.uintp(lowest) + m] = np.int32(np.int32(source[read + m * stride_w])
+                                                                       - shift)
             start += np.uintp(width)
         initial = bias[c]
         for j in range(run):
@@ -323,75 +325,106 @@ def _scatter_panels(lines, words, first, count):
 
 
 @compiled
-def pack_columns(source, words):
+def _word_parts(per, starts, masks, shifts, first, stop):
+    """Where each of the ``per`` parts (4 bytes, or 2 int16) of the word of quad or pair ``q``
+    comes from: ``starts[r]`` the row (of the reduced axis) ``per * q + r`` from ``first``
+    (0 past ``stop``), ``shifts[r]`` its place in the word, ``masks[r]`` its bits (0 when
+    absent: ``r`` not a part, or past ``stop``)."""
+    bits = np.uint32(32 // per)
+    for r in range(4):
+        starts[r], masks[r], shifts[r] = 0, 0, 0
+        if r < per and first + r < stop:
+            starts[r] = first + r
+            shifts[r] = np.uint32(r) * bits
+            masks[r] = ((np.uint32(1) << bits) - np.uint32(1)) << shifts[r]
+
+
+@compiled
+def pack_columns(source, words, per):
     """``source`` (K, C) bytes packed for :func:`packed_sums`: ``words`` (width / L, Q, L)
     uint32, panels of L columns (8; :data:`TILE_LANES` for :func:`tile_sums`), each one run of
-    its Q quads (four rows of the reduced axis, one byte each, in a uint32 per column; Q at
-    least ceil(K / 4)), zeros past the last row and column."""
+    its Q words (``per`` rows of the reduced axis each: four bytes, or two int16 holding the
+    bytes' values, in a uint32 per column; Q at least ceil(K / per)), zeros past the last row
+    and column."""
     depth, columns = source.shape
     lines = np.zeros((PACK_QUADS, words.shape[0] * words.shape[2]), np.uint32)
     starts = np.zeros(4, np.intp)
     masks = np.zeros(4, np.uint32)
+    shifts = np.zeros(4, np.uint32)
     for q in range(words.shape[1]):
         line = lines[q % PACK_QUADS]
-        for r in range(4):
-            k = 4 * q + r
-            starts[r], masks[r] = (k, np.uint32(0xFF) << np.uint32(8 * r)) if k < depth else (0, 0)
+        _word_parts(per, starts, masks, shifts, per * q, depth)
         r0, r1, r2, r3 = source[starts[0]], source[starts[1]], source[starts[2]], source[starts[3]]
         m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
+        h1, h2, h3 = shifts[1], shifts[2], shifts[3]
         for j in range(columns):
-            line[j] = ((np.uint32(r0[j]) & m0) | ((np.uint32(r1[j]) << 8) & m1)
-                       | ((np.uint32(r2[j]) << 16) & m2) | ((np.uint32(r3[j]) << 24) & m3))
+            line[j] = ((np.uint32(np.int32(r0[j])) & m0) | ((np.uint32(np.int32(r1[j])) << h1) & m1)
+                       | ((np.uint32(np.int32(r2[j])) << h2) & m2)
+                       | ((np.uint32(np.int32(r3[j])) << h3) & m3))
         if q % PACK_QUADS == PACK_QUADS - 1 or q == words.shape[1] - 1:
             _scatter_panels(lines, words, q - q % PACK_QUADS, q % PACK_QUADS + 1)
 
 
 @compiled
+def _word(pixels, at, s0, s1, s2, s3, m0, m1, m2, m3, per):
+    """The word of the pixels at ``at`` from the starts ``s0``-``s3``, masked by ``m0``-``m3``:
+    four bytes (``per`` 4) or two int16 holding the bytes' values (``per`` 2: ``s2``, ``s3``
+    unused)."""
+    if per == 2:
+        return ((np.uint32(np.int32(pixels[s0 + at])) & m0)
+                | ((np.uint32(np.int32(pixels[s1 + at])) << 16) & m1))
+    return ((np.uint32(pixels[s0 + at]) & m0) | ((np.uint32(pixels[s1 + at]) << 8) & m1)
+            | ((np.uint32(pixels[s2 + at]) << 16) & m2) | ((np.uint32(pixels[s3 + at]) << 24) & m3))
+
+
+@compiled
+def _window_lines(line, pixels, starts, masks, per, out_h, out_w, stride_h, stride_w, row):
+    """``line`` (OH x OW words) of one word (:func:`_word`) of every window, the pixels at
+    each window's offset from ``starts``. Strides 1 and 2 are constants to LLVM, which then
+    vectorizes the reads (and takes the test of ``per`` out of the loops)."""
+    s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
+    m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
+    step = np.uintp(stride_w)
+    for oh in range(out_h):
+        shift = np.uintp(oh * stride_h) * row
+        at = np.uintp(oh * out_w)
+        if stride_w == 1:
+            for ow in range(np.uintp(out_w)):
+                line[at + ow] = _word(pixels, shift + ow, s0, s1, s2, s3, m0, m1, m2, m3, per)
+        elif stride_w == 2:
+            for ow in range(np.uintp(out_w)):
+                line[at + ow] = _word(pixels, shift + ow * np.uintp(2), s0, s1, s2, s3, m0, m1, m2, m3, per)
+        else:
+            for ow in range(np.uintp(out_w)):
+                line[at + ow] = _word(pixels, shift + ow * step, s0, s1, s2, s3, m0, m1, m2, m3, per)
+
+
+@compiled
 def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dilation_w, words,
-                 first, last):
+                 per, first, last):
     """The windows of a padded image ``image`` (C, H, W) of bytes packed for
     :func:`packed_sums` as :func:`pack_columns` packs the im2col (C x KH x KW, OH x OW) of
-    a convolution, without the im2col: quads ``first:last`` of ``words``, written to the
-    panels :data:`PACK_QUADS` quads at a time."""
+    a convolution (``per`` rows of it per word: 4 or 2), without the im2col: words
+    ``first:last`` of ``words``, written to the panels :data:`PACK_QUADS` words at a time."""
     height, row = image.shape[1], np.uintp(image.shape[2])
     taps = kernel_h * kernel_w
     depth = image.shape[0] * taps
     out_w = (image.shape[2] - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
     out_h = (height - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
     pixels = image.reshape(-1)
-    step = np.uintp(stride_w)
     lines = np.zeros((PACK_QUADS, words.shape[0] * words.shape[2]), np.uint32)
+    rows = np.zeros(4, np.intp)
     starts = np.zeros(4, np.uintp)
     masks = np.zeros(4, np.uint32)
+    shifts = np.zeros(4, np.uint32)
     for q in range(first, last):
         line = lines[(q - first) % PACK_QUADS]
+        _word_parts(per, rows, masks, shifts, per * q, depth)
         for r in range(4):
-            k = 4 * q + r
-            starts[r], masks[r] = 0, 0
-            if k < depth:
-                c, tap = k // taps, k % taps
-                starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
-                             + np.uintp((tap % kernel_w) * dilation_w))
-                masks[r] = np.uint32(0xFF) << np.uint32(8 * r)
-        s0, s1, s2, s3 = starts[0], starts[1], starts[2], starts[3]
-        m0, m1, m2, m3 = masks[0], masks[1], masks[2], masks[3]
-        for oh in range(out_h):
-            shift = np.uintp(oh * stride_h) * row
-            at = np.uintp(oh * out_w)
-            if stride_w == 2:  # a constant stride: LLVM vectorizes the strided reads
-                for ow in range(np.uintp(out_w)):
-                    source = shift + ow * np.uintp(2)
-                    line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
-                                     | ((np.uint32(pixels[s1 + source]) << 8) & m1)
-                                     | ((np.uint32(pixels[s2 + source]) << 16) & m2)
-                                     | ((np.uint32(pixels[s3 + source]) << 24) & m3))
-                continue
-            for ow in range(np.uintp(out_w)):
-                source = shift + ow * step
-                line[at + ow] = ((np.uint32(pixels[s0 + source]) & m0)
-                                 | ((np.uint32(pixels[s1 + source]) << 8) & m1)
-                                 | ((np.uint32(pixels[s2 + source]) << 16) & m2)
-                                 | ((np.uint32(pixels[s3 + source]) << 24) & m3))
+            c, tap = rows[r] // taps, rows[r] % taps
+            starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
+                         + np.uintp((tap % kernel_w) * dilation_w))
+        _window_lines(line, pixels, starts, masks, per, out_h, out_w, stride_h, stride_w, row)
         done = (q - first) % PACK_QUADS + 1
         if done == PACK_QUADS or q == last - 1:
             _scatter_panels(lines, words, q + 1 - done, done)
@@ -401,25 +434,28 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
 def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
                 tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
                 column_bias, multiplier, out_zero, low, high, scaled, out):
-    """The exact product of two byte operands, one unsigned and one signed, over rows
-    ``row_first:row_stop`` and columns ``column_first:column_stop`` of ``out``, corrected
-    for the zero points as :func:`correct` does, plus the biases, and requantized as
-    :func:`requantize` does with ``scaled`` (else the int32 sums).
+    """The exact product of two byte operands over rows ``row_first:row_stop`` and columns
+    ``column_first:column_stop`` of ``out``, corrected for the zero points as
+    :func:`correct` does, plus the biases, and requantized as :func:`requantize` does with
+    ``scaled`` (else the int32 sums).
 
-    ``repeated`` (rows rounded up to :data:`PACKED_ROWS`, 4 * Q) holds the left operand's
-    rows, ``lanes`` (width / 8, Q, 8, 4) the right one's columns packed by
-    :func:`pack_columns` (panels of eight columns, each read as one stream);
+    ``repeated`` (rows rounded up to :data:`PACKED_ROWS`, P * Q) holds the left operand's
+    rows, ``lanes`` (width / 8, Q, 8, P) the right one's columns packed by
+    :func:`pack_columns` (panels of eight columns, each read as one stream), in one of two
+    layouts of 32-bit words: P = 4 bytes, one operand uint8 and the other int8 (the byte dot
+    product, ``vpdpbusd``), or P = 2 int16 holding the bytes' values (``vpmaddwd``, for
+    processors without the byte dot product: exact for every pair of byte types);
     ``row_first`` and ``column_first`` are multiples of :data:`PACKED_ROWS` and
     :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
-    columns sums in vector registers, four byte products per lane and step
-    (:data:`~onnx_light.kernels.byte_vectors.dot4`), then goes through a scratch panel to
+    columns sums in vector registers, one word of products per lane and step
+    (:data:`~onnx_light.kernels.byte_vectors.dot`, at byte offsets), then goes through a scratch panel to
     the correction and the requantization while in cache (the requantized byte written
     through its low eight bits, the same for uint8 and int8 outputs). The work goes in blocks of
     ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
     stay in cache while its columns stream."""
     quads = lanes.shape[1]
-    stride = np.uintp(repeated.shape[1])
-    step = np.uintp(4 * PACKED_LANES)
+    stride = np.uintp(repeated.strides[0])  # bytes, as every offset below
+    step = np.uintp(WORD_BYTES * PACKED_LANES)
     panel_bytes = np.uintp(quads) * step
     source = lanes.reshape(-1)
     shared = repeated.reshape(-1)
@@ -447,20 +483,20 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     for _ in range(quads):
                         w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
                         b1, b2 = at + panel_bytes, at + 2 * panel_bytes
-                        a00 = dot4(a00, source, at, shared, w0)
-                        a01 = dot4(a01, source, b1, shared, w0)
-                        a02 = dot4(a02, source, b2, shared, w0)
-                        a10 = dot4(a10, source, at, shared, w1)
-                        a11 = dot4(a11, source, b1, shared, w1)
-                        a12 = dot4(a12, source, b2, shared, w1)
-                        a20 = dot4(a20, source, at, shared, w2)
-                        a21 = dot4(a21, source, b1, shared, w2)
-                        a22 = dot4(a22, source, b2, shared, w2)
-                        a30 = dot4(a30, source, at, shared, w3)
-                        a31 = dot4(a31, source, b1, shared, w3)
-                        a32 = dot4(a32, source, b2, shared, w3)
+                        a00 = dot(a00, source, at, shared, w0)
+                        a01 = dot(a01, source, b1, shared, w0)
+                        a02 = dot(a02, source, b2, shared, w0)
+                        a10 = dot(a10, source, at, shared, w1)
+                        a11 = dot(a11, source, b1, shared, w1)
+                        a12 = dot(a12, source, b2, shared, w1)
+                        a20 = dot(a20, source, at, shared, w2)
+                        a21 = dot(a21, source, b1, shared, w2)
+                        a22 = dot(a22, source, b2, shared, w2)
+                        a30 = dot(a30, source, at, shared, w3)
+                        a31 = dot(a31, source, b1, shared, w3)
+                        a32 = dot(a32, source, b2, shared, w3)
                         at += step
-                        w0 += np.uintp(4)
+                        w0 += np.uintp(WORD_BYTES)
                     o = np.uintp(j)
                     store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
                     o += np.uintp(block_columns)
@@ -475,12 +511,12 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
                     w0 = first
                     for _ in range(quads):
-                        a00 = dot4(a00, source, at, shared, w0)
-                        a10 = dot4(a10, source, at, shared, w0 + stride)
-                        a20 = dot4(a20, source, at, shared, w0 + 2 * stride)
-                        a30 = dot4(a30, source, at, shared, w0 + 3 * stride)
+                        a00 = dot(a00, source, at, shared, w0)
+                        a10 = dot(a10, source, at, shared, w0 + stride)
+                        a20 = dot(a20, source, at, shared, w0 + 2 * stride)
+                        a30 = dot(a30, source, at, shared, w0 + 3 * stride)
                         at += step
-                        w0 += np.uintp(4)
+                        w0 += np.uintp(WORD_BYTES)
                     o = np.uintp(j)
                     store(a00, panel, o)
                     store(a10, panel, o + np.uintp(block_columns))

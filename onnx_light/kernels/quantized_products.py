@@ -593,14 +593,14 @@ class _ConvProduct(_IntegerProduct):
             kernel, strides, dilations = window.kernel, window.strides, window.dilations
         pack = pack_windows.dispatcher
         depth = per_group * math.prod(kernel)
-        lanes = PackedColumns.empty(depth, positions, x.dtype, self.tiles)
+        lanes = PackedColumns.empty(depth, positions, x.dtype, self.layout)
         words = PackedColumns.words(lanes)
         for image in range(n):
             for g in range(group):
                 inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
 
                 def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
-                    pack(inputs, *kernel, *strides, *dilations, words, first, last)
+                    pack(inputs, *kernel, *strides, *dilations, words, lanes.shape[3], first, last)
 
                 if self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs:
                     self.pool.parallel_for(lanes.shape[1], fill)
@@ -638,9 +638,9 @@ class _ConvProduct(_IntegerProduct):
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(1, -1)
                 if requantization is None:
-                    target[image, channels] = self.product(rows, weights[g].packed(self.tiles), group_bias).T
+                    target[image, channels] = self.product(rows, weights[g].packed(self.layout), group_bias).T
                 else:
-                    self.product(rows, weights[g].packed(self.tiles), group_bias, requantization=(
+                    self.product(rows, weights[g].packed(self.layout), group_bias, requantization=(
                         target[image, channels].T, scales[channels].reshape(1, -1), y_zero, low, high))
         return y
 
@@ -705,7 +705,7 @@ def compile_pack_windows(dtype: np.dtype) -> None:
     at session construction."""
     lanes = PackedColumns.empty(1, 1, dtype)
     pack_windows(read_only(np.zeros((1, 1, 1), dtype)), 1, 1, 1, 1, 1, 1, PackedColumns.words(lanes),
-                 0, lanes.shape[1])
+                 lanes.shape[3], 0, lanes.shape[1])
 
 
 def compile_pointwise(dtype: np.dtype, output: np.dtype | None) -> None:

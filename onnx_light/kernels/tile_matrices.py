@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from .compiled import CompiledIntrinsic, compiled, load_numba
+from .compiled import CompiledIntrinsic, compiled
+from .compiled import target_features as _target_features
 
 __all__ = ["TILE_BYTES", "TILE_ROWS", "available", "configure", "dot", "has_amx_int8", "load", "release",
            "store", "tile_configuration", "zero"]
@@ -72,14 +73,6 @@ def tile_configuration(depth_bytes):
 def has_amx_int8(features: str) -> bool:
     """Whether an LLVM feature string (``+amx-tile,...``) has the AMX-INT8 tiles."""
     return {"+amx-tile", "+amx-int8"} <= set(features.split(","))
-
-
-def _target_features() -> str:
-    """The features of numba's target machine (what compiled kernels are built for)."""
-    load_numba()
-    from numba.core.registry import cpu_target
-
-    return str(cpu_target.target_context.codegen()._tm_features)
 
 
 def _permission() -> bool:

@@ -87,12 +87,14 @@ def _combine_bytes(a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero, low,
     """:class:`_QLinearBinary`'s arithmetic in one pass over same-shape operands (flat):
     ``(a - a_zero) * a_scale`` and the same of ``b`` in float32, added (or multiplied), divided
     by ``c_scale``, rounded half to even, plus ``c_zero``, saturated: the numpy path's
-    operations in its order, so bit for bit its result."""
+    operations in its order, so bit for bit its result. The differences are taken in float32
+    (exact: integers below 2**9), not in numba's int64, whose conversion to float32 has no
+    vector instruction before AVX-512."""
     lowest, highest, shift = np.float32(low), np.float32(high), np.float32(c_zero)
-    za, zb = np.int32(a_zero), np.int32(b_zero)
+    za, zb = np.float32(a_zero), np.float32(b_zero)
     for i in range(np.uintp(a.size)):
-        x = np.float32(np.int32(a[i]) - za) * a_scale
-        y = np.float32(np.int32(b[i]) - zb) * b_scale
+        x = (np.float32(a[i]) - za) * a_scale
+        y = (np.float32(b[i]) - zb) * b_scale
         combined = x * y if multiply else x + y
         value = np.rint(combined / c_scale) + shift
         out[i] = min(max(value, lowest), highest)

@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 
 from ...tuning.keys import ElementType as T
-from .. import tile_matrices
 from ..base import NodeContext
 from ..declaration import KernelDeclaration
-from ..integer_gemm import ByteRows, PackedColumns, packed_product
+from ..integer_gemm import ByteRows, PackedColumns, packed_layout, packed_product
 from ..quantization import quantized_type, requantize
 from ..quantized_products import integer_matmul
 from .base import ContribKernel, ValueType, declare_contrib
@@ -46,8 +45,8 @@ def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b
                    b_zero: np.ndarray | None, packed: dict[str, Any] | None = None) -> np.ndarray:
     """``(a - a_zero) @ (b - b_zero)`` as int32 (bytes; A's zero point per tensor, B's per
     tensor or per column). A matrix B takes the packed integer product
-    (:func:`~onnx_light.kernels.integer_gemm.packed_product`, on AMX tiles where
-    :func:`~onnx_light.kernels.tile_matrices.available`), B packed once while the
+    (:func:`~onnx_light.kernels.integer_gemm.packed_product`, in the host's layout:
+    :func:`~onnx_light.kernels.integer_gemm.packed_layout`), B packed once while the
     kernel's ``packed`` holder sees the same B and zero point; the rest numpy's exact path."""
     for name, operand in (("A", a), ("B", b)):
         if quantized_type(operand.dtype) not in BYTES:
@@ -64,7 +63,7 @@ def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b
     if entry is None or entry[0] is not b or entry[1] is not b_zero:
         column_zero = 0 if b_zero is None else b_zero.astype(np.int32)
         entry = (b, b_zero, PackedColumns.of(np.ascontiguousarray(b), column_zero,
-                                             tiles=tile_matrices.available()))
+                                             layout=packed_layout("auto")))
         if packed is not None:
             packed["b"] = entry  # one assignment: a concurrent run sees the old or the new
     left = ByteRows(a.reshape(-1, a.shape[-1]), 0 if a_zero is None else int(a_zero.reshape(())))
