@@ -181,6 +181,8 @@ def test_auto_picks_the_layout_by_the_hosts_features(monkeypatch: pytest.MonkeyP
         assert (packed_layout("auto"), packed_layout("amx")) == (auto, amx)
         assert (packed_layout("packed"), packed_layout("pairs")) == ("packed", "pairs")
     assert _kernel("auto").layout == "pairs"
+    with pytest.raises(ValueError, match="unknown packed layout 'quads'"):
+        ByteRows(np.zeros((2, 3), np.int8), 0).packed("quads")
     assert _kernel("compiled").layout == "packed"  # unused: its right operand is not packed
     assert dict(DECLARATIONS["", "QLinearConv"].schema(TensorProto.UINT8).defaults)[ALGORITHM] == "auto"
     # the calibration tries every concrete algorithm, ``pairs`` included (``auto`` is one of them)

@@ -71,8 +71,8 @@ from .integer_loops import (
     tile_sums,
 )
 
-__all__ = ["ALGORITHM", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS", "TILE_ROWS",
-           "ByteRows", "IntegerProductKernel", "PackedColumns", "Requantization",
+__all__ = ["ALGORITHM", "LAYOUTS", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS",
+           "TILE_ROWS", "ByteRows", "IntegerProductKernel", "PackedColumns", "Requantization",
            "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_layout",
            "packed_product"]
 
@@ -216,6 +216,8 @@ class PackedColumns:
     def empty(depth: int, columns: int, dtype: np.dtype, layout: str = "packed") -> np.ndarray:
         """Uninitialised lanes for ``columns`` columns of ``depth`` bytes of type ``dtype``
         in ``layout`` (one of :data:`LAYOUTS`)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown packed layout {layout!r}: expected one of {LAYOUTS}")
         if layout == "pairs":
             return np.empty((-(-columns // PACKED_LANES), -(-depth // 2), PACKED_LANES, 2), np.int16)
         width, quads = (TILE_LANES, TILE_QUADS) if layout == "amx" else (PACKED_LANES, 1)

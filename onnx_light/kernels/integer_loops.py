@@ -326,10 +326,10 @@ def _scatter_panels(lines, words, first, count):
 
 @compiled
 def _word_parts(per, starts, masks, shifts, first, stop):
-    """Where each of the ``per`` parts (4 bytes, or 2 int16) of the word of quad or pair ``q``
-    comes from: ``starts[r]`` the row (of the reduced axis) ``per * q + r`` from ``first``
-    (0 past ``stop``), ``shifts[r]`` its place in the word, ``masks[r]`` its bits (0 when
-    absent: ``r`` not a part, or past ``stop``)."""
+    """Where each part ``r`` of a word (``per`` parts: 4 bytes, or 2 int16) whose first row of
+    the reduced axis is ``first`` comes from: ``starts[r]`` its row ``first + r`` (0 past
+    ``stop``), ``shifts[r]`` its place in the word, ``masks[r]`` its bits (0 when absent:
+    ``r`` not a part, or its row past ``stop``)."""
     bits = np.uint32(32 // per)
     for r in range(4):
         starts[r], masks[r], shifts[r] = 0, 0, 0
