@@ -16,6 +16,7 @@ AveragePool`, :class:`~onnx_light.kernels.reductions.Softmax`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -24,7 +25,7 @@ import numpy as np
 from ...tuning.keys import ElementType as T
 from .. import quantization
 from ..base import NodeContext, normalize_axis
-from ..compiled import compiled
+from ..compiled import compiled, fused_multiply_add
 from ..declaration import KernelDeclaration
 from ..elementwise import _sigmoid
 from ..pooling import AveragePool
@@ -82,25 +83,86 @@ def _output_type(inputs: Sequence[ValueType], zero_index: int, shape_index: int 
     return source[0], None if shaped is None else shaped[1]
 
 
+@compiled(inline="always")
+def _saturated(value, low, high):
+    """``value`` rounded half to even and clamped to ``low:high`` (a byte type's range)."""
+    return min(max(np.rint(value), low), high)
+
+
 @compiled
-def _combine_bytes(a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero, low, high, multiply, out):
-    """:class:`_QLinearBinary`'s arithmetic in one pass over same-shape operands (flat):
-    ``(a - a_zero) * a_scale`` and the same of ``b`` in float32, added (or multiplied), divided
-    by ``c_scale``, rounded half to even, plus ``c_zero``, saturated: the numpy path's
-    operations in its order, so bit for bit its result."""
-    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(c_zero)
-    za, zb = np.int32(a_zero), np.int32(b_zero)
-    for i in range(np.uintp(a.size)):
-        x = np.float32(np.int32(a[i]) - za) * a_scale
-        y = np.float32(np.int32(b[i]) - zb) * b_scale
-        combined = x * y if multiply else x + y
-        value = np.rint(combined / c_scale) + shift
-        out[i] = min(max(value, lowest), highest)
+def _combine_bytes(first, second, out, multiply, first_scale, first_zero, second_scale, second_zero, c_scale,
+                   c_zero, low, high):
+    """:class:`_QLinearBinary`'s arithmetic, onnxruntime's on x86 (MLAS), on rows:
+    ``out[r, j]`` from ``first[r, j]`` (or ``first[r, 0]``: one value per row) and ``second[r,
+    j]`` (float32 arguments). Add: with the ratios ``r1 = first_scale / c_scale`` and ``r2``,
+    ``fixed = c_zero - fma(r2, second_zero, r1 * first_zero)``, then ``fma(second, r2,
+    fma(first, r1, fixed))`` (the caller makes the operand with one value per row ``first``,
+    else B: the roles onnxruntime gives them). Mul: ``(first - z1) * (second - z2)`` (exact in
+    float32) times ``first_scale * second_scale / c_scale``, plus ``c_zero``. Then rounded half
+    to even and saturated to ``low:high``."""
+    lowest, highest = np.float32(low), np.float32(high)
+    first_ratio, second_ratio = first_scale / c_scale, second_scale / c_scale
+    fixed = c_zero - fused_multiply_add(second_ratio, second_zero, first_ratio * first_zero)
+    ratio = (first_scale * second_scale) / c_scale
+    inner = np.uintp(out.shape[1])
+    per_row = first.shape[1] == 1 and inner > 1
+    for r in range(np.uintp(out.shape[0])):
+        row, other = out[r], second[r]
+        if per_row:
+            value = np.float32(first[r, 0])
+            if multiply:
+                shifted = value - first_zero
+                for j in range(inner):
+                    row[j] = _saturated(shifted * (np.float32(other[j]) - second_zero) * ratio + c_zero,
+                                        lowest, highest)
+            else:
+                folded = fused_multiply_add(value, first_ratio, fixed)
+                for j in range(inner):
+                    row[j] = _saturated(fused_multiply_add(np.float32(other[j]), second_ratio, folded),
+                                        lowest, highest)
+        else:
+            values = first[r]
+            if multiply:
+                for j in range(inner):
+                    product = (np.float32(values[j]) - first_zero) * (np.float32(other[j]) - second_zero)
+                    row[j] = _saturated(product * ratio + c_zero, lowest, highest)
+            else:
+                for j in range(inner):
+                    folded = fused_multiply_add(np.float32(values[j]), first_ratio, fixed)
+                    row[j] = _saturated(fused_multiply_add(np.float32(other[j]), second_ratio, folded),
+                                        lowest, highest)
+
+
+def _broadcast_rows(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """The broadcast shape of A and B and how many of its trailing axes form one run in which
+    each operand is either whole or a single value (broadcast along all of them): the rows of
+    :func:`_combine_bytes`."""
+    shape = tuple(np.broadcast_shapes(a_shape, b_shape))
+    padded = [(1,) * (len(shape) - len(s)) + tuple(s) for s in (a_shape, b_shape)]
+    kinds: list[bool | None] = [None, None]  # per operand: whole (True) or single (False) in the run
+    run = 0
+    for axis in reversed(range(len(shape))):
+        if shape[axis] != 1:
+            whole = [p[axis] == shape[axis] for p in padded]
+            if any(k is not None and k != w for k, w in zip(kinds, whole, strict=True)):
+                break
+            kinds = list(whole)
+        run += 1
+    return shape, run
+
+
+def _rows(x: np.ndarray, shape: tuple[int, ...], run: int) -> np.ndarray:
+    """``x`` broadcast to the leading axes of ``shape`` (before the last ``run``) as C-ordered
+    rows of its values in the run (one value when it is broadcast along the run)."""
+    padded = x.reshape((1,) * (len(shape) - x.ndim) + x.shape)
+    lead = shape[:len(shape) - run]
+    rows = np.broadcast_to(padded, lead + padded.shape[len(lead):])
+    return np.ascontiguousarray(rows).reshape(math.prod(lead), -1)
 
 
 class _QLinearBinary(ContribKernel):
-    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally; operands
-    of one shape in one compiled pass."""
+    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally: one
+    compiled pass (:func:`_combine_bytes`, onnxruntime's arithmetic)."""
 
     multiply: ClassVar[bool] = False
 
@@ -121,24 +183,24 @@ class _QLinearBinary(ContribKernel):
             c_scale: np.ndarray, c_zero_point: np.ndarray | None = None) -> Arrays:
         if a.dtype != b.dtype:
             raise self.ctx.error(f"A ({a.dtype}) and B ({b.dtype}) must have the same type")
+        try:
+            np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            raise self.ctx.error(f"cannot broadcast A {list(a.shape)} and B {list(b.shape)}") from None
         fused = self._compiled(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point)
         if fused is not None:
             return [fused]
         real_a = dequantize(self.ctx, "A", a, a_scale, a_zero_point)
         real_b = dequantize(self.ctx, "B", b, b_scale, b_zero_point)
-        try:
-            combined = self.combine(real_a, real_b)
-        except ValueError:
-            raise self.ctx.error(f"cannot broadcast A {list(a.shape)} and B {list(b.shape)}") from None
-        return [quantize(self.ctx, combined, c_scale, c_zero_point, a)]
+        return [quantize(self.ctx, self.combine(real_a, real_b), c_scale, c_zero_point, a)]
 
     def _compiled(self, a: np.ndarray, a_scale: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
                   b_scale: np.ndarray, b_zero: np.ndarray | None, c_scale: np.ndarray,
                   c_zero: np.ndarray | None) -> np.ndarray | None:
-        """The compiled pass's output when it applies (same shapes, byte operands, float32
-        per-tensor scales, zero points of the operands' type), else None."""
+        """The compiled pass's output when it applies (byte operands, float32 per-tensor scales,
+        zero points of the operands' type), else None."""
         parameters = (a_scale, a_zero, b_scale, b_zero, c_scale, c_zero)
-        if (a.shape != b.shape or quantized_type(a.dtype) not in BYTES
+        if (quantized_type(a.dtype) not in BYTES
                 or any(p is not None and p.size != 1 for p in parameters)
                 or any(s.dtype != np.float32 for s in (a_scale, b_scale, c_scale))
                 or any(z is not None and z.dtype != a.dtype for z in (a_zero, b_zero))):
@@ -147,12 +209,17 @@ class _QLinearBinary(ContribKernel):
         if target not in (np.dtype(np.uint8), np.dtype(np.int8)):
             return None
         info = np.iinfo(target)
-        out = np.empty(a.shape, target)
-        zeros = [0 if z is None else int(z.reshape(-1)[0]) for z in (a_zero, b_zero, c_zero)]
-        _combine_bytes(np.ascontiguousarray(a).reshape(-1), a_scale.reshape(-1)[0], zeros[0],
-                       np.ascontiguousarray(b).reshape(-1), b_scale.reshape(-1)[0], zeros[1],
-                       c_scale.reshape(-1)[0], zeros[2], int(info.min), int(info.max), self.multiply,
-                       out.reshape(-1))
+        shape, run = _broadcast_rows(a.shape, b.shape)
+        out = np.empty(shape, target)
+        if not out.size:
+            return out
+        rows = [_rows(x, shape, run) for x in (a, b)]
+        scales = [np.float32(s.reshape(-1)[0]) for s in (a_scale, b_scale, c_scale)]
+        zeros = [np.float32(0 if z is None else z.reshape(-1)[0]) for z in (a_zero, b_zero, c_zero)]
+        first, second = (0, 1) if rows[0].shape[1] == 1 < rows[1].shape[1] else (1, 0)
+        _combine_bytes(rows[first], rows[second], out.reshape(rows[0].shape[0], -1), self.multiply,
+                       scales[first], zeros[first], scales[second], zeros[second], scales[2], zeros[2],
+                       np.float32(info.min), np.float32(info.max))
         return out
 
 
