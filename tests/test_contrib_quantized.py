@@ -96,6 +96,25 @@ def test_binary_broadcasts_as_onnxruntime(op_type: str, dtype: Any, shape: list[
     np.testing.assert_array_equal(actual, expected)
 
 
+@settings(deadline=None, derandomize=True, max_examples=40)
+@given(st.sampled_from(BYTES), st.lists(st.integers(1, 40), min_size=3, max_size=5), st.booleans(),
+       st.floats(0.05, 1.5), st.integers(0, 2 ** 32 - 1))
+def test_global_average_pool_is_onnxruntime_bit_for_bit(dtype: Any, shape: list[int], channels_last: bool,
+                                                        ratio: float, seed: int) -> None:
+    """onnxruntime's integer sums and float32 rescaling: no value differs, channels first or
+    last, on random shapes, scales (the output's ``ratio`` times the input's) and zero points."""
+    rng = np.random.default_rng(seed)
+    feeds = {"x": _bytes(rng, dtype, *shape)}
+    constants = _parameters(rng, dtype, "x", "y")
+    constants["y_scale"] = np.float32(constants["x_scale"] * ratio)
+    model = one_node("QLinearGlobalAveragePool", feeds, constants,
+                     ["x", "x_scale", "x_zero", "y_scale", "y_zero"], [dtype],
+                     channels_last=int(channels_last))
+    (actual,), (expected,) = _both(model, feeds)
+    assert actual.dtype == expected.dtype
+    np.testing.assert_array_equal(actual, expected)
+
+
 @pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize(("op_type", "attributes"), [
     ("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.2}), ("QLinearLeakyRelu", {}),

@@ -423,9 +423,36 @@ def _channels_back(y: np.ndarray, channels_last: bool) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(y, 1, -1)) if channels_last and y.ndim > 2 else y
 
 
+@compiled
+def _mean_bytes(x, out, channels_last, bias, scale, zero, low, high):
+    """onnxruntime's QLinearGlobalAveragePool on x86 (MLAS): ``out[b, c]`` from the positions
+    ``x[b, :, c]`` (``channels_last``; else ``x[b, c, :]``): their integer sum plus ``bias``
+    (``-x_zero * positions``), times ``scale`` in float32, rounded half to even, plus ``zero``,
+    saturated to ``low:high``."""
+    lowest, highest = np.float32(low), np.float32(high)
+    batches, channels = out.shape
+    positions = x.shape[1] if channels_last else x.shape[2]
+    totals = np.empty(channels, np.int64)
+    for b in range(batches):
+        if channels_last:
+            totals[:] = 0
+            for p in range(positions):
+                for c in range(channels):
+                    totals[c] += x[b, p, c]
+        else:
+            for c in range(channels):
+                total = 0
+                for p in range(positions):
+                    total += x[b, c, p]
+                totals[c] = total
+        for c in range(channels):
+            out[b, c] = _saturated(np.float32(totals[c] + bias) * scale, lowest - zero, highest - zero) + zero
+
+
 class QLinearGlobalAveragePool(ContribKernel):
     """The mean over the spatial axes of (N, C, ...) (channels last with ``channels_last``),
-    requantized."""
+    requantized: one compiled pass (:func:`_mean_bytes`, onnxruntime's integer sums and
+    float32 rescaling) with per-tensor float32 scales."""
 
     op_type = "QLinearGlobalAveragePool"
 
@@ -448,10 +475,39 @@ class QLinearGlobalAveragePool(ContribKernel):
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
         if x.ndim < 3:
             raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        fused = self._compiled(x, x_scale, x_zero_point, y_scale, y_zero_point)
+        if fused is not None:
+            return [fused]
         real = _channels_first(dequantize(self.ctx, "X", x, x_scale, x_zero_point), self.channels_last)
         mean = np.mean(real, axis=tuple(range(2, real.ndim)), keepdims=True, dtype=np.float32)
         pooled = quantize(self.ctx, mean, y_scale, y_zero_point, x)
         return [_channels_back(pooled, self.channels_last)]
+
+    def _compiled(self, x: np.ndarray, x_scale: np.ndarray, x_zero: np.ndarray | None, y_scale: np.ndarray,
+                  y_zero: np.ndarray | None) -> np.ndarray | None:
+        """The compiled pass's output when it applies (byte X, float32 per-tensor scales, zero
+        points of X's type, a sum that fits in 24 bits as onnxruntime requires), else None."""
+        target = x.dtype if y_zero is None else y_zero.dtype
+        if (target != x.dtype or x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8))
+                or any(p is not None and p.size != 1 for p in (x_scale, x_zero, y_scale, y_zero))
+                or any(s.dtype != np.float32 for s in (x_scale, y_scale))
+                or (x_zero is not None and x_zero.dtype != x.dtype) or not x.size):
+            return None
+        positions = math.prod(x.shape[1:-1] if self.channels_last else x.shape[2:])
+        if positions >= 1 << 24:
+            return None
+        n, channels = x.shape[0], x.shape[-1] if self.channels_last else x.shape[1]
+        planes = np.ascontiguousarray(x).reshape((n, positions, channels) if self.channels_last
+                                                 else (n, channels, positions))
+        zeros = [0 if z is None else int(z.reshape(-1)[0]) for z in (x_zero, y_zero)]
+        x_step, y_step = (np.float32(s.reshape(-1)[0]) for s in (x_scale, y_scale))
+        scale = x_step / (y_step * np.float32(positions))
+        out = np.empty((n, channels), target)
+        info = np.iinfo(target)
+        _mean_bytes(planes, out, self.channels_last, -zeros[0] * positions, np.float32(scale),
+                    np.float32(zeros[1]), np.float32(info.min), np.float32(info.max))
+        ones = (1,) * (x.ndim - 2)
+        return out.reshape((n, *ones, channels) if self.channels_last else (n, channels, *ones))
 
 
 class QLinearAveragePool(ContribKernel):
