@@ -28,7 +28,7 @@ from typing import Any
 
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
            "compile_totals", "compiled", "fused_multiply_add", "load_numba", "numba_cache_dir", "prange",
-           "process_compile_seconds", "wide_vectors"]
+           "process_compile_seconds", "vector_bytes", "vector_lanes", "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -266,6 +266,45 @@ def _build_fused_multiply_add(numba: ModuleType) -> Any:
 #: arithmetic of kernels that match another library's FMA instructions bit for bit; LLVM
 #: vectorizes it like any other operation.
 fused_multiply_add = CompiledIntrinsic(_build_fused_multiply_add, "fused_multiply_add")
+
+
+@functools.cache
+def vector_bytes() -> int:
+    """The width of the host's widest vector registers that LLVM may use, in bytes: 64 with
+    AVX-512F, 32 with AVX (the kernels that write explicit vectors size them by it; another
+    processor compiles anew, numba's cache being keyed by the processor's features)."""
+    load_numba()
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    return 64 if features.get("avx512f", False) else 32 if features.get("avx", False) else 16
+
+
+@functools.cache
+def _build_vector_lanes(numba: ModuleType) -> Any:
+    """The intrinsic ``vector_lanes(array)``: how many of the array's elements one vector of
+    :func:`vector_bytes` holds, a constant of the compiled code."""
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def vector_lanes(typingctx: Any, array: Any) -> Any:
+        if not isinstance(array, types.Array):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            size = context.get_abi_sizeof(context.get_value_type(signature.args[0].dtype))
+            return ir.Constant(ir.IntType(64), max(1, vector_bytes() // size))
+
+        return types.uintp(array), codegen
+
+    return vector_lanes
+
+
+#: The number of an array's elements in one host vector (:func:`vector_bytes`), in a compiled
+#: kernel: the one code path of explicit-vector kernels for every vector width.
+vector_lanes = CompiledIntrinsic(_build_vector_lanes, "vector_lanes")
 
 
 def prange(*arguments: int) -> range:
