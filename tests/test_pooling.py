@@ -10,6 +10,7 @@ same numpy calls on disjoint planes as the serial path, so they must match it bi
 from __future__ import annotations
 
 import itertools
+import math
 
 import ml_dtypes
 import numpy as np
@@ -312,6 +313,32 @@ def test_global_average_pool_is_the_mean_rounded_once(dtype):
     bound = (np.spacing(np.abs(expected).astype(dtype)).astype(np.float64)
              + terms * np.finfo(np.float64).eps * magnitude)
     np.testing.assert_array_less(np.abs(got[finite] - expected[finite]), bound[finite])
+
+
+@settings(deadline=None, derandomize=True, max_examples=40)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.booleans(),
+       st.sampled_from([np.float32, np.float64]))
+def test_reduce_mean_over_trailing_axes_is_the_mean_rounded_once(shape, reduced, keepdims, dtype):
+    """ReduceMean over trailing axes (the compiled rows of GlobalAveragePool, in any order of
+    the axes): the float64 mean rounded to the type, within the bound above; other axes take
+    numpy's path, within float32 tolerances of the same mean."""
+    from onnx_light.kernels import reductions
+
+    reduced = min(reduced, len(shape))
+    rng = np.random.default_rng(len(shape) * 10 + reduced)
+    x = rng.uniform(-2, 2, shape).astype(dtype)
+    for axes in (list(range(len(shape) - reduced, len(shape)))[::-1], [0]):
+        ctx = NodeContext("node", "ReduceMean", "", 13, {"axes": axes, "keepdims": int(keepdims)},
+                          (helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),) * 1,
+                          (helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),), 1, 1)
+        (got,) = reductions.ReduceMean(ctx).run(x)
+        expected = x.astype(np.float64).mean(axis=tuple(axes), keepdims=keepdims)
+        assert got.dtype == dtype and got.shape == expected.shape
+        terms = math.prod(shape[a] for a in axes)
+        magnitude = np.abs(x.astype(np.float64)).mean(axis=tuple(axes), keepdims=keepdims)
+        bound = (np.spacing(np.abs(expected).astype(dtype)).astype(np.float64)
+                 + terms * np.finfo(dtype if axes == [0] else np.float64).eps * magnitude)
+        assert np.all(np.abs(got - expected) <= bound)
 
 
 @pytest.mark.parametrize(("shape", "attributes"), [

@@ -47,11 +47,13 @@ from .window import Window, WindowAttributes, pad_spatial
 __all__ = [
     "KERNELS",
     "LRN",
+    "MEAN_ROWS_TYPES",
     "PARALLEL_MINIMUM",
     "AveragePool",
     "GlobalAveragePool",
     "GlobalMaxPool",
     "MaxPool",
+    "mean_of_rows",
 ]
 
 # Output elements x window positions from which the planes are split across the pool: below
@@ -59,7 +61,9 @@ __all__ = [
 PARALLEL_MINIMUM = 1 << 17
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
-_COMPILED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))  # GlobalAveragePool's compiled rows
+_COMPILED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The types :func:`mean_of_rows` takes (GlobalAveragePool's and ReduceMean's compiled means).
+MEAN_ROWS_TYPES = _COMPILED_TYPES
 _MAX_POOL_TYPES = (*_COMPILED_TYPES, np.dtype(np.int8), np.dtype(np.uint8))  # MaxPool's compiled planes
 _FLOATS_22 = (*_FLOATS, T.BFLOAT16)
 
@@ -540,23 +544,28 @@ class GlobalAveragePool(_GlobalPool):
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile :func:`mean_rows` for the input's type (at construction)."""
         dtype = self.ctx.input_dtype(0)
-        if dtype is not None and np.dtype(dtype) in _COMPILED_TYPES:
-            self._mean_rows(np.zeros((1, 1, 1), dtype))
+        if dtype is not None and np.dtype(dtype) in MEAN_ROWS_TYPES:
+            mean_of_rows(np.zeros((1, 1), dtype))
         return None
 
-    @staticmethod
-    def _mean_rows(x: np.ndarray) -> np.ndarray:
-        rows = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
-        rows.flags.writeable = False  # one compiled version, whether the input is writable or not
-        out = np.empty(rows.shape[0], x.dtype)
-        mean_rows.dispatcher(rows, out)
-        return out.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
-
     def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-        if x.dtype in _COMPILED_TYPES and x.size and x.ndim > 2:
-            return self._mean_rows(x)
+        if x.dtype in MEAN_ROWS_TYPES and x.size and x.ndim > 2:
+            means = mean_of_rows(x.reshape(x.shape[0] * x.shape[1], -1))
+            return means.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
         result = np.mean(x, axis=axes, dtype=compute_dtype(x.dtype), keepdims=True)
         return result.astype(x.dtype, copy=False)
+
+
+def mean_of_rows(rows: np.ndarray) -> np.ndarray:
+    """The mean of each row of ``rows`` (2-D, float32 or float64, any strides) by
+    :func:`mean_rows`, in its type."""
+    rows = np.ascontiguousarray(rows)
+    if rows.flags.writeable:
+        rows = rows.view()
+        rows.flags.writeable = False  # one compiled version, whether the input is writable or not
+    out = np.empty(rows.shape[0], rows.dtype)
+    mean_rows.dispatcher(rows, out)
+    return out
 
 
 class GlobalMaxPool(_GlobalPool):
