@@ -268,12 +268,18 @@ class Shape(Kernel):
     def run(self, x: np.ndarray) -> Arrays:
         return [np.array(x.shape[self.start:self.end], np.int64)]
 
+    def outputs_of_shapes(self, shapes: Sequence[tuple[int, ...] | None]) -> list[np.ndarray] | None:
+        return None if shapes[0] is None else [np.array(shapes[0][self.start:self.end], np.int64)]
+
 
 class Size(Kernel):
     op_type = "Size"
 
     def run(self, x: np.ndarray) -> Arrays:
         return [np.array(x.size, np.int64)]
+
+    def outputs_of_shapes(self, shapes: Sequence[tuple[int, ...] | None]) -> list[np.ndarray] | None:
+        return None if shapes[0] is None else [np.array(math.prod(shapes[0]), np.int64)]
 
 
 class Reshape(InputView):
