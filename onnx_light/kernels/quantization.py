@@ -127,11 +127,12 @@ def _divide(x: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 @compiled
-def _quantize_bytes(x, scale, zero, low, high, out):
+def _quantize_bytes(x, parameters, out):
     """QuantizeLinear per tensor from float32 to a byte type, in one pass (flat arrays):
-    ``x / scale`` in float32, rounded half to even, plus ``zero``, saturated to ``low:high``;
-    the numpy path's operations, so bit for bit its values (NaN aside: undefined)."""
-    lowest, highest = np.float32(low), np.float32(high)
+    ``x / scale`` in float32, rounded half to even, plus ``zero``, saturated to ``low:high``
+    (``parameters``: float32 ``scale, zero, low, high``); the numpy path's operations, so bit
+    for bit its values (NaN aside: undefined)."""
+    scale, zero, lowest, highest = parameters
     for i in range(np.uintp(x.size)):
         out[i] = min(max(np.rint(x[i] / scale) + zero, lowest), highest)
 
@@ -200,9 +201,9 @@ class QuantizeLinear(_Linear):
                 and self.precision in (0, T.FLOAT) and x.size):
             out = np.empty(x.shape, output)
             info = np.iinfo(output)
-            _quantize_bytes(np.ascontiguousarray(x).reshape(-1), scale.reshape(-1)[0],
-                            np.float32(0 if zero is None else zero.reshape(-1)[0]),
-                            np.float32(info.min), np.float32(info.max), out.reshape(-1))
+            parameters = np.array([scale.item(), 0 if zero is None else zero.item(), info.min, info.max],
+                                  np.float32)
+            _quantize_bytes(np.ascontiguousarray(x).reshape(-1), parameters, out.reshape(-1))
             return [out]
         if self.precision:
             dtype = numpy_dtype(self.precision)
