@@ -7,9 +7,10 @@ window position outside the input holds no value: MaxPool pads with the type's l
 those inside the input, or with ``count_include_pad`` those inside the explicitly padded
 input (positions that only ceil_mode adds never count, as in ONNX's reference).
 
-A 2-D float MaxPool without Indices is compiled (:func:`max_pool_planes`: per output row,
-the kernel rows' maximum into a padded row buffer, then the kernel columns' maximum, in
-64-byte vectors, no padded copy; docs/real-models.md measures it against onnxruntime).
+A 2-D MaxPool without Indices on floats or bytes is compiled (:func:`max_pool_planes`: per
+output row, the kernel rows' maximum into a padded row buffer, then the kernel columns'
+maximum, in vectors of the host's width, no padded copy; docs/real-models.md measures it
+against onnxruntime).
 The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
 spatial axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
 one flat array, each combined with one numpy call (:func:`_separable`); MaxPool with
@@ -23,7 +24,8 @@ identical results. These kernels are not tunable.
 MaxPool is exact in every type. AveragePool, LRN and GlobalAveragePool compute float16 and
 bfloat16 in float32 and round once; float32 sums in float32 (a window has few terms). A float
 GlobalAveragePool is compiled (:func:`mean_rows`: one vectorised float64 sum per plane,
-rounded once), as fast as a plane is read; numpy's reduction of many short planes (the
+rounded once; ReduceMean over trailing axes shares it, :func:`mean_of_rows`), as fast as a
+plane is read; numpy's reduction of many short planes (the
 squeeze-and-excitation pools of MobileNetV3 and EfficientNet) is a few times slower.
 """
 

@@ -9,7 +9,9 @@ Each takes uint8 or int8 tensors with per-tensor scales and zero points (an omit
 is 0), computes on the real values ``(q - zero_point) * scale`` in float32 and requantizes to
 the output's scale and zero point (:func:`~onnx_light.kernels.quantization.requantize`:
 rounding half to even, saturation); the output has the output zero point's type, else the
-input's. The unary ones with a byte input go through a 256-entry table, as onnxruntime's do.
+input's. QLinearAdd, QLinearMul and QLinearGlobalAveragePool with float32 scales are one
+compiled pass each with onnxruntime's x86 arithmetic instead (its ratios, operation order and
+FMAs), so that their outputs are onnxruntime's bit for bit (docs/quantization.md). The unary ones with a byte input go through a 256-entry table, as onnxruntime's do.
 The pools and the softmax reuse the float kernels (:class:`~onnx_light.kernels.pooling.
 AveragePool`, :class:`~onnx_light.kernels.reductions.Softmax`).
 """
