@@ -11,9 +11,10 @@ the output's scale and zero point (:func:`~onnx_light.kernels.quantization.requa
 rounding half to even, saturation); the output has the output zero point's type, else the
 input's. QLinearAdd, QLinearMul and QLinearGlobalAveragePool with float32 scales are one
 compiled pass each with onnxruntime's x86 arithmetic instead (its ratios, operation order and
-FMAs), so that their outputs are onnxruntime's bit for bit (docs/quantization.md). The unary ones with a byte input go through a 256-entry table, as onnxruntime's do.
-The pools and the softmax reuse the float kernels (:class:`~onnx_light.kernels.pooling.
-AveragePool`, :class:`~onnx_light.kernels.reductions.Softmax`).
+FMAs), so that their outputs are onnxruntime's bit for bit (docs/quantization.md). The unary
+ones with a byte input go through a 256-entry table, as onnxruntime's do. AveragePool and the
+softmax reuse the float kernels (:class:`~onnx_light.kernels.pooling.AveragePool`,
+:class:`~onnx_light.kernels.reductions.Softmax`).
 """
 
 from __future__ import annotations
