@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import numpy_helper
 
 import onnx_light
@@ -51,40 +53,66 @@ def _parameters(rng: np.random.Generator, dtype: Any, *names: str) -> dict[str, 
     return out
 
 
+def _binary_model(op_type: str, dtype: Any, a: np.ndarray, b: np.ndarray,
+                  rng: np.random.Generator) -> onnx.ModelProto:
+    constants = _parameters(rng, dtype, "a", "b", "c")
+    if op_type == "QLinearMul":
+        constants["c_scale"] = np.float32(constants["a_scale"] * constants["b_scale"] * rng.uniform(20, 60))
+    return one_node(op_type, {"a": a, "b": b}, constants,
+                    ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], [dtype])
+
+
 @pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
-@pytest.mark.parametrize("b_shape", [(2, 3, 4, 5), (1, 3, 1, 1), (5,)])
-def test_binary(op_type: str, dtype: Any, b_shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(("a_shape", "b_shape"), [
+    ((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (1, 3, 1, 1)), ((1, 3, 1, 1), (2, 3, 4, 5)),
+    ((2, 3, 4, 5), (5,)), ((2, 3, 4, 5), ()), ((), (7, 9)), ((4, 1), (33,)), ((2, 1, 5), (1, 3, 1))])
+def test_binary_is_onnxruntime_bit_for_bit(op_type: str, dtype: Any, a_shape: tuple[int, ...],
+                                           b_shape: tuple[int, ...]) -> None:
+    """onnxruntime's x86 arithmetic (its FMA order for Add, its integer product for Mul) on
+    every broadcast pattern: no value differs, over many random scales and zero points."""
     rng = np.random.default_rng(0)
-    feeds = {"a": _bytes(rng, dtype, 2, 3, 4, 5), "b": _bytes(rng, dtype, *b_shape)}
-    constants = _parameters(rng, dtype, "a", "b", "c")
-    if op_type == "QLinearMul":
-        constants["c_scale"] = np.float32(constants["a_scale"] * constants["b_scale"] * 40)
-    model = one_node(op_type, feeds, constants,
-                     ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], [dtype])
+    for _ in range(12):
+        feeds = {"a": _bytes(rng, dtype, *a_shape), "b": _bytes(rng, dtype, *b_shape)}
+        (actual,), (expected,) = _both(_binary_model(op_type, dtype, feeds["a"], feeds["b"], rng), feeds)
+        assert actual.dtype == expected.dtype
+        np.testing.assert_array_equal(actual, expected)
+
+
+@settings(deadline=None, derandomize=True, max_examples=40)
+@given(st.sampled_from(["QLinearAdd", "QLinearMul"]), st.sampled_from(BYTES),
+       st.lists(st.integers(1, 7), min_size=0, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4),
+       st.integers(0, 2), st.integers(0, 2 ** 32 - 1))
+def test_binary_broadcasts_as_onnxruntime(op_type: str, dtype: Any, shape: list[int], kept: list[bool],
+                                          dropped: int, seed: int) -> None:
+    """Random shapes: B keeps some of A's axes (others 1) and drops up to ``dropped`` leading
+    ones; either operand first."""
+    b_shape = [n if keep else 1 for n, keep in zip(shape, kept, strict=False)][min(dropped, len(shape)):]
+    rng = np.random.default_rng(seed)
+    a, b = _bytes(rng, dtype, *shape), _bytes(rng, dtype, *b_shape)
+    if seed % 2:
+        a, b = b, a
+    feeds = {"a": a, "b": b}
+    (actual,), (expected,) = _both(_binary_model(op_type, dtype, a, b, rng), feeds)
+    np.testing.assert_array_equal(actual, expected)
+
+
+@settings(deadline=None, derandomize=True, max_examples=40)
+@given(st.sampled_from(BYTES), st.lists(st.integers(1, 40), min_size=3, max_size=5), st.booleans(),
+       st.floats(0.05, 1.5), st.integers(0, 2 ** 32 - 1))
+def test_global_average_pool_is_onnxruntime_bit_for_bit(dtype: Any, shape: list[int], channels_last: bool,
+                                                        ratio: float, seed: int) -> None:
+    """onnxruntime's integer sums and float32 rescaling: no value differs, channels first or
+    last, on random shapes, scales (the output's ``ratio`` times the input's) and zero points."""
+    rng = np.random.default_rng(seed)
+    feeds = {"x": _bytes(rng, dtype, *shape)}
+    constants = _parameters(rng, dtype, "x", "y")
+    constants["y_scale"] = np.float32(constants["x_scale"] * ratio)
+    model = one_node("QLinearGlobalAveragePool", feeds, constants,
+                     ["x", "x_scale", "x_zero", "y_scale", "y_zero"], [dtype],
+                     channels_last=int(channels_last))
     (actual,), (expected,) = _both(model, feeds)
-    _within_a_step(actual, expected)
-
-
-@pytest.mark.parametrize("dtype", BYTES)
-@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
-def test_binary_compiled_pass_is_the_float32_arithmetic(op_type: str, dtype: Any) -> None:
-    """Operands of one shape take one compiled pass: bit for bit the numpy arithmetic of
-    the broadcasting path (dequantize in float32, combine, divide, round half to even)."""
-    rng = np.random.default_rng(2)
-    feeds = {"a": _bytes(rng, dtype, 2, 16, 9, 9), "b": _bytes(rng, dtype, 2, 16, 9, 9)}
-    constants = _parameters(rng, dtype, "a", "b", "c")
-    if op_type == "QLinearMul":
-        constants["c_scale"] = np.float32(constants["a_scale"] * constants["b_scale"] * 40)
-    model = one_node(op_type, feeds, constants,
-                     ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "c_scale", "c_zero"], [dtype])
-    (actual,) = RuntimeSession(model).run(None, feeds)
-    real = [(feeds[n].astype(np.int32) - constants[f"{n}_zero"].astype(np.int32)).astype(np.float32)
-            * constants[f"{n}_scale"] for n in "ab"]
-    combined = real[0] * real[1] if op_type == "QLinearMul" else real[0] + real[1]
-    info = np.iinfo(dtype)
-    expected = np.clip(np.rint(combined / constants["c_scale"]) + np.float32(constants["c_zero"]),
-                       info.min, info.max).astype(dtype)
+    assert actual.dtype == expected.dtype
     np.testing.assert_array_equal(actual, expected)
 
 

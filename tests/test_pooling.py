@@ -10,6 +10,7 @@ same numpy calls on disjoint planes as the serial path, so they must match it bi
 from __future__ import annotations
 
 import itertools
+import math
 
 import ml_dtypes
 import numpy as np
@@ -314,6 +315,32 @@ def test_global_average_pool_is_the_mean_rounded_once(dtype):
     np.testing.assert_array_less(np.abs(got[finite] - expected[finite]), bound[finite])
 
 
+@settings(deadline=None, derandomize=True, max_examples=40)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.booleans(),
+       st.sampled_from([np.float32, np.float64]))
+def test_reduce_mean_over_trailing_axes_is_the_mean_rounded_once(shape, reduced, keepdims, dtype):
+    """ReduceMean over trailing axes (the compiled rows of GlobalAveragePool, in any order of
+    the axes): the float64 mean rounded to the type, within the bound above; other axes take
+    numpy's path, within float32 tolerances of the same mean."""
+    from onnx_light.kernels import reductions
+
+    reduced = min(reduced, len(shape))
+    rng = np.random.default_rng(len(shape) * 10 + reduced)
+    x = rng.uniform(-2, 2, shape).astype(dtype)
+    for axes in (list(range(len(shape) - reduced, len(shape)))[::-1], [0]):
+        ctx = NodeContext("node", "ReduceMean", "", 13, {"axes": axes, "keepdims": int(keepdims)},
+                          (helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),) * 1,
+                          (helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),), 1, 1)
+        (got,) = reductions.ReduceMean(ctx).run(x)
+        expected = x.astype(np.float64).mean(axis=tuple(axes), keepdims=keepdims)
+        assert got.dtype == dtype and got.shape == expected.shape
+        terms = math.prod(shape[a] for a in axes)
+        magnitude = np.abs(x.astype(np.float64)).mean(axis=tuple(axes), keepdims=keepdims)
+        bound = (np.spacing(np.abs(expected).astype(dtype)).astype(np.float64)
+                 + terms * np.finfo(dtype if axes == [0] else np.float64).eps * magnitude)
+        assert np.all(np.abs(got - expected) <= bound)
+
+
 @pytest.mark.parametrize(("shape", "attributes"), [
     ((1, 8, 5, 5), {"size": 5, "alpha": 1e-4, "beta": 0.75, "bias": 1.0}),
     ((2, 5, 3, 4), {"size": 3}),
@@ -483,25 +510,31 @@ def _lists(low, high, size):
 @settings(deadline=None, derandomize=True, max_examples=60)
 @given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 11), st.integers(1, 80), _lists(1, 4, 2),
        _lists(1, 3, 2), _lists(1, 2, 2), _lists(0, 2, 4), st.integers(0, 1),
-       st.sampled_from([np.float32, np.float64]))
+       st.sampled_from([np.float32, np.float64, np.int8, np.uint8]))
 def test_compiled_maxpool_equals_the_numpy_passes(n, c, h, w, kernel, strides, dilations, pads, ceil_mode,
                                                   dtype):
     """The compiled 2-D MaxPool against the separable numpy passes on the padded input (its
-    former path), bitwise, NaN and infinities included; rows up to 80 wide, so that stride 2
-    takes the 64-byte deinterleaving blocks (32 float32 or 16 float64 columns) and their ends."""
+    former path), bitwise, NaN and infinities included, bytes at their extremes; rows up to 80
+    wide, so that stride 2 takes the deinterleaving blocks of 32- and 64-byte vectors (16 or
+    32 float32 columns, 64 or 128 bytes) and their ends."""
     pads = [min(p, (k - 1) * d) for p, k, d in zip(pads, kernel * 2, dilations * 2, strict=True)]
     attributes = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads,
                   "ceil_mode": ceil_mode}
     extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
     assume(all(size + pads[i] + pads[i + 2] >= extents[i] for i, size in enumerate((h, w))))
     rng = np.random.default_rng(n * 1000 + h * 10 + w)
-    x = rng.standard_normal((n, c, h, w)).astype(dtype)
-    x.reshape(-1)[rng.integers(0, x.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, -np.inf, np.nan]
+    if np.dtype(dtype).kind == "f":
+        x = rng.standard_normal((n, c, h, w)).astype(dtype)
+        x.reshape(-1)[rng.integers(0, x.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, -np.inf, np.nan]
+    else:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(dtype)
+        x.reshape(-1)[rng.integers(0, x.size, 2)] = [info.min, info.max]
     kernel_object = pooling.MaxPool(NodeContext("pool", "MaxPool", "", 12, attributes,
                                                 (T.FLOAT,), (T.FLOAT,), 1, 1))
     window = kernel_object.window(x)
     expected = np.empty((n * c, *window.output), dtype)
-    padded = pooling.pad_spatial(x, window, -np.inf)
+    padded = pooling.pad_spatial(x, window, pooling._lowest(x.dtype))
     pooling._separable(padded.reshape(n * c, *padded.shape[2:]), window, np.maximum, expected)
     for threads in (1, 2):
         with ThreadPool(threads) as pool:

@@ -115,6 +115,27 @@ def test_quantize_linear_float_targets(problem: dict[str, Any], target: int, sat
     check("QuantizeLinear", [x, scale, zero], 25, **attributes)
 
 
+@SETTINGS
+@given(st.sampled_from([np.uint8, np.int8]), st.integers(1, 3000), st.floats(1e-3, 4.0),
+       st.integers(0, 2**16), st.booleans())
+def test_quantize_linear_to_bytes_per_tensor_is_the_float32_arithmetic(dtype: Any, size: int, scale: float,
+                                                                        seed: int, zero_given: bool) -> None:
+    """float32 to a byte type per tensor takes one compiled pass: bit for bit ``x / scale``
+    in float32, rounded half to even, plus the zero point, saturated (halves and extremes
+    included)."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    y_scale = np.array(scale, np.float32)
+    x = (rng.standard_normal(size) * 200 * y_scale).astype(np.float32)
+    x[::5] = ((rng.integers(-300, 300, x[::5].size) + 0.5) * y_scale).astype(np.float32)
+    zero = np.array(rng.integers(info.min, info.max + 1), dtype) if zero_given else None
+    y = ours("QuantizeLinear", [x, y_scale, zero] if zero_given else [x, y_scale], 13)[0]
+    expected = np.rint(x / y_scale) + np.float32(0 if zero is None else zero)
+    assert y.dtype == (dtype if zero_given else np.uint8)
+    bounds = np.iinfo(y.dtype)
+    np.testing.assert_array_equal(y, np.clip(expected, bounds.min, bounds.max).astype(y.dtype))
+
+
 def test_quantize_linear_rounds_half_to_even_and_saturates() -> None:
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 1000.0, -1000.0], np.float32)
     y = ours("QuantizeLinear", [x, np.array(1.0, np.float32), np.array(0, np.int8)], 13)[0]

@@ -545,3 +545,38 @@ def test_construction_leaves_the_garbage_collector_as_it_found_it(registry, enab
     finally:
         if was:
             gc.enable()
+
+
+def _chunk_model(batch):
+    """A channel chunk as torch exports it: Shape -> Gather -> Add -> Div -> Mul -> Slice, and
+    the input's Size."""
+    ints = {name: helper.make_tensor(name, TensorProto.INT64, [1], [value])
+            for name, value in (("one", 1), ("two", 2), ("zero", 0), ("big", 1 << 30))}
+    nodes = [helper.make_node("Relu", ["x"], ["y"]),
+             helper.make_node("Shape", ["y"], ["shape"], start=1, end=2),
+             helper.make_node("Gather", ["shape", "zero"], ["channels"]),
+             helper.make_node("Add", ["channels", "one"], ["rounded"]),
+             helper.make_node("Div", ["rounded", "two"], ["half"]),
+             helper.make_node("Mul", ["half", "one"], ["middle"]),
+             helper.make_node("Slice", ["y", "zero", "middle", "one"], ["first"]),
+             helper.make_node("Slice", ["y", "middle", "big", "one"], ["second"]),
+             helper.make_node("Size", ["y"], ["size"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 5, 3])
+    outputs = [helper.make_tensor_value_info(name, element, None)
+               for name, element in (("first", TensorProto.FLOAT), ("second", TensorProto.FLOAT),
+                                     ("size", TensorProto.INT64))]
+    return _model(nodes, [x], outputs, initializers=list(ints.values()))
+
+
+@pytest.mark.parametrize("batch", [2, "N"])
+def test_shapes_fixed_for_every_run_fold_the_nodes_they_decide(registry, batch):
+    """Shape and Size of a value whose inferred shape is static fold at construction, and with
+    them the arithmetic on their outputs; a symbolic dimension leaves them to the runs."""
+    session = RuntimeSession(_chunk_model(batch), registry=registry)
+    assert session.folded_nodes == (6 if batch == 2 else 0)
+    x = np.arange(30, dtype=np.float32).reshape(2, 5, 3) - 10
+    first, second, size = session.run(None, {"x": x})
+    y = np.maximum(x, 0)
+    np.testing.assert_array_equal(first, y[:, :3])
+    np.testing.assert_array_equal(second, y[:, 3:])
+    assert size == 30

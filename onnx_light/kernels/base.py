@@ -369,6 +369,12 @@ class Kernel:
         whose configuration would split the work returns None)."""
         return None
 
+    def outputs_of_shapes(self, shapes: Sequence[tuple[int, ...] | None]) -> list[np.ndarray] | None:
+        """The outputs when the inputs' shapes alone decide them (Shape, Size), from those
+        shapes (None where one is not known), else None: constant folding folds such a node
+        when the shapes are fixed for every run, whatever the values."""
+        return None
+
     def output_elements(self, inputs: Sequence[np.ndarray | None]) -> int | None:
         """How many elements the outputs for these inputs would hold, told from the inputs'
         values without computing the outputs, for kernels whose output size the values set

@@ -27,8 +27,8 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
-           "compile_totals", "compiled", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds",
-           "target_features", "wide_vectors"]
+           "compile_totals", "compiled", "fused_multiply_add", "load_numba", "numba_cache_dir", "prange",
+           "process_compile_seconds", "target_features", "vector_bytes", "vector_lanes", "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -244,6 +244,75 @@ def _build_wide_vectors(numba: ModuleType) -> Any:
 #: the same operations; only a reduction that a kernel lets LLVM reassociate adds in another
 #: order).
 wide_vectors = CompiledIntrinsic(_build_wide_vectors, "wide_vectors")
+
+
+@functools.cache
+def _build_fused_multiply_add(numba: ModuleType) -> Any:
+    """The intrinsic ``fused_multiply_add(x, y, z)``: ``x * y + z`` of one float type rounded
+    once (LLVM's ``llvm.fma``: one instruction with FMA, exact in software without it)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def fused_multiply_add(typingctx: Any, x: Any, y: Any, z: Any) -> Any:
+        if not (isinstance(x, types.Float) and x == y == z):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            value = context.get_value_type(signature.return_type)
+            name = "llvm.fma.f32" if value == ir.FloatType() else "llvm.fma.f64"
+            function = cgutils.get_or_insert_function(builder.module,
+                                                      ir.FunctionType(value, [value] * 3), name)
+            return builder.call(function, list(args))
+
+        return x(x, y, z), codegen
+
+    return fused_multiply_add
+
+
+#: ``x * y + z`` rounded once, in a compiled kernel (the three of one float type): the
+#: arithmetic of kernels that match another library's FMA instructions bit for bit; LLVM
+#: vectorizes it like any other operation.
+fused_multiply_add = CompiledIntrinsic(_build_fused_multiply_add, "fused_multiply_add")
+
+
+@functools.cache
+def vector_bytes() -> int:
+    """The width of the host's widest vector registers that LLVM may use, in bytes: 64 with
+    AVX-512F, 32 with AVX (the kernels that write explicit vectors size them by it; another
+    processor compiles anew, numba's cache being keyed by the processor's features). The
+    features are numba's target machine's (:func:`target_features`), which a generic target
+    (``NUMBA_CPU_NAME=generic``) narrows below the host's."""
+    flags = set(target_features().split(","))
+    return 64 if "+avx512f" in flags else 32 if "+avx" in flags else 16
+
+
+@functools.cache
+def _build_vector_lanes(numba: ModuleType) -> Any:
+    """The intrinsic ``vector_lanes(array)``: how many of the array's elements one vector of
+    :func:`vector_bytes` holds, a constant of the compiled code."""
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def vector_lanes(typingctx: Any, array: Any) -> Any:
+        if not isinstance(array, types.Array):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            size = context.get_abi_sizeof(context.get_value_type(signature.args[0].dtype))
+            return ir.Constant(ir.IntType(64), max(1, vector_bytes() // size))
+
+        return types.uintp(array), codegen
+
+    return vector_lanes
+
+
+#: The number of an array's elements in one host vector (:func:`vector_bytes`), in a compiled
+#: kernel: the one code path of explicit-vector kernels for every vector width.
+vector_lanes = CompiledIntrinsic(_build_vector_lanes, "vector_lanes")
 
 
 def prange(*arguments: int) -> range:

@@ -7,9 +7,10 @@ window position outside the input holds no value: MaxPool pads with the type's l
 those inside the input, or with ``count_include_pad`` those inside the explicitly padded
 input (positions that only ceil_mode adds never count, as in ONNX's reference).
 
-A 2-D float MaxPool without Indices is compiled (:func:`max_pool_planes`: per output row,
-the kernel rows' maximum into a padded row buffer, then the kernel columns' maximum, in
-64-byte vectors, no padded copy; docs/real-models.md measures it against onnxruntime).
+A 2-D MaxPool without Indices on floats or bytes is compiled (:func:`max_pool_planes`: per
+output row, the kernel rows' maximum into a padded row buffer, then the kernel columns'
+maximum, in vectors of the host's width, no padded copy; docs/real-models.md measures it
+against onnxruntime).
 The others take numpy calls: MaxPool (without Indices) and AveragePool reduce one
 spatial axis at a time (separable windows): K1 + ... + Kk shifted views of the padded input seen as
 one flat array, each combined with one numpy call (:func:`_separable`); MaxPool with
@@ -23,7 +24,8 @@ identical results. These kernels are not tunable.
 MaxPool is exact in every type. AveragePool, LRN and GlobalAveragePool compute float16 and
 bfloat16 in float32 and round once; float32 sums in float32 (a window has few terms). A float
 GlobalAveragePool is compiled (:func:`mean_rows`: one vectorised float64 sum per plane,
-rounded once), as fast as a plane is read; numpy's reduction of many short planes (the
+rounded once; ReduceMean over trailing axes shares it, :func:`mean_of_rows`), as fast as a
+plane is read; numpy's reduction of many short planes (the
 squeeze-and-excitation pools of MobileNetV3 and EfficientNet) is a few times slower.
 """
 
@@ -40,18 +42,20 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, compute_dtype
-from .compiled import CompiledIntrinsic, compiled, wide_vectors
+from .compiled import CompiledIntrinsic, compiled, vector_bytes, vector_lanes, wide_vectors
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
 
 __all__ = [
     "KERNELS",
     "LRN",
+    "MEAN_ROWS_TYPES",
     "PARALLEL_MINIMUM",
     "AveragePool",
     "GlobalAveragePool",
     "GlobalMaxPool",
     "MaxPool",
+    "mean_of_rows",
 ]
 
 # Output elements x window positions from which the planes are split across the pool: below
@@ -59,7 +63,10 @@ __all__ = [
 PARALLEL_MINIMUM = 1 << 17
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
-_COMPILED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))  # MaxPool's compiled planes
+_COMPILED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The types :func:`mean_of_rows` takes (GlobalAveragePool's and ReduceMean's compiled means).
+MEAN_ROWS_TYPES = _COMPILED_TYPES
+_MAX_POOL_TYPES = (*_COMPILED_TYPES, np.dtype(np.int8), np.dtype(np.uint8))  # MaxPool's compiled planes
 _FLOATS_22 = (*_FLOATS, T.BFLOAT16)
 
 
@@ -174,14 +181,19 @@ def _build_vector_max(numba: ModuleType, parts: int) -> Any:
                 return context.make_array(sig.args[index])(context, builder, args[index]).data
 
             element = context.get_value_type(sig.args[0].dtype)
-            lanes = 64 // context.get_abi_sizeof(element)
+            lanes = vector_bytes() // context.get_abi_sizeof(element)
             vector = ir.VectorType(element, lanes)
             i32, i64 = ir.IntType(32), ir.IntType(64)
 
             def at(base: Any, offset: Any) -> Any:
                 return builder.bitcast(builder.gep(base, [offset]), vector.as_pointer())
 
+            dtype = sig.args[0].dtype
+
             def maximum(old: Any, value: Any) -> Any:
+                if isinstance(dtype, types.Integer):
+                    compare = builder.icmp_signed if dtype.signed else builder.icmp_unsigned
+                    return builder.select(compare(">", value, old), value, old)
                 take = builder.or_(builder.fcmp_ordered(">", value, old),
                                    builder.fcmp_unordered("uno", value, value))
                 return builder.select(take, value, old)
@@ -223,7 +235,7 @@ def _combine(target: np.ndarray, at: int, source: np.ndarray, start: int, count:
     64-byte vectors (:data:`_vector_max`), the last one overlapping the one before when
     ``count`` is not a multiple (storing or combining a value twice changes nothing), shorter
     runs one by one."""
-    into, read, lanes = np.uintp(at), np.uintp(start), np.uintp(64 // source.itemsize)
+    into, read, lanes = np.uintp(at), np.uintp(start), vector_lanes(source)
     if count >= lanes:
         whole = np.uintp(count) // lanes
         for b in range(whole):
@@ -249,7 +261,7 @@ def _split_row(source: np.ndarray, read: int, step: int, rows: int, evens: np.nd
     (p odd): 64-byte blocks of pairs by :data:`_deinterleave` (the last overlapping the one
     before), the ends and short rows one by one (inline: calling :func:`_combine` for them
     cost reference counting of the arrays at every call)."""
-    lanes = np.uintp(64 // source.itemsize)
+    lanes = vector_lanes(source)
     p = low + low % 2  # the first even position
     pairs = np.uintp(max(0, (high - p) // 2))
     start, at = np.uintp(read + p), np.uintp(p // 2)
@@ -278,16 +290,18 @@ def _split_row(source: np.ndarray, read: int, step: int, rows: int, evens: np.nd
 @compiled
 def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
                     kernel: tuple[int, int], strides: tuple[int, int],
-                    dilations: tuple[int, int], begin: tuple[int, int]) -> None:
+                    dilations: tuple[int, int], begin: tuple[int, int], lowest: Any = None) -> None:
     """Planes ``first:last`` of ``out`` (planes, OH, OW): the maximum over each window of
     ``x`` (planes, H, W), positions outside ``x`` skipped (as the lowest value pads them; a
-    window with none is -inf), NaN propagated as numpy's maximum does. Separable, per output
-    row: the maximum of its kernel rows inside ``x`` into a padded row buffer (-inf around
-    the input's columns), contiguous and full width; then the maximum of the kernel columns'
-    taps into the output row. At a column stride of 2 the buffer is kept as its even and its
-    odd positions (:func:`_split_row`), so that every tap reads at unit stride; other strides
-    read the buffer at their stride, one by one. The maxima run in 64-byte vectors written
-    with llvmlite (:func:`_combine`): LLVM left the loops scalar."""
+    window with none is ``lowest``: -inf for floats, the type's lowest for integers, which
+    must give it), NaN propagated as numpy's maximum does. Separable, per output row: the
+    maximum of its kernel rows inside ``x`` into a padded row buffer (``lowest`` around the
+    input's columns), contiguous and full width; then the maximum of the kernel columns' taps
+    into the output row. At a column stride of 2 the buffer is kept as its even and its odd
+    positions (:func:`_split_row`), so that every tap reads at unit stride; other strides
+    read the buffer at their stride, one by one. The maxima run in vectors of the host's
+    width (:func:`~onnx_light.kernels.compiled.vector_bytes`) written with llvmlite
+    (:func:`_combine`): LLVM left the loops scalar."""
     wide_vectors()
     height, width = x.shape[1], x.shape[2]
     out_h, out_w = out.shape[1], out.shape[2]
@@ -296,8 +310,9 @@ def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
     span = (out_w - 1) * stride_w + (kernel[1] - 1) * step_w + 1  # the padded row the windows read
     low, high = min(begin[1], span), min(begin[1] + width, span)  # the input's columns in it
     split = stride_w == 2
-    evens = np.full((span + 1) // 2 if split else span, out.dtype.type(-np.inf))  # the row (split: even p)
-    odds = np.full((span + 1) // 2 if split else 0, out.dtype.type(-np.inf))
+    fill = -np.inf if lowest is None else lowest
+    evens = np.full((span + 1) // 2 if split else span, fill, out.dtype)  # the row (split: even p)
+    odds = np.full((span + 1) // 2 if split else 0, fill, out.dtype)
     for plane in range(first, last):
         base = plane * height * width
         done = plane * out_h * out_w
@@ -313,8 +328,8 @@ def max_pool_planes(x: np.ndarray, out: np.ndarray, first: int, last: int,
                 else:
                     _combine(evens, low, source, read + low, high - low, True, step, rows)
             else:  # no kernel row inside x: the windows hold no value
-                evens[:] = out.dtype.type(-np.inf)
-                odds[:] = out.dtype.type(-np.inf)
+                evens[:] = fill
+                odds[:] = fill
             into = done + oh * out_w
             if split:  # tap kw reads position kw * step_w + 2 * ow: evens or odds at kw * step_w // 2 + ow
                 if step_w % 2 == 0:
@@ -351,16 +366,22 @@ class MaxPool(_Pool):
         self.indices = ctx.num_outputs > 1
 
     def _compiled(self, dtype: np.dtype) -> bool:
-        """Whether runs on ``dtype`` take :func:`max_pool_planes`: 2-D, no Indices, float."""
+        """Whether runs on ``dtype`` take :func:`max_pool_planes`: 2-D, no Indices, float or byte."""
         return (not self.indices and self.attributes.kernel_shape is not None
-                and len(self.attributes.kernel_shape) == 2 and np.dtype(dtype) in _COMPILED_TYPES)
+                and len(self.attributes.kernel_shape) == 2 and np.dtype(dtype) in _MAX_POOL_TYPES)
+
+    @staticmethod
+    def _lowest_argument(dtype: np.dtype) -> tuple[Any, ...]:
+        """:func:`max_pool_planes`'s ``lowest`` for ``dtype``: none for floats (-inf)."""
+        return () if dtype.kind == "f" else (dtype.type(np.iinfo(dtype).min),)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile :func:`max_pool_planes` for the input's type (at construction)."""
         dtype = self.ctx.input_dtype(0)
         if dtype is not None and self._compiled(dtype):
+            dtype = np.dtype(dtype)
             max_pool_planes.dispatcher(np.zeros((1, 1, 1), dtype), np.empty((1, 1, 1), dtype), 0, 1,
-                                       (1, 1), (1, 1), (1, 1), (0, 0))
+                                       (1, 1), (1, 1), (1, 1), (0, 0), *self._lowest_argument(dtype))
         return None
 
     def _run_compiled(self, x: np.ndarray, window: Window) -> np.ndarray:
@@ -369,7 +390,8 @@ class MaxPool(_Pool):
         planes_in = np.ascontiguousarray(x).reshape(n * c, *x.shape[2:])
         planes_out = out.reshape(n * c, *window.output)
         kernel = max_pool_planes.dispatcher
-        geometry = (tuple(window.kernel), tuple(window.strides), tuple(window.dilations), tuple(window.begin))
+        geometry = (tuple(window.kernel), tuple(window.strides), tuple(window.dilations), tuple(window.begin),
+                    *self._lowest_argument(x.dtype))
 
         def block(start: int, stop: int) -> None:
             kernel(planes_in, planes_out, start, stop, *geometry)
@@ -524,23 +546,28 @@ class GlobalAveragePool(_GlobalPool):
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile :func:`mean_rows` for the input's type (at construction)."""
         dtype = self.ctx.input_dtype(0)
-        if dtype is not None and np.dtype(dtype) in _COMPILED_TYPES:
-            self._mean_rows(np.zeros((1, 1, 1), dtype))
+        if dtype is not None and np.dtype(dtype) in MEAN_ROWS_TYPES:
+            mean_of_rows(np.zeros((1, 1), dtype))
         return None
 
-    @staticmethod
-    def _mean_rows(x: np.ndarray) -> np.ndarray:
-        rows = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
-        rows.flags.writeable = False  # one compiled version, whether the input is writable or not
-        out = np.empty(rows.shape[0], x.dtype)
-        mean_rows.dispatcher(rows, out)
-        return out.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
-
     def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-        if x.dtype in _COMPILED_TYPES and x.size and x.ndim > 2:
-            return self._mean_rows(x)
+        if x.dtype in MEAN_ROWS_TYPES and x.size and x.ndim > 2:
+            means = mean_of_rows(x.reshape(x.shape[0] * x.shape[1], -1))
+            return means.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
         result = np.mean(x, axis=axes, dtype=compute_dtype(x.dtype), keepdims=True)
         return result.astype(x.dtype, copy=False)
+
+
+def mean_of_rows(rows: np.ndarray) -> np.ndarray:
+    """The mean of each row of ``rows`` (2-D, float32 or float64, any strides) by
+    :func:`mean_rows`, in its type."""
+    rows = np.ascontiguousarray(rows)
+    if rows.flags.writeable:
+        rows = rows.view()
+        rows.flags.writeable = False  # one compiled version, whether the input is writable or not
+    out = np.empty(rows.shape[0], rows.dtype)
+    mean_rows.dispatcher(rows, out)
+    return out
 
 
 class GlobalMaxPool(_GlobalPool):

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import FLOAT8_TYPES, Kernel, NodeContext, narrow_float_dtypes, normalize_axis, numpy_dtype
+from .compiled import compiled
 from .declaration import KernelDeclaration, declare
 from .structural import cast
 
@@ -125,6 +126,20 @@ def _divide(x: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return x.astype(dtype) / scale.astype(dtype)
 
 
+@compiled
+def _quantize_bytes(x, parameters, out):
+    """QuantizeLinear per tensor from float32 to a byte type, in one pass (flat arrays):
+    ``x / scale`` in float32, rounded half to even, plus ``zero``, saturated to ``low:high``
+    (``parameters``: float32 ``scale, zero, low, high``); the numpy path's operations, so bit
+    for bit its values (NaN aside: undefined)."""
+    scale, zero, lowest, highest = parameters
+    for i in range(np.uintp(x.size)):
+        out[i] = min(max(np.rint(x[i] / scale) + zero, lowest), highest)
+
+
+_BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
 class _Linear(Kernel):
     """What QuantizeLinear and DequantizeLinear share: axis, block_size and output_dtype."""
 
@@ -181,6 +196,15 @@ class QuantizeLinear(_Linear):
                                      f"output_dtype {numpy_dtype(self.output_dtype)}")
             target = zero_type
         scale, zero = self.parameters(x, y_scale, y_zero_point)
+        output = numpy_dtype(target)
+        if (x.dtype == np.float32 and scale.dtype == np.float32 and scale.size == 1 and output in _BYTE_DTYPES
+                and self.precision in (0, T.FLOAT) and x.size):
+            out = np.empty(x.shape, output)
+            info = np.iinfo(output)
+            parameters = np.array([scale.item(), 0 if zero is None else zero.item(), info.min, info.max],
+                                  np.float32)
+            _quantize_bytes(np.ascontiguousarray(x).reshape(-1), parameters, out.reshape(-1))
+            return [out]
         if self.precision:
             dtype = numpy_dtype(self.precision)
         else:

@@ -31,6 +31,7 @@ from .base import (
 from .compiled_softmax import SoftmaxRows
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .fused_attention import ATTENTION_MINIMUM_FLOPS as DEFAULT_ATTENTION_MINIMUM_FLOPS
+from .pooling import MEAN_ROWS_TYPES, mean_of_rows
 
 __all__ = ["ATTENTION_MINIMUM_FLOPS", "KERNELS", "MINIMUM_ELEMENTS", "SOFTMAX_PARALLEL_MINIMUM",
            "Reduce", "Softmax", "softmax_parameters"]
@@ -112,9 +113,13 @@ class Reduce(Kernel):
         if not given and self.noop and from_input:
             return [x]
         normalised = normalize_axes(self.ctx, given, x.ndim) if given else tuple(range(x.ndim))
+        return [self._reduce(x, normalised)]
+
+    def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        """``x`` reduced over ``axes`` (normalised) by :attr:`function`, in ``x``'s type."""
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            result = type(self).function(_widened(x), normalised, self.keepdims)
-            return [np.asarray(result).astype(x.dtype, copy=False)]
+            result = type(self).function(_widened(x), axes, self.keepdims)
+            return np.asarray(result).astype(x.dtype, copy=False)
 
 
 class ReduceSum(Reduce):
@@ -124,8 +129,28 @@ class ReduceSum(Reduce):
 
 
 class ReduceMean(Reduce):
+    """The mean; float32 and float64 over trailing axes (the spatial means of CNNs) by
+    :func:`~onnx_light.kernels.pooling.mean_rows` (one compiled pass, summed in float64 and
+    rounded once: within one unit in the last place of the exact mean where numpy's float32
+    sums drift), else numpy's sum divided by the count."""
+
     op_type = "ReduceMean"
     function = staticmethod(_mean)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile :func:`~onnx_light.kernels.pooling.mean_rows` for the input's type (at
+        construction)."""
+        dtype = self.ctx.input_dtype(0)
+        if dtype is not None and np.dtype(dtype) in MEAN_ROWS_TYPES:
+            mean_of_rows(np.zeros((1, 1), dtype))
+        return None
+
+    def _reduce(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        first = x.ndim - len(axes)
+        if x.dtype in MEAN_ROWS_TYPES and x.size and axes and sorted(axes) == list(range(first, x.ndim)):
+            means = mean_of_rows(x.reshape(math.prod(x.shape[:first]), -1))
+            return means.reshape(x.shape[:first] + ((1,) * len(axes) if self.keepdims else ()))
+        return super()._reduce(x, axes)
 
 
 class ReduceMax(Reduce):

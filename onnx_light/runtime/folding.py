@@ -72,10 +72,15 @@ class Folding:
 def fold_constants(steps: Sequence[NodeStep], constants: Mapping[int, np.ndarray],
                    overridable: set[int],
                    output_shapes: Callable[[Kernel], list[list[int | str | None] | None]],
-                   enabled: bool = True) -> Folding:
+                   enabled: bool = True,
+                   static_shapes: Callable[[int], tuple[int, ...] | None] | None = None) -> Folding:
     """Fold ``steps`` (in graph order) over ``constants`` (initializers by slot; those in
     ``overridable`` a feed may replace); ``output_shapes(kernel)``: the inferred shapes of a
-    node's outputs. With ``enabled`` False nothing is folded."""
+    node's outputs. A node whose outputs its inputs' shapes decide
+    (``Kernel.outputs_of_shapes``: Shape, Size) is folded too when ``static_shapes(slot)``
+    fixes those shapes for every run (the checked feeds' and the shapes inferred from them)
+    and no initializer is overridable (a feed replacing one could change them). With
+    ``enabled`` False nothing is folded."""
     depends: dict[int, frozenset[int]] = {s: frozenset((s,) if s in overridable else ())
                                           for s in constants}
     folded: dict[int, np.ndarray] = {}
@@ -83,16 +88,21 @@ def fold_constants(steps: Sequence[NodeStep], constants: Mapping[int, np.ndarray
     left: list[NodeStep] = []
     with BLAS.scope(1):
         for kernel, inputs, outputs in steps:
-            if not enabled or not NONDETERMINISTIC.isdisjoint(kernel.op_types) or not all(
-                    s is None or s in depends for s in inputs):
-                left.append((kernel, inputs, outputs))
-                continue
-            results = _fold(kernel, [None if s is None else known[s] for s in inputs],
-                            output_shapes(kernel))
-            if results is None:  # too large to keep: computed by every run instead
-                left.append((kernel, inputs, outputs))
-                continue
-            sources = frozenset().union(*(depends[s] for s in inputs if s is not None))
+            fixed = all(s is None or s in depends for s in inputs)
+            results = None
+            if enabled and not fixed and static_shapes is not None and not overridable:
+                results = kernel.outputs_of_shapes([None if s is None else static_shapes(s) for s in inputs])
+                sources = frozenset()
+            if results is None:
+                if not enabled or not fixed or not NONDETERMINISTIC.isdisjoint(kernel.op_types):
+                    left.append((kernel, inputs, outputs))
+                    continue
+                results = _fold(kernel, [None if s is None else known[s] for s in inputs],
+                                output_shapes(kernel))
+                if results is None:  # too large to keep: computed by every run instead
+                    left.append((kernel, inputs, outputs))
+                    continue
+                sources = frozenset().union(*(depends[s] for s in inputs if s is not None))
             for s, array in zip(outputs, results, strict=False):
                 if s is not None:
                     array.flags.writeable = False

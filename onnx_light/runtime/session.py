@@ -254,7 +254,7 @@ class RuntimeSession:
         constants = self._constants
         folding = fold_constants(every_step, constants,
                                  set(self._feed_slots.values()) & set(constants), output_shapes,
-                                 fold)
+                                 fold, lambda slot: static_shape(slot, {}, shapes))
         steps, folded = folding.steps, dict(folding.folded)
         known = {**constants, **folded}
         self.folded_nodes = len(every_step) - len(steps)

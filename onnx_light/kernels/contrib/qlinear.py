@@ -9,13 +9,17 @@ Each takes uint8 or int8 tensors with per-tensor scales and zero points (an omit
 is 0), computes on the real values ``(q - zero_point) * scale`` in float32 and requantizes to
 the output's scale and zero point (:func:`~onnx_light.kernels.quantization.requantize`:
 rounding half to even, saturation); the output has the output zero point's type, else the
-input's. The unary ones with a byte input go through a 256-entry table, as onnxruntime's do.
-The pools and the softmax reuse the float kernels (:class:`~onnx_light.kernels.pooling.
-AveragePool`, :class:`~onnx_light.kernels.reductions.Softmax`).
+input's. QLinearAdd, QLinearMul and QLinearGlobalAveragePool with float32 scales are one
+compiled pass each with onnxruntime's x86 arithmetic instead (its ratios, operation order and
+FMAs), so that their outputs are onnxruntime's bit for bit (docs/quantization.md). The unary
+ones with a byte input go through a 256-entry table, as onnxruntime's do. AveragePool and the
+softmax reuse the float kernels (:class:`~onnx_light.kernels.pooling.AveragePool`,
+:class:`~onnx_light.kernels.reductions.Softmax`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -24,7 +28,7 @@ import numpy as np
 from ...tuning.keys import ElementType as T
 from .. import quantization
 from ..base import NodeContext, normalize_axis
-from ..compiled import compiled
+from ..compiled import compiled, fused_multiply_add
 from ..declaration import KernelDeclaration
 from ..elementwise import _sigmoid
 from ..pooling import AveragePool
@@ -36,6 +40,7 @@ __all__ = ["DECLARATIONS", "dequantize", "quantize"]
 
 Arrays = list[np.ndarray]
 BYTES = (T.UINT8, T.INT8)
+_RANGES = {np.dtype(t): (np.iinfo(t).min, np.iinfo(t).max) for t in (np.uint8, np.int8)}
 
 
 def _scalar(ctx: NodeContext, name: str, value: np.ndarray | None) -> np.ndarray | None:
@@ -82,27 +87,88 @@ def _output_type(inputs: Sequence[ValueType], zero_index: int, shape_index: int 
     return source[0], None if shaped is None else shaped[1]
 
 
+@compiled(inline="always")
+def _saturated(value, low, high):
+    """``value`` rounded half to even and clamped to ``low:high`` (a byte type's range)."""
+    return min(max(np.rint(value), low), high)
+
+
 @compiled
-def _combine_bytes(a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero, low, high, multiply, out):
-    """:class:`_QLinearBinary`'s arithmetic in one pass over same-shape operands (flat):
-    ``(a - a_zero) * a_scale`` and the same of ``b`` in float32, added (or multiplied), divided
-    by ``c_scale``, rounded half to even, plus ``c_zero``, saturated: the numpy path's
-    operations in its order, so bit for bit its result. The differences are taken in float32
-    (exact: integers below 2**9), not in numba's int64, whose conversion to float32 has no
-    vector instruction before AVX-512."""
-    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(c_zero)
-    za, zb = np.float32(a_zero), np.float32(b_zero)
-    for i in range(np.uintp(a.size)):
-        x = (np.float32(a[i]) - za) * a_scale
-        y = (np.float32(b[i]) - zb) * b_scale
-        combined = x * y if multiply else x + y
-        value = np.rint(combined / c_scale) + shift
-        out[i] = min(max(value, lowest), highest)
+def _combine_bytes(first, second, out, multiply, parameters):
+    """:class:`_QLinearBinary`'s arithmetic, onnxruntime's on x86 (MLAS), on rows:
+    ``out[r, j]`` from ``first[r, j]`` (or ``first[r, 0]``: one value per row) and ``second[r,
+    j]``; ``parameters``: float32 ``first_scale, first_zero, second_scale, second_zero,
+    c_scale, c_zero, low, high`` (one array: numba types it faster than eight numpy scalars).
+    Add: with the ratios ``r1 = first_scale / c_scale`` and ``r2``,
+    ``fixed = c_zero - fma(r2, second_zero, r1 * first_zero)``, then ``fma(second, r2,
+    fma(first, r1, fixed))`` (the caller makes the operand with one value per row ``first``,
+    else B: the roles onnxruntime gives them). Mul: ``(first - z1) * (second - z2)`` (exact in
+    float32) times ``first_scale * second_scale / c_scale``, plus ``c_zero``. Then rounded half
+    to even and saturated to ``low:high``."""
+    first_scale, first_zero, second_scale, second_zero = parameters[:4]
+    c_scale, c_zero, lowest, highest = parameters[4:]
+    first_ratio, second_ratio = first_scale / c_scale, second_scale / c_scale
+    fixed = c_zero - fused_multiply_add(second_ratio, second_zero, first_ratio * first_zero)
+    ratio = (first_scale * second_scale) / c_scale
+    inner = np.uintp(out.shape[1])
+    per_row = first.shape[1] == 1 and inner > 1
+    for r in range(np.uintp(out.shape[0])):
+        row, other = out[r], second[r]
+        if per_row:
+            value = np.float32(first[r, 0])
+            if multiply:
+                shifted = value - first_zero
+                for j in range(inner):
+                    row[j] = _saturated(shifted * (np.float32(other[j]) - second_zero) * ratio + c_zero,
+                                        lowest, highest)
+            else:
+                folded = fused_multiply_add(value, first_ratio, fixed)
+                for j in range(inner):
+                    row[j] = _saturated(fused_multiply_add(np.float32(other[j]), second_ratio, folded),
+                                        lowest, highest)
+        else:
+            values = first[r]
+            if multiply:
+                for j in range(inner):
+                    product = (np.float32(values[j]) - first_zero) * (np.float32(other[j]) - second_zero)
+                    row[j] = _saturated(product * ratio + c_zero, lowest, highest)
+            else:
+                for j in range(inner):
+                    folded = fused_multiply_add(np.float32(values[j]), first_ratio, fixed)
+                    row[j] = _saturated(fused_multiply_add(np.float32(other[j]), second_ratio, folded),
+                                        lowest, highest)
+
+
+def _broadcast_rows(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """The broadcast shape of A and B and how many of its trailing axes form one run in which
+    each operand is either whole or a single value (broadcast along all of them): the rows of
+    :func:`_combine_bytes`."""
+    shape = tuple(np.broadcast_shapes(a_shape, b_shape))
+    padded = [(1,) * (len(shape) - len(s)) + tuple(s) for s in (a_shape, b_shape)]
+    kinds: list[bool | None] = [None, None]  # per operand: whole (True) or single (False) in the run
+    run = 0
+    for axis in reversed(range(len(shape))):
+        if shape[axis] != 1:
+            whole = [p[axis] == shape[axis] for p in padded]
+            if any(k is not None and k != w for k, w in zip(kinds, whole, strict=True)):
+                break
+            kinds = list(whole)
+        run += 1
+    return shape, run
+
+
+def _rows(x: np.ndarray, shape: tuple[int, ...], run: int) -> np.ndarray:
+    """``x`` broadcast to the leading axes of ``shape`` (before the last ``run``) as C-ordered
+    rows of its values in the run (one value when it is broadcast along the run)."""
+    padded = x.reshape((1,) * (len(shape) - x.ndim) + x.shape)
+    lead = shape[:len(shape) - run]
+    rows = np.broadcast_to(padded, lead + padded.shape[len(lead):])
+    return np.ascontiguousarray(rows).reshape(math.prod(lead), -1)
 
 
 class _QLinearBinary(ContribKernel):
-    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally; operands
-    of one shape in one compiled pass."""
+    """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally: one
+    compiled pass (:func:`_combine_bytes`, onnxruntime's arithmetic)."""
 
     multiply: ClassVar[bool] = False
 
@@ -123,24 +189,25 @@ class _QLinearBinary(ContribKernel):
             c_scale: np.ndarray, c_zero_point: np.ndarray | None = None) -> Arrays:
         if a.dtype != b.dtype:
             raise self.ctx.error(f"A ({a.dtype}) and B ({b.dtype}) must have the same type")
+        if a.shape != b.shape:
+            try:
+                np.broadcast_shapes(a.shape, b.shape)
+            except ValueError:
+                raise self.ctx.error(f"cannot broadcast A {list(a.shape)} and B {list(b.shape)}") from None
         fused = self._compiled(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point)
         if fused is not None:
             return [fused]
         real_a = dequantize(self.ctx, "A", a, a_scale, a_zero_point)
         real_b = dequantize(self.ctx, "B", b, b_scale, b_zero_point)
-        try:
-            combined = self.combine(real_a, real_b)
-        except ValueError:
-            raise self.ctx.error(f"cannot broadcast A {list(a.shape)} and B {list(b.shape)}") from None
-        return [quantize(self.ctx, combined, c_scale, c_zero_point, a)]
+        return [quantize(self.ctx, self.combine(real_a, real_b), c_scale, c_zero_point, a)]
 
     def _compiled(self, a: np.ndarray, a_scale: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
                   b_scale: np.ndarray, b_zero: np.ndarray | None, c_scale: np.ndarray,
                   c_zero: np.ndarray | None) -> np.ndarray | None:
-        """The compiled pass's output when it applies (same shapes, byte operands, float32
-        per-tensor scales, zero points of the operands' type), else None."""
+        """The compiled pass's output when it applies (byte operands, float32 per-tensor scales,
+        zero points of the operands' type), else None."""
         parameters = (a_scale, a_zero, b_scale, b_zero, c_scale, c_zero)
-        if (a.shape != b.shape or quantized_type(a.dtype) not in BYTES
+        if (quantized_type(a.dtype) not in BYTES
                 or any(p is not None and p.size != 1 for p in parameters)
                 or any(s.dtype != np.float32 for s in (a_scale, b_scale, c_scale))
                 or any(z is not None and z.dtype != a.dtype for z in (a_zero, b_zero))):
@@ -148,13 +215,21 @@ class _QLinearBinary(ContribKernel):
         target = a.dtype if c_zero is None else c_zero.dtype
         if target not in (np.dtype(np.uint8), np.dtype(np.int8)):
             return None
-        info = np.iinfo(target)
-        out = np.empty(a.shape, target)
-        zeros = [0 if z is None else int(z.reshape(-1)[0]) for z in (a_zero, b_zero, c_zero)]
-        _combine_bytes(np.ascontiguousarray(a).reshape(-1), a_scale.reshape(-1)[0], zeros[0],
-                       np.ascontiguousarray(b).reshape(-1), b_scale.reshape(-1)[0], zeros[1],
-                       c_scale.reshape(-1)[0], zeros[2], int(info.min), int(info.max), self.multiply,
-                       out.reshape(-1))
+        if a.shape == b.shape:  # one row, no broadcasting
+            shape, rows = a.shape, [np.ascontiguousarray(x).reshape(1, -1) for x in (a, b)]
+        else:
+            shape, run = _broadcast_rows(a.shape, b.shape)
+            rows = [_rows(x, shape, run) for x in (a, b)]
+        out = np.empty(shape, target)
+        if not out.size:
+            return out
+        first, second = (0, 1) if rows[0].shape[1] == 1 < rows[1].shape[1] else (1, 0)
+        scales = (a_scale.item(), b_scale.item())
+        zeros = [0 if z is None else z.item() for z in (a_zero, b_zero)]
+        parameters = np.array([scales[first], zeros[first], scales[second], zeros[second], c_scale.item(),
+                               0 if c_zero is None else c_zero.item(), *_RANGES[target]], np.float32)
+        _combine_bytes(rows[first], rows[second], out.reshape(rows[0].shape[0], -1), self.multiply,
+                       parameters)
         return out
 
 
@@ -358,9 +433,36 @@ def _channels_back(y: np.ndarray, channels_last: bool) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(y, 1, -1)) if channels_last and y.ndim > 2 else y
 
 
+@compiled
+def _mean_bytes(x, out, channels_last, bias, parameters):
+    """onnxruntime's QLinearGlobalAveragePool on x86 (MLAS): ``out[b, c]`` from the positions
+    ``x[b, :, c]`` (``channels_last``; else ``x[b, c, :]``): their integer sum plus ``bias``
+    (``-x_zero * positions``), times ``scale`` in float32, rounded half to even, plus ``zero``,
+    saturated to ``low:high`` (``parameters``: float32 ``scale, zero, low, high``)."""
+    scale, zero, lowest, highest = parameters
+    batches, channels = out.shape
+    positions = x.shape[1] if channels_last else x.shape[2]
+    totals = np.empty(channels, np.int64)
+    for b in range(batches):
+        if channels_last:
+            totals[:] = 0
+            for p in range(positions):
+                for c in range(channels):
+                    totals[c] += x[b, p, c]
+        else:
+            for c in range(channels):
+                total = 0
+                for p in range(positions):
+                    total += x[b, c, p]
+                totals[c] = total
+        for c in range(channels):
+            out[b, c] = _saturated(np.float32(totals[c] + bias) * scale, lowest - zero, highest - zero) + zero
+
+
 class QLinearGlobalAveragePool(ContribKernel):
     """The mean over the spatial axes of (N, C, ...) (channels last with ``channels_last``),
-    requantized."""
+    requantized: one compiled pass (:func:`_mean_bytes`, onnxruntime's integer sums and
+    float32 rescaling) with per-tensor float32 scales."""
 
     op_type = "QLinearGlobalAveragePool"
 
@@ -383,10 +485,38 @@ class QLinearGlobalAveragePool(ContribKernel):
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
         if x.ndim < 3:
             raise self.ctx.error(f"X must have shape (N, C, D1, ...), got {list(x.shape)}")
+        fused = self._compiled(x, x_scale, x_zero_point, y_scale, y_zero_point)
+        if fused is not None:
+            return [fused]
         real = _channels_first(dequantize(self.ctx, "X", x, x_scale, x_zero_point), self.channels_last)
         mean = np.mean(real, axis=tuple(range(2, real.ndim)), keepdims=True, dtype=np.float32)
         pooled = quantize(self.ctx, mean, y_scale, y_zero_point, x)
         return [_channels_back(pooled, self.channels_last)]
+
+    def _compiled(self, x: np.ndarray, x_scale: np.ndarray, x_zero: np.ndarray | None, y_scale: np.ndarray,
+                  y_zero: np.ndarray | None) -> np.ndarray | None:
+        """The compiled pass's output when it applies (byte X, float32 per-tensor scales, zero
+        points of X's type, a sum that fits in 24 bits as onnxruntime requires), else None."""
+        target = x.dtype if y_zero is None else y_zero.dtype
+        if (target != x.dtype or x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8))
+                or any(p is not None and p.size != 1 for p in (x_scale, x_zero, y_scale, y_zero))
+                or any(s.dtype != np.float32 for s in (x_scale, y_scale))
+                or (x_zero is not None and x_zero.dtype != x.dtype) or not x.size):
+            return None
+        positions = math.prod(x.shape[1:-1] if self.channels_last else x.shape[2:])
+        if positions >= 1 << 24:
+            return None
+        n, channels = x.shape[0], x.shape[-1] if self.channels_last else x.shape[1]
+        planes = np.ascontiguousarray(x).reshape((n, positions, channels) if self.channels_last
+                                                 else (n, channels, positions))
+        zeros = [0 if z is None else int(z.reshape(-1)[0]) for z in (x_zero, y_zero)]
+        x_step, y_step = (np.float32(s.reshape(-1)[0]) for s in (x_scale, y_scale))
+        scale = x_step / (y_step * np.float32(positions))
+        out = np.empty((n, channels), target)
+        parameters = np.array([scale, zeros[1], *_RANGES[target]], np.float32)
+        _mean_bytes(planes, out, self.channels_last, -zeros[0] * positions, parameters)
+        ones = (1,) * (x.ndim - 2)
+        return out.reshape((n, *ones, channels) if self.channels_last else (n, channels, *ones))
 
 
 class QLinearAveragePool(ContribKernel):
