@@ -21,8 +21,9 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``depthwise.blocked_outputs``
     Where ``auto`` computes a depthwise convolution with the compiled kernels, it uses the
     channel-blocked one (``depthwise_blocked``, :mod:`onnx_light.kernels.conv.channel_blocked`:
-    float32, 2-D, one filter per channel, dilation 1, AVX-512) where the output plane has at
-    most this many positions, the per-channel one (``depthwise``) elsewhere; 0: never.
+    float32, 2-D, one filter per channel, dilation 1, AVX-512 or AVX2 with FMA) where the
+    output plane has at most this many positions, the per-channel one (``depthwise``)
+    elsewhere; 0: never.
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -152,8 +153,9 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
                               "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' "
                               "(compiled, 1-D or 2-D, one input channel per group), "
-                              "'depthwise_blocked' (compiled, 16 channels at once: float32, 2-D, "
-                              "one filter per channel, dilation 1, AVX-512), 'winograd' "
+                              "'depthwise_blocked' (compiled, a vector's 8 or 16 channels at once: "
+                              "float32, 2-D, one filter per channel, dilation 1, AVX-512 or "
+                              "AVX2 with FMA), 'winograd' "
                               "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
                               "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
@@ -181,7 +183,7 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "'depthwise' (compiled) or 'im2col_wide' (one batched product)"),
         Parameter(BLOCKED_OUTPUTS, "int", _DEFAULTS[BLOCKED_OUTPUTS], minimum=0,
                   description="auto's compiled depthwise convolutions are channel-blocked "
-                              "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512) where the "
+                              "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512 or AVX2) where the "
                               "output plane has at most this many positions, per channel "
                               "('depthwise') elsewhere; 0: never"),
         Parameter(POINTWISE_PRODUCT, "str", _DEFAULTS[POINTWISE_PRODUCT], choices=POINTWISE_PRODUCTS,
