@@ -155,19 +155,20 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
     @intrinsic
     def transpose_in(typingctx: Any, x: Any, x_at: Any, plane: Any, rows: Any, tile: Any,
-                     targets: Any, count: Any) -> Any:
+                     targets: Any, targets_at: Any, count: Any) -> Any:
         """Rows ``x[x_at + r * plane:][:L]`` for r < ``rows`` (zeros for the others: the
         channels past C) transposed, position j < ``count`` stored at
-        ``tile[targets[j] * L:][:L]``."""
+        ``tile[targets[targets_at + j] * L:][:L]``."""
         if not (is_float_array(x) and is_float_array(tile)):
             return None
-        signature = types.void(x, types.int64, types.int64, types.int64, tile, targets, types.int64)
+        signature = types.void(x, types.int64, types.int64, types.int64, tile, targets, types.int64,
+                               types.int64)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            x_value, x_at_v, plane_v, rows_v, tile_value, targets_value, count_v = args
+            x_value, x_at_v, plane_v, rows_v, tile_value, targets_value, targets_at_v, count_v = args
             source = data(context, builder, sig.args[0], x_value)
             target = data(context, builder, sig.args[4], tile_value)
-            offsets = data(context, builder, sig.args[5], targets_value)
+            offsets = builder.gep(data(context, builder, sig.args[5], targets_value), [targets_at_v])
             loaded = []
             for r in range(lanes):
                 valid = builder.icmp_signed("<", ir.Constant(i64, r), rows_v)
@@ -185,37 +186,39 @@ def _build(numba: ModuleType) -> dict[str, Any]:
         return signature, codegen
 
     @intrinsic
-    def positions_out(typingctx: Any, tile: Any, bases: Any, offsets: Any, weights: Any,
-                      w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
+    def positions_out(typingctx: Any, tile: Any, bases: Any, bases_at: Any, offsets: Any,
+                      weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
                       out_at: Any, plane: Any, rows: Any) -> Any:
         """L output positions of L channels: position j's sum starts from
         ``bias[b_at:][:L]`` and adds ``weights[w_at + t * L:][:L]`` times
-        ``tile[(bases[j] + offsets[t]) * L:][:L]`` for each tap t in order, one fused
+        ``tile[(bases[bases_at + j] + offsets[t]) * L:][:L]`` for each tap t in order, one fused
         multiply-add each; clamped into [low, high], transposed, channel r < ``rows``
         stored at ``out[out_at + r * plane:][:L]``."""
         if not all(map(is_float_array, (tile, weights, bias, out))):
             return None
-        signature = types.void(tile, bases, offsets, weights, types.int64, bias, types.int64,
-                               types.float32, types.float32, out, types.int64, types.int64,
-                               types.int64)
+        signature = types.void(tile, bases, types.int64, offsets, weights, types.int64, bias,
+                               types.int64, types.float32, types.float32, out, types.int64,
+                               types.int64, types.int64)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            (tile_value, bases_value, offsets_value, weights_value, w_at_v, bias_value, b_at_v,
-             low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+            (tile_value, bases_value, bases_at_v, offsets_value, weights_value, w_at_v, bias_value,
+             b_at_v, low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
             source = data(context, builder, sig.args[0], tile_value)
-            base_data = data(context, builder, sig.args[1], bases_value)
-            offset_data = data(context, builder, sig.args[2], offsets_value)
+            base_data = builder.gep(data(context, builder, sig.args[1], bases_value), [bases_at_v])
+            offset_data = data(context, builder, sig.args[3], offsets_value)
             taps_v = builder.extract_value(
-                context.make_array(sig.args[2])(context, builder, offsets_value).shape, 0)
-            weight_data = builder.gep(data(context, builder, sig.args[3], weights_value), [w_at_v])
+                context.make_array(sig.args[3])(context, builder, offsets_value).shape, 0)
+            weight_data = builder.gep(data(context, builder, sig.args[4], weights_value), [w_at_v])
             bias_vector = builder.load(
-                vector_at(builder, data(context, builder, sig.args[5], bias_value), b_at_v), align=4)
-            target = data(context, builder, sig.args[9], out_value)
+                vector_at(builder, data(context, builder, sig.args[6], bias_value), b_at_v), align=4)
+            target = data(context, builder, sig.args[10], out_value)
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vector, [vector, vector, vector]),
                 f"llvm.fma.v{lanes}f32")
-            bases = [builder.mul(builder.load(builder.gep(base_data, [ir.Constant(i64, j)])),
-                                 ir.Constant(i64, lanes)) for j in range(lanes)]
+            # each position's window as a pointer: a tap's load is then one addressing mode
+            windows = [builder.gep(source, [builder.mul(
+                builder.load(builder.gep(base_data, [ir.Constant(i64, j)])), ir.Constant(i64, lanes))])
+                for j in range(lanes)]
             entry = builder.block
             loop = builder.append_basic_block("taps.loop")
             done = builder.append_basic_block("taps.done")
@@ -231,10 +234,9 @@ def _build(numba: ModuleType) -> dict[str, Any]:
             w = builder.load(vector_at(builder, weight_data, builder.mul(t, ir.Constant(i64, lanes))),
                              align=4)
             shift = builder.mul(builder.load(builder.gep(offset_data, [t])), ir.Constant(i64, lanes))
-            updated = [builder.call(fma, [w, builder.load(vector_at(builder, source,
-                                                                    builder.add(base, shift)),
-                                                          align=4), total])
-                       for base, total in zip(bases, sums, strict=True)]
+            updated = [builder.call(fma, [w, builder.load(vector_at(builder, window, shift), align=4),
+                                          total])
+                       for window, total in zip(windows, sums, strict=True)]
             following = builder.add(t, ir.Constant(i64, 1))
             body_end = builder.block
             t.add_incoming(following, body_end)
@@ -292,51 +294,52 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
     taps = offsets.shape[0]
     tile = np.zeros(tile_h * tile_w * lanes, np.float32)
     scratch = np.zeros(lanes * lanes, np.float32)  # a plane of fewer than L positions, padded
-    targets = np.empty(lanes, np.int64)
-    bases = np.empty(lanes, np.int64)
+    # The chunks of L positions, the same for every block: the input's first position and
+    # where each goes in the tile, the output's first position and its windows in the tile.
+    # A plane's last chunk overlaps the one before (computed and written again, the same
+    # values); a plane of fewer than L positions is one chunk of all of them.
+    chunks_in, chunks_out = -(-plane // lanes), -(-out_plane // lanes)
+    firsts_in, firsts_out = np.empty(chunks_in, np.int64), np.empty(chunks_out, np.int64)
+    targets = np.empty(chunks_in * lanes, np.int64)
+    bases = np.empty(chunks_out * lanes, np.int64)
+    for chunk in range(chunks_in):
+        p0 = min(chunk * lanes, plane - lanes) if plane > lanes else 0
+        firsts_in[chunk] = p0
+        for j in range(min(lanes, plane)):
+            targets[chunk * lanes + j] = ((p0 + j) // width + pads[0]) * tile_w + (p0 + j) % width + pads[1]
+    for chunk in range(chunks_out):
+        q0 = min(chunk * lanes, out_plane - lanes) if out_plane > lanes else 0
+        firsts_out[chunk] = q0
+        for j in range(lanes):
+            q = q0 + min(j, out_plane - 1)  # past a short plane: its last position again
+            bases[chunk * lanes + j] = (q // out_w) * strides[0] * tile_w + (q % out_w) * strides[1]
     low32, high32 = np.float32(low), np.float32(high)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
         c0 = k * lanes
         rows = min(lanes, channels - c0)
         x_at = (n * channels + c0) * plane
-        for start in range(0, plane, lanes):
-            # the last L positions overlap the chunk before (written again, the same values)
-            p0 = max(0, min(start, plane - lanes))
-            count = min(lanes, plane - p0)
-            ih, iw = p0 // width, p0 % width
-            for j in range(count):
-                targets[j] = (ih + pads[0]) * tile_w + iw + pads[1]
-                iw += 1
-                if iw == width:
-                    ih, iw = ih + 1, 0
-            if count == lanes:
-                _transpose_in(x, x_at + p0, plane, rows, tile, targets, count)
-            else:  # a plane of fewer than L positions
-                for r in range(rows):
-                    for j in range(count):
-                        scratch[r * lanes + j] = x[x_at + r * plane + j]
-                _transpose_in(scratch, 0, lanes, rows, tile, targets, count)
+        if plane >= lanes:
+            for chunk in range(chunks_in):
+                _transpose_in(x, x_at + firsts_in[chunk], plane, rows, tile, targets, chunk * lanes,
+                              lanes)
+        else:
+            for r in range(rows):
+                for j in range(plane):
+                    scratch[r * lanes + j] = x[x_at + r * plane + j]
+            _transpose_in(scratch, 0, lanes, rows, tile, targets, 0, plane)
         out_at = (n * channels + c0) * out_plane
-        for start in range(0, out_plane, lanes):
-            q0 = max(0, min(start, out_plane - lanes))
-            count = min(lanes, out_plane - q0)
-            oh, ow = q0 // out_w, q0 % out_w
-            for j in range(lanes):
-                bases[j] = oh * strides[0] * tile_w + ow * strides[1]
-                if j < count - 1:
-                    ow += 1
-                    if ow == out_w:
-                        oh, ow = oh + 1, 0
-            if count == lanes:
-                _positions_out(tile, bases, offsets, weights, k * taps * lanes, bias, c0, low32,
-                               high32, out, out_at + q0, out_plane, rows)
-            else:
-                _positions_out(tile, bases, offsets, weights, k * taps * lanes, bias, c0, low32,
-                               high32, scratch, 0, lanes, rows)
-                for r in range(rows):
-                    for j in range(count):
-                        out[out_at + r * out_plane + j] = scratch[r * lanes + j]
+        w_at = k * taps * lanes
+        if out_plane >= lanes:
+            for chunk in range(chunks_out):
+                _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
+                               high32, out, out_at + firsts_out[chunk], out_plane, rows)
+        else:
+            _positions_out(tile, bases, 0, offsets, weights, w_at, bias, c0, low32, high32,
+                           scratch, 0, lanes, rows)
+            for r in range(rows):
+                for j in range(out_plane):
+                    out[out_at + r * out_plane + j] = scratch[r * lanes + j]
         if code >= 0:
             # unsigned: numba then emits no negative-index fix-up, and LLVM vectorises the run
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
