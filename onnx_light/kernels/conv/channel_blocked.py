@@ -56,7 +56,7 @@ from .finish import fused_parts
 from .problem import _Problem
 
 __all__ = ["blocked_applies", "blocked_channels", "blocked_weights", "compile_blocked",
-           "vector_lanes"]
+           "output_chunks", "padded_bias", "vector_lanes"]
 
 
 @functools.cache
@@ -85,15 +85,27 @@ def blocked_applies(dtype: np.dtype, window_rank: int, group_channels: int, grou
 
 
 def blocked_weights(w: np.ndarray) -> np.ndarray:
-    """Depthwise weights (C, 1, KH, KW) as ``(ceil(C/L), KH*KW, L)`` float32 for this
-    processor's L (:func:`vector_lanes`), the channels past C zero (read-only): one
+    """Weights (M, C, KH, KW) (depthwise: C = 1) as ``(ceil(M/L), C*KH*KW, L)`` float32 for
+    this processor's L (:func:`vector_lanes`), the filters past M zero (read-only): one
     contiguous vector per block and tap."""
     lanes = vector_lanes()
-    channels, taps = w.shape[0], math.prod(w.shape[2:])
+    channels, taps = w.shape[0], math.prod(w.shape[1:])
     blocks = -(-channels // lanes)
     arranged = np.zeros((blocks * lanes, taps), np.float32)
     arranged[:channels] = w.reshape(channels, taps)
     return read_only(np.ascontiguousarray(arranged.reshape(blocks, lanes, taps).transpose(0, 2, 1)))
+
+
+def padded_bias(b: np.ndarray | None, channels: int) -> np.ndarray:
+    """The bias of ``channels`` channels (zeros for none) padded with zeros to whole blocks
+    of :func:`vector_lanes` (read-only)."""
+    lanes = vector_lanes()
+    if b is not None and channels % lanes == 0:
+        return read_only(b.reshape(-1))
+    padded = np.zeros(-(-channels // lanes) * lanes, np.float32)
+    if b is not None:
+        padded[:channels] = b
+    return read_only(padded)
 
 
 def _transpose(builder: Any, rows: list[Any]) -> list[Any]:
@@ -119,7 +131,7 @@ def _transpose(builder: Any, rows: list[Any]) -> list[Any]:
 
 @functools.cache
 def _build(numba: ModuleType) -> dict[str, Any]:
-    """The three intrinsics for this processor's :func:`vector_lanes` (built once, when
+    """The four intrinsics for this processor's :func:`vector_lanes` (built once, when
     numba is loaded)."""
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -185,92 +197,128 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
         return signature, codegen
 
-    @intrinsic
-    def positions_out(typingctx: Any, tile: Any, bases: Any, bases_at: Any, offsets: Any,
-                      weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
-                      out_at: Any, plane: Any, rows: Any) -> Any:
-        """L output positions of L channels: position j's sum starts from
-        ``bias[b_at:][:L]`` and adds ``weights[w_at + t * L:][:L]`` times
-        ``tile[(bases[bases_at + j] + offsets[t]) * L:][:L]`` for each tap t in order, one fused
-        multiply-add each; clamped into [low, high], transposed, channel r < ``rows``
-        stored at ``out[out_at + r * plane:][:L]``."""
-        if not all(map(is_float_array, (tile, weights, bias, out))):
-            return None
-        signature = types.void(tile, bases, types.int64, offsets, weights, types.int64, bias,
-                               types.int64, types.float32, types.float32, out, types.int64,
-                               types.int64, types.int64)
+    def positions(broadcast: bool) -> Any:
+        """``positions_out`` (``broadcast`` False: the tile holds L channels per position) or
+        ``positions_broadcast`` (True: the tile holds one value per position, every lane's
+        input, broadcast; the lanes are L filters of a full convolution)."""
+        scale = ir.Constant(i64, 1 if broadcast else lanes)
 
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            (tile_value, bases_value, bases_at_v, offsets_value, weights_value, w_at_v, bias_value,
-             b_at_v, low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
-            source = data(context, builder, sig.args[0], tile_value)
-            base_data = builder.gep(data(context, builder, sig.args[1], bases_value), [bases_at_v])
-            offset_data = data(context, builder, sig.args[3], offsets_value)
-            taps_v = builder.extract_value(
-                context.make_array(sig.args[3])(context, builder, offsets_value).shape, 0)
-            weight_data = builder.gep(data(context, builder, sig.args[4], weights_value), [w_at_v])
-            bias_vector = builder.load(
-                vector_at(builder, data(context, builder, sig.args[6], bias_value), b_at_v), align=4)
-            target = data(context, builder, sig.args[10], out_value)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vector, [vector, vector, vector]),
-                f"llvm.fma.v{lanes}f32")
-            # each position's window as a pointer: a tap's load is then one addressing mode
-            windows = [builder.gep(source, [builder.mul(
-                builder.load(builder.gep(base_data, [ir.Constant(i64, j)])), ir.Constant(i64, lanes))])
-                for j in range(lanes)]
-            entry = builder.block
-            loop = builder.append_basic_block("taps.loop")
-            done = builder.append_basic_block("taps.done")
-            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(i64, 0)), loop, done)
-            builder.position_at_end(loop)
-            t = builder.phi(i64)
-            t.add_incoming(ir.Constant(i64, 0), entry)
-            sums = []
-            for _ in range(lanes):
-                phi = builder.phi(vector)
-                phi.add_incoming(bias_vector, entry)
-                sums.append(phi)
-            w = builder.load(vector_at(builder, weight_data, builder.mul(t, ir.Constant(i64, lanes))),
-                             align=4)
-            shift = builder.mul(builder.load(builder.gep(offset_data, [t])), ir.Constant(i64, lanes))
-            updated = [builder.call(fma, [w, builder.load(vector_at(builder, window, shift), align=4),
-                                          total])
-                       for window, total in zip(windows, sums, strict=True)]
-            following = builder.add(t, ir.Constant(i64, 1))
-            body_end = builder.block
-            t.add_incoming(following, body_end)
-            for phi, value in zip(sums, updated, strict=True):
-                phi.add_incoming(value, body_end)
-            builder.cbranch(builder.icmp_signed("<", following, taps_v), loop, done)
-            builder.position_at_end(done)
-            finished = []
-            for value in updated:
-                phi = builder.phi(vector)
-                phi.add_incoming(bias_vector, entry)
-                phi.add_incoming(value, body_end)
-                finished.append(phi)
-            low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
-            totals = []
-            for phi in finished:
-                # numpy's maximum then minimum, NaN kept: a comparison and a select each
-                clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector), low_vector, phi)
-                totals.append(builder.select(builder.fcmp_ordered(">", clamped, high_vector),
-                                             high_vector, clamped))
-            for r, channel in enumerate(_transpose(builder, totals)):
-                with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
-                    at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
-                    builder.store(channel, vector_at(builder, target, at), align=4)
-            return context.get_dummy_value()
+        @intrinsic
+        def positions_out(typingctx: Any, tile: Any, bases: Any, bases_at: Any, offsets: Any,
+                          weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
+                          out_at: Any, plane: Any, rows: Any) -> Any:
+            """L output positions of L channels: position j's sum starts from
+            ``bias[b_at:][:L]`` and adds ``weights[w_at + t * L:][:L]`` times
+            ``tile[(bases[bases_at + j] + offsets[t]) * L:][:L]`` (broadcast: ``tile[bases[bases_at
+            + j] + offsets[t]]`` in every lane) for each tap t in order, one fused multiply-add
+            each; clamped into [low, high], transposed, channel r < ``rows`` stored at
+            ``out[out_at + r * plane:][:L]``."""
+            if not all(map(is_float_array, (tile, weights, bias, out))):
+                return None
+            signature = types.void(tile, bases, types.int64, offsets, weights, types.int64, bias,
+                                   types.int64, types.float32, types.float32, out, types.int64,
+                                   types.int64, types.int64)
 
-        return signature, codegen
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                (tile_value, bases_value, bases_at_v, offsets_value, weights_value, w_at_v, bias_value,
+                 b_at_v, low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+                source = data(context, builder, sig.args[0], tile_value)
+                base_data = builder.gep(data(context, builder, sig.args[1], bases_value), [bases_at_v])
+                offset_data = data(context, builder, sig.args[3], offsets_value)
+                taps_v = builder.extract_value(
+                    context.make_array(sig.args[3])(context, builder, offsets_value).shape, 0)
+                weight_data = builder.gep(data(context, builder, sig.args[4], weights_value), [w_at_v])
+                bias_vector = builder.load(
+                    vector_at(builder, data(context, builder, sig.args[6], bias_value), b_at_v), align=4)
+                target = data(context, builder, sig.args[10], out_value)
+                fma = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vector, [vector, vector, vector]),
+                    f"llvm.fma.v{lanes}f32")
+                # each position's window as a pointer: a tap's load is then one addressing mode
+                windows = [builder.gep(source, [builder.mul(
+                    builder.load(builder.gep(base_data, [ir.Constant(i64, j)])), scale)])
+                    for j in range(lanes)]
+                entry = builder.block
+                loop = builder.append_basic_block("taps.loop")
+                done = builder.append_basic_block("taps.done")
+                builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(i64, 0)), loop, done)
+                builder.position_at_end(loop)
+                t = builder.phi(i64)
+                t.add_incoming(ir.Constant(i64, 0), entry)
+                sums = []
+                for _ in range(lanes):
+                    phi = builder.phi(vector)
+                    phi.add_incoming(bias_vector, entry)
+                    sums.append(phi)
+                w = builder.load(vector_at(builder, weight_data, builder.mul(t, ir.Constant(i64, lanes))),
+                                 align=4)
+                shift = builder.mul(builder.load(builder.gep(offset_data, [t])), scale)
+                if broadcast:
+                    values = [splat(builder, builder.load(builder.gep(window, [shift]), align=4))
+                              for window in windows]
+                else:
+                    values = [builder.load(vector_at(builder, window, shift), align=4)
+                              for window in windows]
+                updated = [builder.call(fma, [w, value, total])
+                           for value, total in zip(values, sums, strict=True)]
+                following = builder.add(t, ir.Constant(i64, 1))
+                body_end = builder.block
+                t.add_incoming(following, body_end)
+                for phi, value in zip(sums, updated, strict=True):
+                    phi.add_incoming(value, body_end)
+                builder.cbranch(builder.icmp_signed("<", following, taps_v), loop, done)
+                builder.position_at_end(done)
+                finished = []
+                for value in updated:
+                    phi = builder.phi(vector)
+                    phi.add_incoming(bias_vector, entry)
+                    phi.add_incoming(value, body_end)
+                    finished.append(phi)
+                low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
+                totals = []
+                for phi in finished:
+                    # numpy's maximum then minimum, NaN kept: a comparison and a select each
+                    clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector), low_vector, phi)
+                    totals.append(builder.select(builder.fcmp_ordered(">", clamped, high_vector),
+                                                 high_vector, clamped))
+                for r, channel in enumerate(_transpose(builder, totals)):
+                    with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
+                        at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
+                        builder.store(channel, vector_at(builder, target, at), align=4)
+                return context.get_dummy_value()
 
-    return {"lane_count": lane_count, "transpose_in": transpose_in, "positions_out": positions_out}
+            return signature, codegen
+
+        return positions_out
+
+    return {"lane_count": lane_count, "transpose_in": transpose_in,
+            "positions_out": positions(False), "positions_broadcast": positions(True)}
 
 
 _lane_count = CompiledIntrinsic(lambda numba: _build(numba)["lane_count"], "lane_count")
 _transpose_in = CompiledIntrinsic(lambda numba: _build(numba)["transpose_in"], "transpose_in")
 _positions_out = CompiledIntrinsic(lambda numba: _build(numba)["positions_out"], "positions_out")
+_positions_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["positions_broadcast"],
+                                         "positions_broadcast")
+
+
+@compiled
+def output_chunks(positions: int, out_w: int, strides: tuple[int, int], tile_w: int,
+                  lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks of ``lanes`` output positions of ``positions`` (whole rows of ``out_w``):
+    each chunk's first position and the tile positions of its windows' first taps (the
+    tile's rows ``tile_w`` apart, the windows ``strides`` apart). The last chunk overlaps the
+    one before (computed and written again, the same values); fewer than ``lanes``
+    positions are one chunk, its lanes past them the last position again."""
+    chunks = -(-positions // lanes)
+    firsts, bases = np.empty(chunks, np.int64), np.empty(chunks * lanes, np.int64)
+    for chunk in range(chunks):
+        q0 = min(chunk * lanes, positions - lanes) if positions > lanes else 0
+        firsts[chunk] = q0
+        for j in range(lanes):
+            q = q0 + min(j, positions - 1)
+            bases[chunk * lanes + j] = (q // out_w) * strides[0] * tile_w + (q % out_w) * strides[1]
+    return firsts, bases
 
 
 @compiled
@@ -295,24 +343,17 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
     tile = np.zeros(tile_h * tile_w * lanes, np.float32)
     scratch = np.zeros(lanes * lanes, np.float32)  # a plane of fewer than L positions, padded
     # The chunks of L positions, the same for every block: the input's first position and
-    # where each goes in the tile, the output's first position and its windows in the tile.
-    # A plane's last chunk overlaps the one before (computed and written again, the same
-    # values); a plane of fewer than L positions is one chunk of all of them.
+    # where each goes in the tile (a plane's last chunk overlaps the one before; a plane of
+    # fewer than L positions is one chunk of all of them), the output's (output_chunks).
     chunks_in, chunks_out = -(-plane // lanes), -(-out_plane // lanes)
-    firsts_in, firsts_out = np.empty(chunks_in, np.int64), np.empty(chunks_out, np.int64)
+    firsts_in = np.empty(chunks_in, np.int64)
     targets = np.empty(chunks_in * lanes, np.int64)
-    bases = np.empty(chunks_out * lanes, np.int64)
+    firsts_out, bases = output_chunks(out_plane, out_w, strides, tile_w, lanes)
     for chunk in range(chunks_in):
         p0 = min(chunk * lanes, plane - lanes) if plane > lanes else 0
         firsts_in[chunk] = p0
         for j in range(min(lanes, plane)):
             targets[chunk * lanes + j] = ((p0 + j) // width + pads[0]) * tile_w + (p0 + j) % width + pads[1]
-    for chunk in range(chunks_out):
-        q0 = min(chunk * lanes, out_plane - lanes) if out_plane > lanes else 0
-        firsts_out[chunk] = q0
-        for j in range(lanes):
-            q = q0 + min(j, out_plane - 1)  # past a short plane: its last position again
-            bases[chunk * lanes + j] = (q // out_w) * strides[0] * tile_w + (q % out_w) * strides[1]
     low32, high32 = np.float32(low), np.float32(high)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
@@ -392,13 +433,7 @@ class _BlockedDepthwise(_Algorithm):
         self.flat_out = out.reshape(-1)
         self.planes = out.reshape(-1, *problem.window.output)
         self.arranged = blocked_weights(w) if arranged is None else arranged
-        if b is not None and channels % lanes == 0:
-            self.padded_bias = read_only(b.reshape(-1))
-        else:
-            padded = np.zeros(self.blocks * lanes, np.float32)
-            if b is not None:
-                padded[:channels] = b
-            self.padded_bias = read_only(padded)
+        self.padded_bias = padded_bias(b, channels)
         self.size, self.output = tuple(window.input), tuple(window.output)
         self.strides, self.pads = tuple(window.strides), tuple(window.begin)
         self.tile, self.offsets = tile_geometry(self.size, self.output, tuple(window.kernel),

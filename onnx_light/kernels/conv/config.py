@@ -4,9 +4,11 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 
 ``algorithm``
     How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
-    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``winograd``, ``shifted`` (each
-    described where it is implemented, :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
-    :mod:`onnx_light.kernels.conv.depthwise` and :mod:`onnx_light.kernels.conv.channel_blocked`)
+    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``filters_blocked``, ``winograd``,
+    ``shifted`` (each described where it is implemented,
+    :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
+    :mod:`onnx_light.kernels.conv.depthwise`, :mod:`onnx_light.kernels.conv.channel_blocked`
+    and :mod:`onnx_light.kernels.conv.filter_blocked`)
     or ``auto``, whose rule is
     ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
     where it does not apply falls back to ``im2col``, which applies to every convolution.
@@ -87,10 +89,10 @@ BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
 POINTWISE_PRODUCT = "pointwise.product"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 5
+TUNING_ABI = 6
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
-              "depthwise_blocked", "winograd", "shifted")
+              "depthwise_blocked", "filters_blocked", "winograd", "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
 POINTWISE_PRODUCTS = ("blas", "packed")
@@ -130,6 +132,12 @@ _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed column
 # output at least SHIFTED_OUTPUTS positions (ConvKernel._algorithm)
 SHIFTED_FILTERS = 2
 SHIFTED_OUTPUTS = 784
+# auto: filters_blocked for a full (group 1) float32 2-D convolution with at most
+# FILTERS_BLOCKED_CHANNELS input channels (an image's) and FILTERS_BLOCKED_TAPS taps per output
+# (channels x kernel positions), not 1x1: a CNN's stem, 3x3 over RGB (27 taps); ResNet-50's 7x7
+# stem (147) was barely faster than im2col, AlexNet's 11x11 (363) slower (docs/conv.md)
+FILTERS_BLOCKED_CHANNELS = 3
+FILTERS_BLOCKED_TAPS = 75
 # auto: an im2col convolution splits its output rows while there are this many per thread
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
 # many filters split the filters instead (one shared copy).
@@ -155,7 +163,8 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "(compiled, 1-D or 2-D, one input channel per group), "
                               "'depthwise_blocked' (compiled, a vector's 8 or 16 channels at once: "
                               "float32, 2-D, one filter per channel, dilation 1, AVX-512 or "
-                              "AVX2 with FMA), 'winograd' "
+                              "AVX2 with FMA), 'filters_blocked' (compiled, a vector's 8 or 16 "
+                              "filters at once: float32, 2-D, group 1, dilation 1), 'winograd' "
                               "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
                               "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
