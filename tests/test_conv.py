@@ -466,6 +466,7 @@ def test_schemas_and_configuration_validation():
                                      conv.LARGE_TILE_CHANNELS: 64, conv.LARGE_TILE_OUTPUTS: 3136,
                                      conv.AUTO_DEPTHWISE: "depthwise",
                                      conv.BLOCKED_OUTPUTS: 3136,
+                                     conv.FILTERS_BLOCKED_TAPS: 75,
                                      conv.POINTWISE_PRODUCT: "blas"}
     schema.validate(conv.REFERENCE)
     for values in _configurations():

@@ -126,8 +126,8 @@ def test_fused_epilogues(pools, epilogue):
 
 def test_auto_computes_stems_and_arranges_their_weights(pools):
     """``auto`` picks ``filters_blocked`` for float32 2-D convolutions with at most three input
-    channels and 75 taps (not 1x1), arranges constant weights once, and keeps im2col for the
-    others."""
+    channels and ``filters_blocked.maximum_taps`` taps (75; not 1x1), arranges constant
+    weights once, and keeps im2col for the others and with 0."""
     rng = np.random.default_rng(4)
     attributes = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
     w = rng.uniform(-1, 1, (24, 3, 3, 3)).astype(np.float32)
@@ -141,6 +141,9 @@ def test_auto_computes_stems_and_arranges_their_weights(pools):
     assert kernel.problem((1, 4, 32, 32), (24, 4, 3, 3)).algorithm == "im2col"
     assert kernel.problem((1, 3, 32, 32), (24, 3, 5, 5)).algorithm == "filters_blocked"
     assert kernel.problem((1, 3, 32, 32), (24, 3, 7, 7)).algorithm == "im2col"  # ResNet's stem
+    never = _kernel(attributes, pools[1], values={conv.FILTERS_BLOCKED_TAPS: 0})
+    assert never.problem((1, 3, 32, 32), w.shape).algorithm == "im2col"
+    assert never.specialize([None, w, None]) is None
     assert _kernel({}, pools[1], values=None).problem((1, 3, 8, 8), (24, 3, 1, 1)).algorithm == "direct_1x1"
     dilated = _kernel(dict(attributes, dilations=[2, 2]), pools[1], values=None)
     assert dilated.problem((1, 3, 32, 32), w.shape).algorithm == "im2col"

@@ -26,6 +26,11 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     float32, 2-D, one filter per channel, dilation 1, AVX-512 or AVX2 with FMA) where the
     output plane has at most this many positions, the per-channel one (``depthwise``)
     elsewhere; 0: never.
+``filters_blocked.maximum_taps``
+    ``auto`` computes a full (group 1) float32 2-D convolution that is not 1x1 and has at
+    most three input channels (an image's: a CNN's stem) with ``filters_blocked``
+    (:mod:`onnx_light.kernels.conv.filter_blocked`: AVX-512, or AVX2 and FMA) where it has at
+    most this many taps per output (input channels x kernel positions); 0: never.
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -86,6 +91,7 @@ LARGE_TILE_CHANNELS = "winograd.large_tile_channels"
 LARGE_TILE_OUTPUTS = "winograd.large_tile_outputs"
 AUTO_DEPTHWISE = "auto.depthwise"
 BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
+FILTERS_BLOCKED_TAPS = "filters_blocked.maximum_taps"
 POINTWISE_PRODUCT = "pointwise.product"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
@@ -110,6 +116,9 @@ _DEFAULTS: dict[str, Value] = {
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
     BLOCKED_OUTPUTS: 3136,
+    # 3x3 over RGB is 27 taps; ResNet-50's 7x7 stem (147) was barely faster than im2col,
+    # AlexNet's 11x11 (363) slower (docs/conv.md)
+    FILTERS_BLOCKED_TAPS: 75,
     POINTWISE_PRODUCT: "blas",
 }
 # The reference configuration every other one is compared with: the general path, serial.
@@ -124,6 +133,7 @@ REFERENCE: dict[str, Value] = {
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "im2col_wide",
     BLOCKED_OUTPUTS: 0,
+    FILTERS_BLOCKED_TAPS: 0,
     POINTWISE_PRODUCT: "blas",
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
@@ -132,12 +142,9 @@ _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed column
 # output at least SHIFTED_OUTPUTS positions (ConvKernel._algorithm)
 SHIFTED_FILTERS = 2
 SHIFTED_OUTPUTS = 784
-# auto: filters_blocked for a full (group 1) float32 2-D convolution with at most
-# FILTERS_BLOCKED_CHANNELS input channels (an image's) and FILTERS_BLOCKED_TAPS taps per output
-# (channels x kernel positions), not 1x1: a CNN's stem, 3x3 over RGB (27 taps); ResNet-50's 7x7
-# stem (147) was barely faster than im2col, AlexNet's 11x11 (363) slower (docs/conv.md)
+# auto: filters_blocked only for a full convolution with at most this many input channels
+# (an image's: a CNN's stem), and filters_blocked.maximum_taps taps
 FILTERS_BLOCKED_CHANNELS = 3
-FILTERS_BLOCKED_TAPS = 75
 # auto: an im2col convolution splits its output rows while there are this many per thread
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
 # many filters split the filters instead (one shared copy).
@@ -195,6 +202,11 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512 or AVX2) where the "
                               "output plane has at most this many positions, per channel "
                               "('depthwise') elsewhere; 0: never"),
+        Parameter(FILTERS_BLOCKED_TAPS, "int", _DEFAULTS[FILTERS_BLOCKED_TAPS], minimum=0,
+                  description="auto computes a full float32 2-D convolution, not 1x1, with at "
+                              "most 3 input channels (a stem) by 'filters_blocked' (AVX-512 or "
+                              "AVX2) where it has at most this many taps per output (channels "
+                              "x kernel positions); 0: never"),
         Parameter(POINTWISE_PRODUCT, "str", _DEFAULTS[POINTWISE_PRODUCT], choices=POINTWISE_PRODUCTS,
                   description="what computes direct_1x1's float32 products: 'blas' (a BLAS call "
                               "per tile of positions) or 'packed' (the AVX-512 micro-kernel; "
@@ -216,6 +228,7 @@ class ConvConfig:
     large_tile_outputs: int = int(_DEFAULTS[LARGE_TILE_OUTPUTS])
     auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
     blocked_outputs: int = int(_DEFAULTS[BLOCKED_OUTPUTS])
+    filters_blocked_taps: int = int(_DEFAULTS[FILTERS_BLOCKED_TAPS])
     pointwise_product: str = str(_DEFAULTS[POINTWISE_PRODUCT])
 
     @classmethod
@@ -226,5 +239,6 @@ class ConvConfig:
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
                    int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
-                   int(values[BLOCKED_OUTPUTS]), str(values[POINTWISE_PRODUCT]))
+                   int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
+                   str(values[POINTWISE_PRODUCT]))
 

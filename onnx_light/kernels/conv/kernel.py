@@ -51,7 +51,6 @@ from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
     FILTERS_BLOCKED_CHANNELS,
-    FILTERS_BLOCKED_TAPS,
     SHIFTED_FILTERS,
     SHIFTED_OUTPUTS,
     TUNING_ABI,
@@ -195,12 +194,11 @@ class ConvKernel(Kernel):
         compile_blocked()
         return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
 
-    @staticmethod
-    def _stem(group_channels: int, kernel: Sequence[int]) -> bool:
+    def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
         """Whether ``auto`` computes a full convolution with ``filters_blocked`` (where it
         applies): few input channels and taps, not 1x1 (docs/conv.md)."""
         return (group_channels <= FILTERS_BLOCKED_CHANNELS and any(k != 1 for k in kernel)
-                and group_channels * math.prod(kernel) <= FILTERS_BLOCKED_TAPS)
+                and group_channels * math.prod(kernel) <= self.config.filters_blocked_taps)
 
     def _compiles_depthwise(self, w: np.ndarray) -> bool:
         """Whether runs with these (constant) weights use the compiled ``depthwise``."""
