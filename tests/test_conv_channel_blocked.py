@@ -208,3 +208,23 @@ def test_calibration_searches_the_crossover(monkeypatch):
     values = result.values
     assert (values[conv.BLOCKED_OUTPUTS] < 49 or values[conv.AUTO_DEPTHWISE] == "im2col_wide"
             or values[conv.ALGORITHM] == "im2col")
+
+
+class _ShufflingBuilder:
+    """The one builder method ``_transpose`` calls, on numpy vectors: LLVM's shufflevector."""
+
+    @staticmethod
+    def shuffle_vector(a, b, mask):
+        return np.concatenate([a, b])[[m.constant for m in mask.constant]]
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_the_in_register_transpose_of_either_width(lanes):
+    """The butterfly transpose of L vectors of L lanes (8 with AVX2, 16 with AVX-512: the
+    shuffles of both, whichever this processor runs) moves lane j of vector i to lane i of
+    vector j."""
+    from onnx_light.kernels.conv.channel_blocked import _transpose
+
+    rows = np.arange(lanes * lanes).reshape(lanes, lanes)
+    got = _transpose(_ShufflingBuilder(), list(rows))
+    np.testing.assert_array_equal(np.array(got), rows.T)
