@@ -96,6 +96,21 @@ def test_bands_and_row_splits_give_the_same_bits(pools, monkeypatch):
     assert np.all(error <= conv.error_bound(x, w, b, **attributes))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bands_of_one_row_read_the_padding_as_zeros(pools, monkeypatch, threads):
+    """With bands of one output row (a tiny tile), the bands at the bottom read the padding
+    rows as zeros, not the input rows an earlier band held in the tile; two images."""
+    monkeypatch.setattr(filter_blocked, "TILE_BYTES", 1)
+    rng = np.random.default_rng(6)
+    attributes = {"strides": [1, 1], "pads": [2, 1, 3, 2]}
+    x = rng.uniform(-1, 1, (2, 3, 17, 11)).astype(np.float32)
+    w = rng.uniform(-1, 1, (10, 3, 5, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 10).astype(np.float32)
+    got = _kernel(attributes, pools[threads]).run(x, w, b)[0]
+    error = np.abs(got.astype(np.float64) - _reference(x, w, b, attributes))
+    assert np.all(error <= conv.error_bound(x, w, b, **attributes))
+
+
 @pytest.mark.parametrize("epilogue", ["relu6", "hardswish", "residual"])
 def test_fused_epilogues(pools, epilogue):
     """A fused clamp and a compiled activation (inside the kernel) and a residual with Relu

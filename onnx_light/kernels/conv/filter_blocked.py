@@ -98,12 +98,15 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
             for c in range(channels):
                 for t in range(rows_in):
                     ih = b0 * strides[0] + t - pads[0]
+                    # unsigned: numba then emits no negative-index fix-up
+                    into = np.uintp(c * tile_plane + t * tile_w + pads[1])
                     if 0 <= ih < height:
-                        # unsigned: numba then emits no negative-index fix-up
-                        into = np.uintp(c * tile_plane + t * tile_w + pads[1])
                         source = np.uintp(((n * channels + c) * height + ih) * width)
                         for iw in range(np.uintp(width)):
                             tile[into + iw] = x[source + iw]
+                    else:  # a padding row (an earlier band may have held input there)
+                        for iw in range(np.uintp(width)):
+                            tile[into + iw] = 0.0
             for k in range(blocks):
                 rows = min(lanes, filters - k * lanes)
                 out_at = (n * filters + k * lanes) * out_plane + b0 * out_w
