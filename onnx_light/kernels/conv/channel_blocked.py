@@ -20,7 +20,10 @@ AVX2 and FMA (ymm); one code path, built for L. Per block of L channels of one i
 L positions in registers fit either register file: 16 of AVX-512's 32 zmm, 8 of AVX2's 16
 ymm (16 would leave no register for the weights' vector: the sums would spill), the rest
 for the weights and the taps' loads; the block of sums is then square, one in-register
-transpose.
+transpose. The chunks of L positions and their places in the tile are the same for every
+block: computed once per call (:func:`output_chunks`), not per block (where they cost as
+much as the arithmetic). :mod:`~onnx_light.kernels.conv.filter_blocked` computes stems with
+the same intrinsics, the lanes over filters (:data:`_positions_broadcast`).
 
 The weights are arranged once per weight set as ``(C/L, K*K, L)`` (:func:`blocked_weights`;
 channels past C are zero), the bias as ``(C/L * L,)``. numba does not vectorise an L-lane

@@ -10,9 +10,10 @@ weights (one vector) times the tap's input value broadcast to every lane, one fu
 multiply-add, L positions at a time in L vector registers (the ``positions_broadcast``
 intrinsic of :mod:`~onnx_light.kernels.conv.channel_blocked`); the sums are clamped (a fused
 Relu or Clip), transposed and stored into the L filters' NCHW planes, and a fused compiled
-activation (HardSwish, SiLU, ...) follows on them. The input rows a block of output rows
-reads are copied, a band of rows at a time (:data:`TILE_BYTES`), into a zero-bordered tile
-(the padding), which every block of filters then reads while it is in cache.
+activation (HardSwish, SiLU, ...) follows on them. The input rows a band of output rows
+reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the padding (its columns
+never written, its rows zeroed band by band), which every block of filters then reads while
+it is in cache.
 
 The weights are arranged once per weight set as ``(M/L, C*KH*KW, L)``
 (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`). Numerics: every output is
