@@ -1,6 +1,8 @@
 """The convolutions of MobileNetV2 (torchvision, 224x224), one Conv node each, in onnx_light
 and onnxruntime at 1 and 2 threads, side by side, in one process: its depthwise ones (and
-5x5 / 7x7 ones, EfficientNet and ConvNeXt style) and its pointwise (1x1) ones.
+5x5 / 7x7 ones, EfficientNet and ConvNeXt style), its pointwise (1x1) ones, then
+MobileNetV3-small's and ShuffleNetV2's depthwise ones and the stems (3x3 stride 2, 3 input
+channels) of the three.
 
 Each model is one Conv with seeded random constant weights and a bias. onnx_light runs it
 with the portable configuration (a compiled depthwise kernel, per ``depthwise.blocked_outputs``;
@@ -15,7 +17,8 @@ one run) and the ratios to onnxruntime's (fastest, which the load of a shared ma
 disturbs least). Session times include each runtime's fixed cost per run (about 60 us for
 onnx_light, 15 us for onnxruntime: docs/conv.md).
 
-Run: ``python benchmarks/conv_mobile.py [--threads 1 2] [--rounds 7] [--shapes 0 3]``.
+Run: ``python benchmarks/conv_mobile.py [--threads 1 2] [--rounds 7] [--shapes 0 3]
+[--without-wide]`` (``--without-wide``: no ``im2col_wide`` sessions, the slowest).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from onnx_light.runtime.session import RuntimeSession
 
 # (channels, filters, size, kernel, stride, group): MobileNetV2's depthwise convolutions, each
 # shape once, 5x5 (EfficientNet-B0) and 7x7 (ConvNeXt-style) ones, more of EfficientNet-B0's
-# 5x5 ones, then MobileNetV2's 1x1 ones.
+# 5x5 ones (0-16), MobileNetV2's 1x1 ones (17-35), then the other models' depthwise ones and
+# the stems (36-53).
 SHAPES = [
     (32, 32, 112, 3, 1, 32), (96, 96, 112, 3, 2, 96), (144, 144, 56, 3, 1, 144),
     (144, 144, 56, 3, 2, 144), (192, 192, 28, 3, 1, 192), (192, 192, 28, 3, 2, 192),
@@ -51,6 +55,15 @@ SHAPES = [
     (192, 64, 14, 1, 1, 1), (64, 384, 14, 1, 1, 1), (384, 64, 14, 1, 1, 1), (384, 96, 14, 1, 1, 1),
     (96, 576, 14, 1, 1, 1), (576, 96, 14, 1, 1, 1), (576, 160, 7, 1, 1, 1), (160, 960, 7, 1, 1, 1),
     (960, 160, 7, 1, 1, 1), (960, 320, 7, 1, 1, 1), (320, 1280, 7, 1, 1, 1),
+    # 36-43: MobileNetV3-small's depthwise convolutions
+    (16, 16, 112, 3, 2, 16), (72, 72, 56, 3, 2, 72), (88, 88, 28, 3, 1, 88), (96, 96, 28, 5, 2, 96),
+    (240, 240, 14, 5, 1, 240), (120, 120, 14, 5, 1, 120), (288, 288, 14, 5, 2, 288),
+    (576, 576, 7, 5, 1, 576),
+    # 44-50: ShuffleNetV2's
+    (24, 24, 56, 3, 2, 24), (58, 58, 56, 3, 2, 58), (58, 58, 28, 3, 1, 58), (116, 116, 28, 3, 2, 116),
+    (116, 116, 14, 3, 1, 116), (232, 232, 14, 3, 2, 232), (232, 232, 7, 3, 1, 232),
+    # 51-53: the stems of MobileNetV3-small, MobileNetV2 and ShuffleNetV2
+    (3, 16, 224, 3, 2, 1), (3, 32, 224, 3, 2, 1), (3, 24, 224, 3, 2, 1),
 ]
 SAMPLE_S = 0.004  # each sample: runs for about this long
 
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--shapes", type=int, nargs="+", default=None,
                         help="indices into SHAPES (default all)")
+    parser.add_argument("--without-wide", action="store_true",
+                        help="no im2col_wide sessions (the slowest: a shorter run)")
     args = parser.parse_args(argv)
     shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; us per run, "
@@ -102,13 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     for channels, filters, size, kernel, stride, group in shapes:
         model = conv_model(channels, filters, size, kernel, stride, group)
         feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
-        kind = "depthwise" if group > 1 else "pointwise"
+        kind = "depthwise" if group > 1 else "pointwise" if kernel == 1 else "full"
         for threads in args.threads:
             runs = {"ours": RuntimeSession(model, num_threads=threads).run}
             if kind == "depthwise":
-                for name, setting in (("rows", {conv.BLOCKED_OUTPUTS: 0}),
-                                      ("blocked", {conv.BLOCKED_OUTPUTS: conv.NEVER}),
-                                      ("wide", {conv.AUTO_DEPTHWISE: "im2col_wide"})):
+                settings = [("rows", {conv.BLOCKED_OUTPUTS: 0}),
+                            ("blocked", {conv.BLOCKED_OUTPUTS: conv.NEVER})]
+                if not args.without_wide:
+                    settings.append(("wide", {conv.AUTO_DEPTHWISE: "im2col_wide"}))
+                for name, setting in settings:
                     runs[name] = RuntimeSession(model, num_threads=threads,
                                                 registry=registry_with(setting, threads)).run
             runs["ort"] = onnxruntime_session(model, threads).run

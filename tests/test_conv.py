@@ -21,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import conv
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
-from onnx_light.kernels.packed_gemm import available
+from onnx_light.kernels.conv.channel_blocked import vector_lanes
 from onnx_light.parallel import BLAS, ThreadPool
 from onnx_light.tuning.calibration import Budget
 from onnx_light.tuning.keys import KernelTuningKey
@@ -182,9 +182,9 @@ def test_auto_choices():
     assert choice((1, 8, 5, 5), (100, 4, 1, 1), {"group": 2}) == "direct_1x1"
     assert choice((1, 8, 7, 7), (4, 8, 1, 1), {"strides": [2, 2]}) == "im2col"
     depthwise = {"group": 8, "pads": [1, 1, 1, 1]}
-    # float32 with AVX-512: the channel-blocked kernel (test_conv_channel_blocked.py)
+    # float32 with AVX-512 or AVX2: the channel-blocked kernel (test_conv_channel_blocked.py)
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), depthwise) == (
-        "depthwise_blocked" if available() else "depthwise")
+        "depthwise_blocked" if vector_lanes() else "depthwise")
     assert choice((1, 8, 7, 7), (8, 1, 3, 3), depthwise, {conv.BLOCKED_OUTPUTS: 0}) == "depthwise"
     assert choice((1, 8, 7, 7), (16, 1, 3, 3), {**depthwise, "strides": [2, 2]}) == "depthwise"
     assert choice((1, 8, 20), (8, 1, 5), {"group": 8}) == "depthwise"  # 1-D
@@ -457,7 +457,7 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=5)
+    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=6)
                                   for t in conv.CONV_TYPES)
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
@@ -466,6 +466,7 @@ def test_schemas_and_configuration_validation():
                                      conv.LARGE_TILE_CHANNELS: 64, conv.LARGE_TILE_OUTPUTS: 3136,
                                      conv.AUTO_DEPTHWISE: "depthwise",
                                      conv.BLOCKED_OUTPUTS: 3136,
+                                     conv.FILTERS_BLOCKED_TAPS: 75,
                                      conv.POINTWISE_PRODUCT: "blas"}
     schema.validate(conv.REFERENCE)
     for values in _configurations():

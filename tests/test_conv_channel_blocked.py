@@ -16,11 +16,11 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.compiled_activations import in_place
-from onnx_light.kernels.conv.channel_blocked import LANES, blocked_weights
-from onnx_light.kernels.packed_gemm import available
+from onnx_light.kernels.conv.channel_blocked import blocked_weights, vector_lanes
 from onnx_light.parallel import ThreadPool
 
-pytestmark = pytest.mark.skipif(not available(), reason="the channel-blocked kernel needs AVX-512")
+pytestmark = pytest.mark.skipif(not vector_lanes(),
+                                reason="the channel-blocked kernel needs AVX-512 or AVX2 with FMA")
 T = TensorProto
 FORCED = {conv.ALGORITHM: "depthwise_blocked", conv.MINIMUM_FLOPS: 1}
 
@@ -141,14 +141,15 @@ def test_fused_epilogues(pools, epilogue):
 
 
 def test_weights_arranged_once_at_construction(pools):
-    """``specialize`` arranges constant weights into 16-channel blocks (zeros past C); runs
-    with them give the bits of runs that arrange the weights themselves."""
+    """``specialize`` arranges constant weights into blocks of the processor's lanes (zeros
+    past C); runs with them give the bits of runs that arrange the weights themselves."""
     rng = np.random.default_rng(4)
     w = rng.uniform(-1, 1, (20, 1, 3, 3)).astype(np.float32)
     arranged = blocked_weights(w)
-    assert arranged.shape == (2, 9, LANES)
-    np.testing.assert_array_equal(arranged[1, :, 3], w[19].reshape(-1))
-    assert not arranged[1, :, 4:].any()
+    lanes = vector_lanes()
+    assert lanes in (8, 16) and arranged.shape == (-(-20 // lanes), 9, lanes)
+    np.testing.assert_array_equal(arranged[19 // lanes, :, 19 % lanes], w[19].reshape(-1))
+    assert not arranged[19 // lanes, :, 19 % lanes + 1:].any()
     attributes = {"group": 20, "pads": [1, 1, 1, 1]}
     kernel = _kernel(attributes, pools[1], values=None)
     special = kernel.specialize([None, w, None])
@@ -207,3 +208,23 @@ def test_calibration_searches_the_crossover(monkeypatch):
     values = result.values
     assert (values[conv.BLOCKED_OUTPUTS] < 49 or values[conv.AUTO_DEPTHWISE] == "im2col_wide"
             or values[conv.ALGORITHM] == "im2col")
+
+
+class _ShufflingBuilder:
+    """The one builder method ``_transpose`` calls, on numpy vectors: LLVM's shufflevector."""
+
+    @staticmethod
+    def shuffle_vector(a, b, mask):
+        return np.concatenate([a, b])[[m.constant for m in mask.constant]]
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_the_in_register_transpose_of_either_width(lanes):
+    """The butterfly transpose of L vectors of L lanes (8 with AVX2, 16 with AVX-512: the
+    shuffles of both, whichever this processor runs) moves lane j of vector i to lane i of
+    vector j."""
+    from onnx_light.kernels.conv.channel_blocked import _transpose
+
+    rows = np.arange(lanes * lanes).reshape(lanes, lanes)
+    got = _transpose(_ShufflingBuilder(), list(rows))
+    np.testing.assert_array_equal(np.array(got), rows.T)

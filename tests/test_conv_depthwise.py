@@ -231,12 +231,13 @@ def test_calibration_turns_the_compiled_kernel_off_where_it_is_slower(monkeypatc
     assert result.values[conv.AUTO_DEPTHWISE] == "im2col_wide" or result.values[conv.ALGORITHM] == "im2col"
 
 
-def test_without_avx512_the_per_channel_kernel_computes_float32(pools, monkeypatch):
-    """Where the processor has no AVX-512 the channel-blocked kernel does not apply: ``auto``
-    keeps the per-channel one (and its results) whatever ``depthwise.blocked_outputs``."""
+def test_without_vector_lanes_the_per_channel_kernel_computes_float32(pools, monkeypatch):
+    """Where the processor has neither AVX-512 nor AVX2 with FMA the channel-blocked kernel
+    does not apply: ``auto`` keeps the per-channel one (and its results) whatever
+    ``depthwise.blocked_outputs``."""
     from onnx_light.kernels.conv import channel_blocked
 
-    monkeypatch.setattr(channel_blocked, "available", lambda: False)
+    monkeypatch.setattr(channel_blocked, "vector_lanes", lambda: 0)
     attributes = {"group": 23, "pads": [1, 1, 1, 1], "strides": [2, 2]}
     rng = np.random.default_rng(9)
     x = rng.uniform(-1, 1, (1, 23, 13, 11)).astype(np.float32)  # a shape no other test decides

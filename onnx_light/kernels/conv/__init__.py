@@ -5,7 +5,7 @@ schema, typed configuration), :mod:`~onnx_light.kernels.conv.problem` (one call'
 parallel plan), :mod:`~onnx_light.kernels.conv.blocks` (what the algorithms share, how a plan
 runs them), :mod:`~onnx_light.kernels.conv.algorithms` (one class per algorithm),
 :mod:`~onnx_light.kernels.conv.depthwise` (the compiled depthwise convolution, one channel at
-a time), :mod:`~onnx_light.kernels.conv.channel_blocked` (the same, 16 channels at a time),
+a time), :mod:`~onnx_light.kernels.conv.channel_blocked` (the same, a vector's 8 or 16 channels at a time),
 :mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) and F(4x4, 3x3)
 arithmetic),
 :mod:`~onnx_light.kernels.conv.kernel` (:class:`ConvKernel`),
@@ -36,6 +36,7 @@ from .config import (
     BLOCK_BYTES,
     BLOCKED_OUTPUTS,
     CONV_TYPES,
+    FILTERS_BLOCKED_TAPS,
     LARGE_TILE_CHANNELS,
     LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
@@ -64,6 +65,7 @@ __all__ = [
     "CONV_TYPES",
     "CORPUS",
     "DECLARATIONS",
+    "FILTERS_BLOCKED_TAPS",
     "KERNELS",
     "LARGE_TILE_CHANNELS",
     "LARGE_TILE_OUTPUTS",

@@ -18,6 +18,7 @@ from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block, split
 from .channel_blocked import _BlockedDepthwise
 from .depthwise import _CompiledDepthwise, read_only
+from .filter_blocked import _BlockedFilters
 from .finish import fused_parts
 from .pointwise import pointwise_product, tile_columns, uses_packed
 from .problem import _Problem
@@ -413,6 +414,7 @@ _ALGORITHMS: dict[str, type[_Algorithm]] = {
     "per_filter": _PerFilter,
     "depthwise": _CompiledDepthwise,
     "depthwise_blocked": _BlockedDepthwise,
+    "filters_blocked": _BlockedFilters,
     "winograd": _Winograd,
     "shifted": _Shifted,
 }

@@ -27,6 +27,7 @@ from .config import (
     AUTO_DEPTHWISE,
     BLOCK_BYTES,
     BLOCKED_OUTPUTS,
+    FILTERS_BLOCKED_TAPS,
     LARGE_TILE_CHANNELS,
     LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
@@ -74,6 +75,8 @@ class CorpusCase:
 CORPUS: tuple[CorpusCase, ...] = (
     CorpusCase("resnet50_stem_7x7s2", "ResNet-50 conv1", 3, (224, 224), 64, (7, 7), (2, 2),
                (3, 3, 3, 3)),
+    CorpusCase("mobilenetv2_stem_3x3s2", "MobileNetV2 (torchvision) conv 0 (filters_blocked)", 3,
+               (224, 224), 32, (3, 3), (2, 2), (1, 1, 1, 1)),
     CorpusCase("resnet50_1x1_reduce", "ResNet-50 res2 branch2a", 256, (56, 56), 64, (1, 1)),
     CorpusCase("resnet50_3x3", "ResNet-50 res2 branch2b", 64, (56, 56), 64, (3, 3),
                pads=(1, 1, 1, 1)),
@@ -106,7 +109,7 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (16 candidates, and ``pointwise.product`` where
+    varied alone around the portable values (17 candidates, and ``pointwise.product`` where
     the packed micro-kernel can run). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
@@ -123,6 +126,7 @@ def candidate_grid() -> list[dict[str, Value]]:
     # outputs only (the corpus has no depthwise output above the portable 56x56)
     for outputs in (0, 784):
         grid.append({**base, BLOCKED_OUTPUTS: outputs})
+    grid.append({**base, FILTERS_BLOCKED_TAPS: 0})  # stems by im2col
     for minimum in (1 << 20, 1 << 24):
         grid.append({**base, MINIMUM_FLOPS: minimum})
     for channels in (64, NEVER):

@@ -1,35 +1,44 @@
 """Conv's ``depthwise_blocked`` algorithm: a float32 2-D depthwise convolution that computes
-16 channels at once, one per lane of an AVX-512 vector, for the small planes and strided
+L channels at once, one per lane of a vector register, for the small planes and strided
 convolutions where the per-channel kernel (:mod:`~onnx_light.kernels.conv.depthwise`) spends
 more on each channel's fixed cost than on its arithmetic (rows of 7 to 14 floats fill less
 than one vector).
 
-Per block of 16 channels of one image (:func:`blocked_channels`):
+L is the host's float32 vector width (:func:`vector_lanes`): 16 with AVX-512 (zmm), 8 with
+AVX2 and FMA (ymm); one code path, built for L. Per block of L channels of one image
+(:func:`blocked_channels`):
 
-* the block's input is transposed into a channel-last *tile* ``(Hp, Wp, 16)`` with a zero
-  border (the padding): 16 positions of the 16 channels at a time, transposed in registers
+* the block's input is transposed into a channel-last *tile* ``(Hp, Wp, L)`` with a zero
+  border (the padding): L positions of the L channels at a time, transposed in registers
   (:data:`_transpose_in`);
-* each output position is the bias plus the sum over its window's taps of 16-lane fused
-  multiply-adds, 16 positions at a time in 16 vector registers (:data:`_positions_out`),
+* each output position is the bias plus the sum over its window's taps of L-lane fused
+  multiply-adds, L positions at a time in L vector registers (:data:`_positions_out`),
   then clamped (a fused Relu or Clip), transposed back and stored into the channels' NCHW
   planes; a fused compiled activation (SiLU, HardSwish, ...) follows on the block's
   channels while they are in cache.
 
-The weights are arranged once per weight set as ``(C/16, K*K, 16)`` (:func:`blocked_weights`;
-channels past C are zero), the bias as ``(C/16 * 16,)``. numba does not vectorise a 16-lane
+L positions in registers fit either register file: 16 of AVX-512's 32 zmm, 8 of AVX2's 16
+ymm (16 would leave no register for the weights' vector: the sums would spill), the rest
+for the weights and the taps' loads; the block of sums is then square, one in-register
+transpose. The chunks of L positions and their places in the tile are the same for every
+block: computed once per call (:func:`output_chunks`), not per block (where they cost as
+much as the arithmetic). :mod:`~onnx_light.kernels.conv.filter_blocked` computes stems with
+the same intrinsics, the lanes over filters (:data:`_positions_broadcast`).
+
+The weights are arranged once per weight set as ``(C/L, K*K, L)`` (:func:`blocked_weights`;
+channels past C are zero), the bias as ``(C/L * L,)``. numba does not vectorise an L-lane
 loop over arrays that may alias, so the vector code is LLVM IR written through numba's
-``intrinsic``; it needs AVX-512 (:func:`~onnx_light.kernels.packed_gemm.available`), where
-it is not, ``depthwise`` computes these convolutions. A plane's last 16 positions overlap
-the chunk before them (computed and written again, the same values), and a plane of fewer
-than 16 goes through a 16 x 16 scratch block, so that no vector reads or writes outside the
-arrays.
+``intrinsic``; where the processor has neither AVX-512 nor AVX2 with FMA, ``depthwise``
+computes these convolutions. A plane's last L positions overlap the chunk before them
+(computed and written again, the same values), and a plane of fewer than L goes through an
+L x L scratch block, so that no vector reads or writes outside the arrays.
 
 Numerics: every output is ``bias``, then plus ``w[kh, kw] * x[...]`` for the taps in row-major
 order (kh, then kw), each step one fused multiply-add (one rounding), from the bias: within the
 bound of :mod:`~onnx_light.kernels.conv.numerics` (a sum of K*K + 1 terms). NaN and infinities
 propagate as IEEE arithmetic says (the padding is zeros times the weights, as the reference's
-padded input), the clamp keeps NaN. A lane's sum never depends on the other lanes, the block
-or the thread that computes it: the same bits at any thread count.
+padded input), the clamp keeps NaN. A lane's sum never depends on the other lanes, the block,
+the thread that computes it or L: the same bits at any thread count, with AVX2 or AVX-512.
 """
 
 from __future__ import annotations
@@ -42,67 +51,99 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import CompiledIntrinsic, compiled
+from ..compiled import CompiledIntrinsic, compiled, load_numba
 from ..compiled_activations import activate_run
-from ..packed_gemm import available
 from .blocks import _Algorithm
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
 from .finish import fused_parts
 from .problem import _Problem
 
-__all__ = ["LANES", "blocked_applies", "blocked_channels", "blocked_weights",
-           "compile_blocked"]
+__all__ = ["blocked_applies", "blocked_channels", "blocked_weights", "compile_blocked",
+           "output_chunks", "padded_bias", "vector_lanes"]
 
-LANES = 16  # channels per block: float32 lanes of one AVX-512 vector
+
+@functools.cache
+def vector_lanes() -> int:
+    """The channels of a block on this processor: the float32 lanes of its widest vector
+    with fused multiply-adds, 16 with AVX-512F, 8 with AVX2 and FMA; 0 (the kernel does not
+    apply) with neither, or where numba does not load."""
+    try:
+        load_numba()
+        from llvmlite import binding
+    except ImportError:
+        return 0
+    features = binding.get_host_cpu_features()
+    if features.get("avx512f", False):
+        return 16
+    return 8 if features.get("avx2", False) and features.get("fma", False) else 0
 
 
 def blocked_applies(dtype: np.dtype, window_rank: int, group_channels: int, groups: int,
                     filters: int, dilations: tuple[int, ...]) -> bool:
     """Whether ``depthwise_blocked`` computes a convolution: float32, 2-D, one input channel
-    and one filter per group, dilation 1, on a processor with AVX-512."""
+    and one filter per group, dilation 1, on a processor with AVX-512 or AVX2 and FMA."""
     return (np.dtype(dtype) == np.float32 and window_rank == 2 and group_channels == 1
             and groups > 1 and filters == groups and all(d == 1 for d in dilations)
-            and available())
+            and vector_lanes() > 0)
 
 
 def blocked_weights(w: np.ndarray) -> np.ndarray:
-    """Depthwise weights (C, 1, KH, KW) as ``(ceil(C/16), KH*KW, 16)`` float32, the channels
-    past C zero (read-only): one contiguous vector per block and tap."""
-    channels, taps = w.shape[0], math.prod(w.shape[2:])
-    blocks = -(-channels // LANES)
-    arranged = np.zeros((blocks * LANES, taps), np.float32)
+    """Weights (M, C, KH, KW) (depthwise: C = 1) as ``(ceil(M/L), C*KH*KW, L)`` float32 for
+    this processor's L (:func:`vector_lanes`), the filters past M zero (read-only): one
+    contiguous vector per block and tap."""
+    lanes = vector_lanes()
+    channels, taps = w.shape[0], math.prod(w.shape[1:])
+    blocks = -(-channels // lanes)
+    arranged = np.zeros((blocks * lanes, taps), np.float32)
     arranged[:channels] = w.reshape(channels, taps)
-    return read_only(np.ascontiguousarray(arranged.reshape(blocks, LANES, taps).transpose(0, 2, 1)))
+    return read_only(np.ascontiguousarray(arranged.reshape(blocks, lanes, taps).transpose(0, 2, 1)))
+
+
+def padded_bias(b: np.ndarray | None, channels: int) -> np.ndarray:
+    """The bias of ``channels`` channels (zeros for none) padded with zeros to whole blocks
+    of :func:`vector_lanes` (read-only)."""
+    lanes = vector_lanes()
+    if b is not None and channels % lanes == 0:
+        return read_only(b.reshape(-1))
+    padded = np.zeros(-(-channels // lanes) * lanes, np.float32)
+    if b is not None:
+        padded[:channels] = b
+    return read_only(padded)
 
 
 def _transpose(builder: Any, rows: list[Any]) -> list[Any]:
-    """16 vectors of 16 lanes transposed (lane j of vector i to lane i of vector j): four
+    """L vectors of L lanes transposed (lane j of vector i to lane i of vector j): log2(L)
     butterfly stages, each swapping one bit of the lane and vector indices."""
     from llvmlite import ir
 
-    mask_type = ir.VectorType(ir.IntType(32), LANES)
+    lanes = len(rows)
+    mask_type = ir.VectorType(ir.IntType(32), lanes)
     rows = list(rows)
-    for bit in (1, 2, 4, 8):
-        low = ir.Constant(mask_type, [j if not j & bit else LANES + (j ^ bit) for j in range(LANES)])
-        high = ir.Constant(mask_type, [LANES + j if j & bit else j ^ bit for j in range(LANES)])
-        for i in range(LANES):
+    bit = 1
+    while bit < lanes:
+        low = ir.Constant(mask_type, [j if not j & bit else lanes + (j ^ bit) for j in range(lanes)])
+        high = ir.Constant(mask_type, [lanes + j if j & bit else j ^ bit for j in range(lanes)])
+        for i in range(lanes):
             if not i & bit:
                 a, b = rows[i], rows[i | bit]
                 rows[i], rows[i | bit] = (builder.shuffle_vector(a, b, low),
                                           builder.shuffle_vector(a, b, high))
+        bit *= 2
     return rows
 
 
 @functools.cache
 def _build(numba: ModuleType) -> dict[str, Any]:
-    """The two intrinsics (built once, when numba is loaded)."""
+    """The four intrinsics for this processor's :func:`vector_lanes` (built once, when
+    numba is loaded)."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
 
+    lanes = vector_lanes()
     f32, i64 = ir.FloatType(), ir.IntType(64)
-    vector = ir.VectorType(f32, LANES)
-    zero = ir.Constant(vector, [0.0] * LANES)
+    vector = ir.VectorType(f32, lanes)
+    zero = ir.Constant(vector, [0.0] * lanes)
 
     def data(context: Any, builder: Any, array_type: Any, array: Any) -> Any:
         return context.make_array(array_type)(context, builder, array).data
@@ -114,28 +155,37 @@ def _build(numba: ModuleType) -> dict[str, Any]:
         single = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar,
                                         ir.Constant(ir.IntType(32), 0))
         return builder.shuffle_vector(single, ir.Constant(vector, ir.Undefined),
-                                      ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+                                      ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
 
     def is_float_array(value: Any) -> bool:
         return isinstance(value, types.Array) and value.dtype == types.float32
 
     @intrinsic
+    def lane_count(typingctx: Any) -> Any:
+        """L, a constant of the compiled kernel."""
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            return ir.Constant(i64, lanes)
+
+        return types.int64(), codegen
+
+    @intrinsic
     def transpose_in(typingctx: Any, x: Any, x_at: Any, plane: Any, rows: Any, tile: Any,
-                     targets: Any, count: Any) -> Any:
-        """Rows ``x[x_at + r * plane:][:16]`` for r < ``rows`` (zeros for the others: the
+                     targets: Any, targets_at: Any, count: Any) -> Any:
+        """Rows ``x[x_at + r * plane:][:L]`` for r < ``rows`` (zeros for the others: the
         channels past C) transposed, position j < ``count`` stored at
-        ``tile[targets[j] * 16:][:16]``."""
+        ``tile[targets[targets_at + j] * L:][:L]``."""
         if not (is_float_array(x) and is_float_array(tile)):
             return None
-        signature = types.void(x, types.int64, types.int64, types.int64, tile, targets, types.int64)
+        signature = types.void(x, types.int64, types.int64, types.int64, tile, targets, types.int64,
+                               types.int64)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            x_value, x_at_v, plane_v, rows_v, tile_value, targets_value, count_v = args
+            x_value, x_at_v, plane_v, rows_v, tile_value, targets_value, targets_at_v, count_v = args
             source = data(context, builder, sig.args[0], x_value)
             target = data(context, builder, sig.args[4], tile_value)
-            offsets = data(context, builder, sig.args[5], targets_value)
+            offsets = builder.gep(data(context, builder, sig.args[5], targets_value), [targets_at_v])
             loaded = []
-            for r in range(LANES):
+            for r in range(lanes):
                 valid = builder.icmp_signed("<", ir.Constant(i64, r), rows_v)
                 row = builder.select(valid, ir.Constant(i64, r), ir.Constant(i64, 0))
                 at = builder.add(x_at_v, builder.mul(row, plane_v))
@@ -144,95 +194,134 @@ def _build(numba: ModuleType) -> dict[str, Any]:
             for j, column in enumerate(_transpose(builder, loaded)):
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, j), count_v)):
                     into = builder.mul(builder.load(builder.gep(offsets, [ir.Constant(i64, j)])),
-                                       ir.Constant(i64, LANES))
+                                       ir.Constant(i64, lanes))
                     builder.store(column, vector_at(builder, target, into), align=4)
             return context.get_dummy_value()
 
         return signature, codegen
 
-    @intrinsic
-    def positions_out(typingctx: Any, tile: Any, bases: Any, offsets: Any, weights: Any,
-                      w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
-                      out_at: Any, plane: Any, rows: Any) -> Any:
-        """16 output positions of 16 channels: position j's sum starts from
-        ``bias[b_at:][:16]`` and adds ``weights[w_at + t * 16:][:16]`` times
-        ``tile[(bases[j] + offsets[t]) * 16:][:16]`` for each tap t in order, one fused
-        multiply-add each; clamped into [low, high], transposed, channel r < ``rows``
-        stored at ``out[out_at + r * plane:][:16]``."""
-        if not all(map(is_float_array, (tile, weights, bias, out))):
-            return None
-        signature = types.void(tile, bases, offsets, weights, types.int64, bias, types.int64,
-                               types.float32, types.float32, out, types.int64, types.int64,
-                               types.int64)
+    def positions(broadcast: bool) -> Any:
+        """``positions_out`` (``broadcast`` False: the tile holds L channels per position) or
+        ``positions_broadcast`` (True: the tile holds one value per position, every lane's
+        input, broadcast; the lanes are L filters of a full convolution)."""
+        scale = ir.Constant(i64, 1 if broadcast else lanes)
 
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            (tile_value, bases_value, offsets_value, weights_value, w_at_v, bias_value, b_at_v,
-             low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
-            source = data(context, builder, sig.args[0], tile_value)
-            base_data = data(context, builder, sig.args[1], bases_value)
-            offset_data = data(context, builder, sig.args[2], offsets_value)
-            taps_v = builder.extract_value(
-                context.make_array(sig.args[2])(context, builder, offsets_value).shape, 0)
-            weight_data = builder.gep(data(context, builder, sig.args[3], weights_value), [w_at_v])
-            bias_vector = builder.load(
-                vector_at(builder, data(context, builder, sig.args[5], bias_value), b_at_v), align=4)
-            target = data(context, builder, sig.args[9], out_value)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vector, [vector, vector, vector]), "llvm.fma.v16f32")
-            bases = [builder.mul(builder.load(builder.gep(base_data, [ir.Constant(i64, j)])),
-                                 ir.Constant(i64, LANES)) for j in range(LANES)]
-            entry = builder.block
-            loop = builder.append_basic_block("taps.loop")
-            done = builder.append_basic_block("taps.done")
-            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(i64, 0)), loop, done)
-            builder.position_at_end(loop)
-            t = builder.phi(i64)
-            t.add_incoming(ir.Constant(i64, 0), entry)
-            sums = []
-            for _ in range(LANES):
-                phi = builder.phi(vector)
-                phi.add_incoming(bias_vector, entry)
-                sums.append(phi)
-            w = builder.load(vector_at(builder, weight_data, builder.mul(t, ir.Constant(i64, LANES))),
-                             align=4)
-            shift = builder.mul(builder.load(builder.gep(offset_data, [t])), ir.Constant(i64, LANES))
-            updated = [builder.call(fma, [w, builder.load(vector_at(builder, source,
-                                                                    builder.add(base, shift)),
-                                                          align=4), total])
-                       for base, total in zip(bases, sums, strict=True)]
-            following = builder.add(t, ir.Constant(i64, 1))
-            body_end = builder.block
-            t.add_incoming(following, body_end)
-            for phi, value in zip(sums, updated, strict=True):
-                phi.add_incoming(value, body_end)
-            builder.cbranch(builder.icmp_signed("<", following, taps_v), loop, done)
-            builder.position_at_end(done)
-            finished = []
-            for value in updated:
-                phi = builder.phi(vector)
-                phi.add_incoming(bias_vector, entry)
-                phi.add_incoming(value, body_end)
-                finished.append(phi)
-            low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
-            totals = []
-            for phi in finished:
-                # numpy's maximum then minimum, NaN kept: a comparison and a select each
-                clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector), low_vector, phi)
-                totals.append(builder.select(builder.fcmp_ordered(">", clamped, high_vector),
-                                             high_vector, clamped))
-            for r, channel in enumerate(_transpose(builder, totals)):
-                with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
-                    at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
-                    builder.store(channel, vector_at(builder, target, at), align=4)
-            return context.get_dummy_value()
+        @intrinsic
+        def positions_out(typingctx: Any, tile: Any, bases: Any, bases_at: Any, offsets: Any,
+                          weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
+                          out_at: Any, plane: Any, rows: Any) -> Any:
+            """L output positions of L channels: position j's sum starts from
+            ``bias[b_at:][:L]`` and adds ``weights[w_at + t * L:][:L]`` times
+            ``tile[(bases[bases_at + j] + offsets[t]) * L:][:L]`` (broadcast: ``tile[bases[bases_at
+            + j] + offsets[t]]`` in every lane) for each tap t in order, one fused multiply-add
+            each; clamped into [low, high], transposed, channel r < ``rows`` stored at
+            ``out[out_at + r * plane:][:L]``."""
+            if not all(map(is_float_array, (tile, weights, bias, out))):
+                return None
+            signature = types.void(tile, bases, types.int64, offsets, weights, types.int64, bias,
+                                   types.int64, types.float32, types.float32, out, types.int64,
+                                   types.int64, types.int64)
 
-        return signature, codegen
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                (tile_value, bases_value, bases_at_v, offsets_value, weights_value, w_at_v, bias_value,
+                 b_at_v, low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+                source = data(context, builder, sig.args[0], tile_value)
+                base_data = builder.gep(data(context, builder, sig.args[1], bases_value), [bases_at_v])
+                offset_data = data(context, builder, sig.args[3], offsets_value)
+                taps_v = builder.extract_value(
+                    context.make_array(sig.args[3])(context, builder, offsets_value).shape, 0)
+                weight_data = builder.gep(data(context, builder, sig.args[4], weights_value), [w_at_v])
+                bias_vector = builder.load(
+                    vector_at(builder, data(context, builder, sig.args[6], bias_value), b_at_v), align=4)
+                target = data(context, builder, sig.args[10], out_value)
+                fma = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(vector, [vector, vector, vector]),
+                    f"llvm.fma.v{lanes}f32")
+                # each position's window as a pointer: a tap's load is then one addressing mode
+                windows = [builder.gep(source, [builder.mul(
+                    builder.load(builder.gep(base_data, [ir.Constant(i64, j)])), scale)])
+                    for j in range(lanes)]
+                entry = builder.block
+                loop = builder.append_basic_block("taps.loop")
+                done = builder.append_basic_block("taps.done")
+                builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(i64, 0)), loop, done)
+                builder.position_at_end(loop)
+                t = builder.phi(i64)
+                t.add_incoming(ir.Constant(i64, 0), entry)
+                sums = []
+                for _ in range(lanes):
+                    phi = builder.phi(vector)
+                    phi.add_incoming(bias_vector, entry)
+                    sums.append(phi)
+                w = builder.load(vector_at(builder, weight_data, builder.mul(t, ir.Constant(i64, lanes))),
+                                 align=4)
+                shift = builder.mul(builder.load(builder.gep(offset_data, [t])), scale)
+                if broadcast:
+                    values = [splat(builder, builder.load(builder.gep(window, [shift]), align=4))
+                              for window in windows]
+                else:
+                    values = [builder.load(vector_at(builder, window, shift), align=4)
+                              for window in windows]
+                updated = [builder.call(fma, [w, value, total])
+                           for value, total in zip(values, sums, strict=True)]
+                following = builder.add(t, ir.Constant(i64, 1))
+                body_end = builder.block
+                t.add_incoming(following, body_end)
+                for phi, value in zip(sums, updated, strict=True):
+                    phi.add_incoming(value, body_end)
+                builder.cbranch(builder.icmp_signed("<", following, taps_v), loop, done)
+                builder.position_at_end(done)
+                finished = []
+                for value in updated:
+                    phi = builder.phi(vector)
+                    phi.add_incoming(bias_vector, entry)
+                    phi.add_incoming(value, body_end)
+                    finished.append(phi)
+                low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
+                totals = []
+                for phi in finished:
+                    # numpy's maximum then minimum, NaN kept: a comparison and a select each
+                    clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector), low_vector, phi)
+                    totals.append(builder.select(builder.fcmp_ordered(">", clamped, high_vector),
+                                                 high_vector, clamped))
+                for r, channel in enumerate(_transpose(builder, totals)):
+                    with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
+                        at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
+                        builder.store(channel, vector_at(builder, target, at), align=4)
+                return context.get_dummy_value()
 
-    return {"transpose_in": transpose_in, "positions_out": positions_out}
+            return signature, codegen
+
+        return positions_out
+
+    return {"lane_count": lane_count, "transpose_in": transpose_in,
+            "positions_out": positions(False), "positions_broadcast": positions(True)}
 
 
+_lane_count = CompiledIntrinsic(lambda numba: _build(numba)["lane_count"], "lane_count")
 _transpose_in = CompiledIntrinsic(lambda numba: _build(numba)["transpose_in"], "transpose_in")
 _positions_out = CompiledIntrinsic(lambda numba: _build(numba)["positions_out"], "positions_out")
+_positions_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["positions_broadcast"],
+                                         "positions_broadcast")
+
+
+@compiled
+def output_chunks(positions: int, out_w: int, strides: tuple[int, int], tile_w: int,
+                  lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks of ``lanes`` output positions of ``positions`` (whole rows of ``out_w``):
+    each chunk's first position and the tile positions of its windows' first taps (the
+    tile's rows ``tile_w`` apart, the windows ``strides`` apart). The last chunk overlaps the
+    one before (computed and written again, the same values); fewer than ``lanes``
+    positions are one chunk, its lanes past them the last position again."""
+    chunks = -(-positions // lanes)
+    firsts, bases = np.empty(chunks, np.int64), np.empty(chunks * lanes, np.int64)
+    for chunk in range(chunks):
+        q0 = min(chunk * lanes, positions - lanes) if positions > lanes else 0
+        firsts[chunk] = q0
+        for j in range(lanes):
+            q = q0 + min(j, positions - 1)
+            bases[chunk * lanes + j] = (q // out_w) * strides[0] * tile_w + (q % out_w) * strides[1]
+    return firsts, bases
 
 
 @compiled
@@ -241,65 +330,60 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
                      output: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
                      tile_size: tuple[int, int], offsets: np.ndarray, low: float, high: float,
                      code: int, alpha: float, beta: float) -> None:
-    """Blocks ``first:last`` (block ``n * ceil(C/16) + k``: channels 16k:16k+16 of image n) of
+    """Blocks ``first:last`` (block ``n * ceil(C/L) + k``: channels Lk:Lk+L of image n) of
     ``out`` (flat N x C x OH x OW) from ``x`` (flat N x C x H x W), ``weights`` and ``bias``
     arranged by :func:`blocked_weights`; ``tile_size`` (Hp, Wp) holds the padded input and
     every window, ``offsets`` (KH*KW,) are the taps' positions in it (``kh * Wp + kw``).
     The result is clamped into [low, high], then activation ``code`` of
     :data:`~onnx_light.kernels.compiled_activations.ACTIVATIONS` (-1: none) is applied."""
+    lanes = _lane_count()
     height, width = size
     out_h, out_w = output
     tile_h, tile_w = tile_size
     plane, out_plane = height * width, out_h * out_w
-    blocks = -(-channels // 16)
+    blocks = -(-channels // lanes)
     taps = offsets.shape[0]
-    tile = np.zeros(tile_h * tile_w * 16, np.float32)
-    scratch = np.zeros(16 * 16, np.float32)  # a plane of fewer than 16 positions, padded
-    targets = np.empty(16, np.int64)
-    bases = np.empty(16, np.int64)
+    tile = np.zeros(tile_h * tile_w * lanes, np.float32)
+    scratch = np.zeros(lanes * lanes, np.float32)  # a plane of fewer than L positions, padded
+    # The chunks of L positions, the same for every block: the input's first position and
+    # where each goes in the tile (a plane's last chunk overlaps the one before; a plane of
+    # fewer than L positions is one chunk of all of them), the output's (output_chunks).
+    chunks_in, chunks_out = -(-plane // lanes), -(-out_plane // lanes)
+    firsts_in = np.empty(chunks_in, np.int64)
+    targets = np.empty(chunks_in * lanes, np.int64)
+    firsts_out, bases = output_chunks(out_plane, out_w, strides, tile_w, lanes)
+    for chunk in range(chunks_in):
+        p0 = min(chunk * lanes, plane - lanes) if plane > lanes else 0
+        firsts_in[chunk] = p0
+        for j in range(min(lanes, plane)):
+            targets[chunk * lanes + j] = ((p0 + j) // width + pads[0]) * tile_w + (p0 + j) % width + pads[1]
     low32, high32 = np.float32(low), np.float32(high)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
-        c0 = k * 16
-        rows = min(16, channels - c0)
+        c0 = k * lanes
+        rows = min(lanes, channels - c0)
         x_at = (n * channels + c0) * plane
-        for start in range(0, plane, 16):
-            # the last 16 positions overlap the chunk before (written again, the same values)
-            p0 = max(0, min(start, plane - 16))
-            count = min(16, plane - p0)
-            ih, iw = p0 // width, p0 % width
-            for j in range(count):
-                targets[j] = (ih + pads[0]) * tile_w + iw + pads[1]
-                iw += 1
-                if iw == width:
-                    ih, iw = ih + 1, 0
-            if count == 16:
-                _transpose_in(x, x_at + p0, plane, rows, tile, targets, count)
-            else:  # a plane of fewer than 16 positions
-                for r in range(rows):
-                    for j in range(count):
-                        scratch[r * 16 + j] = x[x_at + r * plane + j]
-                _transpose_in(scratch, 0, 16, rows, tile, targets, count)
+        if plane >= lanes:
+            for chunk in range(chunks_in):
+                _transpose_in(x, x_at + firsts_in[chunk], plane, rows, tile, targets, chunk * lanes,
+                              lanes)
+        else:
+            for r in range(rows):
+                for j in range(plane):
+                    scratch[r * lanes + j] = x[x_at + r * plane + j]
+            _transpose_in(scratch, 0, lanes, rows, tile, targets, 0, plane)
         out_at = (n * channels + c0) * out_plane
-        for start in range(0, out_plane, 16):
-            q0 = max(0, min(start, out_plane - 16))
-            count = min(16, out_plane - q0)
-            oh, ow = q0 // out_w, q0 % out_w
-            for j in range(16):
-                bases[j] = oh * strides[0] * tile_w + ow * strides[1]
-                if j < count - 1:
-                    ow += 1
-                    if ow == out_w:
-                        oh, ow = oh + 1, 0
-            if count == 16:
-                _positions_out(tile, bases, offsets, weights, k * taps * 16, bias, c0, low32, high32,
-                               out, out_at + q0, out_plane, rows)
-            else:
-                _positions_out(tile, bases, offsets, weights, k * taps * 16, bias, c0, low32, high32,
-                               scratch, 0, 16, rows)
-                for r in range(rows):
-                    for j in range(count):
-                        out[out_at + r * out_plane + j] = scratch[r * 16 + j]
+        w_at = k * taps * lanes
+        if out_plane >= lanes:
+            for chunk in range(chunks_out):
+                _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
+                               high32, out, out_at + firsts_out[chunk], out_plane, rows)
+        else:
+            _positions_out(tile, bases, 0, offsets, weights, w_at, bias, c0, low32, high32,
+                           scratch, 0, lanes, rows)
+            for r in range(rows):
+                for j in range(out_plane):
+                    out[out_at + r * out_plane + j] = scratch[r * lanes + j]
         if code >= 0:
             # unsigned: numba then emits no negative-index fix-up, and LLVM vectorises the run
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
@@ -324,7 +408,7 @@ def compile_blocked() -> None:
     construction, not in its first run."""
     x = read_only(np.zeros(20, np.float32))
     weights = blocked_weights(np.zeros((1, 1, 1, 1), np.float32))
-    bias = read_only(np.zeros(16, np.float32))
+    bias = read_only(np.zeros(vector_lanes(), np.float32))
     tile, offsets = tile_geometry((4, 5), (4, 5), (1, 1), (1, 1), (0, 0))
     blocked_channels.dispatcher(x, weights, bias, np.empty(20, np.float32), 0, 1, 1, (4, 5), (4, 5),
                                 (1, 1), (0, 0), tile, offsets, -np.inf, np.inf, -1, 1.0, 0.0)
@@ -332,7 +416,7 @@ def compile_blocked() -> None:
 
 class _BlockedDepthwise(_Algorithm):
     """``depthwise_blocked``: the (image, channel) pairs a block of the plan covers computed
-    by 16-channel blocks, each block by the range holding its first channel (so that the
+    by blocks of :func:`vector_lanes` channels, each block by the range holding its first channel (so that the
     ranges of a split cover every block once). ``arranged`` are the weights of
     :func:`blocked_weights` when the kernel arranged them once (constant weights)."""
 
@@ -346,18 +430,13 @@ class _BlockedDepthwise(_Algorithm):
         window = problem.window
         channels = problem.channels
         self.channels = channels
-        self.blocks = -(-channels // LANES)
+        self.lanes = lanes = vector_lanes()
+        self.blocks = -(-channels // lanes)
         self.x = read_only(x.reshape(-1))
         self.flat_out = out.reshape(-1)
         self.planes = out.reshape(-1, *problem.window.output)
         self.arranged = blocked_weights(w) if arranged is None else arranged
-        if b is not None and channels % LANES == 0:
-            self.padded_bias = read_only(b.reshape(-1))
-        else:
-            padded = np.zeros(self.blocks * LANES, np.float32)
-            if b is not None:
-                padded[:channels] = b
-            self.padded_bias = read_only(padded)
+        self.padded_bias = padded_bias(b, channels)
         self.size, self.output = tuple(window.input), tuple(window.output)
         self.strides, self.pads = tuple(window.strides), tuple(window.begin)
         self.tile, self.offsets = tile_geometry(self.size, self.output, tuple(window.kernel),
@@ -365,22 +444,22 @@ class _BlockedDepthwise(_Algorithm):
         residual, self.clamp, self.activation, self.epilogue = fused_parts(epilogue, np.float32)
         if residual is not None:  # the residual's addition runs with the epilogue, after
             self.clamp, self.activation, self.epilogue = (-np.inf, np.inf), (-1, 1.0, 0.0), epilogue
-        block_bytes_out = LANES * math.prod(self.output) * 4
+        block_bytes_out = lanes * math.prod(self.output) * 4
         self.step = (max(1, EPILOGUE_BLOCK_BYTES // block_bytes_out) if self.epilogue is not None
                      else 1 << 62)
         self.kernel = blocked_channels.dispatcher
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
-        """The 16-channel blocks whose first (image, channel) pair is in ``start:stop``."""
-        channels, blocks = self.channels, self.blocks
+        """The blocks of channels whose first (image, channel) pair is in ``start:stop``."""
+        channels, blocks, lanes = self.channels, self.blocks, self.lanes
         for n in range(start // channels, (stop - 1) // channels + 1):
-            lo = -(-max(start - n * channels, 0) // LANES)
-            hi = -(-min(stop - n * channels, channels) // LANES)
+            lo = -(-max(start - n * channels, 0) // lanes)
+            hi = -(-min(stop - n * channels, channels) // lanes)
             for first in range(n * blocks + lo, n * blocks + hi, self.step):
                 last = min(n * blocks + hi, first + self.step)
                 self.kernel(self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
                             channels, self.size, self.output, self.strides, self.pads, self.tile,
                             self.offsets, *self.clamp, *self.activation)
                 if self.epilogue is not None:
-                    c0, c1 = (first - n * blocks) * LANES, min(channels, (last - n * blocks) * LANES)
+                    c0, c1 = (first - n * blocks) * lanes, min(channels, (last - n * blocks) * lanes)
                     self.epilogue(self.planes[n * channels + c0:n * channels + c1])

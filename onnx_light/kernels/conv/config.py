@@ -4,9 +4,11 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 
 ``algorithm``
     How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
-    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``winograd``, ``shifted`` (each
-    described where it is implemented, :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
-    :mod:`onnx_light.kernels.conv.depthwise` and :mod:`onnx_light.kernels.conv.channel_blocked`)
+    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``filters_blocked``, ``winograd``,
+    ``shifted`` (each described where it is implemented,
+    :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
+    :mod:`onnx_light.kernels.conv.depthwise`, :mod:`onnx_light.kernels.conv.channel_blocked`
+    and :mod:`onnx_light.kernels.conv.filter_blocked`)
     or ``auto``, whose rule is
     ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
     where it does not apply falls back to ``im2col``, which applies to every convolution.
@@ -21,8 +23,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``depthwise.blocked_outputs``
     Where ``auto`` computes a depthwise convolution with the compiled kernels, it uses the
     channel-blocked one (``depthwise_blocked``, :mod:`onnx_light.kernels.conv.channel_blocked`:
-    float32, 2-D, one filter per channel, dilation 1, AVX-512) where the output plane has at
-    most this many positions, the per-channel one (``depthwise``) elsewhere; 0: never.
+    float32, 2-D, one filter per channel, dilation 1, AVX-512 or AVX2 with FMA) where the
+    output plane has at most this many positions, the per-channel one (``depthwise``)
+    elsewhere; 0: never.
+``filters_blocked.maximum_taps``
+    ``auto`` computes a full (group 1) float32 2-D convolution that is not 1x1 and has at
+    most three input channels (an image's: a CNN's stem) with ``filters_blocked``
+    (:mod:`onnx_light.kernels.conv.filter_blocked`: AVX-512, or AVX2 and FMA) where it has at
+    most this many taps per output (input channels x kernel positions); 0: never.
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -83,13 +91,14 @@ LARGE_TILE_CHANNELS = "winograd.large_tile_channels"
 LARGE_TILE_OUTPUTS = "winograd.large_tile_outputs"
 AUTO_DEPTHWISE = "auto.depthwise"
 BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
+FILTERS_BLOCKED_TAPS = "filters_blocked.maximum_taps"
 POINTWISE_PRODUCT = "pointwise.product"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 5
+TUNING_ABI = 6
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
-              "depthwise_blocked", "winograd", "shifted")
+              "depthwise_blocked", "filters_blocked", "winograd", "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
 POINTWISE_PRODUCTS = ("blas", "packed")
@@ -107,6 +116,9 @@ _DEFAULTS: dict[str, Value] = {
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "depthwise",
     BLOCKED_OUTPUTS: 3136,
+    # 3x3 over RGB is 27 taps; ResNet-50's 7x7 stem (147) was barely faster than im2col,
+    # AlexNet's 11x11 (363) slower (docs/conv.md)
+    FILTERS_BLOCKED_TAPS: 75,
     POINTWISE_PRODUCT: "blas",
 }
 # The reference configuration every other one is compared with: the general path, serial.
@@ -121,6 +133,7 @@ REFERENCE: dict[str, Value] = {
     LARGE_TILE_OUTPUTS: 3136,
     AUTO_DEPTHWISE: "im2col_wide",
     BLOCKED_OUTPUTS: 0,
+    FILTERS_BLOCKED_TAPS: 0,
     POINTWISE_PRODUCT: "blas",
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
@@ -129,6 +142,9 @@ _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed column
 # output at least SHIFTED_OUTPUTS positions (ConvKernel._algorithm)
 SHIFTED_FILTERS = 2
 SHIFTED_OUTPUTS = 784
+# auto: filters_blocked only for a full convolution with at most this many input channels
+# (an image's: a CNN's stem), and filters_blocked.maximum_taps taps
+FILTERS_BLOCKED_CHANNELS = 3
 # auto: an im2col convolution splits its output rows while there are this many per thread
 # (each thread copies its own windows); with fewer, the last thread's share is too uneven and
 # many filters split the filters instead (one shared copy).
@@ -152,8 +168,10 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                   description="'im2col', 'im2col_wide' (whole padded rows), 'direct_1x1' (one "
                               "product, 1x1 stride 1 unpadded), 'per_filter', 'depthwise' "
                               "(compiled, 1-D or 2-D, one input channel per group), "
-                              "'depthwise_blocked' (compiled, 16 channels at once: float32, 2-D, "
-                              "one filter per channel, dilation 1, AVX-512), 'winograd' "
+                              "'depthwise_blocked' (compiled, a vector's 8 or 16 channels at once: "
+                              "float32, 2-D, one filter per channel, dilation 1, AVX-512 or "
+                              "AVX2 with FMA), 'filters_blocked' (compiled, a vector's 8 or 16 "
+                              "filters at once: float32, 2-D, group 1, dilation 1), 'winograd' "
                               "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
                               "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
@@ -181,9 +199,14 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "'depthwise' (compiled) or 'im2col_wide' (one batched product)"),
         Parameter(BLOCKED_OUTPUTS, "int", _DEFAULTS[BLOCKED_OUTPUTS], minimum=0,
                   description="auto's compiled depthwise convolutions are channel-blocked "
-                              "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512) where the "
+                              "('depthwise_blocked': float32, 2-D, dilation 1, AVX-512 or AVX2) where the "
                               "output plane has at most this many positions, per channel "
                               "('depthwise') elsewhere; 0: never"),
+        Parameter(FILTERS_BLOCKED_TAPS, "int", _DEFAULTS[FILTERS_BLOCKED_TAPS], minimum=0,
+                  description="auto computes a full float32 2-D convolution, not 1x1, with at "
+                              "most 3 input channels (a stem) by 'filters_blocked' (AVX-512 or "
+                              "AVX2) where it has at most this many taps per output (channels "
+                              "x kernel positions); 0: never"),
         Parameter(POINTWISE_PRODUCT, "str", _DEFAULTS[POINTWISE_PRODUCT], choices=POINTWISE_PRODUCTS,
                   description="what computes direct_1x1's float32 products: 'blas' (a BLAS call "
                               "per tile of positions) or 'packed' (the AVX-512 micro-kernel; "
@@ -205,6 +228,7 @@ class ConvConfig:
     large_tile_outputs: int = int(_DEFAULTS[LARGE_TILE_OUTPUTS])
     auto_depthwise: str = str(_DEFAULTS[AUTO_DEPTHWISE])
     blocked_outputs: int = int(_DEFAULTS[BLOCKED_OUTPUTS])
+    filters_blocked_taps: int = int(_DEFAULTS[FILTERS_BLOCKED_TAPS])
     pointwise_product: str = str(_DEFAULTS[POINTWISE_PRODUCT])
 
     @classmethod
@@ -215,5 +239,6 @@ class ConvConfig:
                    int(values[MINIMUM_FLOPS]), int(values[WINOGRAD_CHANNELS]),
                    int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
-                   int(values[BLOCKED_OUTPUTS]), str(values[POINTWISE_PRODUCT]))
+                   int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
+                   str(values[POINTWISE_PRODUCT]))
 

@@ -50,12 +50,14 @@ from .channel_blocked import blocked_applies, blocked_weights, compile_blocked
 from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
+    FILTERS_BLOCKED_CHANNELS,
     SHIFTED_FILTERS,
     SHIFTED_OUTPUTS,
     TUNING_ABI,
     ConvConfig,
 )
 from .depthwise import compile_depthwise, depthwise_applies
+from .filter_blocked import compile_filters, filters_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish
 from .pointwise import compile_pointwise
 from .problem import _plan, _Problem, _winograd_applies
@@ -100,8 +102,9 @@ class _WinogradFilters:
 
 @dataclass(frozen=True)
 class _BlockedWeights:
-    """Constant depthwise weights and their arrangement for ``depthwise_blocked``
-    (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`), made once by
+    """Constant weights and their arrangement for ``depthwise_blocked`` or
+    ``filters_blocked`` (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`),
+    made once by
     :meth:`ConvKernel.specialize`."""
 
     weights: np.ndarray
@@ -173,10 +176,15 @@ class ConvKernel(Kernel):
                 or self._with_blocked_weights(w))
 
     def _with_blocked_weights(self, w: np.ndarray) -> ConvKernel | None:
-        """The kernel with the weights arranged for ``depthwise_blocked`` when its runs may
-        use it (compiled now)."""
+        """The kernel with the weights arranged for ``depthwise_blocked`` or
+        ``filters_blocked`` when its runs may use it (compiled now)."""
         algorithm = self.config.algorithm
         attributes = self.attributes
+        if (filters_applies(w.dtype, w.ndim - 2, self.group, tuple(attributes.dilations or (1,)))
+                and (algorithm == "filters_blocked"
+                     or (algorithm == "auto" and self._stem(w.shape[1], w.shape[2:])))):
+            compile_filters()
+            return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
         if not (self._compiles_depthwise(w) or algorithm == "depthwise_blocked"):
             return None
         if not (blocked_applies(w.dtype, w.ndim - 2, w.shape[1], self.group, w.shape[0],
@@ -185,6 +193,12 @@ class ConvKernel(Kernel):
             return None
         compile_blocked()
         return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
+
+    def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
+        """Whether ``auto`` computes a full convolution with ``filters_blocked`` (where it
+        applies): few input channels and taps, not 1x1 (docs/conv.md)."""
+        return (group_channels <= FILTERS_BLOCKED_CHANNELS and any(k != 1 for k in kernel)
+                and group_channels * math.prod(kernel) <= self.config.filters_blocked_taps)
 
     def _compiles_depthwise(self, w: np.ndarray) -> bool:
         """Whether runs with these (constant) weights use the compiled ``depthwise``."""
@@ -266,11 +280,11 @@ class ConvKernel(Kernel):
         """Check the shapes and decide the algorithm and the parallel plan of one call;
         ``transformed``: the kernel holds the Winograd transform of the call's weights.
 
-        A pure function of the node's attributes, the configuration, the thread count and
-        the shapes, remembered for the shapes already met (:data:`_PROBLEMS`): a model meets
-        few, and deciding costs more than a small convolution's arithmetic."""
-        key = (self.attributes, self.group, self.config, self.num_threads, tuple(x_shape),
-               tuple(w_shape), transformed)
+        A pure function of the node's attributes and input type, the configuration, the
+        thread count and the shapes, remembered for the shapes already met (:data:`_PROBLEMS`):
+        a model meets few, and deciding costs more than a small convolution's arithmetic."""
+        key = (self.attributes, self.group, self.ctx.input_dtype(0), self.config, self.num_threads,
+               tuple(x_shape), tuple(w_shape), transformed)
         problem = _PROBLEMS.get(key)
         if problem is None:
             problem = self._decide(x_shape, w_shape, transformed)
@@ -321,6 +335,8 @@ class ConvKernel(Kernel):
         dtype = self.ctx.input_dtype(0)
         blocked = dtype is not None and blocked_applies(dtype, len(window.input), group_channels,
                                                         groups, channels_out, window.dilations)
+        filters = dtype is not None and filters_applies(dtype, len(window.input), groups,
+                                                        window.dilations)
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
         tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
@@ -331,6 +347,8 @@ class ConvKernel(Kernel):
                 if blocked and math.prod(window.output) <= self.config.blocked_outputs:
                     return "depthwise_blocked"
                 return "depthwise"
+            if filters and self._stem(group_channels, window.kernel):
+                return "filters_blocked"
             outputs = math.prod(window.output)
             if tiled and transformed and (
                     self._large_tile(group_channels, channels_out // groups, outputs)
@@ -352,7 +370,7 @@ class ConvKernel(Kernel):
         unit_strides = len(window.input) >= 2 and all(s == 1 for s in window.strides)
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
                    "per_filter": pointwise, "depthwise": compiled_depthwise,
-                   "depthwise_blocked": blocked, "winograd": tiled,
+                   "depthwise_blocked": blocked, "filters_blocked": filters, "winograd": tiled,
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 
@@ -419,9 +437,10 @@ class ConvKernel(Kernel):
                 options["filters"] = self._winograd.filters(tiling)
         if prologue is not None:  # direct_1x1 or per_filter
             options["prologue"] = prologue
-        if problem.algorithm == "depthwise_blocked":
+        if problem.algorithm in ("depthwise_blocked", "filters_blocked"):
             if xc.dtype != np.float32:  # a node typed otherwise at construction
-                problem = dataclasses.replace(problem, algorithm="depthwise")
+                problem = dataclasses.replace(problem, algorithm=(
+                    "depthwise" if problem.algorithm == "depthwise_blocked" else "im2col"))
             elif self._blocked is not None and w is self._blocked.weights:
                 options["arranged"] = self._blocked.arranged
         if problem.algorithm == "direct_1x1":

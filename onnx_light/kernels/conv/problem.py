@@ -65,8 +65,10 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
         else:
             split = "output_rows"
     rows = problem.window.output[0] if not depthwise else 0
+    # filters_blocked computes every filter of its rows (its blocks share one input tile)
+    whole_filters = depthwise or problem.algorithm == "filters_blocked"
     sizes = {"batch_and_groups": items, "output_rows": rows,
-             "filters": problem.filters if not depthwise else 0}
+             "filters": problem.filters if not whole_filters else 0}
     order = {"batch_and_groups": ("batch_and_groups", "output_rows", "filters"),
              "output_rows": ("output_rows", "filters", "batch_and_groups"),
              "filters": ("filters", "output_rows", "batch_and_groups")}[split]

@@ -1,0 +1,189 @@
+"""Conv's ``filters_blocked`` algorithm: a float32 2-D full convolution (group 1) with few
+input channels, the stem of a CNN (3x3 stride 2 over an RGB image), that computes L filters
+at once, one per lane of a vector register (L of
+:func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes`).
+
+im2col copies such a convolution's 27 taps per output position and multiplies them by a
+27-deep product, which BLAS computes far below its peak; here each output position is the bias
+plus, for each tap (input channel, kernel row, kernel column) in that order, the L filters'
+weights (one vector) times the tap's input value broadcast to every lane, one fused
+multiply-add, L positions at a time in L vector registers (the ``positions_broadcast``
+intrinsic of :mod:`~onnx_light.kernels.conv.channel_blocked`); the sums are clamped (a fused
+Relu or Clip), transposed and stored into the L filters' NCHW planes, and a fused compiled
+activation (HardSwish, SiLU, ...) follows on them. The input rows a band of output rows
+reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the padding (its columns
+never written, its rows zeroed band by band), which every block of filters then reads while
+it is in cache.
+
+The weights are arranged once per weight set as ``(M/L, C*KH*KW, L)``
+(:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`). Numerics: every output is
+its bias plus its C*KH*KW terms in that order, one rounding each (a fused multiply-add),
+within the bound of :mod:`~onnx_light.kernels.conv.numerics`; a lane's sum does not depend on
+the other lanes, the block, the rows a thread computes or L: the same bits at any thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+
+from ..compiled import compiled
+from ..compiled_activations import activate_run
+from .blocks import _Algorithm
+from .channel_blocked import (
+    _lane_count,
+    _positions_broadcast,
+    blocked_weights,
+    output_chunks,
+    padded_bias,
+    vector_lanes,
+)
+from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
+from .finish import fused_parts
+from .problem import _Problem
+
+__all__ = ["TILE_BYTES", "blocked_filters", "compile_filters", "filters_applies"]
+
+#: The tile's bytes per band of output rows: the input rows a band reads stay in the
+#: second-level cache while every block of filters passes over them.
+TILE_BYTES = 1 << 16
+
+
+def filters_applies(dtype: np.dtype, window_rank: int, groups: int,
+                    dilations: tuple[int, ...]) -> bool:
+    """Whether ``filters_blocked`` computes a convolution: float32, 2-D, group 1, dilation 1,
+    on a processor with AVX-512 or AVX2 and FMA."""
+    return (np.dtype(dtype) == np.float32 and window_rank == 2 and groups == 1
+            and all(d == 1 for d in dilations) and vector_lanes() > 0)
+
+
+@compiled
+def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: np.ndarray,
+                    first: int, last: int, r0: int, r1: int, band: int, channels: int, filters: int,
+                    size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
+                    strides: tuple[int, int], pads: tuple[int, int], low: float, high: float,
+                    code: int, alpha: float, beta: float) -> None:
+    """Output rows ``r0:r1`` of images ``first:last`` of ``out`` (flat N x M x OH x OW) from
+    ``x`` (flat N x C x H x W), ``weights`` and ``bias`` arranged by
+    :func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights` (the bias padded to whole
+    blocks), clamped into [low, high], then activation ``code`` of
+    :data:`~onnx_light.kernels.compiled_activations.ACTIVATIONS` (-1: none); by bands of
+    ``band`` output rows, whose input rows the tile holds while every block of filters reads
+    them."""
+    lanes = _lane_count()
+    height, width = size
+    out_h, out_w = output
+    kernel_h, kernel_w = kernel
+    tile_w = max(pads[1] + width, (out_w - 1) * strides[1] + kernel_w)
+    tile_h = (min(band, r1 - r0) - 1) * strides[0] + kernel_h
+    tile_plane = tile_h * tile_w
+    tile = np.zeros(channels * tile_plane, np.float32)
+    taps = channels * kernel_h * kernel_w
+    offsets = np.empty(taps, np.int64)
+    for c in range(channels):
+        for i in range(kernel_h):
+            for j in range(kernel_w):
+                offsets[(c * kernel_h + i) * kernel_w + j] = c * tile_plane + i * tile_w + j
+    out_plane = out_h * out_w
+    scratch = np.zeros(lanes * lanes, np.float32)  # fewer than L positions
+    blocks = -(-filters // lanes)
+    low32, high32 = np.float32(low), np.float32(high)
+    for b0 in range(r0, r1, band):
+        b1 = min(r1, b0 + band)
+        positions = (b1 - b0) * out_w
+        firsts, bases = output_chunks(positions, out_w, strides, tile_w, lanes)
+        rows_in = (b1 - b0 - 1) * strides[0] + kernel_h  # padded rows b0 * stride_h onwards
+        for n in range(first, last):
+            for c in range(channels):
+                for t in range(rows_in):
+                    ih = b0 * strides[0] + t - pads[0]
+                    # unsigned: numba then emits no negative-index fix-up
+                    into = np.uintp(c * tile_plane + t * tile_w + pads[1])
+                    if 0 <= ih < height:
+                        source = np.uintp(((n * channels + c) * height + ih) * width)
+                        for iw in range(np.uintp(width)):
+                            tile[into + iw] = x[source + iw]
+                    else:  # a padding row (an earlier band may have held input there)
+                        for iw in range(np.uintp(width)):
+                            tile[into + iw] = 0.0
+            for k in range(blocks):
+                rows = min(lanes, filters - k * lanes)
+                out_at = (n * filters + k * lanes) * out_plane + b0 * out_w
+                w_at = k * taps * lanes
+                if positions >= lanes:
+                    for chunk in range(firsts.shape[0]):
+                        _positions_broadcast(tile, bases, chunk * lanes, offsets, weights, w_at, bias,
+                                             k * lanes, low32, high32, out, out_at + firsts[chunk],
+                                             out_plane, rows)
+                else:
+                    _positions_broadcast(tile, bases, 0, offsets, weights, w_at, bias, k * lanes,
+                                         low32, high32, scratch, 0, lanes, rows)
+                    for r in range(rows):
+                        for j in range(positions):
+                            out[out_at + r * out_plane + j] = scratch[r * lanes + j]
+                if code >= 0:
+                    for r in range(rows):
+                        # unsigned: no negative-index fix-up, and LLVM vectorises the run
+                        activate_run(out, np.uintp(out_at + r * out_plane), np.uintp(positions),
+                                     code, alpha, beta)
+
+
+def compile_filters() -> None:
+    """Compile :func:`blocked_filters` (or load it from numba's cache): a session does it at
+    construction, not in its first run."""
+    x = read_only(np.zeros(20, np.float32))
+    weights = blocked_weights(np.zeros((1, 1, 1, 1), np.float32))
+    bias = read_only(np.zeros(vector_lanes(), np.float32))
+    blocked_filters.dispatcher(x, weights, bias, np.empty(20, np.float32), 0, 1, 0, 4, 4, 1, 1,
+                               (4, 5), (4, 5), (1, 1), (1, 1), (0, 0), -np.inf, np.inf, -1, 1.0, 0.0)
+
+
+class _BlockedFilters(_Algorithm):
+    """``filters_blocked``: images ``start:stop``, output rows ``r0:r1``, every filter, by
+    blocks of :func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes` filters.
+    ``arranged`` are the weights of
+    :func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights` when the kernel arranged
+    them once (constant weights)."""
+
+    uses_blas: ClassVar[bool] = False
+
+    def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                 out: np.ndarray, block_bytes: int,
+                 epilogue: Callable[[np.ndarray], None] | None = None,
+                 arranged: np.ndarray | None = None) -> None:
+        super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        window = problem.window
+        self.x = read_only(x.reshape(-1))
+        self.flat_out = out.reshape(-1)
+        self.planes = out.reshape(problem.batch, problem.filters, *window.output)
+        self.arranged = blocked_weights(w) if arranged is None else arranged
+        self.padded_bias = padded_bias(b, problem.filters)
+        self.size, self.output = tuple(window.input), tuple(window.output)
+        self.kernel_size = tuple(window.kernel)
+        self.strides, self.pads = tuple(window.strides), tuple(window.begin)
+        residual, self.clamp, self.activation, self.epilogue = fused_parts(epilogue, np.float32)
+        if residual is not None:  # the residual's addition runs with the epilogue, after
+            self.clamp, self.activation, self.epilogue = (-np.inf, np.inf), (-1, 1.0, 0.0), epilogue
+        row_bytes = problem.filters * window.output[1] * 4
+        self.step = (max(1, EPILOGUE_BLOCK_BYTES // row_bytes) if self.epilogue is not None
+                     else 1 << 62)
+        # the input rows of a band of output rows, per channel
+        tile_row_bytes = problem.channels * window.strides[0] * (window.begin[1] + window.input[1]
+                                                                 + window.kernel[1]) * 4
+        self.band = max(1, TILE_BYTES // tile_row_bytes)
+        self.kernel = blocked_filters.dispatcher
+
+    def block(self, start: int, stop: int, r0: int, r1: int) -> None:
+        """Images ``start:stop``, output rows ``r0:r1``: the epilogue (when it runs after)
+        on blocks of rows while they are in cache."""
+        problem = self.problem
+        for first in range(r0, r1, self.step):
+            last = min(r1, first + self.step)
+            self.kernel(self.x, self.arranged, self.padded_bias, self.flat_out, start, stop, first,
+                        last, self.band, problem.channels, problem.filters, self.size, self.output,
+                        self.kernel_size, self.strides, self.pads, *self.clamp, *self.activation)
+            if self.epilogue is not None:
+                self.epilogue(self.planes[start:stop, :, first:last])
+
