@@ -28,7 +28,8 @@ from typing import Any
 
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
            "compile_totals", "compiled", "fused_multiply_add", "load_numba", "numba_cache_dir", "prange",
-           "process_compile_seconds", "target_features", "vector_bytes", "vector_lanes", "wide_vectors"]
+           "process_compile_seconds", "target_features", "target_flags", "vector_bytes", "vector_lanes",
+           "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -197,6 +198,17 @@ def target_features() -> str:
     return str(cpu_target.target_context.codegen()._tm_features)
 
 
+@functools.cache
+def target_flags() -> frozenset[str]:
+    """The names of the features numba's target machine has (``avx2``, ``fma``, ``avx512f``,
+    ...: :func:`target_features` without the signs); empty where numba does not load."""
+    try:
+        features = target_features()
+    except ImportError:
+        return frozenset()
+    return frozenset(flag[1:] for flag in features.split(",") if flag.startswith("+"))
+
+
 class CompiledIntrinsic:
     """A numba intrinsic (LLVM code a compiled kernel inlines) built by ``build(numba)`` when
     a kernel calling it is first compiled, so that defining one imports no numba. Only
@@ -284,8 +296,8 @@ def vector_bytes() -> int:
     processor compiles anew, numba's cache being keyed by the processor's features). The
     features are numba's target machine's (:func:`target_features`), which a generic target
     (``NUMBA_CPU_NAME=generic``) narrows below the host's."""
-    flags = set(target_features().split(","))
-    return 64 if "+avx512f" in flags else 32 if "+avx" in flags else 16
+    flags = target_flags()
+    return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
 
 
 @functools.cache

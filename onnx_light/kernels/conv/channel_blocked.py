@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import CompiledIntrinsic, compiled, load_numba
+from ..compiled import CompiledIntrinsic, compiled, target_flags
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
@@ -66,16 +66,12 @@ __all__ = ["blocked_applies", "blocked_channels", "blocked_weights", "compile_bl
 def vector_lanes() -> int:
     """The channels of a block on this processor: the float32 lanes of its widest vector
     with fused multiply-adds, 16 with AVX-512F, 8 with AVX2 and FMA; 0 (the kernel does not
-    apply) with neither, or where numba does not load."""
-    try:
-        load_numba()
-        from llvmlite import binding
-    except ImportError:
-        return 0
-    features = binding.get_host_cpu_features()
-    if features.get("avx512f", False):
+    apply) with neither, or where numba does not load (numba's target machine's features:
+    :func:`~onnx_light.kernels.compiled.target_flags`)."""
+    flags = target_flags()
+    if "avx512f" in flags:
         return 16
-    return 8 if features.get("avx2", False) and features.get("fma", False) else 0
+    return 8 if {"avx2", "fma"} <= flags else 0
 
 
 def blocked_applies(dtype: np.dtype, window_rank: int, group_channels: int, groups: int,
