@@ -21,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import conv
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
-from onnx_light.kernels.packed_gemm import available
+from onnx_light.kernels.conv.channel_blocked import available
 from onnx_light.parallel import BLAS, ThreadPool
 from onnx_light.tuning.calibration import Budget
 from onnx_light.tuning.keys import KernelTuningKey

@@ -16,8 +16,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.compiled_activations import in_place
-from onnx_light.kernels.conv.channel_blocked import LANES, blocked_weights
-from onnx_light.kernels.packed_gemm import available
+from onnx_light.kernels.conv.channel_blocked import LANES, available, blocked_weights
 from onnx_light.parallel import ThreadPool
 
 pytestmark = pytest.mark.skipif(not available(), reason="the channel-blocked kernel needs AVX-512")

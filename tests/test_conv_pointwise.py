@@ -135,7 +135,7 @@ def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
     assert (got != _kernel(1, pools[1]).run(x, w, b)[0]).any()
 
 
-packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX-512F")
+packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX2 and FMA or AVX-512F")
 
 
 @packed_only
@@ -229,8 +229,8 @@ def test_packed_products_propagate_nan_and_infinities(pools):
     assert np.isnan(got[0, 3, 2, 1]) and np.isposinf(got[0, 0, 2, 1])
 
 
-def test_without_avx512_packed_falls_back_to_the_blas_tiles(pools, monkeypatch):
-    """Where the processor lacks AVX-512F, ``packed`` runs the BLAS tiles: the same bits as
+def test_without_the_packed_kernel_packed_falls_back_to_the_blas_tiles(pools, monkeypatch):
+    """Where the packed kernel cannot run, ``packed`` runs the BLAS tiles: the same bits as
     ``blas``."""
     monkeypatch.setattr(packed_gemm, "available", lambda: False)
     assert pointwise.pointwise_product(np.float32, "packed").func is pointwise.pointwise_tiles.dispatcher

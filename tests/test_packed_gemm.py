@@ -17,7 +17,8 @@ from onnx_light.kernels.gemm import GemmKernel, MatMulKernel
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
 
-avx512 = pytest.mark.skipif(not packed_gemm.available(), reason="packed products need AVX-512F")
+packed_only = pytest.mark.skipif(not packed_gemm.available(),
+                                 reason="packed products need AVX2 and FMA or AVX-512F")
 
 F = TensorProto.FLOAT
 U = float(np.finfo(np.float32).eps) / 2
@@ -32,7 +33,7 @@ def _bound(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     return 2 * (k + 2) * U * size + np.finfo(np.float32).tiny
 
 
-@avx512
+@packed_only
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 300),
        st.integers(1, 140), st.booleans(), st.integers(0, 2**31 - 1))
@@ -53,7 +54,7 @@ def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, se
     assert out.tobytes() == y.tobytes()
 
 
-@avx512
+@packed_only
 def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
     """Summing in passes of KC steps (partial sums stored and reloaded in float32) gives the
     bits of one pass: the same fused multiply-adds in the same order."""
@@ -75,7 +76,7 @@ def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
     assert passes.tobytes() == reference.tobytes()
 
 
-@avx512
+@packed_only
 def test_special_values_propagate_like_blas() -> None:
     """NaN and infinities reach the elements IEEE arithmetic says; products of zeros and
     negative zeros sum to +0, as numpy's BLAS gives them."""
@@ -104,7 +105,7 @@ def _session(node: helper.NodeProto, initializers: list[np.ndarray], names: list
     return RuntimeSession(model.SerializeToString(), num_threads=threads)
 
 
-@avx512
+@packed_only
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("trans_b", "c_shape"), [(0, None), (1, (70,)), (0, (1, 70))])
 def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int) -> None:
@@ -128,7 +129,7 @@ def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int
         assert np.all(np.abs(y - expected) <= _bound(a, w, bias))
 
 
-@avx512
+@packed_only
 def test_matmul_with_bias_packs_weights_and_bias() -> None:
     """MatMul(A, W) + b with constant W and b: one packed step, the fused graph's values
     within the bound of float64; a Gemm with a C given at run time is not packed."""
@@ -159,7 +160,7 @@ def test_matmul_with_bias_packs_weights_and_bias() -> None:
     assert np.all(np.abs(y - (a[0].astype(np.float64) @ w + bias)) <= _bound(a[0], w, bias))
 
 
-@avx512
+@packed_only
 @pytest.mark.parametrize("op", ["MatMul", "Gemm"])
 def test_feeding_packed_weights_listed_as_an_input_multiplies_the_fed_ones(op: str) -> None:
     """Weights that are an initializer and a graph input are packed for the usual run; a run
@@ -193,7 +194,7 @@ def _held_by(data: bytes) -> tuple[RuntimeSession, int]:
     return session, held
 
 
-@avx512
+@packed_only
 def test_constant_weights_are_kept_once_in_panels() -> None:
     """The session keeps packed weights in their panels only: its memory grows by about the
     weights' size, not twice it (the slot holds a stand-in of their shape that takes none)."""
@@ -213,7 +214,7 @@ def test_constant_weights_are_kept_once_in_panels() -> None:
     assert np.all(np.abs(session.run(None, {"a": a})[0] - a.astype(np.float64) @ w) <= _bound(a, w, None))
 
 
-@avx512
+@packed_only
 @pytest.mark.parametrize("trans_b", [0, 1])
 def test_a_run_of_the_unfolded_plan_rebuilds_released_weights(trans_b: int) -> None:
     """Gemm of released weights B and an overridable C (packed as the bias): a run that
@@ -248,7 +249,7 @@ def _matmul_session(w: np.ndarray, threads: int) -> RuntimeSession:
                           .SerializeToString(), num_threads=threads)
 
 
-@avx512
+@packed_only
 def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
     """The product blocked over rows of A (blocks that are not whole micro-kernel blocks
     included) and split in chunks over a pool gives the bits of one block: each element's sum
@@ -261,7 +262,8 @@ def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
     whole = packed.multiply(a)
     pool = ThreadPool(2)
     try:
-        for block in (packed_gemm.MR, 4 * packed_gemm.MR, 7):
+        mr = packed_gemm.geometry().rows
+        for block in (mr, 4 * mr, 7):
             packed.block = block
             assert packed.multiply(a).tobytes() == whole.tobytes()
             for chunks in (2, 3):
@@ -270,7 +272,7 @@ def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
         pool.close()
 
 
-@avx512
+@packed_only
 def test_two_threads_split_the_packed_product(monkeypatch) -> None:
     """Above ``parallel.minimum_flops`` a two-thread session splits the packed product's rows
     across its pool (the weights stay packed) and gives the one-thread session's bits, A of
@@ -296,7 +298,7 @@ def test_two_threads_split_the_packed_product(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_without_avx512_blas_multiplies_constant_weights(monkeypatch, threads: int) -> None:
+def test_without_the_packed_kernel_blas_multiplies_constant_weights(monkeypatch, threads: int) -> None:
     """Where the packed kernel cannot run (``available()`` false), MatMul and Gemm of constant
     weights keep them unpacked and BLAS computes the product within the bound."""
     monkeypatch.setattr(packed_gemm, "available", lambda: False)
@@ -326,3 +328,23 @@ def test_aligned_empty_starts_on_a_cache_line(shape, dtype):
     assert array.size == 0 or array.ctypes.data % 64 == 0
     array[...] = 1
     assert array.sum() == array.size
+
+
+@pytest.mark.parametrize(("features", "expected"), [
+    ({"avx2", "fma", "avx512f"}, packed_gemm.Geometry(lanes=16, vectors=4, rows=6)),
+    ({"avx2", "fma"}, packed_gemm.Geometry(lanes=8, vectors=2, rows=6)),
+    ({"avx2"}, None), (set(), None)])
+def test_the_block_follows_the_vector_width(monkeypatch, features, expected) -> None:
+    """The micro-kernel's block is the first of GEOMETRIES whose features the processor has;
+    without AVX2 and FMA or AVX-512F there is none and the products stay with BLAS."""
+    monkeypatch.setattr(packed_gemm, "host_features", lambda: frozenset(features))
+    packed_gemm.geometry.cache_clear()
+    try:
+        assert packed_gemm.geometry() == expected
+        assert packed_gemm.available() is (expected is not None)
+    finally:
+        packed_gemm.geometry.cache_clear()
+    for shape in (shape for _, shape in packed_gemm.GEOMETRIES):
+        accumulators = shape.rows * shape.vectors
+        assert accumulators + shape.vectors + 1 <= (32 if shape.lanes == 16 else 16)
+        assert shape.heights[-1] == shape.rows and shape.heights[0] == 2

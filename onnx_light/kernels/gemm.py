@@ -236,7 +236,7 @@ class _ProductKernel(Kernel):
     def _pack(self, w: np.ndarray, bias: np.ndarray | None) -> Kernel | None:
         """A copy of this kernel whose serial float32 products multiply by ``w`` (K, N),
         packed now, and add ``bias`` (N values) in the same pass (:mod:`.packed_gemm`); None
-        where the packed kernel cannot run (no AVX-512, no numba)."""
+        where the packed kernel cannot run (neither AVX2 and FMA nor AVX-512F, no numba)."""
         if w.dtype != np.float32 or w.ndim != 2 or not packed_gemm.available():
             return None
         kernel = copy.copy(self)

@@ -18,7 +18,7 @@ Per block of 16 channels of one image (:func:`blocked_channels`):
 The weights are arranged once per weight set as ``(C/16, K*K, 16)`` (:func:`blocked_weights`;
 channels past C are zero), the bias as ``(C/16 * 16,)``. numba does not vectorise a 16-lane
 loop over arrays that may alias, so the vector code is LLVM IR written through numba's
-``intrinsic``; it needs AVX-512 (:func:`~onnx_light.kernels.packed_gemm.available`), where
+``intrinsic``; it needs AVX-512 (:func:`available`), where
 it is not, ``depthwise`` computes these convolutions. A plane's last 16 positions overlap
 the chunk before them (computed and written again, the same values), and a plane of fewer
 than 16 goes through a 16 x 16 scratch block, so that no vector reads or writes outside the
@@ -42,18 +42,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import CompiledIntrinsic, compiled
+from ..compiled import CompiledIntrinsic, compiled, host_features
 from ..compiled_activations import activate_run
-from ..packed_gemm import available
 from .blocks import _Algorithm
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
 from .finish import fused_parts
 from .problem import _Problem
 
-__all__ = ["LANES", "blocked_applies", "blocked_channels", "blocked_weights",
+__all__ = ["LANES", "available", "blocked_applies", "blocked_channels", "blocked_weights",
            "compile_blocked"]
 
 LANES = 16  # channels per block: float32 lanes of one AVX-512 vector
+
+
+def available() -> bool:
+    """Whether the processor LLVM compiles for has AVX-512F (the kernel's 16-lane vectors)."""
+    return "avx512f" in host_features()
 
 
 def blocked_applies(dtype: np.dtype, window_rank: int, group_channels: int, groups: int,

@@ -14,7 +14,7 @@ A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
 One compiled call also replaces the Python layers a block goes through.
 
-With ``pointwise.product = packed`` (float32, AVX-512F) :func:`pointwise_packed` computes each
+With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`pointwise_packed` computes each
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
 as its rows and the input's rows read in place as its panels, and finishes it the same way;
 measured, it does not beat the BLAS tiles (docs/conv.md), so ``blas`` is the default.
@@ -61,7 +61,8 @@ def pointwise_gemm(dtype: np.dtype) -> Any | None:
 
 def uses_packed(dtype: np.dtype, product: str) -> bool:
     """Whether ``direct_1x1`` computes its products in ``dtype`` with :func:`pointwise_packed`
-    for the ``pointwise.product`` value ``product``: float32 on a processor with AVX-512F."""
+    for the ``pointwise.product`` value ``product``: float32 where the packed kernel runs
+    (:func:`~onnx_light.kernels.packed_gemm.available`)."""
     return product == "packed" and np.dtype(dtype) == np.float32 and packed_gemm.available()
 
 
@@ -82,7 +83,7 @@ def tile_columns(filters: int, depth: int, width: int, itemsize: int, packed: bo
     equal tiles, a multiple of 16; None (one tile) for weights larger than
     :data:`TILED_WEIGHT_BYTES` or an output smaller than :data:`TILED_OUTPUT_BYTES`. The
     ``packed`` product (nothing packed again per tile) always takes :data:`TILE_COLUMNS`, a
-    multiple of its panels' 64 columns."""
+    multiple of its panels' 16 or 64 columns."""
     if packed:
         return TILE_COLUMNS
     if filters * depth * itemsize > TILED_WEIGHT_BYTES or filters * width * itemsize < TILED_OUTPUT_BYTES:
@@ -144,11 +145,11 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
     """:func:`pointwise_tiles` in float32 with the packed micro-kernel
     (:func:`~onnx_light.kernels.packed_gemm.packed_rows`) for the product of each tile:
     ``weights`` are its rows as they are, and its panels are the input's rows themselves (each
-    step of the sum the next channel's 64 positions, ``source_stride`` further), but for the
-    last ``width % 64`` positions, which are packed into one zero-padded panel
+    step of the sum the next channel's ``NR`` positions, ``source_stride`` further), but for the
+    last ``width % NR`` positions, which are packed into one zero-padded panel
     (:func:`~onnx_light.kernels.packed_gemm.pack_panels`). The product lands straight in the
     output's rows and is finished as :func:`pointwise_tiles` finishes it. ``out`` is the whole
-    flat output, ``out_stride`` dividing its size; ``tile`` a multiple of 64."""
+    flat output, ``out_stride`` dividing its size; ``tile`` a multiple of ``NR``."""
     grid = out.reshape(out.size // out_stride, out_stride)
     row0, column0 = out_offset // out_stride, out_offset % out_stride
     edge = np.empty((1, depth, NR), np.float32)
@@ -158,7 +159,7 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
         columns = min(tile, width - j0)
         full = columns // NR * NR
         if full > 0:
-            # the first block of filters fetches each channel's next 64 positions
+            # the first block of filters fetches each channel's next NR positions
             packed_rows(weights, source, (source_offset + j0, NR, source_stride, NR), no_bias, False,
                         grid, 0, filters, block, row0, column0 + j0, full)
         if full < columns:
