@@ -41,7 +41,8 @@ from ..parallel import ThreadPool
 from .compiled import CompiledConstant, CompiledIntrinsic, compiled, host_features
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
-           "available", "geometry", "pack_panels", "packed_layout", "packed_rows"]
+           "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
+           "panels_over_rows"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,11 @@ VECTORS = CompiledConstant(lambda: _geometry().vectors, "VECTORS")
 #: Bytes of a panel ahead of the current step that the first block of rows prefetches.
 AHEAD_BYTES = 8192
 _AHEAD = CompiledConstant(lambda: max(1, AHEAD_BYTES // (4 * _geometry().columns)), "_AHEAD")
-KC = 128  # steps of the sum per pass over the rows: a (KC, NR) part of a panel stays in L1
+#: Bytes of a panel per pass of the sum over the rows: a (KC, NR) part of a panel stays in L1.
+PASS_BYTES = 32768
+#: Steps of the sum per pass (128 at NR = 64, 512 at NR = 16): a pass's fixed cost (the
+#: block's partial sums read and written again) spread over as many steps at any width.
+KC = CompiledConstant(lambda: PASS_BYTES // (4 * _geometry().columns), "KC")
 #: The size (in bytes) of the blocks of rows of A that every panel passes over in turn: a
 #: block stays in the L2 cache while the panels stream past it.
 BLOCK_A_BYTES = 1 << 19
@@ -113,18 +118,19 @@ _LINE = 16  # float32 values per cache line
 
 def _build_tile(numba: Any) -> Any:
     """numba's ``intrinsic`` ``_tile(a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start,
-    rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate, vectors)``: rows
-    i0..i0+rows-1 (rows <= ``MR``) of ``a`` (M, K) times steps ``start..stop-1`` of a panel of
-    B, the ``NR`` contiguous values of its step p at ``b``'s element ``b_start + p * b_step`` (a
-    packed panel of (P, K, NR) ``panels``: ``b_start = panel * K * NR``, ``b_step = NR``), added
-    to the partial sums already in the output block when ``accumulate`` (else to +0), plus
+    rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate, vectors)``: the
+    first ``rows`` rows (rows <= ``MR``) of block ``i0`` of A packed by :func:`pack_rows`
+    (``a``: (blocks, K, MR)) times steps ``start..stop-1`` of a panel of B, the ``NR``
+    contiguous values of its step p at ``b``'s element ``b_start + p * b_step`` (a packed
+    panel of (P, K, NR) ``panels``: ``b_start = panel * K * NR``, ``b_step = NR``), added to
+    the partial sums already in the output block when ``accumulate`` (else to +0), plus
     ``bias[bias_start:][:NR]`` when ``with_bias``, stored in ``out[out_row:out_row + rows,
     out_column:out_column + NR]``; ``prefetch`` fetches, at each step, the cache lines
-    ``b_ahead`` elements further (``_AHEAD * NR`` in packed panels). Rows past ``rows`` read the
-    last valid row of ``a`` and ``out`` and are not stored. With ``vectors`` below the
-    geometry's the block is that many vectors wide (the panel's first columns). The block's
-    shape comes from :func:`geometry`: one loop per height of :attr:`Geometry.heights` and
-    width of 1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``."""
+    ``b_ahead`` elements further (``_AHEAD * NR`` in packed panels). Rows past ``rows`` read
+    the last valid row of ``out`` and are not stored. With ``vectors`` below the geometry's
+    the block is that many vectors wide (the panel's first columns). The block's shape comes
+    from :func:`geometry`: one loop per height of :attr:`Geometry.heights` and width of
+    1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -284,26 +290,28 @@ def packed_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int
     ahead)``: panel q's step p is the ``NR`` contiguous values from element ``start + q * panel
     + p * step`` (every one of them readable, past n too), and the first block of rows
     prefetches the values ``ahead`` elements further (W packed in (P, K, NR) ``panels``:
-    :func:`packed_layout`); ``bias``
-    padded to a multiple of NR values. Row i and column j land in ``out[out_row + i,
-    out_column + j]`` (C-contiguous 2-D). The rows go in blocks of ``block``: every panel passes
-    over one block of A before the next block, so that the block stays in the L2 cache. Each
-    element's sum runs in the same order whatever the rows and the block are."""
+    :func:`packed_layout`); ``bias`` padded to a multiple of NR values. Row i and column j
+    land in ``out[out_row + i, out_column + j]`` (C-contiguous 2-D). The rows go in blocks of
+    ``block``, each packed by :func:`pack_rows`: every panel passes over one block of A before
+    the next block, so that the block stays in the L2 cache. Each element's sum runs in the
+    same order whatever the rows and the block are."""
     for top in range(first, last, block):
-        _panels_over_rows(a, b, b_layout, bias, with_bias, out, top, min(last, top + block),
-                          out_row, out_column, n)
+        bottom = min(last, top + block)
+        panels_over_rows(pack_rows(a, top, bottom), b, b_layout, bias, with_bias, out, 0,
+                         bottom - top, out_row + top, out_column, n)
 
 
 @compiled
-def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
-                      bias: np.ndarray, with_bias: bool, out: np.ndarray, first: int, last: int,
-                      out_row: int, out_column: int, n: int) -> None:
-    """Rows ``first..last-1`` of the product, every panel over all of them."""
+def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
+                     bias: np.ndarray, with_bias: bool, out: np.ndarray, first: int, last: int,
+                     out_row: int, out_column: int, n: int) -> None:
+    """:func:`packed_rows` of rows ``first..last-1`` (``first`` a multiple of ``MR``) of A
+    packed by :func:`pack_rows` (``rows_a``), every panel over all of them: for a caller that
+    multiplies the same rows by several matrices (a 1x1 convolution's weights by its tiles)."""
     b_start, b_panel, b_step, b_ahead = b_layout
-    k = a.shape[1]
+    k = rows_a.shape[1]
     chunks = max(1, -(-k // KC))
     edge = np.empty((MR, NR), np.float32)
-    rows_a = _pack_rows(a, first, last)
     for panel in range(-(-n // NR)):
         column = panel * NR
         width = min(NR, n - column)
@@ -313,7 +321,7 @@ def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, in
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
                 finished = with_bias and stop == k
                 for i0 in range(first, last, MR):
-                    _tile(rows_a, b, out, bias, (i0 - first) // MR, start_b, b_step, b_ahead, column,
+                    _tile(rows_a, b, out, bias, i0 // MR, start_b, b_step, b_ahead, column,
                           min(MR, last - i0), out_row + i0, out_column + column, finished,
                           i0 == first, start, stop, chunk > 0, VECTORS)
             continue
@@ -322,16 +330,15 @@ def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, in
             rows = min(MR, last - i0)
             for chunk in range(chunks):
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
-                _tile(rows_a, b, edge, bias, (i0 - first) // MR, start_b, b_step, b_ahead, column,
-                      rows, 0, 0, with_bias and stop == k, i0 == first, start, stop, chunk > 0,
-                      vectors)
+                _tile(rows_a, b, edge, bias, i0 // MR, start_b, b_step, b_ahead, column, rows, 0,
+                      0, with_bias and stop == k, i0 == first, start, stop, chunk > 0, vectors)
             for r in range(rows):
                 for c in range(width):
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
 
 
-@compiled(inline="always")
-def _pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
+@compiled
+def pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
     """Rows ``first..last-1`` of ``a`` (M, K) as blocks of ``MR`` rows ``(blocks, K, MR)``,
     each step's ``MR`` values contiguous (zeros past ``last``): the micro-kernel then reads
     one step of its rows at one address, not ``MR`` rows ``K`` apart."""

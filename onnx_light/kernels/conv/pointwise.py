@@ -33,7 +33,7 @@ from .. import packed_gemm
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from ..compiled_activations import activate_run
-from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, packed_layout, packed_rows
+from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, pack_rows, packed_layout, panels_over_rows
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
@@ -143,10 +143,12 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
                      low: float, high: float, activation: int, alpha: float, beta: float,
                      tile: int) -> None:
     """:func:`pointwise_tiles` in float32 with the packed micro-kernel
-    (:func:`~onnx_light.kernels.packed_gemm.packed_rows`) for the product of each tile:
-    ``weights`` are its rows as they are, and its panels are the input's rows themselves (each
-    step of the sum the next channel's ``NR`` positions, ``source_stride`` further), but for the
-    last ``width % NR`` positions, which are packed into one zero-padded panel
+    (:func:`~onnx_light.kernels.packed_gemm.panels_over_rows`) for the product of each tile:
+    ``weights`` are its rows (packed once per call by
+    :func:`~onnx_light.kernels.packed_gemm.pack_rows`), and its panels are the input's rows
+    themselves (each step of the sum the next channel's ``NR`` positions, ``source_stride``
+    further), but for the last ``width % NR`` positions of a tile, which are packed into one
+    zero-padded panel
     (:func:`~onnx_light.kernels.packed_gemm.pack_panels`). The product lands straight in the
     output's rows and is finished as :func:`pointwise_tiles` finishes it. ``out`` is the whole
     flat output, ``out_stride`` dividing its size; ``tile`` a multiple of ``NR``."""
@@ -155,17 +157,22 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
     edge = np.empty((1, depth, NR), np.float32)
     no_bias = np.zeros(-(-tile // NR) * NR, np.float32)
     block = max(MR, BLOCK_A_BYTES // (4 * max(depth, 1)) // MR * MR)
+    rows = pack_rows(weights, 0, filters)  # once for all the tiles
     for j0 in range(0, width, tile):
         columns = min(tile, width - j0)
         full = columns // NR * NR
-        if full > 0:
-            # the first block of filters fetches each channel's next NR positions
-            packed_rows(weights, source, (source_offset + j0, NR, source_stride, NR), no_bias, False,
-                        grid, 0, filters, block, row0, column0 + j0, full)
-        if full < columns:
-            pack_panels(source, source_offset + j0 + full, source_stride, depth, columns - full, edge)
-            packed_rows(weights, edge, packed_layout(depth), no_bias, False, grid, 0, filters, block,
-                        row0, column0 + j0 + full, columns - full)
+        for top in range(0, filters, block):
+            bottom = min(filters, top + block)
+            if full > 0:
+                # the first block of filters fetches each channel's next NR positions
+                panels_over_rows(rows, source, (source_offset + j0, NR, source_stride, NR), no_bias,
+                                 False, grid, top, bottom, row0, column0 + j0, full)
+            if full < columns:
+                if top == 0:
+                    pack_panels(source, source_offset + j0 + full, source_stride, depth,
+                                columns - full, edge)
+                panels_over_rows(rows, edge, packed_layout(depth), no_bias, False, grid, top, bottom,
+                                 row0, column0 + j0 + full, columns - full)
         _finish_tile(out, out_offset + j0, out_stride, filters, columns, bias, residual, low, high,
                      activation, alpha, beta)
 
