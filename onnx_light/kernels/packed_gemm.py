@@ -345,14 +345,18 @@ def pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
     k = a.shape[1]
     blocks = -(-(last - first) // MR)
     packed = np.empty((blocks, k, MR), np.float32)
+    flat = packed.reshape(-1)
     for block in range(blocks):
         top = first + block * MR
-        rows = min(MR, last - top)
-        for p in range(k):
-            for r in range(rows):
-                packed[block, p, r] = a[top + r, p]
-            for r in range(rows, MR):
-                packed[block, p, r] = 0.0
+        for r in range(MR):
+            target = np.uintp(block * k * MR + r)
+            if top + r < last:
+                row = a[top + r]
+                for p in range(np.uintp(k)):
+                    flat[target + p * np.uintp(MR)] = row[p]
+            else:
+                for p in range(np.uintp(k)):
+                    flat[target + p * np.uintp(MR)] = 0.0
     return packed
 
 
