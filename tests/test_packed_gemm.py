@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light.kernels import packed_gemm
+from onnx_light.kernels import gemm, packed_gemm
+from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.gemm import GemmKernel, MatMulKernel
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
@@ -293,6 +294,22 @@ def test_two_threads_split_the_packed_product(monkeypatch) -> None:
     assert calls == [2]
     assert y.tobytes() == serial.run(None, {"a": a})[0].tobytes()
     assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))
+
+
+@packed_only
+@pytest.mark.parametrize("op_type", ["MatMul", "Gemm"])
+def test_weights_product_blas_leaves_constant_weights_to_blas(op_type: str) -> None:
+    """``weights.product = "blas"`` keeps constant weights as they are (no packed variant of the
+    kernel); ``"packed"``, the portable value, packs them."""
+    w = np.ones((8, 20), np.float32)
+    for product, packs in (("blas", False), ("packed", True)):
+        ctx = NodeContext("node", op_type, "", 13, {}, (F, F), (F,), 2, 1)
+        kernel = gemm.KERNELS[op_type][13](ctx)
+        kernel.bind(None).configure({gemm.PRODUCT: product})
+        specialized = kernel.specialize([None, w])
+        assert (specialized is not None and specialized._packed is not None) is packs
+    assert gemm.gemm_schema("MatMul", F).parameter(gemm.PRODUCT).default == "packed"
+    assert gemm.PRODUCT not in gemm.gemm_schema("MatMul", TensorProto.INT64).names
 
 
 @pytest.mark.parametrize("threads", [1, 2])
