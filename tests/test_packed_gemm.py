@@ -272,6 +272,19 @@ def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
 
 
 @packed_only
+def test_one_or_two_rows_give_the_bits_of_a_full_block() -> None:
+    """A product of one or two rows (the micro-kernel's block of 2 rows) gives the bits those
+    rows get in a product of many rows (blocks of ``MR`` rows)."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((9, 700)).astype(np.float32)
+    w = rng.standard_normal((700, 7 * packed_gemm.geometry().columns + 5)).astype(np.float32)
+    packed = packed_gemm.PackedWeights(w, rng.standard_normal(w.shape[1]).astype(np.float32))
+    whole = packed.multiply(a)
+    for rows in (slice(0, 1), slice(3, 5), slice(8, 9)):
+        assert packed.multiply(a[rows]).tobytes() == whole[rows].tobytes()
+
+
+@packed_only
 def test_two_threads_split_the_packed_product(monkeypatch) -> None:
     """Above ``parallel.minimum_flops`` a two-thread session splits the packed product's rows
     across its pool (the weights stay packed) and gives the one-thread session's bits, A of
