@@ -226,14 +226,16 @@ class CompiledConstant:
 
 @functools.cache
 def host_features() -> frozenset[str]:
-    """The features of the processor LLVM compiles for (``avx2``, ``fma``, ``avx512f``, ...),
-    empty where numba or llvmlite does not load."""
+    """The features of the processor numba's LLVM compiles for (``avx2``, ``fma``,
+    ``avx512f``, ...): the host's, or none of them for a target named by ``NUMBA_CPU_NAME``
+    (``generic``) without ``NUMBA_CPU_FEATURES``; empty where numba does not load."""
     try:
         load_numba()
-        from llvmlite import binding
+        from numba.core.registry import cpu_target
     except ImportError:
         return frozenset()
-    return frozenset(name for name, present in binding.get_host_cpu_features().items() if present)
+    features = cpu_target.target_context.codegen()._tm_features
+    return frozenset(flag[1:] for flag in features.split(",") if flag.startswith("+"))
 
 
 #: The LLVM function attribute :func:`wide_vectors` sets: LLVM's x86 back end otherwise keeps
