@@ -4,7 +4,11 @@ unpacked BLAS path, and MatMul / Gemm nodes that pack their weights in a session
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -376,3 +380,39 @@ def test_the_block_follows_the_vector_width(monkeypatch, features, expected) -> 
         accumulators = shape.rows * shape.vectors
         assert accumulators + shape.vectors + 1 <= (32 if shape.lanes == 16 else 16)
         assert shape.heights[-1] == shape.rows and shape.heights[0] == 2
+
+
+_OTHER_BLOCK = """
+import sys
+import numpy as np
+from onnx_light.kernels import packed_gemm
+lanes, vectors, rows = map(int, sys.argv[1:])
+packed_gemm.GEOMETRIES = ((frozenset(), packed_gemm.Geometry(lanes, vectors, rows)),)
+rng = np.random.default_rng(21)
+for m, k, n in ((1, 7, 5), (13, 300, 100), (40, 600, 150)):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    sys.stdout.write(packed_gemm.PackedWeights(w, bias).multiply(a).tobytes().hex() + "\\n")
+"""
+
+
+@packed_only
+def test_the_other_width_gives_the_same_bits(tmp_path: Path) -> None:
+    """The block of the other vector width (AVX-512's 6 x 64 on an AVX2 machine, where LLVM
+    splits its 16-lane vectors in two; AVX2's 6 x 16 on an AVX-512 one), run in a process of its
+    own with a compile cache of its own, gives this process's bits: edge rows and columns, a
+    bias and several passes of the sum included."""
+    shapes = [shape for _, shape in packed_gemm.GEOMETRIES]
+    other = next(shape for shape in shapes if shape != packed_gemm.geometry())
+    outputs = []
+    for shape in (other, packed_gemm.geometry()):
+        env = {**os.environ, "ONNX_LIGHT_NUMBA_CACHE": str(tmp_path / str(shape.lanes)),
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env.pop("NUMBA_CACHE_DIR", None)
+        done = subprocess.run([sys.executable, "-c", _OTHER_BLOCK, str(shape.lanes), str(shape.vectors),
+                               str(shape.rows)], env=env, capture_output=True, text=True, check=False,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.split())
+    assert len(outputs[0]) == 3 and outputs[0] == outputs[1]
