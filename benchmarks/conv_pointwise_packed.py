@@ -1,7 +1,7 @@
 """The 1x1 convolutions of MobileNetV2 and EfficientNet-B0: ``direct_1x1`` with
 ``pointwise.product`` = ``blas`` (numpy's BLAS per tile of positions) and ``packed`` (the
-AVX-512 micro-kernel reading the input's rows as its panels), and onnxruntime's Conv, side by
-side in one process.
+packed micro-kernel of ``kernels/packed_gemm.py`` reading the input's rows as its panels), and
+onnxruntime's Conv, side by side in one process.
 
 Each shape is one Conv node (seeded random constant weights, a bias, and optionally a fused
 Relu6 as a Clip) in three one-thread sessions (onnxruntime's with one intra-op thread), which
@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from conv_mobile import repeated
-from conv_settings import _zoo_model, registry_with
+from conv_settings import load_model, registry_with
 from onnx import TensorProto, helper
 from real_models import onnxruntime_session
 
@@ -85,7 +85,8 @@ def whole_models(names: list[str], rounds: int) -> int:
     print(f"load average {os.getloadavg()[0]:.1f}; {rounds} interleaved rounds; thread CPU ms per "
           f"run (median); one thread")
     print("| model | blas | packed | packed / blas |\n|---|---|---|---|")
-    for name, model, feeds in map(_zoo_model, names):
+    for name in names:
+        model, feeds = load_model(name)
         runs = _sessions(model)
 
         def three(run: Callable[..., object], feeds: dict[str, np.ndarray] = feeds) -> None:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
     args = parser.parse_args(argv)
     if not packed_gemm.available():
-        print("no AVX-512F: packed runs the BLAS tiles")
+        print("neither AVX2 and FMA nor AVX-512F: packed runs the BLAS tiles")
     if args.zoo:
         return whole_models(args.zoo, args.rounds)
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; thread CPU "

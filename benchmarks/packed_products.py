@@ -1,9 +1,15 @@
 """One-node MatMul sessions with constant float32 weights: onnx_light with the weights packed
 (``kernels/packed_gemm.py``), onnx_light with packing off (BLAS and the pool's split plans) and
 onnxruntime (``_common.onnxruntime_session``: its pool does not spin), at one and two threads,
-sampled in interleaved rounds; medians in microseconds.
+sampled in interleaved rounds; medians in microseconds. ``--clock thread`` samples the calling
+thread's CPU time instead of wall time (one thread only: every session then runs on the
+calling thread), which other programs on a shared machine disturb far less.
+
+``--zoo bert vit ...`` times whole models of ``model_zoo.py`` (their cached exports) the same
+way: one session with the products packed, one with packing off, and onnxruntime's.
 
     PYTHONPATH=. python benchmarks/packed_products.py [--rounds 7] [--threads 1 2] [--shapes 197x768x768]
+        [--clock thread] [--zoo bert gpt2]
 """
 
 from __future__ import annotations
@@ -36,14 +42,55 @@ def _model(m: int, k: int, n: int, rng: np.random.Generator) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
 
 
-def _time(fn: Callable[[], object], budget: float = 0.05) -> float:
-    calls, start = 0, time.perf_counter()
+def _time(fn: Callable[[], object], clock: Callable[[], float], budget: float = 0.05) -> float:
+    calls, start = 0, clock()
     while True:
         fn()
         calls += 1
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         if elapsed >= budget:
             return elapsed / calls * 1e6
+
+
+def _sessions(model: bytes, threads: int) -> tuple[RuntimeSession, RuntimeSession, object]:
+    """onnx_light with the constant weights packed, with packing off, and onnxruntime."""
+    packed = RuntimeSession(model, num_threads=threads)
+    with mock.patch.object(packed_gemm, "available", lambda: False):
+        blas = RuntimeSession(model, num_threads=threads)
+    return packed, blas, onnxruntime_session(onnx.load_from_string(model), threads)
+
+
+def _medians(sessions: tuple[RuntimeSession, RuntimeSession, object], feeds: dict[str, np.ndarray],
+             rounds: int, clock: Callable[[], float], budget: float) -> dict[str, float]:
+    """Median microseconds per run of each session, sampled in interleaved rounds."""
+    runs = {name: lambda s=session: s.run(None, feeds)
+            for name, session in zip(("packed", "blas", "ort"), sessions, strict=True)}
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for name in runs:
+        runs[name]()
+    for r in range(rounds):
+        names = list(runs)
+        for name in names[r % 3:] + names[:r % 3]:
+            samples[name].append(_time(runs[name], clock, budget))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def zoo(names: list[str], threads: list[int], rounds: int, clock: Callable[[], float]) -> None:
+    """The table of whole models of ``model_zoo.py``."""
+    from conv_settings import load_model
+
+    print(f"load average {os.getloadavg()}")
+    print("| model | threads | packed (ms) | BLAS (ms) | onnxruntime (ms) | packed / BLAS | packed / ort "
+          "| BLAS / ort |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        model, feeds = load_model(name)
+        for count in threads:
+            med = _medians(_sessions(model.SerializeToString(), count), feeds, rounds, clock, 0.3)
+            print(f"| {name} | {count} | {med['packed'] / 1e3:.2f} | {med['blas'] / 1e3:.2f} | "
+                  f"{med['ort'] / 1e3:.2f} | {med['packed'] / med['blas']:.3f} | "
+                  f"{med['packed'] / med['ort']:.2f} | {med['blas'] / med['ort']:.2f} |", flush=True)
+    print(f"load average {os.getloadavg()}")
 
 
 def main() -> None:
@@ -51,34 +98,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--shapes", nargs="+", metavar="MxKxN", help="default: SHAPES")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
+    parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
     args = parser.parse_args()
+    if args.clock == "thread" and args.threads != [1]:
+        parser.error("--clock thread needs --threads 1")
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    if args.zoo:
+        zoo(args.zoo, args.threads, args.rounds, clock)
+        return
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else SHAPES
     rng = np.random.default_rng(0)
-    print(f"load average {os.getloadavg()}")
-    print("| M x K x N | threads | packed (us) | BLAS (us) | onnxruntime (us) | packed / ort | BLAS / ort |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"load average {os.getloadavg()}; clock {args.clock}")
+    print("| M x K x N | threads | packed (us) | BLAS (us) | onnxruntime (us) | packed / BLAS | packed / ort "
+          "| BLAS / ort |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for m, k, n in shapes:
         model = _model(m, k, n, rng)
         a = rng.standard_normal((m, k)).astype(np.float32)
         for threads in args.threads:
-            packed = RuntimeSession(model, num_threads=threads)
-            with mock.patch.object(packed_gemm, "available", lambda: False):
-                blas = RuntimeSession(model, num_threads=threads)
-            ort = onnxruntime_session(onnx.load_from_string(model), threads)
-            assert packed._steps[0][0]._packed is not None and blas._steps[0][0]._packed is None
-            feeds = {"a": a}
-            runs = {"packed": lambda s=packed, f=feeds: s.run(None, f),
-                    "blas": lambda s=blas, f=feeds: s.run(None, f),
-                    "ort": lambda s=ort, f=feeds: s.run(None, f)}
-            samples: dict[str, list[float]] = {name: [] for name in runs}
-            for r in range(args.rounds):
-                names = list(runs)
-                for name in names[r % 3:] + names[:r % 3]:
-                    samples[name].append(_time(runs[name]))
-            med = {name: statistics.median(v) for name, v in samples.items()}
+            sessions = _sessions(model, threads)
+            assert sessions[0]._steps[0][0]._packed is not None and sessions[1]._steps[0][0]._packed is None
+            med = _medians(sessions, {"a": a}, args.rounds, clock, 0.05)
             print(f"| {m} x {k} x {n} | {threads} | {med['packed']:.0f} | {med['blas']:.0f} | "
-                  f"{med['ort']:.0f} | {med['packed'] / med['ort']:.2f} | {med['blas'] / med['ort']:.2f} |",
-                  flush=True)
+                  f"{med['ort']:.0f} | {med['packed'] / med['blas']:.2f} | "
+                  f"{med['packed'] / med['ort']:.2f} | {med['blas'] / med['ort']:.2f} |", flush=True)
     print(f"load average {os.getloadavg()}")
 
 

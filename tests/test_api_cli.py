@@ -42,7 +42,7 @@ from onnx_light.tuning.schema import Parameter
 ROOT = Path(__file__).resolve().parent.parent
 ADD = KernelTuningKey("onnx_light", "Add", "portable", "float")
 ABS = KernelTuningKey("onnx_light", "Abs", "portable", "float")
-GEMM = KernelTuningKey("onnx_light", "Gemm", "portable", "float")
+GEMM = KernelTuningKey("onnx_light", "Gemm", "portable", "float", tuning_abi=2)
 MIN_ELEMENTS = "parallel.minimum_elements"
 RECORD_FIELDS = {"key", "parameters", "defaults", "cached_values", "active_values", "active_source",
                  "calibratable"}

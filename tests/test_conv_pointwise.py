@@ -139,12 +139,12 @@ def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
     assert (got != _kernel(1, pools[1]).run(x, w, b)[0]).any()
 
 
-packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX-512F")
+packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX2 and FMA or AVX-512F")
 
 
 @packed_only
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(channels=st.integers(1, 150), filters=st.integers(1, 40), height=st.integers(1, 21),
+@given(channels=st.integers(1, 600), filters=st.integers(1, 40), height=st.integers(1, 21),
        width=st.integers(1, 23), batch=st.integers(1, 2), bias=st.booleans(), residual=st.booleans(),
        clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
 def test_packed_products_are_within_the_bound_and_split_to_the_same_bits(
@@ -152,8 +152,8 @@ def test_packed_products_are_within_the_bound_and_split_to_the_same_bits(
     """``pointwise.product = packed`` (float32): each element within conv.numerics's bound of
     the float64 convolution (plus one rounding for the residual's addition), and the same bits
     at two threads, split by rows or by filters, and with tiles of 64 positions (the panels of
-    the input read in place, the last 1-63 positions packed; more than 128 channels take two
-    passes of the sum)."""
+    the input read in place, the last positions of a tile past its whole panels packed; more
+    than ``KC`` channels (128 or 512) take two passes of the sum)."""
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(np.float32)
     w = rng.uniform(-1, 1, (filters, channels, 1, 1)).astype(np.float32)
@@ -233,8 +233,8 @@ def test_packed_products_propagate_nan_and_infinities(pools):
     assert np.isnan(got[0, 3, 2, 1]) and np.isposinf(got[0, 0, 2, 1])
 
 
-def test_without_avx512_packed_falls_back_to_the_blas_tiles(pools, monkeypatch):
-    """Where the processor lacks AVX-512F, ``packed`` runs the BLAS tiles: the same bits as
+def test_without_the_packed_kernel_packed_falls_back_to_the_blas_tiles(pools, monkeypatch):
+    """Where the packed kernel cannot run, ``packed`` runs the BLAS tiles: the same bits as
     ``blas``."""
     monkeypatch.setattr(packed_gemm, "available", lambda: False)
     assert pointwise.pointwise_product(np.float32, "packed").func is pointwise.pointwise_tiles.dispatcher

@@ -4,7 +4,11 @@ unpacked BLAS path, and MatMul / Gemm nodes that pack their weights in a session
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,12 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light.kernels import packed_gemm
+from onnx_light.kernels import gemm, packed_gemm
+from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.gemm import GemmKernel, MatMulKernel
 from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
 
-avx512 = pytest.mark.skipif(not packed_gemm.available(), reason="packed products need AVX-512F")
+packed_only = pytest.mark.skipif(not packed_gemm.available(),
+                                 reason="packed products need AVX2 and FMA or AVX-512F")
 
 F = TensorProto.FLOAT
 U = float(np.finfo(np.float32).eps) / 2
@@ -32,9 +38,9 @@ def _bound(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     return 2 * (k + 2) * U * size + np.finfo(np.float32).tiny
 
 
-@avx512
+@packed_only
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 300),
+@given(st.lists(st.integers(1, 3), max_size=2), st.integers(0, 20), st.integers(0, 600),
        st.integers(1, 140), st.booleans(), st.integers(0, 2**31 - 1))
 def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, seed) -> None:
     """Any A (..., M, K) times packed W (K, N), with or without a bias, edge blocks of rows
@@ -53,29 +59,27 @@ def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, se
     assert out.tobytes() == y.tobytes()
 
 
-@avx512
+@packed_only
 def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
     """Summing in passes of KC steps (partial sums stored and reloaded in float32) gives the
     bits of one pass: the same fused multiply-adds in the same order."""
     rng = np.random.default_rng(8)
-    a = rng.standard_normal((13, 300)).astype(np.float32)
-    w = rng.standard_normal((300, 100)).astype(np.float32)
+    k = packed_gemm.KC.value + 44
+    a = rng.standard_normal((13, k)).astype(np.float32)
+    w = rng.standard_normal((k, 100)).astype(np.float32)
     bias = rng.standard_normal(100).astype(np.float32)
     passes = packed_gemm.PackedWeights(w, bias).multiply(a)
     reference = np.empty_like(passes)
     panels = packed_gemm.PackedWeights(w, bias)
-    k = 300
-    for i in range(13):  # one pass: the float32 fused multiply-adds in order of the sum
-        for j in range(100):
-            total = np.float32(0)
-            for p in range(k):
-                total = np.float32(np.float64(a[i, p]) * np.float64(w[p, j]) + np.float64(total))
-            reference[i, j] = total + bias[j]
-    assert panels.panels.shape[1] == k > packed_gemm.KC
+    total = np.zeros((13, 100), np.float32)
+    for p in range(k):  # one pass: the float32 fused multiply-adds in order of the sum
+        total = (a[:, p:p + 1].astype(np.float64) * w[p].astype(np.float64) + total).astype(np.float32)
+    reference[...] = total + bias
+    assert panels.panels.shape[1] == k > packed_gemm.KC.value
     assert passes.tobytes() == reference.tobytes()
 
 
-@avx512
+@packed_only
 def test_special_values_propagate_like_blas() -> None:
     """NaN and infinities reach the elements IEEE arithmetic says; products of zeros and
     negative zeros sum to +0, as numpy's BLAS gives them."""
@@ -104,7 +108,7 @@ def _session(node: helper.NodeProto, initializers: list[np.ndarray], names: list
     return RuntimeSession(model.SerializeToString(), num_threads=threads)
 
 
-@avx512
+@packed_only
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("trans_b", "c_shape"), [(0, None), (1, (70,)), (0, (1, 70))])
 def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int) -> None:
@@ -128,7 +132,7 @@ def test_gemm_of_constant_weights_packs_them(trans_b: int, c_shape, threads: int
         assert np.all(np.abs(y - expected) <= _bound(a, w, bias))
 
 
-@avx512
+@packed_only
 def test_matmul_with_bias_packs_weights_and_bias() -> None:
     """MatMul(A, W) + b with constant W and b: one packed step, the fused graph's values
     within the bound of float64; a Gemm with a C given at run time is not packed."""
@@ -159,7 +163,7 @@ def test_matmul_with_bias_packs_weights_and_bias() -> None:
     assert np.all(np.abs(y - (a[0].astype(np.float64) @ w + bias)) <= _bound(a[0], w, bias))
 
 
-@avx512
+@packed_only
 @pytest.mark.parametrize("op", ["MatMul", "Gemm"])
 def test_feeding_packed_weights_listed_as_an_input_multiplies_the_fed_ones(op: str) -> None:
     """Weights that are an initializer and a graph input are packed for the usual run; a run
@@ -193,7 +197,7 @@ def _held_by(data: bytes) -> tuple[RuntimeSession, int]:
     return session, held
 
 
-@avx512
+@packed_only
 def test_constant_weights_are_kept_once_in_panels() -> None:
     """The session keeps packed weights in their panels only: its memory grows by about the
     weights' size, not twice it (the slot holds a stand-in of their shape that takes none)."""
@@ -213,7 +217,7 @@ def test_constant_weights_are_kept_once_in_panels() -> None:
     assert np.all(np.abs(session.run(None, {"a": a})[0] - a.astype(np.float64) @ w) <= _bound(a, w, None))
 
 
-@avx512
+@packed_only
 @pytest.mark.parametrize("trans_b", [0, 1])
 def test_a_run_of_the_unfolded_plan_rebuilds_released_weights(trans_b: int) -> None:
     """Gemm of released weights B and an overridable C (packed as the bias): a run that
@@ -248,7 +252,7 @@ def _matmul_session(w: np.ndarray, threads: int) -> RuntimeSession:
                           .SerializeToString(), num_threads=threads)
 
 
-@avx512
+@packed_only
 def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
     """The product blocked over rows of A (blocks that are not whole micro-kernel blocks
     included) and split in chunks over a pool gives the bits of one block: each element's sum
@@ -261,7 +265,8 @@ def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
     whole = packed.multiply(a)
     pool = ThreadPool(2)
     try:
-        for block in (packed_gemm.MR, 4 * packed_gemm.MR, 7):
+        mr = packed_gemm.geometry().rows
+        for block in (mr, 4 * mr, 7):
             packed.block = block
             assert packed.multiply(a).tobytes() == whole.tobytes()
             for chunks in (2, 3):
@@ -270,7 +275,20 @@ def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
         pool.close()
 
 
-@avx512
+@packed_only
+def test_one_or_two_rows_give_the_bits_of_a_full_block() -> None:
+    """A product of one or two rows (the micro-kernel's block of 2 rows) gives the bits those
+    rows get in a product of many rows (blocks of ``MR`` rows)."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((9, 700)).astype(np.float32)
+    w = rng.standard_normal((700, 7 * packed_gemm.geometry().columns + 5)).astype(np.float32)
+    packed = packed_gemm.PackedWeights(w, rng.standard_normal(w.shape[1]).astype(np.float32))
+    whole = packed.multiply(a)
+    for rows in (slice(0, 1), slice(3, 5), slice(8, 9)):
+        assert packed.multiply(a[rows]).tobytes() == whole[rows].tobytes()
+
+
+@packed_only
 def test_two_threads_split_the_packed_product(monkeypatch) -> None:
     """Above ``parallel.minimum_flops`` a two-thread session splits the packed product's rows
     across its pool (the weights stay packed) and gives the one-thread session's bits, A of
@@ -295,8 +313,24 @@ def test_two_threads_split_the_packed_product(monkeypatch) -> None:
     assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))
 
 
+@packed_only
+@pytest.mark.parametrize("op_type", ["MatMul", "Gemm"])
+def test_weights_product_blas_leaves_constant_weights_to_blas(op_type: str) -> None:
+    """``weights.product = "blas"`` keeps constant weights as they are (no packed variant of the
+    kernel); ``"packed"``, the portable value, packs them."""
+    w = np.ones((8, 20), np.float32)
+    for product, packs in (("blas", False), ("packed", True)):
+        ctx = NodeContext("node", op_type, "", 13, {}, (F, F), (F,), 2, 1)
+        kernel = gemm.KERNELS[op_type][13](ctx)
+        kernel.bind(None).configure({gemm.PRODUCT: product})
+        specialized = kernel.specialize([None, w])
+        assert (specialized is not None and specialized._packed is not None) is packs
+    assert gemm.gemm_schema("MatMul", F).parameter(gemm.PRODUCT).default == "packed"
+    assert gemm.PRODUCT not in gemm.gemm_schema("MatMul", TensorProto.INT64).names
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_without_avx512_blas_multiplies_constant_weights(monkeypatch, threads: int) -> None:
+def test_without_the_packed_kernel_blas_multiplies_constant_weights(monkeypatch, threads: int) -> None:
     """Where the packed kernel cannot run (``available()`` false), MatMul and Gemm of constant
     weights keep them unpacked and BLAS computes the product within the bound."""
     monkeypatch.setattr(packed_gemm, "available", lambda: False)
@@ -326,3 +360,59 @@ def test_aligned_empty_starts_on_a_cache_line(shape, dtype):
     assert array.size == 0 or array.ctypes.data % 64 == 0
     array[...] = 1
     assert array.sum() == array.size
+
+
+@pytest.mark.parametrize(("features", "expected"), [
+    ({"avx2", "fma", "avx512f"}, packed_gemm.Geometry(lanes=16, vectors=4, rows=6)),
+    ({"avx2", "fma"}, packed_gemm.Geometry(lanes=8, vectors=2, rows=6)),
+    ({"avx2"}, None), (set(), None)])
+def test_the_block_follows_the_vector_width(monkeypatch, features, expected) -> None:
+    """The micro-kernel's block is the first of GEOMETRIES whose features the processor has;
+    without AVX2 and FMA or AVX-512F there is none and the products stay with BLAS."""
+    monkeypatch.setattr(packed_gemm, "target_flags", lambda: frozenset(features))
+    packed_gemm.geometry.cache_clear()
+    try:
+        assert packed_gemm.geometry() == expected
+        assert packed_gemm.available() is (expected is not None)
+    finally:
+        packed_gemm.geometry.cache_clear()
+    for shape in (shape for _, shape in packed_gemm.GEOMETRIES):
+        accumulators = shape.rows * shape.vectors
+        assert accumulators + shape.vectors + 1 <= (32 if shape.lanes == 16 else 16)
+        assert shape.heights[-1] == shape.rows and shape.heights[0] == 2
+
+
+_OTHER_BLOCK = """
+import sys
+import numpy as np
+from onnx_light.kernels import packed_gemm
+lanes, vectors, rows = map(int, sys.argv[1:])
+packed_gemm.GEOMETRIES = ((frozenset(), packed_gemm.Geometry(lanes, vectors, rows)),)
+rng = np.random.default_rng(21)
+for m, k, n in ((1, 7, 5), (13, 300, 100), (40, 600, 150)):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    sys.stdout.write(packed_gemm.PackedWeights(w, bias).multiply(a).tobytes().hex() + "\\n")
+"""
+
+
+@packed_only
+def test_the_other_width_gives_the_same_bits(tmp_path: Path) -> None:
+    """The block of the other vector width (AVX-512's 6 x 64 on an AVX2 machine, where LLVM
+    splits its 16-lane vectors in two; AVX2's 6 x 16 on an AVX-512 one), run in a process of its
+    own with a compile cache of its own, gives this process's bits: edge rows and columns, a
+    bias and several passes of the sum included."""
+    shapes = [shape for _, shape in packed_gemm.GEOMETRIES]
+    other = next(shape for shape in shapes if shape != packed_gemm.geometry())
+    outputs = []
+    for shape in (other, packed_gemm.geometry()):
+        env = {**os.environ, "ONNX_LIGHT_NUMBA_CACHE": str(tmp_path / str(shape.lanes)),
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        env.pop("NUMBA_CACHE_DIR", None)
+        done = subprocess.run([sys.executable, "-c", _OTHER_BLOCK, str(shape.lanes), str(shape.vectors),
+                               str(shape.rows)], env=env, capture_output=True, text=True, check=False,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.split())
+    assert len(outputs[0]) == 3 and outputs[0] == outputs[1]

@@ -2,8 +2,8 @@
 processor lacks the instructions: numba compiles for a generic x86-64 target
 (``NUMBA_CPU_NAME=generic``, in a subprocess with a compile cache of its own), so the portable
 form of each intrinsic is what runs, the integer products without AMX tiles (and the float32
-micro-kernel's 512-bit vector code is lowered for a target without them), checked against
-numpy."""
+products with BLAS: the packed micro-kernel needs a target with AVX2 and FMA or AVX-512F),
+checked against numpy."""
 
 from __future__ import annotations
 

@@ -340,6 +340,7 @@ def test_temporaries_of_killed_writers_are_removed_by_the_next_update(tmp_path: 
 # --------------------------------------------------------------------------------------------
 
 GEMM_FLOPS, GEMM_ROWS = "parallel.minimum_flops", "split.minimum_rows"
+GEMM = KernelTuningKey("onnx_light", "Gemm", "portable", "float", tuning_abi=2)
 
 
 def test_concurrent_partial_updates_of_parameters_and_keys_lose_nothing(tmp_path: Path) -> None:
@@ -362,10 +363,8 @@ def test_a_partial_update_merges_with_the_file_as_it_is_under_the_lock(
     def another_process_first(target, entries, remove=()):
         monkeypatch.setattr(cache_module, "update_cache", real_update)
         local = execution_descriptor(2)
-        values = dict(api._cached_profiles(target, default_registry().snapshot(), local)[1]
-                      [KernelTuningKey("onnx_light", "Gemm", "portable", "float")].values)
-        real_update(target, [CacheEntry(KernelTuningKey("onnx_light", "Gemm", "portable", "float"),
-                                        local, {**values, GEMM_ROWS: 22}, {"origin": "manual"})])
+        values = dict(api._cached_profiles(target, default_registry().snapshot(), local)[1][GEMM].values)
+        real_update(target, [CacheEntry(GEMM, local, {**values, GEMM_ROWS: 22}, {"origin": "manual"})])
         return real_update(target, entries, remove)
 
     monkeypatch.setattr(cache_module, "update_cache", another_process_first)

@@ -15,7 +15,8 @@ from onnx_light.runtime import RuntimeSession
 
 F = TensorProto.FLOAT
 
-pytestmark = pytest.mark.skipif(not packed_gemm.available(), reason="the packed product needs AVX-512")
+pytestmark = pytest.mark.skipif(not packed_gemm.available(),
+                                reason="the packed product needs AVX2 and FMA or AVX-512F")
 
 
 def model(m, k, widths, *, bias=True, output_sibling=None, variable_b=None, batch=(1,)):

@@ -24,7 +24,7 @@ MIN_ELEMENTS = "parallel.minimum_elements"
 
 ADD = KernelTuningKey("onnx_light", "Add", "portable", "float")
 RELU = KernelTuningKey("onnx_light", "Relu", "portable", "float")
-MATMUL = KernelTuningKey("onnx_light", "MatMul", "portable", "float")
+MATMUL = KernelTuningKey("onnx_light", "MatMul", "portable", "float", tuning_abi=2)
 MATMUL_MODES = ("blas", "split_rows", "split_columns", "split")
 CORPUS_THREADS = (1, 2, 3, 4)
 FIXED_PROVENANCE = {"origin": "manual", "created": "2026-01-01T00:00:00+00:00", "onnx_light": "test"}
@@ -41,7 +41,8 @@ def corpus_entries(local: CpuExecutionDescriptor) -> list[CacheEntry]:
             CacheEntry(RELU, where, {MIN_ELEMENTS: 7 * threads}, FIXED_PROVENANCE),
             CacheEntry(MATMUL, where, {"parallel.minimum_flops": threads,
                                        "parallel.mode": MATMUL_MODES[threads % 4],
-                                       "split.minimum_rows": threads}, FIXED_PROVENANCE),
+                                       "split.minimum_rows": threads,
+                                       "weights.product": "packed"}, FIXED_PROVENANCE),
         ]
     return entries
 

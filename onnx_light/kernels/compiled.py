@@ -26,10 +26,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledFunction", "CompiledIntrinsic", "clock_without_compilation",
-           "compile_totals", "compiled", "fused_multiply_add", "load_numba", "numba_cache_dir", "prange",
-           "process_compile_seconds", "target_features", "target_flags", "vector_bytes", "vector_lanes",
-           "wide_vectors"]
+__all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledConstant", "CompiledFunction", "CompiledIntrinsic",
+           "clock_without_compilation", "compile_totals", "compiled", "fused_multiply_add", "load_numba",
+           "numba_cache_dir", "prange", "process_compile_seconds", "target_features", "target_flags",
+           "vector_bytes", "vector_lanes", "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -226,6 +226,25 @@ class CompiledIntrinsic:
         return f"<compiled intrinsic {self.name}>"
 
 
+class CompiledConstant:
+    """A value compiled kernels read as a constant, ``compute()`` called when the first kernel
+    reading it compiles: a value chosen by the processor numba compiles for (a vector width),
+    which importing a module must not ask LLVM for. numba's disk cache keys compiled code by
+    the processor's name and features, not by the values of globals, so ``compute`` must
+    depend on nothing else. Python code reads :attr:`value`."""
+
+    def __init__(self, compute: Callable[[], Any], name: str) -> None:
+        self.compute, self.name = compute, name
+
+    @functools.cached_property
+    def value(self) -> Any:
+        """The value (computed on first access)."""
+        return self.compute()
+
+    def __repr__(self) -> str:
+        return f"<compiled constant {self.name}>"
+
+
 #: The LLVM function attribute :func:`wide_vectors` sets: LLVM's x86 back end otherwise keeps
 #: vectorized loops to 256-bit vectors on processors with AVX-512 (Ice Lake's tuning), half
 #: the lanes onnxruntime's float32 kernels use; on processors without 512-bit vectors it
@@ -338,14 +357,16 @@ def _calling_dispatchers(function: Callable[..., Any]) -> Callable[..., Any]:
 
     numba compiles a call to another compiled kernel only if the name resolves to a
     dispatcher; the module's own globals hold the lazy wrappers. The stand-in
-    :func:`prange` becomes numba's own. The copy keeps the code
-    object, so numba's disk cache still finds the function by its file and line.
+    :func:`prange` becomes numba's own, a :class:`CompiledConstant` its value. The copy keeps
+    the code object, so numba's disk cache still finds the function by its file and line.
     """
     names = function.__code__.co_names
     calls = {name: value.dispatcher for name, value in function.__globals__.items()
              if name in names and isinstance(value, CompiledFunction | CompiledIntrinsic)}
     calls.update({name: load_numba().prange for name, value in function.__globals__.items()
                   if name in names and value is prange})
+    calls.update({name: value.value for name, value in function.__globals__.items()
+                  if name in names and isinstance(value, CompiledConstant)})
     if not calls:
         return function
     copy = types.FunctionType(function.__code__, {**function.__globals__, **calls},

@@ -23,6 +23,12 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
 ``split.minimum_rows``
     The smallest block of output rows or columns; it caps the number of blocks at
     ``dimension // minimum_rows`` (the smallest tile side in ``"tiles"`` mode).
+``weights.product`` (float types)
+    What multiplies constant float32 weights (a MatMul's or Gemm's B that is an initializer):
+    ``"packed"`` packs them once at the session's construction for the packed micro-kernel
+    (:mod:`.packed_gemm`, where the processor has AVX2 and FMA or AVX-512F; else BLAS),
+    ``"blas"`` keeps them as they are for numpy's BLAS, which packs them again on every call.
+    Other element types ignore it.
 
 An epilogue given to the kernel (:attr:`Kernel.epilogue`, an in-place function such as the
 runtime's fusion makes for a Relu or Gelu) runs on every plan's output before it is returned.
@@ -101,6 +107,9 @@ __all__ = [
     "MODES",
     "NOT_CALIBRATED_MODES",
     "PLANS",
+    "PRODUCT",
+    "PRODUCTS",
+    "TUNING_ABI",
     "GemmKernel",
     "MatMulKernel",
     "gemm_candidates",
@@ -125,10 +134,16 @@ PLANS = ("serial", "tiles", "blas", "split_rows", "split_columns", "split_batch"
 MINIMUM_FLOPS = "parallel.minimum_flops"
 MODE = "parallel.mode"
 MINIMUM_ROWS = "split.minimum_rows"
+PRODUCT = "weights.product"
+PRODUCTS = ("packed", "blas")
+# Version of the Gemm and MatMul schemas' meaning (history: docs/gemm.md); cache entries of
+# another version are reported stale and not used.
+TUNING_ABI = 2
 
 # The portable defaults of floats (BLAS) and of integers (numpy's own loop); docs/gemm.md
 # ("Parameters and portable defaults") has the measurements that chose them.
-_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16}
+_FLOAT_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 25, MODE: "split", MINIMUM_ROWS: 16,
+                                     PRODUCT: "packed"}
 _INTEGER_DEFAULTS: dict[str, Value] = {MINIMUM_FLOPS: 1 << 19, MODE: "split", MINIMUM_ROWS: 16}
 # Modes a calibration never adopts: "blas" leaves BLAS's threads spinning after the product,
 # slowing the pool's next regions, which a search timing each candidate alone cannot see
@@ -144,6 +159,11 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
     """The parameters of the Gemm and MatMul schemas for ``element_type``."""
     integer = _is_integer(element_type)
     defaults = _INTEGER_DEFAULTS if integer else _FLOAT_DEFAULTS
+    product = () if integer else (
+        Parameter(PRODUCT, "str", defaults[PRODUCT], choices=PRODUCTS,
+                  description="what multiplies constant float32 weights: 'packed' (packed once "
+                              "for the packed micro-kernel; BLAS without AVX2 and FMA or "
+                              "AVX-512F) or 'blas' (numpy's BLAS)"),)
     return (
         Parameter(MINIMUM_FLOPS, "int", defaults[MINIMUM_FLOPS], minimum=1,
                   description="multiply-adds (batch*M*N*K) from which more than one thread is used"),
@@ -156,6 +176,7 @@ def gemm_parameters(element_type: int | None = T.FLOAT) -> tuple[Parameter, ...]
         Parameter(MINIMUM_ROWS, "int", defaults[MINIMUM_ROWS], minimum=1,
                   description="smallest block (or tile side) of output rows or columns when "
                               "splitting"),
+        *product,
     )
 
 
@@ -182,6 +203,8 @@ def gemm_candidates(element_type: int) -> list[dict[str, Any]]:
     if "tiles" in modes:
         found += [{MINIMUM_FLOPS: 1 << exponent, MODE: "tiles", MINIMUM_ROWS: 16}
                   for exponent in (16, 18, 20, 22)]
+    if not _is_integer(element_type):  # the corpus has no constant weights: the product stays
+        found = [{**values, PRODUCT: _FLOAT_DEFAULTS[PRODUCT]} for values in found]
     return found
 
 
@@ -211,7 +234,9 @@ def _same(out: np.ndarray, result: np.ndarray) -> np.ndarray:
 class _ProductKernel(Kernel):
     """What Gemm and MatMul share: the configuration, the plan and the blocked product."""
 
+    tuning_abi: ClassVar[int] = TUNING_ABI
     trans_a = False  # Gemm's transA: A is (K, M)
+    product = _FLOAT_DEFAULTS[PRODUCT]  # weights.product, set by configuration
     #: Constant float32 weights packed at construction (:meth:`_pack`).
     _packed: packed_gemm.PackedWeights | None = None
 
@@ -224,6 +249,7 @@ class _ProductKernel(Kernel):
         self.minimum_flops = int(values[MINIMUM_FLOPS])
         self.mode = str(values[MODE])
         self.minimum_rows = int(values[MINIMUM_ROWS])
+        self.product = str(values.get(PRODUCT, _FLOAT_DEFAULTS[PRODUCT]))  # integers: none
         element_type = self.element_type
         if (self.mode == "tiles" and self.num_threads > 1 and element_type in _FLOATS
                 and self._region is None):
@@ -236,8 +262,10 @@ class _ProductKernel(Kernel):
     def _pack(self, w: np.ndarray, bias: np.ndarray | None) -> Kernel | None:
         """A copy of this kernel whose serial float32 products multiply by ``w`` (K, N),
         packed now, and add ``bias`` (N values) in the same pass (:mod:`.packed_gemm`); None
-        where the packed kernel cannot run (no AVX-512, no numba)."""
-        if w.dtype != np.float32 or w.ndim != 2 or not packed_gemm.available():
+        where ``weights.product`` is ``"blas"`` or the packed kernel cannot run (neither AVX2
+        and FMA nor AVX-512F, no numba)."""
+        if (self.product != "packed" or w.dtype != np.float32 or w.ndim != 2
+                or not packed_gemm.available()):
             return None
         kernel = copy.copy(self)
         kernel._packed = packed_gemm.PackedWeights(w, bias)

@@ -2,18 +2,21 @@
 compiled kernel instead of a BLAS call that packs W again on every call.
 
 A MatMul or Gemm whose B is a constant (the weights of a linear layer) gets its B packed at
-the session's construction (:class:`PackedWeights`): the columns in panels of :data:`NR`,
+the session's construction (:class:`PackedWeights`): the columns in panels of ``NR``,
 each panel ``(K, NR)`` contiguous and zero-padded past N, so that the micro-kernel reads one
 contiguous row of a panel per step of the sum. The micro-kernel (:func:`_tile`, LLVM vector
-code written through numba's ``intrinsic``) keeps an ``MR x NR`` block of the output in 24
-AVX-512 registers, adds ``a[i, p] * panel[p, :]`` for p = 0..K-1 with fused multiply-adds,
-then adds the bias (when there is one) and stores the block once. It needs AVX-512
-(:func:`available`): with fewer, wider-than-the-machine vectors would spill. A's rows go in
-blocks of :data:`BLOCK_A_BYTES` that every panel passes over in turn (:func:`packed_rows`), and
-a caller may split the rows across a thread pool in chunks of whole ``MR``-row blocks. The
-panels may also be a matrix read in place, each step of a panel ``NR`` contiguous values of
-one of its rows (``packed_rows``'s ``b_layout``: a 1x1 convolution's input rows, its columns
-past the last whole panel packed by :func:`pack_panels`).
+code written through numba's ``intrinsic``) keeps an ``MR x NR`` block of the output in
+vector registers, adds ``a[i, p] * panel[p, :]`` for p = 0..K-1 with fused multiply-adds,
+then adds the bias (when there is one) and stores the block once. The block's shape is the
+processor's (:func:`geometry`, :data:`GEOMETRIES`): 6 x 64 in 24 of AVX-512's 32 registers,
+6 x 16 in 12 of AVX2's 16; one code path, the lanes, vectors per row and rows its constants.
+Without AVX2 and FMA the products stay with BLAS (:func:`available`). A's rows go in blocks
+of :data:`BLOCK_A_BYTES`, each repacked in ``MR``-row groups (one step's ``MR`` values
+contiguous), that every panel passes over in turn (:func:`packed_rows`), and a caller may
+split the rows across a thread pool in chunks of whole ``MR``-row blocks. The panels may also
+be a matrix read in place, each step of a panel ``NR`` contiguous values of one of its rows
+(``packed_rows``'s ``b_layout``: a 1x1 convolution's input rows, its columns past the last
+whole panel packed by :func:`pack_panels`).
 
 Numerics. Each output element is ``sum_p a[i, p] w[p, j]`` summed in order of p from +0 in
 float32 with one rounding per fused multiply-add, then ``+ bias[j]`` rounded once: one of the
@@ -21,66 +24,124 @@ orders the BLAS bound of ``gemm.py`` covers (``|Y - exact| <= K u sum |a||w|`` t
 order), and the bias is added to the rounded product as the unfused Add does. NaN and
 infinities propagate as IEEE arithmetic says; a sum of only negative zeros is +0, as BLAS
 gives it. The blocks and chunks of rows change only who computes an element and when, never its
-sum's order: the same bits at any block size and thread count.
+sum's order: the same bits at any block size and thread count, and at any vector width (a
+lane's sum does not depend on how many lanes a vector has).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..parallel import ThreadPool
-from .compiled import CompiledFunction, compiled, load_numba
+from .compiled import CompiledConstant, CompiledIntrinsic, compiled, target_flags
 
-__all__ = ["BLOCK_A_BYTES", "MR", "NR", "PackedWeights", "aligned_empty", "available", "pack_panels",
-           "packed_layout", "packed_rows"]
+__all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
+           "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
+           "panels_over_rows"]
 
-MR = 6  # rows of the output block the micro-kernel keeps in registers
-_VECTORS = 4  # 16-float vectors per row of the block
-NR = 16 * _VECTORS  # columns of the block: one panel of packed weights
-_AHEAD = 32  # steps of the sum ahead that the first block of rows prefetches its panel
-KC = 128  # steps of the sum per pass over the rows: a (KC, NR) part of a panel stays in L1
-#: The size (in bytes) of the blocks of rows of A that every panel passes over in turn: a
-#: block stays in the L2 cache while the panels stream past it.
-BLOCK_A_BYTES = 1 << 19
+
+@dataclass(frozen=True)
+class Geometry:
+    """The micro-kernel's block on one vector width: ``rows`` x ``vectors`` accumulators of
+    ``lanes`` float32 each, which with the ``vectors`` loads of a step must fit the register
+    file (docs/gemm.md measures the candidates)."""
+
+    lanes: int  # float32 values per vector register
+    vectors: int  # vectors per row of the block
+    rows: int  # rows of the output block (MR)
+
+    @property
+    def columns(self) -> int:
+        """The block's columns: the width of one panel of packed weights (NR)."""
+        return self.lanes * self.vectors
+
+    @property
+    def heights(self) -> tuple[int, ...]:
+        """The heights of blocks the micro-kernel has code for: ``rows``, and 4 and 2 below it
+        (the last rows of A go to the smallest that holds them)."""
+        return tuple(sorted({self.rows, *(height for height in (2, 4) if height < self.rows)}))
+
+
+#: The block per instruction set, the first whose features the processor has: 24 512-bit
+#: accumulators of AVX-512's 32 registers; 12 256-bit ones of AVX2's 16.
+GEOMETRIES: tuple[tuple[frozenset[str], Geometry], ...] = (
+    (frozenset({"avx512f"}), Geometry(lanes=16, vectors=4, rows=6)),
+    (frozenset({"avx2", "fma"}), Geometry(lanes=8, vectors=2, rows=6)),
+)
 
 
 @functools.cache
+def geometry() -> Geometry | None:
+    """The block for the processor LLVM compiles for (:data:`GEOMETRIES`), None where it has
+    none of their instruction sets or numba does not load."""
+    features = target_flags()
+    return next((shape for needs, shape in GEOMETRIES if needs <= features), None)
+
+
 def available() -> bool:
     """Whether this process can run the packed products: numba loads and LLVM's host has
-    AVX-512F (the micro-kernel's 24 accumulators are 512-bit registers)."""
-    try:
-        load_numba()
-        from llvmlite import binding
-    except ImportError:
-        return False
-    return bool(binding.get_host_cpu_features().get("avx512f", False))
+    AVX2 and FMA, or AVX-512F (:func:`geometry`)."""
+    return geometry() is not None
 
 
-def _build_tile(numba: Any, height: int = MR, vectors: int = _VECTORS) -> Any:
+def _geometry() -> Geometry:
+    shape = geometry()
+    if shape is None:
+        raise RuntimeError("the packed products need AVX2 and FMA or AVX-512F; check available() first")
+    return shape
+
+
+#: The rows (MR), columns (NR), lanes and vectors of the micro-kernel's block, constants of
+#: the compiled kernels (Python reads :func:`geometry`).
+MR = CompiledConstant(lambda: _geometry().rows, "MR")
+NR = CompiledConstant(lambda: _geometry().columns, "NR")
+LANES = CompiledConstant(lambda: _geometry().lanes, "LANES")
+VECTORS = CompiledConstant(lambda: _geometry().vectors, "VECTORS")
+#: Bytes of a panel ahead of the current step that the first block of rows prefetches.
+AHEAD_BYTES = 8192
+_AHEAD = CompiledConstant(lambda: max(1, AHEAD_BYTES // (4 * _geometry().columns)), "_AHEAD")
+#: Bytes of a panel per pass of the sum over the rows: a (KC, NR) part of a panel stays in L1.
+PASS_BYTES = 32768
+#: Steps of the sum per pass (128 at NR = 64, 512 at NR = 16): a pass's fixed cost (the
+#: block's partial sums read and written again) spread over as many steps at any width.
+KC = CompiledConstant(lambda: PASS_BYTES // (4 * _geometry().columns), "KC")
+#: The size (in bytes) of the blocks of rows of A that every panel passes over in turn: a
+#: block stays in the L2 cache while the panels stream past it.
+BLOCK_A_BYTES = 1 << 19
+_LINE = 16  # float32 values per cache line
+
+
+def _build_tile(numba: Any) -> Any:
     """numba's ``intrinsic`` ``_tile(a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start,
-    rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate)``: rows i0..i0+rows-1
-    (rows <= ``height``) of ``a`` (M, K) times steps ``start..stop-1`` of a panel of B, the
-    ``NR`` contiguous values of its step p at ``b``'s element ``b_start + p * b_step`` (a
-    packed panel of (P, K, NR) ``panels``: ``b_start = panel * K * NR``, ``b_step = NR``), added
-    to the partial sums already in the output block when ``accumulate`` (else to +0), plus
+    rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate, vectors)``: the
+    first ``rows`` rows (rows <= ``MR``) of block ``i0`` of A packed by :func:`pack_rows`
+    (``a``: (blocks, K, MR)) times steps ``start..stop-1`` of a panel of B, the ``NR``
+    contiguous values of its step p at ``b``'s element ``b_start + p * b_step`` (a packed
+    panel of (P, K, NR) ``panels``: ``b_start = panel * K * NR``, ``b_step = NR``), added to
+    the partial sums already in the output block when ``accumulate`` (else to +0), plus
     ``bias[bias_start:][:NR]`` when ``with_bias``, stored in ``out[out_row:out_row + rows,
-    out_column:out_column + NR]``; ``prefetch`` fetches, at each step, the ``NR`` values
-    ``b_ahead`` elements further (``_AHEAD * NR`` in packed panels: :data:`_AHEAD` steps ahead).
-    Rows past ``rows`` read the last valid row of ``a`` and ``out`` and are not stored. With
-    ``vectors`` below 4 the block is ``16 * vectors`` columns wide (the panel's first ones)."""
+    out_column:out_column + NR]``; ``prefetch`` fetches, at each step, the cache lines
+    ``b_ahead`` elements further (``_AHEAD * NR`` in packed panels). Rows past ``rows`` read
+    the last valid row of ``out`` and are not stored. With ``vectors`` below the geometry's
+    the block is that many vectors wide (the panel's first columns). The block's shape comes
+    from :func:`geometry`: one loop per height of :attr:`Geometry.heights` and width of
+    1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
 
+    shape = _geometry()
+    lanes = shape.lanes
     f32 = ir.FloatType()
-    vector = ir.VectorType(f32, 16)
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    zero = ir.Constant(vector, [0.0] * 16)
-    broadcast = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
+    vector = ir.VectorType(f32, lanes)
+    i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+    zero = ir.Constant(vector, [0.0] * lanes)
+    broadcast = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
 
     def constant(value: int) -> ir.Constant:
         return ir.Constant(i64, value)
@@ -89,100 +150,127 @@ def _build_tile(numba: Any, height: int = MR, vectors: int = _VECTORS) -> Any:
         return builder.load(builder.bitcast(builder.gep(pointer, [constant(offset)]),
                                             vector.as_pointer()), align=4)
 
+    def block(builder: Any, values: dict[str, Any], height: int, vectors: int) -> None:
+        """The loop of one ``height`` x ``vectors`` block, from the current block of code."""
+        a_data, b_data, out_data, bias_data, k, ldc = (values[name] for name in (
+            "a", "b", "out", "bias", "k", "ldc"))
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector, vector, vector]), f"llvm.fma.v{lanes}f32")
+        fetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32]),
+            "llvm.prefetch")
+        rows_v = values["rows"]
+        last = builder.sub(rows_v, constant(1))
+        a_first = builder.gep(a_data, [builder.mul(values["i0"], builder.mul(k, constant(shape.rows)))])
+        targets = []
+        for r in range(height):
+            row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
+            offset = builder.add(builder.mul(builder.add(values["out_row"], row), ldc),
+                                 values["out_column"])
+            targets.append(builder.gep(out_data, [offset]))
+        # the partial sums of the steps before ``start``, read only when there are some: a
+        # first pass must not wait for the output's (cold) lines before its first step
+        with builder.if_else(values["accumulate"]) as (stored, fresh):
+            with stored:
+                partial = [load_vector(builder, target, lanes * q) for target in targets
+                           for q in range(vectors)]
+                stored_block = builder.block
+            with fresh:
+                fresh_block = builder.block
+        initial = []
+        for value in partial:
+            phi = builder.phi(vector)
+            phi.add_incoming(value, stored_block)
+            phi.add_incoming(zero, fresh_block)
+            initial.append(phi)
+        panel_start = builder.gep(b_data, [values["b_start"]])
+        entry = builder.block
+        loop = builder.append_basic_block("tile.loop")
+        done = builder.append_basic_block("tile.done")
+        start_v, stop_v = values["start"], values["stop"]
+        builder.cbranch(builder.icmp_signed(">", stop_v, start_v), loop, done)
+        builder.position_at_end(loop)
+        p = builder.phi(i64)
+        p.add_incoming(start_v, entry)
+        sums = []
+        for value in initial:
+            phi = builder.phi(vector)
+            phi.add_incoming(value, entry)
+            sums.append(phi)
+        step = builder.gep(panel_start, [builder.mul(p, values["b_step"])])
+        with builder.if_then(values["prefetch"]):
+            for line in range(-(-vectors * lanes // _LINE)):
+                ahead = builder.gep(step, [builder.add(values["b_ahead"], constant(_LINE * line))])
+                builder.call(fetch, [builder.bitcast(ahead, i8.as_pointer()),
+                                     ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        w = [load_vector(builder, step, lanes * q) for q in range(vectors)]
+        a_step = builder.gep(a_first, [builder.mul(p, constant(shape.rows))])
+        updated = []
+        for r in range(height):
+            scalar = builder.load(builder.gep(a_step, [constant(r)]))
+            splat = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
+                ir.Constant(vector, ir.Undefined), broadcast)
+            for q in range(vectors):
+                updated.append(builder.call(fma, [splat, w[q], sums[vectors * r + q]]))
+        following = builder.add(p, constant(1))
+        body_end = builder.block
+        p.add_incoming(following, body_end)
+        for phi, value in zip(sums, updated, strict=True):
+            phi.add_incoming(value, body_end)
+        builder.cbranch(builder.icmp_signed("<", following, stop_v), loop, done)
+        builder.position_at_end(done)
+        totals = []
+        for before, value in zip(initial, updated, strict=True):
+            phi = builder.phi(vector)
+            phi.add_incoming(before, entry)
+            phi.add_incoming(value, body_end)
+            totals.append(phi)
+        bias_start = builder.gep(bias_data, [values["bias_start"]])
+        biases = [builder.select(values["with_bias"], load_vector(builder, bias_start, lanes * q), zero)
+                  for q in range(vectors)]
+        for r in range(height):
+            with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
+                for q in range(vectors):
+                    builder.store(builder.fadd(totals[vectors * r + q], biases[q]),
+                                  builder.bitcast(builder.gep(targets[r], [constant(lanes * q)]),
+                                                  vector.as_pointer()), align=4)
+
+    names = ("i0", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row", "out_column",
+             "with_bias", "prefetch", "start", "stop", "accumulate", "vectors")
+
     @intrinsic
     def tile(typingctx, a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start, rows, out_row,
-             out_column, with_bias, prefetch, start, stop, accumulate):
-        signature = types.void(a, b, out, bias, types.int64, types.int64, types.int64, types.int64,
-                               types.int64, types.int64, types.int64, types.int64, types.boolean,
-                               types.boolean, types.int64, types.int64, types.boolean)
+             out_column, with_bias, prefetch, start, stop, accumulate, vectors):
+        signature = types.void(a, b, out, bias, *[types.boolean if name in (
+            "with_bias", "prefetch", "accumulate") else types.int64 for name in names])
 
         def codegen(context, builder, sig, args):
-            a_value, panels_value, out_value, bias_value = args[:4]
-            i0_v, b_start_v, b_step_v, ahead_offset, bias_start_v, rows_v, out_row_v = args[4:11]
-            out_column_v, with_bias_v, prefetch_v, start_v, stop_v, accumulate_v = args[11:]
-            a_array = context.make_array(sig.args[0])(context, builder, a_value)
-            panel_array = context.make_array(sig.args[1])(context, builder, panels_value)
-            out_array = context.make_array(sig.args[2])(context, builder, out_value)
-            bias_array = context.make_array(sig.args[3])(context, builder, bias_value)
-            k = builder.extract_value(a_array.shape, 1)
-            ldc = builder.extract_value(out_array.shape, 1)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vector, [vector, vector, vector]), "llvm.fma.v16f32")
-            fetch = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
-                "llvm.prefetch")
-            last = builder.sub(rows_v, constant(1))
-            a_rows, targets = [], []
-            for r in range(height):
-                row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
-                a_rows.append(builder.gep(a_array.data, [builder.mul(builder.add(i0_v, row), k)]))
-                offset = builder.add(builder.mul(builder.add(out_row_v, row), ldc), out_column_v)
-                targets.append(builder.gep(out_array.data, [offset]))
-            # the partial sums of the steps before ``start``, read only when there are some: a
-            # first pass must not wait for the output's (cold) lines before its first step
-            with builder.if_else(accumulate_v) as (stored, fresh):
-                with stored:
-                    partial = [load_vector(builder, target, 16 * q) for target in targets
-                               for q in range(vectors)]
-                    stored_block = builder.block
-                with fresh:
-                    fresh_block = builder.block
-            initial = []
-            for value in partial:
-                phi = builder.phi(vector)
-                phi.add_incoming(value, stored_block)
-                phi.add_incoming(zero, fresh_block)
-                initial.append(phi)
-            panel_start = builder.gep(panel_array.data, [b_start_v])
-            entry = builder.block
-            loop = builder.append_basic_block("tile.loop")
-            done = builder.append_basic_block("tile.done")
-            builder.cbranch(builder.icmp_signed(">", stop_v, start_v), loop, done)
-            builder.position_at_end(loop)
-            p = builder.phi(i64)
-            p.add_incoming(start_v, entry)
-            sums = []
-            for value in initial:
-                phi = builder.phi(vector)
-                phi.add_incoming(value, entry)
-                sums.append(phi)
-            step = builder.gep(panel_start, [builder.mul(p, b_step_v)])
-            with builder.if_then(prefetch_v):
-                for q in range(vectors):
-                    ahead = builder.gep(step, [builder.add(ahead_offset, constant(16 * q))])
-                    builder.call(fetch, [builder.bitcast(ahead, ir.IntType(8).as_pointer()),
-                                         ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-            w = [load_vector(builder, step, 16 * q) for q in range(vectors)]
-            updated = []
-            for r in range(height):
-                scalar = builder.load(builder.gep(a_rows[r], [p]))
-                splat = builder.shuffle_vector(
-                    builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
-                    ir.Constant(vector, ir.Undefined), broadcast)
-                for q in range(vectors):
-                    updated.append(builder.call(fma, [splat, w[q], sums[vectors * r + q]]))
-            following = builder.add(p, constant(1))
-            body_end = builder.block
-            p.add_incoming(following, body_end)
-            for phi, value in zip(sums, updated, strict=True):
-                phi.add_incoming(value, body_end)
-            builder.cbranch(builder.icmp_signed("<", following, stop_v), loop, done)
-            builder.position_at_end(done)
-            totals = []
-            for before, value in zip(initial, updated, strict=True):
-                phi = builder.phi(vector)
-                phi.add_incoming(before, entry)
-                phi.add_incoming(value, body_end)
-                totals.append(phi)
-            bias_start = builder.gep(bias_array.data, [bias_start_v])
-            biases = [builder.select(with_bias_v, load_vector(builder, bias_start, 16 * q), zero)
-                      for q in range(vectors)]
-            for r in range(height):
-                with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
-                    for q in range(vectors):
-                        builder.store(builder.fadd(totals[vectors * r + q], biases[q]),
-                                      builder.bitcast(builder.gep(targets[r], [constant(16 * q)]),
-                                                      vector.as_pointer()), align=4)
+            arrays = [context.make_array(kind)(context, builder, value)
+                      for kind, value in zip(sig.args[:4], args[:4], strict=True)]
+            values = dict(zip(names, args[4:], strict=True))
+            values.update(a=arrays[0].data, b=arrays[1].data, out=arrays[2].data, bias=arrays[3].data,
+                          k=builder.extract_value(arrays[0].shape, 1),
+                          ldc=builder.extract_value(arrays[2].shape, 1))
+            # one loop per (height, vectors), the call's picked by a switch on both
+            heights = shape.heights
+            height_index = constant(0)
+            for index, height in enumerate(heights[:-1]):
+                height_index = builder.select(builder.icmp_signed(">", values["rows"], constant(height)),
+                                              constant(index + 1), height_index)
+            key = builder.add(builder.mul(height_index, constant(shape.vectors)),
+                              builder.sub(values["vectors"], constant(1)))
+            exit_block = builder.append_basic_block("tile.exit")
+            cases = [(index, height, count) for index, height in enumerate(heights)
+                     for count in range(1, shape.vectors + 1)]
+            blocks = [builder.append_basic_block(f"tile.{height}x{count}") for _, height, count in cases]
+            switch = builder.switch(key, blocks[-1])
+            for (index, height, count), target in zip(cases, blocks, strict=True):
+                switch.add_case(constant(index * shape.vectors + count - 1), target)
+                builder.position_at_end(target)
+                block(builder, values, height, count)
+                builder.branch(exit_block)
+            builder.position_at_end(exit_block)
             return context.get_dummy_value()
 
         return signature, codegen
@@ -190,25 +278,7 @@ def _build_tile(numba: Any, height: int = MR, vectors: int = _VECTORS) -> Any:
     return tile
 
 
-class _Intrinsic(CompiledFunction):
-    """A numba ``intrinsic`` built on first use, called by compiled kernels like one of them."""
-
-    def __init__(self, build: Any) -> None:
-        super().__init__(build, {})
-        self.build = build
-
-    @functools.cached_property
-    def dispatcher(self) -> Any:
-        return self.build(load_numba())
-
-
-_tile = _Intrinsic(_build_tile)
-_tile2 = _Intrinsic(functools.partial(_build_tile, height=2))  # the last 1 or 2 rows
-_tile4 = _Intrinsic(functools.partial(_build_tile, height=4))  # the last 3 or 4 rows
-# the last panel's first 16, 32 or 48 columns, where it has no more
-_tile16 = _Intrinsic(functools.partial(_build_tile, vectors=1))
-_tile32 = _Intrinsic(functools.partial(_build_tile, vectors=2))
-_tile48 = _Intrinsic(functools.partial(_build_tile, vectors=3))
+_tile = CompiledIntrinsic(_build_tile, "_tile")
 
 
 @compiled
@@ -220,23 +290,26 @@ def packed_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int
     ahead)``: panel q's step p is the ``NR`` contiguous values from element ``start + q * panel
     + p * step`` (every one of them readable, past n too), and the first block of rows
     prefetches the values ``ahead`` elements further (W packed in (P, K, NR) ``panels``:
-    :func:`packed_layout`); ``bias``
-    padded to a multiple of NR values. Row i and column j land in ``out[out_row + i,
-    out_column + j]`` (C-contiguous 2-D). The rows go in blocks of ``block``: every panel passes
-    over one block of A before the next block, so that the block stays in the L2 cache. Each
-    element's sum runs in the same order whatever the rows and the block are."""
+    :func:`packed_layout`); ``bias`` padded to a multiple of NR values. Row i and column j
+    land in ``out[out_row + i, out_column + j]`` (C-contiguous 2-D). The rows go in blocks of
+    ``block``, each packed by :func:`pack_rows`: every panel passes over one block of A before
+    the next block, so that the block stays in the L2 cache. Each element's sum runs in the
+    same order whatever the rows and the block are."""
     for top in range(first, last, block):
-        _panels_over_rows(a, b, b_layout, bias, with_bias, out, top, min(last, top + block),
-                          out_row, out_column, n)
+        bottom = min(last, top + block)
+        panels_over_rows(pack_rows(a, top, bottom), b, b_layout, bias, with_bias, out, 0,
+                         bottom - top, out_row + top, out_column, n)
 
 
 @compiled
-def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
-                      bias: np.ndarray, with_bias: bool, out: np.ndarray, first: int, last: int,
-                      out_row: int, out_column: int, n: int) -> None:
-    """Rows ``first..last-1`` of the product, every panel over all of them."""
+def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
+                     bias: np.ndarray, with_bias: bool, out: np.ndarray, first: int, last: int,
+                     out_row: int, out_column: int, n: int) -> None:
+    """:func:`packed_rows` of rows ``first..last-1`` (``first`` a multiple of ``MR``) of A
+    packed by :func:`pack_rows` (``rows_a``), every panel over all of them: for a caller that
+    multiplies the same rows by several matrices (a 1x1 convolution's weights by its tiles)."""
     b_start, b_panel, b_step, b_ahead = b_layout
-    k = a.shape[1]
+    k = rows_a.shape[1]
     chunks = max(1, -(-k // KC))
     edge = np.empty((MR, NR), np.float32)
     for panel in range(-(-n // NR)):
@@ -248,47 +321,49 @@ def _panels_over_rows(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, in
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
                 finished = with_bias and stop == k
                 for i0 in range(first, last, MR):
-                    rows = min(MR, last - i0)
-                    if rows > 4:
-                        _tile(a, b, out, bias, i0, start_b, b_step, b_ahead, column, rows,
-                              out_row + i0, out_column + column, finished, i0 == first, start, stop,
-                              chunk > 0)
-                    elif rows > 2:
-                        _tile4(a, b, out, bias, i0, start_b, b_step, b_ahead, column, rows,
-                               out_row + i0, out_column + column, finished, i0 == first, start, stop,
-                               chunk > 0)
-                    else:
-                        _tile2(a, b, out, bias, i0, start_b, b_step, b_ahead, column, rows,
-                               out_row + i0, out_column + column, finished, i0 == first, start, stop,
-                               chunk > 0)
+                    _tile(rows_a, b, out, bias, i0 // MR, start_b, b_step, b_ahead, column,
+                          min(MR, last - i0), out_row + i0, out_column + column, finished,
+                          i0 == first, start, stop, chunk > 0, VECTORS)
             continue
-        vectors = -(-width // 16)
+        vectors = -(-width // LANES)
         for i0 in range(first, last, MR):
             rows = min(MR, last - i0)
             for chunk in range(chunks):
                 start, stop = chunk * KC, min(k, (chunk + 1) * KC)
-                finished, prefetch, accumulate = with_bias and stop == k, i0 == first, chunk > 0
-                if vectors == 1:
-                    _tile16(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
-                            finished, prefetch, start, stop, accumulate)
-                elif vectors == 2:
-                    _tile32(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
-                            finished, prefetch, start, stop, accumulate)
-                elif vectors == 3:
-                    _tile48(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
-                            finished, prefetch, start, stop, accumulate)
-                else:
-                    _tile(a, b, edge, bias, i0, start_b, b_step, b_ahead, column, rows, 0, 0,
-                          finished, prefetch, start, stop, accumulate)
+                _tile(rows_a, b, edge, bias, i0 // MR, start_b, b_step, b_ahead, column, rows, 0,
+                      0, with_bias and stop == k, i0 == first, start, stop, chunk > 0, vectors)
             for r in range(rows):
                 for c in range(width):
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
 
 
+@compiled
+def pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
+    """Rows ``first..last-1`` of ``a`` (M, K) as blocks of ``MR`` rows ``(blocks, K, MR)``,
+    each step's ``MR`` values contiguous (zeros past ``last``): the micro-kernel then reads
+    one step of its rows at one address, not ``MR`` rows ``K`` apart."""
+    k = a.shape[1]
+    blocks = -(-(last - first) // MR)
+    packed = np.empty((blocks, k, MR), np.float32)
+    flat = packed.reshape(-1)
+    for block in range(blocks):
+        top = first + block * MR
+        for r in range(MR):
+            target = np.uintp(block * k * MR + r)
+            if top + r < last:
+                row = a[top + r]
+                for p in range(np.uintp(k)):
+                    flat[target + p * np.uintp(MR)] = row[p]
+            else:
+                for p in range(np.uintp(k)):
+                    flat[target + p * np.uintp(MR)] = 0.0
+    return packed
+
+
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary (numpy's
-    start 16 bytes past one): the micro-kernel's 64-byte stores then each fill one cache line
-    where the rows are multiples of 64 bytes, instead of straddling two."""
+    start 16 bytes past one): the micro-kernel's vector stores (64 or 32 bytes) then each stay
+    in one cache line where the rows are multiples of 64 bytes, instead of straddling two."""
     dtype = np.dtype(dtype)
     count = math.prod(shape)
     raw = np.empty(count * dtype.itemsize + 64, np.uint8)
@@ -327,21 +402,23 @@ class PackedWeights:
     bias (N values) added to every row of the product."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None = None) -> None:
+        shape = _geometry()
         k, n = w.shape
-        count = -(-n // NR)
-        panels = np.zeros((count, k, NR), np.float32)
+        nr, self.rows = shape.columns, shape.rows
+        count = -(-n // nr)
+        panels = np.zeros((count, k, nr), np.float32)
         for panel in range(count):
-            part = w[:, panel * NR:(panel + 1) * NR]
+            part = w[:, panel * nr:(panel + 1) * nr]
             panels[panel, :, :part.shape[1]] = part
         self.k, self.n = k, n
         self.panels = panels
         self.layout = packed_layout(k)
-        self.bias = np.zeros(count * NR, np.float32)
+        self.bias = np.zeros(count * nr, np.float32)
         self.with_bias = bias is not None
         if bias is not None:
             self.bias[:n] = bias.reshape(-1)
         self._function = packed_rows.dispatcher
-        self.block = max(MR, BLOCK_A_BYTES // (4 * max(k, 1)) // MR * MR)
+        self.block = max(self.rows, BLOCK_A_BYTES // (4 * max(k, 1)) // self.rows * self.rows)
 
     def weights(self) -> np.ndarray:
         """W again (K, N), rebuilt from the panels (bit for bit: they are W's values), a new
@@ -364,15 +441,15 @@ class PackedWeights:
         if out is None:
             out = np.empty((*a.shape[:-1], self.n), np.float32)
         out2 = out.reshape(count, self.n)
-        function, panels, bias, with_bias, block = (self._function, self.panels, self.bias,
-                                                    self.with_bias, self.block)
+        function, panels, bias, with_bias, block, mr = (self._function, self.panels, self.bias,
+                                                        self.with_bias, self.block, self.rows)
         if pool is None or chunks < 2:
             function(rows, panels, self.layout, bias, with_bias, out2, 0, count, block, 0, 0, self.n)
             return out
 
         def part(start: int, stop: int) -> None:
-            function(rows, panels, self.layout, bias, with_bias, out2, start * MR,
-                     min(count, stop * MR), block, 0, 0, self.n)
+            function(rows, panels, self.layout, bias, with_bias, out2, start * mr,
+                     min(count, stop * mr), block, 0, 0, self.n)
 
-        pool.parallel_chunks(-(-count // MR), part, chunks)
+        pool.parallel_chunks(-(-count // mr), part, chunks)
         return out

@@ -16,7 +16,7 @@ bit. The siblings' weights are let go as any packed weights are (``MatMulKernel.
 rebuilds each from its columns of the panels).
 
 A sibling whose output is a graph output stays as it is (a caller's output is never a view
-of another value), and so do products the packed kernel cannot run (no AVX-512) and siblings
+of another value), and so do products the packed kernel cannot run (no AVX2) and siblings
 that differ from the others in having a bias (a zero bias would turn -0 into +0).
 """
 

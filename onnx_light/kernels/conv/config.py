@@ -48,7 +48,7 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     tile of positions, :func:`~onnx_light.kernels.conv.pointwise.pointwise_tiles`) or
     ``packed`` (the packed micro-kernel of :mod:`onnx_light.kernels.packed_gemm` reading the
     input's rows as its panels, :func:`~onnx_light.kernels.conv.pointwise.pointwise_packed`;
-    BLAS where the processor lacks AVX-512F).
+    BLAS where the processor has neither AVX2 and FMA nor AVX-512F).
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -209,8 +209,8 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "x kernel positions); 0: never"),
         Parameter(POINTWISE_PRODUCT, "str", _DEFAULTS[POINTWISE_PRODUCT], choices=POINTWISE_PRODUCTS,
                   description="what computes direct_1x1's float32 products: 'blas' (a BLAS call "
-                              "per tile of positions) or 'packed' (the AVX-512 micro-kernel; "
-                              "blas without AVX-512F)"),
+                              "per tile of positions) or 'packed' (the packed micro-kernel; "
+                              "blas without AVX2 and FMA or AVX-512F)"),
     )
 
 

@@ -14,7 +14,7 @@ A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
 One compiled call also replaces the Python layers a block goes through.
 
-With ``pointwise.product = packed`` (float32, AVX-512F) :func:`pointwise_packed` computes each
+With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`pointwise_packed` computes each
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
 as its rows and the input's rows read in place as its panels, and finishes it the same way;
 measured, it does not beat the BLAS tiles (docs/conv.md), so ``blas`` is the default.
@@ -33,7 +33,7 @@ from .. import packed_gemm
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from ..compiled_activations import activate_run
-from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, packed_layout, packed_rows
+from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, pack_rows, packed_layout, panels_over_rows
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
@@ -61,7 +61,8 @@ def pointwise_gemm(dtype: np.dtype) -> Any | None:
 
 def uses_packed(dtype: np.dtype, product: str) -> bool:
     """Whether ``direct_1x1`` computes its products in ``dtype`` with :func:`pointwise_packed`
-    for the ``pointwise.product`` value ``product``: float32 on a processor with AVX-512F."""
+    for the ``pointwise.product`` value ``product``: float32 where the packed kernel runs
+    (:func:`~onnx_light.kernels.packed_gemm.available`)."""
     return product == "packed" and np.dtype(dtype) == np.float32 and packed_gemm.available()
 
 
@@ -82,7 +83,7 @@ def tile_columns(filters: int, depth: int, width: int, itemsize: int, packed: bo
     equal tiles, a multiple of 16; None (one tile) for weights larger than
     :data:`TILED_WEIGHT_BYTES` or an output smaller than :data:`TILED_OUTPUT_BYTES`. The
     ``packed`` product (nothing packed again per tile) always takes :data:`TILE_COLUMNS`, a
-    multiple of its panels' 64 columns."""
+    multiple of its panels' 16 or 64 columns."""
     if packed:
         return TILE_COLUMNS
     if filters * depth * itemsize > TILED_WEIGHT_BYTES or filters * width * itemsize < TILED_OUTPUT_BYTES:
@@ -142,29 +143,36 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
                      low: float, high: float, activation: int, alpha: float, beta: float,
                      tile: int) -> None:
     """:func:`pointwise_tiles` in float32 with the packed micro-kernel
-    (:func:`~onnx_light.kernels.packed_gemm.packed_rows`) for the product of each tile:
-    ``weights`` are its rows as they are, and its panels are the input's rows themselves (each
-    step of the sum the next channel's 64 positions, ``source_stride`` further), but for the
-    last ``width % 64`` positions, which are packed into one zero-padded panel
+    (:func:`~onnx_light.kernels.packed_gemm.panels_over_rows`) for the product of each tile:
+    ``weights`` are its rows (packed once per call by
+    :func:`~onnx_light.kernels.packed_gemm.pack_rows`), and its panels are the input's rows
+    themselves (each step of the sum the next channel's ``NR`` positions, ``source_stride``
+    further), but for the last ``width % NR`` positions of a tile, which are packed into one
+    zero-padded panel
     (:func:`~onnx_light.kernels.packed_gemm.pack_panels`). The product lands straight in the
     output's rows and is finished as :func:`pointwise_tiles` finishes it. ``out`` is the whole
-    flat output, ``out_stride`` dividing its size; ``tile`` a multiple of 64."""
+    flat output, ``out_stride`` dividing its size; ``tile`` a multiple of ``NR``."""
     grid = out.reshape(out.size // out_stride, out_stride)
     row0, column0 = out_offset // out_stride, out_offset % out_stride
     edge = np.empty((1, depth, NR), np.float32)
     no_bias = np.zeros(-(-tile // NR) * NR, np.float32)
     block = max(MR, BLOCK_A_BYTES // (4 * max(depth, 1)) // MR * MR)
+    rows = pack_rows(weights, 0, filters)  # once for all the tiles
     for j0 in range(0, width, tile):
         columns = min(tile, width - j0)
         full = columns // NR * NR
-        if full > 0:
-            # the first block of filters fetches each channel's next 64 positions
-            packed_rows(weights, source, (source_offset + j0, NR, source_stride, NR), no_bias, False,
-                        grid, 0, filters, block, row0, column0 + j0, full)
-        if full < columns:
-            pack_panels(source, source_offset + j0 + full, source_stride, depth, columns - full, edge)
-            packed_rows(weights, edge, packed_layout(depth), no_bias, False, grid, 0, filters, block,
-                        row0, column0 + j0 + full, columns - full)
+        for top in range(0, filters, block):
+            bottom = min(filters, top + block)
+            if full > 0:
+                # the first block of filters fetches each channel's next NR positions
+                panels_over_rows(rows, source, (source_offset + j0, NR, source_stride, NR), no_bias,
+                                 False, grid, top, bottom, row0, column0 + j0, full)
+            if full < columns:
+                if top == 0:
+                    pack_panels(source, source_offset + j0 + full, source_stride, depth,
+                                columns - full, edge)
+                panels_over_rows(rows, edge, packed_layout(depth), no_bias, False, grid, top, bottom,
+                                 row0, column0 + j0 + full, columns - full)
         _finish_tile(out, out_offset + j0, out_stride, filters, columns, bias, residual, low, high,
                      activation, alpha, beta)
 
