@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from onnx_light.kernels import compiled as compiled_module
-from onnx_light.kernels.compiled import CompiledFunction, compiled, numba_cache_dir
+from onnx_light.kernels.compiled import CompiledFunction, compiled, kernel_sources_digest, numba_cache_dir
 
 
 @compiled
@@ -45,12 +45,30 @@ def test_a_compiled_kernel_calls_another_compiled_kernel() -> None:
     assert _add_two.options["fastmath"] is True
 
 
-def test_the_cache_folder_is_named_after_the_numba_version(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_folder_is_named_after_the_numba_version_and_the_sources(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(compiled_module.CACHE_ENV, raising=False)
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    assert numba_cache_dir("0.99.0").name == "numba-0.99.0"
+    sources = f"sources-{kernel_sources_digest()}"
+    assert numba_cache_dir("0.99.0").parent.name == "numba-0.99.0"
+    assert numba_cache_dir("0.99.0").name == sources
     monkeypatch.setenv(compiled_module.CACHE_ENV, "/some/where")
-    assert numba_cache_dir("0.99.0") == Path("/some/where")
+    assert numba_cache_dir("0.99.0") == Path("/some/where") / sources
+
+
+def test_a_change_to_any_kernel_source_changes_the_cache_folder(tmp_path: Path) -> None:
+    """numba checks only the compiled function's own file; an intrinsic inlined from another
+    module must still move the cache."""
+    (tmp_path / "kernel.py").write_text("def f(): pass\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "intrinsic.py").write_text("LANES = 8\n")
+    first = kernel_sources_digest(tmp_path)
+    assert kernel_sources_digest(tmp_path) == first
+    (tmp_path / "sub" / "intrinsic.py").write_text("LANES = 16\n")
+    changed = kernel_sources_digest(tmp_path)
+    assert changed != first
+    (tmp_path / "sub" / "intrinsic.py").rename(tmp_path / "sub" / "other.py")
+    assert kernel_sources_digest(tmp_path) not in (first, changed)
 
 
 @compiled

@@ -11,12 +11,16 @@ cached on disk by numba, in a folder of onnx_light's user cache directory named 
 numba version (``$ONNX_LIGHT_NUMBA_CACHE`` or numba's own ``$NUMBA_CACHE_DIR`` override it).
 numba keys each cached entry by the source file, the argument types and the target machine
 (LLVM's triple, processor name and features), so another processor or another numba version
-compiles anew instead of loading code built for something else.
+compiles anew instead of loading code built for something else. numba checks only the file of
+the function it compiles, though, not those of the kernels and intrinsics the function inlines
+from other modules: the folder therefore has one subfolder per version of the kernels' sources
+(:func:`kernel_sources_digest`), so that a change to any kernel module compiles anew.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import threading
 import time
@@ -27,9 +31,9 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledConstant", "CompiledFunction", "CompiledIntrinsic",
-           "clock_without_compilation", "compile_totals", "compiled", "fused_multiply_add", "load_numba",
-           "numba_cache_dir", "prange", "process_compile_seconds", "target_features", "target_flags",
-           "vector_bytes", "vector_lanes", "wide_vectors"]
+           "clock_without_compilation", "compile_totals", "compiled", "fused_multiply_add",
+           "kernel_sources_digest", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds",
+           "target_features", "target_flags", "vector_bytes", "vector_lanes", "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -40,14 +44,26 @@ DEFAULT_OPTIONS = {"nogil": True, "cache": True, "error_model": "numpy", "bounds
 _load_lock = threading.Lock()
 
 
+def kernel_sources_digest(root: Path = Path(__file__).parent) -> str:
+    """A digest of the Python sources under ``root`` (this package: the compiled kernels and
+    every module whose code they inline), names and contents."""
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def numba_cache_dir(numba_version: str) -> Path:
-    """The folder numba caches compiled kernels in: the override, or one per numba version."""
+    """The folder numba caches compiled kernels in: in the override, or in one folder per
+    numba version, the subfolder of the kernels' sources (:func:`kernel_sources_digest`)."""
     override = os.environ.get(CACHE_ENV) or os.environ.get("NUMBA_CACHE_DIR")
     if override:
-        return Path(override).expanduser()
-    import platformdirs
+        base = Path(override).expanduser()
+    else:
+        import platformdirs
 
-    return Path(platformdirs.user_cache_dir("onnx_light")) / f"numba-{numba_version}"
+        base = Path(platformdirs.user_cache_dir("onnx_light")) / f"numba-{numba_version}"
+    return base / f"sources-{kernel_sources_digest()}"
 
 
 #: The OpenMP wait policy numba's threads get unless the user set one: threads that sleep
