@@ -192,9 +192,15 @@ class ChannelAffine(Kernel):
         y = _affine(self, x, a, b, compute)
         return (y if y.dtype == x.dtype else y.astype(x.dtype),)
 
+    @property
+    def adds_nothing(self) -> bool:
+        """Whether every offset is -0.0 (a Mul's), which adding leaves any value as it is."""
+        return bool(np.all((self.offset == 0) & np.signbit(self.offset)))
+
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """The serial per-channel pass of :meth:`run` (a multiply, an add, the epilogue) with
-        the parameters shaped once, for an X computed in its own type; None otherwise."""
+        the parameters shaped once, for an X computed in its own type; None otherwise. The
+        add is left out where it adds nothing (:attr:`adds_nothing`)."""
         ((shape, dtype),) = inputs
         size = math.prod(shape)
         if (len(shape) < 2 or size == 0 or compute_dtype(dtype) != dtype
@@ -204,7 +210,12 @@ class ChannelAffine(Kernel):
         a = _per_channel(self.multiplier, len(shape), dtype)
         b = _per_channel(self.offset, len(shape), dtype)
         epilogue, multiply, add = self.epilogue, np.multiply, np.add
-        if not np.all(a == 1):
+        if not np.all(a == 1) and self.adds_nothing:
+            def affine(x: np.ndarray, out: np.ndarray) -> None:
+                multiply(x, a, out=out)
+                if epilogue is not None:
+                    epilogue(out)
+        elif not np.all(a == 1):
             def affine(x: np.ndarray, out: np.ndarray) -> None:
                 multiply(x, a, out=out)
                 add(out, b, out=out)
