@@ -311,19 +311,44 @@ def _row_moments(x: np.ndarray, row: int, epsilon: float) -> tuple[float, float]
     return mu, 1.0 / np.sqrt(_row_squares(x, row, mu) / n + epsilon)
 
 
+@compiled(fastmath={"contract", "reassoc"})
+def _sum32(values: np.ndarray) -> np.float32:
+    """The float32 sum of ``values``, in the order LLVM's vectorized loop adds it (partial
+    sums per lane, the same order for every row and thread: reassociation only)."""
+    total = np.float32(0.0)
+    for j in range(values.shape[0]):
+        total += values[j]
+    return total
+
+
+@compiled(fastmath={"contract", "reassoc"})
+def _squares32(values: np.ndarray, mu: np.float32) -> np.float32:
+    """The float32 sum of ``(values - mu)^2``, vectorized as :func:`_sum32`."""
+    total = np.float32(0.0)
+    for j in range(values.shape[0]):
+        d = values[j] - mu
+        total += d * d
+    return total
+
+
 @compiled(fastmath={"contract"})
 def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
                     epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
                     row: int) -> None:
-    mu, inv = _row_moments(x, row, epsilon)
+    """One row in float32: the mean, the variance of the centred row (1/sqrt(variance +
+    epsilon) in float64, rounded once), then the output (docs/elementwise.md states the
+    bound)."""
+    values, target = x[row], out[row]
+    n = values.shape[0]
+    mu = _sum32(values) / np.float32(n)
+    inv = np.float32(1.0 / np.sqrt(np.float64(_squares32(values, mu)) / n + epsilon))
     mean[row] = mu
     inverse[row] = inv
-    values, target = x[row], out[row]
     if with_bias:
-        for j in range(values.shape[0]):
+        for j in range(n):
             target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
     else:
-        for j in range(values.shape[0]):
+        for j in range(n):
             target[j] = (values[j] - mu) * inv * scale[j]
 
 
