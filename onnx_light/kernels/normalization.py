@@ -10,16 +10,18 @@ two threads were no faster on this memory-bound pass (measured at 400K elements:
 :class:`ChannelAffine`, what the runtime's fusion makes of affine chains, shares the code.
 
 float16 and bfloat16 compute in float32 and round once; float64 in float64; float32 in
-float32. Statistics (training-mode BatchNormalization, InstanceNormalization,
+float32. Statistics (training-mode BatchNormalization, InstanceNormalization, numpy's
 LayerNormalization) are accumulated in float64 for float32 inputs too, then used in the
 compute type. None of these kernels is tunable.
 
 LayerNormalization of float32 data with the default float32 stash runs a compiled pass per
 row (:func:`layer_norm_rows`: the mean, then the variance of the centred row, then the
-output, in float64, rounded once), over numba's threads from
+output, in float32, twice the lanes of float64, within the bound docs/elementwise.md states
+and tests/float32_bounds.py checks), over numba's threads from
 :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on when the session has more than one thread;
-other types and layouts take the numpy path. float32 InstanceNormalization runs the same
-pass per (image, channel) plane (:func:`instance_norm_rows`, the channel's scale and bias).
+other types and layouts take the numpy path. float32 InstanceNormalization runs a pass per
+(image, channel) plane (:func:`instance_norm_rows`, the channel's scale and bias) with its
+statistics in float64, rounded once.
 """
 
 from __future__ import annotations
@@ -384,7 +386,8 @@ def _instance_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndar
 def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
                     epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray) -> None:
     """LayerNormalization of each row of the float32 matrix ``x`` into ``out`` (``bias``
-    added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon)."""
+    added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon), in
+    float32 (:func:`_layer_norm_row`)."""
     for row in range(x.shape[0]):
         _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
 
