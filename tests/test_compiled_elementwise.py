@@ -360,7 +360,8 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon=1e-5):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("shape", "axis", "scale_shape", "with_bias"), [
     ((2, 32, 256), -1, (256,), True), ((2, 32, 256), -1, (256,), False),
-    ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True)])
+    ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True),
+    ((3, 67, 200), -1, (200,), True)])  # 40200 elements: over two threads, rows split unevenly
 def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_bias, threads) -> None:
     """float32 LayerNormalization (the compiled rows, serial or over two threads, for any
     layout of X) is the float64 computation rounded: Y to a few units, Mean and InvStdDev to

@@ -334,24 +334,26 @@ def _squares32(values: np.ndarray, mu: np.float32) -> np.float32:
 
 
 @compiled(fastmath={"contract"})
-def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
-                    epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
-                    row: int) -> None:
-    """One row in float32: the mean, the variance of the centred row (1/sqrt(variance +
-    epsilon) in float64, rounded once), then the output (docs/elementwise.md states the
-    bound)."""
-    values, target = x[row], out[row]
-    n = values.shape[0]
-    mu = _sum32(values) / np.float32(n)
-    inv = np.float32(1.0 / np.sqrt(np.float64(_squares32(values, mu)) / n + epsilon))
-    mean[row] = mu
-    inverse[row] = inv
-    if with_bias:
-        for j in range(n):
-            target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
-    else:
-        for j in range(n):
-            target[j] = (values[j] - mu) * inv * scale[j]
+def _layer_norm_range(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
+                      epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
+                      start: int, stop: int) -> None:
+    """Rows ``start`` to ``stop`` in float32, each: the mean, the variance of the centred row
+    (1/sqrt(variance + epsilon) in float64, rounded once), then the output (docs/elementwise.md
+    states the bound). The row loop is here, not in a function called per row: a call per
+    96-value row cost as much as the row."""
+    for row in range(start, stop):
+        values, target = x[row], out[row]
+        n = values.shape[0]
+        mu = _sum32(values) / np.float32(n)
+        inv = np.float32(1.0 / np.sqrt(np.float64(_squares32(values, mu)) / n + epsilon))
+        mean[row] = mu
+        inverse[row] = inv
+        if with_bias:
+            for j in range(n):
+                target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
+        else:
+            for j in range(n):
+                target[j] = (values[j] - mu) * inv * scale[j]
 
 
 @compiled(fastmath={"contract"})
@@ -387,17 +389,20 @@ def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bia
                     epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray) -> None:
     """LayerNormalization of each row of the float32 matrix ``x`` into ``out`` (``bias``
     added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon), in
-    float32 (:func:`_layer_norm_row`)."""
-    for row in range(x.shape[0]):
-        _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
+    float32 (:func:`_layer_norm_range`)."""
+    _layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse, 0, x.shape[0])
 
 
 @compiled(parallel=True)
 def _layer_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray,
                               with_bias: bool, epsilon: float, out: np.ndarray, mean: np.ndarray,
-                              inverse: np.ndarray) -> None:
-    for row in prange(x.shape[0]):
-        _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
+                              inverse: np.ndarray, threads: int) -> None:
+    """:func:`layer_norm_rows` with the rows split in ``threads`` ranges run by numba's
+    threads (the caller has set their count): the same values, whichever thread computes them."""
+    rows = x.shape[0]
+    for t in prange(threads):
+        _layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse,
+                          t * rows // threads, (t + 1) * rows // threads)
 
 
 _NO_BIAS = np.zeros(1, np.float32)
@@ -467,7 +472,7 @@ class LayerNormalization(Kernel):
         if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and rows > 1
                 and numba_threads(self.num_threads)):
             _layer_norm_rows_parallel.dispatcher(matrix, scale_row, bias_row, bias is not None,
-                                                 self.epsilon, out, mean, inverse)
+                                                 self.epsilon, out, mean, inverse, self.num_threads)
         else:
             layer_norm_rows.dispatcher(matrix, scale_row, bias_row, bias is not None, self.epsilon,
                                        out, mean, inverse)
@@ -504,7 +509,7 @@ class LayerNormalization(Kernel):
             self._compiled(x, np.ones(2, np.float32), None, 1)
             if self.num_threads > 1 and numba_threads(self.num_threads):
                 _layer_norm_rows_parallel.dispatcher(x, x[0], _NO_BIAS, False, 1e-5, x.copy(),
-                                                     x[0].copy(), x[0].copy())
+                                                     x[0].copy(), x[0].copy(), self.num_threads)
         return None
 
 
