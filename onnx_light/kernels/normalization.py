@@ -68,15 +68,18 @@ def batch_norm_affine(scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var
     return a, bias.astype(compute) - mean.astype(compute) * a
 
 
-def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute: np.dtype) -> np.ndarray:
+def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute: np.dtype,
+            add: bool = True) -> np.ndarray:
     """``x * a + b`` (then the kernel's epilogue) with a, b broadcasting over (N, C, ...):
-    three whole passes (a multiply, an add, the epilogue), each one numpy call per block of
-    (image, channel) planes; large inputs split their planes across the pool."""
+    three whole passes (a multiply, an add unless not ``add``, the epilogue), each one numpy
+    call per block of (image, channel) planes; large inputs split their planes across the
+    pool."""
     out = np.empty(x.shape, compute)
     epilogue = kernel.epilogue
     if x.ndim < 2 or out.size == 0 or a.size != x.shape[1] or b.size != x.shape[1]:
         np.multiply(x, a, out=out, casting="unsafe")  # per activation (spatial=0) or 1-D
-        out += b
+        if add:
+            out += b
         if epilogue is not None:
             epilogue(out)
         return out
@@ -89,7 +92,8 @@ def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute
     def block(start: int, stop: int) -> None:
         target = out2[start:stop]
         np.multiply(x2[start:stop], a2[start:stop], out=target, casting="unsafe")
-        np.add(target, b2[start:stop], out=target)
+        if add:
+            np.add(target, b2[start:stop], out=target)
         if epilogue is not None:
             epilogue(target)
 
@@ -191,7 +195,7 @@ class ChannelAffine(Kernel):
         ndim = max(x.ndim, 2)
         a = _per_channel(self.multiplier, ndim, compute)
         b = _per_channel(self.offset, ndim, compute)
-        y = _affine(self, x, a, b, compute)
+        y = _affine(self, x, a, b, compute, add=not self.adds_nothing)
         return (y if y.dtype == x.dtype else y.astype(x.dtype),)
 
     @property
