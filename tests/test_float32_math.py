@@ -98,3 +98,20 @@ def test_rows_four_lanes_match_one_value_at_a_time(rows: int, width: int, with_b
         argument = x + bias if with_bias else x
     expected = np.array([one(v) for v in argument.reshape(-1)], np.float32).reshape(x.shape)
     np.testing.assert_array_equal(out.view(np.int32), expected.view(np.int32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 10), st.integers(1, 21), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_channel_rows_four_lanes_match_one_value_at_a_time(rows: int, width: int, channels: int,
+                                                           seed: int) -> None:
+    """gelu_channel_rows (GELU of a per-channel affine) runs four rows together: bit for bit
+    gelu32 of the affine (product and sum rounded apart) one value at a time."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, width)) * 4).astype(np.float32)
+    x.reshape(-1)[:3] = [np.nan, -0.0, np.inf][:x.size]
+    scale, shift = (rng.standard_normal(channels).astype(np.float32) for _ in range(2))
+    out = np.empty_like(x)
+    ce.gelu_channel_rows(x, scale, shift, out)
+    expected = np.array([[fm.gelu32(np.float32(np.float32(v * scale[r % channels]) + shift[r % channels]))
+                          for v in x[r]] for r in range(rows)], np.float32)
+    np.testing.assert_array_equal(out.view(np.int32), expected.view(np.int32))
