@@ -10,9 +10,10 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-from float32_bounds import assert_within_gelu32_bound
+from float32_bounds import assert_within_gelu32_bound, assert_within_layer_norm32_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from numpy.polynomial import chebyshev
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -359,7 +360,8 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon=1e-5):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("shape", "axis", "scale_shape", "with_bias"), [
     ((2, 32, 256), -1, (256,), True), ((2, 32, 256), -1, (256,), False),
-    ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True)])
+    ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True),
+    ((3, 67, 200), -1, (200,), True)])  # 40200 elements: over two threads, rows split unevenly
 def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_bias, threads) -> None:
     """float32 LayerNormalization (the compiled rows, serial or over two threads, for any
     layout of X) is the float64 computation rounded: Y to a few units, Mean and InvStdDev to
@@ -378,6 +380,38 @@ def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_b
     if threads == 2 and x.size >= 1 << 15:
         serial = _layer_norm(F, 1, axis=axis).run(x, scale, *([bias] if with_bias else []))
         assert all(a.tobytes() == b.tobytes() for a, b in zip(outputs, serial, strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 1100), st.sampled_from([0.0, 1.0, 300.0]), st.booleans(),
+       st.sampled_from([1e-5, 1e-12, 0.5]), st.data())
+def test_layer_norm_rows_within_the_float32_bound(rows: int, n: int, shift: float, with_bias: bool,
+                                                  epsilon: float, data: st.DataObject) -> None:
+    """Rows of any width, values of any sign and size up to 1e4 (plus an offset), constant
+    rows too: Y, Mean and InvStdDev within the float32 bound against float64."""
+    x = data.draw(hnp.arrays(np.float32, (rows, n), elements=st.floats(-1e4, 1e4, width=32)))
+    x = x + np.float32(shift)
+    rng = np.random.default_rng(n)
+    scale = rng.standard_normal(n).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y, mean, inverse = _layer_norm(F, 1, epsilon=epsilon).run(x, scale, *([bias] if with_bias else []))
+    assert_within_layer_norm32_bound(y, mean, inverse, x, scale, bias, np.float32(epsilon))
+
+
+def test_layer_norm_rows_with_nan_or_infinity_are_nan() -> None:
+    """A NaN or an infinity in a row makes its Y and InvStdDev NaN and its Mean what float64
+    gives (NaN, or the infinity); the other rows are untouched by it."""
+    x = RNG.standard_normal((5, 40)).astype(np.float32)
+    x[0, 3], x[1, 0], x[2, 39], (x[3, 1], x[3, 2]) = np.nan, np.inf, -np.inf, (np.inf, -np.inf)
+    scale, bias = np.ones(40, np.float32), np.zeros(40, np.float32)
+    y, mean, inverse = _layer_norm(F, 1).run(x, scale, bias)
+    with np.errstate(invalid="ignore"):
+        expected = _layer_norm_reference(x, scale, bias, -1)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected[0]))
+    assert np.isnan(y[:4]).all() and not np.isnan(y[4]).any()
+    np.testing.assert_array_equal(mean.reshape(-1)[:4], expected[1].reshape(-1)[:4].astype(np.float32))
+    assert np.isnan(inverse.reshape(-1)[:4]).all()
+    assert_within_layer_norm32_bound(y[4:], mean[4:], inverse[4:], x[4:], scale, bias, np.float32(1e-5))
 
 
 def test_layer_norm_other_types_keep_the_numpy_path() -> None:

@@ -77,3 +77,41 @@ def test_refit_gives_the_shipped_coefficients() -> None:
     exp = polynomial.polyfit(r, np.exp(r), 6, w=np.exp(-r))
     for fitted, shipped in ((small, fm.ERF_SMALL), (large, fm.ERF_LARGE), (exp, fm.EXP_POLYNOMIAL)):
         np.testing.assert_allclose(np.float32(fitted), np.float32(shipped), rtol=1e-6, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 10), st.integers(1, 21), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_rows_four_lanes_match_one_value_at_a_time(rows: int, width: int, with_bias: bool, tanh: bool,
+                                                   seed: int) -> None:
+    """gelu_rows runs four rows together (the ``_lanes`` functions), then each last row's four
+    quarters together and its last values one by one, adding -0.0 where there is no bias:
+    bit for bit what gelu32 and gelu_tanh32 give one value at a time, special values included."""
+    rng = np.random.default_rng(seed)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -1e-45, 1.7677, -5.55, -11.0], np.float32)
+    x = np.where(rng.random((rows, width)) < 0.3, rng.choice(special, (rows, width)),
+                 rng.standard_normal((rows, width)) * 4).astype(np.float32)
+    bias = rng.choice(np.append(special, np.float32(0.5)), width).astype(np.float32)
+    out = np.empty_like(x)
+    ce.gelu_rows(x, bias, with_bias, tanh, out)
+    one = fm.gelu_tanh32 if tanh else fm.gelu32
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, 3e38 + 3e38
+        argument = x + bias if with_bias else x
+    expected = np.array([one(v) for v in argument.reshape(-1)], np.float32).reshape(x.shape)
+    np.testing.assert_array_equal(out.view(np.int32), expected.view(np.int32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 10), st.integers(1, 21), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_channel_rows_four_lanes_match_one_value_at_a_time(rows: int, width: int, channels: int,
+                                                           seed: int) -> None:
+    """gelu_channel_rows (GELU of a per-channel affine) runs four rows together: bit for bit
+    gelu32 of the affine (product and sum rounded apart) one value at a time."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, width)) * 4).astype(np.float32)
+    x.reshape(-1)[:3] = [np.nan, -0.0, np.inf][:x.size]
+    scale, shift = (rng.standard_normal(channels).astype(np.float32) for _ in range(2))
+    out = np.empty_like(x)
+    ce.gelu_channel_rows(x, scale, shift, out)
+    expected = np.array([[fm.gelu32(np.float32(np.float32(v * scale[r % channels]) + shift[r % channels]))
+                          for v in x[r]] for r in range(rows)], np.float32)
+    np.testing.assert_array_equal(out.view(np.int32), expected.view(np.int32))

@@ -373,3 +373,31 @@ def test_relu_equals_numpy_below_and_above_the_small_size(n, dtype):
     assert np.array_equal(np.signbit(in_place), np.signbit(expected))
     elementwise_compute._relu(x, out=x)
     np.testing.assert_array_equal(x, expected)
+
+
+@pytest.mark.parametrize("then_add", [False, True])
+def test_a_per_channel_mul_is_its_products_bit_for_bit(then_add):
+    """A Mul by a per-channel constant (ConvNeXt's layer scale) becomes a ChannelAffine step
+    whose offset is -0.0, so that it skips the add: the Mul's products bit for bit, -0.0
+    included; a following per-channel Add composes into a real offset and is added."""
+    gamma = numpy_helper.from_array(np.array([1.5, -2.0, 0.0, -0.0], np.float32).reshape(4, 1, 1), "g")
+    shift = numpy_helper.from_array(np.array([0.25, 0.0, -1.0, 3.0], np.float32).reshape(4, 1, 1), "s")
+    nodes = [helper.make_node("Mul", ["x", "g"], ["m" if then_add else "y"])]
+    if then_add:
+        nodes.append(helper.make_node("Add", ["m", "s"], ["y"]))
+    model = _model(nodes, [gamma, shift] if then_add else [gamma])
+    x = _x()
+    x.reshape(-1)[:6] = [0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45]
+    session = RuntimeSession(model)
+    (step,) = session._plan
+    kernel = step.run.__self__
+    assert isinstance(kernel, ChannelAffine) and kernel.adds_nothing is not then_add
+    expected = x * numpy_helper.to_array(gamma)
+    if then_add:
+        expected = expected + numpy_helper.to_array(shift)
+    with np.errstate(invalid="ignore"):
+        got = session.run(None, {"x": x})[0]
+    if then_add:  # one rounding of x * m + o in float64, as fusion states
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    else:
+        np.testing.assert_array_equal(got.view(np.int32), expected.view(np.int32))

@@ -16,6 +16,11 @@ Chebyshev nodes, ``tests/test_float32_math.py`` refits them) and rounded to floa
   fitting ``erfc`` (Chebyshev fit, converted to powers);
 * ``|a| >= ERF_LIMIT``: erf rounds to +-1 in float32.
 * ``exp(w) = 2^n e^r``, ``|r| <= ln 2 / 2``, ``e^r`` of degree 6 (relative error 0.9 ulp).
+
+Both are written as steps that :func:`gelu32_lanes` and :func:`gelu_tanh32_lanes` also run on
+four values at once, one step on all four before the next, with the same values bit for bit:
+a loop over one value is one long dependency chain per vector, which AVX2 processors do not
+overlap enough (docs/elementwise.md, "AVX2").
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import numpy as np
 from .compiled import CompiledIntrinsic, compiled
 
 __all__ = ["ERF_LARGE", "ERF_LIMIT", "ERF_SMALL", "ERF_SPLIT", "EXP_POLYNOMIAL", "LN2_HI32", "LN2_LO32",
-           "LOG2E32", "erf32", "exp32", "exp32_reduced", "float_bits", "gelu32", "gelu_tanh32"]
+           "LOG2E32", "erf32", "exp32", "exp32_reduced", "float_bits", "gelu32", "gelu32_lanes",
+           "gelu_tanh32", "gelu_tanh32_lanes"]
 
 _f = np.float32
 ERF_SPLIT = 1.25
@@ -90,9 +96,8 @@ float_bits = CompiledIntrinsic(_build_float_bits, "float_bits")
 
 
 @compiled(fastmath={"contract"})
-def erf32(v: np.float32) -> np.float32:
-    """erf(v) in float32 (a NaN v gives a number: callers keep NaN themselves)."""
-    a = abs(v)
+def _erf_small(a: np.float32) -> np.float32:
+    """erf(a) = a + a r(a^2) for 0 <= a < ERF_SPLIT."""
     z = a * a
     p = _S[8]
     p = p * z + _S[7]
@@ -103,7 +108,12 @@ def erf32(v: np.float32) -> np.float32:
     p = p * z + _S[2]
     p = p * z + _S[1]
     p = p * z + _S[0]
-    small = a * p + a
+    return a * p + a
+
+
+@compiled(fastmath={"contract"})
+def _erf_large(a: np.float32) -> np.float32:
+    """erf(a) = 1 - q((a - mid) / half) for ERF_SPLIT <= a < ERF_LIMIT."""
     t = (a - _MID32) * _INV_HALF32
     q = _L[12]
     q = q * t + _L[11]
@@ -118,10 +128,23 @@ def erf32(v: np.float32) -> np.float32:
     q = q * t + _L[2]
     q = q * t + _L[1]
     q = q * t + _L[0]
-    large = _ONE - q
+    return _ONE - q
+
+
+@compiled
+def _erf_select(v: np.float32, small: np.float32, large: np.float32) -> np.float32:
+    """erf(v) from the two branches' values at |v|."""
+    a = abs(v)
     r = small if a < _SPLIT32 else large
     r = r if a < _LIMIT32 else _ONE
     return r if v >= _ZERO else -r
+
+
+@compiled(fastmath={"contract"})
+def erf32(v: np.float32) -> np.float32:
+    """erf(v) in float32 (a NaN v gives a number: callers keep NaN themselves)."""
+    a = abs(v)
+    return _erf_select(v, _erf_small(a), _erf_large(a))
 
 
 @compiled(fastmath={"contract"})
@@ -137,24 +160,87 @@ def exp32_reduced(r: np.float32) -> np.float32:
 
 
 @compiled(fastmath={"contract"})
-def exp32(w: np.float32) -> np.float32:
-    """exp(w) in float32: 0 far below -87 (2^-126 at most), inf above 88, NaN for NaN."""
+def _exp_reduce(w: np.float32) -> tuple[np.float32, np.float32]:
+    """(r, n) with exp(w) = 2^n e^r, |r| <= ln 2 / 2, w clamped to [-87, 88] first."""
     v = w if w < _EXP_HIGH else _EXP_HIGH
     v = v if v > _EXP_LOW else _EXP_LOW
     n = np.floor(v * LOG2E32 + _HALF32)
-    e = exp32_reduced(v - n * LN2_HI32 - n * LN2_LO32) * float_bits((np.int32(n) + 127) << 23)
+    return v - n * LN2_HI32 - n * LN2_LO32, n
+
+
+@compiled
+def _exp_scale(w: np.float32, p: np.float32, n: np.float32) -> np.float32:
+    """exp(w) from e^r (``p``) and n of :func:`_exp_reduce`: inf above 88, NaN for NaN."""
+    e = p * float_bits((np.int32(n) + 127) << 23)
     e = e if w <= _EXP_HIGH else _INF32
     return e if w == w else w
 
 
 @compiled(fastmath={"contract"})
+def exp32(w: np.float32) -> np.float32:
+    """exp(w) in float32: 0 far below -87 (2^-126 at most), inf above 88, NaN for NaN."""
+    r, n = _exp_reduce(w)
+    return _exp_scale(w, exp32_reduced(r), n)
+
+
+@compiled
+def _gelu_erf(t: np.float32, e: np.float32) -> np.float32:
+    """t (1 + e) / 2 for e = erf(t / sqrt 2), NaN and signed zeros kept."""
+    g = _HALF32 * t * (_ONE + e)
+    return g if t == t else t
+
+
+@compiled(fastmath={"contract"})
+def _tanh_exponent(t: np.float32) -> np.float32:
+    """-2 sqrt(2/pi) (t + 0.044715 t^3), the exponent of the tanh form."""
+    return t * (_TANH_K1 + _TANH_K3 * (t * t))
+
+
+@compiled
+def _gelu_tanh(t: np.float32, e: np.float32) -> np.float32:
+    """t / (1 + e) for e = exp(tanh exponent)."""
+    return t / (_ONE + e)
+
+
+@compiled(fastmath={"contract"})
 def gelu32(t: np.float32) -> np.float32:
     """t (1 + erf(t / sqrt 2)) / 2 in float32, NaN and signed zeros kept."""
-    g = _HALF32 * t * (_ONE + erf32(t * _SQRT_HALF32))
-    return g if t == t else t
+    return _gelu_erf(t, erf32(t * _SQRT_HALF32))
 
 
 @compiled(fastmath={"contract"})
 def gelu_tanh32(t: np.float32) -> np.float32:
     """t (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3))) / 2 = t / (1 + exp(-2u)) in float32."""
-    return t / (_ONE + exp32(t * (_TANH_K1 + _TANH_K3 * (t * t))))
+    return _gelu_tanh(t, exp32(_tanh_exponent(t)))
+
+
+# The same steps on four independent values, one step on all four before the next: each
+# value is a chain of 30 to 40 dependent operations, and LLVM vectorizes a loop over one
+# value without interleaving iterations (a large loop body), so one chain at a time left
+# AVX2's pipelines idle (docs/elementwise.md, "AVX2"). The values are those of gelu32 and
+# gelu_tanh32, bit for bit.
+
+@compiled(fastmath={"contract"}, inline="always")
+def gelu32_lanes(t0: np.float32, t1: np.float32, t2: np.float32,
+                 t3: np.float32) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+    """:func:`gelu32` of four values."""
+    v0, v1, v2, v3 = t0 * _SQRT_HALF32, t1 * _SQRT_HALF32, t2 * _SQRT_HALF32, t3 * _SQRT_HALF32
+    a0, a1, a2, a3 = abs(v0), abs(v1), abs(v2), abs(v3)
+    s0, s1, s2, s3 = _erf_small(a0), _erf_small(a1), _erf_small(a2), _erf_small(a3)
+    l0, l1, l2, l3 = _erf_large(a0), _erf_large(a1), _erf_large(a2), _erf_large(a3)
+    e0, e1 = _erf_select(v0, s0, l0), _erf_select(v1, s1, l1)
+    e2, e3 = _erf_select(v2, s2, l2), _erf_select(v3, s3, l3)
+    return _gelu_erf(t0, e0), _gelu_erf(t1, e1), _gelu_erf(t2, e2), _gelu_erf(t3, e3)
+
+
+@compiled(fastmath={"contract"}, inline="always")
+def gelu_tanh32_lanes(t0: np.float32, t1: np.float32, t2: np.float32,
+                      t3: np.float32) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+    """:func:`gelu_tanh32` of four values."""
+    w0, w1, w2, w3 = _tanh_exponent(t0), _tanh_exponent(t1), _tanh_exponent(t2), _tanh_exponent(t3)
+    (r0, n0), (r1, n1) = _exp_reduce(w0), _exp_reduce(w1)
+    (r2, n2), (r3, n3) = _exp_reduce(w2), _exp_reduce(w3)
+    p0, p1, p2, p3 = exp32_reduced(r0), exp32_reduced(r1), exp32_reduced(r2), exp32_reduced(r3)
+    e0, e1 = _exp_scale(w0, p0, n0), _exp_scale(w1, p1, n1)
+    e2, e3 = _exp_scale(w2, p2, n2), _exp_scale(w3, p3, n3)
+    return _gelu_tanh(t0, e0), _gelu_tanh(t1, e1), _gelu_tanh(t2, e2), _gelu_tanh(t3, e3)

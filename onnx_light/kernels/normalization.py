@@ -10,16 +10,18 @@ two threads were no faster on this memory-bound pass (measured at 400K elements:
 :class:`ChannelAffine`, what the runtime's fusion makes of affine chains, shares the code.
 
 float16 and bfloat16 compute in float32 and round once; float64 in float64; float32 in
-float32. Statistics (training-mode BatchNormalization, InstanceNormalization,
+float32. Statistics (training-mode BatchNormalization, InstanceNormalization, numpy's
 LayerNormalization) are accumulated in float64 for float32 inputs too, then used in the
 compute type. None of these kernels is tunable.
 
 LayerNormalization of float32 data with the default float32 stash runs a compiled pass per
 row (:func:`layer_norm_rows`: the mean, then the variance of the centred row, then the
-output, in float64, rounded once), over numba's threads from
+output, in float32, twice the lanes of float64, within the bound docs/elementwise.md states
+and tests/float32_bounds.py checks), over numba's threads from
 :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on when the session has more than one thread;
-other types and layouts take the numpy path. float32 InstanceNormalization runs the same
-pass per (image, channel) plane (:func:`instance_norm_rows`, the channel's scale and bias).
+other types and layouts take the numpy path. float32 InstanceNormalization runs a pass per
+(image, channel) plane (:func:`instance_norm_rows`, the channel's scale and bias) with its
+statistics in float64, rounded once.
 """
 
 from __future__ import annotations
@@ -66,15 +68,18 @@ def batch_norm_affine(scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var
     return a, bias.astype(compute) - mean.astype(compute) * a
 
 
-def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute: np.dtype) -> np.ndarray:
+def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute: np.dtype,
+            add: bool = True) -> np.ndarray:
     """``x * a + b`` (then the kernel's epilogue) with a, b broadcasting over (N, C, ...):
-    three whole passes (a multiply, an add, the epilogue), each one numpy call per block of
-    (image, channel) planes; large inputs split their planes across the pool."""
+    three whole passes (a multiply, an add unless not ``add``, the epilogue), each one numpy
+    call per block of (image, channel) planes; large inputs split their planes across the
+    pool."""
     out = np.empty(x.shape, compute)
     epilogue = kernel.epilogue
     if x.ndim < 2 or out.size == 0 or a.size != x.shape[1] or b.size != x.shape[1]:
         np.multiply(x, a, out=out, casting="unsafe")  # per activation (spatial=0) or 1-D
-        out += b
+        if add:
+            out += b
         if epilogue is not None:
             epilogue(out)
         return out
@@ -87,7 +92,8 @@ def _affine(kernel: Kernel, x: np.ndarray, a: np.ndarray, b: np.ndarray, compute
     def block(start: int, stop: int) -> None:
         target = out2[start:stop]
         np.multiply(x2[start:stop], a2[start:stop], out=target, casting="unsafe")
-        np.add(target, b2[start:stop], out=target)
+        if add:
+            np.add(target, b2[start:stop], out=target)
         if epilogue is not None:
             epilogue(target)
 
@@ -189,12 +195,18 @@ class ChannelAffine(Kernel):
         ndim = max(x.ndim, 2)
         a = _per_channel(self.multiplier, ndim, compute)
         b = _per_channel(self.offset, ndim, compute)
-        y = _affine(self, x, a, b, compute)
+        y = _affine(self, x, a, b, compute, add=not self.adds_nothing)
         return (y if y.dtype == x.dtype else y.astype(x.dtype),)
+
+    @property
+    def adds_nothing(self) -> bool:
+        """Whether every offset is -0.0 (a Mul's), which adding leaves any value as it is."""
+        return bool(np.all((self.offset == 0) & np.signbit(self.offset)))
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """The serial per-channel pass of :meth:`run` (a multiply, an add, the epilogue) with
-        the parameters shaped once, for an X computed in its own type; None otherwise."""
+        the parameters shaped once, for an X computed in its own type; None otherwise. The
+        add is left out where it adds nothing (:attr:`adds_nothing`)."""
         ((shape, dtype),) = inputs
         size = math.prod(shape)
         if (len(shape) < 2 or size == 0 or compute_dtype(dtype) != dtype
@@ -204,7 +216,12 @@ class ChannelAffine(Kernel):
         a = _per_channel(self.multiplier, len(shape), dtype)
         b = _per_channel(self.offset, len(shape), dtype)
         epilogue, multiply, add = self.epilogue, np.multiply, np.add
-        if not np.all(a == 1):
+        if not np.all(a == 1) and self.adds_nothing:
+            def affine(x: np.ndarray, out: np.ndarray) -> None:
+                multiply(x, a, out=out)
+                if epilogue is not None:
+                    epilogue(out)
+        elif not np.all(a == 1):
             def affine(x: np.ndarray, out: np.ndarray) -> None:
                 multiply(x, a, out=out)
                 add(out, b, out=out)
@@ -300,20 +317,47 @@ def _row_moments(x: np.ndarray, row: int, epsilon: float) -> tuple[float, float]
     return mu, 1.0 / np.sqrt(_row_squares(x, row, mu) / n + epsilon)
 
 
+@compiled(fastmath={"contract", "reassoc"})
+def _sum32(values: np.ndarray) -> np.float32:
+    """The float32 sum of ``values``, in the order LLVM's vectorized loop adds it (partial
+    sums per lane, the same order for every row and thread: reassociation only)."""
+    total = np.float32(0.0)
+    for j in range(values.shape[0]):
+        total += values[j]
+    return total
+
+
+@compiled(fastmath={"contract", "reassoc"})
+def _squares32(values: np.ndarray, mu: np.float32) -> np.float32:
+    """The float32 sum of ``(values - mu)^2``, vectorized as :func:`_sum32`."""
+    total = np.float32(0.0)
+    for j in range(values.shape[0]):
+        d = values[j] - mu
+        total += d * d
+    return total
+
+
 @compiled(fastmath={"contract"})
-def _layer_norm_row(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
-                    epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
-                    row: int) -> None:
-    mu, inv = _row_moments(x, row, epsilon)
-    mean[row] = mu
-    inverse[row] = inv
-    values, target = x[row], out[row]
-    if with_bias:
-        for j in range(values.shape[0]):
-            target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
-    else:
-        for j in range(values.shape[0]):
-            target[j] = (values[j] - mu) * inv * scale[j]
+def _layer_norm_range(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
+                      epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
+                      start: int, stop: int) -> None:
+    """Rows ``start`` to ``stop`` in float32, each: the mean, the variance of the centred row
+    (1/sqrt(variance + epsilon) in float64, rounded once), then the output (docs/elementwise.md
+    states the bound). The row loop is here, not in a function called per row: a call per
+    96-value row cost as much as the row."""
+    for row in range(start, stop):
+        values, target = x[row], out[row]
+        n = values.shape[0]
+        mu = _sum32(values) / np.float32(n)
+        inv = np.float32(1.0 / np.sqrt(np.float64(_squares32(values, mu)) / n + epsilon))
+        mean[row] = mu
+        inverse[row] = inv
+        if with_bias:
+            for j in range(n):
+                target[j] = (values[j] - mu) * inv * scale[j] + bias[j]
+        else:
+            for j in range(n):
+                target[j] = (values[j] - mu) * inv * scale[j]
 
 
 @compiled(fastmath={"contract"})
@@ -348,17 +392,21 @@ def _instance_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndar
 def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
                     epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray) -> None:
     """LayerNormalization of each row of the float32 matrix ``x`` into ``out`` (``bias``
-    added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon)."""
-    for row in range(x.shape[0]):
-        _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
+    added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon), in
+    float32 (:func:`_layer_norm_range`)."""
+    _layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse, 0, x.shape[0])
 
 
 @compiled(parallel=True)
 def _layer_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray,
                               with_bias: bool, epsilon: float, out: np.ndarray, mean: np.ndarray,
-                              inverse: np.ndarray) -> None:
-    for row in prange(x.shape[0]):
-        _layer_norm_row(x, scale, bias, with_bias, epsilon, out, mean, inverse, row)
+                              inverse: np.ndarray, threads: int) -> None:
+    """:func:`layer_norm_rows` with the rows split in ``threads`` ranges run by numba's
+    threads (the caller has set their count): the same values, whichever thread computes them."""
+    rows = x.shape[0]
+    for t in prange(threads):
+        _layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse,
+                          t * rows // threads, (t + 1) * rows // threads)
 
 
 _NO_BIAS = np.zeros(1, np.float32)
@@ -428,7 +476,7 @@ class LayerNormalization(Kernel):
         if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and rows > 1
                 and numba_threads(self.num_threads)):
             _layer_norm_rows_parallel.dispatcher(matrix, scale_row, bias_row, bias is not None,
-                                                 self.epsilon, out, mean, inverse)
+                                                 self.epsilon, out, mean, inverse, self.num_threads)
         else:
             layer_norm_rows.dispatcher(matrix, scale_row, bias_row, bias is not None, self.epsilon,
                                        out, mean, inverse)
@@ -465,7 +513,7 @@ class LayerNormalization(Kernel):
             self._compiled(x, np.ones(2, np.float32), None, 1)
             if self.num_threads > 1 and numba_threads(self.num_threads):
                 _layer_norm_rows_parallel.dispatcher(x, x[0], _NO_BIAS, False, 1e-5, x.copy(),
-                                                     x[0].copy(), x[0].copy())
+                                                     x[0].copy(), x[0].copy(), self.num_threads)
         return None
 
 

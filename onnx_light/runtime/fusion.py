@@ -537,7 +537,9 @@ def _affine(kernel: Kernel, inputs: Slots, known: Mapping[int, np.ndarray],
     per_channel = _per_channel(c, shapes.get(x))
     if per_channel is None:
         return None
-    one, zero = np.ones(1), np.zeros(1)
+    # A Mul's offset is -0.0, which leaves every product as it is (+0.0 would turn -0.0
+    # into +0.0), so that ChannelAffine may skip adding it: the Mul's values, bit for bit.
+    one, zero = np.ones(1), np.full(1, -0.0)
     multiplier, offset = {
         "Mul": (per_channel, zero),
         "Add": (one, per_channel),
