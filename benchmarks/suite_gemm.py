@@ -78,7 +78,7 @@ def gemm_sweep_section(ctx: Context) -> SectionResult:
         diagnostics = {r["key"]: r["diagnostics"][-1] if r["diagnostics"] else ""
                        for r in report["calibrated"]}
         for op in ("Gemm", "MatMul"):
-            key = KernelTuningKey("onnx_light", op, "portable", T.FLOAT)
+            key = KernelTuningKey("onnx_light", op, "portable", T.FLOAT, tuning_abi=gemm.TUNING_ABI)
             portable = dict(gemm.gemm_schema(op, T.FLOAT).defaults)
             resolved, source = ctx.resolved(key)
             values[op] = {"portable": portable, "calibrated": resolved}
