@@ -581,6 +581,8 @@ class _ConvProduct(_IntegerProduct):
         n, c, m, group = x.shape[0], x.shape[1], sum(w.data.shape[0] for w in weights), self.group
         per_group, channels_out = c // group, m // group
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        if requantization is not None:  # the caller's multipliers, writable (no copy per run)
+            scales = requantization[1].reshape(m)
         target = y.reshape(n, m, -1)
         positions = math.prod(window.output)
         source = pad_spatial(x, window, value=zero)
