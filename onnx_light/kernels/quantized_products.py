@@ -578,8 +578,9 @@ class _ConvProduct(_IntegerProduct):
         (:func:`~onnx_light.kernels.integer_loops.pack_windows`, split across the pool), the
         weights the left operand, bias and requantization fused into its writes. 1-D and
         2-D convolutions; the others keep the ``blas`` path."""
-        n, c, m, group = x.shape[0], x.shape[1], sum(w.data.shape[0] for w in weights), self.group
-        per_group, channels_out = c // group, m // group
+        n, c, group = x.shape[0], x.shape[1], self.group
+        per_group, channels_out = c // group, weights[0].data.shape[0]
+        m = group * channels_out
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         if requantization is not None:  # the caller's multipliers, writable (no copy per run)
             scales = requantization[1].reshape(m)
