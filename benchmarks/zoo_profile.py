@@ -8,7 +8,8 @@ onnx_light session with a node hook (``RuntimeSession.run(node_hook=...)``, the 
 over the runs. A node's time in onnx_light is a whole step of the plan, a fused chain
 included (it carries its first node's name); onnxruntime fuses too (``FusedConv`` with its
 activation, the NCHWc convolutions with their reorders). Convolutions are classed by their
-weights as ``pointwise`` (1x1), ``depthwise KxK`` (one input channel per group), ``stem``
+weights (through a QDQ model's DequantizeLinear) as
+``pointwise`` (1x1), ``depthwise KxK`` (one input channel per group), ``stem``
 (at most 4 input channels), ``grouped KxK`` or ``full KxK``; the rest by operator type (ORT's
 NCHWc reorders as ``reorder``). The totals are the sums of the node medians, which leave out
 each runtime's time between nodes: the ``run`` row is the median of whole runs.
@@ -24,6 +25,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -50,6 +52,8 @@ def conv_classes(model: onnx.ModelProto) -> dict[str, str]:
     for node in model.graph.node:
         if node.op_type == "Constant":
             weights[node.output[0]] = tuple(numpy_helper.to_array(node.attribute[0].t).shape)
+        elif node.op_type == "DequantizeLinear" and node.input[0] in weights:  # a QDQ model's
+            weights[node.output[0]] = weights[node.input[0]]
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
     for node in model.graph.node:
         for name in node.input:
@@ -84,10 +88,11 @@ def conv_classes(model: onnx.ModelProto) -> dict[str, str]:
 
 def node_class(name: str, op_type: str, classes: dict[str, str]) -> str:
     """The class of a profiled node: its convolution's shape class (onnxruntime's NCHWc
-    nodes are named after their output, with a suffix) or its operator type."""
+    nodes are named after their output, with a suffix, and its QDQ fusions after their
+    Conv, with ``_token_N``) or its operator type."""
     if op_type.startswith("Reorder"):
         return "reorder"
-    return classes.get(name.removesuffix("_nchwc"), op_type)
+    return classes.get(re.sub(r"(_nchwc|_token_\d+)$", "", name), op_type)
 
 
 class OurProfile:

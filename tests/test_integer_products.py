@@ -189,6 +189,26 @@ def test_requantization_rounds_half_to_even_in_float32() -> None:
     np.testing.assert_array_equal(got.ravel(), [200, 202, 202, 204, 255])
 
 
+def test_output_zero_points_are_read_at_every_run() -> None:
+    """The output range a product remembers follows its zero point: another (constant)
+    array, or a fed one changed in place, gives its own outputs."""
+    a = np.array([[1, 3, 5, 7, 200]], np.uint8).T.copy()  # (5, 1)
+    b = np.ones((1, 1), np.int8)
+    inputs = [a, np.array(0.5, np.float32), np.array(0, np.uint8), b, np.array(1.0, np.float32),
+              np.array(0, np.int8), np.array(1.0, np.float32), np.array(100, np.uint8)]
+    kernel = _kernel("QLinearMatMul", inputs, 13, CONFIGURATIONS[1])
+    for zero, expected in ((100, [100, 102, 102, 104, 200]), (200, [200, 202, 202, 204, 255])):
+        constant = np.array(zero, np.uint8)
+        constant.flags.writeable = False
+        np.testing.assert_array_equal(kernel.run(*inputs[:-1], constant)[0].ravel(), expected)
+    fed = np.array(100, np.uint8)
+    np.testing.assert_array_equal(kernel.run(*inputs[:-1], fed)[0].ravel(), [100, 102, 102, 104, 200])
+    fed[...] = 0
+    np.testing.assert_array_equal(kernel.run(*inputs[:-1], fed)[0].ravel(), [0, 2, 2, 4, 100])
+    with pytest.raises(KernelError, match="y_zero_point"):
+        kernel.run(*inputs[:-1], np.array([1, 2], np.uint8))
+
+
 def test_constant_weights_are_packed_once_and_runs_stay_exact() -> None:
     rng = np.random.default_rng(3)
     inputs = _qlinear_conv_inputs(rng, np.uint8, True)

@@ -131,9 +131,12 @@ def packed_layout(algorithm: str) -> str:
 
 
 def _per_row(zero: np.ndarray | int, size: int) -> np.ndarray:
-    """A zero point per row or column: int32, ``size`` values, writable."""
-    if np.ndim(zero) == 0:
-        return np.full(size, zero, np.int32)
+    """A zero point per row or column: int32, ``size`` values, writable (a scalar's without
+    ``np.ndim``, which costs a run of a small convolution microseconds)."""
+    if not isinstance(zero, np.ndarray) or zero.ndim == 0:
+        values = np.empty(size, np.int32)
+        values.fill(zero)
+        return values
     return np.array(np.broadcast_to(np.asarray(zero, np.int32), (size,)))
 
 
@@ -346,7 +349,10 @@ class IntegerProductKernel(Kernel):
         else:
             out, multiplier, zero, low, high = requantization
             # writable, as the warm-up's: one compiled signature whatever the caller's flags
-            multiplier = np.require(multiplier, np.float32, ("C", "W"))
+            # (tested first: ``np.require`` alone costs more than a small product)
+            flags = multiplier.flags
+            if multiplier.dtype != np.float32 or not (flags.c_contiguous and flags.writeable):
+                multiplier = np.require(multiplier, np.float32, ("C", "W"))
         run = (tile_sums if right.layout == "amx" else packed_sums).dispatcher
         tiles = (self.tile_rows, self.tile_columns)
 
@@ -389,7 +395,8 @@ def _packed_operands(left: ByteRows, right: PackedColumns
     (its repeated rows, zero points and row sums) and the right one's column sums (zeros
     when no row zero point needs them)."""
     repeated, row_zero, sums = left.repeated(right.lanes.dtype, right.layout)
-    column_sums = right.column_sums() if row_zero.any() else _zeros(right.columns)
+    # count_nonzero, not any(): the latter's Python layers cost a small product microseconds
+    column_sums = right.column_sums() if np.count_nonzero(row_zero) else _zeros(right.columns)
     return repeated, row_zero, sums, column_sums
 
 

@@ -156,6 +156,9 @@ class _IntegerProduct(IntegerProductKernel):
 
     reduced_input: ClassVar[int] = 0
     reduced_axes: ClassVar[int | None] = 1
+    # output_range's answer for the zero point and operand type it was made of (a run of a
+    # small convolution is mostly such checks): None until the first run
+    _range: tuple[Any, np.dtype, tuple[np.dtype, int, int, int]] | None = None
 
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
              output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
@@ -168,7 +171,10 @@ class _IntegerProduct(IntegerProductKernel):
     def output_range(self, zero: np.ndarray | None, operand: np.ndarray,
                      allowed: tuple[int, ...] = _BYTES) -> tuple[np.dtype, int, int, int]:
         """The output's dtype, zero point and saturation range: the zero point's type (the
-        first operand's without one)."""
+        first operand's without one); remembered for the same zero point (the same array)."""
+        held = self._range
+        if held is not None and held[0] is zero and held[1] is operand.dtype:
+            return held[2]
         if zero is None:
             target = quantized_type(operand.dtype)
         else:
@@ -181,7 +187,10 @@ class _IntegerProduct(IntegerProductKernel):
                                      f"{list(zero.shape)}")
         low, high = INTEGER_RANGES[target]
         value = 0 if zero is None else int(zero.reshape(-1)[0])
-        return numpy_dtype(target), value, low, high
+        answer = numpy_dtype(target), value, low, high
+        if zero is None or not zero.flags.writeable:  # a constant: it cannot change in place
+            self._range = (zero, operand.dtype, answer)
+        return answer
 
     def requantizing(self, out: np.ndarray, multiplier: np.ndarray, zero: int, low: int,
                      high: int) -> Epilogue:
@@ -578,9 +587,12 @@ class _ConvProduct(_IntegerProduct):
         (:func:`~onnx_light.kernels.integer_loops.pack_windows`, split across the pool), the
         weights the left operand, bias and requantization fused into its writes. 1-D and
         2-D convolutions; the others keep the ``blas`` path."""
-        n, c, m, group = x.shape[0], x.shape[1], sum(w.data.shape[0] for w in weights), self.group
-        per_group, channels_out = c // group, m // group
+        n, c, group = x.shape[0], x.shape[1], self.group
+        per_group, channels_out = c // group, weights[0].data.shape[0]
+        m = group * channels_out
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
+        if requantization is not None:  # the caller's multipliers, writable (no copy per run)
+            scales = requantization[1].reshape(m)
         target = y.reshape(n, m, -1)
         positions = math.prod(window.output)
         source = pad_spatial(x, window, value=zero)
