@@ -149,8 +149,8 @@ def test_with_an_empty_cache_a_shipped_profile_resolves_here_and_tune_kernels_na
                 "'float']))", {"ONNX_LIGHT_KERNEL_TUNING_CACHE": str(tmp_path / "none.txt"),
                                "COLUMNS": "200"})
     assert run.returncode == 0, run.stderr
-    found = re.search(r"Add/portable\[float\]@cpu#1\s+missing\s+shipped: microarchitecture "
-                      r"\(([\w.-]+\.json)\)", run.stdout)
+    found = re.search(r"Add/portable\[float\]@cpu#1\s+missing\s+shipped: (?:exact processor|"
+                      r"processor list|microarchitecture|instruction set) \(([\w.-]+\.json)\)", run.stdout)
     assert found and found.group(1) in {path.name for path in shipped_files()}, run.stdout
 
 
