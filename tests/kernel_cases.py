@@ -63,3 +63,22 @@ def ours_and_reference(op: str, inputs: list[np.ndarray | None], opset: int, out
     actual = list(kernel.run(*inputs))
     assert len(actual) == len(expected)
     return actual, expected
+
+
+def random_bytes(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
+    """Uniform values over the whole range of an integer ``dtype``."""
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def integer_product(algorithm: str, tile_rows: int = 64, tile_columns: int = 768,
+                    minimum_macs: int = 1 << 40, pool: ThreadPool | None = None) -> Any:
+    """A MatMulInteger kernel configured with one integer-product configuration, whose
+    ``product`` the integer-product tests call directly."""
+    from onnx_light.kernels.integer_gemm import ALGORITHM, MINIMUM_MACS, TILE_COLUMNS, TILE_ROWS
+
+    a, b = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.int8)
+    kernel = build("MatMulInteger", [a, b], 10)[1]
+    kernel.configure({ALGORITHM: algorithm, TILE_ROWS: tile_rows, TILE_COLUMNS: tile_columns,
+                      MINIMUM_MACS: minimum_macs})
+    return kernel.bind(pool)

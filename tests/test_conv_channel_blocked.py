@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conv_epilogues import assert_fused_epilogue_matches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -15,7 +16,6 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
-from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv.channel_blocked import blocked_weights, vector_lanes
 from onnx_light.parallel import ThreadPool
 
@@ -112,7 +112,7 @@ def test_nan_and_infinities_propagate(pools):
     assert np.all(error <= bound[finite])
 
 
-@pytest.mark.parametrize("epilogue", ["relu6", "swish", "residual"])
+@pytest.mark.parametrize("epilogue", ["relu6", "Swish", "residual"])
 def test_fused_epilogues(pools, epilogue):
     """A fused clamp and a compiled activation (inside the kernel) and a residual with Relu
     (after it, on blocks of channels) give the plain convolution finished alike, bitwise."""
@@ -121,23 +121,7 @@ def test_fused_epilogues(pools, epilogue):
     x = rng.uniform(-4, 4, (2, 200, 28, 28)).astype(np.float32)
     w = rng.uniform(-1, 1, (200, 1, 5, 5)).astype(np.float32)
     b = rng.uniform(-1, 1, 200).astype(np.float32)
-    plain = _kernel(attributes, pools[2])
-    expected = plain.run(x, w, b)[0]
-    if epilogue == "relu6":
-        fused = plain.variant(epilogue=lambda block: np.clip(block, 0, 6, out=block), clamp=(0.0, 6.0))
-        np.clip(expected, 0, 6, out=expected)
-        got = fused.run(x, w, b)[0]
-    elif epilogue == "swish":
-        swish = in_place("Swish", {}, lambda block: None)
-        got = plain.variant(epilogue=swish).run(x, w, b)[0]
-        swish(expected)
-    else:
-        residual = rng.uniform(-1, 1, expected.shape).astype(np.float32)
-        fused = plain.variant(epilogue=lambda block: np.maximum(block, 0, out=block), residual=True)
-        got = fused.run(x, w, b, residual)[0]
-        expected = np.maximum(expected + residual, 0)
-    assert expected.min() <= 0 < expected.max()
-    np.testing.assert_array_equal(got, expected)
+    assert_fused_epilogue_matches(_kernel(attributes, pools[2]), x, w, b, epilogue, rng)
 
 
 def test_weights_arranged_once_at_construction(pools):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import build
+from kernel_cases import build, integer_product, random_bytes
 from onnx import TensorProto
 
 from onnx_light.kernels import DECLARATIONS, byte_vectors, tile_matrices
@@ -32,20 +32,6 @@ from onnx_light.parallel import ThreadPool
 BYTE_PAIRS = [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8), (np.int8, np.uint8)]
 
 
-def _kernel(algorithm: str, tile_rows: int = 64, tile_columns: int = 768, minimum_macs: int = 1 << 40,
-            pool: ThreadPool | None = None) -> Any:
-    a, b = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.int8)
-    kernel = build("MatMulInteger", [a, b], 10)[1]
-    kernel.configure({ALGORITHM: algorithm, TILE_ROWS: tile_rows, TILE_COLUMNS: tile_columns,
-                      MINIMUM_MACS: minimum_macs})
-    return kernel.bind(pool)
-
-
-def _bytes(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
-
-
 def _requantized(sums: np.ndarray, multiplier: np.ndarray, zero: int, low: int, high: int,
                  dtype: Any) -> np.ndarray:
     """onnxruntime's requantization in numpy: float32 product, half to even, saturated."""
@@ -62,14 +48,14 @@ def test_pairs_give_the_exact_sums_and_requantized_outputs(
         per_channel: bool, tiles: tuple[int, int], seed: int) -> None:
     rng = np.random.default_rng(seed)
     left, right = pair
-    a, b = _bytes(rng, left, (rows, depth)), _bytes(rng, right, (columns, depth))
-    a_zero = _bytes(rng, left, rows).astype(np.int32) if zero_points else 0
-    b_zero = (_bytes(rng, right, columns).astype(np.int32) if per_channel
-              else int(_bytes(rng, right, ())) if zero_points else 0)
+    a, b = random_bytes(rng, left, (rows, depth)), random_bytes(rng, right, (columns, depth))
+    a_zero = random_bytes(rng, left, rows).astype(np.int32) if zero_points else 0
+    b_zero = (random_bytes(rng, right, columns).astype(np.int32) if per_channel
+              else int(random_bytes(rng, right, ())) if zero_points else 0)
     bias = rng.integers(-2**20, 2**20, (1, columns)).astype(np.int32)
     expected = ((a.astype(np.int64) - np.reshape(a_zero, (-1, 1)))
                 @ (b.astype(np.int64) - np.reshape(b_zero, (-1, 1))).T + bias)
-    kernel = _kernel("pairs", *tiles)
+    kernel = integer_product("pairs", *tiles)
     assert kernel.layout == "pairs"
     got = kernel.product(ByteRows(a, a_zero), ByteRows(b, b_zero), bias)
     assert got.dtype == np.int32
@@ -86,11 +72,11 @@ def test_pairs_split_across_threads_and_write_transposed_outputs() -> None:
     """Two threads split the rows (then the columns) in whole micro-tiles; a transposed
     requantized output is written through its strides; the rows' own zero points too."""
     rng = np.random.default_rng(5)
-    a, b = _bytes(rng, np.uint8, (131, 203)), _bytes(rng, np.int8, (45, 203))
-    a_zero = _bytes(rng, np.uint8, 131).astype(np.int32)
+    a, b = random_bytes(rng, np.uint8, (131, 203)), random_bytes(rng, np.int8, (45, 203))
+    a_zero = random_bytes(rng, np.uint8, 131).astype(np.int32)
     expected = (a.astype(np.int64) - a_zero[:, None]) @ (b.astype(np.int64) + 2).T
     with ThreadPool(2) as pool:
-        kernel = _kernel("pairs", 8, 24, 1, pool)
+        kernel = integer_product("pairs", 8, 24, 1, pool)
         np.testing.assert_array_equal(kernel.product(ByteRows(a, a_zero), ByteRows(b, -2)), expected)
         np.testing.assert_array_equal(kernel.product(ByteRows(b, -2), ByteRows(a, a_zero)), expected.T)
         out = np.empty((45, 131), np.int8).T
@@ -103,7 +89,7 @@ def test_pairs_wrap_like_int32() -> None:
     """255 * 255 * 40000 overflows int32: the pairs' sums wrap as int32 does."""
     a, b = np.full((2, 40000), 255, np.uint8), np.full((3, 40000), 255, np.uint8)
     wrapped = (255 * 255 * 40000 + 2**31) % 2**32 - 2**31
-    np.testing.assert_array_equal(_kernel("pairs").product(ByteRows(a, 0), ByteRows(b, 0)),
+    np.testing.assert_array_equal(integer_product("pairs").product(ByteRows(a, 0), ByteRows(b, 0)),
                                   np.full((2, 3), wrapped))
 
 
@@ -114,7 +100,7 @@ def test_pairs_layout_holds_the_bytes_values_as_int16(depth: int) -> None:
     values and zero points."""
     rng = np.random.default_rng(depth)
     for dtype in (np.int8, np.uint8):
-        source = _bytes(rng, dtype, (depth, 11))
+        source = random_bytes(rng, dtype, (depth, 11))
         packed = PackedColumns.of(source, 3, layout="pairs")
         assert packed.layout == "pairs" and packed.lanes.dtype == np.int16
         assert packed.lanes.shape == (2, -(-depth // 2), 8, 2)
@@ -148,8 +134,8 @@ def test_convolutions_packed_as_pairs_are_exact(x_shape: tuple[int, ...], w_shap
     sums; QLinearConv's requantized outputs are those of the exact ``compiled`` product."""
     rng = np.random.default_rng(len(x_shape) + w_shape[0])
     x_type, w_type = pair
-    x, w = _bytes(rng, x_type, x_shape), _bytes(rng, w_type, w_shape)
-    x_zero, w_zero = _bytes(rng, x_type, ()), _bytes(rng, w_type, ())
+    x, w = random_bytes(rng, x_type, x_shape), random_bytes(rng, w_type, w_shape)
+    x_zero, w_zero = random_bytes(rng, x_type, ()), random_bytes(rng, w_type, ())
     values = {ALGORITHM: "pairs", TILE_ROWS: 8, TILE_COLUMNS: 48, MINIMUM_MACS: 1}
     with ThreadPool(2) as pool:
         kernel = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1]
@@ -160,7 +146,7 @@ def test_convolutions_packed_as_pairs_are_exact(x_shape: tuple[int, ...], w_shap
         np.testing.assert_array_equal(got, reference.run(x, w, x_zero, w_zero)[0])
         scales = rng.uniform(0.002, 0.02, w_shape[0]).astype(np.float32)
         inputs = [x, np.array(0.03, np.float32), x_zero, w, scales, np.zeros(w_shape[0], w_type),
-                  np.array(0.2, np.float32), _bytes(rng, x_type, ()),
+                  np.array(0.2, np.float32), random_bytes(rng, x_type, ()),
                   rng.integers(-3000, 3000, w_shape[0]).astype(np.int32)]
         outputs = []
         for algorithm in ("pairs", "compiled"):
@@ -180,10 +166,10 @@ def test_auto_picks_the_layout_by_the_hosts_features(monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(byte_vectors, "available", lambda bytes_dot=bytes_dot: bytes_dot)
         assert (packed_layout("auto"), packed_layout("amx")) == (auto, amx)
         assert (packed_layout("packed"), packed_layout("pairs")) == ("packed", "pairs")
-    assert _kernel("auto").layout == "pairs"
+    assert integer_product("auto").layout == "pairs"
     with pytest.raises(ValueError, match="unknown packed layout 'quads'"):
         ByteRows(np.zeros((2, 3), np.int8), 0).packed("quads")
-    assert _kernel("compiled").layout == "packed"  # unused: its right operand is not packed
+    assert integer_product("compiled").layout == "packed"  # unused: its right operand is not packed
     assert dict(DECLARATIONS["", "QLinearConv"].schema(TensorProto.UINT8).defaults)[ALGORITHM] == "auto"
     # the calibration tries every concrete algorithm, ``pairs`` included (``auto`` is one of them)
     assert {values[ALGORITHM] for values in integer_candidates()} == {"amx", "packed", "pairs", "compiled",
@@ -194,7 +180,7 @@ def test_host_layouts_agree_with_each_other() -> None:
     """Whatever this host's ``auto`` layout, the other packed layouts compute the same sums
     (``packed`` through portable vector code where the processor lacks the instruction)."""
     rng = np.random.default_rng(11)
-    a, b = _bytes(rng, np.uint8, (29, 77)), _bytes(rng, np.int8, (41, 77))
+    a, b = random_bytes(rng, np.uint8, (29, 77)), random_bytes(rng, np.int8, (41, 77))
     expected = (a.astype(np.int64) - 9) @ (b.astype(np.int64) + 1).T
     for layout in ("packed", "pairs", packed_layout("auto")):
         np.testing.assert_array_equal(packed_product(ByteRows(a, 9), ByteRows(b, -1).packed(layout)),

@@ -11,29 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import build
+from kernel_cases import integer_product, random_bytes
 
 from onnx_light.kernels import tile_matrices
-from onnx_light.kernels.integer_gemm import ALGORITHM, MINIMUM_MACS, TILE_COLUMNS, TILE_ROWS, ByteRows
+from onnx_light.kernels.integer_gemm import ByteRows
 from onnx_light.parallel import ThreadPool
 
 needs_tiles = pytest.mark.skipif(not tile_matrices.available(),
                                  reason="no AMX-INT8 tiles here (processor, numba's target or "
                                         "Linux's permission)")
-
-
-def _kernel(algorithm: str, tile_rows: int = 64, tile_columns: int = 768, minimum_macs: int = 1 << 40,
-            pool: ThreadPool | None = None) -> Any:
-    a, b = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.int8)
-    kernel = build("MatMulInteger", [a, b], 10)[1]
-    kernel.configure({ALGORITHM: algorithm, TILE_ROWS: tile_rows, TILE_COLUMNS: tile_columns,
-                      MINIMUM_MACS: minimum_macs})
-    return kernel.bind(pool)
-
-
-def _bytes(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
 
 
 BYTE_PAIRS = [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8), (np.int8, np.uint8)]
@@ -49,14 +35,14 @@ def test_tiles_give_the_exact_sums_and_the_packed_kernels_outputs(
         per_channel: bool, tiles: tuple[int, int], seed: int) -> None:
     rng = np.random.default_rng(seed)
     left, right = pair
-    a, b = _bytes(rng, left, (rows, depth)), _bytes(rng, right, (columns, depth))
-    a_zero = _bytes(rng, left, rows).astype(np.int32) if zero_points else 0
-    b_zero = (_bytes(rng, right, columns).astype(np.int32) if per_channel
-              else int(_bytes(rng, right, ())) if zero_points else 0)
+    a, b = random_bytes(rng, left, (rows, depth)), random_bytes(rng, right, (columns, depth))
+    a_zero = random_bytes(rng, left, rows).astype(np.int32) if zero_points else 0
+    b_zero = (random_bytes(rng, right, columns).astype(np.int32) if per_channel
+              else int(random_bytes(rng, right, ())) if zero_points else 0)
     bias = rng.integers(-2**20, 2**20, (1, columns)).astype(np.int32)
     expected = ((a.astype(np.int64) - np.reshape(a_zero, (-1, 1)))
                 @ (b.astype(np.int64) - np.reshape(b_zero, (-1, 1))).T + bias)
-    amx, packed = _kernel("amx", *tiles), _kernel("packed", *tiles)
+    amx, packed = integer_product("amx", *tiles), integer_product("packed", *tiles)
     assert amx.layout == "amx" and packed.layout == "packed"
     got = amx.product(ByteRows(a, a_zero), ByteRows(b, b_zero), bias)
     np.testing.assert_array_equal(got, expected)
@@ -75,17 +61,17 @@ def test_tiles_split_across_threads_and_transposed_outputs() -> None:
     """Two threads split the rows (then the columns) in whole blocks of tiles; a transposed
     requantized output is written through its strides."""
     rng = np.random.default_rng(5)
-    a, b = _bytes(rng, np.uint8, (131, 200)), _bytes(rng, np.int8, (45, 200))
+    a, b = random_bytes(rng, np.uint8, (131, 200)), random_bytes(rng, np.int8, (45, 200))
     expected = (a.astype(np.int64) - 3) @ b.astype(np.int64).T
     with ThreadPool(2) as pool:
-        kernel = _kernel("amx", 32, 32, 1, pool)
+        kernel = integer_product("amx", 32, 32, 1, pool)
         np.testing.assert_array_equal(kernel.product(ByteRows(a, 3), ByteRows(b, 0)), expected)
         np.testing.assert_array_equal(kernel.product(ByteRows(b, 0), ByteRows(a, 3)), expected.T)
         out = np.empty((45, 131), np.int8).T
         kernel.product(ByteRows(a, 3), ByteRows(b, 0), requantization=(out, np.full((1, 1), 1e-4, np.float32),
                                                                         0, -128, 127))
         reference = np.empty((131, 45), np.int8)
-        _kernel("packed").product(ByteRows(a, 3), ByteRows(b, 0), requantization=(
+        integer_product("packed").product(ByteRows(a, 3), ByteRows(b, 0), requantization=(
             reference, np.full((1, 1), 1e-4, np.float32), 0, -128, 127))
         np.testing.assert_array_equal(out, reference)
 
@@ -95,8 +81,8 @@ def test_refused_tiles_fall_back_to_the_packed_kernel(monkeypatch: pytest.Monkey
     permission), ``amx`` packs and multiplies as ``packed`` does, exactly."""
     monkeypatch.setattr(tile_matrices, "available", lambda: False)
     rng = np.random.default_rng(2)
-    a, b = _bytes(rng, np.uint8, (37, 70)), _bytes(rng, np.int8, (53, 70))
-    kernel = _kernel("amx")
+    a, b = random_bytes(rng, np.uint8, (37, 70)), random_bytes(rng, np.int8, (53, 70))
+    kernel = integer_product("amx")
     assert kernel.layout == "packed"
     right = ByteRows(b, 1)
     got = kernel.product(ByteRows(a, 7), right)
