@@ -147,10 +147,10 @@ class ConvKernel(Kernel):
         # Clip), which the finishing pass applies with the bias and the residual
         self.clamp: tuple[float, float] | None = None
         self._settled: _Settled | None = None  # set by settle
-        # direct_1x1's fused parts for (epilogue, clamp, type) and the last weights' view
-        # (_run_pointwise), kept while those stay the same objects
+        # direct_1x1's fused parts for (epilogue, clamp, type) and the last weights' and
+        # bias's views (_run_pointwise), kept while those stay the same objects
         self._pointwise_parts: tuple = (None, None, None, None)
-        self._pointwise_weights: tuple = (None, None)
+        self._pointwise_weights: tuple = (None, None, None, None)
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -479,18 +479,17 @@ class ConvKernel(Kernel):
         call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
         if call is None:
             return None
-        empty = read_only(x[:0].reshape(-1))
-        flat_residual = empty
+        flat_residual = None
         if residual is not None:
             if residual.shape != call.out_shape or residual.dtype != x.dtype:
                 return None  # the general path reports it
             flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
-        cached, weights = self._pointwise_weights
-        if cached is not w:
-            weights = read_only(w.reshape(call.filters, call.depth))
-            self._pointwise_weights = (w, weights)
-        bias = empty if b is None else read_only(np.ascontiguousarray(b))
-        return call(x, weights, bias, flat_residual, *parts[3],
+        operands = self._pointwise_weights
+        if operands[0] is not w or operands[1] is not b:
+            operands = self._pointwise_weights = (
+                w, b, read_only(w.reshape(call.filters, call.depth)),
+                None if b is None else read_only(np.ascontiguousarray(b)))
+        return call(x, operands[2], operands[3], flat_residual, *parts[3],
                     self.num_threads if problem.plan == "blas" else 1)
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None

@@ -218,14 +218,19 @@ class PointwiseCall:
     tile: int
     out_shape: tuple[int, ...]
 
-    def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray, residual: np.ndarray,
-                 clamp: tuple[float, float], activation: tuple[int, float, float],
-                 blas_threads: int) -> np.ndarray:
+    def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
+                 residual: np.ndarray | None, clamp: tuple[float, float],
+                 activation: tuple[int, float, float], blas_threads: int) -> np.ndarray:
         """The finished output of C-contiguous ``x`` (the call's shape) by read-only
-        ``weights`` (filters, depth) and flat read-only ``bias`` and ``residual`` (empty for
-        none), with ``blas_threads`` BLAS threads."""
+        ``weights`` (filters, depth) and flat read-only ``bias`` and ``residual`` (or None),
+        with ``blas_threads`` BLAS threads."""
         out = aligned_empty(self.out_shape, x.dtype)
-        flat_x, flat_out = read_only(x.reshape(-1)), out.reshape(-1)
+        flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+        if flat_x.flags.writeable:  # a session's feeds and values are read-only already
+            flat_x = read_only(flat_x)
+        empty = _EMPTY[x.dtype]
+        bias = empty if bias is None else bias
+        residual = empty if residual is None else residual
         filters, depth, plane = self.filters, self.depth, self.plane
         low, high = clamp
         code, alpha, beta = activation
@@ -236,6 +241,9 @@ class PointwiseCall:
                               beta, self.tile)
         return out
 
+
+# The read-only empty operand (no bias, no residual) of each type.
+_EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
 
 # The calls of the shapes met so far, by (X's shape, W's shape, type, pointwise.product);
 # emptied when it holds _MAX_CALLS of them.
