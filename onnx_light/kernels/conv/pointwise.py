@@ -12,7 +12,8 @@ is still in the second-level cache, with the operations of the finishing pass in
 and type: ``clamp((product + bias) + residual)``, bitwise :func:`~onnx_light.kernels.conv.finish.finish_rows`.
 A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
-One compiled call also replaces the Python layers a block goes through.
+One compiled call also replaces the Python layers a block goes through; a whole call of one
+group on one thread (:class:`PointwiseCall`, made once per shape) skips the blocks too.
 
 With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`pointwise_packed` computes each
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
