@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 from onnx_light.kernels import conv, packed_gemm
-from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import pointwise
 from onnx_light.parallel import ThreadPool
@@ -118,6 +118,41 @@ def test_constant_weights_compile_at_construction(pools):
     kernel.residual = True
     kernel.run(x, w, np.zeros(4), np.ones((1, 4, 5, 5)))
     assert set(pointwise.pointwise_tiles.dispatcher.signatures) == signatures
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("product", ["blas", "packed"])
+def test_the_direct_call_equals_the_blocks_bitwise_across_shapes_and_weights(pools, threads, product):
+    """``run`` calls ``direct_1x1``'s compiled product directly (what depends on the shape
+    remembered per shape, the weights' view while they are the same array): the bits of the
+    general path through the algorithm's blocks, for a second input shape, other weights
+    fed, the same weights changed in place, a residual, no bias, a clamp set later."""
+    rng = np.random.default_rng(5)
+    kernel = _kernel(1, pools[threads], {conv.POINTWISE_PRODUCT: product})
+    w = rng.standard_normal((24, 16, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+
+    def check(x, w, b, *residual):
+        general = kernel.variant()
+        general._run_pointwise = lambda *arguments: None  # the algorithm's blocks
+        got = kernel.run(x, w, b, *residual)[0]
+        assert kernel._pointwise_weights[0] is w  # the direct call ran
+        np.testing.assert_array_equal(got, general.run(x, w, b, *residual)[0])
+
+    for shape in [(1, 16, 7, 7), (2, 16, 14, 14), (1, 16, 7, 7)]:
+        check(rng.standard_normal(shape).astype(np.float32), w, b)
+    x = rng.standard_normal((1, 16, 7, 7)).astype(np.float32)
+    other = rng.standard_normal(w.shape).astype(np.float32)
+    check(x, other, None)
+    other *= 2  # changed in place: the remembered view reads the new values
+    check(x, other, b)
+    kernel.clamp = (0.0, 6.0)
+    kernel.epilogue = lambda block: np.clip(block, 0.0, 6.0, out=block)
+    check(x, w, b)
+    kernel.residual = True
+    check(x, w, b, rng.standard_normal((1, 24, 7, 7)).astype(np.float32))
+    with pytest.raises(KernelError, match="residual"):
+        kernel.run(x, w, b, np.ones((1, 24, 7, 6), np.float32))
 
 
 @pytest.mark.parametrize("op_type", ["Sigmoid", "Swish", "HardSigmoid", "HardSwish"])

@@ -8,7 +8,9 @@ their own type; float16 and bfloat16 compute in float32 and round the result onc
 
 Everything that depends only on the node (attributes, the configuration) is read when the
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
-shapes and keeps nothing. Constant weights reach the kernel once, at session construction,
+shapes (remembered per shape), and a small 1x1 convolution calls its compiled product
+directly (:meth:`ConvKernel._run_pointwise`), the views of the weights it was last given
+kept. Constant weights reach the kernel once, at session construction,
 through :meth:`ConvKernel.specialize` (equal filters, or the weights kept for winograd,
 whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferred shapes;
 the compiled depthwise and winograd kernels are compiled there too); a runtime may also set
@@ -56,10 +58,10 @@ from .config import (
     TUNING_ABI,
     ConvConfig,
 )
-from .depthwise import compile_depthwise, depthwise_applies
+from .depthwise import compile_depthwise, depthwise_applies, read_only
 from .filter_blocked import compile_filters, filters_applies
-from .finish import FINISHED_TYPES, Finish, compile_finish
-from .pointwise import compile_pointwise
+from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
+from .pointwise import compile_pointwise, pointwise_call
 from .problem import _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -147,6 +149,10 @@ class ConvKernel(Kernel):
         # Clip), which the finishing pass applies with the bias and the residual
         self.clamp: tuple[float, float] | None = None
         self._settled: _Settled | None = None  # set by settle
+        # direct_1x1's fused parts for (epilogue, clamp, type) and the last weights' and
+        # bias's views (_run_pointwise), kept while those stay the same objects
+        self._pointwise_parts: tuple = (None, None, None, None)
+        self._pointwise_weights: tuple = (None, None, None, None)
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -411,6 +417,10 @@ class ConvKernel(Kernel):
             problem = self.problem(x.shape, w.shape, transformed)
         if b is not None and b.shape != (problem.filters,):
             raise self.ctx.error(f"B must have shape ({problem.filters},), got {list(b.shape)}")
+        if problem.algorithm == "direct_1x1" and self.prologue is None:
+            out = self._run_pointwise(problem, x, w, b, residual)
+            if out is not None:
+                return (out,)
         compute = compute_dtype(x.dtype)
         shape = (problem.batch, problem.filters, *problem.window.output)
         # direct_1x1's compiled tiles store whole rows of 64-byte blocks
@@ -449,6 +459,40 @@ class ConvKernel(Kernel):
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
         return (out if out.dtype == x.dtype else out.astype(x.dtype),)
+
+    def _run_pointwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                       residual: np.ndarray | None) -> np.ndarray | None:
+        """``direct_1x1`` of one group on this thread (a serial or ``blas`` plan) straight
+        through its compiled product (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`),
+        with what depends on the shapes, the fused parts and the constant weights' view
+        remembered: the same call, bitwise, as through the algorithm's blocks. None where the
+        general path runs: several groups, another plan, type or layout, a residual it
+        would reject, an epilogue the compiled product does not apply."""
+        if (problem.groups != 1 or problem.plan not in ("serial", "blas") or x.dtype not in FINISHED_TYPES
+                or not x.flags.c_contiguous or not w.flags.c_contiguous):
+            return None
+        parts = self._pointwise_parts
+        if parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] != x.dtype:
+            fused = fused_parts(Finish(x[:0], None, self.epilogue, self.clamp), x.dtype)
+            parts = self._pointwise_parts = (self.epilogue, self.clamp, x.dtype,
+                                             None if fused[3] is not None else fused[1:3])
+        if parts[3] is None:
+            return None
+        call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
+        if call is None:
+            return None
+        flat_residual = None
+        if residual is not None:
+            if residual.shape != call.out_shape or residual.dtype != x.dtype:
+                return None  # the general path reports it
+            flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
+        operands = self._pointwise_weights
+        if operands[0] is not w or operands[1] is not b:
+            operands = self._pointwise_weights = (
+                w, b, read_only(w.reshape(call.filters, call.depth)),
+                None if b is None else read_only(np.ascontiguousarray(b)))
+        return call(x, operands[2], operands[3], flat_residual, *parts[3],
+                    self.num_threads if problem.plan == "blas" else 1)
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,8 @@ is still in the second-level cache, with the operations of the finishing pass in
 and type: ``clamp((product + bias) + residual)``, bitwise :func:`~onnx_light.kernels.conv.finish.finish_rows`.
 A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
-One compiled call also replaces the Python layers a block goes through.
+One compiled call also replaces the Python layers a block goes through; a whole call of one
+group on one thread (:class:`PointwiseCall`, made once per shape) skips the blocks too.
 
 With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`pointwise_packed` computes each
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
@@ -25,21 +26,32 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...parallel import BLAS
 from .. import packed_gemm
 from ..blas_tiles import gemm_function
 from ..compiled import compiled
 from ..compiled_activations import activate_run
-from ..packed_gemm import BLOCK_A_BYTES, MR, NR, pack_panels, pack_rows, packed_layout, panels_over_rows
+from ..packed_gemm import (
+    BLOCK_A_BYTES,
+    MR,
+    NR,
+    aligned_empty,
+    pack_panels,
+    pack_rows,
+    packed_layout,
+    panels_over_rows,
+)
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
-__all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "compile_pointwise",
-           "pointwise_gemm", "pointwise_packed", "pointwise_product", "pointwise_tiles",
-           "tile_columns", "uses_packed"]
+__all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "PointwiseCall",
+           "compile_pointwise", "pointwise_call", "pointwise_gemm", "pointwise_packed",
+           "pointwise_product", "pointwise_tiles", "tile_columns", "uses_packed"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
@@ -188,3 +200,75 @@ def compile_pointwise(dtype: np.dtype, product: str) -> None:
     w, x, empty = (read_only(np.ones(shape, dtype)) for shape in ((1, 1), 1, 0))
     function(w, x, 0, 1, np.empty(1, dtype), 0, 1, 1, 1, 1, empty, empty, -math.inf, math.inf, -1,
              1.0, 0.0, TILE_COLUMNS)
+
+
+@dataclass(frozen=True)
+class PointwiseCall:
+    """A whole ``direct_1x1`` call of one group on the calling thread for one shape of X
+    and W: each image one call of the compiled product (:func:`pointwise_product`) with
+    the arguments ``direct_1x1``'s blocks pass it (same values, bitwise), without the Python
+    layers around them (the algorithm object, its views, the plan, the finishing object),
+    which cost more than a small node's product (docs/conv.md). Made once per shape
+    (:func:`pointwise_call`)."""
+
+    function: Callable[..., None]
+    batch: int
+    filters: int
+    depth: int
+    plane: int
+    tile: int
+    out_shape: tuple[int, ...]
+
+    def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
+                 residual: np.ndarray | None, clamp: tuple[float, float],
+                 activation: tuple[int, float, float], blas_threads: int) -> np.ndarray:
+        """The finished output of C-contiguous ``x`` (the call's shape) by read-only
+        ``weights`` (filters, depth) and flat read-only ``bias`` and ``residual`` (or None),
+        with ``blas_threads`` BLAS threads."""
+        out = aligned_empty(self.out_shape, x.dtype)
+        flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+        if flat_x.flags.writeable:  # a session's feeds and values are read-only already
+            flat_x = read_only(flat_x)
+        empty = _EMPTY[x.dtype]
+        bias = empty if bias is None else bias
+        residual = empty if residual is None else residual
+        filters, depth, plane = self.filters, self.depth, self.plane
+        low, high = clamp
+        code, alpha, beta = activation
+        with BLAS.limited(blas_threads):
+            for n in range(self.batch):
+                self.function(weights, flat_x, n * depth * plane, plane, flat_out, n * filters * plane,
+                              plane, filters, depth, plane, bias, residual, low, high, code, alpha,
+                              beta, self.tile)
+        return out
+
+
+# The read-only empty operand (no bias, no residual) of each type.
+_EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
+
+# The calls of the shapes met so far, by (X's shape, W's shape, type, pointwise.product);
+# emptied when it holds _MAX_CALLS of them.
+_CALLS: dict[tuple, PointwiseCall | None] = {}
+_MAX_CALLS = 1024
+
+
+def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype,
+                   product: str) -> PointwiseCall | None:
+    """The :class:`PointwiseCall` of a 1x1 convolution of one group with these shapes (as
+    its problem checked them), remembered per shape; None where ``direct_1x1`` takes no
+    compiled product (another type) or the output or the sum is empty."""
+    key = (x_shape, w_shape, dtype, product)
+    call = _CALLS.get(key, False)
+    if call is False:
+        function = pointwise_product(dtype, product)
+        batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
+        plane = math.prod(x_shape[2:])
+        call = None
+        if function is not None and batch * depth * filters * plane > 0:
+            tile = tile_columns(filters, depth, plane, dtype.itemsize, uses_packed(dtype, product))
+            call = PointwiseCall(function, batch, filters, depth, plane, tile or plane,
+                                 (batch, filters, *x_shape[2:]))
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        _CALLS[key] = call
+    return call
