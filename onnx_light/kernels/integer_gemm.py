@@ -409,6 +409,11 @@ class IntegerProductKernel(Kernel):
         ``column_sums``, written to ``out`` (int32 sums, or the requantized output), split
         across the pool as :meth:`_split` does."""
         run, tiles = plan.run, (self.tile_rows, self.tile_columns)
+        if epilogue is None and self.num_threads < 2:  # no closure, no split: a small product's run
+            run(lanes, plan.repeated, 0, plan.rows, 0, plan.columns, *tiles, plan.row_zero, plan.row_sums,
+                plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
+            return
 
         def block(r0: int, r1: int, c0: int, c1: int) -> None:
             run(lanes, plan.repeated, r0, r1, c0, c1, *tiles, plan.row_zero, plan.row_sums,

@@ -674,14 +674,14 @@ class _ConvProduct(_IntegerProduct):
         for image in range(n):
             for g, (product, channels) in enumerate(plan.groups):
                 inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
-
-                def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
-                    pack(inputs, *geometry, words, lanes.shape[3], first, last)
-
                 if plan.parallel:
+
+                    def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
+                        pack(inputs, *geometry, words, lanes.shape[3], first, last)
+
                     self.pool.parallel_for(lanes.shape[1], fill)
                 else:
-                    fill(0, lanes.shape[1])
+                    pack(inputs, *geometry, words, lanes.shape[3], 0, lanes.shape[1])
                 sums = PackedColumns.sums_of(lanes, positions) if product.column_sums is None \
                     else product.column_sums
                 self.run_packed(product, lanes, sums, target[image, channels])
