@@ -8,19 +8,26 @@ the kernel's the best ``time.perf_counter`` of ``kernel.run`` on read-only input
 node of a model pays besides its step's call). Compare two trees by running this script from
 each, alternately (``PYTHONPATH=tree``).
 
-Run: ``python benchmarks/conv_plans.py [--runs 2000]``.
+``--zoo mobilenet_v2_int8 ...`` times whole models of ``model_zoo.py`` instead (their cached
+exports): one-thread sessions of onnx_light and onnxruntime, their runs interleaved, the
+best and median thread CPU time of each.
+
+Run: ``python benchmarks/conv_plans.py [--runs 2000] [--zoo MODEL ...]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import model_zoo
 import numpy as np
-from _common import Table, load_average
+import onnx
+from _common import Table, load_average, onnxruntime_session
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light import RuntimeSession
@@ -74,11 +81,41 @@ def _best(call: Callable[[], object], runs: int, clock: Callable[[], float]) -> 
     return best * 1e6
 
 
+def zoo(names: list[str], rounds: int) -> Table:
+    """Whole models' best and median thread CPU time per run, onnxruntime's interleaved."""
+    table = Table(f"Whole models, one thread, {rounds} interleaved rounds (load average {load_average()})",
+                  ["model", "onnx_light best ms", "onnxruntime best ms", "ratio", "onnx_light median ms",
+                   "onnxruntime median ms"])
+    for name in names:
+        spec = model_zoo.MODELS[name]
+        feeds = model_zoo.model_feeds(spec)
+        path, _ = model_zoo.model_file(spec, feeds, model_zoo.default_cache_dir(),
+                                       model_zoo.package_versions(), model_zoo.torch_export)
+        model = onnx.load(path)
+        sessions = (RuntimeSession(model.SerializeToString(), num_threads=1), onnxruntime_session(model, 1))
+        times: tuple[list[float], list[float]] = ([], [])
+        for round_ in range(rounds + 3):
+            for session, samples in zip(sessions, times, strict=True):
+                start = time.thread_time()
+                session.run(None, feeds)
+                if round_ >= 3:
+                    samples.append((time.thread_time() - start) * 1e3)
+        table.add(name, min(times[0]), min(times[1]), min(times[0]) / min(times[1]),
+                  statistics.median(times[0]), statistics.median(times[1]))
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000,
                         help="runs of the small nodes (a tenth for the others)")
+    parser.add_argument("--zoo", nargs="+", metavar="MODEL", help="whole models of model_zoo.py instead")
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of the whole models")
     args = parser.parse_args()
+    if args.zoo:
+        print(zoo(args.zoo, args.rounds).markdown())
+        print(f"\nload average at end {load_average()}")
+        return
     table = Table(f"QLinearConv per run, one thread, best of runs (load average {load_average()})",
                   ["node", "session us", "kernel us"])
     for name, (c, m, plane, k, group, stride) in NODES.items():
