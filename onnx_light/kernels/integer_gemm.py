@@ -72,7 +72,7 @@ from .integer_loops import (
 )
 
 __all__ = ["ALGORITHM", "LAYOUTS", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS",
-           "TILE_ROWS", "ByteRows", "IntegerProductKernel", "PackedColumns", "Requantization",
+           "TILE_ROWS", "ByteRows", "IntegerProductKernel", "PackedColumns", "PackedPlan", "Requantization",
            "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_layout",
            "packed_product"]
 
@@ -249,14 +249,44 @@ class PackedColumns:
     def column_sums(self) -> np.ndarray:
         """The columns' sums over the reduced axis (int32, wrapping)."""
         if self.sums is None:
-            sums = self.lanes.sum(axis=(1, 3), dtype=np.int32).reshape(-1)
-            self.sums = np.ascontiguousarray(sums[:self.columns])
+            self.sums = self.sums_of(self.lanes, self.columns)
         return self.sums
+
+    @staticmethod
+    def sums_of(lanes: np.ndarray, columns: int) -> np.ndarray:
+        """The sums over the reduced axis of the first ``columns`` columns of ``lanes``."""
+        return np.ascontiguousarray(lanes.sum(axis=(1, 3), dtype=np.int32).reshape(-1)[:columns])
 
 
 def _chunk(left: np.dtype, right: np.dtype) -> int:
     """The longest run of the reduced axis whose byte products sum exactly in float32."""
     return (1 << 24) // (_MAGNITUDE[left] * _MAGNITUDE[right])
+
+
+class PackedPlan(NamedTuple):
+    """What one packed product reads besides its right operand's lanes and their column
+    sums (:meth:`IntegerProductKernel.packed_plan`): the compiled loop, the left operand
+    repeated with its zero points and row sums, the right one's zero points, its column sums
+    when they are constant (zeros when no row zero point needs them; None: the lanes'), the
+    biases, the requantization and the shape."""
+
+    run: Callable[..., None]
+    repeated: np.ndarray
+    row_zero: np.ndarray
+    row_sums: np.ndarray
+    column_zero: np.ndarray
+    column_sums: np.ndarray | None
+    depth: int
+    row_bias: np.ndarray
+    column_bias: np.ndarray
+    multiplier: np.ndarray
+    zero: int
+    low: int
+    high: int
+    requantized: bool
+    rows: int
+    columns: int
+    units: tuple[int, int]
 
 
 class IntegerProductKernel(Kernel):
@@ -341,31 +371,58 @@ class IntegerProductKernel(Kernel):
         """The packed algorithms' product (:func:`~onnx_light.kernels.integer_loops.packed_sums`),
         or the ``amx`` one's (:func:`~onnx_light.kernels.integer_loops.tile_sums`) for a right
         operand in its layout."""
-        rows, depth = left.data.shape
-        repeated, row_zero, sums, column_sums = _packed_operands(left, right)
+        plan = self.packed_plan(left, right, row_bias, column_bias, requantization)
+        out = np.empty((left.data.shape[0], right.columns), np.int32) if requantization is None \
+            else requantization[0]
+        sums = right.column_sums() if plan.column_sums is None else plan.column_sums
+        self.run_packed(plan, right.lanes, sums, out, epilogue)
+        return None if requantization is not None else out
+
+    def packed_plan(self, left: ByteRows, right: PackedColumns, row_bias: np.ndarray,
+                    column_bias: np.ndarray, requantization: Requantization | None) -> PackedPlan:
+        """What a packed product of ``left`` and right operands shaped as ``right`` (its
+        layout, columns and zero points) reads besides the right operand's lanes, made once
+        for a convolution's shape (:meth:`run_packed` runs it); ``requantization``'s output
+        is not kept (each run writes its own)."""
+        repeated, row_zero, sums = left.repeated(right.lanes.dtype, right.layout)
+        # count_nonzero, not any(): the latter's Python layers cost a small product microseconds
+        column_sums = None if np.count_nonzero(row_zero) else _zeros(right.columns)
         if requantization is None:
-            out = np.empty((rows, right.columns), np.int32)
             multiplier, zero, low, high = _ONE, 0, 0, 0
         else:
-            out, multiplier, zero, low, high = requantization
+            multiplier, zero, low, high = requantization[1:]
             # writable, as the warm-up's: one compiled signature whatever the caller's flags
             # (tested first: ``np.require`` alone costs more than a small product)
             flags = multiplier.flags
             if multiplier.dtype != np.float32 or not (flags.c_contiguous and flags.writeable):
                 multiplier = np.require(multiplier, np.float32, ("C", "W"))
-        run = (tile_sums if right.layout == "amx" else packed_sums).dispatcher
-        tiles = (self.tile_rows, self.tile_columns)
+        amx = right.layout == "amx"
+        return PackedPlan((tile_sums if amx else packed_sums).dispatcher, repeated, row_zero, sums,
+                          right.zero, column_sums, left.data.shape[1], row_bias, column_bias,
+                          multiplier, zero, low, high, requantization is not None,
+                          left.data.shape[0], right.columns,
+                          (2 * TILE_LANES, 2 * TILE_LANES) if amx else (PACKED_ROWS, 3 * PACKED_LANES))
+
+    def run_packed(self, plan: PackedPlan, lanes: np.ndarray, column_sums: np.ndarray, out: np.ndarray,
+                   epilogue: Epilogue | None = None) -> None:
+        """:meth:`packed_plan`'s product on right-operand ``lanes`` whose column sums are
+        ``column_sums``, written to ``out`` (int32 sums, or the requantized output), split
+        across the pool as :meth:`_split` does."""
+        run, tiles = plan.run, (self.tile_rows, self.tile_columns)
+        if epilogue is None and self.num_threads < 2:  # no closure, no split: a small product's run
+            run(lanes, plan.repeated, 0, plan.rows, 0, plan.columns, *tiles, plan.row_zero, plan.row_sums,
+                plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
+            return
 
         def block(r0: int, r1: int, c0: int, c1: int) -> None:
-            run(right.lanes, repeated, r0, r1, c0, c1, *tiles, row_zero, sums, right.zero,
-                column_sums, depth, row_bias, column_bias, multiplier, zero, low, high,
-                requantization is not None, out)
+            run(lanes, plan.repeated, r0, r1, c0, c1, *tiles, plan.row_zero, plan.row_sums,
+                plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
             if epilogue is not None:
                 epilogue(out, r0, r1, c0, c1)
 
-        units = (2 * TILE_LANES, 2 * TILE_LANES) if right.layout == "amx" else (PACKED_ROWS, 3 * PACKED_LANES)
-        self._split(rows, right.columns, depth, *units, block)
-        return None if requantization is not None else out
+        self._split(plan.rows, plan.columns, plan.depth, *plan.units, block)
 
     def compile_for(self, left: np.dtype, right: np.dtype, output: np.dtype | None = None,
                     swapped: bool = False) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from .integer_gemm import (
     Epilogue,
     IntegerProductKernel,
     PackedColumns,
+    PackedPlan,
     calibrate_integer_product,
     integer_parameters,
 )
@@ -371,6 +372,56 @@ def _output(ctx: NodeContext, product: np.ndarray, multiplier: np.ndarray, y_zer
     return requantize(values + _parameter(ctx, "y_zero_point", y_zero, None).astype(values.dtype), target)
 
 
+class _WindowPlan(NamedTuple):
+    """A packed convolution's setup for one input shape (:meth:`_ConvProduct.window_plan`):
+    the weights, bias and multipliers it was made of (checked by identity at each run), the
+    packing geometry (kernel, strides, dilations), the reduced length, each group's product
+    and output channels, and whether the packing splits across the pool."""
+
+    weights: list[ByteRows]
+    bias: np.ndarray | None
+    scales: np.ndarray | None
+    geometry: tuple[int, ...]
+    depth: int
+    groups: tuple[tuple[PackedPlan, slice], ...]
+    parallel: bool
+
+
+class _DepthwisePlan(NamedTuple):
+    """A depthwise convolution's setup for one input shape (:meth:`_ConvProduct.depthwise_plan`):
+    the weights, zero point, bias and multipliers it was made of (checked by identity at each
+    run), the shapes of the input planes and of the output, the shifted weights, the bias,
+    the plane geometry (strides, pads, phases, rows, columns), the multipliers (read-only) and
+    whether the (image, channel) pairs split across the pool."""
+
+    weights: np.ndarray
+    zero: np.ndarray | None
+    bias: np.ndarray | None
+    scales: np.ndarray | None
+    images: tuple[int, ...]
+    target: tuple[int, ...]
+    taps: np.ndarray
+    sums: np.ndarray
+    geometry: tuple[Any, ...]
+    multipliers: np.ndarray
+    parallel: bool
+
+
+#: The input shapes whose plans a convolution keeps (a model runs one or a few).
+_PLANS = 8
+
+
+def _keep(plans: dict[tuple[Any, ...], Any], key: tuple[Any, ...], plan: Any,
+          *made_of: np.ndarray | None) -> None:
+    """Keep ``plan`` under ``key`` when the arrays it was ``made_of`` cannot change in place
+    (absent or read-only: constants, and feeds, which are new arrays every run); a writable
+    array (a kernel called directly) may change between runs with the same identity."""
+    if all(array is None or not array.flags.writeable for array in made_of):
+        if len(plans) >= _PLANS:
+            plans.clear()
+        plans[key] = plan
+
+
 class _ConvProduct(_IntegerProduct):
     """What ConvInteger and QLinearConv share: the window attributes and the int32
     convolution (each output element takes C/group x kernel size multiply-adds), the
@@ -388,10 +439,9 @@ class _ConvProduct(_IntegerProduct):
             raise ctx.error(f"group must be positive, got {self.group}")
         self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
         self.windows: dict[tuple[tuple[int, ...], tuple[int, ...]], Window] = {}
-        # a depthwise convolution's shifted weights (for the weights and zero point they were
-        # made of) and plane layouts per geometry: made once, not per run
-        self.depthwise_taps: tuple[np.ndarray, np.ndarray | None, np.ndarray] | None = None
-        self.depthwise_planes: dict[tuple[tuple[int, ...], ...], tuple[Any, ...]] = {}
+        # per input shape, a depthwise or packed convolution's setup: made once, not per run
+        self.depthwise_plans: dict[tuple[Any, ...], _DepthwisePlan] = {}
+        self.window_plans: dict[tuple[Any, ...], _WindowPlan] = {}
 
     def window(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> Window:
         """The window geometry of an input and kernel shape, remembered (a model runs few)."""
@@ -515,40 +565,57 @@ class _ConvProduct(_IntegerProduct):
         (image, channel) pairs split across the pool from ``parallel.minimum_macs``
         multiply-adds."""
         n, m = x.shape[0], w.shape[0]
+        scales = None if requantization is None else requantization[1]
+        key = (x.shape, requantization is None)
+        plan = self.depthwise_plans.get(key)
+        if plan is None or not (plan.weights is w and plan.zero is w_zero and plan.bias is bias
+                                and plan.scales is scales):
+            plan = self.depthwise_plan(x, w, w_zero, bias, window, scales)
+            _keep(self.depthwise_plans, key, plan, w, w_zero, bias)
+        images = read_only(x.reshape(plan.images))
+        if requantization is None:
+            y, y_zero, low, high = np.empty((n, m, *window.output), np.int32), 0, 0, 0
+        else:
+            y, _, y_zero, low, high = requantization
+        target = y.reshape(plan.target)
+        kernel, geometry, taps, sums = depthwise_sums.dispatcher, plan.geometry, plan.taps, plan.sums
+        multipliers = plan.multipliers
+
+        def block(first: int, last: int) -> None:
+            kernel(images, zero, taps, sums, target, first, last, *geometry, multipliers, y_zero, low, high,
+                   requantization is not None)
+
+        if plan.parallel:
+            self.pool.parallel_for(n * m, block)
+        else:
+            block(0, n * m)
+        return y
+
+    def depthwise_plan(self, x: np.ndarray, w: np.ndarray, w_zero: np.ndarray | None,
+                       bias: np.ndarray | None, window: Window, scales: np.ndarray | None
+                       ) -> _DepthwisePlan:
+        """:meth:`depthwise`'s setup for this input shape (reused while the weights, their
+        zero point, the bias and the multipliers are the same arrays): the shifted weights,
+        the bias, the plane layout and the multipliers."""
+        n, m = x.shape[0], w.shape[0]
         planar = len(window.output) == 1
 
         def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
             return (fill, values[0]) if planar else (values[0], values[1])
 
-        images = read_only(x.reshape(n * m, *two(window.input, 1)))
-        held = self.depthwise_taps
-        if held is None or held[0] is not w or held[1] is not w_zero:
-            exact = np.float32 if w[0].size <= EXACT_CHANNELS else np.int32
-            taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
-                    - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1)).astype(exact)
-            self.depthwise_taps = held = (w, w_zero, taps)
-        taps = held[2]
-        sums = read_only(np.zeros(m, np.int32) if bias is None else bias)
-        strides, pads = two(window.strides, 1), two(window.begin, 0)
-        output = two(window.output, 1)
-        layout = (images.shape[1:], output, taps.shape[1:], strides, two(window.dilations, 1), pads)
-        planes = self.depthwise_planes.get(layout)
-        if planes is None:
-            planes = self.depthwise_planes[layout] = plane_layout(*layout)
-        phases, rows, columns = planes
-        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
-        target = y.reshape(n * m, *output)
-        kernel = depthwise_sums.dispatcher
-
-        def block(first: int, last: int) -> None:
-            kernel(images, zero, taps, sums, target, first, last, strides, pads, phases, rows,
-                   columns, scales, y_zero, low, high, requantization is not None)
-
-        if self.num_threads > 1 and n * m * w[0].size * math.prod(window.output) >= self.minimum_macs:
-            self.pool.parallel_for(n * m, block)
-        else:
-            block(0, n * m)
-        return y
+        exact = np.float32 if w[0].size <= EXACT_CHANNELS else np.int32
+        taps = (w.reshape(m, *two(window.kernel, 1)).astype(np.int32)
+                - _vector(w_zero, m).astype(np.int32).reshape(m, 1, 1)).astype(exact)
+        sums = read_only(np.zeros(m, np.int32) if bias is None else np.array(bias, np.int32))
+        strides, pads, output = two(window.strides, 1), two(window.begin, 0), two(window.output, 1)
+        plane = two(window.input, 1)
+        phases, rows, columns = plane_layout(plane, output, taps.shape[1:], strides,
+                                             two(window.dilations, 1), pads)
+        multipliers = (read_only(np.ones(m, np.float32)) if scales is None
+                       else read_only(np.array(scales, np.float32).reshape(m)))
+        parallel = self.num_threads > 1 and n * m * w[0].size * math.prod(window.output) >= self.minimum_macs
+        return _DepthwisePlan(w, w_zero, bias, scales, (n * m, *plane), (n * m, *output), taps, sums,
+                              (strides, pads, phases, rows, columns), multipliers, parallel)
 
     def pointwise(self, x: np.ndarray, zero: int, w: np.ndarray, w_zero: np.ndarray | None,
                   bias: np.ndarray | None, requantization: Requantization | None) -> np.ndarray:
@@ -589,44 +656,72 @@ class _ConvProduct(_IntegerProduct):
         2-D convolutions; the others keep the ``blas`` path."""
         n, c, group = x.shape[0], x.shape[1], self.group
         per_group, channels_out = c // group, weights[0].data.shape[0]
-        m = group * channels_out
-        y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
-        if requantization is not None:  # the caller's multipliers, writable (no copy per run)
-            scales = requantization[1].reshape(m)
-        target = y.reshape(n, m, -1)
         positions = math.prod(window.output)
         source = pad_spatial(x, window, value=zero)
         if positions < SWAPPED_POSITIONS <= channels_out:
             return self.packed_filters(source, zero, weights, bias, window, requantization)
+        plan = self.window_plan(x, zero, weights, bias, window, requantization)
+        if requantization is None:
+            y = np.empty((n, group * channels_out, *window.output), np.int32)
+        else:
+            y = requantization[0]
+        target = y.reshape(n, group * channels_out, positions)
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
+        pack, geometry = pack_windows.dispatcher, plan.geometry
+        lanes = PackedColumns.empty(plan.depth, positions, x.dtype, self.layout)
+        words = PackedColumns.words(lanes)
+        for image in range(n):
+            for g, (product, channels) in enumerate(plan.groups):
+                inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
+                if plan.parallel:
+
+                    def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
+                        pack(inputs, *geometry, words, lanes.shape[3], first, last)
+
+                    self.pool.parallel_for(lanes.shape[1], fill)
+                else:
+                    pack(inputs, *geometry, words, lanes.shape[3], 0, lanes.shape[1])
+                sums = PackedColumns.sums_of(lanes, positions) if product.column_sums is None \
+                    else product.column_sums
+                self.run_packed(product, lanes, sums, target[image, channels])
+        return y
+
+    def window_plan(self, x: np.ndarray, zero: int, weights: list[ByteRows], bias: np.ndarray | None,
+                    window: Window, requantization: Requantization | None) -> _WindowPlan:
+        """:meth:`packed_windows`' setup for this input shape, made once and reused while
+        the weights, bias and multipliers are the same arrays (constants; fed ones are new
+        arrays every run, so their plan is made anew): the packing geometry and each
+        group's :class:`~onnx_light.kernels.integer_gemm.PackedPlan`. Plans are read-only,
+        so concurrent runs share them."""
+        output = None if requantization is None else requantization[0].dtype
+        key = (x.shape, x.dtype, zero, output, *(requantization[2:] if requantization else ()))
+        plan = self.window_plans.get(key)
+        scales = None if requantization is None else requantization[1]
+        if plan is not None and plan.weights is weights and plan.bias is bias and plan.scales is scales:
+            return plan
+        group, per_group = self.group, x.shape[1] // self.group
+        channels_out = weights[0].data.shape[0]
+        if len(window.output) == 1:
             kernel, strides, dilations = (1, *window.kernel), (1, *window.strides), (1, *window.dilations)
         else:
             kernel, strides, dilations = window.kernel, window.strides, window.dilations
-        pack = pack_windows.dispatcher
-        depth = per_group * math.prod(kernel)
-        lanes = PackedColumns.empty(depth, positions, x.dtype, self.layout)
-        words = PackedColumns.words(lanes)
-        for image in range(n):
-            for g in range(group):
-                inputs = read_only(source[image, g * per_group:(g + 1) * per_group])
-
-                def fill(first: int, last: int, inputs: np.ndarray = inputs) -> None:
-                    pack(inputs, *kernel, *strides, *dilations, words, lanes.shape[3], first, last)
-
-                if self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs:
-                    self.pool.parallel_for(lanes.shape[1], fill)
-                else:
-                    fill(0, lanes.shape[1])
-                channels = slice(g * channels_out, (g + 1) * channels_out)
-                group_bias = None if bias is None else bias[channels].reshape(-1, 1)
-                right = PackedColumns(lanes, positions, zero)
-                if requantization is None:
-                    target[image, channels] = self.product(weights[g], right, group_bias)
-                else:
-                    self.product(weights[g], right, group_bias, requantization=(
-                        target[image, channels], scales[channels].reshape(-1, 1), y_zero, low, high))
-        return y
+        depth, positions = per_group * math.prod(kernel), math.prod(window.output)
+        template = PackedColumns(PackedColumns.empty(depth, positions, x.dtype, self.layout), positions, zero)
+        groups = []
+        for g in range(group):
+            channels = slice(g * channels_out, (g + 1) * channels_out)
+            row_bias = (np.zeros(channels_out, np.int32) if bias is None
+                        else np.array(bias[channels], np.int32))
+            quantized = None if requantization is None else (
+                None, np.ascontiguousarray(scales.reshape(-1)[channels], np.float32).reshape(-1, 1),
+                *requantization[2:])
+            groups.append((self.packed_plan(weights[g], template, row_bias, np.zeros(positions, np.int32),
+                                            quantized), channels))
+        plan = _WindowPlan(weights, bias, scales, (*kernel, *strides, *dilations), depth, tuple(groups),
+                           self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs)
+        _keep(self.window_plans, key, plan, bias)
+        return plan
 
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
