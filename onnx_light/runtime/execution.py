@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.base import KernelError, quiet
+from ..kernels.base import KernelError, Prepared, quiet
 from ..parallel import ThreadPool
 from .branches import Branches
 from .plan import Step
@@ -133,19 +133,47 @@ def _bound(
         return branches
     inputs = tuple(none_slot if s is None else s for s in item.inputs)
     release = tuple(s for s in item.release if s not in reused)
+    run, outputs = item.run, tuple((i, s) for i, s in enumerate(item.outputs) if s is not None)
+
+    def unprepared(values: list[Any]) -> None:
+        results = run(*[values[s] for s in inputs])
+        for i, s in outputs:
+            if i < len(results):
+                values[s] = results[i]
+
     prepared = item.prepared
-    if prepared is None:
-        run, outputs = item.run, tuple((i, s) for i, s in enumerate(item.outputs) if s is not None)
+    call = unprepared if prepared is None else _prepared_call(item, prepared, inputs, buffers,
+                                                              assignment)
+    if item.checked:  # inputs only shape inference vouches for: check them, else run
+        checks = tuple((inputs[index], shape, dtype) for index, (shape, dtype) in item.checked)
+        computed = call
 
-        def call(values: list[Any]) -> None:
-            results = run(*[values[s] for s in inputs])
-            for i, s in outputs:
-                if i < len(results):
-                    values[s] = results[i]
-            for s in release:
-                values[s] = None
+        def checked(values: list[Any]) -> None:
+            for s, shape, dtype in checks:
+                value = values[s]
+                if value.shape != shape or value.dtype != dtype or not value.flags.c_contiguous:
+                    unprepared(values)
+                    return
+            computed(values)
 
+        call = checked
+    if not release:
         return call
+    written = call
+
+    def call_and_release(values: list[Any]) -> None:
+        written(values)
+        for s in release:
+            values[s] = None
+
+    return call_and_release
+
+
+def _prepared_call(item: Step, prepared: Prepared, inputs: tuple[int, ...],
+                   buffers: Sequence[np.ndarray], assignment: Mapping[int, int]
+                   ) -> Callable[[list[Any]], None]:
+    """A prepared step's call: it computes into its buffer, or a new array for an output
+    the caller keeps."""
     compute, (output,) = prepared.compute, item.outputs
     if output in assignment:
         buffer = buffers[assignment[output]]
@@ -166,24 +194,15 @@ def _bound(
             def call(values: list[Any]) -> None:
                 compute(*[values[s] for s in inputs], out=buffer)
                 values[output] = buffer
-    else:  # a graph output: the caller keeps it, so it is made anew
-        shape, dtype = prepared.shape, prepared.dtype
-
-        def call(values: list[Any]) -> None:
-            out = np.empty(shape, dtype)
-            compute(*[values[s] for s in inputs], out=out)
-            values[output] = out
-
-    if not release:
         return call
-    written = call
+    shape, dtype = prepared.shape, prepared.dtype  # a graph output: the caller keeps it
 
-    def call_and_release(values: list[Any]) -> None:
-        written(values)
-        for s in release:
-            values[s] = None
+    def fresh(values: list[Any]) -> None:
+        out = np.empty(shape, dtype)
+        compute(*[values[s] for s in inputs], out=out)
+        values[output] = out
 
-    return call_and_release
+    return fresh
 
 
 def run_bound(bound: BoundPlan, values: list[Any]) -> None:
