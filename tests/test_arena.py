@@ -121,7 +121,7 @@ def _after_unprepared_steps(batch: int | str = 2):
     c = numpy_helper.from_array(np.linspace(-1, 1, 4, dtype=np.float32), "C")
     axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
-             helper.make_node("Add", ["t", "C"], ["a"]),  # reads a view: runs as it is
+             helper.make_node("Add", ["t", "C"], ["a"]),  # reads a view: copied into scratch
              helper.make_node("Relu", ["a"], ["r"]),  # reads a's output: into its buffer
              helper.make_node("Transpose", ["r"], ["u"], perm=[0, 2, 1]),
              helper.make_node("Sigmoid", ["u"], ["s"]),
@@ -172,3 +172,25 @@ def test_a_second_input_shape_runs_the_steps_whose_inputs_it_changes():
         assert [output.shape for output in got] == [(batch, 4, 3), (2 * batch, 4, 3), (1, 4, 3)]
         for output, want in zip(got, reference.run(None, feed), strict=True):
             np.testing.assert_allclose(output, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_conv_writes_into_its_buffer_the_values_its_run_gives():
+    rng = np.random.default_rng(6)
+    w = numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(np.float32), "W")
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Sigmoid", ["t"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 5, 3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = RuntimeSession(model, num_threads=1)
+    assert [item.op_type for item in session._plan if item.prepared is not None] == ["Conv", "Sigmoid"]
+    feeds = [{"x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32)} for _ in range(2)]
+    first = session.run(None, feeds[0])[0]
+    kept = first.copy()
+    for feed in feeds:
+        bound = session.run(None, feed)[0]
+        walked = session.run(None, feed, node_hook=lambda name, op: None)[0]
+        assert bound.tobytes() == walked.tobytes()
+    np.testing.assert_array_equal(first, kept)

@@ -34,7 +34,9 @@ def prepare_steps(plan: Sequence[Any], specs: Mapping[int, TensorSpec],
     prepared step's output is fixed in turn. ``inferred``: the specs shape inference gives
     the outputs of steps that are not prepared (a Conv's, a Transpose's view): a step
     reading one, or the output of a step that does, is prepared with that input checked
-    on every run (``Step.checked``). Steps inside :class:`Branches` items run as they are
+    on every run (``Step.checked``), and a scratch buffer (a write at the step's position
+    to a negative slot) into which a run copies a view of that spec (a transposed
+    activation) instead of allocating the copy. Steps inside :class:`Branches` items run as they are
     (their branches run side by side, so their buffers could not be shared)."""
     specs, inferred = dict(specs), inferred or {}
     unchecked: set[int] = set()
@@ -44,9 +46,13 @@ def prepare_steps(plan: Sequence[Any], specs: Mapping[int, TensorSpec],
                 and all(s is not None and s in specs for s in item.inputs)):
             prepared = item.kernel.prepare([specs[s] for s in item.inputs])
             if prepared is not None:
-                checked = tuple((index, specs[s]) for index, s in enumerate(item.inputs)
-                                if s in unchecked)
-                item = dataclasses.replace(item, prepared=prepared, checked=checked)
+                checked = []
+                for index, s in enumerate(item.inputs):
+                    if s in unchecked:  # with a scratch buffer for a view's values
+                        scratch = -1 - len(writes)  # a slot of no value: none is negative
+                        writes.append((position, scratch, specs[s]))
+                        checked.append((index, specs[s], scratch))
+                item = dataclasses.replace(item, prepared=prepared, checked=tuple(checked))
                 spec = (tuple(prepared.shape), np.dtype(prepared.dtype))
                 specs[item.outputs[0]] = spec
                 writes.append((position, item.outputs[0], spec))

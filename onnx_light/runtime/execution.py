@@ -145,18 +145,7 @@ def _bound(
     call = unprepared if prepared is None else _prepared_call(item, prepared, inputs, buffers,
                                                               assignment)
     if item.checked:  # inputs only shape inference vouches for: check them, else run
-        checks = tuple((inputs[index], shape, dtype) for index, (shape, dtype) in item.checked)
-        computed = call
-
-        def checked(values: list[Any]) -> None:
-            for s, shape, dtype in checks:
-                value = values[s]
-                if value.shape != shape or value.dtype != dtype or not value.flags.c_contiguous:
-                    unprepared(values)
-                    return
-            computed(values)
-
-        call = checked
+        call = _checked_call(item, inputs, buffers, assignment, unprepared)
     if not release:
         return call
     written = call
@@ -167,6 +156,35 @@ def _bound(
             values[s] = None
 
     return call_and_release
+
+
+def _checked_call(item: Step, inputs: tuple[int, ...], buffers: Sequence[np.ndarray],
+                  assignment: Mapping[int, int], unprepared: Callable[[list[Any]], None]
+                  ) -> Callable[[list[Any]], None]:
+    """A prepared step whose ``checked`` inputs are checked on every run: a view of the
+    spec is copied into its scratch buffer, another shape or type runs the kernel."""
+    prepared, (output,) = item.prepared, item.outputs
+    assert prepared is not None
+    compute, shape, dtype = prepared.compute, prepared.shape, prepared.dtype
+    target = buffers[assignment[output]] if output in assignment else None
+    checks = tuple((index, spec_shape, spec_dtype, buffers[assignment[scratch]])
+                   for index, (spec_shape, spec_dtype), scratch in item.checked)
+
+    def checked(values: list[Any]) -> None:
+        operands = [values[s] for s in inputs]
+        for index, spec_shape, spec_dtype, scratch in checks:
+            value = operands[index]
+            if value.shape != spec_shape or value.dtype != spec_dtype:
+                unprepared(values)
+                return
+            if not value.flags.c_contiguous:
+                np.copyto(scratch, value)
+                operands[index] = scratch
+        out = np.empty(shape, dtype) if target is None else target
+        compute(*operands, out=out)
+        values[output] = out
+
+    return checked
 
 
 def _prepared_call(item: Step, prepared: Prepared, inputs: tuple[int, ...],
