@@ -113,3 +113,84 @@ def test_a_symbolic_input_leaves_the_steps_to_their_kernels():
     assert all(item.prepared is None for item in session._plan)
     x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
     assert session.run(None, {"x": x})[0].shape == (3, 8)
+
+
+def _after_unprepared_steps(batch: int | str = 2):
+    """Steps the memory plan cannot prepare (Transpose's view, Concat, ReduceSum), each
+    followed by preparable ones whose input specs only shape inference gives."""
+    c = numpy_helper.from_array(np.linspace(-1, 1, 4, dtype=np.float32), "C")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Add", ["t", "C"], ["a"]),  # reads a view: copied into scratch
+             helper.make_node("Relu", ["a"], ["r"]),  # reads a's output: into its buffer
+             helper.make_node("Transpose", ["r"], ["u"], perm=[0, 2, 1]),
+             helper.make_node("Sigmoid", ["u"], ["s"]),
+             helper.make_node("Add", ["s", "x"], ["y"]),
+             helper.make_node("Concat", ["x", "x"], ["z"], axis=0),
+             helper.make_node("Mul", ["z", "z"], ["m"]),
+             helper.make_node("Neg", ["m"], ["n"]),
+             helper.make_node("ReduceSum", ["n", "axes"], ["k"], keepdims=1),
+             helper.make_node("Abs", ["k"], ["e"]), helper.make_node("Exp", ["e"], ["w"])]
+    graph = helper.make_graph(
+        nodes, "after", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, 3]),
+         helper.make_tensor_value_info("n", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [1, 4, 3])], [c, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_steps_after_unprepared_ones_write_into_buffers_checked_every_run(fuse):
+    session = RuntimeSession(_after_unprepared_steps(), num_threads=1, fuse=fuse)
+    checked = [item for item in session._plan if item.checked]
+    assert checked and all(item.prepared is not None for item in checked)
+    assert session.arena_bytes > 0
+    reference = RuntimeSession(_after_unprepared_steps(), num_threads=1, fuse=False, fold=False)
+    feeds = [{"x": np.random.default_rng(seed).standard_normal((2, 4, 3)).astype(np.float32)}
+             for seed in range(3)]
+    first = session.run(None, feeds[0])
+    kept = [output.copy() for output in first]
+    for feed in feeds:  # two runs in a row: the second reuses the buffers, never the outputs
+        bound = session.run(None, feed)
+        walked = session.run(None, feed, node_hook=lambda name, op: None)
+        for got, walk, want in zip(bound, walked, reference.run(None, feed), strict=True):
+            assert got.tobytes() == walk.tobytes()
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        assert len({id(output.base if output.base is not None else output) for output in bound}) == 3
+    for output, copy in zip(first, kept, strict=True):
+        np.testing.assert_array_equal(output, copy)
+
+
+def test_a_second_input_shape_runs_the_steps_whose_inputs_it_changes():
+    session = RuntimeSession(_after_unprepared_steps("batch"), num_threads=1)
+    reference = RuntimeSession(_after_unprepared_steps("batch"), num_threads=1, fuse=False, fold=False)
+    prepared = [item for item in session._plan if item.prepared is not None]
+    assert prepared and all(item.checked for item in prepared)  # after ReduceSum's [1, 4, 3]
+    for batch in (2, 5, 2):
+        feed = {"x": np.random.default_rng(batch).standard_normal((batch, 4, 3)).astype(np.float32)}
+        got = session.run(None, feed)
+        assert [output.shape for output in got] == [(batch, 4, 3), (2 * batch, 4, 3), (1, 4, 3)]
+        for output, want in zip(got, reference.run(None, feed), strict=True):
+            np.testing.assert_allclose(output, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_conv_writes_into_its_buffer_the_values_its_run_gives():
+    rng = np.random.default_rng(6)
+    w = numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(np.float32), "W")
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Sigmoid", ["t"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 5, 3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = RuntimeSession(model, num_threads=1)
+    assert [item.op_type for item in session._plan if item.prepared is not None] == ["Conv", "Sigmoid"]
+    feeds = [{"x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32)} for _ in range(2)]
+    first = session.run(None, feeds[0])[0]
+    kept = first.copy()
+    for feed in feeds:
+        bound = session.run(None, feed)[0]
+        walked = session.run(None, feed, node_hook=lambda name, op: None)[0]
+        assert bound.tobytes() == walked.tobytes()
+    np.testing.assert_array_equal(first, kept)

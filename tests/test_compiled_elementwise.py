@@ -333,8 +333,8 @@ def test_a_chain_runs_with_the_published_values_of_the_node_it_is_tuned_as(monke
     thresholds = []
     run = ce.CompiledProgram.run
     monkeypatch.setattr(ce.CompiledProgram, "run",
-                        lambda self, arrays, threads=1, minimum=1: (thresholds.append(minimum),
-                                                                    run(self, arrays, threads, minimum))[1])
+                        lambda self, arrays, threads=1, minimum=1, out=None: (
+                            thresholds.append(minimum), run(self, arrays, threads, minimum, out))[1])
     y = session.run(None, {"x": x})[0]
     assert thresholds == [published[MINIMUM_ELEMENTS]]
     np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-7)

@@ -140,8 +140,9 @@ def test_a_feed_is_never_written_by_a_run(op):
         np.maximum(v, 0, out=v)
         return [v]
 
-    session._plan = tuple(dataclasses.replace(step, run=in_place) if step.node == "writer" else step
-                          for step in session._plan)
+    # (unprepared: a prepared step writes into its planned buffer, never calling run)
+    session._plan = tuple(dataclasses.replace(step, run=in_place, prepared=None, checked=())
+                          if step.node == "writer" else step for step in session._plan)
     x = X - 10
     with pytest.raises(RuntimeError, match=r"node 'writer' \(Relu\) failed: ValueError: .*read-only"):
         session.run(None, {"x": x})

@@ -497,11 +497,12 @@ class CompiledProgram:
     inputs: int
 
     def run(self, inputs: Sequence[np.ndarray], threads: int = 1,
-            minimum_elements: int = 1) -> np.ndarray | None:
+            minimum_elements: int = 1, out: np.ndarray | None = None) -> np.ndarray | None:
         """The output for float32 ``inputs`` broadcast together: over ``threads`` numba
         threads from ``minimum_elements`` output elements on, else serial; None when an
         input's dtype or broadcast pattern is not one the programs take (the caller computes
-        it another way)."""
+        it another way). ``out``: a C-contiguous float32 array of the output's shape to
+        write into (the memory plan's buffer), else a new one."""
         shapes = [x.shape for x in inputs]
         out_shape = np.broadcast_shapes(*shapes)
         arrays, periods = [], []
@@ -513,7 +514,8 @@ class CompiledProgram:
             periods.append(p)
         arrays += [_DUMMY] * (MAX_INPUTS - len(arrays))
         periods += [(0, 1)] * (MAX_INPUTS - len(periods))
-        out = np.empty(out_shape, np.float32)
+        if out is None:
+            out = np.empty(out_shape, np.float32)
         flat = out.reshape(-1)
         if flat.size:
             parallel = threads > 1 and flat.size >= minimum_elements

@@ -22,8 +22,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.schema import KernelTuningSchema, Value
-from .base import Kernel, NodeContext
-from .compiled_elementwise import CompiledProgram
+from .base import Kernel, NodeContext, Prepared, TensorSpec
+from .compiled_elementwise import CompiledProgram, broadcast
 from .elementwise import ElementwiseKernel
 
 __all__ = ["FusedElementwise"]
@@ -71,6 +71,25 @@ class FusedElementwise(Kernel):
         """Compile the program now, at session construction (a warm cache loads it)."""
         self.program.compile(parallel=self.num_threads > 1)
         return None
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The program writing into the memory plan's buffer, for float32 inputs of these
+        shapes broadcast as the program takes them (what :meth:`run` computes for them);
+        None otherwise (the original chain may run)."""
+        if len(inputs) != len(self.input_slots) or any(d != np.float32 for _, d in inputs):
+            return None
+        try:
+            shape = np.broadcast_shapes(*(s for s, _ in inputs))
+        except ValueError:
+            return None
+        if any(broadcast(s, shape) is None for s, _ in inputs):
+            return None
+        program, threads, minimum = self.program, self.num_threads, self.minimum_elements
+
+        def prepared(*operands: np.ndarray, out: np.ndarray) -> None:
+            program.run(operands, threads, minimum, out=out)
+
+        return Prepared(prepared, tuple(shape), np.dtype(np.float32))
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         arrays = [x for x in inputs if isinstance(x, np.ndarray)]

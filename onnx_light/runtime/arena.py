@@ -25,24 +25,46 @@ from .plan import Step
 __all__ = ["Arenas", "MemoryPlan", "plan_memory", "prepare_steps"]
 
 
-def prepare_steps(plan: Sequence[Any], specs: Mapping[int, TensorSpec]
+def prepare_steps(plan: Sequence[Any], specs: Mapping[int, TensorSpec],
+                  inferred: Mapping[int, TensorSpec] | None = None
                   ) -> tuple[tuple[Any, ...], list[tuple[int, int, TensorSpec]]]:
     """The plan with its steps prepared (``Kernel.prepare``) where every input's spec is
-    fixed, and the values they write as (position, slot, spec). ``specs``: the slots fixed
+    known, and the values they write as (position, slot, spec). ``specs``: the slots fixed
     for every run (contiguous constants, feeds whose type and shape the run checks); a
-    prepared step's output is fixed in turn. Steps inside :class:`Branches` items run as
-    they are (their branches run side by side, so their buffers could not be shared)."""
-    specs = dict(specs)
+    prepared step's output is fixed in turn. ``inferred``: the specs shape inference gives
+    the outputs of steps that are not prepared (a Conv's, a Transpose's view): a step
+    reading one, or the output of a step that does, is prepared with that input checked
+    on every run (``Step.checked``), and a scratch buffer (a write at the step's position
+    to a negative slot) into which a run copies a view of that spec (a transposed
+    activation) instead of allocating the copy. Steps inside :class:`Branches` items run as they are
+    (their branches run side by side, so their buffers could not be shared)."""
+    specs, inferred = dict(specs), inferred or {}
+    unchecked: set[int] = set()
     items, writes = [], []
     for position, item in enumerate(plan):
         if (type(item) is Step and len(item.outputs) == 1 and item.outputs[0] is not None
                 and all(s is not None and s in specs for s in item.inputs)):
             prepared = item.kernel.prepare([specs[s] for s in item.inputs])
             if prepared is not None:
-                item = dataclasses.replace(item, prepared=prepared)
+                checked = []
+                for index, s in enumerate(item.inputs):
+                    if s in unchecked:  # with a scratch buffer for a view's values
+                        scratch = -1 - len(writes)  # a slot of no value: none is negative
+                        writes.append((position, scratch, specs[s]))
+                        checked.append((index, specs[s], scratch))
+                item = dataclasses.replace(item, prepared=prepared, checked=tuple(checked))
                 spec = (tuple(prepared.shape), np.dtype(prepared.dtype))
                 specs[item.outputs[0]] = spec
                 writes.append((position, item.outputs[0], spec))
+                if checked:
+                    unchecked.add(item.outputs[0])
+                items.append(item)
+                continue
+        if type(item) is Step:
+            for s in item.outputs:
+                if s is not None and s in inferred and s not in specs:
+                    specs[s] = inferred[s]
+                    unchecked.add(s)
         items.append(item)
     return tuple(items), writes
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.base import KernelError, quiet
+from ..kernels.base import KernelError, Prepared, quiet
 from ..parallel import ThreadPool
 from .branches import Branches
 from .plan import Step
@@ -133,19 +133,65 @@ def _bound(
         return branches
     inputs = tuple(none_slot if s is None else s for s in item.inputs)
     release = tuple(s for s in item.release if s not in reused)
+    run, outputs = item.run, tuple((i, s) for i, s in enumerate(item.outputs) if s is not None)
+
+    def unprepared(values: list[Any]) -> None:
+        results = run(*[values[s] for s in inputs])
+        for i, s in outputs:
+            if i < len(results):
+                values[s] = results[i]
+
     prepared = item.prepared
-    if prepared is None:
-        run, outputs = item.run, tuple((i, s) for i, s in enumerate(item.outputs) if s is not None)
-
-        def call(values: list[Any]) -> None:
-            results = run(*[values[s] for s in inputs])
-            for i, s in outputs:
-                if i < len(results):
-                    values[s] = results[i]
-            for s in release:
-                values[s] = None
-
+    call = unprepared if prepared is None else _prepared_call(item, prepared, inputs, buffers,
+                                                              assignment)
+    if item.checked:  # inputs only shape inference vouches for: check them, else run
+        call = _checked_call(item, inputs, buffers, assignment, unprepared)
+    if not release:
         return call
+    written = call
+
+    def call_and_release(values: list[Any]) -> None:
+        written(values)
+        for s in release:
+            values[s] = None
+
+    return call_and_release
+
+
+def _checked_call(item: Step, inputs: tuple[int, ...], buffers: Sequence[np.ndarray],
+                  assignment: Mapping[int, int], unprepared: Callable[[list[Any]], None]
+                  ) -> Callable[[list[Any]], None]:
+    """A prepared step whose ``checked`` inputs are checked on every run: a view of the
+    spec is copied into its scratch buffer, another shape or type runs the kernel."""
+    prepared, (output,) = item.prepared, item.outputs
+    assert prepared is not None
+    compute, shape, dtype = prepared.compute, prepared.shape, prepared.dtype
+    target = buffers[assignment[output]] if output in assignment else None
+    checks = tuple((index, spec_shape, spec_dtype, buffers[assignment[scratch]])
+                   for index, (spec_shape, spec_dtype), scratch in item.checked)
+
+    def checked(values: list[Any]) -> None:
+        operands = [values[s] for s in inputs]
+        for index, spec_shape, spec_dtype, scratch in checks:
+            value = operands[index]
+            if value.shape != spec_shape or value.dtype != spec_dtype:
+                unprepared(values)
+                return
+            if not value.flags.c_contiguous:
+                np.copyto(scratch, value)
+                operands[index] = scratch
+        out = np.empty(shape, dtype) if target is None else target
+        compute(*operands, out=out)
+        values[output] = out
+
+    return checked
+
+
+def _prepared_call(item: Step, prepared: Prepared, inputs: tuple[int, ...],
+                   buffers: Sequence[np.ndarray], assignment: Mapping[int, int]
+                   ) -> Callable[[list[Any]], None]:
+    """A prepared step's call: it computes into its buffer, or a new array for an output
+    the caller keeps."""
     compute, (output,) = prepared.compute, item.outputs
     if output in assignment:
         buffer = buffers[assignment[output]]
@@ -166,24 +212,15 @@ def _bound(
             def call(values: list[Any]) -> None:
                 compute(*[values[s] for s in inputs], out=buffer)
                 values[output] = buffer
-    else:  # a graph output: the caller keeps it, so it is made anew
-        shape, dtype = prepared.shape, prepared.dtype
-
-        def call(values: list[Any]) -> None:
-            out = np.empty(shape, dtype)
-            compute(*[values[s] for s in inputs], out=out)
-            values[output] = out
-
-    if not release:
         return call
-    written = call
+    shape, dtype = prepared.shape, prepared.dtype  # a graph output: the caller keeps it
 
-    def call_and_release(values: list[Any]) -> None:
-        written(values)
-        for s in release:
-            values[s] = None
+    def fresh(values: list[Any]) -> None:
+        out = np.empty(shape, dtype)
+        compute(*[values[s] for s in inputs], out=out)
+        values[output] = out
 
-    return call_and_release
+    return fresh
 
 
 def run_bound(bound: BoundPlan, values: list[Any]) -> None:

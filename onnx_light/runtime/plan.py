@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.base import Kernel, Prepared
+from ..kernels.base import Kernel, Prepared, TensorSpec
 
 __all__ = ["Handoff", "NodeStep", "Slots", "Step", "memory_roots", "plan_steps", "static_shape",
            "work_estimates"]
@@ -29,7 +29,10 @@ class Step:
     """One step of a plan: ``run(*inputs)`` returns the outputs to store in ``outputs``;
     ``release`` lists the slots to free after it; ``kernel`` is the kernel it runs, and
     ``prepared`` its computation for fixed input specs when the memory plan gave its output
-    a buffer (``runtime/arena.py``)."""
+    a buffer (``runtime/arena.py``); ``checked``: the inputs (by position, with their specs
+    and the slot of a scratch buffer) whose spec only shape inference vouches for, checked
+    on every run before ``prepared``: a view of that spec is copied into the scratch
+    buffer, another shape or type runs ``run`` instead."""
 
     run: Any
     inputs: Slots
@@ -39,6 +42,7 @@ class Step:
     op_type: str
     kernel: Kernel
     prepared: Prepared | None = None
+    checked: tuple[tuple[int, TensorSpec, int], ...] = ()
 
 
 def memory_roots(steps: Sequence[NodeStep]) -> dict[int, frozenset[int]]:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..kernels.base import Kernel, TensorSpec, quiet
+from ..kernels.base import Kernel, TensorSpec, numpy_dtype, quiet
 from ..kernels.compiled import CACHE_ENV, compile_totals, load_numba
 from ..kernels.declaration import KernelDeclaration
 from ..kernels.spin import spin_loop
@@ -289,7 +289,7 @@ class RuntimeSession:
             self._plan = group_branches(self._plan, work_estimates(steps, known, shapes),
                                         self.num_threads)
         self.branch_groups = sum(type(item) is Branches for item in self._plan)
-        self._plan_memory(steps, known, graph_outputs)
+        self._plan_memory(steps, known, graph_outputs, shapes)
         self._unfolded_inputs = (every_step, shapes, grouped)
 
     def _release_packed_constants(self) -> None:
@@ -329,10 +329,12 @@ class RuntimeSession:
         return plan, Handoff.of(every_step, graph_outputs)
 
     def _plan_memory(self, steps: Sequence[NodeStep], known: Mapping[int, np.ndarray],
-                     graph_outputs: Sequence[int]) -> None:
+                     graph_outputs: Sequence[int],
+                     shapes: Mapping[int, Sequence[int | str | None]]) -> None:
         """Prepare the plan's steps whose inputs are fixed (contiguous constants, feeds the
-        run checks fully, prepared steps' outputs), give their outputs reused buffers, and
-        set up the bound plans (``runtime/arena.py``, ``runtime/execution.py``)."""
+        run checks fully, prepared steps' outputs) or inferred (``shapes``: other steps'
+        outputs, checked on every run), give their outputs reused buffers, and set up the
+        bound plans (``runtime/arena.py``, ``runtime/execution.py``)."""
         overridable = set(self._feed_slots.values())
         specs: dict[int, TensorSpec] = {
             s: (array.shape, array.dtype) for s, array in known.items()
@@ -342,7 +344,13 @@ class RuntimeSession:
             if feed.spec is not None and (default is None or (
                     default.flags.c_contiguous and (default.shape, default.dtype) == feed.spec)):
                 specs[feed.slot] = feed.spec
-        self._plan, writes = prepare_steps(self._plan, specs)
+        inferred: dict[int, TensorSpec] = {}
+        for kernel, _, outputs in steps:
+            for s, element_type in zip(outputs, kernel.ctx.output_types, strict=False):
+                shape = static_shape(s, {}, shapes)
+                if shape is not None and element_type:
+                    inferred[s] = (shape, numpy_dtype(element_type))
+        self._plan, writes = prepare_steps(self._plan, specs, inferred)
         read_by_prepared = {s for item in self._plan if getattr(item, "prepared", None) is not None
                             for s in item.inputs}
         self._feeds = tuple(dataclasses.replace(feed, contiguous=feed.slot in read_by_prepared)

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...tuning.schema import Value
-from ..base import Kernel, KernelError, NodeContext, compute_dtype
+from ..base import Kernel, KernelError, NodeContext, Prepared, TensorSpec, compute_dtype
 from ..packed_gemm import aligned_empty
 from ..window import Window, WindowAttributes
 from . import winograd
@@ -391,7 +391,33 @@ class ConvKernel(Kernel):
 
     # ---------------------------------------------------------------- running
 
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """:meth:`run` writing into the memory plan's buffer, for float32 inputs of the
+        shapes :meth:`settle` settled (none fused in: no residual, no channel scale, no
+        distinct weights), but for ``direct_1x1``, whose tiles need an aligned output."""
+        settled = self._settled
+        if (settled is None or self.residual or self.channel_scale or self._distinct is not None
+                or len(inputs) not in (2, 3) or any(d != np.float32 for _, d in inputs)
+                or (tuple(inputs[0][0]), tuple(inputs[1][0])) != (settled.x_shape, settled.w_shape)
+                or settled.problem.algorithm == "direct_1x1"):
+            return None
+        problem = settled.problem
+
+        def prepared(*arrays: np.ndarray, out: np.ndarray) -> None:
+            (result,) = self._run(arrays, out)
+            if result is not out:  # a problem decided otherwise at run time (not settled's)
+                np.copyto(out, result)
+
+        return Prepared(prepared, (problem.batch, problem.filters, *problem.window.output),
+                        np.dtype(np.float32))
+
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
+        return self._run(inputs, None)
+
+    def _run(self, inputs: Sequence[np.ndarray | None], given: np.ndarray | None
+             ) -> Sequence[np.ndarray]:
+        """:meth:`run`, writing into ``given`` (a C-contiguous array of the output's shape and
+        compute type, :meth:`prepare`'s buffer) when its problem needs no aligned output."""
         if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
             raise self.ctx.error("needs inputs X and W")
         x, w = inputs[0], inputs[1]
@@ -424,7 +450,13 @@ class ConvKernel(Kernel):
         compute = compute_dtype(x.dtype)
         shape = (problem.batch, problem.filters, *problem.window.output)
         # direct_1x1's compiled tiles store whole rows of 64-byte blocks
-        out = aligned_empty(shape, compute) if problem.algorithm == "direct_1x1" else np.empty(shape, compute)
+        if (given is not None and given.shape == shape and given.dtype == compute
+                and problem.algorithm != "direct_1x1"):
+            out = given
+        elif problem.algorithm == "direct_1x1":
+            out = aligned_empty(shape, compute)
+        else:
+            out = np.empty(shape, compute)
         finish = self._finisher(out, residual, b is not None)
         if out.size == 0:
             return (out.astype(x.dtype, copy=False),)
