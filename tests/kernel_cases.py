@@ -82,3 +82,19 @@ def integer_product(algorithm: str, tile_rows: int = 64, tile_columns: int = 768
     kernel.configure({ALGORITHM: algorithm, TILE_ROWS: tile_rows, TILE_COLUMNS: tile_columns,
                       MINIMUM_MACS: minimum_macs})
     return kernel.bind(pool)
+
+
+def byte_product_case(rng: np.random.Generator, left: Any, right: Any, rows: int, depth: int,
+                      columns: int, zero_points: bool, per_channel: bool
+                      ) -> tuple[np.ndarray, np.ndarray, Any, Any, np.ndarray, np.ndarray]:
+    """Random operands of an integer product (``a`` rows x depth of type ``left``, ``b``
+    columns x depth of ``right``), their zero points (per row of ``a``; per column of ``b``
+    with ``per_channel``, else one), an int32 bias and the exact int64 sums."""
+    a, b = random_bytes(rng, left, (rows, depth)), random_bytes(rng, right, (columns, depth))
+    a_zero = random_bytes(rng, left, rows).astype(np.int32) if zero_points else 0
+    b_zero = (random_bytes(rng, right, columns).astype(np.int32) if per_channel
+              else int(random_bytes(rng, right, ())) if zero_points else 0)
+    bias = rng.integers(-2**20, 2**20, (1, columns)).astype(np.int32)
+    expected = ((a.astype(np.int64) - np.reshape(a_zero, (-1, 1)))
+                @ (b.astype(np.int64) - np.reshape(b_zero, (-1, 1))).T + bias)
+    return a, b, a_zero, b_zero, bias, expected

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import integer_product, random_bytes
+from kernel_cases import byte_product_case, integer_product, random_bytes
 
 from onnx_light.kernels import tile_matrices
 from onnx_light.kernels.integer_gemm import ByteRows
@@ -34,14 +34,8 @@ def test_tiles_give_the_exact_sums_and_the_packed_kernels_outputs(
         rows: int, depth: int, columns: int, pair: tuple[Any, Any], zero_points: bool,
         per_channel: bool, tiles: tuple[int, int], seed: int) -> None:
     rng = np.random.default_rng(seed)
-    left, right = pair
-    a, b = random_bytes(rng, left, (rows, depth)), random_bytes(rng, right, (columns, depth))
-    a_zero = random_bytes(rng, left, rows).astype(np.int32) if zero_points else 0
-    b_zero = (random_bytes(rng, right, columns).astype(np.int32) if per_channel
-              else int(random_bytes(rng, right, ())) if zero_points else 0)
-    bias = rng.integers(-2**20, 2**20, (1, columns)).astype(np.int32)
-    expected = ((a.astype(np.int64) - np.reshape(a_zero, (-1, 1)))
-                @ (b.astype(np.int64) - np.reshape(b_zero, (-1, 1))).T + bias)
+    a, b, a_zero, b_zero, bias, expected = byte_product_case(
+        rng, *pair, rows, depth, columns, zero_points, per_channel)
     amx, packed = integer_product("amx", *tiles), integer_product("packed", *tiles)
     assert amx.layout == "amx" and packed.layout == "packed"
     got = amx.product(ByteRows(a, a_zero), ByteRows(b, b_zero), bias)
