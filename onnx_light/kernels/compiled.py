@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledConstant", "CompiledFunction", "CompiledIntrinsic",
-           "clock_without_compilation", "compile_totals", "compiled", "fused_multiply_add",
+           "clock_without_compilation", "close_sum_loop", "compile_totals", "compiled", "fused_multiply_add",
            "kernel_sources_digest", "load_numba", "numba_cache_dir", "prange", "process_compile_seconds",
            "target_features", "target_flags", "vector_bytes", "vector_lanes", "wide_vectors"]
 
@@ -360,6 +360,29 @@ def _build_vector_lanes(numba: ModuleType) -> Any:
 #: The number of an array's elements in one host vector (:func:`vector_bytes`), in a compiled
 #: kernel: the one code path of explicit-vector kernels for every vector width.
 vector_lanes = CompiledIntrinsic(_build_vector_lanes, "vector_lanes")
+
+
+def close_sum_loop(builder: Any, counter: Any, limit: Any, sums: list[Any], updated: list[Any],
+                   initial: list[Any], entry: Any, loop: Any, done: Any) -> list[Any]:
+    """Closes a counted loop of accumulators written in LLVM IR (an intrinsic's codegen): the
+    counter's next value and the accumulators' back edges (``sums`` are their phis,
+    ``updated`` this iteration's values), the branch back to ``loop`` while the next value
+    is below ``limit``, then, in ``done``, each accumulator's value after the loop (its
+    ``initial`` value when the loop was entered from ``entry``, else the last iteration's)."""
+    following = builder.add(counter, counter.type(1))
+    body_end = builder.block
+    counter.add_incoming(following, body_end)
+    for phi, value in zip(sums, updated, strict=True):
+        phi.add_incoming(value, body_end)
+    builder.cbranch(builder.icmp_signed("<", following, limit), loop, done)
+    builder.position_at_end(done)
+    totals = []
+    for before, value in zip(initial, updated, strict=True):
+        phi = builder.phi(value.type)
+        phi.add_incoming(before, entry)
+        phi.add_incoming(value, body_end)
+        totals.append(phi)
+    return totals
 
 
 def prange(*arguments: int) -> range:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..parallel import ThreadPool
-from .compiled import CompiledConstant, CompiledIntrinsic, compiled, target_flags
+from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, target_flags
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
            "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
@@ -214,19 +214,7 @@ def _build_tile(numba: Any) -> Any:
                 ir.Constant(vector, ir.Undefined), broadcast)
             for q in range(vectors):
                 updated.append(builder.call(fma, [splat, w[q], sums[vectors * r + q]]))
-        following = builder.add(p, constant(1))
-        body_end = builder.block
-        p.add_incoming(following, body_end)
-        for phi, value in zip(sums, updated, strict=True):
-            phi.add_incoming(value, body_end)
-        builder.cbranch(builder.icmp_signed("<", following, stop_v), loop, done)
-        builder.position_at_end(done)
-        totals = []
-        for before, value in zip(initial, updated, strict=True):
-            phi = builder.phi(vector)
-            phi.add_incoming(before, entry)
-            phi.add_incoming(value, body_end)
-            totals.append(phi)
+        totals = close_sum_loop(builder, p, stop_v, sums, updated, initial, entry, loop, done)
         bias_start = builder.gep(bias_data, [values["bias_start"]])
         biases = [builder.select(values["with_bias"], load_vector(builder, bias_start, lanes * q), zero)
                   for q in range(vectors)]

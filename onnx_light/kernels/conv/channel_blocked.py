@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import CompiledIntrinsic, compiled, target_flags
+from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, target_flags
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
@@ -260,19 +260,8 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                               for window in windows]
                 updated = [builder.call(fma, [w, value, total])
                            for value, total in zip(values, sums, strict=True)]
-                following = builder.add(t, ir.Constant(i64, 1))
-                body_end = builder.block
-                t.add_incoming(following, body_end)
-                for phi, value in zip(sums, updated, strict=True):
-                    phi.add_incoming(value, body_end)
-                builder.cbranch(builder.icmp_signed("<", following, taps_v), loop, done)
-                builder.position_at_end(done)
-                finished = []
-                for value in updated:
-                    phi = builder.phi(vector)
-                    phi.add_incoming(bias_vector, entry)
-                    phi.add_incoming(value, body_end)
-                    finished.append(phi)
+                finished = close_sum_loop(builder, t, taps_v, sums, updated,
+                                          [bias_vector] * len(updated), entry, loop, done)
                 low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
                 totals = []
                 for phi in finished:
