@@ -15,7 +15,9 @@ once, when it loads):
   idle-priority thread per worker spinning so that no processor halts; ``awake N``: N such
   threads);
 * ``pool`` and ``pool, awake``: onnx_light's ThreadPool handing one block to each thread, each
-  block a serial compiled (nogil) call, without and with the awake scope.
+  block a serial compiled (nogil) call, without and with the awake scope; ``pool, hot 200``:
+  with the pool's threads spinning up to 200 us for each other (``ThreadPool.hot``'s
+  ``spin_us``).
 
 Each sample is one empty region after ``--work-us`` microseconds of serial work on the caller
 (0: back to back), timed in batches of ten. A batch starts when no task outside this process
@@ -66,9 +68,10 @@ OPTIONS = ["passive", "default", "spin 1000", "spin 10000", "spin 30000", "spin 
 def environment(option: str) -> dict[str, str]:
     """The environment an option's child process runs with: its first part ``passive``,
     ``default``, ``active``, ``spin N`` (any N) or ``pool`` (passive), then optionally
-    ``awake`` or ``awake N`` (N spinners instead of one per worker)."""
+    ``awake`` or ``awake N`` (N spinners instead of one per worker) and ``hot US`` (the
+    pool's own threads spin up to US microseconds)."""
     first, *rest = (part.strip() for part in option.split(","))
-    if any(not part.startswith("awake") for part in rest):
+    if any(not part.startswith(("awake", "hot ")) for part in rest):
         raise SystemExit(f"unknown option {option!r}")
     if first.startswith("spin "):
         return {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": str(int(float(first.split()[1])))}
@@ -121,6 +124,7 @@ def _measure(option: str, threads: int, work_us: list[float], samples: int, gate
             lambda start, core, count, keep: start(core, int(spinners[0][0]), keep),
             parallel._start_awake)
     awake = AWAKE_US if spinners else 0.0
+    hot = [float(part.split()[1]) for part in option.split(", ") if part.startswith("hot ")]
     if option.startswith("pool"):
         def run() -> None:
             pool.parallel_for(threads, lambda start, stop: block(out, start, stop))
@@ -132,7 +136,7 @@ def _measure(option: str, threads: int, work_us: list[float], samples: int, gate
             region(out)
     times: dict[float, list[float]] = {work: [] for work in work_us}
     retakes = 0
-    with pool.hot(0.0, spin_loop(), awake):
+    with pool.hot(hot[0] if hot else 0.0, spin_loop(), awake):
         for _ in range(100):
             run()
         deadline = time.monotonic() + max_seconds
