@@ -780,9 +780,11 @@ class _ConvProduct(_IntegerProduct):
 
 
 #: Output positions below which a packed convolution with at least as many filters runs the
-#: product the other way round (:meth:`_ConvProduct.packed_filters`): 7 x 7 runs 49 positions
-#: as two micro-tiles of 24 and one of 8 holding 1, the filters whole micro-tiles.
-SWAPPED_POSITIONS = 64
+#: product the other way round (:meth:`_ConvProduct.packed_filters`): fewer than a vector has
+#: lanes (a classifier written as a 1x1 convolution). 7 x 7 (49 positions, two micro-tiles of
+#: 24 and one of 8 holding 1) runs the windows packed: the swapped product made its left
+#: operand (the windows, widened and padded) anew every run (docs/quantization.md).
+SWAPPED_POSITIONS = 8
 
 
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
