@@ -658,7 +658,7 @@ class _ConvProduct(_IntegerProduct):
         per_group, channels_out = c // group, weights[0].data.shape[0]
         positions = math.prod(window.output)
         source = pad_spatial(x, window, value=zero)
-        if positions < SWAPPED_POSITIONS <= channels_out:
+        if swapped_product(positions, per_group * math.prod(window.kernel), channels_out):
             return self.packed_filters(source, zero, weights, bias, window, requantization)
         plan = self.window_plan(x, zero, weights, bias, window, requantization)
         if requantization is None:
@@ -726,8 +726,8 @@ class _ConvProduct(_IntegerProduct):
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
                        ) -> np.ndarray:
-        """:meth:`packed_windows` for fewer than :data:`SWAPPED_POSITIONS` output positions
-        and at least as many filters (a classifier written as a convolution, the last
+        """:meth:`packed_windows` for few output positions (:func:`swapped_product`) and at
+        least as many filters (a classifier written as a convolution, the last
         layers of a CNN): the product the other way round, the windows (an im2col) the left
         operand and the weights the packed one (packed once), written transposed, so that
         the micro-tiles run along the filters instead of a few positions."""
@@ -781,10 +781,24 @@ class _ConvProduct(_IntegerProduct):
 
 #: Output positions below which a packed convolution with at least as many filters runs the
 #: product the other way round (:meth:`_ConvProduct.packed_filters`): fewer than a vector has
-#: lanes (a classifier written as a 1x1 convolution). 7 x 7 (49 positions, two micro-tiles of
-#: 24 and one of 8 holding 1) runs the windows packed: the swapped product made its left
-#: operand (the windows, widened and padded) anew every run (docs/quantization.md).
+#: lanes (a classifier written as a 1x1 convolution).
 SWAPPED_POSITIONS = 8
+#: Output positions below which a deep convolution (a reduced length above
+#: :data:`SWAPPED_DEPTH`) with at least as many filters runs swapped too: 7 x 7 (49
+#: positions: two micro-tiles of 24 and one of 8 holding 1) packs its windows at some 90 ns a
+#: word of the reduced axis, which the swapped product's numpy passes over the windows beat
+#: only on long reduced lengths (ResNet-50's 2048 -> 512 and 512-channel 3x3 layers, not
+#: MobileNetV2's 160-960 channels: docs/quantization.md).
+DEEP_SWAPPED_POSITIONS = 64
+SWAPPED_DEPTH = 1024
+
+
+def swapped_product(positions: int, depth: int, filters: int) -> bool:
+    """Whether a packed convolution of ``positions`` output positions, a reduced length of
+    ``depth`` and ``filters`` output channels (per group, at least as many as the positions' limit) runs the
+    swapped product."""
+    limit = DEEP_SWAPPED_POSITIONS if depth > SWAPPED_DEPTH else SWAPPED_POSITIONS
+    return positions < limit <= filters
 
 
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
