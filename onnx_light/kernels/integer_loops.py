@@ -417,13 +417,24 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
     starts = np.zeros(4, np.uintp)
     masks = np.zeros(4, np.uint32)
     shifts = np.zeros(4, np.uint32)
+    # where each tap of a window starts in a channel's plane, and the rows of the reduced axis
+    # counted along (channel, tap) without a division per row
+    tap_starts = np.empty(taps, np.uintp)
+    for t in range(taps):
+        tap_starts[t] = np.uintp((t // kernel_w) * dilation_h) * row + np.uintp((t % kernel_w) * dilation_w)
+    plane = np.uintp(height) * row
+    k = per * first
+    c, tap = k // taps, k % taps
     for q in range(first, last):
         line = lines[(q - first) % PACK_QUADS]
         _word_parts(per, rows, masks, shifts, per * q, depth)
-        for r in range(4):
-            c, tap = rows[r] // taps, rows[r] % taps
-            starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
-                         + np.uintp((tap % kernel_w) * dilation_w))
+        for r in range(per):
+            starts[r] = np.uintp(c) * plane + tap_starts[tap] if k < depth else np.uintp(0)
+            k += 1
+            tap += 1
+            if tap == taps:
+                tap = 0
+                c += 1
         _window_lines(line, pixels, starts, masks, per, out_h, out_w, stride_h, stride_w, row)
         done = (q - first) % PACK_QUADS + 1
         if done == PACK_QUADS or q == last - 1:
