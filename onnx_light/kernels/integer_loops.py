@@ -37,7 +37,7 @@ from .tile_matrices import zero as tile_zero
 
 __all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "TILE_LANES", "TILE_QUADS", "correct",
            "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows", "packed_sums",
-           "pointwise_sums", "requantize", "row_sums", "tile_sums"]
+           "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
 
 
 @compiled
@@ -221,6 +221,25 @@ def finish_sums(sums, bias, out, multiplier, out_zero, low, high, scaled):
         else:
             for j in range(np.uintp(sums.shape[1])):
                 target[j] = np.int32(source[j]) + initial
+
+
+@compiled
+def pad_planes(x, out, top, left):
+    """Copy the planes of ``x`` (P, H, W) bytes into ``out`` (P, H', W') at row ``top`` and
+    column ``left`` of each plane, whose padding the caller has filled: one contiguous copy
+    per row (numpy's strided assignment into a padded array took 0.07 ms for ResNet-50's
+    128-channel 56x56 input, at some 10 ns a row)."""
+    height, width = np.uintp(x.shape[1]), np.uintp(x.shape[2])
+    rows, columns = np.uintp(out.shape[1]), np.uintp(out.shape[2])
+    source, target = x.reshape(-1), out.reshape(-1)
+    read = np.uintp(0)
+    for p in range(np.uintp(x.shape[0])):
+        into = (p * rows + np.uintp(top)) * columns + np.uintp(left)
+        for _ in range(height):
+            for j in range(width):
+                target[into + j] = source[read + j]
+            read += width
+            into += columns
 
 
 #: Positions :func:`pointwise_sums` computes at a time (their shifted inputs stay in cache).

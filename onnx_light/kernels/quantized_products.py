@@ -53,6 +53,7 @@ from .integer_loops import (
     depthwise_sums,
     finish_sums,
     pack_windows,
+    pad_planes,
     pointwise_sums,
 )
 from .integer_loops import requantize as requantize_block
@@ -657,7 +658,7 @@ class _ConvProduct(_IntegerProduct):
         n, c, group = x.shape[0], x.shape[1], self.group
         per_group, channels_out = c // group, weights[0].data.shape[0]
         positions = math.prod(window.output)
-        source = pad_spatial(x, window, value=zero)
+        source = _padded_bytes(x, window, zero)
         if swapped_product(positions, per_group * math.prod(window.kernel), channels_out):
             return self.packed_filters(source, zero, weights, bias, window, requantization)
         plan = self.window_plan(x, zero, weights, bias, window, requantization)
@@ -823,9 +824,28 @@ def _target(requantization: Requantization | None, shape: tuple[int, ...]
     return y, read_only(np.ascontiguousarray(multiplier, np.float32).reshape(shape[1])), zero, low, high
 
 
+def _padded_bytes(x: np.ndarray, window: Window, zero: int) -> np.ndarray:
+    """``x`` (N, C, W) or (N, C, H, W) padded with its zero point as
+    :func:`~onnx_light.kernels.window.pad_spatial` pads it, by the compiled
+    :func:`~onnx_light.kernels.integer_loops.pad_planes` (one pass); ``x`` itself when the
+    window pads nothing."""
+    if not window.padded:
+        return x
+    out = np.empty((*x.shape[:2], *window.padded_shape()), x.dtype)
+    out.fill(zero)
+    planar = x.ndim == 3  # 1-D: planes of one row
+    top, left = (0, window.begin[0]) if planar else window.begin
+    planes = np.ascontiguousarray(x).reshape(-1, 1 if planar else x.shape[2], x.shape[-1])
+    pad_planes.dispatcher(read_only(planes), out.reshape(-1, 1 if planar else out.shape[2], out.shape[-1]),
+                          top, left)
+    return out
+
+
 def compile_pack_windows(dtype: np.dtype) -> None:
-    """Compile :func:`~onnx_light.kernels.integer_loops.pack_windows` for input ``dtype``,
-    at session construction."""
+    """Compile :func:`~onnx_light.kernels.integer_loops.pack_windows` and
+    :func:`~onnx_light.kernels.integer_loops.pad_planes` for input ``dtype``, at session
+    construction."""
+    pad_planes(read_only(np.zeros((1, 1, 1), dtype)), np.zeros((1, 3, 3), dtype), 1, 1)
     lanes = PackedColumns.empty(1, 1, dtype)
     pack_windows(read_only(np.zeros((1, 1, 1), dtype)), 1, 1, 1, 1, 1, 1, PackedColumns.words(lanes),
                  lanes.shape[3], 0, lanes.shape[1])
