@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ...parallel import in_region
 from ...tuning.schema import Value
 from ..base import Kernel, KernelError, NodeContext, Prepared, TensorSpec, compute_dtype
 from ..packed_gemm import aligned_empty
@@ -151,7 +152,7 @@ class ConvKernel(Kernel):
         self._settled: _Settled | None = None  # set by settle
         # direct_1x1's fused parts for (epilogue, clamp, type) and the last weights' and
         # bias's views (_run_pointwise), kept while those stay the same objects
-        self._pointwise_parts: tuple = (None, None, None, None)
+        self._pointwise_parts: tuple = (None, None, None, None, None)
         self._pointwise_weights: tuple = (None, None, None, None)
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
@@ -175,7 +176,7 @@ class ConvKernel(Kernel):
         if w is None or w.ndim < 3:
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
-            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product)
+            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
@@ -494,25 +495,28 @@ class ConvKernel(Kernel):
 
     def _run_pointwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        residual: np.ndarray | None) -> np.ndarray | None:
-        """``direct_1x1`` of one group on this thread (a serial or ``blas`` plan) straight
-        through its compiled product (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`),
-        with what depends on the shapes, the fused parts and the constant weights' view
-        remembered: the same call, bitwise, as through the algorithm's blocks. None where the
-        general path runs: several groups, another plan, type or layout, a residual it
-        would reject, an epilogue the compiled product does not apply."""
-        if (problem.groups != 1 or problem.plan not in ("serial", "blas") or x.dtype not in FINISHED_TYPES
+        """``direct_1x1`` of one group straight through its compiled product
+        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), with what depends on the
+        shapes, the fused parts and the constant weights' view remembered. Its units run on
+        the session's threads (a numba region) from ``pointwise.minimum_flops`` multiply-adds
+        on, whatever the pool's plan, and on the calling thread below, the same units and
+        bits either way; a ``blas`` plan runs them on the calling thread with the session's
+        BLAS threads. An epilogue the compiled product does not apply runs on the finished
+        output, as the general path runs it on each finished block. None where the general
+        path runs: several groups, another type or layout, a residual it would reject, the
+        packed product (``pointwise.product``) on a split plan."""
+        if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
                 or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return None
         parts = self._pointwise_parts
-        if parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] != x.dtype:
+        # (parts[2] is None first: numpy reads None as float64, so None == float64 holds)
+        if (parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] is None
+                or parts[2] != x.dtype):
             fused = fused_parts(Finish(x[:0], None, self.epilogue, self.clamp), x.dtype)
-            parts = self._pointwise_parts = (self.epilogue, self.clamp, x.dtype,
-                                             None if fused[3] is not None else fused[1:3])
-        if parts[3] is None:
-            return None
+            parts = self._pointwise_parts = (self.epilogue, self.clamp, x.dtype, fused[1:3], fused[3])
         call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
-        if call is None:
-            return None
+        if call is None or (call.gemm is None and problem.plan not in ("serial", "blas")):
+            return None  # the packed product splits on the pool's plan
         flat_residual = None
         if residual is not None:
             if residual.shape != call.out_shape or residual.dtype != x.dtype:
@@ -523,8 +527,16 @@ class ConvKernel(Kernel):
             operands = self._pointwise_weights = (
                 w, b, read_only(w.reshape(call.filters, call.depth)),
                 None if b is None else read_only(np.ascontiguousarray(b)))
-        return call(x, operands[2], operands[3], flat_residual, *parts[3],
-                    self.num_threads if problem.plan == "blas" else 1)
+        threads = self.num_threads
+        if problem.plan == "blas":
+            out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
+        else:
+            if call.multiply_adds < self.config.pointwise_minimum_flops or in_region():
+                threads = 1  # a small product, or a branch of the graph on the pool's worker
+            out = call(x, operands[2], operands[3], flat_residual, *parts[3], 1, threads)
+        if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
+            parts[4](out)
+        return out
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:
