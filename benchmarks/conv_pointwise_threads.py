@@ -7,14 +7,20 @@ sessions: onnx_light at one thread, at two threads with the portable values (``2
 of ``direct_1x1`` shared by a numba region from ``pointwise.minimum_flops``), at two threads
 with ``pointwise.minimum_flops`` set to never (``2 serial``: the same units on the calling
 thread) and, with ``--threshold``, set to 1 (``2 always``); onnxruntime at one and two intra-op
-threads. Each sample is the wall time of a loop of runs lasting about 2 ms; it counts only if
-no other task was runnable just before and just after it (``/proc/loadavg``'s running count,
-as ``session_threads.py`` does: two-thread wall times mean nothing on a loaded machine), else it
-is taken again. The variants take turns; the table gives the median time of one run in
-microseconds (each session's fixed cost per run included) and the ratios.
+threads. Each sample is the wall time of a loop of runs lasting about 1 ms; it counts only if
+both processors were free just before and just after it (:class:`Probe`: no other task
+runnable, and a compiled loop on two numba threads as fast as on one; two-thread wall times
+mean nothing on a loaded machine), else it is taken again. The variants take turns; the
+table gives the median time of one run in microseconds (each session's fixed cost per run
+included) and the ratios.
+
+``--cut-cost MODEL ...`` times whole models of ``model_zoo.py`` at one thread instead, with the
+large one-tile products cut in two units (the default, :func:`pointwise.product_units`) and
+not, in thread CPU time (interleaved, three runs a sample): what the cut costs one thread.
 
 Run: ``python benchmarks/conv_pointwise_threads.py [--samples 9] [--models mobilenet_v2
-efficientnet_b0] [--threshold] [--max-seconds 170]``.
+efficientnet_b0] [--threshold] [--max-seconds 170]`` or ``... --cut-cost mobilenet_v2
+efficientnet_b0 [--rounds 11]``.
 """
 
 from __future__ import annotations
@@ -29,12 +35,16 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from conv_settings import registry_with
+from conv_pointwise_packed import cpu_samples
+from conv_settings import load_model, registry_with
 from hot_regions import others_runnable
 from onnx import TensorProto, helper
 from real_models import onnxruntime_session
 
 from onnx_light.kernels import conv
+from onnx_light.kernels.compiled import load_numba
+from onnx_light.kernels.compiled_elementwise import numba_threads
+from onnx_light.kernels.conv import pointwise
 from onnx_light.runtime.session import RuntimeSession
 
 # (channels, filters, size, activation) of each model's 1x1 convolutions (224x224), each once.
@@ -54,7 +64,7 @@ SHAPES = {
         (1152, 192, 7, "none"), (1152, 320, 7, "none"), (320, 1280, 7, "silu"),
     ],
 }
-SAMPLE_S = 0.002
+SAMPLE_S = 0.001
 
 
 def pointwise_model(channels: int, filters: int, size: int, activation: str) -> onnx.ModelProto:
@@ -100,10 +110,54 @@ def looped(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
     return loop, count
 
 
+class Probe:
+    """Whether both processors are free: a compiled loop of about 100 us run on two numba
+    threads at once takes about its one-thread time only if neither thread waited for a
+    processor (``/proc/loadavg``'s running count, read at an instant, misses a program that
+    runs in bursts)."""
+
+    def __init__(self) -> None:
+        numba = load_numba()
+
+        @numba.njit(nogil=True)
+        def spin(values: np.ndarray, n: int) -> float:
+            total = 0.0
+            for i in range(n):
+                total = total * 0.999 + values[i % values.size]
+            return total
+
+        @numba.njit(parallel=True, nogil=True)
+        def pair(values: np.ndarray, n: int, out: np.ndarray) -> None:
+            for t in numba.prange(2):
+                out[t] = spin(values, n)
+
+        self.spin, self.pair = spin, pair
+        self.values, self.out = np.random.default_rng(0).random(1000), np.zeros(2)
+        numba_threads(2)
+        self.n = 1000
+        while self._time(self.spin) < 1e-4:
+            self.n *= 2
+        self.alone = min(self._time(self.spin) for _ in range(20))
+
+    def _time(self, function: Callable[..., object]) -> float:
+        started = time.perf_counter()
+        if function is self.pair:
+            function(self.values, self.n, self.out)
+        else:
+            function(self.values, self.n)
+        return time.perf_counter() - started
+
+    def quiet(self) -> bool:
+        """Both numba threads ran the loop within 1.25 times its one-thread time."""
+        numba_threads(2)
+        return others_runnable() == 0 and self._time(self.pair) < 1.25 * self.alone
+
+
 def quiet_samples(loops: dict[str, tuple[Callable[[], object], int]], samples: int,
-                  deadline: float) -> tuple[dict[str, list[float]], int]:
-    """Seconds per run of each loop, ``samples`` each (fewer at the deadline), counted only at
-    quiet instants; and the samples taken again."""
+                  deadline: float, probe: Probe) -> tuple[dict[str, list[float]], int]:
+    """Seconds per run of each loop, ``samples`` each (fewer at the deadline), counted only
+    when the probe finds both processors free just before and just after it; and the samples
+    taken again."""
     times: dict[str, list[float]] = {name: [] for name in loops}
     retakes = 0
     names = list(loops)
@@ -111,17 +165,46 @@ def quiet_samples(loops: dict[str, tuple[Callable[[], object], int]], samples: i
     while min(map(len, times.values())) < samples and time.monotonic() < deadline:
         name = names[turn % len(names)]
         loop, count = loops[name]
-        while others_runnable() > 0 and time.monotonic() < deadline:
-            time.sleep(0.001)
+        while not probe.quiet() and time.monotonic() < deadline:
+            time.sleep(0.002)
         started = time.perf_counter()
         loop()
         elapsed = time.perf_counter() - started
-        if others_runnable() > 0:
+        if not probe.quiet():
             retakes += 1
             continue
         times[name].append(elapsed / count)
         turn += 1
     return times, retakes
+
+
+def cut_cost(names: list[str], rounds: int) -> int:
+    """Whole models at one thread, the large one-tile products cut in two (the default) and
+    not (``CUT_MULTIPLY_ADDS`` out of reach): thread CPU ms per run, interleaved."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average "
+          f"{os.getloadavg()[0]:.2f}; {rounds} interleaved rounds, each three runs; thread CPU ms per "
+          f"run (median); one thread")
+    print("\n| model | cut | not cut | cut / not cut |\n|---|---:|---:|---:|")
+    default = pointwise.CUT_MULTIPLY_ADDS
+    for name in names:
+        model, feeds = load_model(name)
+        run = RuntimeSession(model, num_threads=1, registry=registry_with({}, 1)).run
+
+        def three(cut: int, run: Callable[..., object] = run, feeds: dict = feeds) -> None:
+            pointwise.CUT_MULTIPLY_ADDS = cut
+            pointwise._CALLS.clear()
+            for _ in range(3):
+                run(None, feeds)
+
+        loops = [functools.partial(three, default), functools.partial(three, 1 << 62)]
+        for loop in loops:
+            loop()
+        cut, whole = (float(np.median(s)) / 3 * 1e3 for s in cpu_samples(loops, rounds))
+        print(f"| {name} | {cut:.2f} | {whole:.2f} | {cut / whole:.3f} |", flush=True)
+    pointwise.CUT_MULTIPLY_ADDS = default
+    pointwise._CALLS.clear()
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", action="store_true",
                         help="also two threads with pointwise.minimum_flops 1 (always shared)")
     parser.add_argument("--max-seconds", type=float, default=170.0)
+    parser.add_argument("--cut-cost", nargs="+", default=[], metavar="MODEL",
+                        help="instead: whole zoo models at one thread, cut against not cut")
+    parser.add_argument("--rounds", type=int, default=11, help="with --cut-cost")
     args = parser.parse_args(argv)
+    if args.cut_cost:
+        return cut_cost(args.cut_cost, args.rounds)
     deadline = time.monotonic() + args.max_seconds
+    probe = Probe()
     print(f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, load average "
           f"{os.getloadavg()[0]:.2f}; median us per run over {args.samples} quiet samples")
     variants = {"1": (1, None), "2": (2, None), "2 serial": (2, 1 << 62)}
@@ -156,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             for run in runs.values():
                 np.testing.assert_allclose(run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4 * scale)
             loops = {name: looped(functools.partial(run, None, feeds)) for name, run in runs.items()}
-            times, retakes = quiet_samples(loops, args.samples, deadline)
+            times, retakes = quiet_samples(loops, args.samples, deadline, probe)
             retaken += retakes
             if not all(times.values()):
                 print(f"| {model_name}: {channels} -> {filters} at {size}x{size}: no quiet sample before "

@@ -8,9 +8,10 @@ their own type; float16 and bfloat16 compute in float32 and round the result onc
 
 Everything that depends only on the node (attributes, the configuration) is read when the
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
-shapes (remembered per shape), and a small 1x1 convolution calls its compiled product
-directly (:meth:`ConvKernel._run_pointwise`), the views of the weights it was last given
-kept. Constant weights reach the kernel once, at session construction,
+shapes (remembered per shape), and a 1x1 convolution of one group calls its compiled
+product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the session's
+threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
+was last given kept. Constant weights reach the kernel once, at session construction,
 through :meth:`ConvKernel.specialize` (equal filters, or the weights kept for winograd,
 whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferred shapes;
 the compiled depthwise and winograd kernels are compiled there too); a runtime may also set

@@ -1,5 +1,5 @@
 """Conv's pointwise (1x1) product finished tile by tile, in one compiled call
-(:func:`pointwise_tiles`).
+(:func:`pointwise_tiles`, :func:`pointwise_units`), on one or several threads.
 
 ``direct_1x1`` multiplies the weights by the input rows with one BLAS product, then finishes
 the output (the bias, the fused residual and clamp: :class:`~onnx_light.kernels.conv.finish.Finish`)
@@ -13,7 +13,19 @@ and type: ``clamp((product + bias) + residual)``, bitwise :func:`~onnx_light.ker
 A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
 One compiled call also replaces the Python layers a block goes through; a whole call of one
-group on one thread (:class:`PointwiseCall`, made once per shape) skips the blocks too.
+group (:class:`PointwiseCall`, made once per shape) skips the blocks too.
+
+Two threads. A call of one group is cut into units (:func:`product_units`: its tiles, or, for
+a large product kept in one tile, two halves of its filters or of its columns), each one
+BLAS product on one BLAS thread then finished (:func:`pointwise_units`), and from
+``pointwise.minimum_flops`` multiply-adds the session's threads share the units in one numba
+region (:func:`pointwise_units_parallel`: about 10-15 us here, against 20-60 us for the
+pool). The units depend on the shape alone, so each output element comes from the same BLAS
+call with the same arguments at one thread and at two: the same bits. (OpenBLAS does not
+promise the same bits for the same element in products of other shapes: a split by rows or
+columns where its kernels' blocks fall otherwise changes the last bit, measured on this
+machine's Haswell kernels.) numpy's OpenBLAS (pthreads) may be called from two threads at
+once (docs/conv.md, "Pointwise convolutions on two threads").
 
 With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`pointwise_packed` computes each
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
