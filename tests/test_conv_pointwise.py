@@ -286,11 +286,12 @@ def test_units_cut_one_tile_products_from_a_size_on_along_the_cheaper_side():
     products keep their tiles and every filter."""
     assert pointwise.product_units(16, 32, 12544, 4) == (256, 16)  # 49 tiles
     assert pointwise.product_units(8, 8, 9, 4) == (9, 8)  # small: one unit
-    assert pointwise.product_units(160, 960, 49, 4) == (49, 80)  # 7x7: halves of the filters
+    assert pointwise.product_units(160, 960, 49, 4) == (49, 160)  # below CUT_MULTIPLY_ADDS
+    assert pointwise.product_units(1280, 320, 49, 4) == (49, 640)  # 7x7: halves of the filters
     assert pointwise.product_units(56, 4096, 49, 4) == (49, 32)  # 32 + 24 filters
-    assert pointwise.product_units(32, 144, 784, 4) == (392, 32)  # 28x28: halves of the columns
+    assert pointwise.product_units(32, 512, 784, 4) == (392, 32)  # 28x28: halves of the columns
     assert pointwise.product_units(96, 576, 196, 4) == (98, 96)
-    for filters, depth, width in [(160, 960, 49), (32, 144, 784), (2048, 512, 12544), (24, 96, 3136)]:
+    for filters, depth, width in [(1280, 320, 49), (32, 512, 784), (2048, 512, 12544), (24, 96, 3136)]:
         tile, block = pointwise.product_units(filters, depth, width, 4)
         assert 0 < tile <= width and 0 < block <= filters
 

@@ -52,8 +52,9 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``pointwise.minimum_flops``
     Multiply-adds from which a 1x1 convolution of one group computed by ``direct_1x1``'s
     BLAS units (:func:`~onnx_light.kernels.conv.pointwise.product_units`) shares them
-    among the session's threads in one numba region (a region costs 10-15 us here, a pool
-    region 20-60); below, and wherever it has a single unit, it runs on the calling thread.
+    among the session's threads in one numba region (25-100 us here when the other
+    processor has gone idle and its thread must be woken, docs/conv.md); below, and
+    wherever it has a single unit, it runs on the calling thread.
     The units, and so the results, are the same either way. It replaces
     ``parallel.split`` and ``parallel.minimum_flops`` for those convolutions (but a
     ``parallel.split`` of ``blas``).
@@ -129,7 +130,7 @@ _DEFAULTS: dict[str, Value] = {
     # AlexNet's 11x11 (363) slower (docs/conv.md)
     FILTERS_BLOCKED_TAPS: 75,
     POINTWISE_PRODUCT: "blas",
-    POINTWISE_MINIMUM_FLOPS: 1 << 20,
+    POINTWISE_MINIMUM_FLOPS: 1 << 23,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {

@@ -75,9 +75,9 @@ TILED_WEIGHT_BYTES = 1 << 16
 #: Outputs smaller than this keep one tile: they stay in the second-level cache anyway.
 TILED_OUTPUT_BYTES = 1 << 18
 #: A product :func:`tile_columns` keeps in one tile is cut into two units from this many
-#: multiply-adds (:func:`product_units`): two threads can then share it, for a few percent
+#: multiply-adds (:func:`product_units`): two threads can then share it, for about 1%
 #: more time on one thread (docs/conv.md, "Pointwise convolutions on two threads").
-CUT_MULTIPLY_ADDS = 1 << 21
+CUT_MULTIPLY_ADDS = 1 << 23
 
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
