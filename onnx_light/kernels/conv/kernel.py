@@ -532,7 +532,8 @@ class ConvKernel(Kernel):
         if problem.plan == "blas":
             out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
         else:
-            if call.multiply_adds < self.config.pointwise_minimum_flops or in_region():
+            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
+                                or in_region()):
                 threads = 1  # a small product, or a branch of the graph on the pool's worker
             out = call(x, operands[2], operands[3], flat_residual, *parts[3], 1, threads)
         if parts[4] is not None:  # an epilogue with no compiled form, after the finishing

@@ -349,16 +349,8 @@ class PointwiseCall:
     tile: int
     block: int
     out_shape: tuple[int, ...]
-
-    @property
-    def units(self) -> int:
-        """The units of the whole batch (:func:`pointwise_units`)."""
-        return self.batch * -(-self.plane // self.tile) * -(-self.filters // self.block)
-
-    @property
-    def multiply_adds(self) -> int:
-        """The product's multiply-adds."""
-        return self.batch * self.filters * self.depth * self.plane
+    units: int  # of the whole batch (:func:`pointwise_units`)
+    multiply_adds: int
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
@@ -389,8 +381,7 @@ class PointwiseCall:
                      filters * plane, filters, depth, plane, bias, residual, low, high, code, alpha,
                      beta, self.tile, self.block)
         units = self.units
-        threads = min(threads, units)
-        if threads > 1 and numba_threads(threads):
+        if threads > 1 and units > 1 and numba_threads(threads := min(threads, units)):
             with BLAS.limited(1):
                 pointwise_units_parallel.dispatcher(*arguments, units, threads, np.zeros(1, np.int64))
         else:
@@ -424,10 +415,12 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
             pass
         elif uses_packed(dtype, product):
             call = PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
-                                 TILE_COLUMNS, filters, out_shape)
+                                 TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
         elif (gemm := pointwise_gemm(dtype)) is not None:
             tile, block = product_units(filters, depth, plane, dtype.itemsize)
-            call = PointwiseCall(gemm, None, batch, filters, depth, plane, tile, block, out_shape)
+            units = batch * -(-plane // tile) * -(-filters // block)
+            call = PointwiseCall(gemm, None, batch, filters, depth, plane, tile, block, out_shape, units,
+                                 batch * filters * depth * plane)
         if len(_CALLS) >= _MAX_CALLS:
             _CALLS.clear()
         _CALLS[key] = call
