@@ -169,7 +169,8 @@ class ConvKernel(Kernel):
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights for their Winograd transforms when its convolutions may use
         winograd. Compiles what its runs will call (the depthwise kernel, the pointwise tiles,
-        the finishing pass)."""
+        the finishing pass), and takes what a 1x1 convolution's runs remember (its fused
+        parts, the weights' views) now: a run then changes no state of the kernel."""
         dtype = self.ctx.input_dtype(0)
         if dtype is not None:
             compile_finish(compute_dtype(dtype))
@@ -178,6 +179,9 @@ class ConvKernel(Kernel):
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
             compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads)
+            if w.dtype in FINISHED_TYPES and w.flags.c_contiguous:  # what its runs remember, now
+                self._pointwise_fused(w.dtype)
+                self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
@@ -509,12 +513,7 @@ class ConvKernel(Kernel):
         if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
                 or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return None
-        parts = self._pointwise_parts
-        # (parts[2] is None first: numpy reads None as float64, so None == float64 holds)
-        if (parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] is None
-                or parts[2] != x.dtype):
-            fused = fused_parts(Finish(x[:0], None, self.epilogue, self.clamp), x.dtype)
-            parts = self._pointwise_parts = (self.epilogue, self.clamp, x.dtype, fused[1:3], fused[3])
+        parts = self._pointwise_fused(x.dtype)
         call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
         if call is None or (call.gemm is None and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
@@ -523,11 +522,7 @@ class ConvKernel(Kernel):
             if residual.shape != call.out_shape or residual.dtype != x.dtype:
                 return None  # the general path reports it
             flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
-        operands = self._pointwise_weights
-        if operands[0] is not w or operands[1] is not b:
-            operands = self._pointwise_weights = (
-                w, b, read_only(w.reshape(call.filters, call.depth)),
-                None if b is None else read_only(np.ascontiguousarray(b)))
+        operands = self._pointwise_operands(w, b)
         threads = self.num_threads
         if problem.plan == "blas":
             out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
@@ -539,6 +534,27 @@ class ConvKernel(Kernel):
         if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
             parts[4](out)
         return out
+
+    def _pointwise_fused(self, dtype: np.dtype) -> tuple:
+        """The fused parts ``direct_1x1``'s compiled call takes for ``dtype`` (and what runs
+        after it), remembered while the epilogue and clamp stay the same."""
+        parts = self._pointwise_parts
+        # (parts[2] is None first: numpy reads None as float64, so None == float64 holds)
+        if (parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] is None
+                or parts[2] != dtype):
+            fused = fused_parts(Finish(np.empty(0, dtype), None, self.epilogue, self.clamp), dtype)
+            parts = self._pointwise_parts = (self.epilogue, self.clamp, dtype, fused[1:3], fused[3])
+        return parts
+
+    def _pointwise_operands(self, w: np.ndarray, b: np.ndarray | None) -> tuple:
+        """``w`` and ``b`` and their read-only views as the compiled call takes them (filters
+        by depth, flat), remembered while they stay the same arrays."""
+        operands = self._pointwise_weights
+        if operands[0] is not w or operands[1] is not b:
+            operands = self._pointwise_weights = (
+                w, b, read_only(w.reshape(w.shape[0], -1)),
+                None if b is None else read_only(np.ascontiguousarray(b)))
+        return operands
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:
