@@ -457,7 +457,7 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=6)
+    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=7)
                                   for t in conv.CONV_TYPES)
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
@@ -467,7 +467,8 @@ def test_schemas_and_configuration_validation():
                                      conv.AUTO_DEPTHWISE: "depthwise",
                                      conv.BLOCKED_OUTPUTS: 3136,
                                      conv.FILTERS_BLOCKED_TAPS: 75,
-                                     conv.POINTWISE_PRODUCT: "blas"}
+                                     conv.POINTWISE_PRODUCT: "blas",
+                                     conv.POINTWISE_MINIMUM_FLOPS: 1 << 23}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)
