@@ -28,7 +28,9 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     ``"packed"`` packs them once at the session's construction for the packed micro-kernel
     (:mod:`.packed_gemm`, where the processor has AVX2 and FMA or AVX-512F; else BLAS),
     ``"blas"`` keeps them as they are for numpy's BLAS, which packs them again on every call.
-    Other element types ignore it.
+    Other element types ignore it. From ``parallel.minimum_flops`` a packed product shares its
+    panels among numba's threads in one region, at most one thread per ``split.minimum_rows``
+    columns, whatever ``parallel.mode`` says (:func:`.packed_gemm.packed_panels_parallel`).
 
 An epilogue given to the kernel (:attr:`Kernel.epilogue`, an in-place function such as the
 runtime's fusion makes for a Relu or Gelu) runs on every plan's output before it is returned.
