@@ -55,7 +55,7 @@ if str(HERE) not in sys.path:
 import model_zoo  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-from hot_regions import others_runnable  # noqa: E402
+from hot_regions import others_runnable, rows_on_pool  # noqa: E402
 
 from onnx_light.kernels import gemm, packed_gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
@@ -103,28 +103,20 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
 
 def pool_rows(kernel: gemm._ProductKernel, packed: packed_gemm.PackedWeights, a: np.ndarray,
               out: np.ndarray | None = None) -> np.ndarray:
-    """``a @ W (+ bias)`` of ``kernel``'s packed weights with A's rows split in chunks of
-    whole micro-kernel blocks on the kernel's pool from ``parallel.minimum_flops``
-    multiply-adds, at least ``split.minimum_rows`` rows a chunk: the packed products' two-thread
-    plan before the panels went to a numba region (the same values)."""
+    """``a @ W (+ bias)`` of ``kernel``'s packed weights with A's rows split on the kernel's
+    pool (``hot_regions.rows_on_pool``) from ``parallel.minimum_flops`` multiply-adds, at
+    least ``split.minimum_rows`` rows a chunk: the packed products' two-thread plan before
+    the panels went to a numba region (the same values)."""
     count = math.prod(a.shape[:-1])
     rows = np.ascontiguousarray(a).reshape(count, packed.k)
     if out is None:
         out = np.empty((*a.shape[:-1], packed.n), np.float32)
-    out2 = out.reshape(count, packed.n)
     chunks = 1
     if kernel.num_threads > 1 and count * packed.n * packed.k >= kernel.minimum_flops:
         chunks = min(kernel.num_threads, count // kernel.minimum_rows)
-    function, mr = packed_gemm.packed_rows.dispatcher, packed.rows
-
-    def part(start: int, stop: int) -> None:
-        function(rows, packed.panels, packed.layout, packed.bias, packed.with_bias, out2, start * mr,
-                 min(count, stop * mr), packed.block, 0, 0, packed.n)
-
     if chunks < 2:
-        part(0, -(-count // mr))
-    else:
-        kernel.pool.parallel_chunks(-(-count // mr), part, chunks)
+        return packed.multiply(a, out)
+    rows_on_pool(packed, rows, out.reshape(count, packed.n), kernel.pool, chunks)
     return out
 
 
