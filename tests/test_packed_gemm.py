@@ -288,7 +288,7 @@ def test_panels_shared_among_threads_give_the_serial_bits(m: int, k: int, n: int
     out = np.full((m, n), np.nan, np.float32)
     packed_gemm.packed_panels_parallel.dispatcher(a, packed.panels, packed.layout, packed.bias,
                                                   packed.with_bias, out, 2 * packed.rows, n, 2,
-                                                  group, 1000)
+                                                  group, (100000, 100000))
     assert out.tobytes() == whole.tobytes()
 
 

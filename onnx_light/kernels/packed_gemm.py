@@ -352,15 +352,17 @@ _claim = CompiledIntrinsic(_build_claim, "_claim")
 @compiled(parallel=True)
 def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
                            bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int,
-                           n: int, threads: int, group: int, wait: int) -> None:
+                           n: int, threads: int, group: int, wait: tuple[int, int]) -> None:
     """:func:`packed_rows` of all rows of ``a`` over ``threads`` numba threads (the caller
     has set their count): each block of rows is packed once, then its panels go ``group`` at
     a time to whichever thread asks next (an atomic counter), so that a thread that starts
     late, or runs slower, takes fewer. The thread that started the region, done with the
-    panels, waits for the others by reading a counter for at most ``wait`` cycles, not
-    asleep at the region's end (waking it costs tens of microseconds); with numba's OpenMP
-    layer that thread runs the region's first iteration (with another layer the wait is
-    only shorter or longer, never more than ``wait``). Each element's sum is
+    panels, waits for the others by reading a counter, not asleep at the region's end (waking
+    it costs tens of microseconds), for at most ``wait[0]`` cycles of the processor's counter
+    and only while no two reads are more than ``wait[1]`` apart (a longer gap: it lost its
+    processor to another task, and the machine is busy); with numba's OpenMP layer that
+    thread runs the region's first iteration (with another layer the wait only ends sooner
+    or later, never past those bounds). Each element's sum is
     the one :func:`packed_rows` computes, whichever thread computes it: the same bits."""
     b_start, b_panel, b_step, b_ahead = b_layout
     count = a.shape[0]
@@ -384,8 +386,12 @@ def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, in
             if thread != 0:
                 _claim(state, 1)
             else:
-                start = _cycles()
-                while _load_acquire(state, 1) < threads - 1 and _cycles() - start < wait:
+                start = last = _cycles()
+                while _load_acquire(state, 1) < threads - 1:
+                    now = _cycles()
+                    if now - start > wait[0] or now - last > wait[1]:
+                        break
+                    last = now
                     _pause()
 
 
@@ -454,14 +460,19 @@ def pack_panels(source: np.ndarray, offset: int, stride: int, depth: int, column
 #: of panels): about 6 us of one core, a hundredth of a transformer's larger products.
 TASK_WORK = 1 << 19
 #: How long the thread that started a parallel product waits for the others awake (reading
-#: a counter) before it sleeps until they are done.
+#: a counter) before it sleeps until they are done; and the longest gap between two of its
+#: reads before it stops (it was preempted: the machine is busy), as the pool's hot regions
+#: do (``parallel._PREEMPTED_US``).
 WAIT_US = 100.0
+PREEMPTED_US = 20.0
 
 
 @functools.cache
-def _wait_cycles() -> int:
-    """:data:`WAIT_US` in cycles of the processor's counter (0 where it has none)."""
-    return int(cycles_per_second() * WAIT_US * 1e-6)
+def _wait_cycles() -> tuple[int, int]:
+    """:data:`WAIT_US` and :data:`PREEMPTED_US` in cycles of the processor's counter (0
+    where it has none: no wait)."""
+    rate = cycles_per_second() * 1e-6
+    return int(rate * WAIT_US), int(rate * PREEMPTED_US)
 
 
 class PackedWeights:
