@@ -51,15 +51,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, target_flags
+from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
-from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
+from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
-__all__ = ["blocked_applies", "blocked_channels", "blocked_weights", "compile_blocked",
-           "output_chunks", "padded_bias", "vector_lanes"]
+__all__ = ["blocked_applies", "blocked_channels", "blocked_channels_parallel", "blocked_weights",
+           "compile_blocked", "output_chunks", "padded_bias", "vector_lanes"]
 
 
 @functools.cache
@@ -374,6 +374,24 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
 
 
+@compiled(parallel=True)
+def blocked_channels_parallel(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: np.ndarray,
+                              first: int, last: int, channels: int, size: tuple[int, int],
+                              output: tuple[int, int], strides: tuple[int, int],
+                              pads: tuple[int, int], tile_size: tuple[int, int], offsets: np.ndarray,
+                              low: float, high: float, code: int, alpha: float, beta: float,
+                              threads: int) -> None:
+    """:func:`blocked_channels` with blocks ``first:last`` split in ``threads`` contiguous
+    ranges run by numba's threads (the caller has set their count), each with its own tile:
+    the same values, whichever thread computes a block."""
+    count = last - first
+    for t in prange(threads):
+        start, stop = first + t * count // threads, first + (t + 1) * count // threads
+        if start < stop:
+            blocked_channels(x, weights, bias, out, start, stop, channels, size, output, strides,
+                             pads, tile_size, offsets, low, high, code, alpha, beta)
+
+
 @functools.lru_cache(maxsize=256)
 def tile_geometry(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
                   strides: tuple[int, int], pads: tuple[int, int]) -> tuple[tuple[int, int], np.ndarray]:
@@ -388,32 +406,39 @@ def tile_geometry(size: tuple[int, int], output: tuple[int, int], kernel: tuple[
     return (tile[0], tile[1]), offsets
 
 
-def compile_blocked() -> None:
-    """Compile :func:`blocked_channels` (or load it from numba's cache): a session does it at
+def compile_blocked(threads: int = 1) -> None:
+    """Compile :func:`blocked_channels` (or load it from numba's cache), and
+    :func:`blocked_channels_parallel` for more than one thread: a session does it at
     construction, not in its first run."""
     x = read_only(np.zeros(20, np.float32))
     weights = blocked_weights(np.zeros((1, 1, 1, 1), np.float32))
     bias = read_only(np.zeros(vector_lanes(), np.float32))
     tile, offsets = tile_geometry((4, 5), (4, 5), (1, 1), (1, 1), (0, 0))
-    blocked_channels.dispatcher(x, weights, bias, np.empty(20, np.float32), 0, 1, 1, (4, 5), (4, 5),
-                                (1, 1), (0, 0), tile, offsets, -np.inf, np.inf, -1, 1.0, 0.0)
+    arguments = (x, weights, bias, np.empty(20, np.float32), 0, 1, 1, (4, 5), (4, 5), (1, 1), (0, 0),
+                 tile, offsets, -np.inf, np.inf, -1, 1.0, 0.0)
+    blocked_channels.dispatcher(*arguments)
+    if region_threads(threads) > 1:
+        blocked_channels_parallel.dispatcher(*arguments, 1)
 
 
 class _BlockedDepthwise(_Algorithm):
     """``depthwise_blocked``: the (image, channel) pairs a block of the plan covers computed
     by blocks of :func:`vector_lanes` channels, each block by the range holding its first channel (so that the
     ranges of a split cover every block once). ``arranged`` are the weights of
-    :func:`blocked_weights` when the kernel arranged them once (constant weights)."""
+    :func:`blocked_weights` when the kernel arranged them once (constant weights);
+    ``threads`` (the ``region`` plan) the numba threads each compiled call splits its blocks
+    over."""
 
     uses_blas: ClassVar[bool] = False
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
                  epilogue: Callable[[np.ndarray], None] | None = None,
-                 arranged: np.ndarray | None = None) -> None:
+                 arranged: np.ndarray | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = problem.window
         channels = problem.channels
+        self.threads = region_threads(threads)
         self.channels = channels
         self.lanes = lanes = vector_lanes()
         self.blocks = -(-channels // lanes)
@@ -442,9 +467,13 @@ class _BlockedDepthwise(_Algorithm):
             hi = -(-min(stop - n * channels, channels) // lanes)
             for first in range(n * blocks + lo, n * blocks + hi, self.step):
                 last = min(n * blocks + hi, first + self.step)
-                self.kernel(self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
-                            channels, self.size, self.output, self.strides, self.pads, self.tile,
-                            self.offsets, *self.clamp, *self.activation)
+                arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
+                             channels, self.size, self.output, self.strides, self.pads, self.tile,
+                             self.offsets, *self.clamp, *self.activation)
+                if self.threads > 1:
+                    blocked_channels_parallel.dispatcher(*arguments, min(self.threads, last - first))
+                else:
+                    self.kernel(*arguments)
                 if self.epilogue is not None:
                     c0, c1 = (first - n * blocks) * lanes, min(channels, (last - n * blocks) * lanes)
                     self.epilogue(self.planes[n * channels + c0:n * channels + c1])
