@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.conv import channel_blocked
 from onnx_light.kernels.conv.channel_blocked import blocked_weights, vector_lanes
 from onnx_light.parallel import ThreadPool
 
@@ -88,6 +89,39 @@ def test_matches_the_reference_evaluator(pools, case, bias, seed):
     assert two.problem(x.shape, w.shape).plan == "region"  # both threads inside the call
     np.testing.assert_array_equal(two.run(*inputs)[0], got)
     assert not np.shares_memory(got, x)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=blocked_cases(), budget=st.sampled_from([1, 4096, 1 << 14]), seed=st.integers(0, 2**16))
+def test_bands_give_the_bits_of_the_whole_plane(pools, case, budget, seed):
+    """Bands of output rows (their input rows' tile within ``BAND_BYTES``: one row, a few, or
+    every row where the plane is narrower than the lanes) give the bits of the whole plane's
+    tile, at one and two threads."""
+    x_shape, w_shape, attributes = case
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, x_shape).astype(np.float32)
+    w = rng.uniform(-1, 1, w_shape).astype(np.float32)
+    b = rng.uniform(-1, 1, w_shape[0]).astype(np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(channel_blocked, "BAND_BYTES", 1 << 40)
+        whole = _kernel(attributes, pools[1]).run(x, w, b)[0]
+        patch.setattr(channel_blocked, "BAND_BYTES", budget)
+        for threads in (1, 2):
+            np.testing.assert_array_equal(_kernel(attributes, pools[threads]).run(x, w, b)[0], whole)
+
+
+def test_band_rows():
+    """Whole planes below the budget or narrower than the lanes; else the rows whose tile
+    fits (at least one, and L positions), never every row."""
+    lanes = vector_lanes()
+    row = 113 * lanes * 4  # a tile row of 112 padded on one side
+    budget = channel_blocked.BAND_BYTES
+    assert channel_blocked.band_rows((14, 14), (14, 14), (3, 3), (1, 1), (16, 16)) == 0
+    assert channel_blocked.band_rows((112, 112), (56, 56), (3, 3), (2, 2), (113, 113)) \
+        == (budget // row - 3) // 2 + 1
+    assert channel_blocked.band_rows((300, 4), (300, 4), (3, 3), (1, 1), (302, 6)) == 0
+    assert channel_blocked.band_rows((4000, 5000), (4000, 5000), (3, 3), (1, 1), (4002, 5002)) == 1
+    assert channel_blocked.band_rows((2000, 3), (2000, 1), (3, 3), (1, 1), (2002, 5)) == 0
 
 
 def test_nan_and_infinities_propagate(pools):
