@@ -556,8 +556,9 @@ class _BlockedDepthwise(_Algorithm):
                 arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
                              channels, self.size, self.output, self.strides, self.pads, self.tile,
                              self.offsets, self.band, *self.clamp, *self.activation)
-                if self.threads > 1:
-                    blocked_channels_parallel.dispatcher(*arguments, min(self.threads, last - first))
+                threads = min(self.threads, last - first)  # a region only with work for two
+                if threads > 1:
+                    blocked_channels_parallel.dispatcher(*arguments, threads)
                 else:
                     self.kernel(*arguments)
                 if self.epilogue is not None:

@@ -18,9 +18,10 @@ its taps times shifted plane elements into the output rows, which LLVM vectorise
   ``(0, inf)``, Relu6 ``(0, 6)``) is applied as the result is copied out.
 
 Every output is the bias plus its taps in the same order whatever the channels a thread
-computes, so the result does not depend on the thread count. The pool's threads each compute
-a contiguous range of the (image, filter) pairs; a region costs tens of microseconds here,
-so small convolutions stay on the calling thread (``parallel.minimum_flops``, docs/conv.md).
+computes, so the result does not depend on the thread count. From ``parallel.region_flops``
+the compiled call splits the (image, filter) pairs into one contiguous range per thread
+(:func:`depthwise_channels_parallel`, one numba region: plan ``region``, docs/conv.md); below,
+one thread computes them all.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def compile_depthwise(dtype: np.dtype, kernel_width: int, threads: int = 1) -> N
 
 class _CompiledDepthwise(_Algorithm):
     """The compiled depthwise convolution of whole channels (a block's output rows are all
-    of them: the plan never splits rows, see ``_plan``)."""
+    of them); ``threads`` (the ``region`` plan) the numba threads each compiled call splits
+    its channels over."""
 
     uses_blas: ClassVar[bool] = False
 
@@ -125,8 +127,9 @@ class _CompiledDepthwise(_Algorithm):
             last = min(stop * mg, first + self.step)
             arguments = (self.x, self.w, self.b, self.out, first, last, mg, self.strides, self.pads,
                          self.phases, self.rows, self.columns, *self.clamp)
-            if self.threads > 1:
-                depthwise_channels_parallel.dispatcher(*arguments, min(self.threads, last - first))
+            threads = min(self.threads, last - first)  # a region only with work for two
+            if threads > 1:
+                depthwise_channels_parallel.dispatcher(*arguments, threads)
             else:
                 self.kernel(*arguments)
             if self.epilogue is not None:

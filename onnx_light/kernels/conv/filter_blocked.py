@@ -209,8 +209,9 @@ class _BlockedFilters(_Algorithm):
             arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, start, stop, first,
                          last, self.band, problem.channels, problem.filters, self.size, self.output,
                          self.kernel_size, self.strides, self.pads, *self.clamp, *self.activation)
-            if self.threads > 1:
-                blocked_filters_parallel.dispatcher(*arguments, min(self.threads, last - first))
+            threads = min(self.threads, last - first)  # a region only with work for two
+            if threads > 1:
+                blocked_filters_parallel.dispatcher(*arguments, threads)
             else:
                 self.kernel(*arguments)
             if self.epilogue is not None:
