@@ -479,7 +479,7 @@ def test_schemas_and_configuration_validation():
                                      conv.BLOCKED_OUTPUTS: 3136,
                                      conv.FILTERS_BLOCKED_TAPS: 75,
                                      conv.POINTWISE_PRODUCT: "blas",
-                                     conv.REGION_FLOPS: 1 << 21}
+                                     conv.REGION_FLOPS: 1 << 23}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

@@ -130,7 +130,7 @@ def candidate_grid() -> list[dict[str, Value]]:
     grid.append({**base, FILTERS_BLOCKED_TAPS: 0})  # stems by im2col
     for minimum in (1 << 20, 1 << 24):
         grid.append({**base, MINIMUM_FLOPS: minimum})
-    for minimum in (1 << 19, 1 << 23):  # the compiled depthwise and stem kernels' region
+    for minimum in (1 << 21, 1 << 25):  # the compiled depthwise and stem kernels' region
         grid.append({**base, REGION_FLOPS: minimum})
     for channels in (64, NEVER):
         grid.append({**base, WINOGRAD_CHANNELS: channels})

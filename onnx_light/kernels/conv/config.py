@@ -127,7 +127,7 @@ _DEFAULTS: dict[str, Value] = {
     # AlexNet's 11x11 (363) slower (docs/conv.md)
     FILTERS_BLOCKED_TAPS: 75,
     POINTWISE_PRODUCT: "blas",
-    REGION_FLOPS: 1 << 21,
+    REGION_FLOPS: 1 << 23,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
