@@ -6,6 +6,8 @@ one and two threads (the same bits)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from conv_epilogues import assert_fused_epilogue_matches
@@ -122,6 +124,34 @@ def test_band_rows():
     assert channel_blocked.band_rows((300, 4), (300, 4), (3, 3), (1, 1), (302, 6)) == 0
     assert channel_blocked.band_rows((4000, 5000), (4000, 5000), (3, 3), (1, 1), (4002, 5002)) == 1
     assert channel_blocked.band_rows((2000, 3), (2000, 1), (3, 3), (1, 1), (2002, 5)) == 0
+
+
+def _region_in_a_fork(queue, x, w, b, attributes) -> None:
+    with ThreadPool(2) as pool:
+        queue.put(_kernel(attributes, pool).run(x, w, b)[0].tobytes())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_fork_after_a_region_computes_on_one_thread(pools):
+    """The child of a process that ran the kernel's region (GNU OpenMP does not survive fork)
+    computes on one thread, the same bits, instead of hanging in its first region."""
+    import multiprocessing
+
+    rng = np.random.default_rng(6)
+    attributes = {"group": 40, "pads": [1, 1, 1, 1]}
+    x = rng.uniform(-1, 1, (1, 40, 20, 20)).astype(np.float32)
+    w = rng.uniform(-1, 1, (40, 1, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 40).astype(np.float32)
+    two = _kernel(attributes, pools[2])
+    assert two.problem(x.shape, w.shape).plan == "region"
+    expected = two.run(x, w, b)[0].tobytes()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_region_in_a_fork, args=(queue, x, w, b, attributes))
+    child.start()
+    result = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert result == expected and child.exitcode == 0
 
 
 def test_nan_and_infinities_propagate(pools):
