@@ -17,6 +17,12 @@ AVX2 and FMA (ymm); one code path, built for L. Per block of L channels of one i
   planes; a fused compiled activation (SiLU, HardSwish, ...) follows on the block's
   channels while they are in cache.
 
+A plane whose tile would exceed :data:`BAND_BYTES` (the first-level cache) is computed by
+bands of output rows instead (:func:`banded_channels`): the tile holds the input rows of one
+band, transposed row by row, and stays in cache while the band's outputs read it. At more
+than one thread (plan ``region``) one compiled call splits the blocks over numba's threads
+(:func:`blocked_channels_parallel`), each with its own tile.
+
 L positions in registers fit either register file: 16 of AVX-512's 32 zmm, 8 of AVX2's 16
 ymm (16 would leave no register for the weights' vector: the sums would spill), the rest
 for the weights and the taps' loads; the block of sums is then square, one in-register
