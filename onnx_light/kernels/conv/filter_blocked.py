@@ -13,7 +13,8 @@ Relu or Clip), transposed and stored into the L filters' NCHW planes, and a fuse
 activation (HardSwish, SiLU, ...) follows on them. The input rows a band of output rows
 reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the padding (its columns
 never written, its rows zeroed band by band), which every block of filters then reads while
-it is in cache.
+it is in cache. At more than one thread (plan ``region``) one compiled call splits the
+output rows over numba's threads (:func:`blocked_filters_parallel`), each with its own tile.
 
 The weights are arranged once per weight set as ``(M/L, C*KH*KW, L)``
 (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`). Numerics: every output is
