@@ -35,6 +35,7 @@ from .config import (
     POINTWISE_MINIMUM_FLOPS,
     POINTWISE_PRODUCT,
     POINTWISE_PRODUCTS,
+    REGION_FLOPS,
     SPLIT,
     WINOGRAD_CHANNELS,
 )
@@ -132,6 +133,8 @@ def candidate_grid() -> list[dict[str, Value]]:
         grid.append({**base, MINIMUM_FLOPS: minimum})
     for minimum in (1 << 21, NEVER):  # 1x1 units shared from 2**21, or never
         grid.append({**base, POINTWISE_MINIMUM_FLOPS: minimum})
+    for minimum in (1 << 21, 1 << 25):  # the compiled depthwise and stem kernels' region
+        grid.append({**base, REGION_FLOPS: minimum})
     for channels in (64, NEVER):
         grid.append({**base, WINOGRAD_CHANNELS: channels})
     grid.append({**base, LARGE_TILE_CHANNELS: NEVER})  # F(4x4, 3x3) nowhere

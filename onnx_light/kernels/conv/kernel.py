@@ -64,7 +64,7 @@ from .depthwise import compile_depthwise, depthwise_applies, read_only
 from .filter_blocked import compile_filters, filters_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
 from .pointwise import compile_pointwise, pointwise_call
-from .problem import _plan, _Problem, _winograd_applies
+from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
 # emptied when it holds _MAX_PROBLEMS of them.
@@ -183,7 +183,7 @@ class ConvKernel(Kernel):
                 self._pointwise_fused(w.dtype)
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
         if self._compiles_depthwise(w):
-            compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
+            compile_depthwise(compute_dtype(w.dtype), w.shape[-1], self.num_threads)
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
                 or self._with_blocked_weights(w))
 
@@ -195,7 +195,7 @@ class ConvKernel(Kernel):
         if (filters_applies(w.dtype, w.ndim - 2, self.group, tuple(attributes.dilations or (1,)))
                 and (algorithm == "filters_blocked"
                      or (algorithm == "auto" and self._stem(w.shape[1], w.shape[2:])))):
-            compile_filters()
+            compile_filters(self.num_threads)
             return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
         if not (self._compiles_depthwise(w) or algorithm == "depthwise_blocked"):
             return None
@@ -203,7 +203,7 @@ class ConvKernel(Kernel):
                                 tuple(attributes.dilations or (1,)))
                 and (algorithm == "depthwise_blocked" or self.config.blocked_outputs > 0)):
             return None
-        compile_blocked()
+        compile_blocked(self.num_threads)
         return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
 
     def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
@@ -331,6 +331,10 @@ class ConvKernel(Kernel):
         if algorithm == "winograd":
             tile = 4 if self._large_tile(group_channels, filters // groups, math.prod(window.output)) else 2
         problem = _Problem(window, batch, channels, groups, filters, algorithm, "serial", tile)
+        if algorithm in REGION_ALGORITHMS:  # both threads inside the compiled call, or one
+            if threads < 2 or flops < config.region_flops or config.split == "blas":
+                return problem
+            return dataclasses.replace(problem, plan="region")
         if threads < 2 or flops < config.minimum_flops:
             return problem
         return dataclasses.replace(problem, plan=_plan(config.split, problem, threads))
@@ -493,6 +497,8 @@ class ConvKernel(Kernel):
                 options["arranged"] = self._blocked.arranged
         if problem.algorithm == "direct_1x1":
             options["product"] = self.config.pointwise_product
+        if problem.plan == "region" and problem.algorithm in REGION_ALGORITHMS:
+            options["threads"] = self.num_threads
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
