@@ -111,7 +111,7 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (19 candidates, and ``pointwise.product`` where
+    varied alone around the portable values (21 candidates, and ``pointwise.product`` where
     the packed micro-kernel can run). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
