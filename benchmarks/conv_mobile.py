@@ -31,11 +31,11 @@ import argparse
 import functools
 import os
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
 import onnx
+from _common import looped
 from conv_settings import registry_with
 from onnx import TensorProto, helper
 from real_models import Rounds, onnxruntime_session
@@ -78,6 +78,11 @@ EFFICIENTNET_B0 = [0, 1, 2, 14, 10, 54, 55, 15, 56, 11, 16, 57, 52]
 SAMPLE_S = 0.004  # each sample: runs for about this long
 
 
+def repeated(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
+    """``run`` looped for about SAMPLE_S, and the loop's count (:func:`_common.looped`)."""
+    return looped(run, SAMPLE_S)
+
+
 def conv_model(channels: int, filters: int, size: int, kernel: int, stride: int,
                group: int, activation: str = "none") -> onnx.ModelProto:
     """One Conv, followed by ``activation``: ``none``, ``relu6`` (Clip 0..6: MobileNetV2's)
@@ -102,20 +107,6 @@ def conv_model(channels: int, filters: int, size: int, kernel: int, stride: int,
         [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
          helper.make_tensor("b", TensorProto.FLOAT, b.shape, b), *constants])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def repeated(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
-    """``run`` looped for about SAMPLE_S, and the loop's count."""
-    run()
-    start = time.perf_counter()
-    run()
-    count = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
-
-    def loop() -> None:
-        for _ in range(count):
-            run()
-
-    return loop, count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name] = RuntimeSession(model, num_threads=threads,
                                                 registry=registry_with(setting, threads)).run
             runs["ort"] = onnxruntime_session(model, threads).run
-            loops = {name: repeated(functools.partial(run, None, feeds)) for name, run in runs.items()}
+            loops = {name: repeated(functools.partial(run, None, feeds))
+                     for name, run in runs.items()}
             samples = Rounds(3).run([loop for loop, _ in loops.values()], args.rounds)
             fastest = {name: min(s) / loops[name][1] * 1e6 for name, s in zip(loops, samples, strict=True)}
             median = {name: float(np.median(s)) / loops[name][1] * 1e6

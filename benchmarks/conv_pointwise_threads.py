@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from _common import onnxruntime_session
+from _common import looped, onnxruntime_session
 from conv_pointwise_packed import cpu_samples
 from conv_settings import load_model, registry_with
 from hot_regions import others_runnable
@@ -95,20 +95,6 @@ def ours(model: onnx.ModelProto, threads: int, minimum: int | None) -> Callable[
     ``minimum`` unless None."""
     setting = {} if minimum is None else {conv.POINTWISE_MINIMUM_FLOPS: minimum}
     return RuntimeSession(model, num_threads=threads, registry=registry_with(setting, threads)).run
-
-
-def looped(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
-    """``run`` looped for about SAMPLE_S, and the loop's count."""
-    run()
-    start = time.perf_counter()
-    run()
-    count = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
-
-    def loop() -> None:
-        for _ in range(count):
-            run()
-
-    return loop, count
 
 
 class Probe:
@@ -251,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             scale = float(np.abs(expected).max())
             for run in runs.values():
                 np.testing.assert_allclose(run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4 * scale)
-            loops = {name: looped(functools.partial(run, None, feeds)) for name, run in runs.items()}
+            loops = {name: looped(functools.partial(run, None, feeds), SAMPLE_S)
+                     for name, run in runs.items()}
             times, retakes = quiet_samples(loops, args.samples, deadline, probe)
             retaken += retakes
             if not all(times.values()):

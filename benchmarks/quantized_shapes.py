@@ -26,8 +26,7 @@ from typing import Any
 
 import numpy as np
 from _common import Table, load_average, onnxruntime_session
-from conv_plans import NAMES, _inputs, _session
-from onnx import TensorProto, helper, numpy_helper
+from conv_plans import _inputs, _session, qlinear_conv_model
 
 from onnx_light.kernels import integer_gemm, integer_loops, quantized_products
 
@@ -80,14 +79,7 @@ class _Timed:
 
 
 def _theirs(inputs: list[np.ndarray], attributes: dict[str, Any]) -> Any:
-    node = helper.make_node("QLinearConv", NAMES, ["y"], **attributes)
-    graph = helper.make_graph(
-        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.UINT8, inputs[0].shape)],
-        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
-        [numpy_helper.from_array(value, name) for name, value in zip(NAMES[1:], inputs[1:], strict=True)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
-    model.ir_version = 8
-    return onnxruntime_session(model, 1)
+    return onnxruntime_session(qlinear_conv_model(inputs, attributes), 1)
 
 
 def measure(names: list[str], runs: int) -> Table:
