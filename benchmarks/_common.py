@@ -176,6 +176,21 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
+def looped(run: Callable[[], object], seconds: float) -> tuple[Callable[[], object], int]:
+    """``run`` looped for about ``seconds`` (timed after two warm-up calls), and the loop's count:
+    one sample of a call too short to time alone."""
+    run()
+    start = time.perf_counter()
+    run()
+    count = max(1, int(seconds / max(time.perf_counter() - start, 1e-6)))
+
+    def loop() -> None:
+        for _ in range(count):
+            run()
+
+    return loop, count
+
+
 def load_average() -> float | None:
     try:
         return os.getloadavg()[0]

@@ -17,8 +17,12 @@ one run) and the ratios to onnxruntime's (fastest, which the load of a shared ma
 disturbs least). Session times include each runtime's fixed cost per run (about 60 us for
 onnx_light, 15 us for onnxruntime: docs/conv.md).
 
-Run: ``python benchmarks/conv_mobile.py [--threads 1 2] [--rounds 7] [--shapes 0 3]
-[--without-wide]`` (``--without-wide``: no ``im2col_wide`` sessions, the slowest).
+At more than one thread, ``one thread`` is the same session with the compiled kernels' region
+off (``parallel.region_flops`` never reached): what the second thread gains inside them.
+
+Run: ``python benchmarks/conv_mobile.py [--threads 1 2] [--rounds 7] [--shapes 0 3 | --model
+efficientnet_b0] [--activation silu] [--without-wide] [--only-portable]``
+(``--without-wide``: no ``im2col_wide`` sessions, the slowest).
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ import argparse
 import functools
 import os
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
 import onnx
+from _common import looped
 from conv_settings import registry_with
 from onnx import TensorProto, helper
 from real_models import Rounds, onnxruntime_session
@@ -64,38 +68,45 @@ SHAPES = [
     (116, 116, 14, 3, 1, 116), (232, 232, 14, 3, 2, 232), (232, 232, 7, 3, 1, 232),
     # 51-53: the stems of MobileNetV3-small, MobileNetV2 and ShuffleNetV2
     (3, 16, 224, 3, 2, 1), (3, 32, 224, 3, 2, 1), (3, 24, 224, 3, 2, 1),
+    # 54-57: EfficientNet-B0's depthwise convolutions not above (0-2, 10, 11, 14-16 are its too)
+    (240, 240, 28, 3, 2, 240), (480, 480, 14, 3, 1, 480), (672, 672, 14, 5, 1, 672),
+    (1152, 1152, 7, 3, 1, 1152),
 ]
+#: MobileNetV2's depthwise shapes (with its stem), EfficientNet-B0's (with its stem)
+MOBILENET_V2 = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 52]
+EFFICIENTNET_B0 = [0, 1, 2, 14, 10, 54, 55, 15, 56, 11, 16, 57, 52]
 SAMPLE_S = 0.004  # each sample: runs for about this long
 
 
+def repeated(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
+    """``run`` looped for about SAMPLE_S, and the loop's count (:func:`_common.looped`)."""
+    return looped(run, SAMPLE_S)
+
+
 def conv_model(channels: int, filters: int, size: int, kernel: int, stride: int,
-               group: int) -> onnx.ModelProto:
+               group: int, activation: str = "none") -> onnx.ModelProto:
+    """One Conv, followed by ``activation``: ``none``, ``relu6`` (Clip 0..6: MobileNetV2's)
+    or ``silu`` (Sigmoid and Mul: EfficientNet-B0's), which the runtime fuses."""
     rng = np.random.default_rng(channels * 1000 + size * 10 + kernel + stride)
     w = rng.standard_normal((filters, channels // group, kernel, kernel)).astype(np.float32)
     b = rng.standard_normal(filters).astype(np.float32)
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=group, strides=[stride] * 2,
-                            pads=[kernel // 2] * 4)
+    conv_out = "y" if activation == "none" else "c"
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], [conv_out], group=group,
+                              strides=[stride] * 2, pads=[kernel // 2] * 4)]
+    constants = []
+    if activation == "relu6":
+        nodes.append(helper.make_node("Clip", ["c", "low", "high"], ["y"]))
+        constants = [helper.make_tensor("low", TensorProto.FLOAT, [], [0.0]),
+                     helper.make_tensor("high", TensorProto.FLOAT, [], [6.0])]
+    elif activation == "silu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])
     graph = helper.make_graph(
-        [node], "conv", [x],
+        nodes, "conv", [x],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
-         helper.make_tensor("b", TensorProto.FLOAT, b.shape, b)])
+         helper.make_tensor("b", TensorProto.FLOAT, b.shape, b), *constants])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def repeated(run: Callable[[], object]) -> tuple[Callable[[], object], int]:
-    """``run`` looped for about SAMPLE_S, and the loop's count."""
-    run()
-    start = time.perf_counter()
-    run()
-    count = max(1, int(SAMPLE_S / max(time.perf_counter() - start, 1e-6)))
-
-    def loop() -> None:
-        for _ in range(count):
-            run()
-
-    return loop, count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,23 +115,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--shapes", type=int, nargs="+", default=None,
                         help="indices into SHAPES (default all)")
+    parser.add_argument("--model", choices=("mobilenet_v2", "efficientnet_b0"), default=None,
+                        help="that model's depthwise shapes and stem (instead of --shapes)")
+    parser.add_argument("--activation", choices=("none", "relu6", "silu"), default="none",
+                        help="an activation after each Conv (fused by the runtime)")
     parser.add_argument("--without-wide", action="store_true",
                         help="no im2col_wide sessions (the slowest: a shorter run)")
+    parser.add_argument("--only-portable", action="store_true",
+                        help="no per-channel, channel-blocked or im2col_wide sessions")
     args = parser.parse_args(argv)
-    shapes = [SHAPES[i] for i in args.shapes] if args.shapes is not None else SHAPES
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; us per run, "
-          f"fastest (median); ratios of the fastest to onnxruntime's")
-    print("| C -> M x H x W, k, s, group | threads | onnx_light | per channel | channel-blocked "
-          "| im2col_wide | onnxruntime | ours / ort | per channel / ort | blocked / ort "
-          "| im2col_wide / ort |\n|---|---|---|---|---|---|---|---|---|---|")
+    indices = ({"mobilenet_v2": MOBILENET_V2, "efficientnet_b0": EFFICIENTNET_B0}[args.model]
+               if args.model else args.shapes)
+    shapes = [SHAPES[i] for i in indices] if indices is not None else SHAPES
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds (a round "
+          f"other processes disturbed retaken); activation {args.activation}; us per run, "
+          f"fastest (median); ratios of the fastest to onnxruntime's; 'one thread': the session's "
+          f"threads, the compiled kernels' region off (parallel.region_flops never reached)")
+    print("| C -> M x H x W, k, s, group | threads | onnx_light | one thread | per channel "
+          "| channel-blocked | im2col_wide | onnxruntime | ours / ort | one thread / ort "
+          "| per channel / ort | blocked / ort | im2col_wide / ort |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios: dict[tuple[str, int], list[float]] = {}
     for channels, filters, size, kernel, stride, group in shapes:
-        model = conv_model(channels, filters, size, kernel, stride, group)
+        model = conv_model(channels, filters, size, kernel, stride, group, args.activation)
         feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
         kind = "depthwise" if group > 1 else "pointwise" if kernel == 1 else "full"
         for threads in args.threads:
             runs = {"ours": RuntimeSession(model, num_threads=threads).run}
-            if kind == "depthwise":
+            if threads > 1 and kind != "pointwise":
+                runs["serial"] = RuntimeSession(model, num_threads=threads, registry=registry_with(
+                    {conv.REGION_FLOPS: conv.NEVER}, threads)).run
+            if kind == "depthwise" and not args.only_portable:
                 settings = [("rows", {conv.BLOCKED_OUTPUTS: 0}),
                             ("blocked", {conv.BLOCKED_OUTPUTS: conv.NEVER})]
                 if not args.without_wide:
@@ -129,23 +154,25 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name] = RuntimeSession(model, num_threads=threads,
                                                 registry=registry_with(setting, threads)).run
             runs["ort"] = onnxruntime_session(model, threads).run
-            loops = {name: repeated(functools.partial(run, None, feeds)) for name, run in runs.items()}
+            loops = {name: repeated(functools.partial(run, None, feeds))
+                     for name, run in runs.items()}
             samples = Rounds(3).run([loop for loop, _ in loops.values()], args.rounds)
             fastest = {name: min(s) / loops[name][1] * 1e6 for name, s in zip(loops, samples, strict=True)}
             median = {name: float(np.median(s)) / loops[name][1] * 1e6
                       for name, s in zip(loops, samples, strict=True)}
             ratios.setdefault((kind, threads), []).append(fastest["ours"] / fastest["ort"])
             cells = {name: f"{fastest[name]:.0f} ({median[name]:.0f})" for name in fastest}
-            for name in ("rows", "blocked"):
+            for name in ("serial", "rows", "blocked"):
                 if name in fastest:
                     ratios.setdefault((f"{kind} ({name})", threads), []).append(
                         fastest[name] / fastest["ort"])
             versus = {name: f"{fastest[name] / fastest['ort']:.2f}" if name in fastest else "-"
-                      for name in ("rows", "blocked", "wide")}
+                      for name in ("serial", "rows", "blocked", "wide")}
             print(f"| {channels} -> {filters} x {size} x {size}, {kernel}, {stride}, {group} | {threads} "
-                  f"| {cells['ours']} | {cells.get('rows', '-')} | {cells.get('blocked', '-')} "
-                  f"| {cells.get('wide', '-')} | {cells['ort']} | {fastest['ours'] / fastest['ort']:.2f} "
-                  f"| {versus['rows']} | {versus['blocked']} | {versus['wide']} |", flush=True)
+                  f"| {cells['ours']} | {cells.get('serial', '-')} | {cells.get('rows', '-')} "
+                  f"| {cells.get('blocked', '-')} | {cells.get('wide', '-')} | {cells['ort']} "
+                  f"| {fastest['ours'] / fastest['ort']:.2f} | {versus['serial']} | {versus['rows']} "
+                  f"| {versus['blocked']} | {versus['wide']} |", flush=True)
     for (kind, threads), values in ratios.items():
         geomean = float(np.exp(np.mean(np.log(values))))
         print(f"\n{kind}, {threads} thread(s): geometric mean ours / ort {geomean:.2f}, "

@@ -59,7 +59,8 @@ def _inputs(c: int, m: int, plane: int, k: int, group: int) -> list[np.ndarray]:
     return inputs
 
 
-def _session(inputs: list[np.ndarray], attributes: dict[str, object]) -> RuntimeSession:
+def qlinear_conv_model(inputs: list[np.ndarray], attributes: dict[str, object]) -> onnx.ModelProto:
+    """A one-node QLinearConv model of ``inputs`` (X fed, the rest constants) and ``attributes``."""
     node = helper.make_node("QLinearConv", NAMES, ["y"], **attributes)
     graph = helper.make_graph(
         [node], "conv", [helper.make_tensor_value_info("x", TensorProto.UINT8, inputs[0].shape)],
@@ -67,7 +68,11 @@ def _session(inputs: list[np.ndarray], attributes: dict[str, object]) -> Runtime
         [numpy_helper.from_array(value, name) for name, value in zip(NAMES[1:], inputs[1:], strict=True)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
     model.ir_version = 8
-    return RuntimeSession(model, num_threads=1)
+    return model
+
+
+def _session(inputs: list[np.ndarray], attributes: dict[str, object]) -> RuntimeSession:
+    return RuntimeSession(qlinear_conv_model(inputs, attributes), num_threads=1)
 
 
 def _best(call: Callable[[], object], runs: int, clock: Callable[[], float]) -> float:

@@ -14,7 +14,10 @@ Each variant is ``THREADS[,SETTING...]`` with settings
 * ``awake=US``: the session's ``awake_us`` (``ThreadPool.hot``: idle-priority threads spinning
   during a run and ``US`` microseconds after it, so that no processor halts; 0: none);
 * ``siblings=off``: sibling products of one input left apart (``runtime/sibling_fusion.py``
-  not run: the plan before it).
+  not run: the plan before it);
+* ``packed=pool``: products of packed weights split as before 2026-12-06 09:30 UTC, A's rows
+  in chunks of whole micro-kernel blocks on the pool (``ThreadPool.parallel_chunks``), instead
+  of their panels in one numba region (:func:`pool_rows`).
 
 The variant ``1`` (one thread, as tuned) is always measured first and is the reference. A
 timed run counts only if no other task was runnable just before and just after it (the running
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import math
 import os
 import statistics
 import sys
@@ -52,9 +57,9 @@ if str(HERE) not in sys.path:
 import model_zoo  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-from hot_regions import others_runnable  # noqa: E402
+from hot_regions import others_runnable, rows_on_pool  # noqa: E402
 
-from onnx_light.kernels import gemm  # noqa: E402
+from onnx_light.kernels import gemm, packed_gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
 from onnx_light.runtime import RuntimeSession, branches, fusion  # noqa: E402
 
@@ -65,7 +70,7 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     """The session ``variant`` names (see the module's docstring)."""
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
-    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings"}
+    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -95,7 +100,28 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
             kernel._configure(products)
         elif serial and names == [MINIMUM_ELEMENTS]:
             kernel._configure({MINIMUM_ELEMENTS: 1 << 62})
+        if options.get("packed") == "pool" and getattr(kernel, "_packed", None) is not None:
+            kernel._packed_product = functools.partial(pool_rows, kernel)
     return session
+
+
+def pool_rows(kernel: gemm._ProductKernel, packed: packed_gemm.PackedWeights, a: np.ndarray,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ W (+ bias)`` of ``kernel``'s packed weights with A's rows split on the kernel's
+    pool (``hot_regions.rows_on_pool``) from ``parallel.minimum_flops`` multiply-adds, at
+    least ``split.minimum_rows`` rows a chunk: the packed products' two-thread plan before
+    the panels went to a numba region (the same values)."""
+    count = math.prod(a.shape[:-1])
+    rows = np.ascontiguousarray(a).reshape(count, packed.k)
+    if out is None:
+        out = np.empty((*a.shape[:-1], packed.n), np.float32)
+    chunks = 1
+    if kernel.num_threads > 1 and count * packed.n * packed.k >= kernel.minimum_flops:
+        chunks = min(kernel.num_threads, count // kernel.minimum_rows)
+    if chunks < 2:
+        return packed.multiply(a, out)
+    rows_on_pool(packed, rows, out.reshape(count, packed.n), kernel.pool, chunks)
+    return out
 
 
 def measure(sessions: dict[str, RuntimeSession], feeds: dict[str, np.ndarray], samples: int,

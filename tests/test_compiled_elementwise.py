@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnx_light
-from onnx_light.kernels import KERNELS
+from onnx_light.kernels import KERNELS, normalization
 from onnx_light.kernels import compiled_elementwise as ce
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.elementwise import COMPILED_OPS, MINIMUM_ELEMENTS, OPS, default_minimum_elements
@@ -340,6 +340,17 @@ def test_a_chain_runs_with_the_published_values_of_the_node_it_is_tuned_as(monke
     np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-7)
 
 
+def test_a_chain_is_not_tuned_as_its_pow() -> None:
+    """GELU-tanh's cube is a Pow node, which the program computes as two products: the chain
+    is tuned as its Tanh, not as numpy's general power."""
+    session = RuntimeSession(_model(GELU_TANH_NODES, GELU_TANH_CONSTANTS), num_threads=2)
+    fused = session._plan[0].run.__self__
+    assert isinstance(fused, FusedElementwise) and "Pow" in fused.node_types
+    assert fused.tuned.ctx.op_type == "Tanh"
+    (entry,) = session.tuning_report()
+    assert entry["key"].startswith("onnx_light/Tanh/")
+
+
 # ------------------------------------------------------------------------------ LayerNormalization
 
 def _layer_norm(element_type: int, threads: int, **attributes: object):
@@ -362,10 +373,12 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon=1e-5):
     ((2, 32, 256), -1, (256,), True), ((2, 32, 256), -1, (256,), False),
     ((4, 6, 10), 1, (6, 10), True), ((4, 6, 10), 1, (1, 10), True), ((3, 1000), 0, (1000,), True),
     ((3, 67, 200), -1, (200,), True)])  # 40200 elements: over two threads, rows split unevenly
-def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_bias, threads) -> None:
-    """float32 LayerNormalization (the compiled rows, serial or over two threads, for any
-    layout of X) is the float64 computation rounded: Y to a few units, Mean and InvStdDev to
-    one; its outputs are new arrays."""
+def test_layer_norm_compiled_rows_match_float64(shape, axis, scale_shape, with_bias, threads,
+                                                 monkeypatch) -> None:
+    """float32 LayerNormalization (the compiled rows, serial or over two threads from 2^15
+    elements, for any layout of X) is the float64 computation rounded: Y to a few units, Mean
+    and InvStdDev to one; its outputs are new arrays."""
+    monkeypatch.setattr(normalization, "LAYER_NORM_PARALLEL_MINIMUM", 1 << 15)
     kernel = _layer_norm(F, threads, axis=axis)
     x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
     scale = RNG.standard_normal(scale_shape).astype(np.float32)
@@ -572,6 +585,23 @@ def test_gelu_in_one_pass_is_within_the_float32_bound_of_the_interpreter(shape, 
         with np.errstate(all="ignore"):  # -inf (1 + erf(-inf)) is NaN, as computed
             expected = _reference(code, a.astype(np.float64) + column)
         _assert_close(gelu.run([a, column]), expected, 0.5001, 1e-7)
+
+
+@pytest.mark.parametrize("shape", [(1, 1000), (3, 517), (7, 129), (2, 64), (9, 300)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("tanh", [False, True])
+def test_gelu_rows_split_over_threads_give_the_serial_bits(shape, with_bias: bool, tanh: bool) -> None:
+    """Fewer than four rows per thread split by elements (a row's end, whole rows, a row's
+    start per thread), more by rows: the serial values either way."""
+    rng = np.random.default_rng(shape[1])
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    x.reshape(-1)[:len(SPECIAL)] = SPECIAL
+    bias = rng.standard_normal(shape[1]).astype(np.float32) if with_bias else np.zeros(1, np.float32)
+    serial, split = np.empty_like(x), np.full_like(x, np.nan)
+    ce.gelu_rows.dispatcher(x, bias, with_bias, tanh, serial)
+    assert ce.numba_threads(2)
+    ce.gelu_rows_parallel.dispatcher(x, bias, with_bias, tanh, split, 2)
+    assert split.tobytes() == serial.tobytes()
 
 
 @settings(max_examples=30, deadline=None)

@@ -22,6 +22,7 @@ from onnx_light.kernels import conv
 from onnx_light.kernels import register as register_library
 from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.kernels.conv.channel_blocked import vector_lanes
+from onnx_light.kernels.conv.config import DEPTHWISE_COST
 from onnx_light.parallel import BLAS, ThreadPool
 from onnx_light.tuning.calibration import Budget
 from onnx_light.tuning.keys import KernelTuningKey
@@ -210,15 +211,16 @@ def test_auto_choices():
 
 
 def test_parallel_plans(pools):
-    def plan(x_shape, w_shape, attributes, split, threads=2, minimum=1):
-        values = {conv.SPLIT: split, conv.MINIMUM_FLOPS: minimum}
+    def plan(x_shape, w_shape, attributes, split, threads=2, minimum=1, algorithm="auto"):
+        values = {conv.SPLIT: split, conv.MINIMUM_FLOPS: minimum, conv.ALGORITHM: algorithm}
         return _kernel(attributes, values=values, pool=pools[threads]).problem(x_shape, w_shape).plan
 
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "auto", threads=1) == "serial"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "auto", minimum=1 << 40) == "serial"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "auto") == "output_rows"
     assert plan((4, 8, 7, 7), (4, 8, 3, 3), {}, "auto") == "batch_and_groups"
-    assert plan((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, "auto") == "batch_and_groups"
+    assert plan((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8}, "auto", algorithm="im2col_wide") \
+        == "batch_and_groups"
     assert plan((1, 64, 7, 7), (128, 64, 3, 3), {}, "auto") == "filters"  # 128 filters, 25 outputs
     # a strided 1x1 convolution (im2col) with more filters than outputs: the filters
     assert plan((1, 16, 28, 28), (256, 16, 1, 1), {"strides": [2, 2]}, "auto") == "filters"
@@ -228,10 +230,19 @@ def test_parallel_plans(pools):
     assert plan((2, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "batch_and_groups"  # one filter
     assert plan((1, 8, 1, 1), (1, 8, 1, 1), {}, "output_rows") == "blas"
     assert plan((1, 8, 4, 7, 7), (8, 1, 3, 3, 3), {"group": 8}, "filters") == "filters"  # 3-D: im2col
-    for split in ("filters", "output_rows", "auto"):  # depthwise computes whole channels
-        forced = {conv.ALGORITHM: "depthwise", conv.SPLIT: split, conv.MINIMUM_FLOPS: 1}
-        depthwise = _kernel({"group": 8}, values=forced, pool=pools[2]).problem((1, 8, 7, 7), (8, 1, 3, 3))
-        assert depthwise.plan == "batch_and_groups"
+    # the compiled depthwise and stem kernels split inside their call, whatever the split,
+    # from parallel.region_flops multiply-adds (x DEPTHWISE_COST for depthwise ones) on
+    for algorithm, w_shape, attributes in (("depthwise", (8, 1, 3, 3), {"group": 8}),
+                                           ("filters_blocked", (8, 3, 3, 3), {})):
+        x_shape = (1, w_shape[1] * attributes.get("group", 1), 7, 7)
+        flops = 8 * 25 * w_shape[1] * 9 * (DEPTHWISE_COST if w_shape[1] == 1 else 1)
+        for split, region, expected in (("filters", 1, "region"), ("auto", flops, "region"),
+                                        ("auto", flops + 1, "serial"), ("blas", 1, "serial")):
+            values = {conv.ALGORITHM: algorithm, conv.SPLIT: split, conv.REGION_FLOPS: region}
+            assert _kernel(attributes, values=values, pool=pools[2]).problem(x_shape, w_shape).plan \
+                == expected
+            assert _kernel(attributes, values=values, pool=pools[1]).problem(x_shape, w_shape).plan \
+                == "serial"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "filters") == "filters"
     assert plan((1, 8, 7, 7), (4, 8, 3, 3), {}, "blas") == "blas"
 
@@ -457,7 +468,7 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=6)
+    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=7)
                                   for t in conv.CONV_TYPES)
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
@@ -467,7 +478,9 @@ def test_schemas_and_configuration_validation():
                                      conv.AUTO_DEPTHWISE: "depthwise",
                                      conv.BLOCKED_OUTPUTS: 3136,
                                      conv.FILTERS_BLOCKED_TAPS: 75,
-                                     conv.POINTWISE_PRODUCT: "blas"}
+                                     conv.POINTWISE_PRODUCT: "blas",
+                                     conv.POINTWISE_MINIMUM_FLOPS: 1 << 23,
+                                     conv.REGION_FLOPS: 1 << 23}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

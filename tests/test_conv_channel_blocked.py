@@ -6,6 +6,8 @@ one and two threads (the same bits)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from conv_epilogues import assert_fused_epilogue_matches
@@ -16,13 +18,14 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.conv import channel_blocked
 from onnx_light.kernels.conv.channel_blocked import blocked_weights, vector_lanes
 from onnx_light.parallel import ThreadPool
 
 pytestmark = pytest.mark.skipif(not vector_lanes(),
                                 reason="the channel-blocked kernel needs AVX-512 or AVX2 with FMA")
 T = TensorProto
-FORCED = {conv.ALGORITHM: "depthwise_blocked", conv.MINIMUM_FLOPS: 1}
+FORCED = {conv.ALGORITHM: "depthwise_blocked", conv.REGION_FLOPS: 1}
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +88,70 @@ def test_matches_the_reference_evaluator(pools, case, bias, seed):
     error = np.abs(got.astype(np.float64) - _reference(x, w, b, attributes))
     assert np.all(error <= _bound(x, w, b, attributes))
     two = _kernel(attributes, pools[2], bias=bias)
-    assert two.problem(x.shape, w.shape).plan == "batch_and_groups" or x_shape[0] * x_shape[1] < 2
+    assert two.problem(x.shape, w.shape).plan == "region"  # both threads inside the call
     np.testing.assert_array_equal(two.run(*inputs)[0], got)
     assert not np.shares_memory(got, x)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=blocked_cases(), budget=st.sampled_from([1, 4096, 1 << 14]), seed=st.integers(0, 2**16))
+def test_bands_give_the_bits_of_the_whole_plane(pools, case, budget, seed):
+    """Bands of output rows (their input rows' tile within ``BAND_BYTES``: one row, a few, or
+    every row where the plane is narrower than the lanes) give the bits of the whole plane's
+    tile, at one and two threads."""
+    x_shape, w_shape, attributes = case
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, x_shape).astype(np.float32)
+    w = rng.uniform(-1, 1, w_shape).astype(np.float32)
+    b = rng.uniform(-1, 1, w_shape[0]).astype(np.float32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(channel_blocked, "BAND_BYTES", 1 << 40)
+        whole = _kernel(attributes, pools[1]).run(x, w, b)[0]
+        patch.setattr(channel_blocked, "BAND_BYTES", budget)
+        for threads in (1, 2):
+            np.testing.assert_array_equal(_kernel(attributes, pools[threads]).run(x, w, b)[0], whole)
+
+
+def test_band_rows():
+    """Whole planes below the budget or narrower than the lanes; else the rows whose tile
+    fits (at least one, and L positions), never every row."""
+    lanes = vector_lanes()
+    row = 113 * lanes * 4  # a tile row of 112 padded on one side
+    budget = channel_blocked.BAND_BYTES
+    assert channel_blocked.band_rows((14, 14), (14, 14), (3, 3), (1, 1), (16, 16)) == 0
+    assert channel_blocked.band_rows((112, 112), (56, 56), (3, 3), (2, 2), (113, 113)) \
+        == (budget // row - 3) // 2 + 1
+    assert channel_blocked.band_rows((300, 4), (300, 4), (3, 3), (1, 1), (302, 6)) == 0
+    assert channel_blocked.band_rows((4000, 5000), (4000, 5000), (3, 3), (1, 1), (4002, 5002)) == 1
+    assert channel_blocked.band_rows((2000, 3), (2000, 1), (3, 3), (1, 1), (2002, 5)) == 0
+
+
+def _region_in_a_fork(queue, x, w, b, attributes) -> None:
+    with ThreadPool(2) as pool:
+        queue.put(_kernel(attributes, pool).run(x, w, b)[0].tobytes())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_fork_after_a_region_computes_on_one_thread(pools):
+    """The child of a process that ran the kernel's region (GNU OpenMP does not survive fork)
+    computes on one thread, the same bits, instead of hanging in its first region."""
+    import multiprocessing
+
+    rng = np.random.default_rng(6)
+    attributes = {"group": 40, "pads": [1, 1, 1, 1]}
+    x = rng.uniform(-1, 1, (1, 40, 20, 20)).astype(np.float32)
+    w = rng.uniform(-1, 1, (40, 1, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 40).astype(np.float32)
+    two = _kernel(attributes, pools[2])
+    assert two.problem(x.shape, w.shape).plan == "region"
+    expected = two.run(x, w, b)[0].tobytes()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_region_in_a_fork, args=(queue, x, w, b, attributes))
+    child.start()
+    result = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert result == expected and child.exitcode == 0
 
 
 def test_nan_and_infinities_propagate(pools):

@@ -19,7 +19,7 @@ from onnx_light.kernels.conv.depthwise import depthwise_channels, plane_layout
 from onnx_light.parallel import ThreadPool
 
 T = TensorProto
-FORCED = {conv.ALGORITHM: "depthwise", conv.MINIMUM_FLOPS: 1}
+FORCED = {conv.ALGORITHM: "depthwise", conv.REGION_FLOPS: 1}
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +94,9 @@ def test_matches_the_reference_evaluator(pools, case, bias, seed):
     assert one.problem(x.shape, w.shape).algorithm == "depthwise"
     got = one.run(*inputs)[0]
     _assert_within(got, expected, _bound(x, w, b, attributes))
-    two = _kernel(attributes, pools[2], bias=bias).run(*inputs)[0]
-    np.testing.assert_array_equal(two, got)
+    two = _kernel(attributes, pools[2], bias=bias)
+    assert two.problem(x.shape, w.shape).plan == "region"  # both threads inside the call
+    np.testing.assert_array_equal(two.run(*inputs)[0], got)
     assert not np.shares_memory(got, x)
 
 

@@ -23,7 +23,7 @@ from onnx_light.parallel import ThreadPool
 pytestmark = pytest.mark.skipif(not vector_lanes(),
                                 reason="the filter-blocked kernel needs AVX-512 or AVX2 with FMA")
 T = TensorProto
-FORCED = {conv.ALGORITHM: "filters_blocked", conv.MINIMUM_FLOPS: 1}
+FORCED = {conv.ALGORITHM: "filters_blocked", conv.REGION_FLOPS: 1}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_bands_and_row_splits_give_the_same_bits(pools, monkeypatch):
     w = rng.uniform(-1, 1, (20, 3, 3, 3)).astype(np.float32)
     b = rng.uniform(-1, 1, 20).astype(np.float32)
     two = _kernel(attributes, pools[2])
-    assert two.problem(x.shape, w.shape).plan == "output_rows"
+    assert two.problem(x.shape, w.shape).plan == "region"
     got = two.run(x, w, b)[0]
     monkeypatch.setattr(filter_blocked, "TILE_BYTES", 1 << 40)
     np.testing.assert_array_equal(_kernel(attributes, pools[1]).run(x, w, b)[0], got)

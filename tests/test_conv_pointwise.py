@@ -17,7 +17,7 @@ from onnx_light.kernels import conv, packed_gemm
 from onnx_light.kernels.base import KernelError, NodeContext
 from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import pointwise
-from onnx_light.parallel import ThreadPool
+from onnx_light.parallel import BLAS, ThreadPool
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +278,131 @@ def test_without_the_packed_kernel_packed_falls_back_to_the_blas_tiles(pools, mo
     w = rng.standard_normal((10, 12, 1, 1)).astype(np.float32)
     got = _kernel(1, pools[1], {conv.POINTWISE_PRODUCT: "packed"}).run(x, w)[0]
     np.testing.assert_array_equal(got, _kernel(1, pools[1], {conv.POINTWISE_PRODUCT: "blas"}).run(x, w)[0])
+
+
+def test_units_cut_one_tile_products_from_a_size_on_along_the_cheaper_side():
+    """A product kept in one tile is cut in two from CUT_MULTIPLY_ADDS on: by filters (blocks
+    of a multiple of 8) where the input is smaller than the weights, else by columns; tiled
+    products keep their tiles and every filter."""
+    assert pointwise.product_units(16, 32, 12544, 4) == (256, 16)  # 49 tiles
+    assert pointwise.product_units(8, 8, 9, 4) == (9, 8)  # small: one unit
+    assert pointwise.product_units(160, 960, 49, 4) == (49, 160)  # below CUT_MULTIPLY_ADDS
+    assert pointwise.product_units(1280, 320, 49, 4) == (49, 640)  # 7x7: halves of the filters
+    assert pointwise.product_units(56, 4096, 49, 4) == (49, 32)  # 32 + 24 filters
+    assert pointwise.product_units(32, 512, 784, 4) == (392, 32)  # 28x28: halves of the columns
+    assert pointwise.product_units(96, 576, 196, 4) == (98, 96)
+    for filters, depth, width in [(1280, 320, 49), (32, 512, 784), (2048, 512, 12544), (24, 96, 3136)]:
+        tile, block = pointwise.product_units(filters, depth, width, 4)
+        assert 0 < tile <= width and 0 < block <= filters
+
+
+@pytest.fixture
+def every_product_cut(monkeypatch):
+    """Every one-tile product of at least 2 filters or columns cut in two (the shapes of the
+    calls remembered so far forgotten before and after)."""
+    monkeypatch.setattr(pointwise, "CUT_MULTIPLY_ADDS", 1)
+    pointwise._CALLS.clear()
+    yield
+    pointwise._CALLS.clear()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), channels=st.integers(1, 300), filters=st.integers(1, 90),
+       height=st.integers(1, 40), width=st.integers(1, 40), bias=st.booleans(), residual=st.booleans(),
+       epilogue=st.sampled_from([None, "relu6", "Swish"]), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=st.integers(0, 2**16))
+def test_units_give_the_same_bits_at_one_and_two_threads(pools, every_product_cut, batch, channels,
+                                                          filters, height, width, bias, residual,
+                                                          epilogue, dtype, seed):
+    """``direct_1x1``'s units (tiles, or one tile cut by filters or by columns) shared by two
+    numba threads give the bits of the same units on one thread (each unit's BLAS product and
+    finishing the same whoever makes it; numpy's OpenBLAS called from both threads at once),
+    within the tolerance of the float64 convolution; a compiled SiLU applied in each unit."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(dtype)
+    w = rng.uniform(-1, 1, (filters, channels, 1, 1)).astype(dtype)
+    b = rng.uniform(-1, 1, filters).astype(dtype) if bias else None
+    expected = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
+    if b is not None:
+        expected += b.astype(np.float64).reshape(-1, 1, 1)
+    inputs = [x, w, b]
+    if residual:
+        shortcut = rng.uniform(-1, 1, expected.shape).astype(dtype)
+        expected += shortcut
+        inputs.append(shortcut)
+    swish = epilogue == "Swish" and dtype == np.float32
+    if epilogue == "relu6":
+        expected = np.clip(expected, 0.0, 6.0)
+    elif swish:
+        expected = expected / (1 + np.exp(-expected))
+    element_type = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+
+    def run(threads):
+        kernel = _kernel(1, pools[threads], {conv.POINTWISE_MINIMUM_FLOPS: 1}, element_type)
+        kernel.residual = residual
+        if epilogue == "relu6":
+            kernel.clamp = (0.0, 6.0)
+            kernel.epilogue = lambda block: np.clip(block, 0.0, 6.0, out=block)
+        elif swish:
+            kernel.epilogue = in_place("Swish", {"alpha": 1.0}, lambda block: None)
+        return kernel.run(*inputs)[0]
+
+    got = run(1)
+    assert got.dtype == dtype and got.shape == expected.shape
+    tolerance = (channels + 4) * np.finfo(dtype).eps * 4 * (4 if swish else 1)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tolerance)
+    for _ in range(3):  # the threads meet in a different order each time
+        np.testing.assert_array_equal(run(2), got)
+
+
+class _Recorder:
+    """A compiled function's stand-in that counts the calls of its dispatcher."""
+
+    def __init__(self, function):
+        self.function, self.calls = function, 0
+
+    def dispatcher(self, *arguments):
+        self.calls += 1
+        return self.function.dispatcher(*arguments)
+
+
+def test_units_run_on_the_threads_from_pointwise_minimum_flops(pools, every_product_cut, monkeypatch):
+    """At two threads a product of several units runs in the numba region from
+    ``pointwise.minimum_flops`` multiply-adds on (whatever the pool's plan), on the calling
+    thread below it, at one thread, with a single unit, and inside a pool region (a branch on
+    the pool's worker); the bits are the same every way."""
+    parallel = _Recorder(pointwise.pointwise_units_parallel)
+    monkeypatch.setattr(pointwise, "pointwise_units_parallel", parallel)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((96, 64, 1, 1)).astype(np.float32)
+    flops = 96 * 64 * 14 * 14
+    reference = _kernel(1, pools[1], {conv.POINTWISE_MINIMUM_FLOPS: 1}).run(x, w)[0]
+
+    def calls(threads, minimum, in_region=False):
+        before = parallel.calls
+        kernel = _kernel(1, pools[threads], {conv.POINTWISE_MINIMUM_FLOPS: minimum})
+        if in_region:  # both blocks of a pool region run the convolution
+            results = []
+            # as a session's run holds it: two threads' own limits may overlap and end in
+            # any order, which can leave one product to several OpenBLAS threads
+            with BLAS.scope(1):
+                pools[2].parallel_for(2, lambda start, stop: results.append(kernel.run(x, w)[0]))
+        else:
+            results = [kernel.run(x, w)[0]]
+        for got in results:
+            np.testing.assert_array_equal(got, reference)
+        return parallel.calls - before
+
+    assert calls(2, flops) == 1
+    assert calls(2, flops + 1) == 0
+    assert calls(1, 1) == 0
+    assert calls(2, 1, in_region=True) == 0
+    small = rng.standard_normal((1, 64, 3, 3)).astype(np.float32)
+    assert pointwise.pointwise_call(small.shape, w.shape, np.dtype(np.float32), "blas").units == 2
+    pointwise._CALLS.clear()
+    monkeypatch.setattr(pointwise, "CUT_MULTIPLY_ADDS", 1 << 40)
+    assert pointwise.pointwise_call(small.shape, w.shape, np.dtype(np.float32), "blas").units == 1
+    before = parallel.calls
+    _kernel(1, pools[2], {conv.POINTWISE_MINIMUM_FLOPS: 1}).run(small, w)
+    assert parallel.calls == before

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels import gemm, packed_gemm
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_elementwise import numba_threads
 from onnx_light.kernels.gemm import GemmKernel, MatMulKernel
-from onnx_light.parallel import ThreadPool
 from onnx_light.runtime import RuntimeSession
 
 packed_only = pytest.mark.skipif(not packed_gemm.available(),
@@ -253,26 +253,43 @@ def _matmul_session(w: np.ndarray, threads: int) -> RuntimeSession:
 
 
 @packed_only
-def test_blocks_of_rows_and_chunks_give_the_same_bits() -> None:
+def test_blocks_of_rows_and_threads_give_the_same_bits() -> None:
     """The product blocked over rows of A (blocks that are not whole micro-kernel blocks
-    included) and split in chunks over a pool gives the bits of one block: each element's sum
-    runs in the same order."""
+    included) and its panels shared out among two numba threads give the bits of one block:
+    each element's sum runs in the same order."""
     rng = np.random.default_rng(11)
     a = rng.standard_normal((3, 17, 300)).astype(np.float32)
     w = rng.standard_normal((300, 130)).astype(np.float32)
     packed = packed_gemm.PackedWeights(w, rng.standard_normal(130).astype(np.float32))
     packed.block = 1 << 20
     whole = packed.multiply(a)
-    pool = ThreadPool(2)
-    try:
-        mr = packed_gemm.geometry().rows
-        for block in (mr, 4 * mr, 7):
-            packed.block = block
-            assert packed.multiply(a).tobytes() == whole.tobytes()
-            for chunks in (2, 3):
-                assert packed.multiply(a, pool=pool, chunks=chunks).tobytes() == whole.tobytes()
-    finally:
-        pool.close()
+    assert numba_threads(2)
+    mr = packed_gemm.geometry().rows
+    for block in (mr, 4 * mr, 7):
+        packed.block = block
+        assert packed.multiply(a).tobytes() == whole.tobytes()
+        assert packed.multiply(a, threads=2).tobytes() == whole.tobytes()
+
+
+@packed_only
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 40), k=st.integers(1, 600), n=st.integers(1, 200), group=st.integers(1, 5),
+       with_bias=st.booleans())
+def test_panels_shared_among_threads_give_the_serial_bits(m: int, k: int, n: int, group: int,
+                                                          with_bias: bool) -> None:
+    """Whatever the shape (edge panels and blocks of rows, sums of more than one pass) and the
+    panels per task, the threads' product is the one-thread product bit for bit."""
+    rng = np.random.default_rng(m * 1000003 + k * 1009 + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    packed = packed_gemm.PackedWeights(w, rng.standard_normal(n).astype(np.float32) if with_bias else None)
+    whole = packed.multiply(a)
+    assert numba_threads(2)
+    out = np.full((m, n), np.nan, np.float32)
+    packed_gemm.packed_panels_parallel.dispatcher(a, packed.panels, packed.layout, packed.bias,
+                                                  packed.with_bias, out, 2 * packed.rows, n, 2,
+                                                  group, (100000, 100000))
+    assert out.tobytes() == whole.tobytes()
 
 
 @packed_only
@@ -289,10 +306,10 @@ def test_one_or_two_rows_give_the_bits_of_a_full_block() -> None:
 
 
 @packed_only
-def test_two_threads_split_the_packed_product(monkeypatch) -> None:
-    """Above ``parallel.minimum_flops`` a two-thread session splits the packed product's rows
-    across its pool (the weights stay packed) and gives the one-thread session's bits, A of
-    more than ``BLOCK_A_BYTES`` included."""
+def test_two_threads_share_the_packed_product(monkeypatch) -> None:
+    """Above ``parallel.minimum_flops`` a two-thread session shares the packed product's
+    panels among two threads (the weights stay packed) and gives the one-thread session's
+    bits, A of more than ``BLOCK_A_BYTES`` included; below it the product runs on one."""
     rng = np.random.default_rng(9)
     w = rng.standard_normal((384, 200)).astype(np.float32)
     a = rng.standard_normal((500, 384)).astype(np.float32)
@@ -300,17 +317,19 @@ def test_two_threads_split_the_packed_product(monkeypatch) -> None:
     serial, split = _matmul_session(w, 1), _matmul_session(w, 2)
     assert split._steps[0][0]._packed is not None
     calls = []
-    original = type(split._pool).parallel_chunks
+    original = packed_gemm.PackedWeights.multiply
 
-    def recorded(pool, n, fn, chunks):
-        calls.append(chunks)
-        return original(pool, n, fn, chunks)
+    def recorded(self, a, out=None, threads=1):
+        calls.append(threads)
+        return original(self, a, out, threads)
 
-    monkeypatch.setattr(type(split._pool), "parallel_chunks", recorded)
+    monkeypatch.setattr(packed_gemm.PackedWeights, "multiply", recorded)
     y = split.run(None, {"a": a})[0]
     assert calls == [2]
     assert y.tobytes() == serial.run(None, {"a": a})[0].tobytes()
     assert np.all(np.abs(y - a.astype(np.float64) @ w) <= _bound(a, w, None))
+    split.run(None, {"a": a[:10]})
+    assert calls[-1] == 1
 
 
 @packed_only

@@ -189,17 +189,55 @@ def gelu_rows(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out:
             ot[i] = gelu_tanh32(xt[i] + bt[i]) if tanh else gelu32(xt[i] + bt[i])
 
 
+@compiled
+def _gelu_part(row: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, target: np.ndarray,
+               start: int, stop: int) -> None:
+    """target[start:stop] = GELU(row[start:stop] (+ bias[start:stop])) by :func:`gelu_rows`
+    on that part of one row."""
+    n = stop - start
+    part = bias[start:stop] if with_bias else bias
+    gelu_rows(row[start:stop].reshape((1, n)), part, with_bias, tanh, target[start:stop].reshape((1, n)))
+
+
+@compiled
+def _gelu_span(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray,
+               start: int, stop: int) -> None:
+    """:func:`gelu_rows` over the elements ``start`` to ``stop`` of the C-order rows of ``x``
+    and ``out``: the end of a row, whole rows, the start of a row."""
+    length = x.shape[1]
+    r = start // length
+    if start > r * length:
+        end = min(length, start - r * length + stop - start)
+        _gelu_part(x[r], bias, with_bias, tanh, out[r], start - r * length, end)
+        start += end - (start - r * length)
+        r += 1
+    full = (stop - start) // length
+    if full > 0:
+        gelu_rows(x[r:r + full], bias, with_bias, tanh, out[r:r + full])
+        start += full * length
+        r += full
+    if start < stop:
+        _gelu_part(x[r], bias, with_bias, tanh, out[r], 0, stop - start)
+
+
 @compiled(parallel=True)
 def gelu_rows_parallel(x: np.ndarray, bias: np.ndarray, with_bias: bool, tanh: bool, out: np.ndarray,
                        threads: int) -> None:
-    """:func:`gelu_rows` with the rows split in ``threads`` ranges run by numba's threads (the
-    caller has set their count): the same values, whichever thread computes them."""
-    rows = x.shape[0]
+    """:func:`gelu_rows` split in ``threads`` ranges run by numba's threads (the caller has set
+    their count): ranges of whole rows when there are at least four per thread, else near-equal
+    ranges of elements (whole multiples of 64), so that one long row splits too; the same values,
+    whichever thread computes them (every value is computed alone, :mod:`.float32_math`)."""
+    rows, length = x.shape
+    size = rows * length
     for t in prange(threads):
-        start = t * rows // threads
-        stop = (t + 1) * rows // threads
+        if rows >= 4 * threads:
+            start = t * rows // threads * length
+            stop = (t + 1) * rows // threads * length
+        else:
+            start = t * size // threads // 64 * 64
+            stop = size if t == threads - 1 else (t + 1) * size // threads // 64 * 64
         if start < stop:
-            gelu_rows(x[start:stop], bias, with_bias, tanh, out[start:stop])
+            _gelu_span(x, bias, with_bias, tanh, out, start, stop)
 
 
 @compiled

@@ -28,7 +28,9 @@ Parameters (one schema per op and element type, see :func:`gemm_parameters`):
     ``"packed"`` packs them once at the session's construction for the packed micro-kernel
     (:mod:`.packed_gemm`, where the processor has AVX2 and FMA or AVX-512F; else BLAS),
     ``"blas"`` keeps them as they are for numpy's BLAS, which packs them again on every call.
-    Other element types ignore it.
+    Other element types ignore it. From ``parallel.minimum_flops`` a packed product shares its
+    panels among numba's threads in one region, at most one thread per ``split.minimum_rows``
+    columns, whatever ``parallel.mode`` says (:func:`.packed_gemm.packed_panels_parallel`).
 
 An epilogue given to the kernel (:attr:`Kernel.epilogue`, an in-place function such as the
 runtime's fusion makes for a Relu or Gelu) runs on every plan's output before it is returned.
@@ -94,6 +96,8 @@ from ..tuning.schema import KernelTuningSchema, Parameter, Value
 from . import blas_tiles, packed_gemm
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
 from .calibration import GemmConfigurations, calibration_setup, without_compilation
+from .compiled import load_numba
+from .compiled_elementwise import numba_threads
 from .declaration import KernelDeclaration, RequiredInput, declare, dispatch_table
 
 __all__ = [
@@ -268,8 +272,10 @@ class _ProductKernel(Kernel):
                 or not packed_gemm.available()):
             return None
         kernel = copy.copy(self)
-        kernel._packed = packed_gemm.PackedWeights(w, bias)
-        kernel._packed.compile()
+        kernel._packed = packed = packed_gemm.PackedWeights(w, bias)
+        packed.compile()
+        if kernel._packed_threads(self.minimum_flops, packed) > 1:  # compile the region now too
+            packed.multiply(np.zeros((1, packed.k), np.float32), threads=2)
         return kernel
 
     def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
@@ -291,14 +297,20 @@ class _ProductKernel(Kernel):
 
     def _packed_product(self, packed: packed_gemm.PackedWeights, a: np.ndarray,
                         out: np.ndarray | None = None) -> np.ndarray:
-        """``a @ W (+ bias)`` by the packed weights: A's rows split across the pool from
-        ``parallel.minimum_flops`` multiply-adds, in chunks of at least ``split.minimum_rows``
-        rows."""
-        count = math.prod(a.shape[:-1])
-        chunks = 1
-        if self.num_threads > 1 and count * packed.n * packed.k >= self.minimum_flops:
-            chunks = min(self.num_threads, count // self.minimum_rows)
-        return packed.multiply(a, out, self.pool, chunks)
+        """``a @ W (+ bias)`` by the packed weights: from ``parallel.minimum_flops``
+        multiply-adds the panels are shared out among numba's threads in one region, up to
+        one thread per ``split.minimum_rows`` columns (not inside a pool region, nor where
+        this process may not start numba's threads)."""
+        return packed.multiply(a, out, self._packed_threads(math.prod(a.shape[:-1]), packed))
+
+    def _packed_threads(self, rows: int, packed: packed_gemm.PackedWeights) -> int:
+        """The threads a packed product of ``rows`` rows runs on (numba's count for the
+        calling thread set to it when above 1)."""
+        threads = min(self.num_threads, packed.n // self.minimum_rows)
+        if (threads < 2 or rows * packed.n * packed.k < self.minimum_flops or in_region()
+                or not numba_threads(threads)):
+            return 1
+        return min(threads, load_numba().config.NUMBA_NUM_THREADS)
 
     def plan(self, m: int, n: int, k: int, batch: Sequence[int] = (),
              compute: np.dtype | None = None) -> str:

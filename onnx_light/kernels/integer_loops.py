@@ -37,7 +37,7 @@ from .tile_matrices import zero as tile_zero
 
 __all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "TILE_LANES", "TILE_QUADS", "correct",
            "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows", "packed_sums",
-           "pointwise_sums", "requantize", "row_sums", "tile_sums"]
+           "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
 
 
 @compiled
@@ -221,6 +221,25 @@ def finish_sums(sums, bias, out, multiplier, out_zero, low, high, scaled):
         else:
             for j in range(np.uintp(sums.shape[1])):
                 target[j] = np.int32(source[j]) + initial
+
+
+@compiled
+def pad_planes(x, out, top, left):
+    """Copy the planes of ``x`` (P, H, W) bytes into ``out`` (P, H', W') at row ``top`` and
+    column ``left`` of each plane, whose padding the caller has filled: one contiguous copy
+    per row (numpy's strided assignment into a padded array took 0.07 ms for ResNet-50's
+    128-channel 56x56 input, at some 10 ns a row)."""
+    height, width = np.uintp(x.shape[1]), np.uintp(x.shape[2])
+    rows, columns = np.uintp(out.shape[1]), np.uintp(out.shape[2])
+    source, target = x.reshape(-1), out.reshape(-1)
+    read = np.uintp(0)
+    for p in range(np.uintp(x.shape[0])):
+        into = (p * rows + np.uintp(top)) * columns + np.uintp(left)
+        for _ in range(height):
+            for j in range(width):
+                target[into + j] = source[read + j]
+            read += width
+            into += columns
 
 
 #: Positions :func:`pointwise_sums` computes at a time (their shifted inputs stay in cache).
@@ -417,13 +436,24 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
     starts = np.zeros(4, np.uintp)
     masks = np.zeros(4, np.uint32)
     shifts = np.zeros(4, np.uint32)
+    # where each tap of a window starts in a channel's plane, and the rows of the reduced axis
+    # counted along (channel, tap) without a division per row
+    tap_starts = np.empty(taps, np.uintp)
+    for t in range(taps):
+        tap_starts[t] = np.uintp((t // kernel_w) * dilation_h) * row + np.uintp((t % kernel_w) * dilation_w)
+    plane = np.uintp(height) * row
+    k = per * first
+    c, tap = k // taps, k % taps
     for q in range(first, last):
         line = lines[(q - first) % PACK_QUADS]
         _word_parts(per, rows, masks, shifts, per * q, depth)
-        for r in range(4):
-            c, tap = rows[r] // taps, rows[r] % taps
-            starts[r] = (np.uintp(c * height + (tap // kernel_w) * dilation_h) * row
-                         + np.uintp((tap % kernel_w) * dilation_w))
+        for r in range(per):
+            starts[r] = np.uintp(c) * plane + tap_starts[tap] if k < depth else np.uintp(0)
+            k += 1
+            tap += 1
+            if tap == taps:
+                tap = 0
+                c += 1
         _window_lines(line, pixels, starts, masks, per, out_h, out_w, stride_h, stride_w, row)
         done = (q - first) % PACK_QUADS + 1
         if done == PACK_QUADS or q == last - 1:

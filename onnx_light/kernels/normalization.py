@@ -43,9 +43,11 @@ __all__ = ["KERNELS", "LAYER_NORM_PARALLEL_MINIMUM", "PARALLEL_MINIMUM", "BatchN
            "instance_norm_rows", "layer_norm_rows"]
 
 PARALLEL_MINIMUM = 1 << 20
-# Elements of X from which the compiled LayerNormalization splits its rows over the threads
-# (docs/elementwise.md, "Compiled kernels").
-LAYER_NORM_PARALLEL_MINIMUM = 1 << 15
+# Elements of X from which the compiled LayerNormalization (and InstanceNormalization) splits
+# its rows over the threads: a numba region costs 75-100 us on a KVM machine whose idle vCPU
+# halts at once, more than this memory-bound pass takes below about 2^20 elements
+# (docs/elementwise.md, "Compiled kernels" and "Two threads").
+LAYER_NORM_PARALLEL_MINIMUM = 1 << 20
 
 _FLOATS = (T.FLOAT16, T.FLOAT, T.DOUBLE)
 _FLOATS_BF16 = (*_FLOATS, T.BFLOAT16)

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from ..parallel import ThreadPool
-from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, target_flags
+from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
+from .spin import _cycles, _load_acquire, _pause, cycles_per_second
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
            "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
@@ -326,6 +326,75 @@ def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
 
 
+def _build_claim(numba: Any) -> Any:
+    """numba's ``intrinsic`` ``_claim(counter, index)``: ``counter[index]`` (int64) before
+    adding 1 to it, one atomic read-modify-write, so that threads sharing the counter each
+    get another value."""
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def claim(typingctx, counter, index):
+        def codegen(context, builder, sig, args):
+            array = context.make_array(sig.args[0])(context, builder, args[0])
+            return builder.atomic_rmw("add", builder.gep(array.data, [args[1]]),
+                                      ir.Constant(ir.IntType(64), 1), "monotonic")
+
+        return types.int64(counter, types.intp), codegen
+
+    return claim
+
+
+_claim = CompiledIntrinsic(_build_claim, "_claim")
+
+
+@compiled(parallel=True)
+def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
+                           bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int,
+                           n: int, threads: int, group: int, wait: tuple[int, int]) -> None:
+    """:func:`packed_rows` of all rows of ``a`` over ``threads`` numba threads (the caller
+    has set their count): each block of rows is packed once, then its panels go ``group`` at
+    a time to whichever thread asks next (an atomic counter), so that a thread that starts
+    late, or runs slower, takes fewer. The thread that started the region, done with the
+    panels, waits for the others by reading a counter, not asleep at the region's end (waking
+    it costs tens of microseconds), for at most ``wait[0]`` cycles of the processor's counter
+    and only while no two reads are more than ``wait[1]`` apart (a longer gap: it lost its
+    processor to another task, and the machine is busy); with numba's OpenMP layer that
+    thread runs the region's first iteration (with another layer the wait only ends sooner
+    or later, never past those bounds). Each element's sum is
+    the one :func:`packed_rows` computes, whichever thread computes it: the same bits."""
+    b_start, b_panel, b_step, b_ahead = b_layout
+    count = a.shape[0]
+    panels = -(-n // NR)
+    tasks = -(-panels // group)
+    state = np.empty(2, np.int64)  # the next group of panels; the other threads that are done
+    for top in range(0, count, block):
+        bottom = min(count, top + block)
+        rows_a = pack_rows(a, top, bottom)
+        state[0] = 0
+        state[1] = 0
+        for thread in prange(threads):
+            task = _claim(state, 0)
+            while task < tasks:
+                panel = task * group
+                column = panel * NR
+                panels_over_rows(rows_a, b, (b_start + panel * b_panel, b_panel, b_step, b_ahead),
+                                 bias[column:], with_bias, out, 0, bottom - top, top, column,
+                                 min(n, column + group * NR) - column)
+                task = _claim(state, 0)
+            if thread != 0:
+                _claim(state, 1)
+            else:
+                start = last = _cycles()
+                while _load_acquire(state, 1) < threads - 1:
+                    now = _cycles()
+                    if now - start > wait[0] or now - last > wait[1]:
+                        break
+                    last = now
+                    _pause()
+
+
 @compiled
 def pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
     """Rows ``first..last-1`` of ``a`` (M, K) as blocks of ``MR`` rows ``(blocks, K, MR)``,
@@ -387,6 +456,25 @@ def pack_panels(source: np.ndarray, offset: int, stride: int, depth: int, column
                 flat[target_row + c] = 0.0
 
 
+#: Multiply-adds per task of a parallel product (:func:`packed_panels_parallel`'s ``group``
+#: of panels): about 11 us of one core here, a thirtieth of a transformer's larger products.
+TASK_WORK = 1 << 19
+#: How long the thread that started a parallel product waits for the others awake (reading
+#: a counter) before it sleeps until they are done; and the longest gap between two of its
+#: reads before it stops (it was preempted: the machine is busy), as the pool's hot regions
+#: do (``parallel._PREEMPTED_US``).
+WAIT_US = 100.0
+PREEMPTED_US = 20.0
+
+
+@functools.cache
+def _wait_cycles() -> tuple[int, int]:
+    """:data:`WAIT_US` and :data:`PREEMPTED_US` in cycles of the processor's counter (0
+    where it has none: no wait)."""
+    rate = cycles_per_second() * 1e-6
+    return int(rate * WAIT_US), int(rate * PREEMPTED_US)
+
+
 class PackedWeights:
     """A constant float32 matrix W (K, N) packed for :func:`packed_rows`, with an optional
     bias (N values) added to every row of the product."""
@@ -407,6 +495,7 @@ class PackedWeights:
         self.with_bias = bias is not None
         if bias is not None:
             self.bias[:n] = bias.reshape(-1)
+        self.columns = nr
         self._function = packed_rows.dispatcher
         self.block = max(self.rows, BLOCK_A_BYTES // (4 * max(k, 1)) // self.rows * self.rows)
 
@@ -421,25 +510,21 @@ class PackedWeights:
         """Compile (or load from numba's disk cache) the product now."""
         self.multiply(np.zeros((1, self.k), np.float32))
 
-    def multiply(self, a: np.ndarray, out: np.ndarray | None = None, pool: ThreadPool | None = None,
-                 chunks: int = 1) -> np.ndarray:
+    def multiply(self, a: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
         """``a @ W (+ bias)`` for float32 ``a`` (..., M, K), into ``out`` (..., M, N) when
-        given (C-contiguous); the rows split into ``chunks`` chunks of whole micro-kernel
-        blocks run on ``pool`` when given (the same values as one chunk)."""
+        given (C-contiguous); with ``threads`` above 1 the panels are shared out among that
+        many numba threads in one region (:func:`packed_panels_parallel`; the caller has set
+        numba's thread count), the same values as one thread."""
         count = math.prod(a.shape[:-1])
         rows = np.ascontiguousarray(a).reshape(count, self.k)
         if out is None:
             out = np.empty((*a.shape[:-1], self.n), np.float32)
         out2 = out.reshape(count, self.n)
-        function, panels, bias, with_bias, block, mr = (self._function, self.panels, self.bias,
-                                                        self.with_bias, self.block, self.rows)
-        if pool is None or chunks < 2:
-            function(rows, panels, self.layout, bias, with_bias, out2, 0, count, block, 0, 0, self.n)
+        if threads < 2:
+            self._function(rows, self.panels, self.layout, self.bias, self.with_bias, out2, 0,
+                           count, self.block, 0, 0, self.n)
             return out
-
-        def part(start: int, stop: int) -> None:
-            function(rows, panels, self.layout, bias, with_bias, out2, start * mr,
-                     min(count, stop * mr), block, 0, 0, self.n)
-
-        pool.parallel_chunks(-(-count // mr), part, chunks)
+        group = max(1, TASK_WORK // max(1, min(count, self.block) * self.k * self.columns))
+        packed_panels_parallel.dispatcher(rows, self.panels, self.layout, self.bias, self.with_bias,
+                                          out2, self.block, self.n, threads, group, _wait_cycles())
         return out

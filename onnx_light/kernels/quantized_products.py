@@ -53,6 +53,7 @@ from .integer_loops import (
     depthwise_sums,
     finish_sums,
     pack_windows,
+    pad_planes,
     pointwise_sums,
 )
 from .integer_loops import requantize as requantize_block
@@ -657,8 +658,8 @@ class _ConvProduct(_IntegerProduct):
         n, c, group = x.shape[0], x.shape[1], self.group
         per_group, channels_out = c // group, weights[0].data.shape[0]
         positions = math.prod(window.output)
-        source = pad_spatial(x, window, value=zero)
-        if positions < SWAPPED_POSITIONS <= channels_out:
+        source = _padded_bytes(x, window, zero)
+        if swapped_product(positions, per_group * math.prod(window.kernel), channels_out):
             return self.packed_filters(source, zero, weights, bias, window, requantization)
         plan = self.window_plan(x, zero, weights, bias, window, requantization)
         if requantization is None:
@@ -726,8 +727,8 @@ class _ConvProduct(_IntegerProduct):
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
                        ) -> np.ndarray:
-        """:meth:`packed_windows` for fewer than :data:`SWAPPED_POSITIONS` output positions
-        and at least as many filters (a classifier written as a convolution, the last
+        """:meth:`packed_windows` for few output positions (:func:`swapped_product`) and at
+        least as many filters (a classifier written as a convolution, the last
         layers of a CNN): the product the other way round, the windows (an im2col) the left
         operand and the weights the packed one (packed once), written transposed, so that
         the micro-tiles run along the filters instead of a few positions."""
@@ -780,9 +781,25 @@ class _ConvProduct(_IntegerProduct):
 
 
 #: Output positions below which a packed convolution with at least as many filters runs the
-#: product the other way round (:meth:`_ConvProduct.packed_filters`): 7 x 7 runs 49 positions
-#: as two micro-tiles of 24 and one of 8 holding 1, the filters whole micro-tiles.
-SWAPPED_POSITIONS = 64
+#: product the other way round (:meth:`_ConvProduct.packed_filters`): fewer than a vector has
+#: lanes (a classifier written as a 1x1 convolution).
+SWAPPED_POSITIONS = 8
+#: Output positions below which a deep convolution (a reduced length above
+#: :data:`SWAPPED_DEPTH`) with at least as many filters runs swapped too: 7 x 7 (49
+#: positions: two micro-tiles of 24 and one of 8 holding 1) packs its windows at some 90 ns a
+#: word of the reduced axis, which the swapped product's numpy passes over the windows beat
+#: only on long reduced lengths (ResNet-50's 2048 -> 512 and 512-channel 3x3 layers, not
+#: MobileNetV2's 160-960 channels: docs/quantization.md).
+DEEP_SWAPPED_POSITIONS = 64
+SWAPPED_DEPTH = 1024
+
+
+def swapped_product(positions: int, depth: int, filters: int) -> bool:
+    """Whether a packed convolution of ``positions`` output positions, a reduced length of
+    ``depth`` and ``filters`` output channels (per group, at least as many as the positions' limit) runs the
+    swapped product."""
+    limit = DEEP_SWAPPED_POSITIONS if depth > SWAPPED_DEPTH else SWAPPED_POSITIONS
+    return positions < limit <= filters
 
 
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -807,9 +824,28 @@ def _target(requantization: Requantization | None, shape: tuple[int, ...]
     return y, read_only(np.ascontiguousarray(multiplier, np.float32).reshape(shape[1])), zero, low, high
 
 
+def _padded_bytes(x: np.ndarray, window: Window, zero: int) -> np.ndarray:
+    """``x`` (N, C, W) or (N, C, H, W) padded with its zero point as
+    :func:`~onnx_light.kernels.window.pad_spatial` pads it, by the compiled
+    :func:`~onnx_light.kernels.integer_loops.pad_planes` (one pass); ``x`` itself when the
+    window pads nothing."""
+    if not window.padded:
+        return x
+    out = np.empty((*x.shape[:2], *window.padded_shape()), x.dtype)
+    out.fill(zero)
+    planar = x.ndim == 3  # 1-D: planes of one row
+    top, left = (0, window.begin[0]) if planar else window.begin
+    planes = np.ascontiguousarray(x).reshape(-1, 1 if planar else x.shape[2], x.shape[-1])
+    pad_planes.dispatcher(read_only(planes), out.reshape(-1, 1 if planar else out.shape[2], out.shape[-1]),
+                          top, left)
+    return out
+
+
 def compile_pack_windows(dtype: np.dtype) -> None:
-    """Compile :func:`~onnx_light.kernels.integer_loops.pack_windows` for input ``dtype``,
-    at session construction."""
+    """Compile :func:`~onnx_light.kernels.integer_loops.pack_windows` and
+    :func:`~onnx_light.kernels.integer_loops.pad_planes` for input ``dtype``, at session
+    construction."""
+    pad_planes(read_only(np.zeros((1, 1, 1), dtype)), np.zeros((1, 3, 3), dtype), 1, 1)
     lanes = PackedColumns.empty(1, 1, dtype)
     pack_windows(read_only(np.zeros((1, 1, 1), dtype)), 1, 1, 1, 1, 1, 1, PackedColumns.words(lanes),
                  lanes.shape[3], 0, lanes.shape[1])

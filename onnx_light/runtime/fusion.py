@@ -325,13 +325,19 @@ class _Chain:
 
     def step(self) -> Step:
         """The chain as one FusedElementwise step, tuned as its node of the smallest portable
-        threshold (the most expensive op; the first such in graph order): the session's tuning
-        step configures it from that node's key (a worthy chain holds an elementwise node)."""
+        threshold (the most expensive op; the first such in graph order) that is not a Pow:
+        the session's tuning step configures it from that node's key (a worthy chain holds an
+        elementwise node). A program computes Pow only as products or a square root
+        (``compiled_elementwise._POWERS``), while Pow's key is timed on numpy's general
+        power, many times dearer: tuned as its Pow, GPT-2's GELU-tanh chain ran as a
+        two-thread region at 65536 elements, 1.6x slower than serially (docs/elementwise.md,
+        "Two threads")."""
         first = self.nodes[0][0]
         ctx = dataclasses.replace(first.ctx, op_type=FusedElementwise.op_type,
                                   num_inputs=len(self.input_slots))
         elementwise = [k for k, _, _ in self.nodes if isinstance(k, ElementwiseKernel)]
-        tuned = min(elementwise, key=lambda k: default_minimum_elements(k.op, k.element_type))
+        priced = [k for k in elementwise if k.ctx.op_type != "Pow"] or elementwise
+        tuned = min(priced, key=lambda k: default_minimum_elements(k.op, k.element_type))
         kernel = FusedElementwise(ctx, self.program.finish(self.result), tuple(self.input_slots),
                                   self.nodes, self.folded, tuned).bind(first.pool)
         return kernel, tuple(self.input_slots), self.nodes[-1][2]

@@ -51,7 +51,7 @@ def _execute(problem: _Problem, algorithm: _Algorithm, pool: ThreadPool | None, 
     items, rows = problem.batch * problem.groups, problem.window.output[0]
     plan = problem.plan
     with BLAS.limited(threads if plan == "blas" else 1) if algorithm.uses_blas else nullcontext():
-        if plan in ("serial", "blas") or pool is None:
+        if plan in ("serial", "blas", "region") or pool is None:  # region: inside the call
             algorithm.block(0, items, 0, rows)
             return
         per_thread = BLAS.per_thread and algorithm.uses_blas

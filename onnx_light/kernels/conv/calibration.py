@@ -32,8 +32,10 @@ from .config import (
     LARGE_TILE_OUTPUTS,
     MINIMUM_FLOPS,
     NEVER,
+    POINTWISE_MINIMUM_FLOPS,
     POINTWISE_PRODUCT,
     POINTWISE_PRODUCTS,
+    REGION_FLOPS,
     SPLIT,
     WINOGRAD_CHANNELS,
 )
@@ -109,7 +111,7 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (17 candidates, and ``pointwise.product`` where
+    varied alone around the portable values (21 candidates, and ``pointwise.product`` where
     the packed micro-kernel can run). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
@@ -129,6 +131,10 @@ def candidate_grid() -> list[dict[str, Value]]:
     grid.append({**base, FILTERS_BLOCKED_TAPS: 0})  # stems by im2col
     for minimum in (1 << 20, 1 << 24):
         grid.append({**base, MINIMUM_FLOPS: minimum})
+    for minimum in (1 << 21, NEVER):  # 1x1 units shared from 2**21, or never
+        grid.append({**base, POINTWISE_MINIMUM_FLOPS: minimum})
+    for minimum in (1 << 21, 1 << 25):  # the compiled depthwise and stem kernels' region
+        grid.append({**base, REGION_FLOPS: minimum})
     for channels in (64, NEVER):
         grid.append({**base, WINOGRAD_CHANNELS: channels})
     grid.append({**base, LARGE_TILE_CHANNELS: NEVER})  # F(4x4, 3x3) nowhere

@@ -17,6 +17,12 @@ AVX2 and FMA (ymm); one code path, built for L. Per block of L channels of one i
   planes; a fused compiled activation (SiLU, HardSwish, ...) follows on the block's
   channels while they are in cache.
 
+A plane whose tile would exceed :data:`BAND_BYTES` (the first-level cache) is computed by
+bands of output rows instead (:func:`banded_channels`): the tile holds the input rows of one
+band, transposed row by row, and stays in cache while the band's outputs read it. At more
+than one thread (plan ``region``) one compiled call splits the blocks over numba's threads
+(:func:`blocked_channels_parallel`), each with its own tile.
+
 L positions in registers fit either register file: 16 of AVX-512's 32 zmm, 8 of AVX2's 16
 ymm (16 would leave no register for the weights' vector: the sums would spill), the rest
 for the weights and the taps' loads; the block of sums is then square, one in-register
@@ -51,15 +57,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, target_flags
+from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
-from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
+from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
-__all__ = ["blocked_applies", "blocked_channels", "blocked_weights", "compile_blocked",
-           "output_chunks", "padded_bias", "vector_lanes"]
+#: The largest tile (bytes) of one block of channels: a larger plane is computed by bands of
+#: output rows whose input rows fit it, which then stay in the first-level cache.
+BAND_BYTES = 1 << 15
+
+__all__ = ["BAND_BYTES", "band_rows", "banded_channels", "blocked_applies", "blocked_channels",
+           "blocked_channels_parallel", "blocked_weights", "compile_blocked", "output_chunks",
+           "padded_bias", "vector_lanes"]
 
 
 @functools.cache
@@ -166,17 +177,18 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
     @intrinsic
     def transpose_in(typingctx: Any, x: Any, x_at: Any, plane: Any, rows: Any, tile: Any,
-                     targets: Any, targets_at: Any, count: Any) -> Any:
+                     targets: Any, targets_at: Any, count: Any, base: Any) -> Any:
         """Rows ``x[x_at + r * plane:][:L]`` for r < ``rows`` (zeros for the others: the
         channels past C) transposed, position j < ``count`` stored at
-        ``tile[targets[targets_at + j] * L:][:L]``."""
+        ``tile[(base + targets[targets_at + j]) * L:][:L]``."""
         if not (is_float_array(x) and is_float_array(tile)):
             return None
         signature = types.void(x, types.int64, types.int64, types.int64, tile, targets, types.int64,
-                               types.int64)
+                               types.int64, types.int64)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            x_value, x_at_v, plane_v, rows_v, tile_value, targets_value, targets_at_v, count_v = args
+            (x_value, x_at_v, plane_v, rows_v, tile_value, targets_value, targets_at_v, count_v,
+             base_v) = args
             source = data(context, builder, sig.args[0], x_value)
             target = data(context, builder, sig.args[4], tile_value)
             offsets = builder.gep(data(context, builder, sig.args[5], targets_value), [targets_at_v])
@@ -189,8 +201,8 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                 loaded.append(builder.select(valid, value, zero))
             for j, column in enumerate(_transpose(builder, loaded)):
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, j), count_v)):
-                    into = builder.mul(builder.load(builder.gep(offsets, [ir.Constant(i64, j)])),
-                                       ir.Constant(i64, lanes))
+                    into = builder.mul(builder.add(base_v, builder.load(
+                        builder.gep(offsets, [ir.Constant(i64, j)]))), ir.Constant(i64, lanes))
                     builder.store(column, vector_at(builder, target, into), align=4)
             return context.get_dummy_value()
 
@@ -310,17 +322,83 @@ def output_chunks(positions: int, out_w: int, strides: tuple[int, int], tile_w: 
 
 
 @compiled
+def banded_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: np.ndarray,
+                    first: int, last: int, channels: int, size: tuple[int, int],
+                    output: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
+                    tile_w: int, offsets: np.ndarray, band: int, low: float, high: float,
+                    code: int, alpha: float, beta: float) -> None:
+    """:func:`blocked_channels` by bands of ``band`` output rows (fewer than OH, at least L
+    positions; the input at least L wide): per block and band, the input rows the band's
+    windows read are transposed into a tile of those rows only (row by row, L positions at a
+    time, a row's last L overlapping the ones before), which stays in the first-level cache
+    while the band's outputs read it. The last band overlaps the one before (its rows
+    computed again, the same values). The same sums, in the same order, as the whole
+    plane's tile."""
+    lanes = _lane_count()
+    height, width = size
+    out_h, out_w = output
+    taps = offsets.shape[0]
+    kernel_h = offsets[taps - 1] // tile_w + 1
+    tile = np.zeros(((band - 1) * strides[0] + kernel_h) * tile_w * lanes, np.float32)
+    plane, out_plane = height * width, out_h * out_w
+    blocks = -(-channels // lanes)
+    row_chunks = -(-width // lanes)
+    row_firsts = np.empty(row_chunks, np.int64)
+    row_targets = np.empty(row_chunks * lanes, np.int64)  # in tile row 0
+    for chunk in range(row_chunks):
+        c0 = min(chunk * lanes, width - lanes)
+        row_firsts[chunk] = c0
+        for j in range(lanes):
+            row_targets[chunk * lanes + j] = pads[1] + c0 + j
+    firsts, bases = output_chunks(band * out_w, out_w, strides, tile_w, lanes)
+    low32, high32 = np.float32(low), np.float32(high)
+    for item in range(first, last):
+        n, k = item // blocks, item % blocks
+        c0 = k * lanes
+        rows = min(lanes, channels - c0)
+        x_at = (n * channels + c0) * plane
+        out_at = (n * channels + c0) * out_plane
+        w_at = k * taps * lanes
+        for start in range(0, out_h, band):
+            b0 = min(start, out_h - band)  # the last band overlaps the one before: L positions
+            for t in range((band - 1) * strides[0] + kernel_h):
+                ih = b0 * strides[0] + t - pads[0]
+                if 0 <= ih < height:
+                    for chunk in range(row_chunks):
+                        _transpose_in(x, x_at + ih * width + row_firsts[chunk], plane, rows, tile,
+                                      row_targets, chunk * lanes, lanes, t * tile_w)
+                else:  # a padding row (an earlier band may have held input there)
+                    # unsigned: numba then emits no negative-index fix-up
+                    into = np.uintp((t * tile_w + pads[1]) * lanes)
+                    for j in range(np.uintp(width * lanes)):
+                        tile[into + j] = 0.0
+            at = out_at + b0 * out_w
+            for chunk in range(firsts.shape[0]):
+                _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
+                               high32, out, at + firsts[chunk], out_plane, rows)
+            if code >= 0:  # on the band while it is in cache (an overlap was computed again)
+                for r in range(rows):
+                    activate_run(out, np.uintp(at + r * out_plane), np.uintp(band * out_w), code,
+                                 alpha, beta)
+
+
+@compiled
 def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: np.ndarray,
                      first: int, last: int, channels: int, size: tuple[int, int],
                      output: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
-                     tile_size: tuple[int, int], offsets: np.ndarray, low: float, high: float,
-                     code: int, alpha: float, beta: float) -> None:
+                     tile_size: tuple[int, int], offsets: np.ndarray, band: int, low: float,
+                     high: float, code: int, alpha: float, beta: float) -> None:
     """Blocks ``first:last`` (block ``n * ceil(C/L) + k``: channels Lk:Lk+L of image n) of
     ``out`` (flat N x C x OH x OW) from ``x`` (flat N x C x H x W), ``weights`` and ``bias``
     arranged by :func:`blocked_weights`; ``tile_size`` (Hp, Wp) holds the padded input and
     every window, ``offsets`` (KH*KW,) are the taps' positions in it (``kh * Wp + kw``).
     The result is clamped into [low, high], then activation ``code`` of
-    :data:`~onnx_light.kernels.compiled_activations.ACTIVATIONS` (-1: none) is applied."""
+    :data:`~onnx_light.kernels.compiled_activations.ACTIVATIONS` (-1: none) is applied.
+    ``band`` > 0: by bands of that many output rows (:func:`banded_channels`)."""
+    if band > 0:
+        banded_channels(x, weights, bias, out, first, last, channels, size, output, strides, pads,
+                        tile_size[1], offsets, band, low, high, code, alpha, beta)
+        return
     lanes = _lane_count()
     height, width = size
     out_h, out_w = output
@@ -351,12 +429,12 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
         if plane >= lanes:
             for chunk in range(chunks_in):
                 _transpose_in(x, x_at + firsts_in[chunk], plane, rows, tile, targets, chunk * lanes,
-                              lanes)
+                              lanes, 0)
         else:
             for r in range(rows):
                 for j in range(plane):
                     scratch[r * lanes + j] = x[x_at + r * plane + j]
-            _transpose_in(scratch, 0, lanes, rows, tile, targets, 0, plane)
+            _transpose_in(scratch, 0, lanes, rows, tile, targets, 0, plane, 0)
         out_at = (n * channels + c0) * out_plane
         w_at = k * taps * lanes
         if out_plane >= lanes:
@@ -374,6 +452,24 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
 
 
+@compiled(parallel=True)
+def blocked_channels_parallel(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: np.ndarray,
+                              first: int, last: int, channels: int, size: tuple[int, int],
+                              output: tuple[int, int], strides: tuple[int, int],
+                              pads: tuple[int, int], tile_size: tuple[int, int], offsets: np.ndarray,
+                              band: int, low: float, high: float, code: int, alpha: float,
+                              beta: float, threads: int) -> None:
+    """:func:`blocked_channels` with blocks ``first:last`` split in ``threads`` contiguous
+    ranges run by numba's threads (the caller has set their count), each with its own tile:
+    the same values, whichever thread computes a block."""
+    count = last - first
+    for t in prange(threads):
+        start, stop = first + t * count // threads, first + (t + 1) * count // threads
+        if start < stop:
+            blocked_channels(x, weights, bias, out, start, stop, channels, size, output, strides,
+                             pads, tile_size, offsets, band, low, high, code, alpha, beta)
+
+
 @functools.lru_cache(maxsize=256)
 def tile_geometry(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
                   strides: tuple[int, int], pads: tuple[int, int]) -> tuple[tuple[int, int], np.ndarray]:
@@ -388,32 +484,52 @@ def tile_geometry(size: tuple[int, int], output: tuple[int, int], kernel: tuple[
     return (tile[0], tile[1]), offsets
 
 
-def compile_blocked() -> None:
-    """Compile :func:`blocked_channels` (or load it from numba's cache): a session does it at
+def band_rows(size: tuple[int, int], output: tuple[int, int], kernel: tuple[int, int],
+              strides: tuple[int, int], tile: tuple[int, int]) -> int:
+    """The output rows of :func:`banded_channels`' bands: as many as keep the band's tile
+    within :data:`BAND_BYTES` (at least one row, and L positions); 0 (the whole plane's tile)
+    where the plane's tile fits, the input is narrower than L or one band is every row."""
+    lanes = vector_lanes()
+    row_bytes = tile[1] * lanes * 4
+    if tile[0] * row_bytes <= BAND_BYTES or size[1] < lanes:
+        return 0
+    band = max(1, (BAND_BYTES // row_bytes - kernel[0]) // strides[0] + 1, -(-lanes // output[1]))
+    return band if band < output[0] else 0
+
+
+def compile_blocked(threads: int = 1) -> None:
+    """Compile :func:`blocked_channels` (or load it from numba's cache), and
+    :func:`blocked_channels_parallel` for more than one thread: a session does it at
     construction, not in its first run."""
     x = read_only(np.zeros(20, np.float32))
     weights = blocked_weights(np.zeros((1, 1, 1, 1), np.float32))
     bias = read_only(np.zeros(vector_lanes(), np.float32))
     tile, offsets = tile_geometry((4, 5), (4, 5), (1, 1), (1, 1), (0, 0))
-    blocked_channels.dispatcher(x, weights, bias, np.empty(20, np.float32), 0, 1, 1, (4, 5), (4, 5),
-                                (1, 1), (0, 0), tile, offsets, -np.inf, np.inf, -1, 1.0, 0.0)
+    arguments = (x, weights, bias, np.empty(20, np.float32), 0, 1, 1, (4, 5), (4, 5), (1, 1), (0, 0),
+                 tile, offsets, 0, -np.inf, np.inf, -1, 1.0, 0.0)
+    blocked_channels.dispatcher(*arguments)
+    if region_threads(threads) > 1:
+        blocked_channels_parallel.dispatcher(*arguments, 1)
 
 
 class _BlockedDepthwise(_Algorithm):
     """``depthwise_blocked``: the (image, channel) pairs a block of the plan covers computed
     by blocks of :func:`vector_lanes` channels, each block by the range holding its first channel (so that the
     ranges of a split cover every block once). ``arranged`` are the weights of
-    :func:`blocked_weights` when the kernel arranged them once (constant weights)."""
+    :func:`blocked_weights` when the kernel arranged them once (constant weights);
+    ``threads`` (the ``region`` plan) the numba threads each compiled call splits its blocks
+    over."""
 
     uses_blas: ClassVar[bool] = False
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
                  epilogue: Callable[[np.ndarray], None] | None = None,
-                 arranged: np.ndarray | None = None) -> None:
+                 arranged: np.ndarray | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         window = problem.window
         channels = problem.channels
+        self.threads = region_threads(threads)
         self.channels = channels
         self.lanes = lanes = vector_lanes()
         self.blocks = -(-channels // lanes)
@@ -426,6 +542,7 @@ class _BlockedDepthwise(_Algorithm):
         self.strides, self.pads = tuple(window.strides), tuple(window.begin)
         self.tile, self.offsets = tile_geometry(self.size, self.output, tuple(window.kernel),
                                                 self.strides, self.pads)
+        self.band = band_rows(self.size, self.output, tuple(window.kernel), self.strides, self.tile)
         residual, self.clamp, self.activation, self.epilogue = fused_parts(epilogue, np.float32)
         if residual is not None:  # the residual's addition runs with the epilogue, after
             self.clamp, self.activation, self.epilogue = (-np.inf, np.inf), (-1, 1.0, 0.0), epilogue
@@ -442,9 +559,14 @@ class _BlockedDepthwise(_Algorithm):
             hi = -(-min(stop - n * channels, channels) // lanes)
             for first in range(n * blocks + lo, n * blocks + hi, self.step):
                 last = min(n * blocks + hi, first + self.step)
-                self.kernel(self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
-                            channels, self.size, self.output, self.strides, self.pads, self.tile,
-                            self.offsets, *self.clamp, *self.activation)
+                arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
+                             channels, self.size, self.output, self.strides, self.pads, self.tile,
+                             self.offsets, self.band, *self.clamp, *self.activation)
+                threads = min(self.threads, last - first)  # a region only with work for two
+                if threads > 1:
+                    blocked_channels_parallel.dispatcher(*arguments, threads)
+                else:
+                    self.kernel(*arguments)
                 if self.epilogue is not None:
                     c0, c1 = (first - n * blocks) * lanes, min(channels, (last - n * blocks) * lanes)
                     self.epilogue(self.planes[n * channels + c0:n * channels + c1])

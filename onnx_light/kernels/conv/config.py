@@ -49,6 +49,15 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     ``packed`` (the packed micro-kernel of :mod:`onnx_light.kernels.packed_gemm` reading the
     input's rows as its panels, :func:`~onnx_light.kernels.conv.pointwise.pointwise_packed`;
     BLAS where the processor has neither AVX2 and FMA nor AVX-512F).
+``pointwise.minimum_flops``
+    Multiply-adds from which a 1x1 convolution of one group computed by ``direct_1x1``'s
+    BLAS units (:func:`~onnx_light.kernels.conv.pointwise.product_units`) shares them
+    among the session's threads in one numba region (25-100 us here when the other
+    processor has gone idle and its thread must be woken, docs/conv.md); below, and
+    wherever it has a single unit, it runs on the calling thread.
+    The units, and so the results, are the same either way. It replaces
+    ``parallel.split`` and ``parallel.minimum_flops`` for those convolutions (but a
+    ``parallel.split`` of ``blas``).
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -57,8 +66,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     setting: OpenBLAS's spinning threads make it fragile on a shared machine). ``"auto"``'s
     rule is ``_plan`` (:mod:`onnx_light.kernels.conv.problem`).
 ``parallel.minimum_flops``
-    Multiply-adds (times :data:`DEPTHWISE_COST` for ``depthwise``) below which the kernel
-    runs on the calling thread with one BLAS thread.
+    Multiply-adds below which the kernel runs on the calling thread with one BLAS thread
+    (not for the compiled depthwise and stem kernels: ``parallel.region_flops``).
+``parallel.region_flops``
+    Multiply-adds (times :data:`DEPTHWISE_COST` for ``depthwise`` and ``depthwise_blocked``)
+    from which the compiled kernels ``depthwise``, ``depthwise_blocked`` and
+    ``filters_blocked`` split their work over the session's threads inside their compiled
+    call (plan ``region``: one numba ``prange`` region, docs/parallel.md), never on the pool;
+    below, and with ``parallel.split = blas``, they run on the calling thread.
 
 The reference configuration is :data:`REFERENCE`: ``im2col`` on one thread, one block. Why
 the portable defaults are what they are, with the measurements: ``docs/conv.md``.
@@ -93,9 +108,11 @@ AUTO_DEPTHWISE = "auto.depthwise"
 BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
 FILTERS_BLOCKED_TAPS = "filters_blocked.maximum_taps"
 POINTWISE_PRODUCT = "pointwise.product"
+POINTWISE_MINIMUM_FLOPS = "pointwise.minimum_flops"
+REGION_FLOPS = "parallel.region_flops"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 6
+TUNING_ABI = 7
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
               "depthwise_blocked", "filters_blocked", "winograd", "shifted")
@@ -120,6 +137,8 @@ _DEFAULTS: dict[str, Value] = {
     # AlexNet's 11x11 (363) slower (docs/conv.md)
     FILTERS_BLOCKED_TAPS: 75,
     POINTWISE_PRODUCT: "blas",
+    POINTWISE_MINIMUM_FLOPS: 1 << 23,
+    REGION_FLOPS: 1 << 23,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -135,6 +154,8 @@ REFERENCE: dict[str, Value] = {
     BLOCKED_OUTPUTS: 0,
     FILTERS_BLOCKED_TAPS: 0,
     POINTWISE_PRODUCT: "blas",
+    POINTWISE_MINIMUM_FLOPS: 1 << 62,
+    REGION_FLOPS: 1 << 62,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -156,7 +177,7 @@ ROWS_PER_THREAD = 4
 # again): 2, 3 and 4 per thread measured 7%, 11% and 16% more CPU time (docs/conv.md).
 CHUNKS_PER_THREAD = 1
 # A multiply-add of the compiled depthwise kernel is slower than one inside a large BLAS
-# product: it counts this many times against parallel.minimum_flops (docs/conv.md).
+# product: it counts this many times against parallel.region_flops (docs/conv.md).
 DEPTHWISE_COST = 4
 
 
@@ -211,6 +232,16 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                   description="what computes direct_1x1's float32 products: 'blas' (a BLAS call "
                               "per tile of positions) or 'packed' (the packed micro-kernel; "
                               "blas without AVX2 and FMA or AVX-512F)"),
+        Parameter(POINTWISE_MINIMUM_FLOPS, "int", _DEFAULTS[POINTWISE_MINIMUM_FLOPS], minimum=1,
+                  description="multiply-adds from which direct_1x1's BLAS units of a 1x1 "
+                              "convolution of one group run on the session's threads (one "
+                              "numba region; the same results at every thread count)"),
+        Parameter(REGION_FLOPS, "int", _DEFAULTS[REGION_FLOPS], minimum=1,
+                  description="multiply-adds (x DEPTHWISE_COST for the depthwise ones) from "
+                              "which the compiled depthwise and stem kernels ('depthwise', "
+                              "'depthwise_blocked', 'filters_blocked') split their work over "
+                              "the session's threads inside their compiled call (one numba "
+                              "region); below, one thread"),
     )
 
 
@@ -230,6 +261,8 @@ class ConvConfig:
     blocked_outputs: int = int(_DEFAULTS[BLOCKED_OUTPUTS])
     filters_blocked_taps: int = int(_DEFAULTS[FILTERS_BLOCKED_TAPS])
     pointwise_product: str = str(_DEFAULTS[POINTWISE_PRODUCT])
+    pointwise_minimum_flops: int = int(_DEFAULTS[POINTWISE_MINIMUM_FLOPS])
+    region_flops: int = int(_DEFAULTS[REGION_FLOPS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -240,5 +273,6 @@ class ConvConfig:
                    int(values[WINOGRAD_OUTPUTS]), int(values[LARGE_TILE_CHANNELS]),
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
                    int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
-                   str(values[POINTWISE_PRODUCT]))
+                   str(values[POINTWISE_PRODUCT]), int(values[POINTWISE_MINIMUM_FLOPS]),
+                   int(values[REGION_FLOPS]))
 

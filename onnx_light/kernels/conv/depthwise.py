@@ -18,9 +18,10 @@ its taps times shifted plane elements into the output rows, which LLVM vectorise
   ``(0, inf)``, Relu6 ``(0, 6)``) is applied as the result is copied out.
 
 Every output is the bias plus its taps in the same order whatever the channels a thread
-computes, so the result does not depend on the thread count. The pool's threads each compute
-a contiguous range of the (image, filter) pairs; a region costs tens of microseconds here,
-so small convolutions stay on the calling thread (``parallel.minimum_flops``, docs/conv.md).
+computes, so the result does not depend on the thread count. From ``parallel.region_flops``
+the compiled call splits the (image, filter) pairs into one contiguous range per thread
+(:func:`depthwise_channels_parallel`, one numba region: plan ``region``, docs/conv.md); below,
+one thread computes them all.
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..compiled import compiled
+from ..compiled import compiled, prange
+from ..compiled_elementwise import numba_threads
 from .blocks import _Algorithm
 from .finish import Finish
 from .problem import _Problem
 
-__all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels", "plane_layout",
-           "read_only"]
+__all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels",
+           "depthwise_channels_parallel", "plane_layout", "read_only", "region_threads"]
 
 #: Output bytes per call of the compiled kernel when an epilogue follows: each call's block
 #: is still in the second-level cache when the epilogue runs over it.
@@ -59,28 +61,41 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return view
 
 
-def compile_depthwise(dtype: np.dtype, kernel_width: int) -> None:
+def region_threads(threads: int) -> int:
+    """The numba threads a compiled kernel's call may split its work over: ``threads``, or 1
+    where this process may not run numba's regions (a fork of one that did:
+    :func:`~onnx_light.kernels.compiled_elementwise.numba_threads`)."""
+    return threads if threads > 1 and numba_threads(threads) else 1
+
+
+def compile_depthwise(dtype: np.dtype, kernel_width: int, threads: int = 1) -> None:
     """Compile :func:`depthwise_channels` for ``dtype`` and ``kernel_width`` (or load it from
-    numba's cache): a session does it at construction, not in its first run."""
+    numba's cache), and :func:`depthwise_channels_parallel` for more than one thread: a
+    session does it at construction, not in its first run."""
     x = read_only(np.zeros((1, 1, kernel_width), dtype))
     w = read_only(np.zeros((1, 1, kernel_width), dtype))
     out = np.empty((1, 1, 1), dtype)
     phases, rows, columns = plane_layout((1, kernel_width), (1, 1), (1, kernel_width), (1, 1),
                                          (1, 1), (0, 0))
-    depthwise_channels.dispatcher(x, w, read_only(np.zeros(1, dtype)), out, 0, 1, 1, (1, 1), (0, 0),
-                                  phases, rows, columns, -np.inf, np.inf)
+    arguments = (x, w, read_only(np.zeros(1, dtype)), out, 0, 1, 1, (1, 1), (0, 0), phases, rows,
+                 columns, -np.inf, np.inf)
+    depthwise_channels.dispatcher(*arguments)
+    if region_threads(threads) > 1:
+        depthwise_channels_parallel.dispatcher(*arguments, 1)
 
 
 class _CompiledDepthwise(_Algorithm):
     """The compiled depthwise convolution of whole channels (a block's output rows are all
-    of them: the plan never splits rows, see ``_plan``)."""
+    of them); ``threads`` (the ``region`` plan) the numba threads each compiled call splits
+    its channels over."""
 
     uses_blas: ClassVar[bool] = False
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
-                 epilogue: Callable[[np.ndarray], None] | None = None) -> None:
+                 epilogue: Callable[[np.ndarray], None] | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        self.threads = region_threads(threads)
         window = problem.window
         planar = len(window.input) == 1  # 1-D: one row
         self.x = read_only(x.reshape(-1, 1 if planar else window.input[0], window.input[-1]))
@@ -110,8 +125,13 @@ class _CompiledDepthwise(_Algorithm):
         mg = self.mg
         for first in range(start * mg, stop * mg, self.step):
             last = min(stop * mg, first + self.step)
-            self.kernel(self.x, self.w, self.b, self.out, first, last, mg, self.strides, self.pads,
-                        self.phases, self.rows, self.columns, *self.clamp)
+            arguments = (self.x, self.w, self.b, self.out, first, last, mg, self.strides, self.pads,
+                         self.phases, self.rows, self.columns, *self.clamp)
+            threads = min(self.threads, last - first)  # a region only with work for two
+            if threads > 1:
+                depthwise_channels_parallel.dispatcher(*arguments, threads)
+            else:
+                self.kernel(*arguments)
             if self.epilogue is not None:
                 self.epilogue(self.out[first:last])
 
@@ -179,6 +199,23 @@ def depthwise_channels(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndar
             for ow in range(np.uintp(out_w)):
                 target[into + ow] = min(max(result[line + ow], low_value), high_value)
             into += np.uintp(out_w)
+
+
+@compiled(parallel=True)
+def depthwise_channels_parallel(x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray,
+                                first: int, last: int, multiplier: int, strides: tuple[int, int],
+                                pads: tuple[int, int], phases: tuple[int, int], rows: np.ndarray,
+                                columns: tuple[int, ...], low: float, high: float,
+                                threads: int) -> None:
+    """:func:`depthwise_channels` with channels ``first:last`` split in ``threads`` contiguous
+    ranges run by numba's threads (the caller has set their count), each with its own plane:
+    the same values, whichever thread computes a channel."""
+    count = last - first
+    for t in prange(threads):
+        start, stop = first + t * count // threads, first + (t + 1) * count // threads
+        if start < stop:
+            depthwise_channels(x, w, b, out, start, stop, multiplier, strides, pads, phases, rows,
+                               columns, low, high)
 
 
 @functools.lru_cache(maxsize=256)

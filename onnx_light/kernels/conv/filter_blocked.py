@@ -13,7 +13,8 @@ Relu or Clip), transposed and stored into the L filters' NCHW planes, and a fuse
 activation (HardSwish, SiLU, ...) follows on them. The input rows a band of output rows
 reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the padding (its columns
 never written, its rows zeroed band by band), which every block of filters then reads while
-it is in cache.
+it is in cache. At more than one thread (plan ``region``) one compiled call splits the
+output rows over numba's threads (:func:`blocked_filters_parallel`), each with its own tile.
 
 The weights are arranged once per weight set as ``(M/L, C*KH*KW, L)``
 (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`). Numerics: every output is
@@ -29,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..compiled import compiled
+from ..compiled import compiled, prange
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
 from .channel_blocked import (
@@ -40,11 +41,12 @@ from .channel_blocked import (
     padded_bias,
     vector_lanes,
 )
-from .depthwise import EPILOGUE_BLOCK_BYTES, read_only
+from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
-__all__ = ["TILE_BYTES", "blocked_filters", "compile_filters", "filters_applies"]
+__all__ = ["TILE_BYTES", "blocked_filters", "blocked_filters_parallel", "compile_filters",
+           "filters_applies"]
 
 #: The tile's bytes per band of output rows: the input rows a band reads stay in the
 #: second-level cache while every block of filters passes over them.
@@ -130,14 +132,36 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
                                      code, alpha, beta)
 
 
-def compile_filters() -> None:
-    """Compile :func:`blocked_filters` (or load it from numba's cache): a session does it at
+@compiled(parallel=True)
+def blocked_filters_parallel(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: np.ndarray,
+                             first: int, last: int, r0: int, r1: int, band: int, channels: int,
+                             filters: int, size: tuple[int, int], output: tuple[int, int],
+                             kernel: tuple[int, int], strides: tuple[int, int],
+                             pads: tuple[int, int], low: float, high: float, code: int,
+                             alpha: float, beta: float, threads: int) -> None:
+    """:func:`blocked_filters` with output rows ``r0:r1`` split in ``threads`` contiguous
+    ranges run by numba's threads (the caller has set their count), each with its own tile:
+    the same values, whichever thread computes a row."""
+    count = r1 - r0
+    for t in prange(threads):
+        start, stop = r0 + t * count // threads, r0 + (t + 1) * count // threads
+        if start < stop:
+            blocked_filters(x, weights, bias, out, first, last, start, stop, band, channels, filters,
+                            size, output, kernel, strides, pads, low, high, code, alpha, beta)
+
+
+def compile_filters(threads: int = 1) -> None:
+    """Compile :func:`blocked_filters` (or load it from numba's cache), and
+    :func:`blocked_filters_parallel` for more than one thread: a session does it at
     construction, not in its first run."""
     x = read_only(np.zeros(20, np.float32))
     weights = blocked_weights(np.zeros((1, 1, 1, 1), np.float32))
     bias = read_only(np.zeros(vector_lanes(), np.float32))
-    blocked_filters.dispatcher(x, weights, bias, np.empty(20, np.float32), 0, 1, 0, 4, 4, 1, 1,
-                               (4, 5), (4, 5), (1, 1), (1, 1), (0, 0), -np.inf, np.inf, -1, 1.0, 0.0)
+    arguments = (x, weights, bias, np.empty(20, np.float32), 0, 1, 0, 4, 4, 1, 1, (4, 5), (4, 5),
+                 (1, 1), (1, 1), (0, 0), -np.inf, np.inf, -1, 1.0, 0.0)
+    blocked_filters.dispatcher(*arguments)
+    if region_threads(threads) > 1:
+        blocked_filters_parallel.dispatcher(*arguments, 1)
 
 
 class _BlockedFilters(_Algorithm):
@@ -145,15 +169,17 @@ class _BlockedFilters(_Algorithm):
     blocks of :func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes` filters.
     ``arranged`` are the weights of
     :func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights` when the kernel arranged
-    them once (constant weights)."""
+    them once (constant weights); ``threads`` (the ``region`` plan) the numba threads each
+    compiled call splits its rows over."""
 
     uses_blas: ClassVar[bool] = False
 
     def __init__(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                  out: np.ndarray, block_bytes: int,
                  epilogue: Callable[[np.ndarray], None] | None = None,
-                 arranged: np.ndarray | None = None) -> None:
+                 arranged: np.ndarray | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
+        self.threads = region_threads(threads)
         window = problem.window
         self.x = read_only(x.reshape(-1))
         self.flat_out = out.reshape(-1)
@@ -181,9 +207,14 @@ class _BlockedFilters(_Algorithm):
         problem = self.problem
         for first in range(r0, r1, self.step):
             last = min(r1, first + self.step)
-            self.kernel(self.x, self.arranged, self.padded_bias, self.flat_out, start, stop, first,
-                        last, self.band, problem.channels, problem.filters, self.size, self.output,
-                        self.kernel_size, self.strides, self.pads, *self.clamp, *self.activation)
+            arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, start, stop, first,
+                         last, self.band, problem.channels, problem.filters, self.size, self.output,
+                         self.kernel_size, self.strides, self.pads, *self.clamp, *self.activation)
+            threads = min(self.threads, last - first)  # a region only with work for two
+            if threads > 1:
+                blocked_filters_parallel.dispatcher(*arguments, threads)
+            else:
+                self.kernel(*arguments)
             if self.epilogue is not None:
                 self.epilogue(self.planes[start:stop, :, first:last])
 

@@ -8,9 +8,10 @@ their own type; float16 and bfloat16 compute in float32 and round the result onc
 
 Everything that depends only on the node (attributes, the configuration) is read when the
 kernel is built and configured; ``run`` derives the geometry and the plan from the input
-shapes (remembered per shape), and a small 1x1 convolution calls its compiled product
-directly (:meth:`ConvKernel._run_pointwise`), the views of the weights it was last given
-kept. Constant weights reach the kernel once, at session construction,
+shapes (remembered per shape), and a 1x1 convolution of one group calls its compiled
+product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the session's
+threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
+was last given kept. Constant weights reach the kernel once, at session construction,
 through :meth:`ConvKernel.specialize` (equal filters, or the weights kept for winograd,
 whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferred shapes;
 the compiled depthwise and winograd kernels are compiled there too); a runtime may also set
@@ -41,6 +42,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ...parallel import in_region
 from ...tuning.schema import Value
 from ..base import Kernel, KernelError, NodeContext, Prepared, TensorSpec, compute_dtype
 from ..packed_gemm import aligned_empty
@@ -62,7 +64,7 @@ from .depthwise import compile_depthwise, depthwise_applies, read_only
 from .filter_blocked import compile_filters, filters_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
 from .pointwise import compile_pointwise, pointwise_call
-from .problem import _plan, _Problem, _winograd_applies
+from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
 # emptied when it holds _MAX_PROBLEMS of them.
@@ -151,7 +153,7 @@ class ConvKernel(Kernel):
         self._settled: _Settled | None = None  # set by settle
         # direct_1x1's fused parts for (epilogue, clamp, type) and the last weights' and
         # bias's views (_run_pointwise), kept while those stay the same objects
-        self._pointwise_parts: tuple = (None, None, None, None)
+        self._pointwise_parts: tuple = (None, None, None, None, None)
         self._pointwise_weights: tuple = (None, None, None, None)
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
@@ -167,7 +169,8 @@ class ConvKernel(Kernel):
         filters repeat (group 1, float or double; see the module docstring), else one that
         keeps the weights for their Winograd transforms when its convolutions may use
         winograd. Compiles what its runs will call (the depthwise kernel, the pointwise tiles,
-        the finishing pass)."""
+        the finishing pass), and takes what a 1x1 convolution's runs remember (its fused
+        parts, the weights' views) now: a run then changes no state of the kernel."""
         dtype = self.ctx.input_dtype(0)
         if dtype is not None:
             compile_finish(compute_dtype(dtype))
@@ -175,9 +178,12 @@ class ConvKernel(Kernel):
         if w is None or w.ndim < 3:
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
-            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product)
+            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads)
+            if w.dtype in FINISHED_TYPES and w.flags.c_contiguous:  # what its runs remember, now
+                self._pointwise_fused(w.dtype)
+                self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
         if self._compiles_depthwise(w):
-            compile_depthwise(compute_dtype(w.dtype), w.shape[-1])
+            compile_depthwise(compute_dtype(w.dtype), w.shape[-1], self.num_threads)
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
                 or self._with_blocked_weights(w))
 
@@ -189,7 +195,7 @@ class ConvKernel(Kernel):
         if (filters_applies(w.dtype, w.ndim - 2, self.group, tuple(attributes.dilations or (1,)))
                 and (algorithm == "filters_blocked"
                      or (algorithm == "auto" and self._stem(w.shape[1], w.shape[2:])))):
-            compile_filters()
+            compile_filters(self.num_threads)
             return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
         if not (self._compiles_depthwise(w) or algorithm == "depthwise_blocked"):
             return None
@@ -197,7 +203,7 @@ class ConvKernel(Kernel):
                                 tuple(attributes.dilations or (1,)))
                 and (algorithm == "depthwise_blocked" or self.config.blocked_outputs > 0)):
             return None
-        compile_blocked()
+        compile_blocked(self.num_threads)
         return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
 
     def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
@@ -325,6 +331,10 @@ class ConvKernel(Kernel):
         if algorithm == "winograd":
             tile = 4 if self._large_tile(group_channels, filters // groups, math.prod(window.output)) else 2
         problem = _Problem(window, batch, channels, groups, filters, algorithm, "serial", tile)
+        if algorithm in REGION_ALGORITHMS:  # both threads inside the compiled call, or one
+            if threads < 2 or flops < config.region_flops or config.split == "blas":
+                return problem
+            return dataclasses.replace(problem, plan="region")
         if threads < 2 or flops < config.minimum_flops:
             return problem
         return dataclasses.replace(problem, plan=_plan(config.split, problem, threads))
@@ -487,6 +497,8 @@ class ConvKernel(Kernel):
                 options["arranged"] = self._blocked.arranged
         if problem.algorithm == "direct_1x1":
             options["product"] = self.config.pointwise_product
+        if problem.plan == "region" and problem.algorithm in REGION_ALGORITHMS:
+            options["threads"] = self.num_threads
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
@@ -494,37 +506,61 @@ class ConvKernel(Kernel):
 
     def _run_pointwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        residual: np.ndarray | None) -> np.ndarray | None:
-        """``direct_1x1`` of one group on this thread (a serial or ``blas`` plan) straight
-        through its compiled product (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`),
-        with what depends on the shapes, the fused parts and the constant weights' view
-        remembered: the same call, bitwise, as through the algorithm's blocks. None where the
-        general path runs: several groups, another plan, type or layout, a residual it
-        would reject, an epilogue the compiled product does not apply."""
-        if (problem.groups != 1 or problem.plan not in ("serial", "blas") or x.dtype not in FINISHED_TYPES
+        """``direct_1x1`` of one group straight through its compiled product
+        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), with what depends on the
+        shapes, the fused parts and the constant weights' view remembered. Its units run on
+        the session's threads (a numba region) from ``pointwise.minimum_flops`` multiply-adds
+        on, whatever the pool's plan, and on the calling thread below, the same units and
+        bits either way; a ``blas`` plan runs them on the calling thread with the session's
+        BLAS threads. An epilogue the compiled product does not apply runs on the finished
+        output, as the general path runs it on each finished block. None where the general
+        path runs: several groups, another type or layout, a residual it would reject, the
+        packed product (``pointwise.product``) on a split plan."""
+        if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
                 or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return None
-        parts = self._pointwise_parts
-        if parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] != x.dtype:
-            fused = fused_parts(Finish(x[:0], None, self.epilogue, self.clamp), x.dtype)
-            parts = self._pointwise_parts = (self.epilogue, self.clamp, x.dtype,
-                                             None if fused[3] is not None else fused[1:3])
-        if parts[3] is None:
-            return None
+        parts = self._pointwise_fused(x.dtype)
         call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
-        if call is None:
-            return None
+        if call is None or (call.gemm is None and problem.plan not in ("serial", "blas")):
+            return None  # the packed product splits on the pool's plan
         flat_residual = None
         if residual is not None:
             if residual.shape != call.out_shape or residual.dtype != x.dtype:
                 return None  # the general path reports it
             flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
+        operands = self._pointwise_operands(w, b)
+        threads = self.num_threads
+        if problem.plan == "blas":
+            out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
+        else:
+            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
+                                or in_region()):
+                threads = 1  # a small product, or a branch of the graph on the pool's worker
+            out = call(x, operands[2], operands[3], flat_residual, *parts[3], 1, threads)
+        if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
+            parts[4](out)
+        return out
+
+    def _pointwise_fused(self, dtype: np.dtype) -> tuple:
+        """The fused parts ``direct_1x1``'s compiled call takes for ``dtype`` (and what runs
+        after it), remembered while the epilogue and clamp stay the same."""
+        parts = self._pointwise_parts
+        # (parts[2] is None first: numpy reads None as float64, so None == float64 holds)
+        if (parts[0] is not self.epilogue or parts[1] != self.clamp or parts[2] is None
+                or parts[2] != dtype):
+            fused = fused_parts(Finish(np.empty(0, dtype), None, self.epilogue, self.clamp), dtype)
+            parts = self._pointwise_parts = (self.epilogue, self.clamp, dtype, fused[1:3], fused[3])
+        return parts
+
+    def _pointwise_operands(self, w: np.ndarray, b: np.ndarray | None) -> tuple:
+        """``w`` and ``b`` and their read-only views as the compiled call takes them (filters
+        by depth, flat), remembered while they stay the same arrays."""
         operands = self._pointwise_weights
         if operands[0] is not w or operands[1] is not b:
             operands = self._pointwise_weights = (
-                w, b, read_only(w.reshape(call.filters, call.depth)),
+                w, b, read_only(w.reshape(w.shape[0], -1)),
                 None if b is None else read_only(np.ascontiguousarray(b)))
-        return call(x, operands[2], operands[3], flat_residual, *parts[3],
-                    self.num_threads if problem.plan == "blas" else 1)
+        return operands
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:

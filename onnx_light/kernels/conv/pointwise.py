@@ -1,5 +1,5 @@
 """Conv's pointwise (1x1) product finished tile by tile, in one compiled call
-(:func:`pointwise_tiles`).
+(:func:`pointwise_tiles`, :func:`pointwise_units`), on one or several threads.
 
 ``direct_1x1`` multiplies the weights by the input rows with one BLAS product, then finishes
 the output (the bias, the fused residual and clamp: :class:`~onnx_light.kernels.conv.finish.Finish`)
@@ -13,7 +13,19 @@ and type: ``clamp((product + bias) + residual)``, bitwise :func:`~onnx_light.ker
 A fused Sigmoid, SiLU, HardSigmoid or HardSwish
 (:class:`~onnx_light.kernels.compiled_activations.InPlace`) is applied to each tile then too.
 One compiled call also replaces the Python layers a block goes through; a whole call of one
-group on one thread (:class:`PointwiseCall`, made once per shape) skips the blocks too.
+group (:class:`PointwiseCall`, made once per shape) skips the blocks too.
+
+Two threads. A call of one group is cut into units (:func:`product_units`: its tiles, or, for
+a large product kept in one tile, two halves of its filters or of its columns), each one
+BLAS product on one BLAS thread then finished (:func:`pointwise_units`), and from
+``pointwise.minimum_flops`` multiply-adds the session's threads share the units in one numba
+region (:func:`pointwise_units_parallel`: about 10-15 us here, against 20-60 us for the
+pool). The units depend on the shape alone, so each output element comes from the same BLAS
+call with the same arguments at one thread and at two: the same bits. (OpenBLAS does not
+promise the same bits for the same element in products of other shapes: a split by rows or
+columns where its kernels' blocks fall otherwise changes the last bit, measured on this
+machine's Haswell kernels.) numpy's OpenBLAS (pthreads) may be called from two threads at
+once (docs/conv.md, "Pointwise convolutions on two threads").
 
 With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`pointwise_packed` computes each
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
@@ -34,8 +46,9 @@ import numpy as np
 from ...parallel import BLAS
 from .. import packed_gemm
 from ..blas_tiles import gemm_function
-from ..compiled import compiled
+from ..compiled import CompiledIntrinsic, compiled, prange
 from ..compiled_activations import activate_run
+from ..compiled_elementwise import numba_threads
 from ..packed_gemm import (
     BLOCK_A_BYTES,
     MR,
@@ -49,9 +62,10 @@ from ..packed_gemm import (
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
-__all__ = ["TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS", "PointwiseCall",
-           "compile_pointwise", "pointwise_call", "pointwise_gemm", "pointwise_packed",
-           "pointwise_product", "pointwise_tiles", "tile_columns", "uses_packed"]
+__all__ = ["CUT_MULTIPLY_ADDS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
+           "PointwiseCall", "compile_pointwise", "pointwise_call", "pointwise_gemm",
+           "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_units",
+           "pointwise_units_parallel", "product_units", "tile_columns", "uses_packed"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
@@ -60,6 +74,10 @@ TILE_COLUMNS = 256
 TILED_WEIGHT_BYTES = 1 << 16
 #: Outputs smaller than this keep one tile: they stay in the second-level cache anyway.
 TILED_OUTPUT_BYTES = 1 << 18
+#: A product :func:`tile_columns` keeps in one tile is cut into two units from this many
+#: multiply-adds (:func:`product_units`): two threads can then share it, for about 1%
+#: more time on one thread (docs/conv.md, "Pointwise convolutions on two threads").
+CUT_MULTIPLY_ADDS = 1 << 23
 
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
@@ -107,18 +125,19 @@ def tile_columns(filters: int, depth: int, width: int, itemsize: int, packed: bo
 
 @compiled(inline="always")
 def _finish_tile(out: np.ndarray, start: int, out_stride: int, filters: int, columns: int,
-                 bias: np.ndarray, residual: np.ndarray, low: float, high: float, activation: int,
-                 alpha: float, beta: float) -> None:
-    """The finishing pass of one tile (``columns`` positions from ``start``, each filter's
-    row ``out_stride`` further), while it is in cache: bias, residual, clamp, activation."""
+                 bias: np.ndarray, first: int, residual: np.ndarray, low: float, high: float,
+                 activation: int, alpha: float, beta: float) -> None:
+    """The finishing pass of one tile (``columns`` positions from ``start``, each of its
+    ``filters`` filters' rows ``out_stride`` further, the first being filter ``first``), while
+    it is in cache: bias, residual, clamp, activation."""
     lo, hi = out.dtype.type(low), out.dtype.type(high)
     zero = out.dtype.type(0)
     with_bias, with_residual = bias.size > 0, residual.size > 0
     n = np.uintp(columns)
     for i in range(filters):
         row = np.uintp(start + i * out_stride)
-        finish_run(out, row, n, bias[i] if with_bias else zero, residual, lo, hi, with_bias,
-                   with_residual)
+        finish_run(out, row, n, bias[first + i] if with_bias else zero, residual, lo, hi,
+                   with_bias, with_residual)
         if activation >= 0:
             activate_run(out, row, n, activation, alpha, beta)
 
@@ -144,8 +163,88 @@ def pointwise_tiles(gemm, weights: np.ndarray, source: np.ndarray, source_offset
         gemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, filters, columns, depth, 1.0, weights.ctypes.data,
              depth, source.ctypes.data + (source_offset + j0) * item, source_stride, 0.0,
              out.ctypes.data + start * item, out_stride)
-        _finish_tile(out, start, out_stride, filters, columns, bias, residual, low, high,
+        _finish_tile(out, start, out_stride, filters, columns, bias, 0, residual, low, high,
                      activation, alpha, beta)
+
+
+@compiled
+def pointwise_units(gemm, weights: np.ndarray, source: np.ndarray, source_offset: int,
+                    source_stride: int, image_source: int, out: np.ndarray, out_offset: int,
+                    out_stride: int, image_out: int, filters: int, depth: int, width: int,
+                    bias: np.ndarray, residual: np.ndarray, low: float, high: float,
+                    activation: int, alpha: float, beta: float, tile: int, block: int,
+                    begin: int, end: int) -> None:
+    """Units ``begin`` to ``end - 1`` of :func:`pointwise_tiles`'s product over a batch of
+    images (image ``n`` reads ``source`` from ``source_offset + n * image_source`` and writes
+    ``out`` from ``out_offset + n * image_out``): each image's units are its tiles of
+    ``tile`` columns, each cut into blocks of ``block`` filters (unit ``u``: image ``u //
+    (tiles x blocks)``, then tile, then block), each unit one BLAS product then finished as
+    :func:`pointwise_tiles` finishes a tile. With ``block = filters`` an image's units are
+    :func:`pointwise_tiles`'s calls, argument for argument."""
+    item = out.itemsize
+    tiles = (width + tile - 1) // tile
+    blocks = (filters + block - 1) // block
+    per_image = tiles * blocks
+    for u in range(begin, end):
+        n, unit = u // per_image, u % per_image
+        j0, f0 = unit // blocks * tile, unit % blocks * block
+        columns, count = min(tile, width - j0), min(block, filters - f0)
+        start = out_offset + n * image_out + f0 * out_stride + j0
+        gemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, count, columns, depth, 1.0,
+             weights.ctypes.data + f0 * depth * item, depth,
+             source.ctypes.data + (source_offset + n * image_source + j0) * item, source_stride,
+             0.0, out.ctypes.data + start * item, out_stride)
+        _finish_tile(out, start, out_stride, count, columns, bias, f0, residual, low, high,
+                     activation, alpha, beta)
+
+
+@functools.cache
+def _build_claim(numba: Any) -> Any:
+    """The intrinsic ``claim(counter)``: ``counter[0]`` before adding 1 to it, atomically (LLVM's
+    ``atomicrmw add``, sequentially consistent), for threads that take units in turn."""
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def claim(typingctx: Any, counter: Any) -> Any:
+        if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            one = context.get_constant(types.int64, 1)
+            return builder.atomic_rmw("add", array.data, one, "seq_cst")
+
+        return types.int64(counter), codegen
+
+    return claim
+
+
+#: ``claim(counter)`` in a compiled kernel: the next unit for the calling thread.
+claim = CompiledIntrinsic(_build_claim, "claim")
+
+
+@compiled(parallel=True)
+def pointwise_units_parallel(gemm, weights: np.ndarray, source: np.ndarray, source_offset: int,
+                             source_stride: int, image_source: int, out: np.ndarray,
+                             out_offset: int, out_stride: int, image_out: int, filters: int,
+                             depth: int, width: int, bias: np.ndarray, residual: np.ndarray,
+                             low: float, high: float, activation: int, alpha: float, beta: float,
+                             tile: int, block: int, units: int, threads: int,
+                             counter: np.ndarray) -> None:
+    """:func:`pointwise_units` of units ``0`` to ``units - 1`` shared by ``threads`` of
+    numba's threads (the caller has set their count and holds BLAS to one thread, so that
+    each product runs on the thread that calls it), each thread taking the next unit in turn
+    (:data:`claim`) until none is left: the calling thread starts at once, and a thread that
+    wakes late takes fewer. The same products as one thread makes, so the same bits.
+    ``counter`` is one int64 0, the caller's (an array made here would be each thread's own)."""
+    for _ in prange(threads):
+        unit = claim(counter)
+        while unit < units:
+            pointwise_units(gemm, weights, source, source_offset, source_stride, image_source, out,
+                            out_offset, out_stride, image_out, filters, depth, width, bias, residual,
+                            low, high, activation, alpha, beta, tile, block, unit, unit + 1)
+            unit = claim(counter)
 
 
 @compiled
@@ -185,46 +284,82 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
                                 columns - full, edge)
                 panels_over_rows(rows, edge, packed_layout(depth), no_bias, False, grid, top, bottom,
                                  row0, column0 + j0 + full, columns - full)
-        _finish_tile(out, out_offset + j0, out_stride, filters, columns, bias, residual, low, high,
-                     activation, alpha, beta)
+        _finish_tile(out, out_offset + j0, out_stride, filters, columns, bias, 0, residual, low,
+                     high, activation, alpha, beta)
 
 
-def compile_pointwise(dtype: np.dtype, product: str) -> None:
-    """Compile what :func:`pointwise_product` picks for ``dtype`` and ``product`` (or load it
-    from numba's cache): a session does it at construction, not in its first run. Its
-    operands are read-only views, as ``direct_1x1`` passes them (one compiled version per
-    type)."""
+def product_units(filters: int, depth: int, width: int, itemsize: int) -> tuple[int, int]:
+    """The units of ``direct_1x1``'s BLAS product of one image, (columns per tile, filters per
+    block): the tiles of :func:`tile_columns` with every filter; a product it keeps in one
+    tile is cut in two where it has at least :data:`CUT_MULTIPLY_ADDS` multiply-adds, so
+    that two threads can share it, along the side whose other operand each unit then reads
+    whole is the smaller: its filters (in blocks of a multiple of 8) where the input
+    (``depth`` x ``width``) is smaller than the weights (``filters`` x ``depth``), else its
+    columns. A function of the shape alone: the same units, hence the same products and
+    bits, at every thread count."""
+    tile = tile_columns(filters, depth, width, itemsize)
+    if tile is not None:
+        return tile, filters
+    if filters * depth * width < CUT_MULTIPLY_ADDS:
+        return width, filters
+    if width < filters:
+        block = -(-filters // 16) * 8
+        return width, block if block < filters else filters
+    return -(-width // 2), filters
+
+
+def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1) -> None:
+    """Compile what :func:`pointwise_call` runs for ``dtype`` and ``product`` at ``threads``
+    threads (or load it from numba's cache): a session does it at construction, not in its
+    first run. Its operands are read-only views, as ``direct_1x1`` passes them (one compiled
+    version per type)."""
     function = pointwise_product(dtype, product)
     if function is None:
         return
     w, x, empty = (read_only(np.ones(shape, dtype)) for shape in ((1, 1), 1, 0))
-    function(w, x, 0, 1, np.empty(1, dtype), 0, 1, 1, 1, 1, empty, empty, -math.inf, math.inf, -1,
-             1.0, 0.0, TILE_COLUMNS)
+    out = np.empty(1, dtype)
+    function(w, x, 0, 1, out, 0, 1, 1, 1, 1, empty, empty, -math.inf, math.inf, -1, 1.0, 0.0,
+             TILE_COLUMNS)
+    if uses_packed(dtype, product):
+        return
+    arguments = (pointwise_gemm(dtype), w, x, 0, 1, 1, out, 0, 1, 1, 1, 1, 1, empty, empty,
+                 -math.inf, math.inf, -1, 1.0, 0.0, 1, 1)
+    pointwise_units.dispatcher(*arguments, 0, 1)
+    if threads > 1 and numba_threads(threads):
+        pointwise_units_parallel.dispatcher(*arguments, 1, 1, np.zeros(1, np.int64))
 
 
 @dataclass(frozen=True)
 class PointwiseCall:
-    """A whole ``direct_1x1`` call of one group on the calling thread for one shape of X
-    and W: each image one call of the compiled product (:func:`pointwise_product`) with
-    the arguments ``direct_1x1``'s blocks pass it (same values, bitwise), without the Python
-    layers around them (the algorithm object, its views, the plan, the finishing object),
-    which cost more than a small node's product (docs/conv.md). Made once per shape
+    """A whole ``direct_1x1`` call of one group for one shape of X and W, without the Python
+    layers of the general path (the algorithm object, its views, the plan, the finishing
+    object), which cost more than a small node's product (docs/conv.md). With BLAS
+    (``gemm``), one compiled call of the units of :func:`product_units` over the batch
+    (:func:`pointwise_units`), shared by numba's threads when the caller asks for more than
+    one; with the packed product (``function``), each image one call of it with the
+    arguments ``direct_1x1``'s blocks pass it (same values, bitwise). Made once per shape
     (:func:`pointwise_call`)."""
 
-    function: Callable[..., None]
+    gemm: Any | None
+    function: Callable[..., None] | None
     batch: int
     filters: int
     depth: int
     plane: int
     tile: int
+    block: int
     out_shape: tuple[int, ...]
+    units: int  # of the whole batch (:func:`pointwise_units`)
+    multiply_adds: int
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
-                 activation: tuple[int, float, float], blas_threads: int) -> np.ndarray:
+                 activation: tuple[int, float, float], blas_threads: int, threads: int = 1
+                 ) -> np.ndarray:
         """The finished output of C-contiguous ``x`` (the call's shape) by read-only
-        ``weights`` (filters, depth) and flat read-only ``bias`` and ``residual`` (or None),
-        with ``blas_threads`` BLAS threads."""
+        ``weights`` (filters, depth) and flat read-only ``bias`` and ``residual`` (or None):
+        the units on ``threads`` numba threads (each product on one BLAS thread) where there
+        are several, else with ``blas_threads`` BLAS threads on the calling thread."""
         out = aligned_empty(self.out_shape, x.dtype)
         flat_x, flat_out = x.reshape(-1), out.reshape(-1)
         if flat_x.flags.writeable:  # a session's feeds and values are read-only already
@@ -235,11 +370,23 @@ class PointwiseCall:
         filters, depth, plane = self.filters, self.depth, self.plane
         low, high = clamp
         code, alpha, beta = activation
-        with BLAS.limited(blas_threads):
-            for n in range(self.batch):
-                self.function(weights, flat_x, n * depth * plane, plane, flat_out, n * filters * plane,
-                              plane, filters, depth, plane, bias, residual, low, high, code, alpha,
-                              beta, self.tile)
+        if self.gemm is None:
+            with BLAS.limited(blas_threads):
+                for n in range(self.batch):
+                    self.function(weights, flat_x, n * depth * plane, plane, flat_out,
+                                  n * filters * plane, plane, filters, depth, plane, bias, residual,
+                                  low, high, code, alpha, beta, self.tile)
+            return out
+        arguments = (self.gemm, weights, flat_x, 0, plane, depth * plane, flat_out, 0, plane,
+                     filters * plane, filters, depth, plane, bias, residual, low, high, code, alpha,
+                     beta, self.tile, self.block)
+        units = self.units
+        if threads > 1 and units > 1 and numba_threads(threads := min(threads, units)):
+            with BLAS.limited(1):
+                pointwise_units_parallel.dispatcher(*arguments, units, threads, np.zeros(1, np.int64))
+        else:
+            with BLAS.limited(blas_threads):
+                pointwise_units.dispatcher(*arguments, 0, units)
         return out
 
 
@@ -260,14 +407,20 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
     key = (x_shape, w_shape, dtype, product)
     call = _CALLS.get(key, False)
     if call is False:
-        function = pointwise_product(dtype, product)
         batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
         plane = math.prod(x_shape[2:])
+        out_shape = (batch, filters, *x_shape[2:])
         call = None
-        if function is not None and batch * depth * filters * plane > 0:
-            tile = tile_columns(filters, depth, plane, dtype.itemsize, uses_packed(dtype, product))
-            call = PointwiseCall(function, batch, filters, depth, plane, tile or plane,
-                                 (batch, filters, *x_shape[2:]))
+        if batch * depth * filters * plane == 0:
+            pass
+        elif uses_packed(dtype, product):
+            call = PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
+                                 TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
+        elif (gemm := pointwise_gemm(dtype)) is not None:
+            tile, block = product_units(filters, depth, plane, dtype.itemsize)
+            units = batch * -(-plane // tile) * -(-filters // block)
+            call = PointwiseCall(gemm, None, batch, filters, depth, plane, tile, block, out_shape, units,
+                                 batch * filters * depth * plane)
         if len(_CALLS) >= _MAX_CALLS:
             _CALLS.clear()
         _CALLS[key] = call

@@ -20,7 +20,7 @@ class _Problem:
     groups: int
     filters: int
     algorithm: str
-    plan: str  # "serial", "blas", "batch_and_groups", "output_rows"
+    plan: str  # "serial", "blas", "batch_and_groups", "output_rows", "filters", "region"
     tile: int = 0  # winograd's outputs per tile along each axis: 2 or 4 (F(2x2, 3x3), F(4x4, 3x3))
 
     @property
@@ -37,6 +37,11 @@ class _Problem:
         return self.group_channels * math.prod(self.window.kernel)
 
 
+#: The compiled kernels that split their work inside their call (plan ``region``: one numba
+#: region over the session's threads), never on the pool.
+REGION_ALGORITHMS = frozenset({"depthwise", "depthwise_blocked", "filters_blocked"})
+
+
 def _winograd_applies(kernel: Sequence[int], strides: Sequence[int] | None,
                       dilations: Sequence[int] | None) -> bool:
     """Whether winograd can compute a convolution: 2-D, 3x3, stride 1 and dilation 1."""
@@ -46,13 +51,11 @@ def _winograd_applies(kernel: Sequence[int], strides: Sequence[int] | None,
 
 
 def _plan(split: str, problem: _Problem, threads: int) -> str:
-    """The parallel plan of a call that is worth more than one thread."""
+    """The parallel plan on the pool of a call that is worth more than one thread (not for
+    :data:`REGION_ALGORITHMS`, which split inside their compiled call)."""
     if split == "blas":
         return "blas"
     items = problem.batch * problem.groups
-    depthwise = problem.algorithm in ("depthwise", "depthwise_blocked")
-    if depthwise:
-        split = "batch_and_groups"  # whole channels: a depthwise filter is one channel
     if split == "auto":
         many_filters = problem.group_filters > math.prod(problem.window.output)
         if items >= threads and (items % threads == 0 or items >= 4 * threads):
@@ -64,11 +67,8 @@ def _plan(split: str, problem: _Problem, threads: int) -> str:
             split = "filters"
         else:
             split = "output_rows"
-    rows = problem.window.output[0] if not depthwise else 0
-    # filters_blocked computes every filter of its rows (its blocks share one input tile)
-    whole_filters = depthwise or problem.algorithm == "filters_blocked"
-    sizes = {"batch_and_groups": items, "output_rows": rows,
-             "filters": problem.filters if not whole_filters else 0}
+    sizes = {"batch_and_groups": items, "output_rows": problem.window.output[0],
+             "filters": problem.filters}
     order = {"batch_and_groups": ("batch_and_groups", "output_rows", "filters"),
              "output_rows": ("output_rows", "filters", "batch_and_groups"),
              "filters": ("filters", "output_rows", "batch_and_groups")}[split]
