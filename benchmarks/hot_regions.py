@@ -1,12 +1,13 @@
 """Packed float32 products split over two threads, with the pool cold and hot.
 
 Usage: python benchmarks/hot_regions.py [--shapes 64x256x256 64x256x1024 ...]
-[--spin 0 200] [--rounds 10] [--calls 20] [--quiet]
+[--spin 0 200] [--awake 0] [--rounds 10] [--calls 20] [--quiet]
 
 For each shape ``MxKxN``, interleaved within every round: the packed product (``kernels/
 packed_gemm.py``) on one thread, then split in two chunked halves on a 2-thread pool inside
-``ThreadPool.hot(spin)`` for each ``--spin`` value (0: the pool as it was, every handoff a
-sleeping thread woken). Each timed call follows three untimed serial products of the same
+``ThreadPool.hot(spin, loop, awake)`` for each ``--spin`` and ``--awake`` value (0 and 0: the
+pool as it was, every handoff a sleeping thread woken; ``awake``: idle-priority threads keep
+the processors from halting). Each timed call follows three untimed serial products of the same
 shape, as a product follows other steps in a model. ``--quiet`` keeps only the calls before
 and after which no task outside this process was runnable (``/proc/loadavg``'s running count
 less this process's running threads; the spinning worker is one of them) and says how many
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["64x256x256", "64x256x1024", "64x1024x256",
                                                         "128x768x768"])
     parser.add_argument("--spin", nargs="+", type=float, default=[0.0, 200.0])
+    parser.add_argument("--awake", nargs="+", type=float, default=[0.0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--quiet", action="store_true")
@@ -90,11 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         packed = PackedWeights(rng.standard_normal((k, n)).astype(np.float32))
         out = np.empty((m, n), np.float32)
         expected = packed.multiply(a)
-        variants = {"serial": None} | {f"2 threads, spin {spin:g} us": spin for spin in args.spin}
+        variants = {"serial": None} | {f"2 threads, spin {spin:g} us, awake {awake:g} us": (spin, awake)
+                                       for spin in args.spin for awake in args.awake}
         times: dict[str, list[float]] = {key: [] for key in variants}
         for _ in range(args.rounds):
-            for key, spin in variants.items():
-                with pool.hot(spin or 0.0, spin_loop()):
+            for key, variant in variants.items():
+                spin, awake = variant or (0.0, 0.0)
+                with pool.hot(spin, spin_loop(), awake):
                     for _ in range(args.calls):
                         for _ in range(3):
                             packed.multiply(a, out)
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                             retakes += 1
                             continue
                         started = time.perf_counter()
-                        if spin is None:
+                        if variant is None:
                             packed.multiply(a, out)
                         else:
                             rows_on_pool(packed, a, out, pool, 2)

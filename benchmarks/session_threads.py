@@ -11,6 +11,8 @@ Each variant is ``THREADS[,SETTING...]`` with settings
   elementwise kernels and fused chains) kept serial;
 * ``spin=US``: the session's ``spin_us`` (``ThreadPool.hot``: how long the pool's threads spin
   waiting for each other during a run before they sleep; 0: never);
+* ``awake=US``: the session's ``awake_us`` (``ThreadPool.hot``: idle-priority threads spinning
+  during a run and ``US`` microseconds after it, so that no processor halts; 0: none);
 * ``siblings=off``: sibling products of one input left apart (``runtime/sibling_fusion.py``
   not run: the plan before it);
 * ``packed=pool``: products of packed weights split as before 2026-12-06 09:30 UTC, A's rows
@@ -68,7 +70,7 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     """The session ``variant`` names (see the module's docstring)."""
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
-    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "siblings", "packed"}
+    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -84,6 +86,8 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
         branches.BRANCH_MINIMUM_WORK = saved
     if "spin" in options:
         session.spin_us = float(options["spin"])
+    if "awake" in options:
+        session.awake_us = float(options["awake"])
     products = None
     if "gemm" in options:
         mode, exponent = options["gemm"].split("@")

@@ -49,15 +49,17 @@ from threadpoolctl import ThreadpoolController
 
 __all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
 
-#: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher) and its cycle counter's rate
-#: (cycles per second), which :meth:`ThreadPool.hot` is given.
-SpinLoop = tuple[Callable[..., int], float]
+#: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher), its cycle counter's rate
+#: (cycles per second) and the compiled loop that keeps a processor awake
+#: (``kernels.spin.keep_awake``), which :meth:`ThreadPool.hot` is given.
+SpinLoop = tuple[Callable[..., int], float, Callable[..., None]]
 
 _STOP = object()  # task sentinel telling workers to exit
 # The shared counters a hot pool's threads spin on (int64 slots of _Core.flags): regions
 # published, hot scopes in force (0 or 1), regions whose last block finished while the caller
-# waited.
-_GENERATION, _HOT, _FINISHED = 0, 1, 2
+# waited, scopes keeping the processors awake in force (0 or 1).
+_GENERATION, _HOT, _FINISHED, _AWAKE = 0, 1, 2, 3
+
 #: A spinning thread that finds this many microseconds between two of its reads was preempted
 #: by another task: it stops spinning and sleeps, so that on a busy machine the pool behaves
 #: as one that never spins.
@@ -80,8 +82,9 @@ _tls = _Local()
 class _Core:
     """State shared between a pool and its workers (kept apart so workers do not pin the pool)."""
 
-    __slots__ = ("count_lock", "done", "flags", "gap", "hot", "hot_lock", "limit", "remaining",
-                 "settle", "spin", "task", "threads", "wake", "woken")
+    __slots__ = ("awake", "awake_running", "awake_tail", "awake_threads", "awake_wake",
+                 "count_lock", "done", "flags", "gap", "hot", "hot_lock", "limit", "remaining",
+                 "settle", "spin", "stopped", "task", "threads", "wake", "woken")
 
     def __init__(self, num_workers: int) -> None:
         self.task: object = None
@@ -96,13 +99,22 @@ class _Core:
         # before its workers wake: the next region must not release their locks again)
         self.woken = [False] * num_workers
         self.threads: list[threading.Thread] = []
-        self.flags = np.zeros(3, np.int64)  # read by spinning threads without the GIL
+        self.flags = np.zeros(4, np.int64)  # read by spinning threads without the GIL
         self.hot = 0  # hot scopes in force (ThreadPool.hot), under hot_lock
         self.hot_lock = threading.Lock()
         self.spin: Callable[..., int] | None = None  # kernels.spin.spin_while, once loaded
         self.limit = 0  # cycles a thread spins before it sleeps
         self.gap = 0  # cycles between two reads that mean the spinning thread was preempted
         self.settle = 0  # cycles a worker that saw a region waits before it takes the GIL
+        # Keeping the processors awake (ThreadPool.hot's awake_us), under hot_lock: scopes in
+        # force, the idle-priority spinners (started on first use), their wake locks, whether
+        # each is spinning, the cycles each spins on after the last scope ends.
+        self.awake = 0
+        self.awake_threads: list[threading.Thread] = []
+        self.awake_wake: list[threading.Lock] = []
+        self.awake_running: list[bool] = []
+        self.awake_tail = 0
+        self.stopped = False
 
     def wake_workers(self, count: int) -> None:
         """Wake the first ``count`` workers (those not woken already) for the published task:
@@ -156,6 +168,42 @@ class _Core:
                 interrupted = exc
         if interrupted is not None:
             raise interrupted
+
+
+def _awake_main(core: _Core, index: int, keep: Callable[..., None]) -> None:
+    """An idle-priority spinner: while a hot scope keeps the processors awake (and for
+    ``core.awake_tail`` cycles after), it busy-waits so that its processor does not halt; any
+    other thread that wakes up there preempts it at once (``SCHED_IDLE``)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # never spin at a normal priority (the thread stays
+        return  # marked as running, so no scope wakes it again)
+    wake, flags = core.awake_wake[index], core.flags
+    while True:
+        wake.acquire()
+        while True:
+            if not core.stopped:
+                keep(flags, _AWAKE, core.awake_tail)
+            with core.hot_lock:
+                if flags[_AWAKE] and not core.stopped:
+                    continue
+                core.awake_running[index] = False
+                if core.stopped:
+                    return
+                break
+
+
+def _start_awake(core: _Core, count: int, keep: Callable[..., None]) -> None:
+    """Start ``count`` spinners of :func:`_awake_main` (under ``core.hot_lock``), asleep."""
+    for i in range(count):
+        lock = threading.Lock()
+        lock.acquire()
+        core.awake_wake.append(lock)
+        core.awake_running.append(False)
+        thread = threading.Thread(target=_awake_main, args=(core, i, keep),
+                                  name=f"{core.threads[0].name}-awake{i}", daemon=True)
+        thread.start()
+        core.awake_threads.append(thread)
 
 
 class _Chunks:
@@ -249,6 +297,13 @@ def _start_core(num_workers: int, label: str) -> _Core:
 def _stop_core(core: _Core, join: bool) -> None:
     core.task = _STOP
     core.wake_workers(len(core.wake))
+    with core.hot_lock:
+        core.stopped = True
+        core.flags[_AWAKE] = 0
+        for i, running in enumerate(core.awake_running):
+            if not running:
+                core.awake_running[i] = True
+                core.awake_wake[i].release()
     if join:
         me = threading.current_thread()
         for thread in core.threads:
@@ -462,16 +517,25 @@ class ThreadPool:
             finally:
                 del err, errors
 
-    def hot(self, spin_us: float, loop: SpinLoop | None) -> _HotScope:
-        """A block (``with pool.hot(spin_us, loop):``, around a whole session run) in which threads
-        that wait for a region, or for a region's last block, spin for up to ``spin_us``
-        microseconds before they sleep: a woken thread costs 20-60 us on a virtual machine
-        whose idle processor halts (docs/parallel.md). Scopes may overlap (sessions in several
-        threads); when the last one ends every spinning thread stops within a microsecond
-        and sleeps. ``loop`` is the compiled spin loop and its cycle counter's rate (the
-        kernel library's ``kernels.spin.spin_loop()``: this layer compiles nothing). Nothing
-        spins with ``spin_us <= 0``, in a one-thread pool, or without a loop."""
-        return _HotScope(self, spin_us, loop)
+    def hot(self, spin_us: float, loop: SpinLoop | None, awake_us: float = 0.0) -> _HotScope:
+        """A block (``with pool.hot(spin_us, loop, awake_us):``, around a whole session run) in
+        which threads that wait for a region, or for a region's last block, spin for up to
+        ``spin_us`` microseconds before they sleep: a woken thread costs 20-100 us on a
+        virtual machine whose idle processor halts (docs/parallel.md).
+
+        With ``awake_us > 0``, one idle-priority thread per worker (``SCHED_IDLE``) spins for
+        the whole block and ``awake_us`` microseconds after it, so that no processor halts
+        between regions, the pool's or numba's OpenMP regions alike; a thread woken on its
+        processor preempts it at once, and on a busy machine it gets next to no processor
+        time. Scopes may overlap (sessions in several threads); when the last one ends every
+        spinning thread stops (the idle-priority ones after ``awake_us``) and sleeps.
+
+        ``loop`` is the compiled loops and the cycle counter's rate (the kernel library's
+        ``kernels.spin.spin_loop()``: this layer compiles nothing). Nothing spins with
+        ``spin_us`` and ``awake_us`` both at most 0, in a one-thread pool or without a loop;
+        nothing keeps the processors awake where threads cannot take the idle priority
+        (``os.SCHED_IDLE`` is Linux's)."""
+        return _HotScope(self, spin_us, loop, awake_us)
 
     def close(self) -> None:
         """Stop the workers (waiting for a running region first). Idempotent."""
@@ -500,36 +564,56 @@ class ThreadPool:
 class _HotScope:
     """The block of :meth:`ThreadPool.hot` (a class: a session enters one per run)."""
 
-    __slots__ = ("_core", "_loop", "_pool", "_spin_us")
+    __slots__ = ("_awake", "_awake_us", "_core", "_hot", "_loop", "_pool", "_spin_us")
 
-    def __init__(self, pool: ThreadPool, spin_us: float, loop: SpinLoop | None) -> None:
-        self._pool, self._spin_us, self._loop = pool, spin_us, loop
+    def __init__(self, pool: ThreadPool, spin_us: float, loop: SpinLoop | None,
+                 awake_us: float) -> None:
+        self._pool, self._spin_us, self._loop, self._awake_us = pool, spin_us, loop, awake_us
         self._core: _Core | None = None
+        self._hot = self._awake = False
 
     def __enter__(self) -> None:
         core = self._pool._core
-        if core is None or self._spin_us <= 0:
+        if core is None or self._loop is None or (self._spin_us <= 0 and self._awake_us <= 0):
             return
-        if self._loop is None:
-            return
-        spin, rate = self._loop
+        spin, rate, keep = self._loop
+        hot = self._spin_us > 0
+        awake = self._awake_us > 0 and hasattr(os, "SCHED_IDLE")
         with core.hot_lock:
-            core.spin = spin
-            core.limit = int(self._spin_us * 1e-6 * rate)
-            core.gap = int(_PREEMPTED_US * 1e-6 * rate)
-            core.settle = int(_SETTLE_US * 1e-6 * rate)
-            core.hot += 1
-            core.flags[_HOT] = 1
-        self._core = core
+            if core.stopped:
+                return
+            if hot:
+                core.spin = spin
+                core.limit = int(self._spin_us * 1e-6 * rate)
+                core.gap = int(_PREEMPTED_US * 1e-6 * rate)
+                core.settle = int(_SETTLE_US * 1e-6 * rate)
+                core.hot += 1
+                core.flags[_HOT] = 1
+            if awake:
+                if not core.awake_threads:
+                    _start_awake(core, len(core.wake), keep)
+                core.awake_tail = int(self._awake_us * 1e-6 * rate)
+                core.awake += 1
+                core.flags[_AWAKE] = 1
+                for i, running in enumerate(core.awake_running):
+                    if not running:
+                        core.awake_running[i] = True
+                        core.awake_wake[i].release()
+        self._core, self._hot, self._awake = core, hot, awake
 
     def __exit__(self, *exc_info: object) -> None:
         core, self._core = self._core, None
         if core is None:
             return
         with core.hot_lock:
-            core.hot -= 1
-            if core.hot == 0:
-                core.flags[_HOT] = 0
+            if self._hot:
+                core.hot -= 1
+                if core.hot == 0:
+                    core.flags[_HOT] = 0
+            if self._awake:
+                core.awake -= 1
+                if core.awake == 0:
+                    core.flags[_AWAKE] = 0
 
 
 _pools: dict[int, ThreadPool] = {}

@@ -153,3 +153,25 @@ def test_the_calibration_clock_stands_still_while_another_thread_compiles():
     assert compiling > 0.5 * wall
     assert clock < 0.5 * wall
     assert compiled_module.compile_totals() == here  # the per-thread report counts this thread only
+
+
+def test_use_threads_sets_the_calling_threads_numba_count_only() -> None:
+    """numba's count is per thread: use_threads changes the caller's, not another thread's."""
+    numba = compiled_module.load_numba()
+    most = compiled_module.max_threads()
+    assert most == numba.config.NUMBA_NUM_THREADS
+    compiled_module.use_threads(1)
+    assert numba.get_num_threads() == 1
+    seen: list[int] = []
+
+    def other() -> None:
+        compiled_module.use_threads(most)
+        seen.append(numba.get_num_threads())
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == [most]
+    assert numba.get_num_threads() == 1
+    compiled_module.use_threads(most)
+    assert numba.get_num_threads() == most

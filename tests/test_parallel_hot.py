@@ -100,6 +100,66 @@ def test_no_thread_spins_after_the_scope() -> None:
         assert workers_cpu(pool) - before < 0.005
 
 
+def awake_cpu(pool: ThreadPool) -> float:
+    return sum(thread_cpu(thread) for thread in pool._core.awake_threads)
+
+
+needs_idle_priority = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs SCHED_IDLE")
+
+
+@needs_idle_priority
+@pytest.mark.parametrize("num_threads", [2, 3])
+def test_awake_scope_spins_at_idle_priority_and_stops_after_it(num_threads: int) -> None:
+    """One idle-priority spinner per worker, busy during the scope, asleep soon after it."""
+    with ThreadPool(num_threads) as pool:
+        x = np.arange(1000.0)
+        y = np.empty_like(x)
+        with pool.hot(0.0, LOOP, awake_us=100.0):
+            assert int(pool._core.flags[parallel._AWAKE]) == 1
+            assert hot_flag(pool) == 0  # no spin asked of the pool's own threads
+            threads = pool._core.awake_threads
+            assert len(threads) == num_threads - 1
+            assert all(pool._core.awake_running)
+            for _ in range(50):
+                pool.parallel_chunks(x.size, lambda a, b: np.negative(x[a:b], out=y[a:b]), 4)
+                np.testing.assert_array_equal(y, -x)
+            # at the idle priority a spinner may wait long on a busy machine: allow seconds
+            deadline = time.monotonic() + 10.0
+            while awake_cpu(pool) < 0.001 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert awake_cpu(pool) >= 0.001
+            assert all(os.sched_getscheduler(thread.native_id) == os.SCHED_IDLE for thread in threads)
+        assert int(pool._core.flags[parallel._AWAKE]) == 0
+        deadline = time.monotonic() + 10.0  # a preempted spinner stops as soon as it runs
+        while any(pool._core.awake_running) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(pool._core.awake_running)
+        before = awake_cpu(pool)
+        time.sleep(0.1)
+        assert awake_cpu(pool) - before < 0.005
+        with pool.hot(0.0, LOOP, awake_us=100.0):  # the same spinners, woken again
+            assert pool._core.awake_threads == threads
+        core = pool._core
+    for thread in core.awake_threads:  # closing the pool ends them
+        thread.join(5)
+        assert not thread.is_alive()
+
+
+@needs_idle_priority
+def test_overlapping_awake_scopes_keep_spinning_until_the_last_ends() -> None:
+    with ThreadPool(2) as pool:
+        first, second = pool.hot(0.0, LOOP, 50.0), pool.hot(100.0, LOOP, 50.0)
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        assert int(pool._core.flags[parallel._AWAKE]) == 1
+        second.__exit__(None, None, None)
+        assert int(pool._core.flags[parallel._AWAKE]) == 0
+        assert hot_flag(pool) == 0
+    with ThreadPool(1) as pool, pool.hot(0.0, LOOP, 100.0):  # no workers, nothing to keep awake
+        pool.parallel_for(4, lambda start, stop: None)
+
+
 def test_concurrent_hot_callers() -> None:
     """Two threads running hot regions on one pool: each gets its own blocks' results."""
     pool = ThreadPool(2)
@@ -157,11 +217,13 @@ def test_a_session_run_leaves_nothing_spinning() -> None:
     onnx.checker.check_model(model)
     session = RuntimeSession(model, num_threads=2)
     session.spin_us = 200_000.0
+    session.awake_us = 100.0
     x = np.ones((64, 64), np.float32)
     session.run(None, {"x": x})
     pool = session._pool
     assert hot_flag(pool) == 0
+    assert int(pool._core.flags[parallel._AWAKE]) == 0
     time.sleep(0.005)
-    before = workers_cpu(pool)
+    before = workers_cpu(pool) + awake_cpu(pool)
     time.sleep(0.1)
-    assert workers_cpu(pool) - before < 0.005
+    assert workers_cpu(pool) + awake_cpu(pool) - before < 0.005

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .compiled import compiled, load_numba
+from .compiled import compiled, load_numba, max_threads, use_threads
 
 __all__ = ["blas_operand", "gemm_function", "max_threads", "region", "tile_counts", "tiled_product",
            "use_threads"]
@@ -179,29 +179,3 @@ def region() -> Any:
     return tiled_product.dispatcher
 
 
-@functools.cache
-def _thread_count_functions() -> tuple[Any, Any]:
-    """numba's get and set of the calling thread's thread count: the threading layer's own
-    functions where numba has them (0.5-0.8 us a call here), its public ones (6-8 us) else."""
-    numba = load_numba()
-    try:
-        from numba.np.ufunc import parallel
-
-        return parallel._get_num_threads, parallel._set_num_threads
-    except (ImportError, AttributeError):
-        return numba.get_num_threads, numba.set_num_threads
-
-
-@functools.cache
-def max_threads() -> int:
-    """The most threads a numba region can use (``NUMBA_NUM_THREADS``, the cores by default)."""
-    return int(load_numba().config.NUMBA_NUM_THREADS)
-
-
-def use_threads(threads: int) -> None:
-    """Make numba's next parallel region on this thread use ``threads`` threads (numba's
-    count is per calling thread, and a region inside a compiled call cannot change it
-    without losing the disk cache)."""
-    get, set_ = _thread_count_functions()
-    if get() != threads:
-        set_(threads)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compiled import compiled, load_numba, prange, wide_vectors
+from .compiled import compiled, max_threads, prange, use_threads, wide_vectors
 from .float32_math import gelu32, gelu32_lanes, gelu_tanh32, gelu_tanh32_lanes
 
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "broadcast",
@@ -513,10 +513,7 @@ def numba_threads(threads: int) -> bool:
     run regions (a fork of one that did), and the caller computes serially."""
     if not _Regions.allowed:
         return False
-    numba = load_numba()
-    threads = min(threads, numba.config.NUMBA_NUM_THREADS)
-    if numba.get_num_threads() != threads:
-        numba.set_num_threads(threads)
+    use_threads(min(threads, max_threads()))
     _Regions.started = True
     return True
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .compiled import CompiledIntrinsic, compiled, load_numba
 
-__all__ = ["cycles_per_second", "spin_loop", "spin_while"]
+__all__ = ["cycles_per_second", "keep_awake", "spin_loop", "spin_while"]
 
 
 @functools.cache
@@ -94,6 +94,21 @@ def spin_while(flags: np.ndarray, index: int, value: int, hot: int, limit: int, 
 
 
 @compiled
+def keep_awake(flags: np.ndarray, awake: int, tail: int) -> None:
+    """Busy-wait while ``flags[awake] != 0`` and for ``tail`` cycles after it drops to 0
+    (spinning on as soon as it rises again): what keeps a processor from halting while a
+    session runs (:meth:`onnx_light.parallel.ThreadPool.hot`)."""
+    last = _cycles()
+    while True:
+        now = _cycles()
+        if _load_acquire(flags, awake) != 0:
+            last = now
+        elif now - last > tail:
+            return
+        _pause()
+
+
+@compiled
 def _read_cycles() -> int:
     return _cycles()
 
@@ -115,8 +130,16 @@ def cycles_per_second() -> float:
 
 
 @functools.cache
-def spin_loop() -> tuple[Any, float] | None:
+def spin_loop() -> tuple[Any, float, Any] | None:
     """What :meth:`onnx_light.parallel.ThreadPool.hot` spins with: the compiled
-    :func:`spin_while` and the cycle counter's rate, or None where nothing can spin."""
+    :func:`spin_while`, the cycle counter's rate and the compiled :func:`keep_awake`, or None
+    where nothing can spin. Both loops are compiled (or loaded from the disk cache) here, so
+    that a thread spinning for the first time does not compile for tens of milliseconds."""
     rate = cycles_per_second()
-    return None if rate <= 0 else (spin_while.dispatcher, rate)
+    if rate <= 0:
+        return None
+    spin, keep = spin_while.dispatcher, keep_awake.dispatcher
+    flags = np.zeros(2, np.int64)
+    spin(flags, 0, 1, 1, 0, 0, 0)  # returns at once: flags[0] != 1
+    keep(flags, 1, 0)  # returns at once: flags[1] == 0
+    return spin, rate, keep

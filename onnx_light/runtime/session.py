@@ -72,6 +72,11 @@ COMPILE_NOTICE_SECONDS = 1.0
 #: next parallel region or for its last block before they sleep (``ThreadPool.hot``): the
 #: session's ``spin_us`` (docs/parallel.md, "Hot regions").
 SPIN_US = 0.0
+#: How long (microseconds) after a run of a multi-thread session an idle-priority thread per
+#: worker keeps spinning; it spins during the whole run, so that no processor halts between
+#: parallel regions (``ThreadPool.hot``'s ``awake_us``; 0: none): the session's ``awake_us``
+#: (docs/parallel.md, "Keeping the processors awake").
+AWAKE_US = 0.0
 
 
 def _report_compiles(count: int, seconds: float) -> None:
@@ -174,7 +179,8 @@ class RuntimeSession:
         self.num_threads = self.descriptor.num_threads
         self._pool = get_pool(self.num_threads)
         self.spin_us = SPIN_US
-        if self.spin_us > 0:
+        self.awake_us = AWAKE_US
+        if self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0):
             spin_loop()  # compiled (or loaded) now rather than in a run
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
@@ -452,7 +458,9 @@ class RuntimeSession:
                 values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
-        with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us, spin_loop() if self.spin_us > 0 else None):
+        hot = self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0)
+        with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us, spin_loop() if hot else None,
+                                                    self.awake_us):
             if plan is self._plan and node_hook is None:  # the steady state: the bound plan
                 bound = self._arenas.take()
                 try:
