@@ -11,9 +11,11 @@ kernel is built and configured; ``run`` derives the geometry and the plan from t
 shapes (remembered per shape), and a 1x1 convolution of one group calls its compiled
 product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the session's
 threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
-was last given kept. Constant weights reach the kernel once, at session construction,
-through :meth:`ConvKernel.specialize` (equal filters, or the weights kept for winograd,
-whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferred shapes;
+was last given kept; a depthwise one (``depthwise``, ``depthwise_blocked``) calls its
+compiled kernel directly too (:meth:`ConvKernel._run_depthwise`). Constant weights reach the
+kernel once, at session construction, through :meth:`ConvKernel.specialize` (equal filters,
+or the weights kept for winograd, whose transform :meth:`ConvKernel.settle` computes for
+the tiling of the inferred shapes;
 the compiled depthwise and winograd kernels are compiled there too); a runtime may also set
 ``epilogue`` (a fused activation, applied to each finished block), ``prologue`` (a
 per-channel map of the input of a 1x1 convolution,
