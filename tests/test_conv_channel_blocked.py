@@ -236,17 +236,17 @@ def test_calibration_searches_the_crossover(monkeypatch):
     from onnx_light.tuning.processor import execution_descriptor
 
     clock = [0.0]
-    block = channel_blocked._BlockedDepthwise.block
+    run = channel_blocked.BlockedCall.run  # the algorithm's blocks and the direct path call it
 
-    def slow_block(self, *arguments):
+    def slow_run(self, *arguments):
         clock[0] += 1.0
-        block(self, *arguments)
+        run(self, *arguments)
 
     def timer():
         clock[0] += 1e-3
         return clock[0]
 
-    monkeypatch.setattr(channel_blocked._BlockedDepthwise, "block", slow_block)
+    monkeypatch.setattr(channel_blocked.BlockedCall, "run", slow_run)
     corpus = (conv.CorpusCase("tiny_depthwise", "test", 20, (7, 7), 20, (3, 3), pads=(1, 1, 1, 1),
                               group=20),)
     result = conv.calibrate_conv(conv.DECLARATIONS[0], conv.conv_schema(T.FLOAT).key,

@@ -4,6 +4,8 @@ strides, pads, dilations and channel multipliers, 1-D and 2-D, every element typ
 
 from __future__ import annotations
 
+from unittest import mock
+
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
@@ -14,7 +16,8 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
-from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.base import KernelError, NodeContext
+from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv.depthwise import depthwise_channels, plane_layout
 from onnx_light.parallel import ThreadPool
 
@@ -211,18 +214,19 @@ def test_calibration_turns_the_compiled_kernel_off_where_it_is_slower(monkeypatc
 
     clock = [0.0]
 
-    def slowed(block):
-        def slow_block(self, *arguments):
+    def slowed(run):
+        def slow_run(self, *arguments):
             clock[0] += 1.0
-            block(self, *arguments)
-        return slow_block
+            run(self, *arguments)
+        return slow_run
 
     def timer():
         clock[0] += 1e-3
         return clock[0]
 
-    for algorithm in (depthwise._CompiledDepthwise, channel_blocked._BlockedDepthwise):
-        monkeypatch.setattr(algorithm, "block", slowed(algorithm.block))
+    # both the algorithm objects' blocks and the kernel's direct path run through the calls
+    for call in (depthwise.DepthwiseCall, channel_blocked.BlockedCall):
+        monkeypatch.setattr(call, "run", slowed(call.run))
     corpus = (conv.CorpusCase("tiny_depthwise", "test", 6, (9, 9), 6, (3, 3), pads=(1, 1, 1, 1),
                               group=6),)
     result = conv.calibrate_conv(conv.DECLARATIONS[0], conv.conv_schema(T.FLOAT).key,
@@ -249,3 +253,94 @@ def test_without_vector_lanes_the_per_channel_kernel_computes_float32(pools, mon
     assert kernel.specialize([None, w, None]) is None  # no weights arranged, nothing compiled
     expected = ReferenceEvaluator(_model(attributes, T.FLOAT, True)).run(None, _feeds(x, w, b))[0]
     _assert_within(kernel.run(x, w, b)[0], expected, _bound(x, w, b, attributes))
+
+
+# ---------------------------------------------------------------- the direct path
+
+def _general(kernel, *inputs):
+    """``kernel``'s output through the general path (the algorithm object and the plan)."""
+    with mock.patch.object(conv.ConvKernel, "_run_depthwise", lambda *arguments: None):
+        return kernel.run(*inputs)[0]
+
+
+@st.composite
+def direct_cases(draw):
+    """(x shape, w shape, attributes, algorithm, type): 2-D (or 1-D for ``depthwise``), one
+    filter per group, kernels of 3, 5 or 7, strides 1 or 2, any pads."""
+    algorithm = draw(st.sampled_from(["depthwise", "depthwise_blocked"]))
+    blocked = algorithm == "depthwise_blocked"
+    rank = 2 if blocked else draw(st.sampled_from([1, 2]))
+    kernel = draw(st.sampled_from([3, 5, 7]))
+    strides = [draw(st.integers(1, 2)) for _ in range(rank)]
+    pads = [draw(st.integers(0, kernel // 2)) for _ in range(2 * rank)]
+    size = [draw(st.integers(max(1, kernel - p - q), 24))
+            for p, q in zip(pads[:rank], pads[rank:], strict=True)]
+    channels = draw(st.integers(2, 20))
+    dtype = np.float32 if blocked else draw(st.sampled_from([np.float32, np.float64]))
+    attributes = {"group": channels, "strides": strides, "pads": pads}
+    return ((draw(st.integers(1, 2)), channels, *size), (channels, 1, *[kernel] * rank), attributes,
+            algorithm, dtype)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=direct_cases(), bias=st.booleans(),
+       epilogue=st.sampled_from([None, "relu6", "HardSwish", "Sigmoid", "tanh"]),
+       threads=st.sampled_from([1, 2]), constant=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_direct_path_gives_the_general_paths_bits(pools, case, bias, epilogue, threads, constant,
+                                                      seed):
+    """``_run_depthwise`` (the call object, no algorithm object) against the general path:
+    the same bits, with or without bias, a fused clamp, a compiled activation or a numpy
+    epilogue, at 1 and 2 threads (plan ``region``), constant weights or not, and for a second
+    weight set of the same shape (the remembered operands follow the arrays)."""
+    x_shape, w_shape, attributes, algorithm, dtype = case
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-3, 3, x_shape).astype(dtype)
+    weights = [rng.uniform(-1, 1, w_shape).astype(dtype) for _ in range(2)]
+    b = rng.uniform(-1, 1, w_shape[0]).astype(dtype) if bias else None
+    element_type = T.FLOAT if dtype == np.float32 else T.DOUBLE
+    kernel = _kernel(attributes, pools[threads], element_type,
+                     values={conv.ALGORITHM: algorithm, conv.REGION_FLOPS: 1}, bias=bias)
+    if constant:
+        kernel = kernel.specialize([None, weights[0], b]) or kernel
+    if epilogue == "relu6":
+        kernel = kernel.variant(epilogue=lambda block: np.clip(block, 0, 6, out=block), clamp=(0.0, 6.0))
+    elif epilogue == "tanh":  # an epilogue with no compiled form: on the finished blocks
+        kernel = kernel.variant(epilogue=lambda block: np.tanh(block, out=block))
+    elif epilogue is not None:
+        kernel = kernel.variant(epilogue=in_place(epilogue, {}, lambda block: None))
+    problem = kernel.problem(x.shape, w_shape)
+    assert problem.algorithm == algorithm
+    assert problem.plan == ("region" if threads == 2 else "serial")
+    inputs = (b,) if bias else ()
+    for w in weights:
+        got = kernel.run(x, w, *inputs)[0]
+        assert kernel._depthwise_call[0] is problem  # the direct path ran
+        np.testing.assert_array_equal(got, _general(kernel, x, w, *inputs))
+        assert got.dtype == dtype
+
+
+@pytest.mark.parametrize("algorithm", ["depthwise", "depthwise_blocked"])
+@pytest.mark.parametrize(("inputs", "message"), [
+    (lambda x, w, b: (x, w, b[:3]), "B must have shape"),
+    (lambda x, w, b: (x[:, :4], w, b), "channels"),
+    (lambda x, w, b: (x, w.astype(np.float64), b), "same type"),
+    (lambda x, w, b: (x.astype(np.int32), w.astype(np.int32), b.astype(np.int32)), "floating point"),
+    (lambda x, w, b: (x[..., None], w, b), "rank"),
+], ids=["bias", "channels", "types", "integers", "rank"])
+def test_the_direct_path_keeps_the_errors(pools, algorithm, inputs, message):
+    """Bad inputs get the general path's errors, whether or not the direct path may run."""
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, (1, 8, 9, 9)).astype(np.float32)
+    w = rng.uniform(-1, 1, (8, 1, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 8).astype(np.float32)
+    kernel = _kernel({"group": 8, "pads": [1, 1, 1, 1]}, pools[2],
+                     values={conv.ALGORITHM: algorithm, conv.REGION_FLOPS: 1})
+    kernel.run(x, w, b)  # the direct path's call and operands remembered
+    with pytest.raises(KernelError, match=message) as direct:
+        kernel.run(*inputs(x, w, b))
+    with pytest.raises(KernelError) as general:
+        _general(kernel, *inputs(x, w, b))
+    assert str(direct.value) == str(general.value)
+    fused = kernel.variant(residual=True, epilogue=lambda block: np.maximum(block, 0, out=block))
+    with pytest.raises(KernelError, match="residual"):
+        fused.run(x, w, b, np.zeros((1, 8, 9, 8), np.float32))

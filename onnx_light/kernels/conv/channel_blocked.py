@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -68,9 +69,9 @@ from .problem import _Problem
 #: output rows whose input rows fit it, which then stay in the first-level cache.
 BAND_BYTES = 1 << 15
 
-__all__ = ["BAND_BYTES", "band_rows", "banded_channels", "blocked_applies", "blocked_channels",
-           "blocked_channels_parallel", "blocked_weights", "compile_blocked", "output_chunks",
-           "padded_bias", "vector_lanes"]
+__all__ = ["BAND_BYTES", "BlockedCall", "band_rows", "banded_channels", "blocked_applies",
+           "blocked_call", "blocked_channels", "blocked_channels_parallel", "blocked_weights",
+           "compile_blocked", "output_chunks", "padded_bias", "vector_lanes"]
 
 
 @functools.cache
@@ -512,13 +513,87 @@ def compile_blocked(threads: int = 1) -> None:
         blocked_channels_parallel.dispatcher(*arguments, 1)
 
 
+@dataclass(frozen=True)
+class BlockedCall:
+    """The geometry of ``depthwise_blocked`` for one problem (the tile, the taps' offsets, the
+    bands), made once per problem (:func:`blocked_call`), and its calls over a range of
+    (image, channel) pairs (:meth:`run`): what :class:`_BlockedDepthwise`'s blocks call, and
+    what a Conv kernel calls directly without the algorithm object
+    (:meth:`~onnx_light.kernels.conv.kernel.ConvKernel._run_depthwise`)."""
+
+    channels: int
+    lanes: int
+    size: tuple[int, int]
+    output: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int]
+    tile: tuple[int, int]
+    offsets: np.ndarray
+    band: int
+
+    def run(self, x: np.ndarray, arranged: np.ndarray, bias: np.ndarray, out: np.ndarray,
+            start: int, stop: int, clamp: tuple[float, float], activation: tuple[int, float, float],
+            epilogue: Callable[[np.ndarray], None] | None, threads: int) -> None:
+        """The blocks of channels whose first (image, channel) pair is in ``start:stop``, from
+        flat read-only ``x``, the weights and bias arranged by :func:`blocked_weights` and
+        :func:`padded_bias`, into flat float32 ``out``, clamped, then the compiled
+        ``activation``; with an ``epilogue``, by blocks of about
+        :data:`~onnx_light.kernels.conv.depthwise.EPILOGUE_BLOCK_BYTES`, each finished by it
+        (on the output's channel planes) while in cache; on ``threads`` numba threads
+        (:func:`~onnx_light.kernels.conv.depthwise.region_threads`) where a call has work
+        for two."""
+        channels, lanes = self.channels, self.lanes
+        blocks = -(-channels // lanes)
+        step = 1 << 62
+        if epilogue is not None:
+            step = max(1, EPILOGUE_BLOCK_BYTES // (lanes * math.prod(self.output) * 4))
+            planes = out.reshape(-1, *self.output)
+        for n in range(start // channels, (stop - 1) // channels + 1):
+            lo = -(-max(start - n * channels, 0) // lanes)
+            hi = -(-min(stop - n * channels, channels) // lanes)
+            for first in range(n * blocks + lo, n * blocks + hi, step):
+                last = min(n * blocks + hi, first + step)
+                arguments = (x, arranged, bias, out, first, last, channels, self.size, self.output,
+                             self.strides, self.pads, self.tile, self.offsets, self.band, *clamp,
+                             *activation)
+                if min(threads, last - first) > 1:  # a region only with work for two
+                    blocked_channels_parallel.dispatcher(*arguments, min(threads, last - first))
+                else:
+                    blocked_channels.dispatcher(*arguments)
+                if epilogue is not None:
+                    c0, c1 = (first - n * blocks) * lanes, min(channels, (last - n * blocks) * lanes)
+                    epilogue(planes[n * channels + c0:n * channels + c1])
+
+
+def blocked_call(problem: _Problem) -> BlockedCall:
+    """The :class:`BlockedCall` of ``problem`` (a ``depthwise_blocked`` one), remembered per
+    problem."""
+    call = _CALLS.get(problem)
+    if call is None:
+        window = problem.window
+        size, output = tuple(window.input), tuple(window.output)
+        strides, pads = tuple(window.strides), tuple(window.begin)
+        tile, offsets = tile_geometry(size, output, tuple(window.kernel), strides, pads)
+        call = BlockedCall(problem.channels, vector_lanes(), size, output, strides, pads, tile,
+                           offsets, band_rows(size, output, tuple(window.kernel), strides, tile))
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        _CALLS[problem] = call
+    return call
+
+
+# The calls of the problems met so far; emptied when it holds _MAX_CALLS of them.
+_CALLS: dict[_Problem, BlockedCall] = {}
+_MAX_CALLS = 1024
+
+
 class _BlockedDepthwise(_Algorithm):
     """``depthwise_blocked``: the (image, channel) pairs a block of the plan covers computed
-    by blocks of :func:`vector_lanes` channels, each block by the range holding its first channel (so that the
-    ranges of a split cover every block once). ``arranged`` are the weights of
-    :func:`blocked_weights` when the kernel arranged them once (constant weights);
-    ``threads`` (the ``region`` plan) the numba threads each compiled call splits its blocks
-    over."""
+    by blocks of :func:`vector_lanes` channels, each block by the range holding its first
+    channel (so that the ranges of a split cover every block once), through its
+    :class:`BlockedCall`. ``arranged`` are the weights of :func:`blocked_weights` when the
+    kernel arranged them once (constant weights); ``threads`` (the ``region`` plan) the numba
+    threads each compiled call splits its blocks over."""
 
     uses_blas: ClassVar[bool] = False
 
@@ -527,46 +602,17 @@ class _BlockedDepthwise(_Algorithm):
                  epilogue: Callable[[np.ndarray], None] | None = None,
                  arranged: np.ndarray | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
-        window = problem.window
-        channels = problem.channels
         self.threads = region_threads(threads)
-        self.channels = channels
-        self.lanes = lanes = vector_lanes()
-        self.blocks = -(-channels // lanes)
+        self.call = blocked_call(problem)
         self.x = read_only(x.reshape(-1))
         self.flat_out = out.reshape(-1)
-        self.planes = out.reshape(-1, *problem.window.output)
         self.arranged = blocked_weights(w) if arranged is None else arranged
-        self.padded_bias = padded_bias(b, channels)
-        self.size, self.output = tuple(window.input), tuple(window.output)
-        self.strides, self.pads = tuple(window.strides), tuple(window.begin)
-        self.tile, self.offsets = tile_geometry(self.size, self.output, tuple(window.kernel),
-                                                self.strides, self.pads)
-        self.band = band_rows(self.size, self.output, tuple(window.kernel), self.strides, self.tile)
+        self.padded_bias = padded_bias(b, problem.channels)
         residual, self.clamp, self.activation, self.epilogue = fused_parts(epilogue, np.float32)
         if residual is not None:  # the residual's addition runs with the epilogue, after
             self.clamp, self.activation, self.epilogue = (-np.inf, np.inf), (-1, 1.0, 0.0), epilogue
-        block_bytes_out = lanes * math.prod(self.output) * 4
-        self.step = (max(1, EPILOGUE_BLOCK_BYTES // block_bytes_out) if self.epilogue is not None
-                     else 1 << 62)
-        self.kernel = blocked_channels.dispatcher
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         """The blocks of channels whose first (image, channel) pair is in ``start:stop``."""
-        channels, blocks, lanes = self.channels, self.blocks, self.lanes
-        for n in range(start // channels, (stop - 1) // channels + 1):
-            lo = -(-max(start - n * channels, 0) // lanes)
-            hi = -(-min(stop - n * channels, channels) // lanes)
-            for first in range(n * blocks + lo, n * blocks + hi, self.step):
-                last = min(n * blocks + hi, first + self.step)
-                arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, first, last,
-                             channels, self.size, self.output, self.strides, self.pads, self.tile,
-                             self.offsets, self.band, *self.clamp, *self.activation)
-                threads = min(self.threads, last - first)  # a region only with work for two
-                if threads > 1:
-                    blocked_channels_parallel.dispatcher(*arguments, threads)
-                else:
-                    self.kernel(*arguments)
-                if self.epilogue is not None:
-                    c0, c1 = (first - n * blocks) * lanes, min(channels, (last - n * blocks) * lanes)
-                    self.epilogue(self.planes[n * channels + c0:n * channels + c1])
+        self.call.run(self.x, self.arranged, self.padded_bias, self.flat_out, start, stop,
+                      self.clamp, self.activation, self.epilogue, self.threads)

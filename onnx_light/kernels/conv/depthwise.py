@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -39,8 +40,9 @@ from .blocks import _Algorithm
 from .finish import Finish
 from .problem import _Problem
 
-__all__ = ["compile_depthwise", "depthwise_applies", "depthwise_channels",
-           "depthwise_channels_parallel", "plane_layout", "read_only", "region_threads"]
+__all__ = ["DepthwiseCall", "compile_depthwise", "depthwise_applies", "depthwise_call",
+           "depthwise_channels", "depthwise_channels_parallel", "plane_layout", "read_only",
+           "region_threads"]
 
 #: Output bytes per call of the compiled kernel when an epilogue follows: each call's block
 #: is still in the second-level cache when the epilogue runs over it.
@@ -84,10 +86,80 @@ def compile_depthwise(dtype: np.dtype, kernel_width: int, threads: int = 1) -> N
         depthwise_channels_parallel.dispatcher(*arguments, 1)
 
 
+@dataclass(frozen=True)
+class DepthwiseCall:
+    """The geometry of the compiled depthwise convolution of one problem (its views' shapes,
+    the plane's layout), made once per problem (:func:`depthwise_call`), and its calls over a
+    range of output channels (:meth:`run`): what :class:`_CompiledDepthwise`'s blocks call,
+    and what a Conv kernel calls directly without the algorithm object
+    (:meth:`~onnx_light.kernels.conv.kernel.ConvKernel._run_depthwise`)."""
+
+    x_shape: tuple[int, int, int]  # (N * C, H, W), 1-D as (N * C, 1, W)
+    w_shape: tuple[int, int, int]  # (M, KH, KW)
+    out_shape: tuple[int, int, int]  # (N * M, OH, OW)
+    multiplier: int  # output channels per input channel
+    strides: tuple[int, int]
+    pads: tuple[int, int]
+    phases: tuple[int, int]
+    rows: np.ndarray
+    columns: tuple[np.uintp, ...]
+    channel_bytes: int  # of one output channel, per byte of its element type
+
+    def run(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, out: np.ndarray, first: int,
+            last: int, clamp: tuple[float, float], epilogue: Callable[[np.ndarray], None] | None,
+            threads: int) -> None:
+        """Output channels ``first:last`` of ``out`` (of :attr:`out_shape`) from the read-only
+        views ``x`` and ``w`` (of :attr:`x_shape`, :attr:`w_shape`) and ``b`` (M,), clamped;
+        with an ``epilogue``, by blocks of :data:`EPILOGUE_BLOCK_BYTES`, each finished by it
+        while in cache; on ``threads`` numba threads (:func:`region_threads`) where a block has
+        work for two."""
+        step = (max(1, EPILOGUE_BLOCK_BYTES // (self.channel_bytes * out.itemsize))
+                if epilogue is not None else 1 << 62)
+        for start in range(first, last, step):
+            stop = min(last, start + step)
+            arguments = (x, w, b, out, start, stop, self.multiplier, self.strides, self.pads,
+                         self.phases, self.rows, self.columns, *clamp)
+            if min(threads, stop - start) > 1:  # a region only with work for two
+                depthwise_channels_parallel.dispatcher(*arguments, min(threads, stop - start))
+            else:
+                depthwise_channels.dispatcher(*arguments)
+            if epilogue is not None:
+                epilogue(out[start:stop])
+
+
+def depthwise_call(problem: _Problem) -> DepthwiseCall:
+    """The :class:`DepthwiseCall` of ``problem`` (a ``depthwise`` one), remembered per
+    problem (a kernel's problems are remembered per shape, so few distinct ones recur)."""
+    call = _CALLS.get(problem)
+    if call is None:
+        window = problem.window
+        planar = len(window.input) == 1  # 1-D: one row
+
+        def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
+            return (fill, values[0]) if planar else (values[0], values[1])
+
+        size, output, kernel = two(window.input, 1), two(window.output, 1), two(window.kernel, 1)
+        strides, pads = two(window.strides, 1), two(window.begin, 0)
+        phases, rows, columns = plane_layout(size, output, kernel, strides,
+                                             two(window.dilations, 1), pads)
+        call = DepthwiseCall((problem.batch * problem.channels, *size), (problem.filters, *kernel),
+                             (problem.batch * problem.filters, *output), problem.group_filters,
+                             strides, pads, phases, rows, columns, math.prod(output))
+        if len(_CALLS) >= _MAX_CALLS:
+            _CALLS.clear()
+        _CALLS[problem] = call
+    return call
+
+
+# The calls of the problems met so far; emptied when it holds _MAX_CALLS of them.
+_CALLS: dict[_Problem, DepthwiseCall] = {}
+_MAX_CALLS = 1024
+
+
 class _CompiledDepthwise(_Algorithm):
     """The compiled depthwise convolution of whole channels (a block's output rows are all
-    of them); ``threads`` (the ``region`` plan) the numba threads each compiled call splits
-    its channels over."""
+    of them), through its :class:`DepthwiseCall`; ``threads`` (the ``region`` plan) the numba
+    threads each compiled call splits its channels over."""
 
     uses_blas: ClassVar[bool] = False
 
@@ -96,44 +168,21 @@ class _CompiledDepthwise(_Algorithm):
                  epilogue: Callable[[np.ndarray], None] | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         self.threads = region_threads(threads)
-        window = problem.window
-        planar = len(window.input) == 1  # 1-D: one row
-        self.x = read_only(x.reshape(-1, 1 if planar else window.input[0], window.input[-1]))
-        self.w = read_only(w.reshape(problem.filters, 1 if planar else window.kernel[0],
-                                     window.kernel[-1]))
+        self.call = call = depthwise_call(problem)
+        self.x = read_only(x.reshape(call.x_shape))
+        self.w = read_only(w.reshape(call.w_shape))
         self.b = read_only(np.zeros(problem.filters, x.dtype) if b is None else b)
-        self.out = out.reshape(-1, 1 if planar else window.output[0], window.output[-1])
-
-        def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
-            return (fill, values[0]) if planar else (values[0], values[1])
-
-        self.strides, self.pads = two(window.strides, 1), two(window.begin, 0)
-        self.phases, self.rows, self.columns = plane_layout(
-            self.x.shape[1:], self.out.shape[1:], self.w.shape[1:], self.strides,
-            two(window.dilations, 1), self.pads)
+        self.out = out.reshape(call.out_shape)
         # a fused clamp alone (Relu, Clip: no residual, no other activation) is applied by the
         # kernel as it copies the result out; any other epilogue runs on each finished block
         self.clamp = (-np.inf, np.inf)
         if isinstance(epilogue, Finish) and epilogue.residual is None and epilogue.clamp is not None:
             self.clamp, self.epilogue = epilogue.clamp, None
-        channel_bytes = math.prod(self.out.shape[1:]) * out.itemsize
-        self.step = max(1, EPILOGUE_BLOCK_BYTES // channel_bytes) if self.epilogue is not None else 1 << 62
-        self.kernel = depthwise_channels.dispatcher
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         """Output channels of (image, group) pairs ``start:stop`` (all their rows)."""
-        mg = self.mg
-        for first in range(start * mg, stop * mg, self.step):
-            last = min(stop * mg, first + self.step)
-            arguments = (self.x, self.w, self.b, self.out, first, last, mg, self.strides, self.pads,
-                         self.phases, self.rows, self.columns, *self.clamp)
-            threads = min(self.threads, last - first)  # a region only with work for two
-            if threads > 1:
-                depthwise_channels_parallel.dispatcher(*arguments, threads)
-            else:
-                self.kernel(*arguments)
-            if self.epilogue is not None:
-                self.epilogue(self.out[first:last])
+        self.call.run(self.x, self.w, self.b, self.out, start * self.mg, stop * self.mg,
+                      self.clamp, self.epilogue, self.threads)
 
 
 @compiled(fastmath=True)

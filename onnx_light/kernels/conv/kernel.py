@@ -11,9 +11,11 @@ kernel is built and configured; ``run`` derives the geometry and the plan from t
 shapes (remembered per shape), and a 1x1 convolution of one group calls its compiled
 product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the session's
 threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
-was last given kept. Constant weights reach the kernel once, at session construction,
-through :meth:`ConvKernel.specialize` (equal filters, or the weights kept for winograd,
-whose transform :meth:`ConvKernel.settle` computes for the tiling of the inferred shapes;
+was last given kept; a depthwise one (``depthwise``, ``depthwise_blocked``) calls its
+compiled kernel directly too (:meth:`ConvKernel._run_depthwise`). Constant weights reach the
+kernel once, at session construction, through :meth:`ConvKernel.specialize` (equal filters,
+or the weights kept for winograd, whose transform :meth:`ConvKernel.settle` computes for
+the tiling of the inferred shapes;
 the compiled depthwise and winograd kernels are compiled there too); a runtime may also set
 ``epilogue`` (a fused activation, applied to each finished block), ``prologue`` (a
 per-channel map of the input of a 1x1 convolution,
@@ -50,7 +52,14 @@ from ..window import Window, WindowAttributes
 from . import winograd
 from .algorithms import _ALGORITHMS
 from .blocks import Prologue, _execute
-from .channel_blocked import blocked_applies, blocked_weights, compile_blocked
+from .channel_blocked import (
+    BlockedCall,
+    blocked_applies,
+    blocked_call,
+    blocked_weights,
+    compile_blocked,
+    padded_bias,
+)
 from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
@@ -60,7 +69,14 @@ from .config import (
     TUNING_ABI,
     ConvConfig,
 )
-from .depthwise import compile_depthwise, depthwise_applies, read_only
+from .depthwise import (
+    DepthwiseCall,
+    compile_depthwise,
+    depthwise_applies,
+    depthwise_call,
+    read_only,
+    region_threads,
+)
 from .filter_blocked import compile_filters, filters_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
 from .pointwise import compile_pointwise, pointwise_call
@@ -155,6 +171,10 @@ class ConvKernel(Kernel):
         # bias's views (_run_pointwise), kept while those stay the same objects
         self._pointwise_parts: tuple = (None, None, None, None, None)
         self._pointwise_weights: tuple = (None, None, None, None)
+        # the depthwise call of the last problem, and the last weights' and bias's operands
+        # for it (_run_depthwise), kept while those stay the same objects
+        self._depthwise_call: tuple = (None, None)
+        self._depthwise_weights: tuple = (None, None, None, None, None)
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -457,6 +477,10 @@ class ConvKernel(Kernel):
             out = self._run_pointwise(problem, x, w, b, residual)
             if out is not None:
                 return (out,)
+        if problem.algorithm in ("depthwise", "depthwise_blocked") and residual is None:
+            out = self._run_depthwise(problem, x, w, b, given)
+            if out is not None:
+                return (out,)
         compute = compute_dtype(x.dtype)
         shape = (problem.batch, problem.filters, *problem.window.output)
         # direct_1x1's compiled tiles store whole rows of 64-byte blocks
@@ -540,6 +564,70 @@ class ConvKernel(Kernel):
         if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
             parts[4](out)
         return out
+
+    def _run_depthwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                       given: np.ndarray | None) -> np.ndarray | None:
+        """``depthwise`` or ``depthwise_blocked`` straight through its call object
+        (:func:`~onnx_light.kernels.conv.depthwise.depthwise_call`,
+        :func:`~onnx_light.kernels.conv.channel_blocked.blocked_call`), without the algorithm
+        object and the plan's layers, with the call of the last problem, the fused parts and
+        the last weights' operands remembered: the same compiled calls with the same arguments
+        as the general path, so the same bits, its threads split inside the call on plan
+        ``region`` as there. Writes into ``given`` (:meth:`prepare`'s buffer) when it fits.
+        None where the general path runs: a prologue, another type or layout
+        (``depthwise_blocked`` takes float32), an empty output or sum."""
+        dtype = x.dtype
+        if (self.prologue is not None or dtype not in FINISHED_TYPES or problem.depth == 0
+                or not x.flags.c_contiguous or not w.flags.c_contiguous):
+            return None
+        blocked = problem.algorithm == "depthwise_blocked"
+        if blocked and dtype != np.float32:
+            return None
+        shape = (problem.batch, problem.filters, *problem.window.output)
+        if given is not None and given.shape == shape and given.dtype == dtype:
+            out = given
+        else:
+            out = np.empty(shape, dtype)
+        if out.size == 0:
+            return None
+        last, call = self._depthwise_call
+        if last is not problem:
+            call = blocked_call(problem) if blocked else depthwise_call(problem)
+            self._depthwise_call = (problem, call)
+        operands = self._depthwise_weights
+        if operands[0] is not w or operands[1] is not b or operands[2] is not call:
+            operands = self._depthwise_weights = (w, b, call, *self._depthwise_operands(call, w, b))
+        threads = region_threads(self.num_threads) if problem.plan == "region" else 1
+        if blocked:
+            flat_x = x.reshape(-1)
+            if flat_x.flags.writeable:  # a session's feeds and values are read-only already
+                flat_x = read_only(flat_x)
+            # the clamp, the compiled activation and what runs after, as the general path fuses them
+            fused = self._pointwise_fused(dtype)
+            call.run(flat_x, operands[3], operands[4], out.reshape(-1), 0,
+                     problem.batch * problem.groups, *fused[3], fused[4], threads)
+        else:
+            planes = x.reshape(call.x_shape)
+            if planes.flags.writeable:
+                planes = read_only(planes)
+            # the kernel applies a fused clamp; any other epilogue runs on its blocks
+            clamp = (-np.inf, np.inf) if self.clamp is None else self.clamp
+            after = self.epilogue if self.clamp is None else None
+            call.run(planes, operands[3], operands[4], out.reshape(call.out_shape), 0,
+                     problem.batch * problem.filters, clamp, after, threads)
+        return out
+
+    def _depthwise_operands(self, call: DepthwiseCall | BlockedCall, w: np.ndarray,
+                            b: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The weights and bias as ``call`` takes them: read-only views (zeros for no bias)
+        for ``depthwise``; for ``depthwise_blocked`` arranged, those :meth:`specialize`
+        arranged when ``w`` is its constant weights."""
+        if isinstance(call, BlockedCall):
+            arranged = (self._blocked.arranged if self._blocked is not None
+                        and w is self._blocked.weights else blocked_weights(w))
+            return arranged, padded_bias(b, call.channels)
+        return (read_only(w.reshape(call.w_shape)),
+                read_only(np.zeros(call.w_shape[0], w.dtype) if b is None else b))
 
     def _pointwise_fused(self, dtype: np.dtype) -> tuple:
         """The fused parts ``direct_1x1``'s compiled call takes for ``dtype`` (and what runs

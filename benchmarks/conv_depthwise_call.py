@@ -1,0 +1,90 @@
+"""The time around a depthwise convolution's compiled kernel: MobileNetV2's depthwise
+convolutions (224x224, each shape once, a fused Clip to [0, 6]), EfficientNet-B0's 5x5 ones
+(a fused SiLU) and MobileNetV3-small's, as one-node sessions whose Conv calls its kernel
+directly (``direct``: :meth:`onnx_light.kernels.conv.kernel.ConvKernel._run_depthwise`) or
+through the algorithm object and the plan (``general``: the direct call turned off), and
+onnxruntime's, side by side in one process.
+
+Each sample is the thread CPU time of a loop of runs lasting a few milliseconds, the sessions
+interleaved, their order alternating (``conv_pointwise_packed.cpu_samples``); the table gives
+the algorithm ``auto`` chose, the median time of one run (each session's fixed cost per run
+included: it is in every column) and the saving per node, ``general - direct``.
+
+Run: ``python benchmarks/conv_depthwise_call.py [--rounds 15] [--shapes 0 3] [--per-channel]``
+(``--per-channel``: ``depthwise.blocked_outputs`` 0, the per-channel ``depthwise`` kernel
+everywhere instead of ``auto``'s choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+
+import numpy as np
+from conv_mobile import SHAPES, conv_model, repeated
+from conv_pointwise_packed import cpu_samples
+from conv_settings import registry_with
+from real_models import onnxruntime_session
+
+from onnx_light.kernels import conv
+from onnx_light.kernels.conv import kernel as conv_kernel
+from onnx_light.runtime.session import RuntimeSession
+
+# conv_mobile.SHAPES' indices and the fused activation: MobileNetV2's, EfficientNet-B0's 5x5
+# ones, MobileNetV3-small's
+CASES = [(i, "relu6") for i in range(10)] + [(i, "silu") for i in (10, 11, 14, 15, 16)] + [
+    (i, "relu6") for i in range(36, 44)]
+
+
+def general(run: Callable[[], object]) -> None:
+    """``run`` with the direct call turned off: every depthwise Conv goes through the
+    algorithm object."""
+    direct = conv_kernel.ConvKernel._run_depthwise
+    conv_kernel.ConvKernel._run_depthwise = lambda *arguments: None
+    try:
+        run()
+    finally:
+        conv_kernel.ConvKernel._run_depthwise = direct
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--shapes", type=int, nargs="*", help="conv_mobile.SHAPES' indices")
+    parser.add_argument("--per-channel", action="store_true",
+                        help="the per-channel kernel everywhere (depthwise.blocked_outputs 0)")
+    args = parser.parse_args(argv)
+    registry = registry_with({conv.BLOCKED_OUTPUTS: 0} if args.per_channel else {}, 1)
+    cases = [c for c in CASES if not args.shapes or c[0] in args.shapes]
+    print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; thread CPU "
+          f"us per run (median); one thread")
+    print("| C, size, kernel/stride, activation | algorithm | direct | general | onnxruntime "
+          "| general - direct | direct / ort |\n|---|---|---|---|---|---|---|")
+    for index, activation in cases:
+        channels, filters, size, kernel, stride, group = SHAPES[index]
+        model = conv_model(channels, filters, size, kernel, stride, group, activation)
+        feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
+        session = RuntimeSession(model, num_threads=1, registry=registry)
+        run = functools.partial(session.run, None, feeds)
+        loops = {"direct": repeated(run), "ort": repeated(functools.partial(
+            onnxruntime_session(model, 1).run, None, feeds))}
+        loop, count = loops["direct"]
+        loops["general"] = (functools.partial(general, loop), count)
+        samples = cpu_samples([loop for loop, _ in loops.values()], args.rounds)
+        median = {name: float(np.median(s)) / loops[name][1] * 1e6
+                  for name, s in zip(loops, samples, strict=True)}
+        algorithm = next((step.kernel.decisions().get("algorithm") for step in session._plan
+                          if isinstance(step.kernel, conv_kernel.ConvKernel)), "?")
+        print(f"| {channels}, {size}, {kernel}/{stride}, {activation} | {algorithm} "
+              f"| {median['direct']:.1f} | {median['general']:.1f} | {median['ort']:.1f} "
+              f"| {median['general'] - median['direct']:.1f} "
+              f"| {median['direct'] / median['ort']:.2f} |", flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
