@@ -204,6 +204,8 @@ class ConvKernel(Kernel):
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1], self.num_threads)
+        if w.ndim >= 3 and w.shape[1] == 1 and self.group > 1:  # depthwise: settle takes its operands
+            self._depthwise_weights = (w, constants[2] if len(constants) > 2 else None, None, None, None)
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
                 or self._with_blocked_weights(w))
 
@@ -298,7 +300,25 @@ class ConvKernel(Kernel):
             return None  # a run with these shapes reports it
         if transformed and problem.algorithm == "winograd":
             self._winograd.filters(winograd.TILINGS[problem.tile])
-        return self.variant(_settled=_Settled(tuple(x), tuple(w), transformed, problem))
+        settled = self.variant(_settled=_Settled(tuple(x), tuple(w), transformed, problem))
+        if problem.algorithm in ("depthwise", "depthwise_blocked"):
+            settled._settle_depthwise(problem)
+        return settled
+
+    def _settle_depthwise(self, problem: _Problem) -> None:
+        """Take what :meth:`_run_depthwise` remembers for the settled problem now (its call,
+        the fused parts, the constant weights' operands): a run then changes no state."""
+        dtype = self.ctx.input_dtype(0)
+        if dtype is None or compute_dtype(dtype) not in FINISHED_TYPES:
+            return
+        blocked = problem.algorithm == "depthwise_blocked"
+        call = blocked_call(problem) if blocked else depthwise_call(problem)
+        self._depthwise_call = (problem, call)
+        if blocked:
+            self._pointwise_fused(np.dtype(np.float32))
+        w, b = self._depthwise_weights[:2]
+        if w is not None and w.flags.c_contiguous:
+            self._depthwise_weights = (w, b, call, *self._depthwise_operands(call, w, b))
 
     def decisions(self) -> Mapping[str, Any]:
         """The settled algorithm and parallel plan."""
