@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
-from .spin import _cycles, _load_acquire, _pause, cycles_per_second
+from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
            "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
@@ -326,29 +326,6 @@ def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
 
 
-def _build_claim(numba: Any) -> Any:
-    """numba's ``intrinsic`` ``_claim(counter, index)``: ``counter[index]`` (int64) before
-    adding 1 to it, one atomic read-modify-write, so that threads sharing the counter each
-    get another value."""
-    from llvmlite import ir
-    from numba.core import types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def claim(typingctx, counter, index):
-        def codegen(context, builder, sig, args):
-            array = context.make_array(sig.args[0])(context, builder, args[0])
-            return builder.atomic_rmw("add", builder.gep(array.data, [args[1]]),
-                                      ir.Constant(ir.IntType(64), 1), "monotonic")
-
-        return types.int64(counter, types.intp), codegen
-
-    return claim
-
-
-_claim = CompiledIntrinsic(_build_claim, "_claim")
-
-
 @compiled(parallel=True)
 def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
                            bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int,
@@ -375,16 +352,16 @@ def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, in
         state[0] = 0
         state[1] = 0
         for thread in prange(threads):
-            task = _claim(state, 0)
+            task = claim(state, 0)
             while task < tasks:
                 panel = task * group
                 column = panel * NR
                 panels_over_rows(rows_a, b, (b_start + panel * b_panel, b_panel, b_step, b_ahead),
                                  bias[column:], with_bias, out, 0, bottom - top, top, column,
                                  min(n, column + group * NR) - column)
-                task = _claim(state, 0)
+                task = claim(state, 0)
             if thread != 0:
-                _claim(state, 1)
+                claim(state, 1)
             else:
                 start = last = _cycles()
                 while _load_acquire(state, 1) < threads - 1:

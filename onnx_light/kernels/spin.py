@@ -21,12 +21,14 @@ import numpy as np
 
 from .compiled import CompiledIntrinsic, compiled, load_numba
 
-__all__ = ["cycles_per_second", "keep_awake", "spin_loop", "spin_while"]
+__all__ = ["claim", "cycles_per_second", "keep_awake", "spin_loop", "spin_while"]
 
 
 @functools.cache
 def _build(numba: ModuleType) -> dict[str, Any]:
-    """The intrinsics ``load_acquire(flags, index)``, ``pause()`` and ``cycles()``."""
+    """The intrinsics ``load_acquire(flags, index)``, ``claim(counter, index)`` (``counter[index]``
+    before adding 1 to it, one sequentially consistent atomic read-modify-write: threads
+    sharing a counter each get another value), ``pause()`` and ``cycles()``."""
     from llvmlite import binding, ir
     from numba import types
     from numba.core import cgutils
@@ -43,6 +45,17 @@ def _build(numba: ModuleType) -> dict[str, Any]:
             array = context.make_array(signature.args[0])(context, builder, args[0])
             return builder.load_atomic(builder.gep(array.data, [args[1]]), "acquire", 8)
         return types.int64(flags, types.intp), codegen
+
+    @intrinsic
+    def claim(typingctx: Any, counter: Any, index: Any) -> Any:
+        if not isinstance(counter, types.Array) or counter.dtype != types.int64:
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            return builder.atomic_rmw("add", builder.gep(array.data, [args[1]]),
+                                      ir.Constant(ir.IntType(64), 1), "seq_cst")
+        return types.int64(counter, types.intp), codegen
 
     @intrinsic
     def pause(typingctx: Any) -> Any:
@@ -62,10 +75,12 @@ def _build(numba: ModuleType) -> dict[str, Any]:
             return builder.call(function, [])
         return types.int64(), codegen
 
-    return {"load_acquire": load_acquire, "pause": pause, "cycles": cycles}
+    return {"load_acquire": load_acquire, "claim": claim, "pause": pause, "cycles": cycles}
 
 
 _load_acquire = CompiledIntrinsic(lambda numba: _build(numba)["load_acquire"], "load_acquire")
+#: ``claim(counter, index)`` in a compiled kernel: the next task for the calling thread.
+claim = CompiledIntrinsic(lambda numba: _build(numba)["claim"], "claim")
 _pause = CompiledIntrinsic(lambda numba: _build(numba)["pause"], "pause")
 _cycles = CompiledIntrinsic(lambda numba: _build(numba)["cycles"], "cycles")
 

@@ -46,7 +46,7 @@ import numpy as np
 from ...parallel import BLAS
 from .. import packed_gemm
 from ..blas_tiles import gemm_function
-from ..compiled import CompiledIntrinsic, compiled, prange
+from ..compiled import compiled, prange
 from ..compiled_activations import activate_run
 from ..compiled_elementwise import numba_threads
 from ..packed_gemm import (
@@ -59,6 +59,7 @@ from ..packed_gemm import (
     packed_layout,
     panels_over_rows,
 )
+from ..spin import claim
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
@@ -198,32 +199,6 @@ def pointwise_units(gemm, weights: np.ndarray, source: np.ndarray, source_offset
                      activation, alpha, beta)
 
 
-@functools.cache
-def _build_claim(numba: Any) -> Any:
-    """The intrinsic ``claim(counter)``: ``counter[0]`` before adding 1 to it, atomically (LLVM's
-    ``atomicrmw add``, sequentially consistent), for threads that take units in turn."""
-    from numba.core import types
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def claim(typingctx: Any, counter: Any) -> Any:
-        if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
-            return None
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            array = context.make_array(signature.args[0])(context, builder, args[0])
-            one = context.get_constant(types.int64, 1)
-            return builder.atomic_rmw("add", array.data, one, "seq_cst")
-
-        return types.int64(counter), codegen
-
-    return claim
-
-
-#: ``claim(counter)`` in a compiled kernel: the next unit for the calling thread.
-claim = CompiledIntrinsic(_build_claim, "claim")
-
-
 @compiled(parallel=True)
 def pointwise_units_parallel(gemm, weights: np.ndarray, source: np.ndarray, source_offset: int,
                              source_stride: int, image_source: int, out: np.ndarray,
@@ -235,16 +210,16 @@ def pointwise_units_parallel(gemm, weights: np.ndarray, source: np.ndarray, sour
     """:func:`pointwise_units` of units ``0`` to ``units - 1`` shared by ``threads`` of
     numba's threads (the caller has set their count and holds BLAS to one thread, so that
     each product runs on the thread that calls it), each thread taking the next unit in turn
-    (:data:`claim`) until none is left: the calling thread starts at once, and a thread that
-    wakes late takes fewer. The same products as one thread makes, so the same bits.
+    (:data:`~onnx_light.kernels.spin.claim`) until none is left: the calling thread starts at
+    once, and a thread that wakes late takes fewer. The same products as one thread makes, so the same bits.
     ``counter`` is one int64 0, the caller's (an array made here would be each thread's own)."""
     for _ in prange(threads):
-        unit = claim(counter)
+        unit = claim(counter, 0)
         while unit < units:
             pointwise_units(gemm, weights, source, source_offset, source_stride, image_source, out,
                             out_offset, out_stride, image_out, filters, depth, width, bias, residual,
                             low, high, activation, alpha, beta, tile, block, unit, unit + 1)
-            unit = claim(counter)
+            unit = claim(counter, 0)
 
 
 @compiled
