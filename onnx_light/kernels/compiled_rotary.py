@@ -31,10 +31,19 @@ def rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarra
                 target = out[b, h, s]
                 c = cos[b, s]
                 n = sin[b, s]
-                for j in range(half):
-                    first = row[j * step]
-                    second = row[j * step + offset]
-                    target[j * step] = c[j] * first - n[j] * second
-                    target[j * step + offset] = n[j] * first + c[j] * second
+                if step == 1:  # halves: contiguous loads and stores, which LLVM vectorizes
+                    low = row[:half]
+                    high = row[offset:offset + half]
+                    out_low = target[:half]
+                    out_high = target[offset:offset + half]
+                    for j in range(half):
+                        out_low[j] = c[j] * low[j] - n[j] * high[j]
+                        out_high[j] = n[j] * low[j] + c[j] * high[j]
+                else:
+                    for j in range(half):
+                        first = row[j * step]
+                        second = row[j * step + offset]
+                        target[j * step] = c[j] * first - n[j] * second
+                        target[j * step + offset] = n[j] * first + c[j] * second
                 for i in range(2 * half, size):
                     target[i] = row[i]
