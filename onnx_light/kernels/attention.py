@@ -8,7 +8,8 @@ additive bias (the boolean or float ``attn_mask``, padded to the total length wi
 ``is_causal``'s offset-aware lower triangle; the padding ``nonpad_kv_seqlen`` marks; opset
 25's sliding windows), a softmax along the keys in ``softmax_precision`` (fully masked rows
 give zeros, not NaN), and the product with V. RotaryEmbedding rotates pairs of features by
-the angles of its cosine and sine caches. float16 and bfloat16 compute in float32 and round
+the angles of its cosine and sine caches (for float32 inputs of fixed shapes, a compiled pass:
+:mod:`.compiled_rotary`). float16 and bfloat16 compute in float32 and round
 once. Neither is tunable.
 """
 

@@ -19,6 +19,10 @@ K and V may also be given before the repetition of grouped-query attention (LLaM
 (G, R) and lets the products broadcast K and V over R, so the repeated K and V are never
 made; each head's products and softmax are those of the repeated graph.
 
+For inputs of shapes fixed for the session (the memory plan's), :meth:`FusedAttention.prepare`
+takes the shapes' decisions once (:meth:`FusedAttention.layout`) and writes the product with V
+into the step's buffer, for serial runs; the values are :meth:`FusedAttention.run`'s.
+
 When the inputs at run time are not float32, the mask does not broadcast to the scores
 along their last axis, or the repetition's shapes do not repeat K's and V's heads in place,
 the original nodes run one after another instead.
