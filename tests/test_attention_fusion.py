@@ -98,6 +98,12 @@ def check(model, values, fused_nodes, threads=1):
     for a, b in zip(got, expected, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+    if fused_nodes:  # the prepared step (FusedAttention.prepare) computes what run does
+        with pytest.MonkeyPatch.context() as patched:
+            patched.setattr(FusedAttention, "prepare", lambda self, inputs: None)
+            unprepared = RuntimeSession(model, num_threads=threads)
+        for a, b in zip(got, unprepared.run(None, values), strict=True):
+            assert a.tobytes() == b.tobytes()
     return session
 
 
@@ -113,7 +119,9 @@ def test_fused_against_unfused(batch, heads, queries, keys, size, scale, mask, m
     model = attention_model(batch, heads, queries, keys, size, scale=scale, mask_shape=mask_shape,
                             casts=casts, mask_first=mask_first)
     nodes = 3 + 1 + (scale is not None) + (mask_shape is not None) + 1 + casts + 1
-    check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
+    session = check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
+    # prepared with every input given in float32 (a step with an omitted input is not)
+    assert (fused_steps(session)[0].prepared is not None) == (mask_shape is not None)
 
 
 @pytest.mark.parametrize("transposes", [True, False])
@@ -240,18 +248,19 @@ def test_grouped_query_attention_reads_k_and_v_unrepeated(batch, groups, repeat,
         session = check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
     (step,) = fused_steps(session)
     assert step.run.__self__.repeats[0] is not None and step.run.__self__.repeats[1] is not None
+    assert (step.prepared is not None) == mask  # with every input given
 
 
 def test_repeat_count_checks_that_the_shapes_repeat_the_heads_in_place():
     x = np.zeros((1, 2, 5, 4), np.float32)
-    assert repeat_count(x, ((1, 2, 3, 5, 4), (1, 6, 5, 4))) == 3
-    assert repeat_count(x, ((1, 1, 3, 1, 1), (0, -1, 5, 4))) == 3  # broadcast ones, 0 and -1
-    assert repeat_count(x, ((1, 2, 3, 5, 4), (0, -1, 5, 0))) is None  # 0 copies the 5-D shape's 5
-    assert repeat_count(x, ((1, 2, 1, 5, 4), (1, 2, 5, 4))) == 1
-    assert repeat_count(x, ((2, 2, 3, 5, 4), (2, 6, 5, 4))) is None  # also repeats the batch
-    assert repeat_count(x, ((1, 2, 3, 5, 4), (1, 2, 15, 4))) is None  # not merged into the heads
-    assert repeat_count(x, ((1, 2, 3, 5, 4), (1, 6, 20))) is None
-    assert repeat_count(x, ((1, 3, 3, 5, 4), (1, 9, 5, 4))) is None  # does not broadcast
+    assert repeat_count(x.shape, ((1, 2, 3, 5, 4), (1, 6, 5, 4))) == 3
+    assert repeat_count(x.shape, ((1, 1, 3, 1, 1), (0, -1, 5, 4))) == 3  # broadcast ones, 0 and -1
+    assert repeat_count(x.shape, ((1, 2, 3, 5, 4), (0, -1, 5, 0))) is None  # 0 copies the 5-D shape's 5
+    assert repeat_count(x.shape, ((1, 2, 1, 5, 4), (1, 2, 5, 4))) == 1
+    assert repeat_count(x.shape, ((2, 2, 3, 5, 4), (2, 6, 5, 4))) is None  # also repeats the batch
+    assert repeat_count(x.shape, ((1, 2, 3, 5, 4), (1, 2, 15, 4))) is None  # not merged into the heads
+    assert repeat_count(x.shape, ((1, 2, 3, 5, 4), (1, 6, 20))) is None
+    assert repeat_count(x.shape, ((1, 3, 3, 5, 4), (1, 9, 5, 4))) is None  # does not broadcast
 
 
 def test_a_repetition_the_kernel_does_not_take_runs_the_original_nodes():

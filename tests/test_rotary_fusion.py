@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.attention import RotaryEmbedding
+from onnx_light.kernels.base import NodeContext
 from onnx_light.runtime import RuntimeSession
 
 F = TensorProto.FLOAT
@@ -70,3 +73,41 @@ def test_refused(case):
     shape = (1, 2, 3, 8)
     model = rotary_model(shape, equal_halves=False) if case == "halves" else rotary_model(shape, keep="r")
     check(model, shape, fused=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 4), sequence=st.integers(1, 9),
+       half=st.integers(1, 12), rest=st.sampled_from([0, 2, 6]), interleaved=st.booleans(),
+       three_d=st.booleans(), frozen=st.booleans(), seed=st.integers(0, 2**16))
+def test_prepared_is_run_bit_for_bit(batch, heads, sequence, half, rest, interleaved, three_d, frozen, seed):
+    """The compiled pass (RotaryEmbedding.prepare) gives run's values, bit for bit: halves or
+    neighbours, all or the first 2 half features rotated, 3-D or 4-D X, constant caches."""
+    rng = np.random.default_rng(seed)
+    size = 2 * half + rest
+    attributes = {"interleaved": int(interleaved)} | ({"rotary_embedding_dim": 2 * half} if rest else {})
+    x = (rng.standard_normal((batch, heads, sequence, size)) * 10).astype(np.float32)
+    if three_d:
+        attributes["num_heads"] = heads
+        x = np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(batch, sequence, heads * size)
+    angles = rng.random((batch, sequence, half)) * 20
+    caches = [np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)]
+    for cache in caches:
+        cache.flags.writeable = not frozen
+    ctx = NodeContext("rotary", "RotaryEmbedding", "", 23, attributes, (F,) * 3, (F,), 3, 1)
+    kernel = RotaryEmbedding(ctx)
+    prepared = kernel.prepare([(a.shape, a.dtype) for a in (x, *caches)])
+    assert prepared is not None and prepared.shape == x.shape and prepared.dtype == np.float32
+    out = np.full(x.shape, np.nan, np.float32)
+    prepared.compute(x, *caches, out=out)
+    assert out.tobytes() == kernel.run(x, *caches)[0].tobytes()
+
+
+def test_prepare_refuses():
+    """Positions, other types and caches of the wrong shape stay with run (which checks them)."""
+    ctx = NodeContext("rotary", "RotaryEmbedding", "", 23, {}, (F,) * 3, (F,), 3, 1)
+    kernel, f32 = RotaryEmbedding(ctx), np.dtype(np.float32)
+    x = ((1, 2, 3, 8), f32)
+    assert kernel.prepare([x, ((1, 3, 4), f32), ((1, 3, 4), f32), ((1, 3), np.dtype(np.int64))]) is None
+    assert kernel.prepare([((1, 2, 3, 8), np.dtype(np.float16)), ((1, 3, 4), f32), ((1, 3, 4), f32)]) is None
+    assert kernel.prepare([x, ((1, 3, 3), f32), ((1, 3, 3), f32)]) is None
+    assert kernel.prepare([((1, 3, 8), f32), ((1, 3, 4), f32), ((1, 3, 4), f32)]) is None  # no num_heads

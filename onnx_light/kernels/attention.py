@@ -8,7 +8,8 @@ additive bias (the boolean or float ``attn_mask``, padded to the total length wi
 ``is_causal``'s offset-aware lower triangle; the padding ``nonpad_kv_seqlen`` marks; opset
 25's sliding windows), a softmax along the keys in ``softmax_precision`` (fully masked rows
 give zeros, not NaN), and the product with V. RotaryEmbedding rotates pairs of features by
-the angles of its cosine and sine caches. float16 and bfloat16 compute in float32 and round
+the angles of its cosine and sine caches (for float32 inputs of fixed shapes, a compiled pass:
+:mod:`.compiled_rotary`). float16 and bfloat16 compute in float32 and round
 once. Neither is tunable.
 """
 
@@ -21,7 +22,8 @@ from typing import ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import FLOAT_TYPES, Kernel, NodeContext, compute_dtype, numpy_dtype
+from .base import FLOAT_TYPES, Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
+from .compiled_rotary import rotate_pairs
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "Attention", "RotaryEmbedding"]
@@ -208,6 +210,40 @@ class RotaryEmbedding(Kernel):
             out[..., :dim // 2], out[..., dim // 2:dim] = pairs
         out = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)
         return [np.ascontiguousarray(out, dtype=x.dtype)]
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """For float32 X and caches without ``position_ids``, of shapes :meth:`run` accepts:
+        the compiled one-pass rotation (:func:`.compiled_rotary.rotate_pairs`, :meth:`run`'s
+        values bit for bit), compiled now; None otherwise."""
+        if len(inputs) != 3 or any(dtype != np.float32 for _, dtype in inputs):
+            return None
+        (shape, _), (cos_shape, _), (sin_shape, _) = inputs
+        if len(shape) == 4:
+            batch, heads, sequence, size = shape
+        elif len(shape) == 3 and self.num_heads > 0 and shape[2] % self.num_heads == 0:
+            batch, sequence, heads, size = *shape[:2], self.num_heads, shape[2] // self.num_heads
+        else:
+            return None
+        dim = self.rotary_dim or size
+        if dim > size or dim % 2 or not cos_shape == sin_shape == (batch, sequence, dim // 2):
+            return None
+        step, offset = (2, 1) if self.interleaved else (1, dim // 2)
+        split = (batch, sequence, heads, size)
+
+        def heads_first(array: np.ndarray) -> np.ndarray:
+            """(batch, heads, sequence, size) view of a 3-D input or output."""
+            return array.reshape(split).transpose(0, 2, 1, 3) if len(shape) == 3 else array
+
+        def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> None:
+            rotate_pairs.dispatcher(heads_first(x), cos, sin, heads_first(out), step, offset)
+
+        zeros = np.zeros(shape, np.float32)
+        caches = np.zeros(cos_shape, np.float32)
+        frozen = caches.copy()
+        frozen.flags.writeable = False  # constant caches (the fused pattern's) type apart
+        for cache in (caches, frozen):
+            rotate(zeros, cache, cache, np.empty_like(zeros))
+        return Prepared(rotate, tuple(shape), np.dtype(np.float32))
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = (

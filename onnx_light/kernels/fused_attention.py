@@ -19,6 +19,10 @@ K and V may also be given before the repetition of grouped-query attention (LLaM
 (G, R) and lets the products broadcast K and V over R, so the repeated K and V are never
 made; each head's products and softmax are those of the repeated graph.
 
+For inputs of shapes fixed for the session (the memory plan's), :meth:`FusedAttention.prepare`
+takes the shapes' decisions once (:meth:`FusedAttention.layout`) and writes the product with V
+into the step's buffer, for serial runs; the values are :meth:`FusedAttention.run`'s.
+
 When the inputs at run time are not float32, the mask does not broadcast to the scores
 along their last axis, or the repetition's shapes do not repeat K's and V's heads in place,
 the original nodes run one after another instead.
@@ -28,13 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from ..parallel import BLAS
 from ..tuning.schema import KernelTuningSchema, Value
-from .base import Kernel, NodeContext
+from .base import Kernel, NodeContext, Prepared, TensorSpec
 from .compiled_softmax import MASK_NONE, SoftmaxRows, mask_layout, softmax_rows
 
 __all__ = ["ATTENTION_MINIMUM_FLOPS", "FusedAttention"]
@@ -51,26 +55,41 @@ _FLOAT32 = np.dtype(np.float32)
 Repeat = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-def repeat_count(x: np.ndarray, repeat: Repeat) -> int | None:
+def repeat_count(shape: tuple[int, ...], repeat: Repeat) -> int | None:
     """R when ``Reshape(Expand(Unsqueeze(x, axis -3), expand), reshape)`` (Reshape without
-    ``allowzero``) repeats each head of ``x`` (..., G, N, D) R times in place, giving
-    (..., G R, N, D); else None."""
+    ``allowzero``) repeats each head of an ``x`` of ``shape`` (..., G, N, D) R times in place,
+    giving (..., G R, N, D); else None."""
     expand, reshape = repeat
-    if x.ndim < 3:
+    if len(shape) < 3:
         return None
-    unsqueezed = (*x.shape[:-2], 1, *x.shape[-2:])
+    unsqueezed = (*shape[:-2], 1, *shape[-2:])
     try:
         target = np.broadcast_shapes(unsqueezed, expand)
     except ValueError:
         return None
     count = target[-3]
-    if len(reshape) != x.ndim or target != (*x.shape[:-2], count, *x.shape[-2:]):
+    if len(reshape) != len(shape) or target != (*shape[:-2], count, *shape[-2:]):
         return None
     dims = [target[i] if d == 0 else d for i, d in enumerate(reshape)]
     if dims.count(-1) == 1:
         known = math.prod(d for d in dims if d != -1)
         dims[dims.index(-1)] = math.prod(target) // known if known else -1
-    return count if tuple(dims) == (*x.shape[:-3], x.shape[-3] * count, *x.shape[-2:]) else None
+    return count if tuple(dims) == (*shape[:-3], shape[-3] * count, *shape[-2:]) else None
+
+
+class Layout(NamedTuple):
+    """What the shapes of Q, K, V and the mask decide (:meth:`FusedAttention.layout`):
+    R of grouped-query attention (None without), the broadcast batch of heads of the
+    products, the scores' shape, the graph's heads, the mask row of each score row, and the
+    sizes of Q's and V's rows."""
+
+    count: int | None
+    batch: tuple[int, ...]
+    scores_shape: tuple[int, ...]
+    heads: tuple[int, ...]
+    rows: np.ndarray
+    depth: int
+    width: int
 
 
 class FusedAttention(Kernel):
@@ -123,35 +142,87 @@ class FusedAttention(Kernel):
                mask: np.ndarray | None) -> np.ndarray | None:
         if any(x.dtype != _FLOAT32 for x in (q, k, v)) or (mask is not None and mask.dtype != _FLOAT32):
             return None
+        layout = self.layout(q.shape, k.shape, v.shape, None if mask is None else mask.shape)
+        if layout is None:
+            return None
+        q, k, v = self._views(q, k, v, layout.count)
+        mask = None if mask is None else np.ascontiguousarray(mask)
+        out = self._heads(q, k, v, mask, layout.rows, layout.batch, layout.scores_shape)
+        return out.reshape(*layout.heads, *out.shape[-2:]) if layout.count else out
+
+    def layout(self, q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
+               mask: tuple[int, ...] | None) -> Layout | None:
+        """The decisions for inputs of these shapes, or None where the fused computation
+        cannot take them."""
         counts = {repeat_count(x, repeat) for x, repeat in zip((k, v), self.repeats, strict=True)
                   if repeat is not None}
         if None in counts or len(counts) > 1:
             return None
-        q, k, v = (x if perm is None or len(perm) != x.ndim else np.transpose(x, perm)
+        q, k, v = (x if perm is None or len(perm) != len(x) else tuple(x[p] for p in perm)
                    for x, perm in zip((q, k, v), self.perms, strict=True))
+        count = None
         if counts:  # grouped-query attention: Q's heads as (G, R), K and V broadcast over R
             (count,) = counts
-            groups = k.shape[-3]
-            if q.ndim < 3 or v.ndim < 3 or q.shape[-3] != groups * count or v.shape[-3] != groups:
+            groups = k[-3]
+            if len(q) < 3 or len(v) < 3 or q[-3] != groups * count or v[-3] != groups:
                 return None
-            q = q.reshape(*q.shape[:-3], groups, count, *q.shape[-2:])
-            k, v = k[..., None, :, :], v[..., None, :, :]
-        if min(q.ndim, k.ndim, v.ndim) < 2 or q.shape[-1] != k.shape[-2] or k.shape[-1] != v.shape[-2]:
+            q = (*q[:-3], groups, count, *q[-2:])
+            k, v = (*k[:-2], 1, *k[-2:]), (*v[:-2], 1, *v[-2:])
+        if min(len(q), len(k), len(v)) < 2 or q[-1] != k[-2] or k[-1] != v[-2]:
             return None
         try:
-            batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+            batch = np.broadcast_shapes(q[:-2], k[:-2], v[:-2])
         except ValueError:
             return None
-        scores_shape = (*batch, q.shape[-2], k.shape[-1])
+        scores_shape = (*batch, q[-2], k[-1])
         heads = (*batch[:-2], batch[-2] * batch[-1]) if counts else batch  # the graph's heads
         rows = MASK_NONE
         if mask is not None:
-            rows = mask_layout(mask.shape, (*heads, *scores_shape[-2:]))
+            rows = mask_layout(mask, (*heads, *scores_shape[-2:]))
             if rows is None:
                 return None
-            mask = np.ascontiguousarray(mask)
-        out = self._heads(q, k, v, mask, rows, batch, scores_shape)
-        return out.reshape(*heads, *out.shape[-2:]) if counts else out
+        return Layout(count, batch, scores_shape, heads, rows, q[-1], v[-1])
+
+    def _views(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               count: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Q, K^T and V as the products read them: the absorbed Transposes applied, and with
+        grouped-query attention Q's heads as (G, R) and K, V with an axis of 1 for R."""
+        q, k, v = (x if perm is None or len(perm) != x.ndim else np.transpose(x, perm)
+                   for x, perm in zip((q, k, v), self.perms, strict=True))
+        if count:
+            q = q.reshape(*q.shape[:-3], k.shape[-3], count, *q.shape[-2:])
+            k, v = k[..., None, :, :], v[..., None, :, :]
+        return q, k, v
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """For float32 inputs the fused computation takes, run serially (one thread, or
+        fewer multiply-adds than ``minimum_flops``): the decisions :meth:`layout` makes taken
+        once and the product with V written into the buffer; None otherwise."""
+        if len(inputs) not in (3, 4) or any(dtype != _FLOAT32 for _, dtype in inputs):
+            return None
+        shapes = [tuple(shape) for shape, _ in inputs]
+        layout = self.layout(*shapes[:3], shapes[3] if len(shapes) == 4 else None)
+        if layout is None:
+            return None
+        count, batch, scores_shape, heads, rows, depth, value_size = layout
+        flops = math.prod(scores_shape) * (depth + value_size)
+        if self.num_threads > 1 and math.prod(batch) > 1 and flops >= self.softmax.minimum_flops:
+            return None
+        out_shape = (*batch, scores_shape[-2], value_size)
+        limit = 1 if self.num_threads > 1 else None
+        views, scale, softmax = self._views, self.scale, SoftmaxRows(1, 1 << 62)
+
+        def compute(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, *,
+                    out: np.ndarray) -> None:
+            q, k, v = views(q, k, v, count)
+            with BLAS.limited(limit):
+                scores = np.matmul(q, k)
+                if scores.shape != scores_shape:  # a 2-D Q and K under a batched V
+                    scores = np.ascontiguousarray(np.broadcast_to(scores, scores_shape))
+                softmax(scores, scores, scale, mask, rows)
+                np.matmul(scores, v, out=out.reshape(out_shape))
+
+        return Prepared(compute, (*heads, scores_shape[-2], value_size), _FLOAT32)
 
     def _heads(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
                rows: np.ndarray, batch: tuple[int, ...], scores_shape: tuple[int, ...]) -> np.ndarray:
