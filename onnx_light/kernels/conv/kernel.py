@@ -581,7 +581,9 @@ class ConvKernel(Kernel):
             if residual.shape != call.out_shape or residual.dtype != x.dtype:
                 return None  # the general path reports it
             flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
-        operands = self._pointwise_operands(w, b)
+        # weights scaled on this run (a fused channel scale) are not remembered: a run then
+        # changes no state of the kernel
+        operands = self._pointwise_operands(w, b, remember=not self.channel_scale)
         threads = self.num_threads
         if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
             constant, transposed = self._vector_weights
@@ -629,7 +631,9 @@ class ConvKernel(Kernel):
             self._depthwise_call = (problem, call)
         operands = self._depthwise_weights
         if operands[0] is not w or operands[1] is not b or operands[2] is not call:
-            operands = self._depthwise_weights = (w, b, call, *self._depthwise_operands(call, w, b))
+            operands = (w, b, call, *self._depthwise_operands(call, w, b))
+            if not self.channel_scale:  # weights scaled on this run are not remembered
+                self._depthwise_weights = operands
         threads = region_threads(self.num_threads) if problem.plan == "region" else 1
         if blocked:
             flat_x = x.reshape(-1)
@@ -673,14 +677,16 @@ class ConvKernel(Kernel):
             parts = self._pointwise_parts = (self.epilogue, self.clamp, dtype, fused[1:3], fused[3])
         return parts
 
-    def _pointwise_operands(self, w: np.ndarray, b: np.ndarray | None) -> tuple:
+    def _pointwise_operands(self, w: np.ndarray, b: np.ndarray | None, remember: bool = True
+                            ) -> tuple:
         """``w`` and ``b`` and their read-only views as the compiled call takes them (filters
-        by depth, flat), remembered while they stay the same arrays."""
+        by depth, flat), remembered (``remember``) while they stay the same arrays."""
         operands = self._pointwise_weights
         if operands[0] is not w or operands[1] is not b:
-            operands = self._pointwise_weights = (
-                w, b, read_only(w.reshape(w.shape[0], -1)),
-                None if b is None else read_only(np.ascontiguousarray(b)))
+            operands = (w, b, read_only(w.reshape(w.shape[0], -1)),
+                        None if b is None else read_only(np.ascontiguousarray(b)))
+            if remember:
+                self._pointwise_weights = operands
         return operands
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
