@@ -156,7 +156,7 @@ def test_the_direct_call_equals_the_blocks_bitwise_across_shapes_and_weights(poo
 
 
 @pytest.mark.parametrize("op_type", ["Sigmoid", "Swish", "HardSigmoid", "HardSwish"])
-@pytest.mark.parametrize("size", [40, 6], ids=["tiles", "one-tile"])
+@pytest.mark.parametrize("size", [40, 6, 1], ids=["tiles", "one-tile", "vector"])
 def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
     """A fused compiled activation (SiLU as Swish, HardSwish, ...) applied in each tile gives
     the convolution, then the same activation applied to the finished output, bitwise."""
@@ -172,6 +172,94 @@ def test_a_compiled_activation_runs_in_the_tiles_bitwise(pools, op_type, size):
     activation(expected)
     np.testing.assert_array_equal(got, expected)
     assert (got != _kernel(1, pools[1]).run(x, w, b)[0]).any()
+
+
+def _sequential(x, w, b, residual, clamp):
+    """``pointwise_vector``'s sum in numpy, in its order and type: each image's first
+    product, then plus each next channel's product, then the bias, the residual, the clamp."""
+    flat_w, flat_x = w.reshape(w.shape[0], -1), x.reshape(x.shape[0], -1)
+    out = flat_w[:, 0][None, :] * flat_x[:, :1]
+    for k in range(1, flat_x.shape[1]):
+        out = out + flat_w[:, k][None, :] * flat_x[:, k:k + 1]
+    if b is not None:
+        out = out + b
+    if residual is not None:
+        out = out + residual.reshape(out.shape)
+    if clamp is not None:
+        out = np.minimum(np.maximum(out, out.dtype.type(clamp[0])), out.dtype.type(clamp[1]))
+    return out.reshape(x.shape[0], w.shape[0], *x.shape[2:])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 3), channels=st.integers(1, 300), filters=st.integers(1, 90),
+       dims=st.integers(1, 2), bias=st.booleans(), residual=st.booleans(),
+       clamp=st.sampled_from([None, (0.0, math.inf), (-0.5, 0.5)]), constant=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**16))
+def test_one_by_one_planes_sum_in_order_within_the_bound_at_both_thread_counts(
+        pools, batch, channels, filters, dims, bias, residual, clamp, constant, dtype, seed):
+    """A 1x1 convolution of 1x1 planes (a squeeze-and-excitation's) is ``pointwise_vector``:
+    the sum in channel order (bitwise that sum in numpy), within the module's bound of the
+    float64 product, the same bits at one and two threads, with constant weights (transposed
+    once by ``settle``, which a run then leaves as it is) or fed ones."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (batch, channels) + (1,) * dims).astype(dtype)
+    w = rng.uniform(-1, 1, (filters, channels) + (1,) * dims).astype(dtype)
+    b = rng.uniform(-1, 1, filters).astype(dtype) if bias else None
+    shortcut = rng.uniform(-1, 1, (batch, filters) + (1,) * dims).astype(dtype) if residual else None
+    element_type = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    expected = _sequential(x, w, b, shortcut, clamp)
+    results = []
+    for threads in (1, 2):
+        kernel = _kernel(1, pools[threads], {conv.MINIMUM_FLOPS: 1}, element_type)
+        kernel.residual = residual
+        if clamp is not None:
+            kernel.clamp = clamp
+            kernel.epilogue = lambda block, low=clamp[0], high=clamp[1]: np.clip(block, low, high, out=block)
+        if constant:
+            kernel = kernel.specialize([None, w, b]) or kernel
+            kernel = kernel.settle([x.shape, w.shape]) or kernel
+            assert kernel._vector_weights[0] is w
+        state = dict(vars(kernel))
+        got = kernel.run(x, w, b, *([shortcut] if residual else []))[0]
+        assert all(vars(kernel)[name] is value for name, value in state.items()) or not constant
+        assert got.dtype == dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+        results.append(got)
+    np.testing.assert_array_equal(results[0], results[1])
+    reference = np.einsum("fc,nc->nf", w.reshape(filters, -1).astype(np.float64),
+                          x.reshape(batch, -1).astype(np.float64)).reshape(expected.shape)
+    if b is not None:
+        reference += b.astype(np.float64).reshape(-1, *(1,) * dims)
+    if shortcut is not None:
+        reference += shortcut
+    if clamp is not None:
+        reference = np.clip(reference, *clamp)
+    bound = conv.error_bound(x, w, b, compute_dtype=dtype)
+    if shortcut is not None:
+        bound = bound + np.abs(shortcut) * np.finfo(dtype).eps
+    assert (np.abs(results[0] - reference) <= bound).all()
+
+
+def test_one_by_one_planes_keep_nan_infinities_and_signed_zeros(pools):
+    """``pointwise_vector`` propagates NaN and infinities as the product does, keeps a
+    one-channel product's -0.0, and reads fed weights changed in place."""
+    kernel = _kernel(1, pools[1])
+    x = np.array([1.0, np.nan, np.inf, 2.0], np.float32).reshape(1, 4, 1, 1)
+    w = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, -1, 0], [1, 0, 0, 1]],
+                 np.float32).reshape(5, 4, 1, 1)
+    for values in ([1.0, np.inf, 2.0, 3.0], [1.0, 2.0, -np.inf, np.inf], [np.nan, 1.0, 2.0, 3.0]):
+        x[0, :, 0, 0] = values
+        with np.errstate(invalid="ignore"):
+            expected = _sequential(x, w, None, None, None)
+        np.testing.assert_array_equal(kernel.run(x, w)[0], expected)  # 0 x inf is NaN
+    x[0, :, 0, 0] = [1.0, np.nan, np.inf, 2.0]
+    x[0, 1:3] = 0
+    w[1, 0] = -0.0
+    got = kernel.run(np.ascontiguousarray(x[:, :1]), np.ascontiguousarray(w[:, :1]))[0].reshape(-1)
+    np.testing.assert_array_equal(got, [1, 0, 0, 0, 1])
+    assert np.signbit(got[1]) and not np.signbit(got[2])
+    w *= 2  # fed weights changed in place: no stale transpose
+    np.testing.assert_array_equal(kernel.run(x, w)[0].reshape(-1), [2, -0.0, 0, 0, 6])
 
 
 packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX2 and FMA or AVX-512F")

@@ -171,6 +171,11 @@ def test_squeeze_excitation_scales_inside_the_projection(gate, act, batch):
     fused, _, _ = _check(model, x, fused_nodes=len(model.graph.node) - 5)
     projection = fused._plan[-1].run.__self__
     assert projection.channel_scale and projection.residual
+    # the weights scaled on each run are not remembered: a run changes no kernel's state
+    before = [dict(vars(kernel)) for kernel, _, _ in fused._steps]
+    fused.run(None, {"x": x})
+    for kernel, state in zip((kernel for kernel, _, _ in fused._steps), before, strict=True):
+        assert all(vars(kernel)[name] is value for name, value in state.items()), kernel.ctx.name
 
 
 @settings(deadline=None, derandomize=True, max_examples=25)

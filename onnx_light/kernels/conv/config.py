@@ -48,7 +48,9 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     tile of positions, :func:`~onnx_light.kernels.conv.pointwise.pointwise_tiles`) or
     ``packed`` (the packed micro-kernel of :mod:`onnx_light.kernels.packed_gemm` reading the
     input's rows as its panels, :func:`~onnx_light.kernels.conv.pointwise.pointwise_packed`;
-    BLAS where the processor has neither AVX2 and FMA nor AVX-512F).
+    BLAS where the processor has neither AVX2 and FMA nor AVX-512F). Neither for 1x1 planes,
+    which take :func:`~onnx_light.kernels.conv.pointwise.pointwise_vector` on the calling
+    thread (this parameter and the next apply to none of them).
 ``pointwise.minimum_flops``
     Multiply-adds from which a 1x1 convolution of one group computed by ``direct_1x1``'s
     BLAS units (:func:`~onnx_light.kernels.conv.pointwise.product_units`) shares them

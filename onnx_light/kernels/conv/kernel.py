@@ -79,7 +79,7 @@ from .depthwise import (
 )
 from .filter_blocked import compile_filters, filters_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
-from .pointwise import compile_pointwise, pointwise_call
+from .pointwise import compile_pointwise, pointwise_call, vector_weights
 from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -171,6 +171,9 @@ class ConvKernel(Kernel):
         # bias's views (_run_pointwise), kept while those stay the same objects
         self._pointwise_parts: tuple = (None, None, None, None, None)
         self._pointwise_weights: tuple = (None, None, None, None)
+        # the constant weights of a 1x1 convolution of 1x1 planes and their transpose for
+        # pointwise_vector, taken by settle
+        self._vector_weights: tuple = (None, None)
         # the depthwise call of the last problem, and the last weights' and bias's operands
         # for it (_run_depthwise), kept while those stay the same objects
         self._depthwise_call: tuple = (None, None)
@@ -303,6 +306,9 @@ class ConvKernel(Kernel):
         settled = self.variant(_settled=_Settled(tuple(x), tuple(w), transformed, problem))
         if problem.algorithm in ("depthwise", "depthwise_blocked"):
             settled._settle_depthwise(problem)
+        constant = self._pointwise_weights[0]
+        if problem.algorithm == "direct_1x1" and math.prod(x[2:]) == 1 and constant is not None:
+            settled._vector_weights = (constant, vector_weights(constant))
         return settled
 
     def _settle_depthwise(self, problem: _Problem) -> None:
@@ -557,7 +563,9 @@ class ConvKernel(Kernel):
         on, whatever the pool's plan, and on the calling thread below, the same units and
         bits either way; a ``blas`` plan runs them on the calling thread with the session's
         BLAS threads. An epilogue the compiled product does not apply runs on the finished
-        output, as the general path runs it on each finished block. None where the general
+        output, as the general path runs it on each finished block. 1x1 planes take
+        :func:`~onnx_light.kernels.conv.pointwise.pointwise_vector` on the calling thread (its
+        own sum order: the bits of any thread count, not BLAS's). None where the general
         path runs: several groups, another type or layout, a residual it would reject, the
         packed product (``pointwise.product``) on a split plan."""
         if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
@@ -565,16 +573,23 @@ class ConvKernel(Kernel):
             return None
         parts = self._pointwise_fused(x.dtype)
         call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
-        if call is None or (call.gemm is None and problem.plan not in ("serial", "blas")):
+        if call is None or (call.gemm is None and not call.vector
+                            and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
         flat_residual = None
         if residual is not None:
             if residual.shape != call.out_shape or residual.dtype != x.dtype:
                 return None  # the general path reports it
             flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
-        operands = self._pointwise_operands(w, b)
+        # weights scaled on this run (a fused channel scale) are not remembered: a run then
+        # changes no state of the kernel
+        operands = self._pointwise_operands(w, b, remember=not self.channel_scale)
         threads = self.num_threads
-        if problem.plan == "blas":
+        if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
+            constant, transposed = self._vector_weights
+            weights = transposed if constant is w else vector_weights(w)
+            out = call(x, weights, operands[3], flat_residual, *parts[3], 1)
+        elif problem.plan == "blas":
             out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
         else:
             if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
@@ -616,7 +631,9 @@ class ConvKernel(Kernel):
             self._depthwise_call = (problem, call)
         operands = self._depthwise_weights
         if operands[0] is not w or operands[1] is not b or operands[2] is not call:
-            operands = self._depthwise_weights = (w, b, call, *self._depthwise_operands(call, w, b))
+            operands = (w, b, call, *self._depthwise_operands(call, w, b))
+            if not self.channel_scale:  # weights scaled on this run are not remembered
+                self._depthwise_weights = operands
         threads = region_threads(self.num_threads) if problem.plan == "region" else 1
         if blocked:
             flat_x = x.reshape(-1)
@@ -660,14 +677,16 @@ class ConvKernel(Kernel):
             parts = self._pointwise_parts = (self.epilogue, self.clamp, dtype, fused[1:3], fused[3])
         return parts
 
-    def _pointwise_operands(self, w: np.ndarray, b: np.ndarray | None) -> tuple:
+    def _pointwise_operands(self, w: np.ndarray, b: np.ndarray | None, remember: bool = True
+                            ) -> tuple:
         """``w`` and ``b`` and their read-only views as the compiled call takes them (filters
-        by depth, flat), remembered while they stay the same arrays."""
+        by depth, flat), remembered (``remember``) while they stay the same arrays."""
         operands = self._pointwise_weights
         if operands[0] is not w or operands[1] is not b:
-            operands = self._pointwise_weights = (
-                w, b, read_only(w.reshape(w.shape[0], -1)),
-                None if b is None else read_only(np.ascontiguousarray(b)))
+            operands = (w, b, read_only(w.reshape(w.shape[0], -1)),
+                        None if b is None else read_only(np.ascontiguousarray(b)))
+            if remember:
+                self._pointwise_weights = operands
         return operands
 
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None

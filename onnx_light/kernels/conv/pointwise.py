@@ -66,7 +66,8 @@ from .finish import FINISHED_TYPES, finish_run
 __all__ = ["CUT_MULTIPLY_ADDS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
            "PointwiseCall", "compile_pointwise", "pointwise_call", "pointwise_gemm",
            "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_units",
-           "pointwise_units_parallel", "product_units", "tile_columns", "uses_packed"]
+           "pointwise_units_parallel", "pointwise_vector", "product_units", "tile_columns",
+           "uses_packed", "vector_weights"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
@@ -263,6 +264,38 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
                      high, activation, alpha, beta)
 
 
+@compiled
+def pointwise_vector(weights: np.ndarray, source: np.ndarray, out: np.ndarray, batch: int,
+                     filters: int, depth: int, bias: np.ndarray, residual: np.ndarray, low: float,
+                     high: float, activation: int, alpha: float, beta: float) -> None:
+    """A 1x1 convolution of 1x1 planes (a matrix-vector product per image: a squeeze-and-
+    excitation's two convolutions), finished as :func:`pointwise_tiles` finishes a tile:
+    ``out[n * filters + i] = sum_k weights[k * filters + i] source[n * depth + k]``, the sum
+    in the order of ``k`` (a product, then an addition: two roundings per step, no fused
+    multiply-add), each step one pass over the filters that LLVM vectorises; ``weights`` is
+    the (depth, filters) transpose of the weights, flat (:func:`vector_weights`), ``depth``
+    at least 1. No tile machinery, no BLAS call: one BLAS product of one column cost 5 times
+    this (docs/conv.md, "Squeeze-and-excitation")."""
+    count, terms = np.uintp(filters), np.uintp(depth)
+    for n in range(np.uintp(batch)):
+        o, s = n * count, n * terms
+        first = source[s]
+        for i in range(count):  # the first product alone: a -0.0 product stays -0.0
+            out[o + i] = weights[i] * first
+        for k in range(np.uintp(1), terms):
+            value = source[s + k]
+            row = k * count
+            for i in range(count):
+                out[o + i] += weights[row + i] * value
+        _finish_tile(out, o, 1, filters, 1, bias, 0, residual, low, high, activation, alpha, beta)
+
+
+def vector_weights(w: np.ndarray) -> np.ndarray:
+    """Weights (filters, depth, 1, ...) as :func:`pointwise_vector` takes them: the
+    (depth, filters) transpose, flat and read-only."""
+    return read_only(np.ascontiguousarray(w.reshape(w.shape[0], -1).T).reshape(-1))
+
+
 def product_units(filters: int, depth: int, width: int, itemsize: int) -> tuple[int, int]:
     """The units of ``direct_1x1``'s BLAS product of one image, (columns per tile, filters per
     block): the tiles of :func:`tile_columns` with every filter; a product it keeps in one
@@ -300,6 +333,7 @@ def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1) -> None:
     arguments = (pointwise_gemm(dtype), w, x, 0, 1, 1, out, 0, 1, 1, 1, 1, 1, empty, empty,
                  -math.inf, math.inf, -1, 1.0, 0.0, 1, 1)
     pointwise_units.dispatcher(*arguments, 0, 1)
+    pointwise_vector.dispatcher(x, x, out, 1, 1, 1, empty, empty, -math.inf, math.inf, -1, 1.0, 0.0)
     if threads > 1 and numba_threads(threads):
         pointwise_units_parallel.dispatcher(*arguments, 1, 1, np.zeros(1, np.int64))
 
@@ -326,6 +360,7 @@ class PointwiseCall:
     out_shape: tuple[int, ...]
     units: int  # of the whole batch (:func:`pointwise_units`)
     multiply_adds: int
+    vector: bool = False
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
@@ -334,8 +369,10 @@ class PointwiseCall:
         """The finished output of C-contiguous ``x`` (the call's shape) by read-only
         ``weights`` (filters, depth) and flat read-only ``bias`` and ``residual`` (or None):
         the units on ``threads`` numba threads (each product on one BLAS thread) where there
-        are several, else with ``blas_threads`` BLAS threads on the calling thread."""
-        out = aligned_empty(self.out_shape, x.dtype)
+        are several, else with ``blas_threads`` BLAS threads on the calling thread. A
+        ``vector`` call takes the weights of :func:`vector_weights` and runs on the calling
+        thread (into an output not aligned: it stores no whole blocks)."""
+        out = (np.empty if self.vector else aligned_empty)(self.out_shape, x.dtype)
         flat_x, flat_out = x.reshape(-1), out.reshape(-1)
         if flat_x.flags.writeable:  # a session's feeds and values are read-only already
             flat_x = read_only(flat_x)
@@ -345,6 +382,10 @@ class PointwiseCall:
         filters, depth, plane = self.filters, self.depth, self.plane
         low, high = clamp
         code, alpha, beta = activation
+        if self.vector:
+            pointwise_vector.dispatcher(weights, flat_x, flat_out, self.batch, filters, depth, bias,
+                                        residual, low, high, code, alpha, beta)
+            return out
         if self.gemm is None:
             with BLAS.limited(blas_threads):
                 for n in range(self.batch):
@@ -388,6 +429,9 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
         call = None
         if batch * depth * filters * plane == 0:
             pass
+        elif plane == 1 and dtype in FINISHED_TYPES:
+            call = PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
+                                 batch, batch * filters * depth, True)
         elif uses_packed(dtype, product):
             call = PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
                                  TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
