@@ -565,26 +565,16 @@ class BlockedCall:
                     epilogue(planes[n * channels + c0:n * channels + c1])
 
 
+@functools.lru_cache(maxsize=1024)
 def blocked_call(problem: _Problem) -> BlockedCall:
     """The :class:`BlockedCall` of ``problem`` (a ``depthwise_blocked`` one), remembered per
     problem."""
-    call = _CALLS.get(problem)
-    if call is None:
-        window = problem.window
-        size, output = tuple(window.input), tuple(window.output)
-        strides, pads = tuple(window.strides), tuple(window.begin)
-        tile, offsets = tile_geometry(size, output, tuple(window.kernel), strides, pads)
-        call = BlockedCall(problem.channels, vector_lanes(), size, output, strides, pads, tile,
-                           offsets, band_rows(size, output, tuple(window.kernel), strides, tile))
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        _CALLS[problem] = call
-    return call
-
-
-# The calls of the problems met so far; emptied when it holds _MAX_CALLS of them.
-_CALLS: dict[_Problem, BlockedCall] = {}
-_MAX_CALLS = 1024
+    window = problem.window
+    size, output = tuple(window.input), tuple(window.output)
+    strides, pads = tuple(window.strides), tuple(window.begin)
+    tile, offsets = tile_geometry(size, output, tuple(window.kernel), strides, pads)
+    return BlockedCall(problem.channels, vector_lanes(), size, output, strides, pads, tile,
+                       offsets, band_rows(size, output, tuple(window.kernel), strides, tile))
 
 
 class _BlockedDepthwise(_Algorithm):

@@ -127,33 +127,23 @@ class DepthwiseCall:
                 epilogue(out[start:stop])
 
 
+@functools.lru_cache(maxsize=1024)
 def depthwise_call(problem: _Problem) -> DepthwiseCall:
     """The :class:`DepthwiseCall` of ``problem`` (a ``depthwise`` one), remembered per
     problem (a kernel's problems are remembered per shape, so few distinct ones recur)."""
-    call = _CALLS.get(problem)
-    if call is None:
-        window = problem.window
-        planar = len(window.input) == 1  # 1-D: one row
+    window = problem.window
+    planar = len(window.input) == 1  # 1-D: one row
 
-        def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
-            return (fill, values[0]) if planar else (values[0], values[1])
+    def two(values: tuple[int, ...], fill: int) -> tuple[int, int]:
+        return (fill, values[0]) if planar else (values[0], values[1])
 
-        size, output, kernel = two(window.input, 1), two(window.output, 1), two(window.kernel, 1)
-        strides, pads = two(window.strides, 1), two(window.begin, 0)
-        phases, rows, columns = plane_layout(size, output, kernel, strides,
-                                             two(window.dilations, 1), pads)
-        call = DepthwiseCall((problem.batch * problem.channels, *size), (problem.filters, *kernel),
-                             (problem.batch * problem.filters, *output), problem.group_filters,
-                             strides, pads, phases, rows, columns, math.prod(output))
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        _CALLS[problem] = call
-    return call
-
-
-# The calls of the problems met so far; emptied when it holds _MAX_CALLS of them.
-_CALLS: dict[_Problem, DepthwiseCall] = {}
-_MAX_CALLS = 1024
+    size, output, kernel = two(window.input, 1), two(window.output, 1), two(window.kernel, 1)
+    strides, pads = two(window.strides, 1), two(window.begin, 0)
+    phases, rows, columns = plane_layout(size, output, kernel, strides,
+                                         two(window.dilations, 1), pads)
+    return DepthwiseCall((problem.batch * problem.channels, *size), (problem.filters, *kernel),
+                         (problem.batch * problem.filters, *output), problem.group_filters,
+                         strides, pads, phases, rows, columns, math.prod(output))
 
 
 class _CompiledDepthwise(_Algorithm):
