@@ -389,9 +389,9 @@ def every_product_cut(monkeypatch):
     """Every one-tile product of at least 2 filters or columns cut in two (the shapes of the
     calls remembered so far forgotten before and after)."""
     monkeypatch.setattr(pointwise, "CUT_MULTIPLY_ADDS", 1)
-    pointwise._CALLS.clear()
+    pointwise.pointwise_call.cache_clear()
     yield
-    pointwise._CALLS.clear()
+    pointwise.pointwise_call.cache_clear()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -488,7 +488,7 @@ def test_units_run_on_the_threads_from_pointwise_minimum_flops(pools, every_prod
     assert calls(2, 1, in_region=True) == 0
     small = rng.standard_normal((1, 64, 3, 3)).astype(np.float32)
     assert pointwise.pointwise_call(small.shape, w.shape, np.dtype(np.float32), "blas").units == 2
-    pointwise._CALLS.clear()
+    pointwise.pointwise_call.cache_clear()
     monkeypatch.setattr(pointwise, "CUT_MULTIPLY_ADDS", 1 << 40)
     assert pointwise.pointwise_call(small.shape, w.shape, np.dtype(np.float32), "blas").units == 1
     before = parallel.calls

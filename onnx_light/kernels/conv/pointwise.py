@@ -409,38 +409,27 @@ class PointwiseCall:
 # The read-only empty operand (no bias, no residual) of each type.
 _EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
 
-# The calls of the shapes met so far, by (X's shape, W's shape, type, pointwise.product);
-# emptied when it holds _MAX_CALLS of them.
-_CALLS: dict[tuple, PointwiseCall | None] = {}
-_MAX_CALLS = 1024
-
-
+@functools.lru_cache(maxsize=1024)
 def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype,
                    product: str) -> PointwiseCall | None:
     """The :class:`PointwiseCall` of a 1x1 convolution of one group with these shapes (as
     its problem checked them), remembered per shape; None where ``direct_1x1`` takes no
     compiled product (another type) or the output or the sum is empty."""
-    key = (x_shape, w_shape, dtype, product)
-    call = _CALLS.get(key, False)
-    if call is False:
-        batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
-        plane = math.prod(x_shape[2:])
-        out_shape = (batch, filters, *x_shape[2:])
-        call = None
-        if batch * depth * filters * plane == 0:
-            pass
-        elif plane == 1 and dtype in FINISHED_TYPES:
-            call = PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
-                                 batch, batch * filters * depth, True)
-        elif uses_packed(dtype, product):
-            call = PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
-                                 TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
-        elif (gemm := pointwise_gemm(dtype)) is not None:
-            tile, block = product_units(filters, depth, plane, dtype.itemsize)
-            units = batch * -(-plane // tile) * -(-filters // block)
-            call = PointwiseCall(gemm, None, batch, filters, depth, plane, tile, block, out_shape, units,
-                                 batch * filters * depth * plane)
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        _CALLS[key] = call
-    return call
+    batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
+    plane = math.prod(x_shape[2:])
+    out_shape = (batch, filters, *x_shape[2:])
+    if batch * depth * filters * plane == 0:
+        return None
+    if plane == 1 and dtype in FINISHED_TYPES:
+        return PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
+                             batch, batch * filters * depth, True)
+    if uses_packed(dtype, product):
+        return PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
+                             TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
+    gemm = pointwise_gemm(dtype)
+    if gemm is None:
+        return None
+    tile, block = product_units(filters, depth, plane, dtype.itemsize)
+    units = batch * -(-plane // tile) * -(-filters // block)
+    return PointwiseCall(gemm, None, batch, filters, depth, plane, tile, block, out_shape, units,
+                         batch * filters * depth * plane)
