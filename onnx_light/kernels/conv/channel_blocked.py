@@ -69,7 +69,11 @@ from .problem import _Problem
 #: output rows whose input rows fit it, which then stay in the first-level cache.
 BAND_BYTES = 1 << 15
 
-__all__ = ["BAND_BYTES", "BlockedCall", "band_rows", "banded_channels", "blocked_applies",
+#: The vectors of output columns of ``columns_broadcast`` (the stems' intrinsic), each of L
+#: columns: with L/2 filters, 12 sums in registers with AVX2.
+COLUMN_VECTORS = 3
+
+__all__ = ["BAND_BYTES", "COLUMN_VECTORS", "BlockedCall", "band_rows", "banded_channels", "blocked_applies",
            "blocked_call", "blocked_channels", "blocked_channels_parallel", "blocked_weights",
            "compile_blocked", "output_chunks", "padded_bias", "vector_lanes"]
 
@@ -142,7 +146,7 @@ def _transpose(builder: Any, rows: list[Any]) -> list[Any]:
 
 @functools.cache
 def _build(numba: ModuleType) -> dict[str, Any]:
-    """The four intrinsics for this processor's :func:`vector_lanes` (built once, when
+    """The intrinsics for this processor's :func:`vector_lanes` (built once, when
     numba is loaded)."""
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -292,8 +296,112 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
         return positions_out
 
+    @intrinsic
+    def split_pairs(typingctx: Any, x: Any, x_at: Any, tile: Any, even_at: Any, odd_at: Any) -> Any:
+        """The 2L values ``x[x_at:][:2L]`` split: the even ones to ``tile[even_at:][:L]``, the
+        odd ones to ``tile[odd_at:][:L]`` (two loads, two shuffles, two stores: a row's
+        columns into a stride 2's phases)."""
+        if not (is_float_array(x) and is_float_array(tile)):
+            return None
+        signature = types.void(x, types.int64, tile, types.int64, types.int64)
+        mask = ir.VectorType(ir.IntType(32), lanes)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            x_value, x_at_v, tile_value, even_v, odd_v = args
+            source = data(context, builder, sig.args[0], x_value)
+            target = data(context, builder, sig.args[2], tile_value)
+            low = builder.load(vector_at(builder, source, x_at_v), align=4)
+            high = builder.load(vector_at(builder, source, builder.add(x_at_v, ir.Constant(i64, lanes))),
+                                align=4)
+            for start, at in ((0, even_v), (1, odd_v)):
+                part = builder.shuffle_vector(low, high, ir.Constant(
+                    mask, [start + 2 * j for j in range(lanes)]))
+                builder.store(part, vector_at(builder, target, at), align=4)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    @intrinsic
+    def columns_broadcast(typingctx: Any, tile: Any, window: Any, offsets: Any, weights: Any,
+                          w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
+                          out_at: Any, plane: Any, rows: Any) -> Any:
+        """:data:`COLUMN_VECTORS` x L consecutive output columns of L/2 filters of a full
+        convolution (the lanes over the columns): filter r's sums start from
+        ``bias[b_at + r]`` and add ``weights[w_at + t * L + r]`` (broadcast) times the
+        values ``tile[window + offsets[t] + stride * j]`` (vectors: loaded, at stride 2 two
+        loaded and their even lanes taken) for each tap t in order, one fused multiply-add
+        each; clamped into [low, high], filter r < ``rows`` stored at
+        ``out[out_at + r * plane:][:COLUMN_VECTORS * L]``. Reads up to ``stride *
+        COLUMN_VECTORS * L`` values from a tap's first. L/2 filters by three vectors: 12
+        sums in AVX2's 16 registers, each tap's broadcasts and loads fewer than its fused
+        multiply-adds."""
+        if not all(map(is_float_array, (tile, weights, bias, out))):
+            return None
+        signature = types.void(tile, types.int64, offsets, weights, types.int64, bias,
+                               types.int64, types.float32, types.float32, out, types.int64,
+                               types.int64, types.int64)
+        filters, count = lanes // 2, COLUMN_VECTORS
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            (tile_value, window_v, offsets_value, weights_value, w_at_v, bias_value, b_at_v,
+             low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+            source = builder.gep(data(context, builder, sig.args[0], tile_value), [window_v])
+            offset_data = data(context, builder, sig.args[2], offsets_value)
+            taps_v = builder.extract_value(
+                context.make_array(sig.args[2])(context, builder, offsets_value).shape, 0)
+            weight_data = builder.gep(data(context, builder, sig.args[3], weights_value), [w_at_v])
+            bias_data = builder.gep(data(context, builder, sig.args[5], bias_value), [b_at_v])
+            initial = []
+            for r in range(filters):
+                value = splat(builder, builder.load(builder.gep(bias_data, [ir.Constant(i64, r)]),
+                                                    align=4))
+                initial += [value] * count
+            target = data(context, builder, sig.args[9], out_value)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vector, [vector, vector, vector]),
+                f"llvm.fma.v{lanes}f32")
+            entry = builder.block
+            loop = builder.append_basic_block("taps.loop")
+            done = builder.append_basic_block("taps.done")
+            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(i64, 0)), loop, done)
+            builder.position_at_end(loop)
+            t = builder.phi(i64)
+            t.add_incoming(ir.Constant(i64, 0), entry)
+            sums = []
+            for value in initial:
+                phi = builder.phi(vector)
+                phi.add_incoming(value, entry)
+                sums.append(phi)
+            first = builder.gep(source, [builder.load(builder.gep(offset_data, [t]))])
+            values = [builder.load(vector_at(builder, first, ir.Constant(i64, v * lanes)), align=4)
+                      for v in range(count)]
+            weights_t = builder.gep(weight_data, [builder.mul(t, ir.Constant(i64, lanes))])
+            updated = []
+            for r in range(filters):
+                w = splat(builder, builder.load(builder.gep(weights_t, [ir.Constant(i64, r)]), align=4))
+                updated += [builder.call(fma, [w, value, sums[r * count + v]])
+                            for v, value in enumerate(values)]
+            finished = close_sum_loop(builder, t, taps_v, sums, updated, initial, entry, loop, done)
+            low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
+            for r in range(filters):
+                with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
+                    at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
+                    for v in range(count):
+                        phi = finished[r * count + v]
+                        # numpy's maximum then minimum, NaN kept: a comparison and a select each
+                        clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector),
+                                                 low_vector, phi)
+                        clamped = builder.select(builder.fcmp_ordered(">", clamped, high_vector),
+                                                 high_vector, clamped)
+                        builder.store(clamped, vector_at(builder, target, builder.add(
+                            at, ir.Constant(i64, v * lanes))), align=4)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
     return {"lane_count": lane_count, "transpose_in": transpose_in,
-            "positions_out": positions(False), "positions_broadcast": positions(True)}
+            "positions_out": positions(False), "positions_broadcast": positions(True),
+            "columns_broadcast": columns_broadcast, "split_pairs": split_pairs}
 
 
 _lane_count = CompiledIntrinsic(lambda numba: _build(numba)["lane_count"], "lane_count")
@@ -301,6 +409,9 @@ _transpose_in = CompiledIntrinsic(lambda numba: _build(numba)["transpose_in"], "
 _positions_out = CompiledIntrinsic(lambda numba: _build(numba)["positions_out"], "positions_out")
 _positions_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["positions_broadcast"],
                                          "positions_broadcast")
+_columns_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["columns_broadcast"],
+                                       "columns_broadcast")
+_split_pairs = CompiledIntrinsic(lambda numba: _build(numba)["split_pairs"], "split_pairs")
 
 
 @compiled

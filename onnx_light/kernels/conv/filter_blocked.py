@@ -34,8 +34,11 @@ from ..compiled import compiled, prange
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
 from .channel_blocked import (
+    COLUMN_VECTORS,
+    _columns_broadcast,
     _lane_count,
     _positions_broadcast,
+    _split_pairs,
     blocked_weights,
     output_chunks,
     padded_bias,
@@ -78,7 +81,18 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
     height, width = size
     out_h, out_w = output
     kernel_h, kernel_w = kernel
-    tile_w = max(pads[1] + width, (out_w - 1) * strides[1] + kernel_w)
+    half = lanes // 2
+    span = COLUMN_VECTORS * lanes
+    # L/2 filters by COLUMN_VECTORS x L columns of a row at a time (columns_broadcast), where
+    # a row has that many and the columns are at most 2 apart; at stride 2 the tile's rows
+    # hold the padded input's columns split into their two phases (column q at
+    # (q % 2) * phase_w + q // 2), so that the columns a tap reads for consecutive outputs
+    # are consecutive
+    by_columns = out_w >= span and strides[1] <= 2
+    phases = strides[1] if by_columns else 1
+    padded_w = max(pads[1] + width, (out_w - 1) * strides[1] + kernel_w)
+    phase_w = -(-padded_w // phases)
+    tile_w = phases * phase_w
     tile_h = (min(band, r1 - r0) - 1) * strides[0] + kernel_h
     tile_plane = tile_h * tile_w
     tile = np.zeros(channels * tile_plane, np.float32)
@@ -87,7 +101,11 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
     for c in range(channels):
         for i in range(kernel_h):
             for j in range(kernel_w):
-                offsets[(c * kernel_h + i) * kernel_w + j] = c * tile_plane + i * tile_w + j
+                offsets[(c * kernel_h + i) * kernel_w + j] = (c * tile_plane + i * tile_w
+                                                              + (j % phases) * phase_w + j // phases)
+    # where a row's input column pairs go (the even columns first: padded column pads[1])
+    even = (pads[1] % 2) * phase_w + pads[1] // 2
+    odd = ((pads[1] + 1) % 2) * phase_w + (pads[1] + 1) // 2
     out_plane = out_h * out_w
     scratch = np.zeros(lanes * lanes, np.float32)  # fewer than L positions
     blocks = -(-filters // lanes)
@@ -95,26 +113,49 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
     for b0 in range(r0, r1, band):
         b1 = min(r1, b0 + band)
         positions = (b1 - b0) * out_w
-        firsts, bases = output_chunks(positions, out_w, strides, tile_w, lanes)
+        if not by_columns:
+            firsts, bases = output_chunks(positions, out_w, strides, tile_w, lanes)
         rows_in = (b1 - b0 - 1) * strides[0] + kernel_h  # padded rows b0 * stride_h onwards
         for n in range(first, last):
             for c in range(channels):
                 for t in range(rows_in):
                     ih = b0 * strides[0] + t - pads[0]
-                    # unsigned: numba then emits no negative-index fix-up
-                    into = np.uintp(c * tile_plane + t * tile_w + pads[1])
-                    if 0 <= ih < height:
-                        source = np.uintp(((n * channels + c) * height + ih) * width)
+                    row = c * tile_plane + t * tile_w
+                    if not 0 <= ih < height:  # a padding row (an earlier band may have held input)
+                        # unsigned: numba then emits no negative-index fix-up
+                        for iw in range(np.uintp(tile_w)):
+                            tile[np.uintp(row) + iw] = 0.0
+                        continue
+                    source = ((n * channels + c) * height + ih) * width
+                    if phases == 1:
+                        into = np.uintp(row + pads[1])
                         for iw in range(np.uintp(width)):
-                            tile[into + iw] = x[source + iw]
-                    else:  # a padding row (an earlier band may have held input there)
-                        for iw in range(np.uintp(width)):
-                            tile[into + iw] = 0.0
+                            tile[into + iw] = x[np.uintp(source) + iw]
+                        continue
+                    pairs = width // 2
+                    whole = pairs - pairs % lanes
+                    for m in range(0, whole, lanes):
+                        _split_pairs(x, source + 2 * m, tile, row + even + m, row + odd + m)
+                    for m in range(whole, pairs):
+                        tile[row + even + m] = x[source + 2 * m]
+                        tile[row + odd + m] = x[source + 2 * m + 1]
+                    if width % 2:
+                        tile[row + even + pairs] = x[source + width - 1]
             for k in range(blocks):
                 rows = min(lanes, filters - k * lanes)
                 out_at = (n * filters + k * lanes) * out_plane + b0 * out_w
                 w_at = k * taps * lanes
-                if positions >= lanes:
+                if by_columns:
+                    for h in range(0, rows, half):
+                        for i in range(b1 - b0):
+                            window = i * strides[0] * tile_w
+                            for j in range(0, out_w, span):
+                                j0 = min(j, out_w - span)  # the last overlaps the ones before
+                                _columns_broadcast(tile, window + j0, offsets, weights, w_at + h,
+                                                   bias, k * lanes + h, low32, high32, out,
+                                                   out_at + h * out_plane + i * out_w + j0,
+                                                   out_plane, rows - h)
+                elif positions >= lanes:
                     for chunk in range(firsts.shape[0]):
                         _positions_broadcast(tile, bases, chunk * lanes, offsets, weights, w_at, bias,
                                              k * lanes, low32, high32, out, out_at + firsts[chunk],
