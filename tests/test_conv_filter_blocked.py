@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import filter_blocked
 from onnx_light.kernels.conv.channel_blocked import vector_lanes
 from onnx_light.parallel import ThreadPool
@@ -133,7 +134,7 @@ def test_bands_of_one_row_read_the_padding_as_zeros(pools, monkeypatch, threads)
     assert np.all(error <= conv.error_bound(x, w, b, **attributes))
 
 
-@pytest.mark.parametrize("epilogue", ["relu6", "HardSwish", "residual"])
+@pytest.mark.parametrize("epilogue", ["relu6", "HardSwish", "HardSigmoid", "Swish", "residual"])
 def test_fused_epilogues(pools, epilogue):
     """A fused clamp and a compiled activation (inside the kernel) and a residual with Relu
     (after it, on bands of rows) give the plain convolution finished alike, bitwise."""
@@ -143,6 +144,26 @@ def test_fused_epilogues(pools, epilogue):
     w = rng.uniform(-1, 1, (16, 3, 3, 3)).astype(np.float32)
     b = rng.uniform(-1, 1, 16).astype(np.float32)
     assert_fused_epilogue_matches(_kernel(attributes, pools[2]), x, w, b, epilogue, rng)
+
+
+@pytest.mark.parametrize("op_type", ["HardSwish", "HardSigmoid"])
+@pytest.mark.parametrize("width", [30, 100])  # by positions; by columns
+def test_gates_in_registers_keep_nan_and_infinities(pools, op_type, width):
+    """HardSwish and HardSigmoid computed in registers give the bits of the compiled
+    activation applied after, NaN and infinities included."""
+    rng = np.random.default_rng(13)
+    attributes = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    x = rng.uniform(-8, 8, (1, 3, 20, width)).astype(np.float32)
+    x.flat[rng.choice(x.size, 30, replace=False)] = [np.nan, np.inf, -np.inf] * 10
+    w = rng.uniform(-1, 1, (12, 3, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 12).astype(np.float32)
+    plain = _kernel(attributes, pools[1])
+    activation = in_place(op_type, {"alpha": 0.25, "beta": 0.4}, lambda block: None)
+    expected = plain.run(x, w, b)[0]
+    activation(expected)
+    got = plain.variant(epilogue=activation).run(x, w, b)[0]
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got).any()
 
 
 def test_auto_computes_stems_and_arranges_their_weights(pools):

@@ -59,7 +59,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
-from ..compiled_activations import activate_run
+from ..compiled_activations import HARD_SIGMOID, HARD_SWISH, activate_run
 from .blocks import _Algorithm
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
 from .finish import fused_parts
@@ -73,9 +73,10 @@ BAND_BYTES = 1 << 15
 #: columns: with L/2 filters, 12 sums in registers with AVX2.
 COLUMN_VECTORS = 3
 
-__all__ = ["BAND_BYTES", "COLUMN_VECTORS", "BlockedCall", "band_rows", "banded_channels", "blocked_applies",
-           "blocked_call", "blocked_channels", "blocked_channels_parallel", "blocked_weights",
-           "compile_blocked", "output_chunks", "padded_bias", "vector_lanes"]
+__all__ = ["BAND_BYTES", "COLUMN_VECTORS", "BlockedCall", "band_rows", "banded_channels",
+           "blocked_applies", "blocked_call", "blocked_channels", "blocked_channels_parallel",
+           "blocked_weights", "compile_blocked", "output_chunks", "padded_bias", "register_gate",
+           "vector_lanes"]
 
 
 @functools.cache
@@ -172,6 +173,44 @@ def _build(numba: ModuleType) -> dict[str, Any]:
     def is_float_array(value: Any) -> bool:
         return isinstance(value, types.Array) and value.dtype == types.float32
 
+    def finish(builder: Any, sums: list[Any], low: Any, high: Any, gate: Any, alpha: Any,
+               beta: Any) -> list[Any]:
+        """The sums clamped into [low, high] (numpy's maximum then minimum, NaN kept: a
+        comparison and a select each), then, for ``gate`` 1 (HardSigmoid) or 2 (HardSwish),
+        ``h = min(max(s * alpha + beta, 0), 1)`` (NaN kept; a multiplication and an addition,
+        two roundings) and ``h`` or ``h * s``: the operations of
+        :func:`~onnx_light.kernels.compiled_activations.activate_run`, in registers."""
+        low_vector, high_vector = splat(builder, low), splat(builder, high)
+        clamped = []
+        for value in sums:
+            value = builder.select(builder.fcmp_ordered("<", value, low_vector), low_vector, value)
+            clamped.append(builder.select(builder.fcmp_ordered(">", value, high_vector),
+                                          high_vector, value))
+        entry = builder.block
+        gated = builder.append_basic_block("gate")
+        done = builder.append_basic_block("gate.done")
+        builder.cbranch(builder.icmp_signed(">", gate, ir.Constant(i64, 0)), gated, done)
+        builder.position_at_end(gated)
+        alpha_vector, beta_vector = splat(builder, alpha), splat(builder, beta)
+        one, nothing = ir.Constant(vector, [1.0] * lanes), zero
+        swish = builder.icmp_signed("==", gate, ir.Constant(i64, 2))
+        activated = []
+        for value in clamped:
+            h = builder.fadd(builder.fmul(value, alpha_vector), beta_vector)
+            h = builder.select(builder.fcmp_unordered("<", h, one), h, one)  # h < 1 or NaN
+            h = builder.select(builder.fcmp_unordered(">", h, nothing), h, nothing)
+            activated.append(builder.select(swish, builder.fmul(h, value), h))
+        gated_end = builder.block
+        builder.branch(done)
+        builder.position_at_end(done)
+        results = []
+        for before, after in zip(clamped, activated, strict=True):
+            phi = builder.phi(vector)
+            phi.add_incoming(before, entry)
+            phi.add_incoming(after, gated_end)
+            results.append(phi)
+        return results
+
     @intrinsic
     def lane_count(typingctx: Any) -> Any:
         """L, a constant of the compiled kernel."""
@@ -221,23 +260,27 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
         @intrinsic
         def positions_out(typingctx: Any, tile: Any, bases: Any, bases_at: Any, offsets: Any,
-                          weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
-                          out_at: Any, plane: Any, rows: Any) -> Any:
+                          weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any,
+                          gate: Any, alpha: Any, beta: Any, out: Any, out_at: Any, plane: Any,
+                          rows: Any) -> Any:
             """L output positions of L channels: position j's sum starts from
             ``bias[b_at:][:L]`` and adds ``weights[w_at + t * L:][:L]`` times
             ``tile[(bases[bases_at + j] + offsets[t]) * L:][:L]`` (broadcast: ``tile[bases[bases_at
             + j] + offsets[t]]`` in every lane) for each tap t in order, one fused multiply-add
-            each; clamped into [low, high], transposed, channel r < ``rows`` stored at
+            each; clamped into [low, high], ``gate`` 1 or 2: HardSigmoid or HardSwish (``alpha``,
+            ``beta``; :func:`finish`), transposed, channel r < ``rows`` stored at
             ``out[out_at + r * plane:][:L]``."""
             if not all(map(is_float_array, (tile, weights, bias, out))):
                 return None
             signature = types.void(tile, bases, types.int64, offsets, weights, types.int64, bias,
-                                   types.int64, types.float32, types.float32, out, types.int64,
-                                   types.int64, types.int64)
+                                   types.int64, types.float32, types.float32, types.int64,
+                                   types.float32, types.float32, out, types.int64, types.int64,
+                                   types.int64)
 
             def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
                 (tile_value, bases_value, bases_at_v, offsets_value, weights_value, w_at_v, bias_value,
-                 b_at_v, low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+                 b_at_v, low_v, high_v, gate_v, alpha_v, beta_v, out_value, out_at_v, plane_v,
+                 rows_v) = args
                 source = data(context, builder, sig.args[0], tile_value)
                 base_data = builder.gep(data(context, builder, sig.args[1], bases_value), [bases_at_v])
                 offset_data = data(context, builder, sig.args[3], offsets_value)
@@ -246,7 +289,7 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                 weight_data = builder.gep(data(context, builder, sig.args[4], weights_value), [w_at_v])
                 bias_vector = builder.load(
                     vector_at(builder, data(context, builder, sig.args[6], bias_value), b_at_v), align=4)
-                target = data(context, builder, sig.args[10], out_value)
+                target = data(context, builder, sig.args[13], out_value)
                 fma = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(vector, [vector, vector, vector]),
                     f"llvm.fma.v{lanes}f32")
@@ -279,13 +322,7 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                            for value, total in zip(values, sums, strict=True)]
                 finished = close_sum_loop(builder, t, taps_v, sums, updated,
                                           [bias_vector] * len(updated), entry, loop, done)
-                low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
-                totals = []
-                for phi in finished:
-                    # numpy's maximum then minimum, NaN kept: a comparison and a select each
-                    clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector), low_vector, phi)
-                    totals.append(builder.select(builder.fcmp_ordered(">", clamped, high_vector),
-                                                 high_vector, clamped))
+                totals = finish(builder, finished, low_v, high_v, gate_v, alpha_v, beta_v)
                 for r, channel in enumerate(_transpose(builder, totals)):
                     with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
                         at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
@@ -323,8 +360,8 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
     @intrinsic
     def columns_broadcast(typingctx: Any, tile: Any, window: Any, offsets: Any, weights: Any,
-                          w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
-                          out_at: Any, plane: Any, rows: Any) -> Any:
+                          w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, gate: Any,
+                          alpha: Any, beta: Any, out: Any, out_at: Any, plane: Any, rows: Any) -> Any:
         """:data:`COLUMN_VECTORS` x L consecutive output columns of L/2 filters of a full
         convolution (the lanes over the columns): filter r's sums start from
         ``bias[b_at + r]`` and add ``weights[w_at + t * L + r]`` (broadcast) times the
@@ -338,13 +375,14 @@ def _build(numba: ModuleType) -> dict[str, Any]:
         if not all(map(is_float_array, (tile, weights, bias, out))):
             return None
         signature = types.void(tile, types.int64, offsets, weights, types.int64, bias,
-                               types.int64, types.float32, types.float32, out, types.int64,
-                               types.int64, types.int64)
+                               types.int64, types.float32, types.float32, types.int64,
+                               types.float32, types.float32, out, types.int64, types.int64,
+                               types.int64)
         filters, count = lanes // 2, COLUMN_VECTORS
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             (tile_value, window_v, offsets_value, weights_value, w_at_v, bias_value, b_at_v,
-             low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+             low_v, high_v, gate_v, alpha_v, beta_v, out_value, out_at_v, plane_v, rows_v) = args
             source = builder.gep(data(context, builder, sig.args[0], tile_value), [window_v])
             offset_data = data(context, builder, sig.args[2], offsets_value)
             taps_v = builder.extract_value(
@@ -356,7 +394,7 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                 value = splat(builder, builder.load(builder.gep(bias_data, [ir.Constant(i64, r)]),
                                                     align=4))
                 initial += [value] * count
-            target = data(context, builder, sig.args[9], out_value)
+            target = data(context, builder, sig.args[12], out_value)
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vector, [vector, vector, vector]),
                 f"llvm.fma.v{lanes}f32")
@@ -382,18 +420,12 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                 updated += [builder.call(fma, [w, value, sums[r * count + v]])
                             for v, value in enumerate(values)]
             finished = close_sum_loop(builder, t, taps_v, sums, updated, initial, entry, loop, done)
-            low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
+            totals = finish(builder, finished, low_v, high_v, gate_v, alpha_v, beta_v)
             for r in range(filters):
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
                     at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
                     for v in range(count):
-                        phi = finished[r * count + v]
-                        # numpy's maximum then minimum, NaN kept: a comparison and a select each
-                        clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector),
-                                                 low_vector, phi)
-                        clamped = builder.select(builder.fcmp_ordered(">", clamped, high_vector),
-                                                 high_vector, clamped)
-                        builder.store(clamped, vector_at(builder, target, builder.add(
+                        builder.store(totals[r * count + v], vector_at(builder, target, builder.add(
                             at, ir.Constant(i64, v * lanes))), align=4)
             return context.get_dummy_value()
 
@@ -412,6 +444,17 @@ _positions_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["positions_
 _columns_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["columns_broadcast"],
                                        "columns_broadcast")
 _split_pairs = CompiledIntrinsic(lambda numba: _build(numba)["split_pairs"], "split_pairs")
+
+
+@compiled(inline="always")
+def register_gate(code: int) -> int:
+    """The ``gate`` of the intrinsics for activation ``code`` of
+    :data:`~onnx_light.kernels.compiled_activations.ACTIVATIONS` (-1: none): 1 for
+    HardSigmoid, 2 for HardSwish, computed in registers before the sums are stored; 0 for
+    none and for the others (Sigmoid, SiLU), which :func:`activate_run` applies after."""
+    if code == HARD_SIGMOID:
+        return 1
+    return 2 if code == HARD_SWISH else 0
 
 
 @compiled
@@ -464,6 +507,7 @@ def banded_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
             row_targets[chunk * lanes + j] = pads[1] + c0 + j
     firsts, bases = output_chunks(band * out_w, out_w, strides, tile_w, lanes)
     low32, high32 = np.float32(low), np.float32(high)
+    gate, alpha32, beta32 = register_gate(code), np.float32(alpha), np.float32(beta)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
         c0 = k * lanes
@@ -487,8 +531,9 @@ def banded_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
             at = out_at + b0 * out_w
             for chunk in range(firsts.shape[0]):
                 _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
-                               high32, out, at + firsts[chunk], out_plane, rows)
-            if code >= 0:  # on the band while it is in cache (an overlap was computed again)
+                               high32, gate, alpha32, beta32, out, at + firsts[chunk], out_plane,
+                               rows)
+            if code >= 0 and gate == 0:  # on the band while in cache (an overlap computed again)
                 for r in range(rows):
                     activate_run(out, np.uintp(at + r * out_plane), np.uintp(band * out_w), code,
                                  alpha, beta)
@@ -533,6 +578,7 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
         for j in range(min(lanes, plane)):
             targets[chunk * lanes + j] = ((p0 + j) // width + pads[0]) * tile_w + (p0 + j) % width + pads[1]
     low32, high32 = np.float32(low), np.float32(high)
+    gate, alpha32, beta32 = register_gate(code), np.float32(alpha), np.float32(beta)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
         c0 = k * lanes
@@ -552,14 +598,15 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
         if out_plane >= lanes:
             for chunk in range(chunks_out):
                 _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
-                               high32, out, out_at + firsts_out[chunk], out_plane, rows)
+                               high32, gate, alpha32, beta32, out, out_at + firsts_out[chunk],
+                               out_plane, rows)
         else:
-            _positions_out(tile, bases, 0, offsets, weights, w_at, bias, c0, low32, high32,
-                           scratch, 0, lanes, rows)
+            _positions_out(tile, bases, 0, offsets, weights, w_at, bias, c0, low32, high32, gate,
+                           alpha32, beta32, scratch, 0, lanes, rows)
             for r in range(rows):
                 for j in range(out_plane):
                     out[out_at + r * out_plane + j] = scratch[r * lanes + j]
-        if code >= 0:
+        if code >= 0 and gate == 0:
             # unsigned: numba then emits no negative-index fix-up, and LLVM vectorises the run
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
 

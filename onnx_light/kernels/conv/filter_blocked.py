@@ -42,6 +42,7 @@ from .channel_blocked import (
     blocked_weights,
     output_chunks,
     padded_bias,
+    register_gate,
     vector_lanes,
 )
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
@@ -110,6 +111,7 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
     scratch = np.zeros(lanes * lanes, np.float32)  # fewer than L positions
     blocks = -(-filters // lanes)
     low32, high32 = np.float32(low), np.float32(high)
+    gate, alpha32, beta32 = register_gate(code), np.float32(alpha), np.float32(beta)
     for b0 in range(r0, r1, band):
         b1 = min(r1, b0 + band)
         positions = (b1 - b0) * out_w
@@ -152,21 +154,23 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
                             for j in range(0, out_w, span):
                                 j0 = min(j, out_w - span)  # the last overlaps the ones before
                                 _columns_broadcast(tile, window + j0, offsets, weights, w_at + h,
-                                                   bias, k * lanes + h, low32, high32, out,
+                                                   bias, k * lanes + h, low32, high32, gate,
+                                                   alpha32, beta32, out,
                                                    out_at + h * out_plane + i * out_w + j0,
                                                    out_plane, rows - h)
                 elif positions >= lanes:
                     for chunk in range(firsts.shape[0]):
                         _positions_broadcast(tile, bases, chunk * lanes, offsets, weights, w_at, bias,
-                                             k * lanes, low32, high32, out, out_at + firsts[chunk],
-                                             out_plane, rows)
+                                             k * lanes, low32, high32, gate, alpha32, beta32, out,
+                                             out_at + firsts[chunk], out_plane, rows)
                 else:
                     _positions_broadcast(tile, bases, 0, offsets, weights, w_at, bias, k * lanes,
-                                         low32, high32, scratch, 0, lanes, rows)
+                                         low32, high32, gate, alpha32, beta32, scratch, 0, lanes,
+                                         rows)
                     for r in range(rows):
                         for j in range(positions):
                             out[out_at + r * out_plane + j] = scratch[r * lanes + j]
-                if code >= 0:
+                if code >= 0 and gate == 0:
                     for r in range(rows):
                         # unsigned: no negative-index fix-up, and LLVM vectorises the run
                         activate_run(out, np.uintp(out_at + r * out_plane), np.uintp(positions),
