@@ -13,9 +13,10 @@ AVX2 and FMA (ymm); one code path, built for L. Per block of L channels of one i
   (:data:`_transpose_in`);
 * each output position is the bias plus the sum over its window's taps of L-lane fused
   multiply-adds, L positions at a time in L vector registers (:data:`_positions_out`),
-  then clamped (a fused Relu or Clip), transposed back and stored into the channels' NCHW
-  planes; a fused compiled activation (SiLU, HardSwish, ...) follows on the block's
-  channels while they are in cache.
+  then clamped (a fused Relu or Clip), a fused HardSigmoid or HardSwish computed in
+  registers (:func:`register_gate`), transposed back and stored into the channels' NCHW
+  planes; another fused compiled activation (SiLU, Sigmoid) follows on the block's channels
+  while they are in cache.
 
 A plane whose tile would exceed :data:`BAND_BYTES` (the first-level cache) is computed by
 bands of output rows instead (:func:`banded_channels`): the tile holds the input rows of one
@@ -29,7 +30,8 @@ for the weights and the taps' loads; the block of sums is then square, one in-re
 transpose. The chunks of L positions and their places in the tile are the same for every
 block: computed once per call (:func:`output_chunks`), not per block (where they cost as
 much as the arithmetic). :mod:`~onnx_light.kernels.conv.filter_blocked` computes stems with
-the same intrinsics, the lanes over filters (:data:`_positions_broadcast`).
+the lanes over filters (:data:`_positions_broadcast`) or over output columns
+(:data:`_columns_broadcast`, with :data:`_split_pairs` for stride 2).
 
 The weights are arranged once per weight set as ``(C/L, K*K, L)`` (:func:`blocked_weights`;
 channels past C are zero), the bias as ``(C/L * L,)``. numba does not vectorise an L-lane

@@ -1,26 +1,34 @@
 """Conv's ``filters_blocked`` algorithm: a float32 2-D full convolution (group 1) with few
-input channels, the stem of a CNN (3x3 stride 2 over an RGB image), that computes L filters
-at once, one per lane of a vector register (L of
-:func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes`).
+input channels, the stem of a CNN (3x3 stride 2 over an RGB image), computed with vector
+registers of L lanes (L of :func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes`).
 
 im2col copies such a convolution's 27 taps per output position and multiplies them by a
-27-deep product, which BLAS computes far below its peak; here each output position is the bias
-plus, for each tap (input channel, kernel row, kernel column) in that order, the L filters'
-weights (one vector) times the tap's input value broadcast to every lane, one fused
-multiply-add, L positions at a time in L vector registers (the ``positions_broadcast``
-intrinsic of :mod:`~onnx_light.kernels.conv.channel_blocked`); the sums are clamped (a fused
-Relu or Clip), transposed and stored into the L filters' NCHW planes, and a fused compiled
-activation (HardSwish, SiLU, ...) follows on them. The input rows a band of output rows
-reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the padding (its columns
-never written, its rows zeroed band by band), which every block of filters then reads while
-it is in cache. At more than one thread (plan ``region``) one compiled call splits the
-output rows over numba's threads (:func:`blocked_filters_parallel`), each with its own tile.
+27-deep product, which BLAS computes far below its peak; here each output is the bias plus,
+for each tap (input channel, kernel row, kernel column) in that order, the filter's weight
+times the tap's input value, one fused multiply-add each. Where an output row has at least
+:data:`~onnx_light.kernels.conv.channel_blocked.COLUMN_VECTORS` x L columns and the stride
+along it is 1 or 2 (every stem of the zoo), the lanes are consecutive output columns:
+``columns_broadcast`` computes 3 x L columns of L/2 filters at once, 12 sums in registers,
+each tap one vector load per L columns and one broadcast weight per filter, and stores each
+filter's row directly (no transpose); at stride 2 the input's columns are split into their
+two phases as the tile is filled (``split_pairs``), so that a tap's inputs for consecutive
+outputs are consecutive. Elsewhere the lanes are L filters (``positions_broadcast``: L
+positions in L registers, each tap the filters' weights as one vector times the input value
+broadcast, then transposed into the filters' planes). The sums are clamped (a fused Relu or
+Clip) and a fused HardSigmoid or HardSwish is computed in registers before they are stored;
+another fused compiled activation (SiLU, ...) follows on the stored rows. The input rows a
+band of output rows reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the
+padding (its padding columns never written, its padding rows zeroed band by band), which
+every block of filters then reads while it is in cache. At more than one thread (plan
+``region``) one compiled call splits the output rows over numba's threads
+(:func:`blocked_filters_parallel`), each with its own tile.
 
 The weights are arranged once per weight set as ``(M/L, C*KH*KW, L)``
 (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`). Numerics: every output is
 its bias plus its C*KH*KW terms in that order, one rounding each (a fused multiply-add),
-within the bound of :mod:`~onnx_light.kernels.conv.numerics`; a lane's sum does not depend on
-the other lanes, the block, the rows a thread computes or L: the same bits at any thread count.
+within the bound of :mod:`~onnx_light.kernels.conv.numerics`; a sum does not depend on the
+other lanes, the block, the rows a thread computes, L, or whether its lanes are filters or
+columns: the same bits at any thread count and by either intrinsic.
 """
 
 from __future__ import annotations
