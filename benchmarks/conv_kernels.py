@@ -7,7 +7,11 @@ channel-blocked ``depthwise_blocked`` (where the processor has AVX-512, or AVX2 
 ratio blocked / per channel finds ``depthwise.blocked_outputs``' crossover. Stems and other
 full convolutions with few input channels: ``im2col`` against ``filters_blocked``.
 
-Run: ``python benchmarks/conv_kernels.py [--samples 11] [--depthwise 0 1] [--full 0 1]``.
+``--activation HardSwish`` (or ``Swish``, ``HardSigmoid``) fuses that compiled activation
+into every kernel, as a session fuses MobileNetV3's and EfficientNet's.
+
+Run: ``python benchmarks/conv_kernels.py [--samples 11] [--depthwise 0 1] [--full 0 1]
+[--activation HardSwish]``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from onnx import TensorProto
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_activations import ACTIVATIONS, in_place
 from onnx_light.kernels.conv.channel_blocked import vector_lanes
 from onnx_light.parallel import ThreadPool
 
@@ -42,12 +47,16 @@ FULL = [
 SAMPLE_S = 0.02  # each sample: runs for about this long (thread CPU time)
 
 
-def kernel(attributes: dict, algorithm: str, w: np.ndarray, pool: ThreadPool) -> conv.ConvKernel:
-    """A configured float32 Conv kernel forced to ``algorithm``, specialised for ``w``."""
+def kernel(attributes: dict, algorithm: str, w: np.ndarray, pool: ThreadPool,
+           activation: str | None = None) -> conv.ConvKernel:
+    """A configured float32 Conv kernel forced to ``algorithm``, specialised for ``w``, with
+    the compiled ``activation`` (an operator name of ``ACTIVATIONS``) fused."""
     ctx = NodeContext("conv", "Conv", "", 22, attributes, (TensorProto.FLOAT,) * 3,
                       (TensorProto.FLOAT,), 3, 1)
     configured = conv.ConvKernel(ctx).bind(pool)
     configured.configure({conv.ALGORITHM: algorithm, conv.MINIMUM_FLOPS: 1 << 62})
+    if activation is not None:
+        configured = configured.variant(epilogue=in_place(activation, {}, lambda block: None))
     return configured.specialize([None, w, None]) or configured
 
 
@@ -81,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="indices into DEPTHWISE (default all)")
     parser.add_argument("--full", type=int, nargs="*", default=None,
                         help="indices into FULL (default all)")
+    parser.add_argument("--activation", choices=sorted(ACTIVATIONS),
+                        help="a compiled activation fused into every kernel")
     args = parser.parse_args(argv)
     if not vector_lanes():
         print("no AVX-512 and no AVX2 with FMA: the blocked kernels do not apply")
@@ -89,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     full = FULL if args.full is None else [FULL[i] for i in args.full]
     rng = np.random.default_rng(0)
     print(f"{vector_lanes()} lanes; load average {os.getloadavg()[0]:.1f}; one thread, thread CPU "
-          f"time, us per run, medians of {args.samples} interleaved samples")
+          f"time, us per run, medians of {args.samples} interleaved samples; fused activation: "
+          f"{args.activation or 'none'}")
     with ThreadPool(1) as pool:
         if depthwise:
             print("\n| C x H x W, k, stride | outputs | per channel | blocked | blocked / per channel |"
@@ -97,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         for channels, size, k, stride in depthwise:
             attributes = {"group": channels, "strides": [stride] * 2, "pads": [k // 2] * 4}
             x, w, b = constants(rng, (1, channels, size, size), (channels, 1, k, k), (channels,))
-            kernels = {name: kernel(attributes, name, w, pool) for name in ("depthwise", "depthwise_blocked")}
+            kernels = {name: kernel(attributes, name, w, pool, args.activation)
+                       for name in ("depthwise", "depthwise_blocked")}
             m = medians(kernels, (x, w, b), args.samples)
             outputs = (-(-size // stride)) ** 2
             print(f"| {channels} x {size} x {size}, {k}, {stride} | {outputs} | {m['depthwise']:.0f} "
@@ -109,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         for channels, filters, size, k, stride in full:
             attributes = {"strides": [stride] * 2, "pads": [k // 2] * 4}
             x, w, b = constants(rng, (1, channels, size, size), (filters, channels, k, k), (filters,))
-            kernels = {name: kernel(attributes, name, w, pool) for name in ("im2col", "filters_blocked")}
+            kernels = {name: kernel(attributes, name, w, pool, args.activation)
+                       for name in ("im2col", "filters_blocked")}
             m = medians(kernels, (x, w, b), args.samples)
             print(f"| {channels} -> {filters} x {size} x {size}, {k}, {stride} | {m['im2col']:.0f} "
                   f"| {m['filters_blocked']:.0f} | {m['filters_blocked'] / m['im2col']:.2f} |", flush=True)

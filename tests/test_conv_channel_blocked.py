@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import channel_blocked
 from onnx_light.kernels.conv.channel_blocked import blocked_weights, vector_lanes
 from onnx_light.parallel import ThreadPool
@@ -176,16 +177,37 @@ def test_nan_and_infinities_propagate(pools):
     assert np.all(error <= bound[finite])
 
 
-@pytest.mark.parametrize("epilogue", ["relu6", "Swish", "residual"])
+@pytest.mark.parametrize("epilogue", ["relu6", "Swish", "HardSwish", "HardSigmoid", "residual"])
 def test_fused_epilogues(pools, epilogue):
-    """A fused clamp and a compiled activation (inside the kernel) and a residual with Relu
-    (after it, on blocks of channels) give the plain convolution finished alike, bitwise."""
+    """A fused clamp and a compiled activation (inside the kernel: HardSwish and HardSigmoid
+    in registers, before the sums are stored) and a residual with Relu (after it, on blocks
+    of channels) give the plain convolution finished alike, bitwise."""
     rng = np.random.default_rng(8)
     attributes = {"group": 200, "pads": [2, 2, 2, 2], "strides": [2, 2]}
     x = rng.uniform(-4, 4, (2, 200, 28, 28)).astype(np.float32)
     w = rng.uniform(-1, 1, (200, 1, 5, 5)).astype(np.float32)
     b = rng.uniform(-1, 1, 200).astype(np.float32)
     assert_fused_epilogue_matches(_kernel(attributes, pools[2]), x, w, b, epilogue, rng)
+
+
+@pytest.mark.parametrize("op_type", ["HardSwish", "HardSigmoid"])
+@pytest.mark.parametrize("size", [28, 112])  # one tile; bands
+def test_gates_in_registers_keep_nan_and_infinities(pools, op_type, size):
+    """HardSwish and HardSigmoid computed in registers give the bits of the compiled
+    activation applied after, NaN and infinities included."""
+    rng = np.random.default_rng(12)
+    attributes = {"group": 11, "pads": [1, 1, 1, 1], "strides": [2, 1]}
+    x = rng.uniform(-8, 8, (1, 11, size, size)).astype(np.float32)
+    x.flat[rng.choice(x.size, 60, replace=False)] = [np.nan, np.inf, -np.inf] * 20
+    w = rng.uniform(-1, 1, (11, 1, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 11).astype(np.float32)
+    plain = _kernel(attributes, pools[1])
+    activation = in_place(op_type, {"alpha": 0.25, "beta": 0.4}, lambda block: None)
+    expected = plain.run(x, w, b)[0]
+    activation(expected)
+    got = plain.variant(epilogue=activation).run(x, w, b)[0]
+    np.testing.assert_array_equal(got, expected)
+    assert (np.isnan(got).any() and np.isinf(got).any()) or op_type == "HardSigmoid"
 
 
 def test_weights_arranged_once_at_construction(pools):

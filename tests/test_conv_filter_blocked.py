@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.base import NodeContext
+from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.conv import filter_blocked
 from onnx_light.kernels.conv.channel_blocked import vector_lanes
 from onnx_light.parallel import ThreadPool
@@ -51,13 +52,14 @@ def _reference(x, w, b, attributes):
 @st.composite
 def stem_cases(draw):
     """(x shape, w shape, attributes): 2-D, 1 to 4 input channels, 1 to 40 filters, planes of
-    1 to 40, kernels of 1 to 7 per axis, strides 1 to 3, pads 0 to 3."""
+    1 to 40 rows and 1 to 90 columns (rows of 24 outputs and more at stride 2: the columns'
+    intrinsic), kernels of 1 to 7 per axis, strides 1 to 3, pads 0 to 3."""
     channels, filters = draw(st.integers(1, 4)), draw(st.integers(1, 40))
     kernel = [draw(st.sampled_from([1, 3, 5, 7])) for _ in range(2)]
     strides = [draw(st.sampled_from([1, 2, 2, 3])) for _ in range(2)]
     pads = [draw(st.integers(0, min(3, k - 1 if k > 1 else 0))) for k in kernel * 2]
-    size = [draw(st.integers(max(1, k - p - q), 40))
-            for k, p, q in zip(kernel, pads[:2], pads[2:], strict=True)]
+    size = [draw(st.integers(max(1, k - p - q), limit))
+            for k, p, q, limit in zip(kernel, pads[:2], pads[2:], (40, 90), strict=True)]
     attributes = {"strides": strides, "pads": pads}
     return (draw(st.integers(1, 2)), channels, *size), (filters, channels, *kernel), attributes
 
@@ -96,6 +98,27 @@ def test_bands_and_row_splits_give_the_same_bits(pools, monkeypatch):
     assert np.all(error <= conv.error_bound(x, w, b, **attributes))
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_rows_by_columns_give_the_bits_of_positions(pools, stride):
+    """Rows of at least 24 outputs (computed by columns, L/2 filters at a time, a row's last
+    columns overlapping) give the bits of the same outputs in a narrower plane (computed by
+    positions, L filters at a time): the same sums in the same order. 13 filters: a block
+    and a half-block short."""
+    rng = np.random.default_rng(9 + stride)
+    attributes = {"strides": [stride, stride], "pads": [1, 2, 1, 2]}
+    x = rng.uniform(-1, 1, (1, 3, 9, 61 * stride)).astype(np.float32)
+    w = rng.uniform(-1, 1, (13, 3, 3, 5)).astype(np.float32)
+    b = rng.uniform(-1, 1, 13).astype(np.float32)
+    kernel = _kernel(attributes, pools[1])
+    wide = kernel.run(x, w, b)[0]
+    narrow = kernel.run(np.ascontiguousarray(x[..., :20]), w, b)[0]
+    assert wide.shape[-1] >= 24 > narrow.shape[-1]
+    inside = (20 + 2 - 5) // stride + 1 - 1  # outputs whose windows end before column 20
+    np.testing.assert_array_equal(wide[..., :inside], narrow[..., :inside])
+    error = np.abs(wide.astype(np.float64) - _reference(x, w, b, attributes))
+    assert np.all(error <= conv.error_bound(x, w, b, **attributes))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bands_of_one_row_read_the_padding_as_zeros(pools, monkeypatch, threads):
     """With bands of one output row (a tiny tile), the bands at the bottom read the padding
@@ -111,7 +134,7 @@ def test_bands_of_one_row_read_the_padding_as_zeros(pools, monkeypatch, threads)
     assert np.all(error <= conv.error_bound(x, w, b, **attributes))
 
 
-@pytest.mark.parametrize("epilogue", ["relu6", "HardSwish", "residual"])
+@pytest.mark.parametrize("epilogue", ["relu6", "HardSwish", "HardSigmoid", "Swish", "residual"])
 def test_fused_epilogues(pools, epilogue):
     """A fused clamp and a compiled activation (inside the kernel) and a residual with Relu
     (after it, on bands of rows) give the plain convolution finished alike, bitwise."""
@@ -121,6 +144,26 @@ def test_fused_epilogues(pools, epilogue):
     w = rng.uniform(-1, 1, (16, 3, 3, 3)).astype(np.float32)
     b = rng.uniform(-1, 1, 16).astype(np.float32)
     assert_fused_epilogue_matches(_kernel(attributes, pools[2]), x, w, b, epilogue, rng)
+
+
+@pytest.mark.parametrize("op_type", ["HardSwish", "HardSigmoid"])
+@pytest.mark.parametrize("width", [30, 100])  # by positions; by columns
+def test_gates_in_registers_keep_nan_and_infinities(pools, op_type, width):
+    """HardSwish and HardSigmoid computed in registers give the bits of the compiled
+    activation applied after, NaN and infinities included."""
+    rng = np.random.default_rng(13)
+    attributes = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    x = rng.uniform(-8, 8, (1, 3, 20, width)).astype(np.float32)
+    x.flat[rng.choice(x.size, 30, replace=False)] = [np.nan, np.inf, -np.inf] * 10
+    w = rng.uniform(-1, 1, (12, 3, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 12).astype(np.float32)
+    plain = _kernel(attributes, pools[1])
+    activation = in_place(op_type, {"alpha": 0.25, "beta": 0.4}, lambda block: None)
+    expected = plain.run(x, w, b)[0]
+    activation(expected)
+    got = plain.variant(epilogue=activation).run(x, w, b)[0]
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got).any()
 
 
 def test_auto_computes_stems_and_arranges_their_weights(pools):

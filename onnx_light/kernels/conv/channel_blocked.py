@@ -13,9 +13,10 @@ AVX2 and FMA (ymm); one code path, built for L. Per block of L channels of one i
   (:data:`_transpose_in`);
 * each output position is the bias plus the sum over its window's taps of L-lane fused
   multiply-adds, L positions at a time in L vector registers (:data:`_positions_out`),
-  then clamped (a fused Relu or Clip), transposed back and stored into the channels' NCHW
-  planes; a fused compiled activation (SiLU, HardSwish, ...) follows on the block's
-  channels while they are in cache.
+  then clamped (a fused Relu or Clip), a fused HardSigmoid or HardSwish computed in
+  registers (:func:`register_gate`), transposed back and stored into the channels' NCHW
+  planes; another fused compiled activation (SiLU, Sigmoid) follows on the block's channels
+  while they are in cache.
 
 A plane whose tile would exceed :data:`BAND_BYTES` (the first-level cache) is computed by
 bands of output rows instead (:func:`banded_channels`): the tile holds the input rows of one
@@ -29,7 +30,8 @@ for the weights and the taps' loads; the block of sums is then square, one in-re
 transpose. The chunks of L positions and their places in the tile are the same for every
 block: computed once per call (:func:`output_chunks`), not per block (where they cost as
 much as the arithmetic). :mod:`~onnx_light.kernels.conv.filter_blocked` computes stems with
-the same intrinsics, the lanes over filters (:data:`_positions_broadcast`).
+the lanes over filters (:data:`_positions_broadcast`) or over output columns
+(:data:`_columns_broadcast`, with :data:`_split_pairs` for stride 2).
 
 The weights are arranged once per weight set as ``(C/L, K*K, L)`` (:func:`blocked_weights`;
 channels past C are zero), the bias as ``(C/L * L,)``. numba does not vectorise an L-lane
@@ -59,7 +61,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
-from ..compiled_activations import activate_run
+from ..compiled_activations import HARD_SIGMOID, HARD_SWISH, activate_run
 from .blocks import _Algorithm
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
 from .finish import fused_parts
@@ -69,9 +71,14 @@ from .problem import _Problem
 #: output rows whose input rows fit it, which then stay in the first-level cache.
 BAND_BYTES = 1 << 15
 
-__all__ = ["BAND_BYTES", "BlockedCall", "band_rows", "banded_channels", "blocked_applies",
-           "blocked_call", "blocked_channels", "blocked_channels_parallel", "blocked_weights",
-           "compile_blocked", "output_chunks", "padded_bias", "vector_lanes"]
+#: The vectors of output columns of ``columns_broadcast`` (the stems' intrinsic), each of L
+#: columns: with L/2 filters, 12 sums in registers with AVX2.
+COLUMN_VECTORS = 3
+
+__all__ = ["BAND_BYTES", "COLUMN_VECTORS", "BlockedCall", "band_rows", "banded_channels",
+           "blocked_applies", "blocked_call", "blocked_channels", "blocked_channels_parallel",
+           "blocked_weights", "compile_blocked", "output_chunks", "padded_bias", "register_gate",
+           "vector_lanes"]
 
 
 @functools.cache
@@ -142,7 +149,7 @@ def _transpose(builder: Any, rows: list[Any]) -> list[Any]:
 
 @functools.cache
 def _build(numba: ModuleType) -> dict[str, Any]:
-    """The four intrinsics for this processor's :func:`vector_lanes` (built once, when
+    """The intrinsics for this processor's :func:`vector_lanes` (built once, when
     numba is loaded)."""
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -167,6 +174,44 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
     def is_float_array(value: Any) -> bool:
         return isinstance(value, types.Array) and value.dtype == types.float32
+
+    def finish(builder: Any, sums: list[Any], low: Any, high: Any, gate: Any, alpha: Any,
+               beta: Any) -> list[Any]:
+        """The sums clamped into [low, high] (numpy's maximum then minimum, NaN kept: a
+        comparison and a select each), then, for ``gate`` 1 (HardSigmoid) or 2 (HardSwish),
+        ``h = min(max(s * alpha + beta, 0), 1)`` (NaN kept; a multiplication and an addition,
+        two roundings) and ``h`` or ``h * s``: the operations of
+        :func:`~onnx_light.kernels.compiled_activations.activate_run`, in registers."""
+        low_vector, high_vector = splat(builder, low), splat(builder, high)
+        clamped = []
+        for value in sums:
+            value = builder.select(builder.fcmp_ordered("<", value, low_vector), low_vector, value)
+            clamped.append(builder.select(builder.fcmp_ordered(">", value, high_vector),
+                                          high_vector, value))
+        entry = builder.block
+        gated = builder.append_basic_block("gate")
+        done = builder.append_basic_block("gate.done")
+        builder.cbranch(builder.icmp_signed(">", gate, ir.Constant(i64, 0)), gated, done)
+        builder.position_at_end(gated)
+        alpha_vector, beta_vector = splat(builder, alpha), splat(builder, beta)
+        one, nothing = ir.Constant(vector, [1.0] * lanes), zero
+        swish = builder.icmp_signed("==", gate, ir.Constant(i64, 2))
+        activated = []
+        for value in clamped:
+            h = builder.fadd(builder.fmul(value, alpha_vector), beta_vector)
+            h = builder.select(builder.fcmp_unordered("<", h, one), h, one)  # h < 1 or NaN
+            h = builder.select(builder.fcmp_unordered(">", h, nothing), h, nothing)
+            activated.append(builder.select(swish, builder.fmul(h, value), h))
+        gated_end = builder.block
+        builder.branch(done)
+        builder.position_at_end(done)
+        results = []
+        for before, after in zip(clamped, activated, strict=True):
+            phi = builder.phi(vector)
+            phi.add_incoming(before, entry)
+            phi.add_incoming(after, gated_end)
+            results.append(phi)
+        return results
 
     @intrinsic
     def lane_count(typingctx: Any) -> Any:
@@ -217,23 +262,27 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
         @intrinsic
         def positions_out(typingctx: Any, tile: Any, bases: Any, bases_at: Any, offsets: Any,
-                          weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, out: Any,
-                          out_at: Any, plane: Any, rows: Any) -> Any:
+                          weights: Any, w_at: Any, bias: Any, b_at: Any, low: Any, high: Any,
+                          gate: Any, alpha: Any, beta: Any, out: Any, out_at: Any, plane: Any,
+                          rows: Any) -> Any:
             """L output positions of L channels: position j's sum starts from
             ``bias[b_at:][:L]`` and adds ``weights[w_at + t * L:][:L]`` times
             ``tile[(bases[bases_at + j] + offsets[t]) * L:][:L]`` (broadcast: ``tile[bases[bases_at
             + j] + offsets[t]]`` in every lane) for each tap t in order, one fused multiply-add
-            each; clamped into [low, high], transposed, channel r < ``rows`` stored at
+            each; clamped into [low, high], ``gate`` 1 or 2: HardSigmoid or HardSwish (``alpha``,
+            ``beta``; :func:`finish`), transposed, channel r < ``rows`` stored at
             ``out[out_at + r * plane:][:L]``."""
             if not all(map(is_float_array, (tile, weights, bias, out))):
                 return None
             signature = types.void(tile, bases, types.int64, offsets, weights, types.int64, bias,
-                                   types.int64, types.float32, types.float32, out, types.int64,
-                                   types.int64, types.int64)
+                                   types.int64, types.float32, types.float32, types.int64,
+                                   types.float32, types.float32, out, types.int64, types.int64,
+                                   types.int64)
 
             def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
                 (tile_value, bases_value, bases_at_v, offsets_value, weights_value, w_at_v, bias_value,
-                 b_at_v, low_v, high_v, out_value, out_at_v, plane_v, rows_v) = args
+                 b_at_v, low_v, high_v, gate_v, alpha_v, beta_v, out_value, out_at_v, plane_v,
+                 rows_v) = args
                 source = data(context, builder, sig.args[0], tile_value)
                 base_data = builder.gep(data(context, builder, sig.args[1], bases_value), [bases_at_v])
                 offset_data = data(context, builder, sig.args[3], offsets_value)
@@ -242,7 +291,7 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                 weight_data = builder.gep(data(context, builder, sig.args[4], weights_value), [w_at_v])
                 bias_vector = builder.load(
                     vector_at(builder, data(context, builder, sig.args[6], bias_value), b_at_v), align=4)
-                target = data(context, builder, sig.args[10], out_value)
+                target = data(context, builder, sig.args[13], out_value)
                 fma = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(vector, [vector, vector, vector]),
                     f"llvm.fma.v{lanes}f32")
@@ -275,13 +324,7 @@ def _build(numba: ModuleType) -> dict[str, Any]:
                            for value, total in zip(values, sums, strict=True)]
                 finished = close_sum_loop(builder, t, taps_v, sums, updated,
                                           [bias_vector] * len(updated), entry, loop, done)
-                low_vector, high_vector = splat(builder, low_v), splat(builder, high_v)
-                totals = []
-                for phi in finished:
-                    # numpy's maximum then minimum, NaN kept: a comparison and a select each
-                    clamped = builder.select(builder.fcmp_ordered("<", phi, low_vector), low_vector, phi)
-                    totals.append(builder.select(builder.fcmp_ordered(">", clamped, high_vector),
-                                                 high_vector, clamped))
+                totals = finish(builder, finished, low_v, high_v, gate_v, alpha_v, beta_v)
                 for r, channel in enumerate(_transpose(builder, totals)):
                     with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
                         at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
@@ -292,8 +335,107 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 
         return positions_out
 
+    @intrinsic
+    def split_pairs(typingctx: Any, x: Any, x_at: Any, tile: Any, even_at: Any, odd_at: Any) -> Any:
+        """The 2L values ``x[x_at:][:2L]`` split: the even ones to ``tile[even_at:][:L]``, the
+        odd ones to ``tile[odd_at:][:L]`` (two loads, two shuffles, two stores: a row's
+        columns into a stride 2's phases)."""
+        if not (is_float_array(x) and is_float_array(tile)):
+            return None
+        signature = types.void(x, types.int64, tile, types.int64, types.int64)
+        mask = ir.VectorType(ir.IntType(32), lanes)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            x_value, x_at_v, tile_value, even_v, odd_v = args
+            source = data(context, builder, sig.args[0], x_value)
+            target = data(context, builder, sig.args[2], tile_value)
+            low = builder.load(vector_at(builder, source, x_at_v), align=4)
+            high = builder.load(vector_at(builder, source, builder.add(x_at_v, ir.Constant(i64, lanes))),
+                                align=4)
+            for start, at in ((0, even_v), (1, odd_v)):
+                part = builder.shuffle_vector(low, high, ir.Constant(
+                    mask, [start + 2 * j for j in range(lanes)]))
+                builder.store(part, vector_at(builder, target, at), align=4)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    @intrinsic
+    def columns_broadcast(typingctx: Any, tile: Any, window: Any, offsets: Any, weights: Any,
+                          w_at: Any, bias: Any, b_at: Any, low: Any, high: Any, gate: Any,
+                          alpha: Any, beta: Any, out: Any, out_at: Any, plane: Any, rows: Any) -> Any:
+        """:data:`COLUMN_VECTORS` x L consecutive output columns of L/2 filters of a full
+        convolution (the lanes over the columns): filter r's sums start from
+        ``bias[b_at + r]`` and add ``weights[w_at + t * L + r]`` (broadcast) times the
+        values ``tile[window + offsets[t] + stride * j]`` (vectors: loaded, at stride 2 two
+        loaded and their even lanes taken) for each tap t in order, one fused multiply-add
+        each; clamped into [low, high], filter r < ``rows`` stored at
+        ``out[out_at + r * plane:][:COLUMN_VECTORS * L]``. Reads up to ``stride *
+        COLUMN_VECTORS * L`` values from a tap's first. L/2 filters by three vectors: 12
+        sums in AVX2's 16 registers, each tap's broadcasts and loads fewer than its fused
+        multiply-adds."""
+        if not all(map(is_float_array, (tile, weights, bias, out))):
+            return None
+        signature = types.void(tile, types.int64, offsets, weights, types.int64, bias,
+                               types.int64, types.float32, types.float32, types.int64,
+                               types.float32, types.float32, out, types.int64, types.int64,
+                               types.int64)
+        filters, count = lanes // 2, COLUMN_VECTORS
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            (tile_value, window_v, offsets_value, weights_value, w_at_v, bias_value, b_at_v,
+             low_v, high_v, gate_v, alpha_v, beta_v, out_value, out_at_v, plane_v, rows_v) = args
+            source = builder.gep(data(context, builder, sig.args[0], tile_value), [window_v])
+            offset_data = data(context, builder, sig.args[2], offsets_value)
+            taps_v = builder.extract_value(
+                context.make_array(sig.args[2])(context, builder, offsets_value).shape, 0)
+            weight_data = builder.gep(data(context, builder, sig.args[3], weights_value), [w_at_v])
+            bias_data = builder.gep(data(context, builder, sig.args[5], bias_value), [b_at_v])
+            initial = []
+            for r in range(filters):
+                value = splat(builder, builder.load(builder.gep(bias_data, [ir.Constant(i64, r)]),
+                                                    align=4))
+                initial += [value] * count
+            target = data(context, builder, sig.args[12], out_value)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vector, [vector, vector, vector]),
+                f"llvm.fma.v{lanes}f32")
+            entry = builder.block
+            loop = builder.append_basic_block("taps.loop")
+            done = builder.append_basic_block("taps.done")
+            builder.cbranch(builder.icmp_signed(">", taps_v, ir.Constant(i64, 0)), loop, done)
+            builder.position_at_end(loop)
+            t = builder.phi(i64)
+            t.add_incoming(ir.Constant(i64, 0), entry)
+            sums = []
+            for value in initial:
+                phi = builder.phi(vector)
+                phi.add_incoming(value, entry)
+                sums.append(phi)
+            first = builder.gep(source, [builder.load(builder.gep(offset_data, [t]))])
+            values = [builder.load(vector_at(builder, first, ir.Constant(i64, v * lanes)), align=4)
+                      for v in range(count)]
+            weights_t = builder.gep(weight_data, [builder.mul(t, ir.Constant(i64, lanes))])
+            updated = []
+            for r in range(filters):
+                w = splat(builder, builder.load(builder.gep(weights_t, [ir.Constant(i64, r)]), align=4))
+                updated += [builder.call(fma, [w, value, sums[r * count + v]])
+                            for v, value in enumerate(values)]
+            finished = close_sum_loop(builder, t, taps_v, sums, updated, initial, entry, loop, done)
+            totals = finish(builder, finished, low_v, high_v, gate_v, alpha_v, beta_v)
+            for r in range(filters):
+                with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, r), rows_v)):
+                    at = builder.add(out_at_v, builder.mul(ir.Constant(i64, r), plane_v))
+                    for v in range(count):
+                        builder.store(totals[r * count + v], vector_at(builder, target, builder.add(
+                            at, ir.Constant(i64, v * lanes))), align=4)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
     return {"lane_count": lane_count, "transpose_in": transpose_in,
-            "positions_out": positions(False), "positions_broadcast": positions(True)}
+            "positions_out": positions(False), "positions_broadcast": positions(True),
+            "columns_broadcast": columns_broadcast, "split_pairs": split_pairs}
 
 
 _lane_count = CompiledIntrinsic(lambda numba: _build(numba)["lane_count"], "lane_count")
@@ -301,6 +443,20 @@ _transpose_in = CompiledIntrinsic(lambda numba: _build(numba)["transpose_in"], "
 _positions_out = CompiledIntrinsic(lambda numba: _build(numba)["positions_out"], "positions_out")
 _positions_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["positions_broadcast"],
                                          "positions_broadcast")
+_columns_broadcast = CompiledIntrinsic(lambda numba: _build(numba)["columns_broadcast"],
+                                       "columns_broadcast")
+_split_pairs = CompiledIntrinsic(lambda numba: _build(numba)["split_pairs"], "split_pairs")
+
+
+@compiled(inline="always")
+def register_gate(code: int) -> int:
+    """The ``gate`` of the intrinsics for activation ``code`` of
+    :data:`~onnx_light.kernels.compiled_activations.ACTIVATIONS` (-1: none): 1 for
+    HardSigmoid, 2 for HardSwish, computed in registers before the sums are stored; 0 for
+    none and for the others (Sigmoid, SiLU), which :func:`activate_run` applies after."""
+    if code == HARD_SIGMOID:
+        return 1
+    return 2 if code == HARD_SWISH else 0
 
 
 @compiled
@@ -353,6 +509,7 @@ def banded_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
             row_targets[chunk * lanes + j] = pads[1] + c0 + j
     firsts, bases = output_chunks(band * out_w, out_w, strides, tile_w, lanes)
     low32, high32 = np.float32(low), np.float32(high)
+    gate, alpha32, beta32 = register_gate(code), np.float32(alpha), np.float32(beta)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
         c0 = k * lanes
@@ -376,8 +533,9 @@ def banded_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
             at = out_at + b0 * out_w
             for chunk in range(firsts.shape[0]):
                 _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
-                               high32, out, at + firsts[chunk], out_plane, rows)
-            if code >= 0:  # on the band while it is in cache (an overlap was computed again)
+                               high32, gate, alpha32, beta32, out, at + firsts[chunk], out_plane,
+                               rows)
+            if code >= 0 and gate == 0:  # on the band while in cache (an overlap computed again)
                 for r in range(rows):
                     activate_run(out, np.uintp(at + r * out_plane), np.uintp(band * out_w), code,
                                  alpha, beta)
@@ -422,6 +580,7 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
         for j in range(min(lanes, plane)):
             targets[chunk * lanes + j] = ((p0 + j) // width + pads[0]) * tile_w + (p0 + j) % width + pads[1]
     low32, high32 = np.float32(low), np.float32(high)
+    gate, alpha32, beta32 = register_gate(code), np.float32(alpha), np.float32(beta)
     for item in range(first, last):
         n, k = item // blocks, item % blocks
         c0 = k * lanes
@@ -441,14 +600,15 @@ def blocked_channels(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: 
         if out_plane >= lanes:
             for chunk in range(chunks_out):
                 _positions_out(tile, bases, chunk * lanes, offsets, weights, w_at, bias, c0, low32,
-                               high32, out, out_at + firsts_out[chunk], out_plane, rows)
+                               high32, gate, alpha32, beta32, out, out_at + firsts_out[chunk],
+                               out_plane, rows)
         else:
-            _positions_out(tile, bases, 0, offsets, weights, w_at, bias, c0, low32, high32,
-                           scratch, 0, lanes, rows)
+            _positions_out(tile, bases, 0, offsets, weights, w_at, bias, c0, low32, high32, gate,
+                           alpha32, beta32, scratch, 0, lanes, rows)
             for r in range(rows):
                 for j in range(out_plane):
                     out[out_at + r * out_plane + j] = scratch[r * lanes + j]
-        if code >= 0:
+        if code >= 0 and gate == 0:
             # unsigned: numba then emits no negative-index fix-up, and LLVM vectorises the run
             activate_run(out, np.uintp(out_at), np.uintp(rows * out_plane), code, alpha, beta)
 

@@ -1,26 +1,34 @@
 """Conv's ``filters_blocked`` algorithm: a float32 2-D full convolution (group 1) with few
-input channels, the stem of a CNN (3x3 stride 2 over an RGB image), that computes L filters
-at once, one per lane of a vector register (L of
-:func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes`).
+input channels, the stem of a CNN (3x3 stride 2 over an RGB image), computed with vector
+registers of L lanes (L of :func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes`).
 
 im2col copies such a convolution's 27 taps per output position and multiplies them by a
-27-deep product, which BLAS computes far below its peak; here each output position is the bias
-plus, for each tap (input channel, kernel row, kernel column) in that order, the L filters'
-weights (one vector) times the tap's input value broadcast to every lane, one fused
-multiply-add, L positions at a time in L vector registers (the ``positions_broadcast``
-intrinsic of :mod:`~onnx_light.kernels.conv.channel_blocked`); the sums are clamped (a fused
-Relu or Clip), transposed and stored into the L filters' NCHW planes, and a fused compiled
-activation (HardSwish, SiLU, ...) follows on them. The input rows a band of output rows
-reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the padding (its columns
-never written, its rows zeroed band by band), which every block of filters then reads while
-it is in cache. At more than one thread (plan ``region``) one compiled call splits the
-output rows over numba's threads (:func:`blocked_filters_parallel`), each with its own tile.
+27-deep product, which BLAS computes far below its peak; here each output is the bias plus,
+for each tap (input channel, kernel row, kernel column) in that order, the filter's weight
+times the tap's input value, one fused multiply-add each. Where an output row has at least
+:data:`~onnx_light.kernels.conv.channel_blocked.COLUMN_VECTORS` x L columns and the stride
+along it is 1 or 2 (every stem of the zoo), the lanes are consecutive output columns:
+``columns_broadcast`` computes 3 x L columns of L/2 filters at once, 12 sums in registers,
+each tap one vector load per L columns and one broadcast weight per filter, and stores each
+filter's row directly (no transpose); at stride 2 the input's columns are split into their
+two phases as the tile is filled (``split_pairs``), so that a tap's inputs for consecutive
+outputs are consecutive. Elsewhere the lanes are L filters (``positions_broadcast``: L
+positions in L registers, each tap the filters' weights as one vector times the input value
+broadcast, then transposed into the filters' planes). The sums are clamped (a fused Relu or
+Clip) and a fused HardSigmoid or HardSwish is computed in registers before they are stored;
+another fused compiled activation (SiLU, ...) follows on the stored rows. The input rows a
+band of output rows reads (:data:`TILE_BYTES`) are copied into a tile with zeros for the
+padding (its padding columns never written, its padding rows zeroed band by band), which
+every block of filters then reads while it is in cache. At more than one thread (plan
+``region``) one compiled call splits the output rows over numba's threads
+(:func:`blocked_filters_parallel`), each with its own tile.
 
 The weights are arranged once per weight set as ``(M/L, C*KH*KW, L)``
 (:func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights`). Numerics: every output is
 its bias plus its C*KH*KW terms in that order, one rounding each (a fused multiply-add),
-within the bound of :mod:`~onnx_light.kernels.conv.numerics`; a lane's sum does not depend on
-the other lanes, the block, the rows a thread computes or L: the same bits at any thread count.
+within the bound of :mod:`~onnx_light.kernels.conv.numerics`; a sum does not depend on the
+other lanes, the block, the rows a thread computes, L, or whether its lanes are filters or
+columns: the same bits at any thread count and by either intrinsic.
 """
 
 from __future__ import annotations
@@ -34,11 +42,15 @@ from ..compiled import compiled, prange
 from ..compiled_activations import activate_run
 from .blocks import _Algorithm
 from .channel_blocked import (
+    COLUMN_VECTORS,
+    _columns_broadcast,
     _lane_count,
     _positions_broadcast,
+    _split_pairs,
     blocked_weights,
     output_chunks,
     padded_bias,
+    register_gate,
     vector_lanes,
 )
 from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
@@ -78,7 +90,18 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
     height, width = size
     out_h, out_w = output
     kernel_h, kernel_w = kernel
-    tile_w = max(pads[1] + width, (out_w - 1) * strides[1] + kernel_w)
+    half = lanes // 2
+    span = COLUMN_VECTORS * lanes
+    # L/2 filters by COLUMN_VECTORS x L columns of a row at a time (columns_broadcast), where
+    # a row has that many and the columns are at most 2 apart; at stride 2 the tile's rows
+    # hold the padded input's columns split into their two phases (column q at
+    # (q % 2) * phase_w + q // 2), so that the columns a tap reads for consecutive outputs
+    # are consecutive
+    by_columns = out_w >= span and strides[1] <= 2
+    phases = strides[1] if by_columns else 1
+    padded_w = max(pads[1] + width, (out_w - 1) * strides[1] + kernel_w)
+    phase_w = -(-padded_w // phases)
+    tile_w = phases * phase_w
     tile_h = (min(band, r1 - r0) - 1) * strides[0] + kernel_h
     tile_plane = tile_h * tile_w
     tile = np.zeros(channels * tile_plane, np.float32)
@@ -87,45 +110,75 @@ def blocked_filters(x: np.ndarray, weights: np.ndarray, bias: np.ndarray, out: n
     for c in range(channels):
         for i in range(kernel_h):
             for j in range(kernel_w):
-                offsets[(c * kernel_h + i) * kernel_w + j] = c * tile_plane + i * tile_w + j
+                offsets[(c * kernel_h + i) * kernel_w + j] = (c * tile_plane + i * tile_w
+                                                              + (j % phases) * phase_w + j // phases)
+    # where a row's input column pairs go (the even columns first: padded column pads[1])
+    even = (pads[1] % 2) * phase_w + pads[1] // 2
+    odd = ((pads[1] + 1) % 2) * phase_w + (pads[1] + 1) // 2
     out_plane = out_h * out_w
     scratch = np.zeros(lanes * lanes, np.float32)  # fewer than L positions
     blocks = -(-filters // lanes)
     low32, high32 = np.float32(low), np.float32(high)
+    gate, alpha32, beta32 = register_gate(code), np.float32(alpha), np.float32(beta)
     for b0 in range(r0, r1, band):
         b1 = min(r1, b0 + band)
         positions = (b1 - b0) * out_w
-        firsts, bases = output_chunks(positions, out_w, strides, tile_w, lanes)
+        if not by_columns:
+            firsts, bases = output_chunks(positions, out_w, strides, tile_w, lanes)
         rows_in = (b1 - b0 - 1) * strides[0] + kernel_h  # padded rows b0 * stride_h onwards
         for n in range(first, last):
             for c in range(channels):
                 for t in range(rows_in):
                     ih = b0 * strides[0] + t - pads[0]
-                    # unsigned: numba then emits no negative-index fix-up
-                    into = np.uintp(c * tile_plane + t * tile_w + pads[1])
-                    if 0 <= ih < height:
-                        source = np.uintp(((n * channels + c) * height + ih) * width)
+                    row = c * tile_plane + t * tile_w
+                    if not 0 <= ih < height:  # a padding row (an earlier band may have held input)
+                        # unsigned: numba then emits no negative-index fix-up
+                        for iw in range(np.uintp(tile_w)):
+                            tile[np.uintp(row) + iw] = 0.0
+                        continue
+                    source = ((n * channels + c) * height + ih) * width
+                    if phases == 1:
+                        into = np.uintp(row + pads[1])
                         for iw in range(np.uintp(width)):
-                            tile[into + iw] = x[source + iw]
-                    else:  # a padding row (an earlier band may have held input there)
-                        for iw in range(np.uintp(width)):
-                            tile[into + iw] = 0.0
+                            tile[into + iw] = x[np.uintp(source) + iw]
+                        continue
+                    pairs = width // 2
+                    whole = pairs - pairs % lanes
+                    for m in range(0, whole, lanes):
+                        _split_pairs(x, source + 2 * m, tile, row + even + m, row + odd + m)
+                    for m in range(whole, pairs):
+                        tile[row + even + m] = x[source + 2 * m]
+                        tile[row + odd + m] = x[source + 2 * m + 1]
+                    if width % 2:
+                        tile[row + even + pairs] = x[source + width - 1]
             for k in range(blocks):
                 rows = min(lanes, filters - k * lanes)
                 out_at = (n * filters + k * lanes) * out_plane + b0 * out_w
                 w_at = k * taps * lanes
-                if positions >= lanes:
+                if by_columns:
+                    for h in range(0, rows, half):
+                        for i in range(b1 - b0):
+                            window = i * strides[0] * tile_w
+                            for j in range(0, out_w, span):
+                                j0 = min(j, out_w - span)  # the last overlaps the ones before
+                                _columns_broadcast(tile, window + j0, offsets, weights, w_at + h,
+                                                   bias, k * lanes + h, low32, high32, gate,
+                                                   alpha32, beta32, out,
+                                                   out_at + h * out_plane + i * out_w + j0,
+                                                   out_plane, rows - h)
+                elif positions >= lanes:
                     for chunk in range(firsts.shape[0]):
                         _positions_broadcast(tile, bases, chunk * lanes, offsets, weights, w_at, bias,
-                                             k * lanes, low32, high32, out, out_at + firsts[chunk],
-                                             out_plane, rows)
+                                             k * lanes, low32, high32, gate, alpha32, beta32, out,
+                                             out_at + firsts[chunk], out_plane, rows)
                 else:
                     _positions_broadcast(tile, bases, 0, offsets, weights, w_at, bias, k * lanes,
-                                         low32, high32, scratch, 0, lanes, rows)
+                                         low32, high32, gate, alpha32, beta32, scratch, 0, lanes,
+                                         rows)
                     for r in range(rows):
                         for j in range(positions):
                             out[out_at + r * out_plane + j] = scratch[r * lanes + j]
-                if code >= 0:
+                if code >= 0 and gate == 0:
                     for r in range(rows):
                         # unsigned: no negative-index fix-up, and LLVM vectorises the run
                         activate_run(out, np.uintp(out_at + r * out_plane), np.uintp(positions),
