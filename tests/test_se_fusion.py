@@ -150,3 +150,26 @@ def test_other_shapes_run_and_bad_ones_name_the_node():
         gate.run(np.ones((1, 7, 3, 3), np.float32))
     with pytest.raises(KernelError, match="empty planes"):
         gate.run(np.ones((1, 8, 0, 3), np.float32))
+
+
+@pytest.mark.parametrize(("shape", "filters", "scaled"), [((1, 16, 2, 3), 16, "x"), ((2, 16, 1, 2), 3, "x"),
+                                                          ((1, 4, 8, 8), 4, "w"), ((3, 5, 6, 6), 2, "w")])
+def test_the_projection_scales_the_smaller_operand(shape, filters, scaled):
+    """The fused Mul scales X when it is the smaller (the unfused products, bit for bit), else
+    the weights' input channels (one more rounding per term)."""
+    rng = np.random.default_rng(7)
+    model = _gate_model(shape[1], 3, shape, rng=rng)
+    model.graph.node[-1].output[:] = ["m"]
+    model.graph.node.append(helper.make_node("Conv", ["m", "wp"], ["y"]))
+    model.graph.initializer.append(numpy_helper.from_array(
+        rng.uniform(-1, 1, (filters, shape[1], 1, 1)).astype(np.float32), "wp"))
+    x = rng.standard_normal(shape).astype(np.float32)
+    fused = RuntimeSession(model)
+    projection = fused._steps[-1][0]
+    assert projection.channel_scale and len(fused._steps) == 2
+    got, expected = fused.run(None, {"x": x})[0], RuntimeSession(model, fuse=False).run(None, {"x": x})[0]
+    if scaled == "x":
+        np.testing.assert_array_equal(got, expected)
+    else:
+        bound = 4 * np.finfo(np.float32).eps * (shape[1] + 2) * (np.abs(expected).max() + 1)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=bound)

@@ -78,7 +78,7 @@ from .depthwise import (
     region_threads,
 )
 from .filter_blocked import compile_filters, filters_applies
-from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
+from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
 from .pointwise import compile_pointwise, pointwise_call, vector_weights
 from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
@@ -692,9 +692,11 @@ class ConvKernel(Kernel):
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:
         """X and W of the convolution of ``x * scale`` (the fused squeeze-and-excitation
-        product; ``scale`` (N, C, 1, ...)): the weights' input channels scaled when one scale
-        holds for every image (W is smaller than X at the planes where it occurs, and the
-        product then reads X as it is), else X scaled."""
+        product; ``scale`` (N, C, 1, ...)), in one compiled pass
+        (:func:`~onnx_light.kernels.conv.finish.scale_channels`) over the smaller of the two:
+        the weights' input channels (group 1, one scale for every image: the deep layers'
+        weights outgrow their 7x7 planes, the early layers' planes their weights), else X,
+        whose products are then the unfused Mul's, bit for bit."""
         if scale is None:
             raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
         if (scale.ndim != x.ndim or scale.shape[1] != x.shape[1] or scale.shape[0] not in (1, x.shape[0])
@@ -702,16 +704,21 @@ class ConvKernel(Kernel):
             raise self.ctx.error(f"the channel scale must have shape [{x.shape[0]}, {x.shape[1]}"
                                  f"{', 1' * (x.ndim - 2)}] and X's type {x.dtype}, got "
                                  f"{list(scale.shape)} {scale.dtype}")
-        if x.shape[0] > 1 and scale.shape[0] > 1:
+        if x.dtype not in FINISHED_TYPES:
             return np.multiply(x, scale), w
-        if w.ndim != x.ndim or w.shape[1] * self.group != x.shape[1] or w.shape[0] % self.group:
-            return x, w  # the problem's checks report it
-        compute = compute_dtype(x.dtype)
-        groups, group_channels = self.group, w.shape[1]
-        factors = scale.astype(compute, copy=False).reshape(groups, 1, group_channels, 1)
-        scaled = np.multiply(w.astype(compute, copy=False).reshape(groups, w.shape[0] // groups,
-                                                                   group_channels, -1), factors)
-        return x, scaled.reshape(w.shape).astype(w.dtype, copy=False)
+        factors = np.ascontiguousarray(scale).reshape(-1)
+        if (self.group == 1 and w.dtype == x.dtype and w.ndim == x.ndim and w.shape[1] == x.shape[1]
+                and (x.shape[0] == 1 or scale.shape[0] == 1) and w.size < x.size):
+            source, by_row, inner = np.ascontiguousarray(w), False, x.shape[1]
+            out = np.empty(w.shape, w.dtype)
+        else:
+            if scale.shape[0] != x.shape[0]:  # one scale for every image, one factor per row
+                factors = np.tile(factors, x.shape[0])
+            source, by_row, inner = np.ascontiguousarray(x), True, math.prod(x.shape[2:])
+            out = np.empty(x.shape, x.dtype)
+        if out.size:
+            scale_channels.dispatcher(source.reshape(-1), factors, out.reshape(-1), inner, by_row)
+        return (x, out) if not by_row else (out, w)
 
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
                       residual: np.ndarray | None) -> Sequence[np.ndarray]:
