@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.base import KernelError
-from onnx_light.kernels.squeeze_excite import SqueezeExcite
+from onnx_light.kernels.conv.pointwise import pointwise_vector
+from onnx_light.kernels.squeeze_excite import SqueezeExcite, gate_layer
 from onnx_light.runtime import RuntimeSession, fusion
 
 TYPES = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE}
@@ -173,3 +174,21 @@ def test_the_projection_scales_the_smaller_operand(shape, filters, scaled):
     else:
         bound = 4 * np.finfo(np.float32).eps * (shape[1] + 2) * (np.abs(expected).max() + 1)
         np.testing.assert_allclose(got, expected, rtol=0, atol=bound)
+
+
+@pytest.mark.parametrize("code", [-1, 0, 1, 2, 3])
+@pytest.mark.parametrize(("batch", "filters", "depth"), [(1, 1152, 48), (2, 7, 33), (1, 1, 1)])
+def test_a_gate_layer_is_the_pointwise_vector_product_bit_for_bit(code, batch, filters, depth):
+    rng = np.random.default_rng(code + 10)
+    weights = rng.standard_normal(filters * depth).astype(np.float32)
+    source = (rng.standard_normal(batch * depth) * 30).astype(np.float32)
+    source[:4] = [np.nan, -0.0, np.inf, -np.inf][:source.size]
+    bias = rng.standard_normal(filters).astype(np.float32)
+    empty = np.empty(0, np.float32)
+    got, expected = (np.empty(batch * filters, np.float32) for _ in range(2))
+    for b in (bias, empty):
+        with np.errstate(all="ignore"):
+            gate_layer(weights, source, got, batch, filters, depth, b, -3.0, 5.0, code, 0.9, 0.4)
+            pointwise_vector(weights, source, expected, batch, filters, depth, b, empty, -3.0, 5.0,
+                             code, 0.9, 0.4)
+        np.testing.assert_array_equal(got, expected)
