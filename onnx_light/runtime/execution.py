@@ -135,12 +135,7 @@ def _bound(
     release = tuple(s for s in item.release if s not in reused)
     run, outputs = item.run, tuple((i, s) for i, s in enumerate(item.outputs) if s is not None)
 
-    def unprepared(values: list[Any]) -> None:
-        results = run(*[values[s] for s in inputs])
-        for i, s in outputs:
-            if i < len(results):
-                values[s] = results[i]
-
+    unprepared = _unprepared_call(run, inputs, outputs)
     prepared = item.prepared
     call = unprepared if prepared is None else _prepared_call(item, prepared, inputs, buffers,
                                                               assignment)
@@ -156,6 +151,39 @@ def _bound(
             values[s] = None
 
     return call_and_release
+
+
+def _unprepared_call(run: Callable[..., Sequence[Any]], inputs: tuple[int, ...],
+                     outputs: tuple[tuple[int, int], ...]) -> Callable[[list[Any]], None]:
+    """A step's ``kernel.run`` over the run's values, storing the outputs it returns; one
+    output of one or two inputs (most steps) without the loops."""
+    if len(outputs) == 1 and outputs[0][0] == 0 and len(inputs) in (1, 2):
+        output = outputs[0][1]
+        if len(inputs) == 1:
+            (a,) = inputs
+
+            def one(values: list[Any]) -> None:
+                results = run(values[a])
+                if results:
+                    values[output] = results[0]
+
+            return one
+        a, b = inputs
+
+        def two(values: list[Any]) -> None:
+            results = run(values[a], values[b])
+            if results:
+                values[output] = results[0]
+
+        return two
+
+    def unprepared(values: list[Any]) -> None:
+        results = run(*[values[s] for s in inputs])
+        for i, s in outputs:
+            if i < len(results):
+                values[s] = results[i]
+
+    return unprepared
 
 
 def _checked_call(item: Step, inputs: tuple[int, ...], buffers: Sequence[np.ndarray],
