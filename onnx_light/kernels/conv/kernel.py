@@ -132,6 +132,21 @@ class _BlockedWeights:
 
 
 @dataclass(frozen=True)
+class _Direct:
+    """The settled problem's call bound to the constant weights ``w`` and bias ``b``
+    (:meth:`ConvKernel._settle_direct`) for X of ``x_shape`` and ``dtype``: ``run(x,
+    residual, given)`` returns the output, or None where the general path runs. ``kernel``:
+    the kernel it was made for (a copy of it made later goes the general way)."""
+
+    kernel: ConvKernel
+    w: np.ndarray
+    b: np.ndarray | None
+    x_shape: tuple[int, ...]
+    dtype: np.dtype
+    run: Callable[[np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray | None]
+
+
+@dataclass(frozen=True)
 class _Settled:
     """What :meth:`ConvKernel.settle` decided for the shapes the session inferred."""
 
@@ -178,6 +193,8 @@ class ConvKernel(Kernel):
         # for it (_run_depthwise), kept while those stay the same objects
         self._depthwise_call: tuple = (None, None)
         self._depthwise_weights: tuple = (None, None, None, None, None)
+        # the settled problem's call bound to the constant weights (settle: _Direct)
+        self._direct: _Direct | None = None
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -309,7 +326,33 @@ class ConvKernel(Kernel):
         constant = self._pointwise_weights[0]
         if problem.algorithm == "direct_1x1" and math.prod(x[2:]) == 1 and constant is not None:
             settled._vector_weights = (constant, vector_weights(constant))
+        settled._direct = settled._settle_direct(problem)
         return settled
+
+    def _settle_direct(self, problem: _Problem) -> _Direct | None:
+        """The settled problem's compiled call bound to the constant weights and bias
+        (``direct_1x1`` without a prologue, ``depthwise``, ``depthwise_blocked``), which
+        :meth:`_run` takes for X of the settled shape and type, C-contiguous, and those
+        weights: the calls of the general path, with what they decide from the shapes and
+        the constants decided once."""
+        settled, dtype = self._settled, self.ctx.input_dtype(0)
+        if settled is None or dtype is None or compute_dtype(dtype) != dtype:
+            return None
+        if problem.algorithm == "direct_1x1" and self.prologue is None:
+            w, b = self._pointwise_weights[:2]
+            if w is None:
+                return None
+            bound = self._pointwise_bound(problem, settled.x_shape, np.dtype(dtype), w, b)
+            return None if bound is None else _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
+                                                      lambda x, residual, given: bound(x, residual))
+        if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
+            w, b = self._depthwise_weights[:2]
+            if w is None:
+                return None
+            run = self._run_depthwise
+            return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
+                           lambda x, residual, given: run(problem, x, w, b, given))
+        return None
 
     def _settle_depthwise(self, problem: _Problem) -> None:
         """Take what :meth:`_run_depthwise` remembers for the settled problem now (its call,
@@ -483,6 +526,12 @@ class ConvKernel(Kernel):
             raise self.ctx.error("needs the residual input (the fused addition's other operand)")
         if self.channel_scale:
             x, w = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
+        direct = self._direct
+        if (direct is not None and direct.kernel is self and w is direct.w and b is direct.b
+                and x.shape == direct.x_shape and x.dtype == direct.dtype and x.flags.c_contiguous):
+            out = direct.run(x, residual, given)
+            if out is not None:
+                return (out,)
         if self._distinct is not None and w is self._distinct.weights:
             return self._run_distinct(x, b, residual)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
@@ -557,8 +606,21 @@ class ConvKernel(Kernel):
     def _run_pointwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        residual: np.ndarray | None) -> np.ndarray | None:
         """``direct_1x1`` of one group straight through its compiled product
-        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), with what depends on the
-        shapes, the fused parts and the constant weights' view remembered. Its units run on
+        (:meth:`_pointwise_bound`), or None where the general path runs."""
+        if not x.flags.c_contiguous:
+            return None
+        bound = self._pointwise_bound(problem, x.shape, x.dtype, w, b)
+        return None if bound is None else bound(x, residual)
+
+    def _pointwise_bound(self, problem: _Problem, x_shape: tuple[int, ...], dtype: np.dtype,
+                         w: np.ndarray, b: np.ndarray | None
+                         ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray | None] | None:
+        """``direct_1x1`` of one group for X of ``x_shape`` and ``dtype`` (C-contiguous)
+        straight through its compiled product
+        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), as a function of X and
+        the residual (None where it would reject it: the general path reports it), with what
+        depends on the shapes, the fused parts and the weights taken now (the constant
+        weights' views remembered). Its units run on
         the session's threads (a numba region) from ``pointwise.minimum_flops`` multiply-adds
         on, whatever the pool's plan, and on the calling thread below, the same units and
         bits either way; a ``blas`` plan runs them on the calling thread with the session's
@@ -566,39 +628,49 @@ class ConvKernel(Kernel):
         output, as the general path runs it on each finished block. 1x1 planes take
         :func:`~onnx_light.kernels.conv.pointwise.pointwise_vector` on the calling thread (its
         own sum order: the bits of any thread count, not BLAS's). None where the general
-        path runs: several groups, another type or layout, a residual it would reject, the
-        packed product (``pointwise.product``) on a split plan."""
-        if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
-                or not x.flags.c_contiguous or not w.flags.c_contiguous):
+        path runs: several groups, another type or layout, the packed product
+        (``pointwise.product``) on a split plan."""
+        if problem.groups != 1 or dtype not in FINISHED_TYPES or not w.flags.c_contiguous:
             return None
-        parts = self._pointwise_fused(x.dtype)
-        call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
+        parts = self._pointwise_fused(dtype)
+        call = pointwise_call(x_shape, w.shape, dtype, self.config.pointwise_product)
         if call is None or (call.gemm is None and not call.vector
                             and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
-        flat_residual = None
-        if residual is not None:
-            if residual.shape != call.out_shape or residual.dtype != x.dtype:
-                return None  # the general path reports it
-            flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
         # weights scaled on this run (a fused channel scale) are not remembered: a run then
         # changes no state of the kernel
         operands = self._pointwise_operands(w, b, remember=not self.channel_scale)
-        threads = self.num_threads
+        bias, (clamp, activation), after = operands[3], parts[3], parts[4]
+        out_shape, threads = call.out_shape, self.num_threads
         if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
             constant, transposed = self._vector_weights
-            weights = transposed if constant is w else vector_weights(w)
-            out = call(x, weights, operands[3], flat_residual, *parts[3], 1)
+            weights, blas, threads = (transposed if constant is w else vector_weights(w)), 1, 1
         elif problem.plan == "blas":
-            out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
+            weights, blas = operands[2], threads
         else:
-            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
-                                or in_region()):
-                threads = 1  # a small product, or a branch of the graph on the pool's worker
-            out = call(x, operands[2], operands[3], flat_residual, *parts[3], 1, threads)
-        if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
-            parts[4](out)
-        return out
+            weights, blas = operands[2], 1
+            if call.multiply_adds < self.config.pointwise_minimum_flops:
+                threads = 1  # a small product
+        split = threads > 1 and not call.vector and problem.plan != "blas"
+
+        def bound(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray | None:
+            flat_residual = None
+            if residual is not None:
+                if residual.shape != out_shape or residual.dtype != dtype:
+                    return None  # the general path reports it
+                flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
+            if split:  # on the pool's worker (a branch of the graph), one thread
+                out = call(x, weights, bias, flat_residual, clamp, activation, blas,
+                           1 if in_region() else threads)
+            elif call.vector or problem.plan == "blas":
+                out = call(x, weights, bias, flat_residual, clamp, activation, blas)
+            else:
+                out = call(x, weights, bias, flat_residual, clamp, activation, blas, 1)
+            if after is not None:  # an epilogue with no compiled form, after the finishing
+                after(out)
+            return out
+
+        return bound
 
     def _run_depthwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        given: np.ndarray | None) -> np.ndarray | None:
