@@ -135,15 +135,17 @@ class _BlockedWeights:
 class _Direct:
     """The settled problem's call bound to the constant weights ``w`` and bias ``b``
     (:meth:`ConvKernel._settle_direct`) for X of ``x_shape`` and ``dtype``: ``run(x,
-    residual, given)`` returns the output, or None where the general path runs. ``kernel``:
-    the kernel it was made for (a copy of it made later goes the general way)."""
+    residual, given, scaled)`` returns the output, or None where the general path runs
+    (``scaled``: the weights a fused channel scale made of ``w`` on this run, or None).
+    ``kernel``: the kernel it was made for (a copy of it made later goes the general way)."""
 
     kernel: ConvKernel
     w: np.ndarray
     b: np.ndarray | None
     x_shape: tuple[int, ...]
     dtype: np.dtype
-    run: Callable[[np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray | None]
+    run: Callable[[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
+                  np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -344,14 +346,16 @@ class ConvKernel(Kernel):
                 return None
             bound = self._pointwise_bound(problem, settled.x_shape, np.dtype(dtype), w, b)
             return None if bound is None else _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                                                      lambda x, residual, given: bound(x, residual))
+                                                      lambda x, residual, given, scaled:
+                                                      bound(x, residual, scaled))
         if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
             w, b = self._depthwise_weights[:2]
             if w is None:
                 return None
             run = self._run_depthwise
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           lambda x, residual, given: run(problem, x, w, b, given))
+                           lambda x, residual, given, scaled:
+                           None if scaled is not None else run(problem, x, w, b, given))
         return None
 
     def _settle_depthwise(self, problem: _Problem) -> None:
@@ -524,14 +528,17 @@ class ConvKernel(Kernel):
         residual = inputs[3] if self.residual and len(inputs) > 3 else None
         if self.residual and residual is None:
             raise self.ctx.error("needs the residual input (the fused addition's other operand)")
+        scaled = None
         if self.channel_scale:
-            x, w = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
+            x, scaled = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
         direct = self._direct
         if (direct is not None and direct.kernel is self and w is direct.w and b is direct.b
                 and x.shape == direct.x_shape and x.dtype == direct.dtype and x.flags.c_contiguous):
-            out = direct.run(x, residual, given)
+            out = direct.run(x, residual, given, None if scaled is w else scaled)
             if out is not None:
                 return (out,)
+        if scaled is not None:
+            w = scaled
         if self._distinct is not None and w is self._distinct.weights:
             return self._run_distinct(x, b, residual)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
@@ -614,11 +621,12 @@ class ConvKernel(Kernel):
 
     def _pointwise_bound(self, problem: _Problem, x_shape: tuple[int, ...], dtype: np.dtype,
                          w: np.ndarray, b: np.ndarray | None
-                         ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray | None] | None:
+                         ) -> Callable[..., np.ndarray | None] | None:
         """``direct_1x1`` of one group for X of ``x_shape`` and ``dtype`` (C-contiguous)
         straight through its compiled product
-        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), as a function of X and
-        the residual (None where it would reject it: the general path reports it), with what
+        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), as a function of X, the
+        residual (None where it would reject it: the general path reports it) and the weights
+        of ``w``'s shape and type a fused channel scale made on this run, if any, with what
         depends on the shapes, the fused parts and the weights taken now (the constant
         weights' views remembered). Its units run on
         the session's threads (a numba region) from ``pointwise.minimum_flops`` multiply-adds
@@ -644,21 +652,28 @@ class ConvKernel(Kernel):
         out_shape, threads = call.out_shape, self.num_threads
         if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
             constant, transposed = self._vector_weights
-            weights, blas, threads = (transposed if constant is w else vector_weights(w)), 1, 1
+            constant_weights, blas, threads = (transposed if constant is w else vector_weights(w)), 1, 1
         elif problem.plan == "blas":
-            weights, blas = operands[2], threads
+            constant_weights, blas = operands[2], threads
         else:
-            weights, blas = operands[2], 1
+            constant_weights, blas = operands[2], 1
             if call.multiply_adds < self.config.pointwise_minimum_flops:
                 threads = 1  # a small product
         split = threads > 1 and not call.vector and problem.plan != "blas"
 
-        def bound(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray | None:
+        def bound(x: np.ndarray, residual: np.ndarray | None, scaled: np.ndarray | None = None
+                  ) -> np.ndarray | None:
             flat_residual = None
             if residual is not None:
                 if residual.shape != out_shape or residual.dtype != dtype:
                     return None  # the general path reports it
                 flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
+            if scaled is None:
+                weights = constant_weights
+            elif call.vector:
+                weights = vector_weights(scaled)
+            else:  # weights scaled on this run (_scaled: C-contiguous, w's shape and type)
+                weights = read_only(scaled.reshape(scaled.shape[0], -1))
             if split:  # on the pool's worker (a branch of the graph), one thread
                 out = call(x, weights, bias, flat_residual, clamp, activation, blas,
                            1 if in_region() else threads)
