@@ -344,10 +344,10 @@ class ConvKernel(Kernel):
             w, b = self._pointwise_weights[:2]
             if w is None:
                 return None
-            bound = self._pointwise_bound(problem, settled.x_shape, np.dtype(dtype), w, b)
-            return None if bound is None else _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                                                      lambda x, residual, given, scaled:
-                                                      bound(x, residual, scaled))
+            pointwise = self._run_pointwise
+            return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
+                           lambda x, residual, given, scaled:
+                           pointwise(problem, x, w if scaled is None else scaled, b, residual))
         if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
             w, b = self._depthwise_weights[:2]
             if w is None:
@@ -613,22 +613,8 @@ class ConvKernel(Kernel):
     def _run_pointwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        residual: np.ndarray | None) -> np.ndarray | None:
         """``direct_1x1`` of one group straight through its compiled product
-        (:meth:`_pointwise_bound`), or None where the general path runs."""
-        if not x.flags.c_contiguous:
-            return None
-        bound = self._pointwise_bound(problem, x.shape, x.dtype, w, b)
-        return None if bound is None else bound(x, residual)
-
-    def _pointwise_bound(self, problem: _Problem, x_shape: tuple[int, ...], dtype: np.dtype,
-                         w: np.ndarray, b: np.ndarray | None
-                         ) -> Callable[..., np.ndarray | None] | None:
-        """``direct_1x1`` of one group for X of ``x_shape`` and ``dtype`` (C-contiguous)
-        straight through its compiled product
-        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), as a function of X, the
-        residual (None where it would reject it: the general path reports it) and the weights
-        of ``w``'s shape and type a fused channel scale made on this run, if any, with what
-        depends on the shapes, the fused parts and the weights taken now (the constant
-        weights' views remembered). Its units run on
+        (:func:`~onnx_light.kernels.conv.pointwise.pointwise_call`), with what depends on the
+        shapes, the fused parts and the constant weights' view remembered. Its units run on
         the session's threads (a numba region) from ``pointwise.minimum_flops`` multiply-adds
         on, whatever the pool's plan, and on the calling thread below, the same units and
         bits either way; a ``blas`` plan runs them on the calling thread with the session's
@@ -636,56 +622,39 @@ class ConvKernel(Kernel):
         output, as the general path runs it on each finished block. 1x1 planes take
         :func:`~onnx_light.kernels.conv.pointwise.pointwise_vector` on the calling thread (its
         own sum order: the bits of any thread count, not BLAS's). None where the general
-        path runs: several groups, another type or layout, the packed product
-        (``pointwise.product``) on a split plan."""
-        if problem.groups != 1 or dtype not in FINISHED_TYPES or not w.flags.c_contiguous:
+        path runs: several groups, another type or layout, a residual it would reject, the
+        packed product (``pointwise.product``) on a split plan."""
+        if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
+                or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return None
-        parts = self._pointwise_fused(dtype)
-        call = pointwise_call(x_shape, w.shape, dtype, self.config.pointwise_product)
+        parts = self._pointwise_fused(x.dtype)
+        call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
         if call is None or (call.gemm is None and not call.vector
                             and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
+        flat_residual = None
+        if residual is not None:
+            if residual.shape != call.out_shape or residual.dtype != x.dtype:
+                return None  # the general path reports it
+            flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
         # weights scaled on this run (a fused channel scale) are not remembered: a run then
         # changes no state of the kernel
         operands = self._pointwise_operands(w, b, remember=not self.channel_scale)
-        bias, (clamp, activation), after = operands[3], parts[3], parts[4]
-        out_shape, threads = call.out_shape, self.num_threads
+        threads = self.num_threads
         if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
             constant, transposed = self._vector_weights
-            constant_weights, blas, threads = (transposed if constant is w else vector_weights(w)), 1, 1
+            weights = transposed if constant is w else vector_weights(w)
+            out = call(x, weights, operands[3], flat_residual, *parts[3], 1)
         elif problem.plan == "blas":
-            constant_weights, blas = operands[2], threads
+            out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
         else:
-            constant_weights, blas = operands[2], 1
-            if call.multiply_adds < self.config.pointwise_minimum_flops:
-                threads = 1  # a small product
-        split = threads > 1 and not call.vector and problem.plan != "blas"
-
-        def bound(x: np.ndarray, residual: np.ndarray | None, scaled: np.ndarray | None = None
-                  ) -> np.ndarray | None:
-            flat_residual = None
-            if residual is not None:
-                if residual.shape != out_shape or residual.dtype != dtype:
-                    return None  # the general path reports it
-                flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
-            if scaled is None:
-                weights = constant_weights
-            elif call.vector:
-                weights = vector_weights(scaled)
-            else:  # weights scaled on this run (_scaled: C-contiguous, w's shape and type)
-                weights = read_only(scaled.reshape(scaled.shape[0], -1))
-            if split:  # on the pool's worker (a branch of the graph), one thread
-                out = call(x, weights, bias, flat_residual, clamp, activation, blas,
-                           1 if in_region() else threads)
-            elif call.vector or problem.plan == "blas":
-                out = call(x, weights, bias, flat_residual, clamp, activation, blas)
-            else:
-                out = call(x, weights, bias, flat_residual, clamp, activation, blas, 1)
-            if after is not None:  # an epilogue with no compiled form, after the finishing
-                after(out)
-            return out
-
-        return bound
+            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
+                                or in_region()):
+                threads = 1  # a small product, or a branch of the graph on the pool's worker
+            out = call(x, operands[2], operands[3], flat_residual, *parts[3], 1, threads)
+        if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
+            parts[4](out)
+        return out
 
     def _run_depthwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        given: np.ndarray | None) -> np.ndarray | None:
