@@ -755,26 +755,28 @@ class ConvKernel(Kernel):
         whose products are then the unfused Mul's, bit for bit."""
         if scale is None:
             raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
-        if (scale.ndim != x.ndim or scale.shape[1] != x.shape[1] or scale.shape[0] not in (1, x.shape[0])
-                or any(d != 1 for d in scale.shape[2:]) or scale.dtype != x.dtype):
-            raise self.ctx.error(f"the channel scale must have shape [{x.shape[0]}, {x.shape[1]}"
+        shape, x_shape = scale.shape, x.shape
+        if (len(shape) != len(x_shape) or shape[1] != x_shape[1] or shape[0] not in (1, x_shape[0])
+                or scale.size != shape[0] * shape[1] or scale.dtype != x.dtype
+                or (scale.size == 0 and any(d != 1 for d in shape[2:]))):
+            raise self.ctx.error(f"the channel scale must have shape [{x_shape[0]}, {x_shape[1]}"
                                  f"{', 1' * (x.ndim - 2)}] and X's type {x.dtype}, got "
-                                 f"{list(scale.shape)} {scale.dtype}")
+                                 f"{list(shape)} {scale.dtype}")
         if x.dtype not in FINISHED_TYPES:
             return np.multiply(x, scale), w
-        factors = np.ascontiguousarray(scale).reshape(-1)
-        if (self.group == 1 and w.dtype == x.dtype and w.ndim == x.ndim and w.shape[1] == x.shape[1]
-                and (x.shape[0] == 1 or scale.shape[0] == 1) and w.size < x.size):
-            source, by_row, inner = np.ascontiguousarray(w), False, x.shape[1]
-            out = np.empty(w.shape, w.dtype)
+        factors = np.ascontiguousarray(scale.reshape(-1))
+        if (self.group == 1 and w.size < x.size and w.dtype == x.dtype and w.ndim == x.ndim
+                and w.shape[1] == x_shape[1] and (shape[0] == 1 or x_shape[0] == 1)):
+            source, by_row, inner = w, False, x_shape[1]
         else:
-            if scale.shape[0] != x.shape[0]:  # one scale for every image, one factor per row
-                factors = np.tile(factors, x.shape[0])
-            source, by_row, inner = np.ascontiguousarray(x), True, math.prod(x.shape[2:])
-            out = np.empty(x.shape, x.dtype)
+            if shape[0] != x_shape[0]:  # one scale for every image, one factor per row
+                factors = np.tile(factors, x_shape[0])
+            source, by_row, inner = x, True, x.size // max(1, x_shape[0] * x_shape[1])
+        out = np.empty(source.shape, source.dtype)
         if out.size:
-            scale_channels.dispatcher(source.reshape(-1), factors, out.reshape(-1), inner, by_row)
-        return (x, out) if not by_row else (out, w)
+            scale_channels.dispatcher(np.ascontiguousarray(source).reshape(-1), factors,
+                                      out.reshape(-1), inner, by_row)
+        return (out, w) if by_row else (x, out)
 
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
                       residual: np.ndarray | None) -> Sequence[np.ndarray]:
