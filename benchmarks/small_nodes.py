@@ -97,7 +97,8 @@ def measure(name: str, count: int, rounds: int) -> list:
     ours_us = (per[f"ours {count}"] - per["ours 1"]) / (count - 1) * 1e6
     theirs_us = (per[f"ort {count}"] - per["ort 1"]) / (count - 1) * 1e6
     step_count = (steps[count] - steps[1]) / (count - 1)
-    return [name, ops, f"{step_count:.0f}", f"{ours_us:.1f}", f"{theirs_us:.1f}", f"{ours_us / theirs_us:.2f}"]
+    return [name, ops, f"{step_count:.0f}", f"{ours_us:.1f}", f"{theirs_us:.1f}",
+            f"{ours_us / theirs_us:.2f}"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

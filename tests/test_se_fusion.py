@@ -192,3 +192,18 @@ def test_a_gate_layer_is_the_pointwise_vector_product_bit_for_bit(code, batch, f
             pointwise_vector(weights, source, expected, batch, filters, depth, b, empty, -3.0, 5.0,
                              code, 0.9, 0.4)
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("scale", [np.ones((1, 3, 1, 1), np.float32), np.ones((1, 8, 2, 1), np.float32),
+                                   np.ones((1, 8, 1, 1), np.float64), np.ones((2, 8, 1, 1), np.float32),
+                                   np.ones((1, 8, 1), np.float32)])
+def test_a_channel_scale_of_another_shape_or_type_is_refused(scale):
+    model = _gate_model(8, 2, (1, 8, 3, 3))
+    model.graph.node[-1].output[:] = ["m"]
+    model.graph.node.append(helper.make_node("Conv", ["m", "w1"], ["y"]))  # reads the 8 channels
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((2, 8, 1, 1), np.float32), "w1"))
+    projection = RuntimeSession(model)._steps[-1][0]
+    assert projection.channel_scale
+    x, w = np.ones((1, 8, 3, 3), np.float32), np.ones((2, 8, 1, 1), np.float32)
+    with pytest.raises(KernelError, match=r"channel scale must have shape \[1, 8, 1, 1\]"):
+        projection.run(x, w, None, None, scale)
