@@ -113,16 +113,16 @@ class SqueezeExcite(Kernel):
         self._arguments = (one.weights, one.bias, one.filters, *one.clamp, *one.activation,
                            two.weights, two.bias, two.filters, *two.clamp, *two.activation)
 
-    def _check(self, shape: Sequence[int], dtype: np.dtype) -> None:
-        if len(shape) < 3 or shape[1] != self.first.depth or dtype != self.dtype:
-            raise self.ctx.error(f"X must have shape (N, {self.first.depth}, D1, ...) and type "
-                                 f"{self.dtype}, got {list(shape)} {dtype}")
+    def _takes(self, shape: Sequence[int], dtype: np.dtype) -> bool:
+        return len(shape) >= 3 and shape[1] == self.first.depth and dtype == self.dtype
 
     def _shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         return (shape[0], self.second.filters, *(1,) * (len(shape) - 2))
 
     def run(self, x: np.ndarray) -> Sequence[np.ndarray]:
-        self._check(x.shape, x.dtype)
+        if not self._takes(x.shape, x.dtype):
+            raise self.ctx.error(f"X must have shape (N, {self.first.depth}, D1, ...) and type "
+                                 f"{self.dtype}, got {list(x.shape)} {x.dtype}")
         out = np.empty(self._shape(x.shape), self.dtype)
         if out.size:  # empty planes have NaN means, as GlobalAveragePool gives them
             squeeze_excite.dispatcher(np.ascontiguousarray(x), *self._arguments, out.reshape(-1))
@@ -134,9 +134,8 @@ class SqueezeExcite(Kernel):
         if len(inputs) != 1:
             return None
         shape, dtype = inputs[0]
-        self._check(shape, dtype)
-        if math.prod(shape) == 0 or dtype not in FINISHED_TYPES:
-            return None
+        if not self._takes(shape, dtype) or math.prod(shape) == 0 or dtype not in FINISHED_TYPES:
+            return None  # run reports it, or gives the empty output
         call, arguments = squeeze_excite.dispatcher, self._arguments
         for writeable in (True, False):  # a feed is read-only, another step's output is not
             x = np.zeros(shape, dtype)
