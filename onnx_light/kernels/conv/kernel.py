@@ -12,7 +12,9 @@ shapes (remembered per shape), and a 1x1 convolution of one group calls its comp
 product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the session's
 threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
 was last given kept; a depthwise one (``depthwise``, ``depthwise_blocked``) calls its
-compiled kernel directly too (:meth:`ConvKernel._run_depthwise`). Constant weights reach the
+compiled kernel directly too (:meth:`ConvKernel._run_depthwise`); for the settled shape
+and constant weights, ``settle`` binds those two calls (``_Direct``), which a run takes
+without ``run``'s checks and problem lookup. Constant weights reach the
 kernel once, at session construction, through :meth:`ConvKernel.specialize` (equal filters,
 or the weights kept for winograd, whose transform :meth:`ConvKernel.settle` computes for
 the tiling of the inferred shapes;
@@ -22,7 +24,7 @@ per-channel map of the input of a 1x1 convolution,
 :class:`~onnx_light.kernels.conv.blocks.Prologue`), ``residual`` (a fourth input, added to
 each finished block before the epilogue: ResNet's shortcut) and ``channel_scale`` (a fifth
 input, one factor per image and input channel that X is multiplied by first:
-squeeze-and-excitation's gate, applied to the weights' input channels).
+squeeze-and-excitation's gate, applied to the smaller of X and the weights' input channels).
 
 Equal filters. When a session's weights are constant and some filters are bitwise equal
 (group 1, float and double), each distinct filter is computed once and its channel copied to
