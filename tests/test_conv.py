@@ -579,3 +579,46 @@ def test_filters_with_equal_bit_sums_but_different_values_are_not_merged():
     w = np.concatenate([base, base, permuted])
     kernel = _kernel({"pads": [1, 1, 1, 1]})
     assert kernel.specialize([None, w, None]) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_settled_direct_calls_give_the_general_paths_values(threads):
+    """A session's settled pointwise (with a residual and a Relu, and on 1x1 planes) and
+    depthwise convolutions take their call bound at settle (``_direct``): the values of the
+    general path, bit for bit."""
+    from onnx import numpy_helper
+
+    from onnx_light.runtime import RuntimeSession
+
+    rng = np.random.default_rng(31)
+
+    def weights(name, shape):
+        return numpy_helper.from_array(rng.uniform(-1, 1, shape).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=6, pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["d", "wp", "bp"], ["p"]),
+             helper.make_node("Add", ["p", "x"], ["r"]), helper.make_node("Relu", ["r"], ["y"]),
+             helper.make_node("GlobalAveragePool", ["y"], ["g"]),
+             helper.make_node("Conv", ["g", "wv"], ["v"]), helper.make_node("Neg", ["v"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6, "h", "w"])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "z")],
+        [weights("wd", [6, 1, 3, 3]), weights("bd", [6]), weights("wp", [6, 6, 1, 1]),
+         weights("bp", [6]), weights("wv", [5, 6, 1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 9
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 7
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    session = RuntimeSession(model, num_threads=threads)
+    convs = [kernel for kernel, _, _ in session._steps if isinstance(kernel, conv.ConvKernel)]
+    assert len(convs) == 3 and all(kernel._direct is not None for kernel in convs)
+    x = rng.standard_normal((2, 6, 9, 7)).astype(np.float32)
+    got = session.run(None, {"x": x})
+    for kernel in convs:
+        kernel._direct = None
+    expected = session.run(None, {"x": x})
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    reference = ReferenceEvaluator(model).run(None, {"x": x})
+    for a, b in zip(got, reference, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -315,6 +315,25 @@ def test_global_average_pool_is_the_mean_rounded_once(dtype):
     np.testing.assert_array_less(np.abs(got[finite] - expected[finite]), bound[finite])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 4, 7, 7), (1, 2, 3, 4, 5), (3, 1, 1, 1)])
+def test_a_prepared_global_average_pool_writes_the_run_values_into_its_buffer(dtype, shape):
+    element_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    kernel = pooling.GlobalAveragePool(NodeContext("node", "GlobalAveragePool", "", 22, {}, (element_type,),
+                                                   (element_type,), 1, 1)).bind(ThreadPool(1))
+    prepared = kernel.prepare([(shape, np.dtype(dtype))])
+    assert prepared.shape == (*shape[:2], *(1,) * (len(shape) - 2)) and prepared.dtype == dtype
+    x = np.random.default_rng(12).uniform(-2, 2, shape).astype(dtype)
+    for writeable in (True, False):  # a step's output, a feed
+        x.flags.writeable = writeable
+        out = np.full(prepared.shape, np.nan, dtype)
+        prepared.compute(x, out=out)
+        np.testing.assert_array_equal(out, kernel.run(x)[0])
+    assert kernel.prepare([((1, 3), np.dtype(dtype))]) is None  # no planes: run's own error
+    assert kernel.prepare([((1, 3, 0), np.dtype(dtype))]) is None
+    assert kernel.prepare([(shape, np.dtype(np.float16))]) is None
+
+
 @settings(deadline=None, derandomize=True, max_examples=40)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.booleans(),
        st.sampled_from([np.float32, np.float64]))

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..tuning.keys import ElementType as T
-from .base import Kernel, NodeContext, compute_dtype
+from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype
 from .compiled import CompiledIntrinsic, compiled, vector_bytes, vector_lanes, wide_vectors
 from .declaration import KernelDeclaration, declare, dispatch_table
 from .window import Window, WindowAttributes, pad_spatial
@@ -539,7 +539,8 @@ def mean_rows(x: np.ndarray, out: np.ndarray) -> None:
 
 class GlobalAveragePool(_GlobalPool):
     """ONNX GlobalAveragePool: the mean (computed in float32 for half types; float32 and
-    float64 by :func:`mean_rows`, in float64)."""
+    float64 by :func:`mean_rows`, in float64). With a fixed input spec it is prepared
+    (:meth:`prepare`): one compiled call writing the means into the memory plan's buffer."""
 
     op_type: ClassVar[str] = "GlobalAveragePool"
 
@@ -556,6 +557,27 @@ class GlobalAveragePool(_GlobalPool):
             return means.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
         result = np.mean(x, axis=axes, dtype=compute_dtype(x.dtype), keepdims=True)
         return result.astype(x.dtype, copy=False)
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """:func:`mean_rows` straight into the buffer for a float32 or float64 X (N, C, D1,
+        ...) of a fixed shape with non-empty planes (its versions for a writeable and a
+        read-only X compiled, or loaded, now): the values of :meth:`run`."""
+        if len(inputs) != 1:
+            return None
+        shape, dtype = inputs[0]
+        if len(shape) < 3 or np.dtype(dtype) not in MEAN_ROWS_TYPES or math.prod(shape) == 0:
+            return None
+        rows = (shape[0] * shape[1], math.prod(shape[2:]))
+        means = mean_rows.dispatcher
+        for writeable in (True, False):  # another step's output, a feed
+            x = np.zeros((1, 1), dtype)
+            x.flags.writeable = writeable
+            means(x, np.empty(1, dtype))
+
+        def compute(x: np.ndarray, out: np.ndarray) -> None:
+            means(x.reshape(rows), out.reshape(rows[0]))
+
+        return Prepared(compute, (*shape[:2], *(1,) * (len(shape) - 2)), np.dtype(dtype))
 
 
 def mean_of_rows(rows: np.ndarray) -> np.ndarray:

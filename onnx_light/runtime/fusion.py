@@ -50,7 +50,11 @@ Before those, in this order:
    (step 2); a small 2-D product of constant weights (``matmul_bias.SMALL_WORK``
    multiply-adds by the inferred shapes) becomes one
    :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step instead, one compiled loop.
-7. **Sibling products** (last): MatMuls of one input by constant weights (the query, key
+7. **Squeeze-and-excitation gates** (after steps 1-4, whose activations they take as
+   epilogues): GlobalAveragePool and the two 1x1 convolutions after it become one
+   :class:`~onnx_light.kernels.squeeze_excite.SqueezeExcite` step, one compiled call
+   (``runtime/se_fusion.py`` states the pattern; the values are the unfused steps').
+8. **Sibling products** (last): MatMuls of one input by constant weights (the query, key
    and value projections, with their biases) become one product over the weights side by
    side whose column groups are their outputs (``runtime/sibling_fusion.py``).
 
@@ -93,6 +97,7 @@ from .attention_fusion import fuse_attention
 from .matmul_fusion import fuse_matmul_bias
 from .rmsnorm_fusion import fuse_rms_norm
 from .rotary_fusion import fuse_rotary
+from .se_fusion import fuse_squeeze_excite
 from .sibling_fusion import fuse_siblings
 
 __all__ = ["FusionResult", "fuse"]
@@ -240,6 +245,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
         conv_inputs = result[index][1]
         result[index][1] = (conv_inputs[0], *made, *conv_inputs[3:])
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
+    steps_out = fuse_squeeze_excite(steps_out, known, keep, shapes, sources)
     steps_out = fuse_siblings(steps_out, known, keep, sources)
     return FusionResult(steps_out, added, sources)
 

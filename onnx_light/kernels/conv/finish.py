@@ -10,6 +10,7 @@ same values as the separate passes, bitwise.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from ..compiled import compiled
 from ..compiled_activations import InPlace, flat_rows
 
 __all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows", "finish_run",
-           "fused_parts"]
+           "fused_parts", "scale_channels"]
 
 #: The output types the compiled pass takes.
 FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -106,6 +107,27 @@ def finish_from(target: np.ndarray, source: np.ndarray, shape: tuple[int, int, i
                         target[into + k] = _clamp(source[read + k], lo, hi)
 
 
+@compiled
+def scale_channels(source: np.ndarray, factors: np.ndarray, out: np.ndarray, inner: int,
+                   by_row: bool) -> None:
+    """``out[r * inner + k] = source[r * inner + k] * f`` over flat arrays, ``f`` being
+    ``factors[r]`` ``by_row`` (X (N, C, ...) by one factor per image and channel: inner is a
+    plane) or ``factors[k]`` (weights (M, C) by one factor per input channel): numpy's
+    products, one rounding each. A fused squeeze-and-excitation scale
+    (:meth:`~onnx_light.kernels.conv.kernel.ConvKernel._scaled`), one pass without
+    temporaries."""
+    n = np.uintp(inner)
+    for r in range(np.uintp(source.size) // n):
+        start = r * n
+        if by_row:
+            f = factors[r]
+            for k in range(n):
+                out[start + k] = source[start + k] * f
+        else:
+            for k in range(n):
+                out[start + k] = source[start + k] * factors[k]
+
+
 def _flat(view: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """A 4-D view with a contiguous last axis as flat memory from its first element and the
     first three axes' strides in elements; None otherwise."""
@@ -125,6 +147,10 @@ def compile_finish(dtype: np.dtype) -> None:
         finish = Finish(np.zeros((1, 1, 1, 1), dtype), None, None, (-math.inf, math.inf))
         finish(np.zeros((1, 1, 1), dtype), np.zeros((1, 1, 1), dtype))
         finish.copy(finish.out, np.zeros((1, 1, 1, 1), dtype), None)
+        for flags in itertools.product((True, False), repeat=2):  # a session's values are
+            source, factors = np.zeros(1, dtype), np.zeros(1, dtype)  # writeable, constants not
+            source.flags.writeable, factors.flags.writeable = flags
+            scale_channels.dispatcher(source, factors, np.zeros(1, dtype), 1, True)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ shapes (remembered per shape), and a 1x1 convolution of one group calls its comp
 product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the session's
 threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
 was last given kept; a depthwise one (``depthwise``, ``depthwise_blocked``) calls its
-compiled kernel directly too (:meth:`ConvKernel._run_depthwise`). Constant weights reach the
+compiled kernel directly too (:meth:`ConvKernel._run_depthwise`); for the settled shape
+and constant weights, ``settle`` binds those two calls (``_Direct``), which a run takes
+without ``run``'s checks and problem lookup. Constant weights reach the
 kernel once, at session construction, through :meth:`ConvKernel.specialize` (equal filters,
 or the weights kept for winograd, whose transform :meth:`ConvKernel.settle` computes for
 the tiling of the inferred shapes;
@@ -22,7 +24,7 @@ per-channel map of the input of a 1x1 convolution,
 :class:`~onnx_light.kernels.conv.blocks.Prologue`), ``residual`` (a fourth input, added to
 each finished block before the epilogue: ResNet's shortcut) and ``channel_scale`` (a fifth
 input, one factor per image and input channel that X is multiplied by first:
-squeeze-and-excitation's gate, applied to the weights' input channels).
+squeeze-and-excitation's gate, applied to the smaller of X and the weights' input channels).
 
 Equal filters. When a session's weights are constant and some filters are bitwise equal
 (group 1, float and double), each distinct filter is computed once and its channel copied to
@@ -78,7 +80,7 @@ from .depthwise import (
     region_threads,
 )
 from .filter_blocked import compile_filters, filters_applies
-from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts
+from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
 from .pointwise import compile_pointwise, pointwise_call, vector_weights
 from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
@@ -132,6 +134,23 @@ class _BlockedWeights:
 
 
 @dataclass(frozen=True)
+class _Direct:
+    """The settled problem's call bound to the constant weights ``w`` and bias ``b``
+    (:meth:`ConvKernel._settle_direct`) for X of ``x_shape`` and ``dtype``: ``run(x,
+    residual, given, scaled)`` returns the output, or None where the general path runs
+    (``scaled``: the weights a fused channel scale made of ``w`` on this run, or None).
+    ``kernel``: the kernel it was made for (a copy of it made later goes the general way)."""
+
+    kernel: ConvKernel
+    w: np.ndarray
+    b: np.ndarray | None
+    x_shape: tuple[int, ...]
+    dtype: np.dtype
+    run: Callable[[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
+                  np.ndarray | None]
+
+
+@dataclass(frozen=True)
 class _Settled:
     """What :meth:`ConvKernel.settle` decided for the shapes the session inferred."""
 
@@ -178,6 +197,8 @@ class ConvKernel(Kernel):
         # for it (_run_depthwise), kept while those stay the same objects
         self._depthwise_call: tuple = (None, None)
         self._depthwise_weights: tuple = (None, None, None, None, None)
+        # the settled problem's call bound to the constant weights (settle: _Direct)
+        self._direct: _Direct | None = None
 
     def accepts_prologue(self, w_shape: Sequence[int]) -> bool:
         """Whether a :class:`Prologue` can run inside this convolution with weights of this
@@ -309,7 +330,35 @@ class ConvKernel(Kernel):
         constant = self._pointwise_weights[0]
         if problem.algorithm == "direct_1x1" and math.prod(x[2:]) == 1 and constant is not None:
             settled._vector_weights = (constant, vector_weights(constant))
+        settled._direct = settled._settle_direct(problem)
         return settled
+
+    def _settle_direct(self, problem: _Problem) -> _Direct | None:
+        """The settled problem's compiled call bound to the constant weights and bias
+        (``direct_1x1`` without a prologue, ``depthwise``, ``depthwise_blocked``), which
+        :meth:`_run` takes for X of the settled shape and type, C-contiguous, and those
+        weights: the calls of the general path, with what they decide from the shapes and
+        the constants decided once."""
+        settled, dtype = self._settled, self.ctx.input_dtype(0)
+        if settled is None or dtype is None or compute_dtype(dtype) != dtype:
+            return None
+        if problem.algorithm == "direct_1x1" and self.prologue is None:
+            w, b = self._pointwise_weights[:2]
+            if w is None:
+                return None
+            pointwise = self._run_pointwise
+            return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
+                           lambda x, residual, given, scaled:
+                           pointwise(problem, x, w if scaled is None else scaled, b, residual))
+        if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
+            w, b = self._depthwise_weights[:2]
+            if w is None:
+                return None
+            run = self._run_depthwise
+            return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
+                           lambda x, residual, given, scaled:
+                           None if scaled is not None else run(problem, x, w, b, given))
+        return None
 
     def _settle_depthwise(self, problem: _Problem) -> None:
         """Take what :meth:`_run_depthwise` remembers for the settled problem now (its call,
@@ -481,8 +530,17 @@ class ConvKernel(Kernel):
         residual = inputs[3] if self.residual and len(inputs) > 3 else None
         if self.residual and residual is None:
             raise self.ctx.error("needs the residual input (the fused addition's other operand)")
+        scaled = None
         if self.channel_scale:
-            x, w = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
+            x, scaled = self._scaled(x, w, inputs[4] if len(inputs) > 4 else None)
+        direct = self._direct
+        if (direct is not None and direct.kernel is self and w is direct.w and b is direct.b
+                and x.shape == direct.x_shape and x.dtype == direct.dtype and x.flags.c_contiguous):
+            out = direct.run(x, residual, given, None if scaled is w else scaled)
+            if out is not None:
+                return (out,)
+        if scaled is not None:
+            w = scaled
         if self._distinct is not None and w is self._distinct.weights:
             return self._run_distinct(x, b, residual)
         if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
@@ -692,26 +750,35 @@ class ConvKernel(Kernel):
     def _scaled(self, x: np.ndarray, w: np.ndarray, scale: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray]:
         """X and W of the convolution of ``x * scale`` (the fused squeeze-and-excitation
-        product; ``scale`` (N, C, 1, ...)): the weights' input channels scaled when one scale
-        holds for every image (W is smaller than X at the planes where it occurs, and the
-        product then reads X as it is), else X scaled."""
+        product; ``scale`` (N, C, 1, ...)), in one compiled pass
+        (:func:`~onnx_light.kernels.conv.finish.scale_channels`) over the smaller of the two:
+        the weights' input channels (group 1, one scale for every image: the deep layers'
+        weights outgrow their 7x7 planes, the early layers' planes their weights), else X,
+        whose products are then the unfused Mul's, bit for bit."""
         if scale is None:
             raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
-        if (scale.ndim != x.ndim or scale.shape[1] != x.shape[1] or scale.shape[0] not in (1, x.shape[0])
-                or any(d != 1 for d in scale.shape[2:]) or scale.dtype != x.dtype):
-            raise self.ctx.error(f"the channel scale must have shape [{x.shape[0]}, {x.shape[1]}"
+        shape, x_shape = scale.shape, x.shape
+        if (len(shape) != len(x_shape) or shape[1] != x_shape[1] or shape[0] not in (1, x_shape[0])
+                or scale.size != shape[0] * shape[1] or scale.dtype != x.dtype
+                or (scale.size == 0 and any(d != 1 for d in shape[2:]))):
+            raise self.ctx.error(f"the channel scale must have shape [{x_shape[0]}, {x_shape[1]}"
                                  f"{', 1' * (x.ndim - 2)}] and X's type {x.dtype}, got "
-                                 f"{list(scale.shape)} {scale.dtype}")
-        if x.shape[0] > 1 and scale.shape[0] > 1:
+                                 f"{list(shape)} {scale.dtype}")
+        if x.dtype not in FINISHED_TYPES:
             return np.multiply(x, scale), w
-        if w.ndim != x.ndim or w.shape[1] * self.group != x.shape[1] or w.shape[0] % self.group:
-            return x, w  # the problem's checks report it
-        compute = compute_dtype(x.dtype)
-        groups, group_channels = self.group, w.shape[1]
-        factors = scale.astype(compute, copy=False).reshape(groups, 1, group_channels, 1)
-        scaled = np.multiply(w.astype(compute, copy=False).reshape(groups, w.shape[0] // groups,
-                                                                   group_channels, -1), factors)
-        return x, scaled.reshape(w.shape).astype(w.dtype, copy=False)
+        factors = np.ascontiguousarray(scale.reshape(-1))
+        if (self.group == 1 and w.size < x.size and w.dtype == x.dtype and w.ndim == x.ndim
+                and w.shape[1] == x_shape[1] and (shape[0] == 1 or x_shape[0] == 1)):
+            source, by_row, inner = w, False, x_shape[1]
+        else:
+            if shape[0] != x_shape[0]:  # one scale for every image, one factor per row
+                factors = np.tile(factors, x_shape[0])
+            source, by_row, inner = x, True, x.size // max(1, x_shape[0] * x_shape[1])
+        out = np.empty(source.shape, source.dtype)
+        if out.size:
+            scale_channels.dispatcher(np.ascontiguousarray(source).reshape(-1), factors,
+                                      out.reshape(-1), inner, by_row)
+        return (out, w) if by_row else (x, out)
 
     def _run_distinct(self, x: np.ndarray, b: np.ndarray | None,
                       residual: np.ndarray | None) -> Sequence[np.ndarray]:
