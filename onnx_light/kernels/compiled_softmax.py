@@ -36,10 +36,11 @@ from .compiled import compiled, prange, wide_vectors
 from .compiled_elementwise import numba_threads
 from .float32_math import LN2_HI32, LN2_LO32, LOG2E32, exp32_reduced, float_bits
 
-__all__ = ["MASK_NONE", "SoftmaxRows", "exp_difference", "mask_layout", "softmax_rows",
-           "softmax_rows_parallel"]
+__all__ = ["MASK_NONE", "NO_MASK", "SoftmaxRows", "exp_difference", "mask_layout", "softmax_packed_rows",
+           "softmax_rows", "softmax_rows_parallel"]
 
-_NO_MASK = np.zeros((1, 1), np.float32)
+#: The mask argument of the compiled rows when there is none.
+NO_MASK = np.zeros((1, 1), np.float32)
 MASK_NONE = np.zeros(0, np.int64)
 
 _ZERO = np.float32(0.0)
@@ -83,26 +84,55 @@ def softmax_rows(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray,
     ``out``)."""
     wide_vectors()
     length = x.shape[1]
-    masked = mask_rows.shape[0] > 0
-    s = np.float32(scale)
     y = np.empty(length, np.float32)
-    keys = y.view(np.int32)
     for r in range(start, stop):
-        row = x[r]
-        if masked:
-            mask_row = mask[mask_rows[r]]
-            for i in range(length):
-                y[i] = s * row[i] + mask_row[i]  # one rounding (a fused multiply-add)
-        else:
-            for i in range(length):
-                y[i] = s * row[i]
-        top = _row_maximum(keys, length)
         target = out[r]
-        for i in range(length):
-            target[i] = exp_difference(y[i], top)  # -inf - -inf, inf - inf: NaN, as in numpy
-        inverse = 1.0 / _row_total(target, length)
+        inverse = _exponentials(x, scale, mask, mask_rows, r, y, target)
         for i in range(length):
             target[i] = np.float64(target[i]) * inverse  # rounded once
+
+
+@compiled(fastmath={"contract"})
+def softmax_packed_rows(x: np.ndarray, scale: float, mask: np.ndarray, mask_rows: np.ndarray,
+                        start: int, stop: int, packed: np.ndarray) -> None:
+    """:func:`softmax_rows` of rows start..stop of ``x`` (whose rows it overwrites), row
+    ``start + i`` written into ``packed[i // MR, :, i % MR]`` (``packed`` (blocks, length,
+    MR), MR its last axis): the layout in which the packed products read their left operand
+    (:func:`.packed_gemm.panels_over_rows`), without a copy of the probabilities. The same
+    values as :func:`softmax_rows`."""
+    wide_vectors()
+    length = x.shape[1]
+    height = packed.shape[2]
+    y = np.empty(length, np.float32)
+    for r in range(start, stop):
+        target = x[r]
+        inverse = _exponentials(x, scale, mask, mask_rows, r, y, target)
+        block, lane = (r - start) // height, (r - start) % height
+        for i in range(length):
+            packed[block, i, lane] = np.float64(target[i]) * inverse  # rounded once
+
+
+@compiled(fastmath={"contract"})
+def _exponentials(x: np.ndarray, scale: float, mask: np.ndarray, mask_rows: np.ndarray, r: int,
+                  y: np.ndarray, target: np.ndarray) -> float:
+    """Row r of :func:`softmax_rows` before its quotients: ``y = scale * x[r] + mask row``
+    (one rounding), ``target = exp_difference(y, max y)``; returns 1 / their float64 sum.
+    ``target`` may be x's row r."""
+    wide_vectors()
+    length = x.shape[1]
+    s = np.float32(scale)
+    row = x[r]
+    if mask_rows.shape[0] > 0:
+        mask_row = mask[mask_rows[r]]
+        for i in range(length):
+            y[i] = s * row[i] + mask_row[i]  # one rounding (a fused multiply-add)
+    else:
+        for i in range(length):
+            y[i] = s * row[i]
+    top = _row_maximum(y.view(np.int32), length)
+    for i in range(length):
+        target[i] = exp_difference(y[i], top)  # -inf - -inf, inf - inf: NaN, as in numpy
+    return 1.0 / _row_total(target, length)
 
 
 @compiled
@@ -173,7 +203,7 @@ class SoftmaxRows:
             return
         x2 = x.reshape(-1, length)
         out2 = out.reshape(-1, length)
-        mask2 = _NO_MASK if mask is None else mask.reshape(-1, length)
+        mask2 = NO_MASK if mask is None else mask.reshape(-1, length)
         if (self.threads > 1 and x.size >= self.minimum_elements and x2.shape[0] > 1
                 and numba_threads(self.threads)):
             softmax_rows_parallel.dispatcher(x2, out2, scale, mask2, mask_rows,
@@ -187,7 +217,7 @@ class SoftmaxRows:
         x = np.zeros((2, 1), np.float32)
         frozen = np.zeros((1, 1), np.float32)
         frozen.flags.writeable = False
-        cases = ((_NO_MASK, MASK_NONE), (_NO_MASK, np.zeros(2, np.int64)), (frozen, np.zeros(2, np.int64)))
+        cases = ((NO_MASK, MASK_NONE), (NO_MASK, np.zeros(2, np.int64)), (frozen, np.zeros(2, np.int64)))
         parallel = self.threads > 1 and numba_threads(self.threads)
         for mask, rows in cases:
             softmax_rows.dispatcher(x, x.copy(), 1.0, mask, rows, 0, 2)
