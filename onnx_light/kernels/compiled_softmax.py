@@ -82,14 +82,7 @@ def softmax_rows(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray,
     """out[r] = softmax(scale * x[r] + mask[mask_rows[r]]) for rows start..stop of the 2-D
     float32 arrays ``x`` and ``out`` (no mask when ``mask_rows`` is empty; ``x`` may be
     ``out``)."""
-    wide_vectors()
-    length = x.shape[1]
-    y = np.empty(length, np.float32)
-    for r in range(start, stop):
-        target = out[r]
-        inverse = _exponentials(x, scale, mask, mask_rows, r, y, target)
-        for i in range(length):
-            target[i] = np.float64(target[i]) * inverse  # rounded once
+    _softmax(x, out, scale, mask, mask_rows, start, stop, np.empty((0, 0, 1), np.float32))
 
 
 @compiled(fastmath={"contract"})
@@ -100,39 +93,44 @@ def softmax_packed_rows(x: np.ndarray, scale: float, mask: np.ndarray, mask_rows
     MR), MR its last axis): the layout in which the packed products read their left operand
     (:func:`.packed_gemm.panels_over_rows`), without a copy of the probabilities. The same
     values as :func:`softmax_rows`."""
-    wide_vectors()
-    length = x.shape[1]
-    height = packed.shape[2]
-    y = np.empty(length, np.float32)
-    for r in range(start, stop):
-        target = x[r]
-        inverse = _exponentials(x, scale, mask, mask_rows, r, y, target)
-        block, lane = (r - start) // height, (r - start) % height
-        for i in range(length):
-            packed[block, i, lane] = np.float64(target[i]) * inverse  # rounded once
+    _softmax(x, x, scale, mask, mask_rows, start, stop, packed)
 
 
 @compiled(fastmath={"contract"})
-def _exponentials(x: np.ndarray, scale: float, mask: np.ndarray, mask_rows: np.ndarray, r: int,
-                  y: np.ndarray, target: np.ndarray) -> float:
-    """Row r of :func:`softmax_rows` before its quotients: ``y = scale * x[r] + mask row``
-    (one rounding), ``target = exp_difference(y, max y)``; returns 1 / their float64 sum.
-    ``target`` may be x's row r."""
+def _softmax(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray, mask_rows: np.ndarray,
+             start: int, stop: int, packed: np.ndarray) -> None:
+    """:func:`softmax_rows`, the quotients of row r written into ``packed`` as
+    :func:`softmax_packed_rows` says when it has rows (``out`` then holds the
+    exponentials), else into ``out[r]``."""
     wide_vectors()
     length = x.shape[1]
+    masked = mask_rows.shape[0] > 0
+    packing = packed.shape[0] > 0
+    height = packed.shape[2]
     s = np.float32(scale)
-    row = x[r]
-    if mask_rows.shape[0] > 0:
-        mask_row = mask[mask_rows[r]]
+    y = np.empty(length, np.float32)
+    keys = y.view(np.int32)
+    for r in range(start, stop):
+        row = x[r]
+        if masked:
+            mask_row = mask[mask_rows[r]]
+            for i in range(length):
+                y[i] = s * row[i] + mask_row[i]  # one rounding (a fused multiply-add)
+        else:
+            for i in range(length):
+                y[i] = s * row[i]
+        top = _row_maximum(keys, length)
+        target = out[r]
         for i in range(length):
-            y[i] = s * row[i] + mask_row[i]  # one rounding (a fused multiply-add)
-    else:
-        for i in range(length):
-            y[i] = s * row[i]
-    top = _row_maximum(y.view(np.int32), length)
-    for i in range(length):
-        target[i] = exp_difference(y[i], top)  # -inf - -inf, inf - inf: NaN, as in numpy
-    return 1.0 / _row_total(target, length)
+            target[i] = exp_difference(y[i], top)  # -inf - -inf, inf - inf: NaN, as in numpy
+        inverse = 1.0 / _row_total(target, length)
+        if packing:
+            block, lane = (r - start) // height, (r - start) % height
+            for i in range(length):
+                packed[block, i, lane] = np.float64(target[i]) * inverse  # rounded once
+        else:
+            for i in range(length):
+                target[i] = np.float64(target[i]) * inverse  # rounded once
 
 
 @compiled
