@@ -181,14 +181,19 @@ class FusedAttention(Kernel):
         k4, v4 = (np.broadcast_to(x, (*heads[:-1], groups, *x.shape[-2:])).reshape(-1, groups, *x.shape[-2:])
                   for x in (k, v))
         mask2 = NO_MASK if mask is None else mask.reshape(-1, layout.scores_shape[-1])
-        queries, keys = layout.scores_shape[-2:]
-        block = block_rows(queries, keys, packed_gemm.geometry().rows)
-        tasks = out.shape[0] * -(-queries // block)
+        block, tasks = self._blocks(layout)
         if self.num_threads > 1 and tasks > 1 and numba_threads(self.num_threads):
             entry(True)(q4, k4, v4, self.scale, mask2, layout.rows, out, block,
                         min(self.num_threads, tasks), wait_cycles())
         else:
             entry(False)(q4, k4, v4, self.scale, mask2, layout.rows, out, block)
+
+    @staticmethod
+    def _blocks(layout: Layout) -> tuple[int, int]:
+        """The compiled tasks' query rows per task, and their count."""
+        queries, keys = layout.scores_shape[-2:]
+        block = block_rows(queries, keys, packed_gemm.geometry().rows)
+        return block, math.prod(layout.heads) * -(-queries // block)
 
     def layout(self, q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
                mask: tuple[int, ...] | None) -> Layout | None:
@@ -246,6 +251,7 @@ class FusedAttention(Kernel):
         shape = (*layout.heads, layout.scores_shape[-2], layout.width)
         if self._compiled(layout):
             tasks = self._tasks
+            entry(self.num_threads > 1 and self._blocks(layout)[1] > 1)  # compiled now, not in a run
 
             def compiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, *,
                          out: np.ndarray) -> None:
