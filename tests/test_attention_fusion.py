@@ -309,11 +309,18 @@ def test_grouped_query_attention_reads_k_and_v_unrepeated(batch, groups, repeat,
     compiled tasks where the packed products run)."""
     model = grouped_model(batch, groups, repeat, tokens, size, transpose_k=transpose_k, mask=mask)
     nodes = len(model.graph.node)
+    values = feeds(model, np.random.default_rng(seed))
+    bound = None
+    if minimum_flops == 1:  # the compiled tasks: the products' bound (BLAS's sum the same order)
+        k_t, v = (np.repeat(values[n], repeat, axis=1) for n in "kv")
+        k_t = k_t.transpose(0, 1, 3, 2) if transpose_k else k_t
+        causal = np.triu(np.full((tokens, tokens), np.finfo(np.float32).min, np.float32), 1)
+        bound = products_bound(values["q"], k_t, v, np.float32(size ** -0.5), causal if mask else None)
     context, configure = _compiled_from(minimum_flops)
     with context as patched:
         patched.setattr(Softmax, "_configure", configure)
         patched.setattr(FusedAttention, "_unfused", lambda *a: pytest.fail("fell back to the nodes"))
-        session = check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
+        session = check(model, values, fused_nodes=nodes - 1, bound=bound)
     (step,) = fused_steps(session)
     assert step.run.__self__.repeats[0] is not None and step.run.__self__.repeats[1] is not None
     assert (step.prepared is not None) == mask  # with every input given
