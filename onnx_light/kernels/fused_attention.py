@@ -84,6 +84,15 @@ def repeat_count(shape: tuple[int, ...], repeat: Repeat) -> int | None:
     return count if tuple(dims) == (*shape[:-3], shape[-3] * count, *shape[-2:]) else None
 
 
+def _four(x: np.ndarray, heads: tuple[int, ...]) -> np.ndarray:
+    """``x`` (..., rows, columns) broadcast to ``heads`` and viewed as 4-D (batch, heads[-1],
+    rows, columns): the compiled tasks' operand (a view unless merging the leading axes copies)."""
+    shape = (*heads, *x.shape[-2:])
+    if x.shape != shape:
+        x = np.broadcast_to(x, shape)
+    return x if x.ndim == 4 else x.reshape(-1, *shape[-3:])
+
+
 class Layout(NamedTuple):
     """What the shapes of Q, K, V and the mask decide (:meth:`FusedAttention.layout`):
     R of grouped-query attention (None without), the broadcast batch of heads of the
@@ -173,13 +182,12 @@ class FusedAttention(Kernel):
                layout: Layout, out: np.ndarray) -> None:
         """The compiled tasks (:mod:`.compiled_attention`) into ``out`` (heads, queries, width),
         in one region of numba's threads with more than one thread."""
-        q, k, v = (x if perm is None or len(perm) != x.ndim else np.transpose(x, perm)
+        q, k, v = (x if perm is None or len(perm) != x.ndim else x.transpose(perm)
                    for x, perm in zip((q, k, v), self.perms, strict=True))
         heads = layout.heads or (1,)
         groups = k.shape[-3] if layout.count else heads[-1]
-        q4 = np.broadcast_to(q, (*heads, *q.shape[-2:])).reshape(-1, heads[-1], *q.shape[-2:])
-        k4, v4 = (np.broadcast_to(x, (*heads[:-1], groups, *x.shape[-2:])).reshape(-1, groups, *x.shape[-2:])
-                  for x in (k, v))
+        q4 = _four(q, heads)
+        k4, v4 = _four(k, (*heads[:-1], groups)), _four(v, (*heads[:-1], groups))
         mask2 = NO_MASK if mask is None else mask.reshape(-1, layout.scores_shape[-1])
         block, tasks = self._blocks(layout)
         if self.num_threads > 1 and tasks > 1 and numba_threads(self.num_threads):
