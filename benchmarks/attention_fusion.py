@@ -8,9 +8,10 @@ Mul by 1/sqrt(size), Add of a (batch, 1, 1, keys) mask where the model has one, 
 MatMul) at a zoo model's shape. The first table gives the median time per run of an
 onnx_light session (the pattern fused into one FusedAttention step), of one with fusion off,
 and of onnxruntime with the same intra-op thread count, interleaved in one process, with the
-largest difference between onnx_light's output and onnxruntime's. At more than one thread,
-the second table times the FusedAttention kernel alone, serial against its heads split over
-the pool (``attention.minimum_flops`` out of reach and at 1), to place that threshold.
+largest difference between onnx_light's output and onnxruntime's. The second table times the
+FusedAttention kernel alone, with BLAS's products (``attention.minimum_flops`` out of reach)
+against its compiled tasks (the threshold at 1: one compiled call at one thread, one region
+of numba's threads at more), to place that threshold.
 
 ``--softmax`` times the softmax alone on the scores of :data:`SOFTMAX_CASES`: the compiled
 rows (``SoftmaxRows``, serial) against a one-node onnxruntime Softmax session, interleaved,
@@ -141,25 +142,23 @@ def main() -> None:
             f, u, o = t["fused"] * 1e6, t["unfused"] * 1e6, t["onnxruntime"] * 1e6
             print(f"| {name} | {f:.1f} | {u:.1f} | {o:.1f} | {f / o:.2f} | {u / f:.2f} | "
                   f"{differences[name]:.2g} |")
-        if threads < 2:
-            continue
         groups = {}
         for name, (kernel, inputs) in kernels.items():
-            serial, split = (kernel.variant(softmax=kernel.softmax.variant()).bind(get_pool(threads))
-                             for _ in range(2))
-            serial.configure({ATTENTION_MINIMUM_FLOPS: 1 << 62})
-            split.configure({ATTENTION_MINIMUM_FLOPS: 1})
-            groups[name] = {"serial": (lambda k=serial, x=inputs: k.run(*x), True),
-                            "split": (lambda k=split, x=inputs: k.run(*x), True)}
+            blas, tasks = (kernel.variant(softmax=kernel.softmax.variant()).bind(get_pool(threads))
+                           for _ in range(2))
+            blas.configure({ATTENTION_MINIMUM_FLOPS: 1 << 62})
+            tasks.configure({ATTENTION_MINIMUM_FLOPS: 1})
+            groups[name] = {"blas": (lambda k=blas, x=inputs: k.run(*x), True),
+                            "tasks": (lambda k=tasks, x=inputs: k.run(*x), True)}
         medians = interleaved(groups, args.rounds, 0.02)
-        print(f"\nFusedAttention kernel, {threads} threads, load average {load_average()}\n")
-        print("| case | multiply-adds | serial us | heads split us | serial/split |")
+        print(f"\nFusedAttention kernel, {threads} thread(s), load average {load_average()}\n")
+        print("| case | multiply-adds | BLAS products us | compiled tasks us | tasks/BLAS |")
         print("|---|---|---|---|---|")
         for name, t in medians.items():
             batch, heads, tokens, size, _ = CASES[name]
             flops = batch * heads * tokens * tokens * 2 * size
-            s, p = t["serial"] * 1e6, t["split"] * 1e6
-            print(f"| {name} | {flops / 1e6:.1f} M | {s:.1f} | {p:.1f} | {s / p:.2f} |")
+            b, c = t["blas"] * 1e6, t["tasks"] * 1e6
+            print(f"| {name} | {flops / 1e6:.1f} M | {b:.1f} | {c:.1f} | {c / b:.2f} |")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ Each variant is ``THREADS[,SETTING...]`` with settings
   during a run and ``US`` microseconds after it, so that no processor halts; 0: none);
 * ``siblings=off``: sibling products of one input left apart (``runtime/sibling_fusion.py``
   not run: the plan before it);
+* ``attention=EXPONENT``: every fused attention step (``FusedAttention``) from 2^EXPONENT
+  multiply-adds as compiled tasks (over numba's threads in one region at 2 threads), below
+  with BLAS's products (the Softmax key's ``attention.minimum_flops``, set while the session
+  is built, so that its prepared steps take it);
 * ``packed=pool``: products of packed weights split as before 2026-12-06 09:30 UTC, A's rows
   in chunks of whole micro-kernel blocks on the pool (``ThreadPool.parallel_chunks``), instead
   of their panels in one numba region (:func:`pool_rows`).
@@ -48,6 +52,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 HERE = Path(__file__).resolve().parent
@@ -61,6 +66,7 @@ from hot_regions import others_runnable, rows_on_pool  # noqa: E402
 
 from onnx_light.kernels import gemm, packed_gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
+from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax  # noqa: E402
 from onnx_light.runtime import RuntimeSession, branches, fusion  # noqa: E402
 
 WARM_S = 0.02
@@ -70,7 +76,8 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     """The session ``variant`` names (see the module's docstring)."""
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
-    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed"}
+    unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed",
+                              "attention"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -78,8 +85,10 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
         branches.BRANCH_MINIMUM_WORK = 0
     apart = (mock.patch.object(fusion, "fuse_siblings", lambda steps, *rest: list(steps))
              if options.get("siblings") == "off" else contextlib.nullcontext())
+    attention = (mock.patch.object(Softmax, "_configure", attention_from(1 << int(options["attention"])))
+                 if "attention" in options else contextlib.nullcontext())
     try:
-        with apart:
+        with apart, attention:
             session = RuntimeSession(model, num_threads=int(threads),
                                      branches=options.get("branches", "on") != "off")
     finally:
@@ -103,6 +112,16 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
         if options.get("packed") == "pool" and getattr(kernel, "_packed", None) is not None:
             kernel._packed_product = functools.partial(pool_rows, kernel)
     return session
+
+
+def attention_from(minimum_flops: int) -> Any:
+    """Softmax's ``_configure`` with ``attention.minimum_flops`` replaced by ``minimum_flops``."""
+    original = Softmax._configure
+
+    def configure(self: Softmax, values: Any) -> None:
+        original(self, {**values, ATTENTION_MINIMUM_FLOPS: minimum_flops})
+
+    return configure
 
 
 def pool_rows(kernel: gemm._ProductKernel, packed: packed_gemm.PackedWeights, a: np.ndarray,

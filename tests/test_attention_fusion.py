@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx_light
+from onnx_light.kernels import packed_gemm
 from onnx_light.kernels.attention_calibration import AttentionHeadsCrossover, _joined
 from onnx_light.kernels.base import NodeContext
 from onnx_light.kernels.calibration import RowsCrossover
@@ -23,6 +24,24 @@ F = TensorProto.FLOAT
 # scale, the mask and inside Softmax: a few float32 units of the probabilities, carried
 # through the product with V (sums of S terms of magnitude |V|).
 RTOL, ATOL = 2e-5, 2e-6
+U = 2.0 ** -24
+
+
+def products_bound(q, k_t, v, scale, mask):
+    """The first-order bound of compiled_attention.py between two float32 computations of
+    softmax(scale q k^T + mask) v whose products sum in different orders (heads-first
+    operands, float64): each score within 2 depth u scale sum |q||k| (both orders), which
+    moves a probability by at most twice the row's largest score error (relative), plus 4
+    units of the two softmaxes; each output within those changes times |v| plus 2 keys u
+    sum P |v| (both orders of the second product)."""
+    q, k_t, v = (x.astype(np.float64) for x in (q, k_t, v))
+    scores = q @ k_t * scale + (0.0 if mask is None else mask)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        p = np.nan_to_num(e / e.sum(-1, keepdims=True))
+    score_error = 2 * q.shape[-1] * U * abs(scale) * (np.abs(q) @ np.abs(k_t))
+    relative = 2 * score_error.max(-1, keepdims=True) + 4 * U
+    return (relative + 2 * k_t.shape[-1] * U) * (p @ np.abs(v))
 
 
 def attention_model(batch, heads, queries, keys, size, *, scale="Mul", mask_shape=None,
@@ -86,7 +105,7 @@ def fused_steps(session):
     return [step for step in session._plan if isinstance(getattr(step.run, "__self__", None), FusedAttention)]
 
 
-def check(model, values, fused_nodes, threads=1):
+def check(model, values, fused_nodes, threads=1, bound=None):
     session = RuntimeSession(model, num_threads=threads)
     if fused_nodes:  # tuned as its Softmax node
         (entry,) = [e for e in session.tuning_report() if e["key"].startswith("onnx_light/Softmax")]
@@ -97,7 +116,10 @@ def check(model, values, fused_nodes, threads=1):
     got, expected = session.run(None, values), plain.run(None, values)
     for a, b in zip(got, expected, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+        if bound is None:
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+        else:
+            assert (np.abs(a.astype(np.float64) - b) <= bound + ATOL).all()
     if fused_nodes:  # the prepared step (FusedAttention.prepare) computes what run does
         with pytest.MonkeyPatch.context() as patched:
             patched.setattr(FusedAttention, "prepare", lambda self, inputs: None)
@@ -176,25 +198,67 @@ def test_inputs_the_step_does_not_take_run_the_original_nodes():
         kernel.run(*(values[n].astype(np.float32) for n in "qkv"), np.zeros((2, 2, 2, 2), np.float32))
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-def test_split_heads_are_bit_identical_to_serial(threads):
-    rng = np.random.default_rng(6)
-    q, k, v = (rng.standard_normal((2, 9, 3, 16)).astype(np.float32) for _ in range(3))
-    mask = np.where(rng.random((2, 1, 9, 9)) < 0.2, -np.inf, 0).astype(np.float32)
+def _compiled_from(minimum_flops):
+    """A patch of Softmax._configure giving every attention step ``minimum_flops`` (1: the
+    compiled tasks at every size)."""
+    original = Softmax._configure
+
+    def configure(self, values):
+        original(self, values)
+        self.minimum_flops = minimum_flops
+
+    return pytest.MonkeyPatch.context(), configure
+
+
+needs_packed = pytest.mark.skipif(not packed_gemm.available(), reason="the packed products need AVX2 and FMA")
+
+
+@needs_packed
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 2), heads=st.integers(1, 3), queries=st.integers(1, 80),
+       keys=st.integers(1, 40), size=st.integers(1, 70),
+       mask=st.sampled_from(["none", "per batch", "per query", "full"]),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_compiled_tasks_against_unfused(batch, heads, queries, keys, size, mask, threads, seed):
+    """The compiled tasks (forced at every size) against the unfused graph, over task blocks,
+    partial micro-kernel blocks and panels, and masks: within the bound, prepared or not."""
+    mask_shape = {"none": None, "per batch": (batch, 1, 1, keys), "per query": (batch, 1, queries, keys),
+                  "full": (batch, heads, queries, keys)}[mask]
+    model = attention_model(batch, heads, queries, keys, size, mask_shape=mask_shape)
+    values = feeds(model, np.random.default_rng(seed))
     perms = ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3))
+    q, k_t, v = (values[n].transpose(perm) for n, perm in zip("qkv", perms, strict=True))
+    bound = products_bound(q, k_t, v, 0.125, values.get("mask"))
+    context, configure = _compiled_from(1)
+    with context as patched:
+        patched.setattr(Softmax, "_configure", configure)
+        patched.setattr(FusedAttention, "_heads", lambda *a: pytest.fail("ran the BLAS products"))
+        check(model, values, fused_nodes=6 + (mask_shape is not None), threads=threads, bound=bound)
+
+
+def _kernel(pool, minimum_flops, perms=((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3))):
     ctx = NodeContext("a", "FusedAttention", "", 17, {}, (F,) * 4, (F,), 4, 1)
+    softmax = Softmax(NodeContext("s", "Softmax", "", 17, {}, (F,), (F,), 1, 1))
+    fused = FusedAttention(ctx, softmax, 0.25, perms, (0, 1, 2, 3), [], {}).bind(pool)
+    fused.configure({ATTENTION_MINIMUM_FLOPS: minimum_flops})
+    assert softmax.minimum_flops == minimum_flops
+    return fused
 
-    def kernel(pool, minimum_flops):
-        softmax = Softmax(NodeContext("s", "Softmax", "", 17, {}, (F,), (F,), 1, 1))
-        fused = FusedAttention(ctx, softmax, 0.25, perms, (0, 1, 2, 3), [], {}).bind(pool)
-        fused.configure({ATTENTION_MINIMUM_FLOPS: minimum_flops})
-        assert softmax.minimum_flops == minimum_flops
-        return fused
 
-    serial = kernel(None, 1 << 62).run(q, k, v, mask)[0]
-    split = kernel(get_pool(threads), 1).run(q, k, v, mask)[0]
-    assert serial.shape == split.shape == (2, 3, 9, 16)
+@needs_packed
+@pytest.mark.parametrize("threads", [2, 3])
+def test_compiled_tasks_give_the_same_bits_at_any_thread_count(threads):
+    """Serial and over the threads (one region) the same bits; BLAS's products (below the
+    threshold) within the bound."""
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 50, 3, 16)).astype(np.float32) for _ in range(3))
+    mask = np.where(rng.random((2, 1, 50, 50)) < 0.2, -np.inf, 0).astype(np.float32)
+    serial = _kernel(None, 1).run(q, k, v, mask)[0]
+    split = _kernel(get_pool(threads), 1).run(q, k, v, mask)[0]
+    blas = _kernel(get_pool(threads), 1 << 62).run(q, k, v, mask)[0]
+    assert serial.shape == split.shape == blas.shape == (2, 3, 50, 16)
     assert serial.tobytes() == split.tobytes()
+    np.testing.assert_allclose(serial, blas, rtol=RTOL, atol=ATOL)
 
 
 def grouped_model(batch, groups, repeat, tokens, size, *, transpose_k=True, mask=True, opset=17):
@@ -236,16 +300,27 @@ def grouped_model(batch, groups, repeat, tokens, size, *, transpose_k=True, mask
 
 @settings(max_examples=20, deadline=None)
 @given(batch=st.integers(1, 2), groups=st.integers(1, 3), repeat=st.integers(1, 4), tokens=st.integers(1, 9),
-       size=st.integers(1, 16), transpose_k=st.booleans(), mask=st.booleans(), seed=st.integers(0, 2**16))
+       size=st.integers(1, 16), transpose_k=st.booleans(), mask=st.booleans(), seed=st.integers(0, 2**16),
+       minimum_flops=st.sampled_from([1 << 62] + [1] * packed_gemm.available()))
 def test_grouped_query_attention_reads_k_and_v_unrepeated(batch, groups, repeat, tokens, size, transpose_k,
-                                                         mask, seed):
+                                                         mask, seed, minimum_flops):
     """The repetitions fuse into the step (all nodes but one), which never falls back to
-    them, and its output is the unfused graph's within the bound."""
+    them, and its output is the unfused graph's within the bound (BLAS's products, and the
+    compiled tasks where the packed products run)."""
     model = grouped_model(batch, groups, repeat, tokens, size, transpose_k=transpose_k, mask=mask)
     nodes = len(model.graph.node)
-    with pytest.MonkeyPatch.context() as patched:
+    values = feeds(model, np.random.default_rng(seed))
+    bound = None
+    if minimum_flops == 1:  # the compiled tasks: the products' bound (BLAS's sum the same order)
+        k_t, v = (np.repeat(values[n], repeat, axis=1) for n in "kv")
+        k_t = k_t.transpose(0, 1, 3, 2) if transpose_k else k_t
+        causal = np.triu(np.full((tokens, tokens), np.finfo(np.float32).min, np.float32), 1)
+        bound = products_bound(values["q"], k_t, v, np.float32(size ** -0.5), causal if mask else None)
+    context, configure = _compiled_from(minimum_flops)
+    with context as patched:
+        patched.setattr(Softmax, "_configure", configure)
         patched.setattr(FusedAttention, "_unfused", lambda *a: pytest.fail("fell back to the nodes"))
-        session = check(model, feeds(model, np.random.default_rng(seed)), fused_nodes=nodes - 1)
+        session = check(model, values, fused_nodes=nodes - 1, bound=bound)
     (step,) = fused_steps(session)
     assert step.run.__self__.repeats[0] is not None and step.run.__self__.repeats[1] is not None
     assert (step.prepared is not None) == mask  # with every input given

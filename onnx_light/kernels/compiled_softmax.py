@@ -36,10 +36,11 @@ from .compiled import compiled, prange, wide_vectors
 from .compiled_elementwise import numba_threads
 from .float32_math import LN2_HI32, LN2_LO32, LOG2E32, exp32_reduced, float_bits
 
-__all__ = ["MASK_NONE", "SoftmaxRows", "exp_difference", "mask_layout", "softmax_rows",
-           "softmax_rows_parallel"]
+__all__ = ["MASK_NONE", "NO_MASK", "SoftmaxRows", "exp_difference", "mask_layout", "softmax_packed_rows",
+           "softmax_rows", "softmax_rows_parallel"]
 
-_NO_MASK = np.zeros((1, 1), np.float32)
+#: The mask argument of the compiled rows when there is none.
+NO_MASK = np.zeros((1, 1), np.float32)
 MASK_NONE = np.zeros(0, np.int64)
 
 _ZERO = np.float32(0.0)
@@ -81,9 +82,31 @@ def softmax_rows(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray,
     """out[r] = softmax(scale * x[r] + mask[mask_rows[r]]) for rows start..stop of the 2-D
     float32 arrays ``x`` and ``out`` (no mask when ``mask_rows`` is empty; ``x`` may be
     ``out``)."""
+    _softmax(x, out, scale, mask, mask_rows, start, stop, np.empty((0, 0, 1), np.float32))
+
+
+@compiled(fastmath={"contract"})
+def softmax_packed_rows(x: np.ndarray, scale: float, mask: np.ndarray, mask_rows: np.ndarray,
+                        start: int, stop: int, packed: np.ndarray) -> None:
+    """:func:`softmax_rows` of rows start..stop of ``x`` (whose rows it overwrites), row
+    ``start + i`` written into ``packed[i // MR, :, i % MR]`` (``packed`` (blocks, length,
+    MR), MR its last axis): the layout in which the packed products read their left operand
+    (:func:`.packed_gemm.panels_over_rows`), without a copy of the probabilities. The same
+    values as :func:`softmax_rows`."""
+    _softmax(x, x, scale, mask, mask_rows, start, stop, packed)
+
+
+@compiled(fastmath={"contract"})
+def _softmax(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray, mask_rows: np.ndarray,
+             start: int, stop: int, packed: np.ndarray) -> None:
+    """:func:`softmax_rows`, the quotients of row r written into ``packed`` as
+    :func:`softmax_packed_rows` says when it has rows (``out`` then holds the
+    exponentials), else into ``out[r]``."""
     wide_vectors()
     length = x.shape[1]
     masked = mask_rows.shape[0] > 0
+    packing = packed.shape[0] > 0
+    height = packed.shape[2]
     s = np.float32(scale)
     y = np.empty(length, np.float32)
     keys = y.view(np.int32)
@@ -101,8 +124,13 @@ def softmax_rows(x: np.ndarray, out: np.ndarray, scale: float, mask: np.ndarray,
         for i in range(length):
             target[i] = exp_difference(y[i], top)  # -inf - -inf, inf - inf: NaN, as in numpy
         inverse = 1.0 / _row_total(target, length)
-        for i in range(length):
-            target[i] = np.float64(target[i]) * inverse  # rounded once
+        if packing:
+            block, lane = (r - start) // height, (r - start) % height
+            for i in range(length):
+                packed[block, i, lane] = np.float64(target[i]) * inverse  # rounded once
+        else:
+            for i in range(length):
+                target[i] = np.float64(target[i]) * inverse  # rounded once
 
 
 @compiled
@@ -173,7 +201,7 @@ class SoftmaxRows:
             return
         x2 = x.reshape(-1, length)
         out2 = out.reshape(-1, length)
-        mask2 = _NO_MASK if mask is None else mask.reshape(-1, length)
+        mask2 = NO_MASK if mask is None else mask.reshape(-1, length)
         if (self.threads > 1 and x.size >= self.minimum_elements and x2.shape[0] > 1
                 and numba_threads(self.threads)):
             softmax_rows_parallel.dispatcher(x2, out2, scale, mask2, mask_rows,
@@ -187,7 +215,7 @@ class SoftmaxRows:
         x = np.zeros((2, 1), np.float32)
         frozen = np.zeros((1, 1), np.float32)
         frozen.flags.writeable = False
-        cases = ((_NO_MASK, MASK_NONE), (_NO_MASK, np.zeros(2, np.int64)), (frozen, np.zeros(2, np.int64)))
+        cases = ((NO_MASK, MASK_NONE), (NO_MASK, np.zeros(2, np.int64)), (frozen, np.zeros(2, np.int64)))
         parallel = self.threads > 1 and numba_threads(self.threads)
         for mask, rows in cases:
             softmax_rows.dispatcher(x, x.copy(), 1.0, mask, rows, 0, 2)

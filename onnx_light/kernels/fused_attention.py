@@ -8,10 +8,13 @@ place with the compiled rows of :mod:`.compiled_softmax` (float64 inside, rounde
 the product with V (BLAS). Q, K and V may be given as the inputs of Transposes the exporter
 wrote (``perms``): the step applies them as views, which BLAS reads with strides.
 
-Serially the three parts run over the whole batch; from ``minimum_flops`` multiply-adds of
-the two products on (and with more than one thread) the heads are split over the intra-op
-pool, each block running the three parts on its heads, each BLAS call on one thread. Both
-paths compute every head the same way, so their outputs are bit-identical.
+Below ``minimum_flops`` multiply-adds of the two products the three parts run serially over
+the whole batch. From there on (where the packed products run: :func:`.packed_gemm.available`)
+the step is one compiled call instead (:mod:`.compiled_attention`: the products by the
+packed micro-kernel, in tasks of query rows whose scores stay in the cache), and with more
+than one thread its tasks are handed out to numba's threads in one parallel region. The
+compiled tasks compute their rows the same way on any thread: the same bits at any thread
+count; their products sum in another order than BLAS's, within the same bound.
 
 K and V may also be given before the repetition of grouped-query attention (LLaMA's
 ``repeat_kv``: Unsqueeze, Expand, Reshape giving each of G key/value heads to R query heads,
@@ -38,15 +41,19 @@ import numpy as np
 
 from ..parallel import BLAS
 from ..tuning.schema import KernelTuningSchema, Value
+from . import packed_gemm
 from .base import Kernel, NodeContext, Prepared, TensorSpec
-from .compiled_softmax import MASK_NONE, SoftmaxRows, mask_layout, softmax_rows
+from .compiled_attention import block_rows, entry, wait_cycles
+from .compiled_elementwise import numba_threads
+from .compiled_softmax import MASK_NONE, NO_MASK, SoftmaxRows, mask_layout
 
 __all__ = ["ATTENTION_MINIMUM_FLOPS", "FusedAttention"]
 
 Slots = tuple[int | None, ...]
 
 #: Multiply-adds of the two products (``heads * queries * keys * (head size + value size)``)
-#: from which the heads are split over the pool (docs/attention.md).
+#: from which the step runs as compiled tasks, over numba's threads with more than one
+#: (docs/attention.md).
 ATTENTION_MINIMUM_FLOPS = 1 << 25
 
 _FLOAT32 = np.dtype(np.float32)
@@ -75,6 +82,15 @@ def repeat_count(shape: tuple[int, ...], repeat: Repeat) -> int | None:
         known = math.prod(d for d in dims if d != -1)
         dims[dims.index(-1)] = math.prod(target) // known if known else -1
     return count if tuple(dims) == (*shape[:-3], shape[-3] * count, *shape[-2:]) else None
+
+
+def _four(x: np.ndarray, heads: tuple[int, ...]) -> np.ndarray:
+    """``x`` (..., rows, columns) broadcast to ``heads`` and viewed as 4-D (batch, heads[-1],
+    rows, columns): the compiled tasks' operand (a view unless merging the leading axes copies)."""
+    shape = (*heads, *x.shape[-2:])
+    if x.shape != shape:
+        x = np.broadcast_to(x, shape)
+    return x if x.ndim == 4 else x.reshape(-1, *shape[-3:])
 
 
 class Layout(NamedTuple):
@@ -145,10 +161,47 @@ class FusedAttention(Kernel):
         layout = self.layout(q.shape, k.shape, v.shape, None if mask is None else mask.shape)
         if layout is None:
             return None
-        q, k, v = self._views(q, k, v, layout.count)
         mask = None if mask is None else np.ascontiguousarray(mask)
-        out = self._heads(q, k, v, mask, layout.rows, layout.batch, layout.scores_shape)
+        if self._compiled(layout):
+            out = np.empty((math.prod(layout.heads), layout.scores_shape[-2], layout.width), np.float32)
+            self._tasks(q, k, v, mask, layout, out)
+            return out.reshape(*layout.heads, *out.shape[-2:])
+        q, k, v = self._views(q, k, v, layout.count)
+        out = self._heads(q, k, v, mask, layout.rows, layout.scores_shape)
         return out.reshape(*layout.heads, *out.shape[-2:]) if layout.count else out
+
+    def _compiled(self, layout: Layout) -> bool:
+        """Whether the step runs as compiled tasks: from ``minimum_flops`` multiply-adds of
+        the two products on, where the packed products run, every size above 0."""
+        scores = layout.scores_shape
+        flops = math.prod(scores) * (layout.depth + layout.width)
+        return (flops >= self.softmax.minimum_flops and min(*scores, layout.depth, layout.width) > 0
+                and packed_gemm.available())
+
+    def _tasks(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+               layout: Layout, out: np.ndarray) -> None:
+        """The compiled tasks (:mod:`.compiled_attention`) into ``out`` (heads, queries, width),
+        in one region of numba's threads with more than one thread."""
+        q, k, v = (x if perm is None or len(perm) != x.ndim else x.transpose(perm)
+                   for x, perm in zip((q, k, v), self.perms, strict=True))
+        heads = layout.heads or (1,)
+        groups = k.shape[-3] if layout.count else heads[-1]
+        q4 = _four(q, heads)
+        k4, v4 = _four(k, (*heads[:-1], groups)), _four(v, (*heads[:-1], groups))
+        mask2 = NO_MASK if mask is None else mask.reshape(-1, layout.scores_shape[-1])
+        block, tasks = self._blocks(layout)
+        if self.num_threads > 1 and tasks > 1 and numba_threads(self.num_threads):
+            entry(True)(q4, k4, v4, self.scale, mask2, layout.rows, out, block,
+                        min(self.num_threads, tasks), wait_cycles())
+        else:
+            entry(False)(q4, k4, v4, self.scale, mask2, layout.rows, out, block)
+
+    @staticmethod
+    def _blocks(layout: Layout) -> tuple[int, int]:
+        """The compiled tasks' query rows per task, and their count."""
+        queries, keys = layout.scores_shape[-2:]
+        block = block_rows(queries, keys, packed_gemm.geometry().rows)
+        return block, math.prod(layout.heads) * -(-queries // block)
 
     def layout(self, q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
                mask: tuple[int, ...] | None) -> Layout | None:
@@ -195,72 +248,46 @@ class FusedAttention(Kernel):
         return q, k, v
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
-        """For float32 inputs the fused computation takes, run serially (one thread, or
-        fewer multiply-adds than ``minimum_flops``): the decisions :meth:`layout` makes taken
-        once and the product with V written into the buffer; None otherwise."""
+        """For float32 inputs the fused computation takes: the decisions :meth:`layout`
+        makes taken once and the product with V written into the buffer; None otherwise."""
         if len(inputs) not in (3, 4) or any(dtype != _FLOAT32 for _, dtype in inputs):
             return None
         shapes = [tuple(shape) for shape, _ in inputs]
         layout = self.layout(*shapes[:3], shapes[3] if len(shapes) == 4 else None)
         if layout is None:
             return None
-        count, batch, scores_shape, heads, rows, depth, value_size = layout
-        flops = math.prod(scores_shape) * (depth + value_size)
-        if self.num_threads > 1 and math.prod(batch) > 1 and flops >= self.softmax.minimum_flops:
-            return None
-        out_shape = (*batch, scores_shape[-2], value_size)
-        limit = 1 if self.num_threads > 1 else None
-        views, scale, softmax = self._views, self.scale, SoftmaxRows(1, 1 << 62)
+        shape = (*layout.heads, layout.scores_shape[-2], layout.width)
+        if self._compiled(layout):
+            tasks = self._tasks
+            entry(self.num_threads > 1 and self._blocks(layout)[1] > 1)  # compiled now, not in a run
+
+            def compiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, *,
+                         out: np.ndarray) -> None:
+                mask = None if mask is None else np.ascontiguousarray(mask)
+                tasks(q, k, v, mask, layout, out.reshape(-1, *shape[-2:]))
+
+            return Prepared(compiled, shape, _FLOAT32)
+        count, batch, scores_shape = layout.count, layout.batch, layout.scores_shape
+        out_shape = (*batch, *shape[-2:])
+        views, heads = self._views, self._heads
 
         def compute(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None, *,
                     out: np.ndarray) -> None:
             q, k, v = views(q, k, v, count)
-            with BLAS.limited(limit):
-                scores = np.matmul(q, k)
-                if scores.shape != scores_shape:  # a 2-D Q and K under a batched V
-                    scores = np.ascontiguousarray(np.broadcast_to(scores, scores_shape))
-                softmax(scores, scores, scale, mask, rows)
-                np.matmul(scores, v, out=out.reshape(out_shape))
+            heads(q, k, v, mask, layout.rows, scores_shape, out.reshape(out_shape))
 
-        return Prepared(compute, (*heads, scores_shape[-2], value_size), _FLOAT32)
+        return Prepared(compute, shape, _FLOAT32)
 
     def _heads(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-               rows: np.ndarray, batch: tuple[int, ...], scores_shape: tuple[int, ...]) -> np.ndarray:
-        """The three parts over the (broadcast) ``batch`` of heads, serially or split."""
-        count = math.prod(batch)
-        flops = count * q.shape[-2] * k.shape[-1] * (q.shape[-1] + v.shape[-1])
+               rows: np.ndarray, scores_shape: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
+        """The three parts over the (broadcast) batch of heads, serially: the products by
+        BLAS on one thread, the softmax by the compiled rows."""
         with BLAS.limited(1 if self.num_threads > 1 else None):  # a 1-thread session holds 1
-            if self.num_threads > 1 and count > 1 and flops >= self.softmax.minimum_flops:
-                return self._split(q, k, v, mask, rows, batch, scores_shape)
             scores = np.matmul(q, k)
             if scores.shape != scores_shape:  # a 2-D Q and K under a batched V
                 scores = np.ascontiguousarray(np.broadcast_to(scores, scores_shape))
             SoftmaxRows(1, 1 << 62)(scores, scores, self.scale, mask, rows)
-            return np.matmul(scores, v)
-
-    def _split(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-               rows: np.ndarray, batch: tuple[int, ...], scores_shape: tuple[int, ...]) -> np.ndarray:
-        """The heads in blocks over the pool (``batch`` flattened: broadcast operands and
-        strided views are copied once into (heads, rows, columns) arrays)."""
-        count = math.prod(batch)
-        q3, k3, v3 = (np.broadcast_to(x, (*batch, *x.shape[-2:])).reshape(count, *x.shape[-2:])
-                      for x in (q, k, v))
-        queries, keys = scores_shape[-2:]
-        scores = np.empty((count, queries, keys), np.float32)
-        out = np.empty((count, queries, v.shape[-1]), np.float32)
-        flat = scores.reshape(-1, keys)
-        mask2 = np.zeros((1, 1), np.float32) if mask is None else mask.reshape(-1, keys)
-        scale = self.scale
-        per_thread = 1 if BLAS.per_thread else None  # an OpenMP BLAS limits each thread apart
-
-        def block(start: int, stop: int) -> None:
-            with BLAS.limited(per_thread):
-                np.matmul(q3[start:stop], k3[start:stop], out=scores[start:stop])
-                softmax_rows.dispatcher(flat, flat, scale, mask2, rows, start * queries, stop * queries)
-                np.matmul(scores[start:stop], v3[start:stop], out=out[start:stop])
-
-        self.pool.parallel_for(count, block, max_blocks=self.num_threads)
-        return out.reshape(*batch, queries, v.shape[-1])
+            return np.matmul(scores, v, out=out)
 
     def _unfused(self, *inputs: np.ndarray | None) -> list[np.ndarray]:
         values: dict[int | None, np.ndarray | None] = {None: None, **self.constants}

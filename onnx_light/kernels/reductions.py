@@ -51,7 +51,7 @@ def softmax_parameters(element_type: int | None) -> tuple[Parameter, ...]:
                                   "(float32, compiled)"),
             Parameter(ATTENTION_MINIMUM_FLOPS, "int", DEFAULT_ATTENTION_MINIMUM_FLOPS, minimum=1,
                       description="multiply-adds of a fused attention's two products from which "
-                                  "its heads are split over the threads"))
+                                  "it runs as compiled tasks, over the threads in one region"))
 
 Arrays = list[np.ndarray]
 Reduction = Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]
@@ -231,6 +231,9 @@ class Softmax(Kernel):
 
     op_type = "Softmax"
     compiled: ClassVar[bool] = True  # LogSoftmax keeps numpy
+    #: 2 since ``attention.minimum_flops`` chooses the fused attention's compiled tasks at any
+    #: thread count (1: splitting its heads over the pool at more than one).
+    tuning_abi: ClassVar[int] = 2
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
