@@ -1,7 +1,9 @@
 """The 1x1 convolutions of MobileNetV2 and EfficientNet-B0: ``direct_1x1`` with
 ``pointwise.product`` = ``blas`` (numpy's BLAS per tile of positions) and ``packed`` (the
-packed micro-kernel of ``kernels/packed_gemm.py`` reading the input's rows as its panels), and
-onnxruntime's Conv, side by side in one process.
+packed micro-kernel of ``kernels/packed_gemm.py`` reading the input's rows as its panels),
+``transposed`` (``pointwise.transposed_positions`` = 784: the micro-kernel transposed on
+planes up to 28x28, the weights packed once as its panels), and onnxruntime's Conv, side by
+side in one process.
 
 Each shape is one Conv node (seeded random constant weights, a bias, and optionally a fused
 Relu6 as a Clip) in three one-thread sessions (onnxruntime's with one intra-op thread), which
@@ -40,8 +42,11 @@ from onnx_light.runtime.session import RuntimeSession
 SHAPES = [
     (32, 16, 112), (16, 96, 112), (96, 24, 56), (24, 144, 56), (144, 24, 56), (144, 32, 28),
     (192, 32, 28), (240, 40, 28), (384, 64, 14), (576, 96, 14), (480, 112, 14), (672, 192, 7),
-    (960, 160, 7), (320, 1280, 7),
+    (960, 160, 7), (320, 1280, 7), (160, 960, 7), (96, 576, 14), (2048, 512, 7), (512, 2048, 7),
 ]
+# The configurations compared: pointwise.product's values, and the transposed product.
+CONFIGS = {"blas": {conv.POINTWISE_PRODUCT: "blas"}, "packed": {conv.POINTWISE_PRODUCT: "packed"},
+           "transposed": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 784}}
 
 
 def pointwise_model(channels: int, filters: int, size: int, relu6: bool) -> onnx.ModelProto:
@@ -75,16 +80,17 @@ def cpu_samples(loops: list[Callable[[], object]], rounds: int) -> list[list[flo
 
 
 def _sessions(model: onnx.ModelProto) -> dict[str, Callable[..., object]]:
-    """One-thread sessions of ``model`` with each value of ``pointwise.product``."""
-    return {product: RuntimeSession(model, num_threads=1, registry=registry_with(
-        {conv.POINTWISE_PRODUCT: product}, 1)).run for product in conv.POINTWISE_PRODUCTS}
+    """One-thread sessions of ``model`` with each configuration of :data:`CONFIGS`."""
+    return {name: RuntimeSession(model, num_threads=1, registry=registry_with(values, 1)).run
+            for name, values in CONFIGS.items()}
 
 
 def whole_models(names: list[str], rounds: int) -> int:
-    """The table of whole models, blas against packed."""
+    """The table of whole models, each configuration against blas."""
     print(f"load average {os.getloadavg()[0]:.1f}; {rounds} interleaved rounds; thread CPU ms per "
           f"run (median); one thread")
-    print("| model | blas | packed | packed / blas |\n|---|---|---|---|")
+    print("| model | blas | packed | transposed | packed / blas | transposed / blas |\n"
+          "|---|---|---|---|---|---|")
     for name in names:
         model, feeds = load_model(name)
         runs = _sessions(model)
@@ -96,8 +102,9 @@ def whole_models(names: list[str], rounds: int) -> int:
         loops = [functools.partial(three, run) for run in runs.values()]
         for loop in loops:
             loop()
-        blas, packed = (float(np.median(s)) / 3 * 1e3 for s in cpu_samples(loops, rounds))
-        print(f"| {name} | {blas:.2f} | {packed:.2f} | {packed / blas:.3f} |", flush=True)
+        blas, packed, transposed = (float(np.median(s)) / 3 * 1e3 for s in cpu_samples(loops, rounds))
+        print(f"| {name} | {blas:.2f} | {packed:.2f} | {transposed:.2f} | {packed / blas:.3f} "
+              f"| {transposed / blas:.3f} |", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
@@ -114,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return whole_models(args.zoo, args.rounds)
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; thread CPU "
           f"us per run (median); one thread; relu6 {args.relu6}")
-    print("| C -> M at size | blas | packed | onnxruntime | packed / blas | blas / ort "
-          "| packed / ort |\n|---|---|---|---|---|---|---|")
-    ratios = []
+    print("| C -> M at size | blas | packed | transposed | onnxruntime | packed / blas "
+          "| transposed / blas | blas / ort | transposed / ort |\n|---|---|---|---|---|---|---|---|---|")
+    ratios, transposed = [], []
     for channels, filters, size in SHAPES:
         model = pointwise_model(channels, filters, size, args.relu6)
         feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
@@ -127,12 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         median = {name: float(np.median(s)) / loops[name][1] * 1e6
                   for name, s in zip(loops, samples, strict=True)}
         ratios.append(median["packed"] / median["blas"])
+        transposed.append(median["transposed"] / median["blas"])
         print(f"| {channels} -> {filters} at {size}x{size} | {median['blas']:.0f} "
-              f"| {median['packed']:.0f} | {median['ort']:.0f} "
-              f"| {median['packed'] / median['blas']:.2f} | {median['blas'] / median['ort']:.2f} "
-              f"| {median['packed'] / median['ort']:.2f} |", flush=True)
-    geomean = float(np.exp(np.mean(np.log(ratios))))
-    print(f"\ngeometric mean packed / blas {geomean:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}")
+              f"| {median['packed']:.0f} | {median['transposed']:.0f} | {median['ort']:.0f} "
+              f"| {ratios[-1]:.2f} | {transposed[-1]:.2f} | {median['blas'] / median['ort']:.2f} "
+              f"| {median['transposed'] / median['ort']:.2f} |", flush=True)
+    for name, values in (("packed", ratios), ("transposed", transposed)):
+        geomean = float(np.exp(np.mean(np.log(values))))
+        print(f"\ngeometric mean {name} / blas {geomean:.2f}, range {min(values):.2f}-{max(values):.2f}")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

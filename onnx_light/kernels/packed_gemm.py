@@ -43,7 +43,7 @@ from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
            "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
-           "panels_over_rows"]
+           "panels_over_rows", "panels_transposed"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ BLOCK_A_BYTES = 1 << 19
 _LINE = 16  # float32 values per cache line
 
 
-def _build_tile(numba: Any) -> Any:
+def _build_tile(numba: Any, transposed: bool = False) -> Any:
     """numba's ``intrinsic`` ``_tile(a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start,
     rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate, vectors)``: the
     first ``rows`` rows (rows <= ``MR``) of block ``i0`` of A packed by :func:`pack_rows`
@@ -131,7 +131,15 @@ def _build_tile(numba: Any) -> Any:
     the last valid row of ``out`` and are not stored. With ``vectors`` below the geometry's
     the block is that many vectors wide (the panel's first columns). The block's shape comes
     from :func:`geometry`: one loop per height of :attr:`Geometry.heights` and width of
-    1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``."""
+    1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``.
+
+    ``transposed``: the intrinsic ``_tile_transposed(a, b, out, bias, a_start, a_step, b_start,
+    b_step, b_ahead, bias_start, rows, out_row, out_column, with_bias, prefetch, stop, vectors,
+    width)`` instead, for a product stored transposed: row r of A at step p is ``a``'s element
+    ``a_start + p * a_step + r`` (A read in place, a matrix's ``rows`` consecutive columns;
+    rows past ``rows`` read row ``rows - 1``), all steps ``0..stop-1`` in one pass from +0,
+    and the block's element (r, c) goes to ``out[out_column + c, out_row + r]`` for r <
+    ``rows`` and c < ``width``: the block's rows are the output's columns."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -162,33 +170,36 @@ def _build_tile(numba: Any) -> Any:
             "llvm.prefetch")
         rows_v = values["rows"]
         last = builder.sub(rows_v, constant(1))
-        a_first = builder.gep(a_data, [builder.mul(values["i0"], builder.mul(k, constant(shape.rows)))])
-        targets = []
-        for r in range(height):
-            row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
-            offset = builder.add(builder.mul(builder.add(values["out_row"], row), ldc),
-                                 values["out_column"])
-            targets.append(builder.gep(out_data, [offset]))
-        # the partial sums of the steps before ``start``, read only when there are some: a
-        # first pass must not wait for the output's (cold) lines before its first step
-        with builder.if_else(values["accumulate"]) as (stored, fresh):
-            with stored:
-                partial = [load_vector(builder, target, lanes * q) for target in targets
-                           for q in range(vectors)]
-                stored_block = builder.block
-            with fresh:
-                fresh_block = builder.block
-        initial = []
-        for value in partial:
-            phi = builder.phi(vector)
-            phi.add_incoming(value, stored_block)
-            phi.add_incoming(zero, fresh_block)
-            initial.append(phi)
+        clamped = [builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
+                   for r in range(height)]
+        if transposed:
+            a_first = builder.gep(a_data, [values["a_start"]])
+            initial = [zero] * (height * vectors)
+        else:
+            a_first = builder.gep(a_data, [builder.mul(values["i0"], builder.mul(k, constant(shape.rows)))])
+            targets = [builder.gep(out_data, [builder.add(builder.mul(
+                builder.add(values["out_row"], row), ldc), values["out_column"])]) for row in clamped]
+            # the partial sums of the steps before ``start``, read only when there are some: a
+            # first pass must not wait for the output's (cold) lines before its first step
+            with builder.if_else(values["accumulate"]) as (stored, fresh):
+                with stored:
+                    partial = [load_vector(builder, target, lanes * q) for target in targets
+                               for q in range(vectors)]
+                    stored_block = builder.block
+                with fresh:
+                    fresh_block = builder.block
+            initial = []
+            for value in partial:
+                phi = builder.phi(vector)
+                phi.add_incoming(value, stored_block)
+                phi.add_incoming(zero, fresh_block)
+                initial.append(phi)
         panel_start = builder.gep(b_data, [values["b_start"]])
         entry = builder.block
         loop = builder.append_basic_block("tile.loop")
         done = builder.append_basic_block("tile.done")
-        start_v, stop_v = values["start"], values["stop"]
+        start_v = constant(0) if transposed else values["start"]
+        stop_v = values["stop"]
         builder.cbranch(builder.icmp_signed(">", stop_v, start_v), loop, done)
         builder.position_at_end(loop)
         p = builder.phi(i64)
@@ -205,10 +216,11 @@ def _build_tile(numba: Any) -> Any:
                 builder.call(fetch, [builder.bitcast(ahead, i8.as_pointer()),
                                      ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         w = [load_vector(builder, step, lanes * q) for q in range(vectors)]
-        a_step = builder.gep(a_first, [builder.mul(p, constant(shape.rows))])
+        a_step = builder.gep(a_first, [builder.mul(p, values["a_step"] if transposed
+                                                   else constant(shape.rows))])
         updated = []
         for r in range(height):
-            scalar = builder.load(builder.gep(a_step, [constant(r)]))
+            scalar = builder.load(builder.gep(a_step, [clamped[r] if transposed else constant(r)]))
             splat = builder.shuffle_vector(
                 builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
                 ir.Constant(vector, ir.Undefined), broadcast)
@@ -218,6 +230,11 @@ def _build_tile(numba: Any) -> Any:
         bias_start = builder.gep(bias_data, [values["bias_start"]])
         biases = [builder.select(values["with_bias"], load_vector(builder, bias_start, lanes * q), zero)
                   for q in range(vectors)]
+        if transposed:
+            store_transposed(builder, values, [builder.fadd(totals[vectors * r + q], biases[q])
+                                               for r in range(height) for q in range(vectors)],
+                             height, vectors)
+            return
         for r in range(height):
             with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
                 for q in range(vectors):
@@ -225,49 +242,88 @@ def _build_tile(numba: Any) -> Any:
                                   builder.bitcast(builder.gep(targets[r], [constant(lanes * q)]),
                                                   vector.as_pointer()), align=4)
 
-    names = ("i0", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row", "out_column",
-             "with_bias", "prefetch", "start", "stop", "accumulate", "vectors")
+    def store_transposed(builder: Any, values: dict[str, Any], sums: list[Any], height: int,
+                         vectors: int) -> None:
+        """Element (r, c) of the block (``sums[vectors * r + q]``'s lane ``c - lanes * q``)
+        to ``out[out_column + c, out_row + r]`` for r < ``rows`` and c < ``width``, one
+        scalar store each."""
+        ldc, width = values["ldc"], values["width"]
+        base = builder.gep(values["out"], [builder.add(builder.mul(values["out_column"], ldc),
+                                                       values["out_row"])])
+        columns = [builder.gep(base, [builder.mul(constant(c), ldc)]) for c in range(lanes * vectors)]
+        for r in range(height):
+            with builder.if_then(builder.icmp_signed("<", constant(r), values["rows"])):
+                for q in range(vectors):
+                    whole = builder.icmp_signed("<=", constant(lanes * (q + 1)), width)
+                    with builder.if_else(whole) as (every, some):
+                        for guarded in (False, True):
+                            with (some if guarded else every):
+                                for lane in range(lanes):
+                                    c = lanes * q + lane
+                                    value = builder.extract_element(sums[vectors * r + q],
+                                                                    ir.Constant(i32, lane))
+                                    target = builder.gep(columns[c], [constant(r)])
+                                    if guarded:
+                                        with builder.if_then(builder.icmp_signed("<", constant(c), width)):
+                                            builder.store(value, target)
+                                    else:
+                                        builder.store(value, target)
 
-    @intrinsic
-    def tile(typingctx, a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start, rows, out_row,
-             out_column, with_bias, prefetch, start, stop, accumulate, vectors):
-        signature = types.void(a, b, out, bias, *[types.boolean if name in (
+    if transposed:
+        names = ("a_start", "a_step", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row",
+                 "out_column", "with_bias", "prefetch", "stop", "vectors", "width")
+    else:
+        names = ("i0", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row", "out_column",
+                 "with_bias", "prefetch", "start", "stop", "accumulate", "vectors")
+
+    def typed(a: Any, b: Any, out: Any, bias: Any) -> Any:
+        return types.void(a, b, out, bias, *[types.boolean if name in (
             "with_bias", "prefetch", "accumulate") else types.int64 for name in names])
 
-        def codegen(context, builder, sig, args):
-            arrays = [context.make_array(kind)(context, builder, value)
-                      for kind, value in zip(sig.args[:4], args[:4], strict=True)]
-            values = dict(zip(names, args[4:], strict=True))
-            values.update(a=arrays[0].data, b=arrays[1].data, out=arrays[2].data, bias=arrays[3].data,
-                          k=builder.extract_value(arrays[0].shape, 1),
-                          ldc=builder.extract_value(arrays[2].shape, 1))
-            # one loop per (height, vectors), the call's picked by a switch on both
-            heights = shape.heights
-            height_index = constant(0)
-            for index, height in enumerate(heights[:-1]):
-                height_index = builder.select(builder.icmp_signed(">", values["rows"], constant(height)),
-                                              constant(index + 1), height_index)
-            key = builder.add(builder.mul(height_index, constant(shape.vectors)),
-                              builder.sub(values["vectors"], constant(1)))
-            exit_block = builder.append_basic_block("tile.exit")
-            cases = [(index, height, count) for index, height in enumerate(heights)
-                     for count in range(1, shape.vectors + 1)]
-            blocks = [builder.append_basic_block(f"tile.{height}x{count}") for _, height, count in cases]
-            switch = builder.switch(key, blocks[-1])
-            for (index, height, count), target in zip(cases, blocks, strict=True):
-                switch.add_case(constant(index * shape.vectors + count - 1), target)
-                builder.position_at_end(target)
-                block(builder, values, height, count)
-                builder.branch(exit_block)
-            builder.position_at_end(exit_block)
-            return context.get_dummy_value()
+    def codegen(context, builder, sig, args):
+        arrays = [context.make_array(kind)(context, builder, value)
+                  for kind, value in zip(sig.args[:4], args[:4], strict=True)]
+        values = dict(zip(names, args[4:], strict=True))
+        values.update(a=arrays[0].data, b=arrays[1].data, out=arrays[2].data, bias=arrays[3].data,
+                      k=None if transposed else builder.extract_value(arrays[0].shape, 1),
+                      ldc=builder.extract_value(arrays[2].shape, 1))
+        # one loop per (height, vectors), the call's picked by a switch on both
+        heights = shape.heights
+        height_index = constant(0)
+        for index, height in enumerate(heights[:-1]):
+            height_index = builder.select(builder.icmp_signed(">", values["rows"], constant(height)),
+                                          constant(index + 1), height_index)
+        key = builder.add(builder.mul(height_index, constant(shape.vectors)),
+                          builder.sub(values["vectors"], constant(1)))
+        exit_block = builder.append_basic_block("tile.exit")
+        cases = [(index, height, count) for index, height in enumerate(heights)
+                 for count in range(1, shape.vectors + 1)]
+        blocks = [builder.append_basic_block(f"tile.{height}x{count}") for _, height, count in cases]
+        switch = builder.switch(key, blocks[-1])
+        for (index, height, count), target in zip(cases, blocks, strict=True):
+            switch.add_case(constant(index * shape.vectors + count - 1), target)
+            builder.position_at_end(target)
+            block(builder, values, height, count)
+            builder.branch(exit_block)
+        builder.position_at_end(exit_block)
+        return context.get_dummy_value()
 
-        return signature, codegen
+    if transposed:
+        @intrinsic
+        def tile(typingctx, a, b, out, bias, a_start, a_step, b_start, b_step, b_ahead, bias_start,
+                 rows, out_row, out_column, with_bias, prefetch, stop, vectors, width):
+            return typed(a, b, out, bias), codegen
+    else:
+        @intrinsic
+        def tile(typingctx, a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start, rows, out_row,
+                 out_column, with_bias, prefetch, start, stop, accumulate, vectors):
+            return typed(a, b, out, bias), codegen
 
     return tile
 
 
 _tile = CompiledIntrinsic(_build_tile, "_tile")
+_tile_transposed = CompiledIntrinsic(functools.partial(_build_tile, transposed=True), "_tile_transposed")
 
 
 @compiled
@@ -324,6 +380,30 @@ def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int
             for r in range(rows):
                 for c in range(width):
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
+
+
+@compiled
+def panels_transposed(a: np.ndarray, a_start: int, a_step: int, m: int, panels: np.ndarray,
+                      bias: np.ndarray, with_bias: bool, out: np.ndarray, out_row: int,
+                      out_column: int, first: int, last: int, n: int) -> None:
+    """Panels ``first..last-1`` of ``A @ W (+ bias)`` stored transposed: A (m, K) read in
+    place from the flat ``a``, its element (i, p) at ``a_start + p * a_step + i`` (a matrix's
+    m consecutive columns: a 1x1 convolution's positions, its channels ``a_step`` apart), W
+    (K, n) in ``panels`` (P, K, NR) as :class:`PackedWeights` packs it (K = the panels'
+    second axis), ``bias`` padded to P x NR values; column j of the product and row i land in
+    ``out[out_row + j, out_column + i]`` (C-contiguous 2-D): a 1x1 convolution's NCHW output,
+    the weights (transposed, packed once) as the panels and the positions as the rows. Each
+    element is summed in one pass over p from +0, the order of :func:`packed_rows`: the same
+    bits whatever the panels' split."""
+    k = panels.shape[1]
+    for panel in range(first, last):
+        column = panel * NR
+        width = min(NR, n - column)
+        vectors = -(-width // LANES)
+        for i0 in range(0, m, MR):
+            _tile_transposed(a, panels, out, bias, a_start + i0, a_step, panel * k * NR, NR, _AHEAD * NR,
+                             column, min(MR, m - i0), out_column + i0, out_row + column, with_bias,
+                             i0 == 0, k, vectors, width)
 
 
 @compiled(parallel=True)

@@ -53,11 +53,13 @@ from ..packed_gemm import (
     BLOCK_A_BYTES,
     MR,
     NR,
+    PackedWeights,
     aligned_empty,
     pack_panels,
     pack_rows,
     packed_layout,
     panels_over_rows,
+    panels_transposed,
 )
 from ..spin import claim
 from .depthwise import read_only
@@ -65,9 +67,10 @@ from .finish import FINISHED_TYPES, finish_run
 
 __all__ = ["CUT_MULTIPLY_ADDS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
            "PointwiseCall", "compile_pointwise", "pointwise_call", "pointwise_gemm",
-           "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_units",
-           "pointwise_units_parallel", "pointwise_vector", "product_units", "tile_columns",
-           "uses_packed", "vector_weights"]
+           "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_transposed",
+           "pointwise_transposed_parallel", "pointwise_units", "pointwise_units_parallel",
+           "pointwise_vector", "product_units", "tile_columns", "transposed_weights",
+           "uses_packed", "uses_transposed", "vector_weights"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
@@ -265,6 +268,71 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
 
 
 @compiled
+def pointwise_transposed(panels: np.ndarray, source: np.ndarray,
+                         source_offset: int, source_stride: int, image_source: int, out: np.ndarray,
+                         out_offset: int, out_stride: int, image_out: int, filters: int, depth: int,
+                         width: int, bias: np.ndarray, residual: np.ndarray, low: float, high: float,
+                         activation: int, alpha: float, beta: float, begin: int, end: int) -> None:
+    """Units ``begin`` to ``end - 1`` of :func:`pointwise_units`'s finished product in float32
+    over a batch of images, computed by the packed micro-kernel transposed
+    (:func:`~onnx_light.kernels.packed_gemm.panels_transposed`): the weights' transpose in
+    ``panels`` (:func:`transposed_weights`), the input's positions its rows read in place
+    (channel p of image n's position j at ``source_offset + n * image_source + p *
+    source_stride + j``), each block stored transposed into the output's rows. Unit ``u``:
+    image ``u // P``, its panel ``u % P`` of ``NR`` filters (P panels), finished (bias,
+    residual, clamp, activation) as :func:`pointwise_tiles` finishes a tile while its rows
+    are in cache. ``out_offset`` and ``image_out`` are multiples of ``out_stride``."""
+    grid = out.reshape(out.size // out_stride, out_stride)
+    count = -(-filters // NR)
+    no_bias = np.zeros(count * NR, np.float32)  # the bias is the finishing's
+    for u in range(begin, end):
+        n, panel = u // count, u % count
+        start = out_offset + n * image_out
+        panels_transposed(source, source_offset + n * image_source, source_stride, width, panels,
+                          no_bias, False, grid, start // out_stride, 0, panel, panel + 1, filters)
+        f0 = panel * NR
+        _finish_tile(out, start + f0 * out_stride, out_stride, min(NR, filters - f0), width, bias,
+                     f0, residual, low, high, activation, alpha, beta)
+
+
+@compiled(parallel=True)
+def pointwise_transposed_parallel(panels: np.ndarray, source: np.ndarray, source_offset: int,
+                                  source_stride: int, image_source: int, out: np.ndarray,
+                                  out_offset: int, out_stride: int, image_out: int, filters: int,
+                                  depth: int, width: int, bias: np.ndarray, residual: np.ndarray,
+                                  low: float, high: float, activation: int,
+                                  alpha: float, beta: float, units: int, threads: int,
+                                  counter: np.ndarray) -> None:
+    """:func:`pointwise_transposed` of units ``0`` to ``units - 1`` shared by ``threads`` of
+    numba's threads, each taking the next unit in turn as :func:`pointwise_units_parallel`
+    does: the same units as one thread, so the same bits. ``counter`` is one int64 0."""
+    for _ in prange(threads):
+        unit = claim(counter, 0)
+        while unit < units:
+            pointwise_transposed(panels, source, source_offset, source_stride,
+                                 image_source, out, out_offset, out_stride, image_out, filters, depth,
+                                 width, bias, residual, low, high, activation, alpha, beta, unit,
+                                 unit + 1)
+            unit = claim(counter, 0)
+
+
+def uses_transposed(dtype: np.dtype, plane: int, positions: int) -> bool:
+    """Whether a 1x1 convolution of constant weights in ``dtype`` on a plane of ``plane``
+    positions takes :func:`pointwise_transposed` for the ``pointwise.transposed_positions``
+    value ``positions``: float32, planes of 2 to ``positions``, where the packed kernel runs."""
+    return (1 < plane <= positions and np.dtype(dtype) == np.float32
+            and packed_gemm.available())
+
+
+def transposed_weights(w: np.ndarray) -> np.ndarray:
+    """Weights (filters, depth, 1, ...) as :func:`pointwise_transposed` takes them: their
+    (depth, filters) transpose packed in panels of ``NR`` filters
+    (:class:`~onnx_light.kernels.packed_gemm.PackedWeights`), read-only."""
+    flat = w.reshape(w.shape[0], -1)
+    return read_only(PackedWeights(np.ascontiguousarray(flat.T, dtype=np.float32)).panels)
+
+
+@compiled
 def pointwise_vector(weights: np.ndarray, source: np.ndarray, out: np.ndarray, batch: int,
                      filters: int, depth: int, bias: np.ndarray, residual: np.ndarray, low: float,
                      high: float, activation: int, alpha: float, beta: float) -> None:
@@ -316,11 +384,21 @@ def product_units(filters: int, depth: int, width: int, itemsize: int) -> tuple[
     return -(-width // 2), filters
 
 
-def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1) -> None:
+def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1, transposed: bool = False
+                      ) -> None:
     """Compile what :func:`pointwise_call` runs for ``dtype`` and ``product`` at ``threads``
-    threads (or load it from numba's cache): a session does it at construction, not in its
-    first run. Its operands are read-only views, as ``direct_1x1`` passes them (one compiled
-    version per type)."""
+    threads (or load it from numba's cache), and :func:`pointwise_transposed` when
+    ``transposed``: a session does it at construction, not in its first run. Its operands
+    are read-only views, as ``direct_1x1`` passes them (one compiled version per type)."""
+    if transposed:
+        call = pointwise_call((1, 1, 2), (1, 1, 1), np.dtype(np.float32), product, True)
+        x, w = read_only(np.ones((1, 1, 2), np.float32)), np.ones((1, 1), np.float32)
+        empty = _EMPTY[np.dtype(np.float32)]
+        call(x, transposed_weights(w), None, None, (-math.inf, math.inf), (-1, 1.0, 0.0), 1)
+        if threads > 1 and numba_threads(threads):
+            pointwise_transposed_parallel.dispatcher(
+                transposed_weights(w), x.reshape(-1), 0, 2, 2, np.empty(2, np.float32), 0, 2, 2, 1, 1,
+                2, empty, empty, -math.inf, math.inf, -1, 1.0, 0.0, 1, 1, np.zeros(1, np.int64))
     function = pointwise_product(dtype, product)
     if function is None:
         return
@@ -361,6 +439,7 @@ class PointwiseCall:
     units: int  # of the whole batch (:func:`pointwise_units`)
     multiply_adds: int
     vector: bool = False
+    transposed: bool = False
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
@@ -371,7 +450,9 @@ class PointwiseCall:
         the units on ``threads`` numba threads (each product on one BLAS thread) where there
         are several, else with ``blas_threads`` BLAS threads on the calling thread. A
         ``vector`` call takes the weights of :func:`vector_weights` and runs on the calling
-        thread (into an output not aligned: it stores no whole blocks)."""
+        thread (into an output not aligned: it stores no whole blocks). A ``transposed`` call
+        takes the weights of :func:`transposed_weights`, its units shared as the BLAS units
+        are."""
         out = (np.empty if self.vector else aligned_empty)(self.out_shape, x.dtype)
         flat_x, flat_out = x.reshape(-1), out.reshape(-1)
         if flat_x.flags.writeable:  # a session's feeds and values are read-only already
@@ -385,6 +466,15 @@ class PointwiseCall:
         if self.vector:
             pointwise_vector.dispatcher(weights, flat_x, flat_out, self.batch, filters, depth, bias,
                                         residual, low, high, code, alpha, beta)
+            return out
+        if self.transposed:
+            arguments = (weights, flat_x, 0, plane, depth * plane, flat_out, 0, plane, filters * plane,
+                         filters, depth, plane, bias, residual, low, high, code, alpha, beta)
+            units = self.units
+            if threads > 1 and units > 1 and numba_threads(threads := min(threads, units)):
+                pointwise_transposed_parallel.dispatcher(*arguments, units, threads, np.zeros(1, np.int64))
+            else:
+                pointwise_transposed.dispatcher(*arguments, 0, units)
             return out
         if self.gemm is None:
             with BLAS.limited(blas_threads):
@@ -411,10 +501,12 @@ _EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
 
 @functools.lru_cache(maxsize=1024)
 def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype,
-                   product: str) -> PointwiseCall | None:
+                   product: str, transposed: bool = False) -> PointwiseCall | None:
     """The :class:`PointwiseCall` of a 1x1 convolution of one group with these shapes (as
     its problem checked them), remembered per shape; None where ``direct_1x1`` takes no
-    compiled product (another type) or the output or the sum is empty."""
+    compiled product (another type) or the output or the sum is empty. ``transposed``
+    (where :func:`uses_transposed` holds: the caller has the weights of
+    :func:`transposed_weights`): :func:`pointwise_transposed`'s call."""
     batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
     plane = math.prod(x_shape[2:])
     out_shape = (batch, filters, *x_shape[2:])
@@ -423,6 +515,10 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
     if plane == 1 and dtype in FINISHED_TYPES:
         return PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
                              batch, batch * filters * depth, True)
+    if transposed:
+        return PointwiseCall(None, None, batch, filters, depth, plane, plane, NR.value, out_shape,
+                             batch * -(-filters // NR.value), batch * filters * depth * plane,
+                             transposed=True)
     if uses_packed(dtype, product):
         return PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
                              TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
