@@ -42,8 +42,8 @@ from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compi
 from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
-           "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
-           "panels_over_rows", "panels_transposed"]
+           "available", "geometry", "pack_columns", "pack_panels", "pack_rows", "packed_layout",
+           "packed_rows", "panels_over_rows", "panels_transposed"]
 
 
 @dataclass(frozen=True)
@@ -245,29 +245,61 @@ def _build_tile(numba: Any, transposed: bool = False) -> Any:
     def store_transposed(builder: Any, values: dict[str, Any], sums: list[Any], height: int,
                          vectors: int) -> None:
         """Element (r, c) of the block (``sums[vectors * r + q]``'s lane ``c - lanes * q``)
-        to ``out[out_column + c, out_row + r]`` for r < ``rows`` and c < ``width``, one
-        scalar store each."""
-        ldc, width = values["ldc"], values["width"]
+        to ``out[out_column + c, out_row + r]`` for r < ``rows`` and c < ``width``: a whole
+        block of ``MR`` rows as one vector of ``MR`` values per column (its vectors shuffled
+        together, each column picked out), a partial one a scalar at a time."""
+        ldc, width, rows_v = values["ldc"], values["width"], values["rows"]
         base = builder.gep(values["out"], [builder.add(builder.mul(values["out_column"], ldc),
                                                        values["out_row"])])
         columns = [builder.gep(base, [builder.mul(constant(c), ldc)]) for c in range(lanes * vectors)]
-        for r in range(height):
-            with builder.if_then(builder.icmp_signed("<", constant(r), values["rows"])):
+
+        def each_column(q: int, store: Any) -> None:
+            """``store(lane, column)`` for the lanes of vector q inside ``width``."""
+            whole = builder.icmp_signed("<=", constant(lanes * (q + 1)), width)
+            with builder.if_else(whole) as (every, some):
+                with every:
+                    for lane in range(lanes):
+                        store(lane, lanes * q + lane)
+                with some:
+                    for lane in range(lanes):
+                        with builder.if_then(builder.icmp_signed("<", constant(lanes * q + lane), width)):
+                            store(lane, lanes * q + lane)
+
+        def scalars() -> None:
+            for r in range(height):
+                with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
+                    for q in range(vectors):
+                        each_column(q, lambda lane, c, r=r, q=q: builder.store(
+                            builder.extract_element(sums[vectors * r + q], ir.Constant(i32, lane)),
+                            builder.gep(columns[c], [constant(r)])))
+
+        if height < shape.rows:
+            scalars()
+            return
+        with builder.if_else(builder.icmp_signed("==", rows_v, constant(height))) as (full, partial):
+            with full:
+                run = ir.VectorType(f32, height)
                 for q in range(vectors):
-                    whole = builder.icmp_signed("<=", constant(lanes * (q + 1)), width)
-                    with builder.if_else(whole) as (every, some):
-                        for guarded in (False, True):
-                            with (some if guarded else every):
-                                for lane in range(lanes):
-                                    c = lanes * q + lane
-                                    value = builder.extract_element(sums[vectors * r + q],
-                                                                    ir.Constant(i32, lane))
-                                    target = builder.gep(columns[c], [constant(r)])
-                                    if guarded:
-                                        with builder.if_then(builder.icmp_signed("<", constant(c), width)):
-                                            builder.store(value, target)
-                                    else:
-                                        builder.store(value, target)
+                    joined = [sums[vectors * r + q] for r in range(height)]
+                    while len(joined) > 1:  # the rows side by side: row r's lane l at r * lanes + l
+                        if len(joined) % 2:
+                            joined.append(ir.Constant(joined[0].type, ir.Undefined))
+                        size = joined[0].type.count
+                        joined = [builder.shuffle_vector(joined[i], joined[i + 1], ir.Constant(
+                            ir.VectorType(i32, 2 * size), list(range(2 * size))))
+                                  for i in range(0, len(joined), 2)]
+                    every_row = joined[0]
+
+                    def column(lane: int, c: int, every_row: Any = every_row) -> None:
+                        mask = ir.Constant(ir.VectorType(i32, height),
+                                           [r * lanes + lane for r in range(height)])
+                        picked = builder.shuffle_vector(every_row, ir.Constant(every_row.type, ir.Undefined),
+                                                        mask)
+                        builder.store(picked, builder.bitcast(columns[c], run.as_pointer()), align=4)
+
+                    each_column(q, column)
+            with partial:
+                scalars()
 
     if transposed:
         names = ("a_start", "a_step", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row",
@@ -383,27 +415,49 @@ def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int
 
 
 @compiled
-def panels_transposed(a: np.ndarray, a_start: int, a_step: int, m: int, panels: np.ndarray,
+def panels_transposed(a: np.ndarray, a_layout: tuple[int, int, int], m: int, panels: np.ndarray,
                       bias: np.ndarray, with_bias: bool, out: np.ndarray, out_row: int,
                       out_column: int, first: int, last: int, n: int) -> None:
-    """Panels ``first..last-1`` of ``A @ W (+ bias)`` stored transposed: A (m, K) read in
-    place from the flat ``a``, its element (i, p) at ``a_start + p * a_step + i`` (a matrix's
-    m consecutive columns: a 1x1 convolution's positions, its channels ``a_step`` apart), W
-    (K, n) in ``panels`` (P, K, NR) as :class:`PackedWeights` packs it (K = the panels'
-    second axis), ``bias`` padded to P x NR values; column j of the product and row i land in
-    ``out[out_row + j, out_column + i]`` (C-contiguous 2-D): a 1x1 convolution's NCHW output,
-    the weights (transposed, packed once) as the panels and the positions as the rows. Each
-    element is summed in one pass over p from +0, the order of :func:`packed_rows`: the same
-    bits whatever the panels' split."""
+    """Panels ``first..last-1`` of ``A @ W (+ bias)`` stored transposed: A (m, K) read from
+    the flat ``a``, ``a_layout = (start, block, step)``: row i of block ``i // MR`` at step p
+    is element ``start + (i // MR) * block + p * step + i % MR`` (rows packed by
+    :func:`pack_columns`: ``(0, K * MR, MR)``; a matrix's m consecutive columns read in
+    place: ``(offset, MR, stride)``); W (K, n) in ``panels`` (P, K, NR) as
+    :class:`PackedWeights` packs it (K = the panels' second axis), ``bias`` padded to P x NR
+    values; column j of the product and row i land in ``out[out_row + j, out_column + i]``
+    (C-contiguous 2-D): a 1x1 convolution's NCHW output, the weights (transposed, packed
+    once) as the panels and the positions as the rows. Each element is summed in one pass
+    over p from +0, the order of :func:`packed_rows`: the same bits whatever the panels'
+    split and the layout of A."""
+    a_start, a_block, a_step = a_layout
     k = panels.shape[1]
     for panel in range(first, last):
         column = panel * NR
         width = min(NR, n - column)
         vectors = -(-width // LANES)
         for i0 in range(0, m, MR):
-            _tile_transposed(a, panels, out, bias, a_start + i0, a_step, panel * k * NR, NR, _AHEAD * NR,
-                             column, min(MR, m - i0), out_column + i0, out_row + column, with_bias,
-                             i0 == 0, k, vectors, width)
+            _tile_transposed(a, panels, out, bias, a_start + i0 // MR * a_block, a_step, panel * k * NR,
+                             NR, _AHEAD * NR, column, min(MR, m - i0), out_column + i0,
+                             out_row + column, with_bias, i0 == 0, k, vectors, width)
+
+
+@compiled
+def pack_columns(source: np.ndarray, offset: int, stride: int, depth: int, columns: int,
+                 packed: np.ndarray) -> None:
+    """Columns ``0..columns-1`` of a (``depth``, ...) matrix read from the flat ``source``
+    (element (p, j) at ``offset + p * stride + j``) as the rows of A in ``packed`` (blocks,
+    depth, MR), each step's ``MR`` values contiguous (:func:`pack_rows`'s layout; zeros past
+    ``columns``): what :func:`panels_transposed` reads at ``(0, depth * MR, MR)``."""
+    whole = columns // MR
+    count = columns - whole * MR  # in the last block, partly filled
+    for p in range(depth):  # each row of the source read once, in order
+        row = offset + p * stride
+        for block in range(whole):
+            for r in range(MR):
+                packed[block, p, r] = source[row + block * MR + r]
+        if count > 0:
+            for r in range(MR):
+                packed[whole, p, r] = source[row + whole * MR + r] if r < count else 0.0
 
 
 @compiled(parallel=True)

@@ -55,6 +55,7 @@ from ..packed_gemm import (
     NR,
     PackedWeights,
     aligned_empty,
+    pack_columns,
     pack_panels,
     pack_rows,
     packed_layout,
@@ -65,7 +66,7 @@ from ..spin import claim
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
-__all__ = ["CUT_MULTIPLY_ADDS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
+__all__ = ["CUT_MULTIPLY_ADDS", "PACK_FILTERS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
            "PointwiseCall", "compile_pointwise", "pointwise_call", "pointwise_gemm",
            "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_transposed",
            "pointwise_transposed_parallel", "pointwise_units", "pointwise_units_parallel",
@@ -267,32 +268,74 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
                      high, activation, alpha, beta)
 
 
+#: Filters from which :func:`pointwise_transposed` packs the input's positions
+#: (:func:`~onnx_light.kernels.packed_gemm.pack_columns`, once per image and thread) instead of
+#: reading them in place: the pack costs about 0.7 ns a value, the packed rows save 10-30% of
+#: the product where many filters share them (docs/conv.md, "Small planes transposed").
+PACK_FILTERS = 128
+
+
+@compiled(inline="always")
+def _transposed_unit(panels: np.ndarray, source: np.ndarray, source_offset: int,
+                     source_stride: int, image_source: int, out: np.ndarray, out_offset: int,
+                     out_stride: int, image_out: int, filters: int, depth: int, width: int,
+                     bias: np.ndarray, residual: np.ndarray, low: float, high: float,
+                     activation: int, alpha: float, beta: float, unit: int, rows: np.ndarray,
+                     packed: int, no_bias: np.ndarray) -> int:
+    """Unit ``unit`` of :func:`pointwise_transposed`, its image's positions packed into
+    ``rows`` unless image ``packed`` is there already (or read in place where ``rows`` is
+    empty); returns the image in ``rows``."""
+    count = -(-filters // NR)
+    n, panel = unit // count, unit % count
+    start = out_offset + n * image_out
+    grid = out.reshape(out.size // out_stride, out_stride)
+    if rows.size == 0:
+        panels_transposed(source, (source_offset + n * image_source, MR, source_stride), width,
+                          panels, no_bias, False, grid, start // out_stride, 0, panel, panel + 1,
+                          filters)
+    else:
+        if n != packed:
+            pack_columns(source, source_offset + n * image_source, source_stride, depth, width, rows)
+        panels_transposed(rows.reshape(-1), (0, depth * MR, MR), width, panels, no_bias, False, grid,
+                          start // out_stride, 0, panel, panel + 1, filters)
+    f0 = panel * NR
+    _finish_tile(out, start + f0 * out_stride, out_stride, min(NR, filters - f0), width, bias, f0,
+                 residual, low, high, activation, alpha, beta)
+    return n
+
+
+@compiled(inline="always")
+def _transposed_buffers(filters: int, depth: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows :func:`_transposed_unit` packs an image's positions into (none below
+    :data:`PACK_FILTERS` filters), and the zeros it passes as the micro-kernel's bias."""
+    blocks = -(-width // MR) if filters >= PACK_FILTERS else 0
+    return np.empty((blocks, depth, MR), np.float32), np.zeros(-(-filters // NR) * NR, np.float32)
+
+
 @compiled
-def pointwise_transposed(panels: np.ndarray, source: np.ndarray,
-                         source_offset: int, source_stride: int, image_source: int, out: np.ndarray,
-                         out_offset: int, out_stride: int, image_out: int, filters: int, depth: int,
-                         width: int, bias: np.ndarray, residual: np.ndarray, low: float, high: float,
+def pointwise_transposed(panels: np.ndarray, source: np.ndarray, source_offset: int,
+                         source_stride: int, image_source: int, out: np.ndarray, out_offset: int,
+                         out_stride: int, image_out: int, filters: int, depth: int, width: int,
+                         bias: np.ndarray, residual: np.ndarray, low: float, high: float,
                          activation: int, alpha: float, beta: float, begin: int, end: int) -> None:
     """Units ``begin`` to ``end - 1`` of :func:`pointwise_units`'s finished product in float32
     over a batch of images, computed by the packed micro-kernel transposed
     (:func:`~onnx_light.kernels.packed_gemm.panels_transposed`): the weights' transpose in
-    ``panels`` (:func:`transposed_weights`), the input's positions its rows read in place
-    (channel p of image n's position j at ``source_offset + n * image_source + p *
-    source_stride + j``), each block stored transposed into the output's rows. Unit ``u``:
-    image ``u // P``, its panel ``u % P`` of ``NR`` filters (P panels), finished (bias,
-    residual, clamp, activation) as :func:`pointwise_tiles` finishes a tile while its rows
-    are in cache. ``out_offset`` and ``image_out`` are multiples of ``out_stride``."""
-    grid = out.reshape(out.size // out_stride, out_stride)
-    count = -(-filters // NR)
-    no_bias = np.zeros(count * NR, np.float32)  # the bias is the finishing's
-    for u in range(begin, end):
-        n, panel = u // count, u % count
-        start = out_offset + n * image_out
-        panels_transposed(source, source_offset + n * image_source, source_stride, width, panels,
-                          no_bias, False, grid, start // out_stride, 0, panel, panel + 1, filters)
-        f0 = panel * NR
-        _finish_tile(out, start + f0 * out_stride, out_stride, min(NR, filters - f0), width, bias,
-                     f0, residual, low, high, activation, alpha, beta)
+    ``panels`` (:func:`transposed_weights`), the input's positions its rows (channel p of
+    image n's position j at ``source_offset + n * image_source + p * source_stride + j``),
+    read in place or, from :data:`PACK_FILTERS` filters, packed once per image
+    (:func:`~onnx_light.kernels.packed_gemm.pack_columns`), each block stored transposed into
+    the output's rows. Unit ``u``: image ``u // P``, its panel ``u % P`` of ``NR`` filters (P
+    panels), finished (bias, residual, clamp, activation) as :func:`pointwise_tiles`
+    finishes a tile while its rows are in cache. ``out_offset`` and ``image_out`` are
+    multiples of ``out_stride``. The layout of the rows changes no element's sum."""
+    rows, no_bias = _transposed_buffers(filters, depth, width)
+    packed = -1
+    for unit in range(begin, end):
+        packed = _transposed_unit(panels, source, source_offset, source_stride, image_source, out,
+                                  out_offset, out_stride, image_out, filters, depth, width, bias,
+                                  residual, low, high, activation, alpha, beta, unit, rows, packed,
+                                  no_bias)
 
 
 @compiled(parallel=True)
@@ -305,14 +348,17 @@ def pointwise_transposed_parallel(panels: np.ndarray, source: np.ndarray, source
                                   counter: np.ndarray) -> None:
     """:func:`pointwise_transposed` of units ``0`` to ``units - 1`` shared by ``threads`` of
     numba's threads, each taking the next unit in turn as :func:`pointwise_units_parallel`
-    does: the same units as one thread, so the same bits. ``counter`` is one int64 0."""
+    does (and packing the positions of the images it meets into its own rows): the same
+    units as one thread, so the same bits. ``counter`` is one int64 0."""
     for _ in prange(threads):
+        rows, no_bias = _transposed_buffers(filters, depth, width)
+        packed = -1
         unit = claim(counter, 0)
         while unit < units:
-            pointwise_transposed(panels, source, source_offset, source_stride,
-                                 image_source, out, out_offset, out_stride, image_out, filters, depth,
-                                 width, bias, residual, low, high, activation, alpha, beta, unit,
-                                 unit + 1)
+            packed = _transposed_unit(panels, source, source_offset, source_stride, image_source,
+                                      out, out_offset, out_stride, image_out, filters, depth, width,
+                                      bias, residual, low, high, activation, alpha, beta, unit, rows,
+                                      packed, no_bias)
             unit = claim(counter, 0)
 
 
