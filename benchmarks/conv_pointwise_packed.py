@@ -1,9 +1,9 @@
 """The 1x1 convolutions of MobileNetV2 and EfficientNet-B0: ``direct_1x1`` with
 ``pointwise.product`` = ``blas`` (numpy's BLAS per tile of positions) and ``packed`` (the
 packed micro-kernel of ``kernels/packed_gemm.py`` reading the input's rows as its panels),
-``transposed`` (``pointwise.transposed_positions`` = 784: the micro-kernel transposed on
-planes up to 28x28, the weights packed once as its panels), and onnxruntime's Conv, side by
-side in one process.
+``transposed`` (``pointwise.transposed_positions`` = ``--positions``, 49 unless given: the
+micro-kernel transposed on planes up to 7x7, the weights packed once as its panels), and
+onnxruntime's Conv, side by side in one process.
 
 Each shape is one Conv node (seeded random constant weights, a bias, and optionally a fused
 Relu6 as a Clip) in three one-thread sessions (onnxruntime's with one intra-op thread), which
@@ -16,7 +16,8 @@ one run, each session's fixed cost per run included) and the ratios of the media
 exports), one-thread sessions with each value of ``pointwise.product``, in the same way (each
 sample three runs).
 
-Run: ``python benchmarks/conv_pointwise_packed.py [--rounds 15] [--relu6] [--zoo MODEL ...]``.
+Run: ``python benchmarks/conv_pointwise_packed.py [--rounds 15] [--relu6] [--zoo MODEL ...]
+[--positions 49]``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ SHAPES = [
 ]
 # The configurations compared: pointwise.product's values, and the transposed product.
 CONFIGS = {"blas": {conv.POINTWISE_PRODUCT: "blas"}, "packed": {conv.POINTWISE_PRODUCT: "packed"},
-           "transposed": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 784}}
+           "transposed": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 49}}
 
 
 def pointwise_model(channels: int, filters: int, size: int, relu6: bool) -> onnx.ModelProto:
@@ -114,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--relu6", action="store_true", help="a Clip(0, 6) after each Conv")
     parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
+    parser.add_argument("--positions", type=int, default=49,
+                        help="pointwise.transposed_positions of the transposed configuration")
     args = parser.parse_args(argv)
+    CONFIGS["transposed"][conv.POINTWISE_TRANSPOSED] = args.positions
     if not packed_gemm.available():
         print("neither AVX2 and FMA nor AVX-512F: packed runs the BLAS tiles")
     if args.zoo:
