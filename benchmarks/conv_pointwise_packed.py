@@ -13,16 +13,20 @@ the sessions interleaved, their order alternating; the table gives the median sa
 one run, each session's fixed cost per run included) and the ratios of the medians.
 
 ``--zoo mobilenet_v2 ...`` times whole models of ``model_zoo.py`` instead (their cached
-exports), one-thread sessions with each value of ``pointwise.product``, in the same way (each
-sample three runs).
+exports), one-thread sessions of each configuration, in the same way (each sample three
+runs). ``--planes mobilenet_v2 ...`` times each model's 1x1 convolutions in two one-thread
+sessions (``blas`` and ``transposed``), runs interleaved: the thread CPU time of each
+compiled call (``PointwiseCall``) inside the runs, medians per shape summed by plane size,
+and the whole runs.
 
 Run: ``python benchmarks/conv_pointwise_packed.py [--rounds 15] [--relu6] [--zoo MODEL ...]
-[--positions 49]``.
+[--planes MODEL ...] [--positions 49]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
 import sys
@@ -37,6 +41,7 @@ from onnx import TensorProto, helper
 from real_models import onnxruntime_session
 
 from onnx_light.kernels import conv, packed_gemm
+from onnx_light.kernels.conv import pointwise
 from onnx_light.runtime.session import RuntimeSession
 
 # (channels, filters, size): MobileNetV2's and EfficientNet-B0's 1x1 convolutions (224x224).
@@ -45,8 +50,10 @@ SHAPES = [
     (192, 32, 28), (240, 40, 28), (384, 64, 14), (576, 96, 14), (480, 112, 14), (672, 192, 7),
     (960, 160, 7), (320, 1280, 7), (160, 960, 7), (96, 576, 14), (2048, 512, 7), (512, 2048, 7),
 ]
-# The configurations compared: pointwise.product's values, and the transposed product.
-CONFIGS = {"blas": {conv.POINTWISE_PRODUCT: "blas"}, "packed": {conv.POINTWISE_PRODUCT: "packed"},
+# The configurations compared: pointwise.product's values, and the transposed product (over
+# this machine's values: its processor profile may set pointwise.transposed_positions).
+CONFIGS = {"blas": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 0},
+           "packed": {conv.POINTWISE_PRODUCT: "packed", conv.POINTWISE_TRANSPOSED: 0},
            "transposed": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 49}}
 
 
@@ -110,6 +117,53 @@ def whole_models(names: list[str], rounds: int) -> int:
     return 0
 
 
+def plane_classes(names: list[str], runs: int) -> int:
+    """The table of each model's 1x1 convolutions by plane size, blas against transposed."""
+    timed_call = pointwise.PointwiseCall.__call__
+    session_name = ["blas"]
+    times: dict[str, dict[tuple[int, int, int], list[int]]] = collections.defaultdict(dict)
+
+    def call(self: pointwise.PointwiseCall, *arguments: object) -> np.ndarray:
+        start = time.thread_time_ns()
+        out = timed_call(self, *arguments)
+        times[session_name[0]].setdefault((self.filters, self.depth, self.plane), []).append(
+            time.thread_time_ns() - start)
+        return out
+
+    print(f"load average {os.getloadavg()[0]:.1f}; {runs} interleaved runs; thread CPU us per run "
+          f"(the medians of each shape's calls, summed); one thread")
+    pointwise.PointwiseCall.__call__ = call
+    try:
+        for name in names:
+            model, feeds = load_model(name)
+            runs_of = {key: RuntimeSession(model, num_threads=1, registry=registry_with(CONFIGS[key], 1)).run
+                       for key in ("blas", "transposed")}
+            whole: dict[str, list[int]] = collections.defaultdict(list)
+            for round_ in range(runs + 3):
+                if round_ == 3:  # the first rounds warm up
+                    whole.clear()
+                    times.clear()
+                for key in (runs_of if round_ % 2 == 0 else list(runs_of)[::-1]):
+                    session_name[0] = key
+                    start = time.thread_time_ns()
+                    runs_of[key](None, feeds)
+                    whole[key].append(time.thread_time_ns() - start)
+            sums: dict[str, dict[int, float]] = {key: collections.defaultdict(float) for key in runs_of}
+            for key in runs_of:
+                for shape, values in times[key].items():
+                    sums[key][shape[2]] += float(np.median(values)) * len(values) / runs / 1e3
+            print(f"\n{name}\n\n| plane | blas | transposed | transposed / blas |\n|---|---|---|---|")
+            for plane in sorted(sums["blas"], reverse=True):
+                blas, transposed = sums["blas"][plane], sums["transposed"][plane]
+                print(f"| {plane} | {blas:.0f} | {transposed:.0f} | {transposed / blas:.3f} |")
+            blas, transposed = (float(np.median(whole[key])) / 1e3 for key in runs_of)
+            print(f"| whole run | {blas:.0f} | {transposed:.0f} | {transposed / blas:.3f} |", flush=True)
+    finally:
+        pointwise.PointwiseCall.__call__ = timed_call
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -117,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
     parser.add_argument("--positions", type=int, default=49,
                         help="pointwise.transposed_positions of the transposed configuration")
+    parser.add_argument("--planes", nargs="+", default=[],
+                        help="models whose 1x1 convolutions to time by plane size instead")
     args = parser.parse_args(argv)
     CONFIGS["transposed"][conv.POINTWISE_TRANSPOSED] = args.positions
+    if args.planes:
+        return plane_classes(args.planes, args.rounds)
     if not packed_gemm.available():
         print("neither AVX2 and FMA nor AVX-512F: packed runs the BLAS tiles")
     if args.zoo:

@@ -511,8 +511,8 @@ def _settled(pool, w, b, x_shape, values, residual=False, clamp=None):
 @packed_only
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(channels=st.integers(1, 600), filters=st.one_of(st.integers(1, 40), st.integers(120, 170)),
-       height=st.integers(1, 15), width=st.integers(2, 15), batch=st.integers(1, 2), bias=st.booleans(), residual=st.booleans(),
-       clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
+       height=st.integers(1, 15), width=st.integers(2, 15), batch=st.integers(1, 2), bias=st.booleans(),
+       residual=st.booleans(), clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
 def test_transposed_products_are_within_the_bound_and_the_same_bits_at_two_threads(
         pools, monkeypatch, channels, filters, height, width, batch, bias, residual, clamp, seed):
     """``pointwise.transposed_positions`` (float32, constant weights): each element within

@@ -16,7 +16,9 @@ contiguous), that every panel passes over in turn (:func:`packed_rows`), and a c
 split the rows across a thread pool in chunks of whole ``MR``-row blocks. The panels may also
 be a matrix read in place, each step of a panel ``NR`` contiguous values of one of its rows
 (``packed_rows``'s ``b_layout``: a 1x1 convolution's input rows, its columns past the last
-whole panel packed by :func:`pack_panels`).
+whole panel packed by :func:`pack_panels`). :func:`panels_transposed` stores the blocks
+transposed (the micro-kernel's rows become the output's columns), A read in place or packed
+by :func:`pack_columns`: a 1x1 convolution on a small plane with its weights as the panels.
 
 Numerics. Each output element is ``sum_p a[i, p] w[p, j]`` summed in order of p from +0 in
 float32 with one rounding per fused multiply-add, then ``+ bias[j]`` rounded once: one of the

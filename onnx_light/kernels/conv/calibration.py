@@ -145,7 +145,7 @@ def candidate_grid() -> list[dict[str, Value]]:
     if packed_gemm.available():
         for product in POINTWISE_PRODUCTS:
             grid.append({**base, POINTWISE_PRODUCT: product})
-        for positions in (49, 196):  # the transposed product on 7x7, or up to 14x14, planes
+        for positions in (49, 784):  # the transposed product on 7x7, or up to 28x28, planes
             grid.append({**base, POINTWISE_TRANSPOSED: positions})
     return [c for c in grid if c != base]
 

@@ -31,6 +31,11 @@ With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`p
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
 as its rows and the input's rows read in place as its panels, and finishes it the same way;
 measured, it does not beat the BLAS tiles (docs/conv.md), so ``blas`` is the default.
+
+On planes up to ``pointwise.transposed_positions`` positions, float32 convolutions with
+constant weights take :func:`pointwise_transposed` instead: the micro-kernel transposed, the
+weights packed once as its panels (:func:`transposed_weights`), the positions its rows, each
+block stored transposed into the output (docs/conv.md, "Small planes: the product transposed").
 """
 
 from __future__ import annotations
