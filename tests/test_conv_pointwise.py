@@ -494,3 +494,83 @@ def test_units_run_on_the_threads_from_pointwise_minimum_flops(pools, every_prod
     before = parallel.calls
     _kernel(1, pools[2], {conv.POINTWISE_MINIMUM_FLOPS: 1}).run(small, w)
     assert parallel.calls == before
+
+
+def _settled(pool, w, b, x_shape, values, residual=False, clamp=None):
+    """A float32 kernel with constant ``w`` and ``b`` (specialized) and the shapes settled, as
+    a session builds it; ``pointwise.transposed_positions`` and the rest from ``values``."""
+    kernel = _kernel(1, pool, values)
+    kernel.residual = residual
+    if clamp is not None:
+        kernel.clamp = clamp
+        kernel.epilogue = lambda block: np.clip(block, *clamp, out=block)
+    kernel = kernel.specialize([None, w, b]) or kernel
+    return kernel.settle([x_shape, w.shape]) or kernel
+
+
+@packed_only
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(channels=st.integers(1, 600), filters=st.one_of(st.integers(1, 40), st.integers(120, 170)),
+       height=st.integers(1, 15), width=st.integers(2, 15), batch=st.integers(1, 2), bias=st.booleans(),
+       residual=st.booleans(), clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
+def test_transposed_products_are_within_the_bound_and_the_same_bits_at_two_threads(
+        pools, monkeypatch, channels, filters, height, width, batch, bias, residual, clamp, seed):
+    """``pointwise.transposed_positions`` (float32, constant weights): each element within
+    conv.numerics's bound of the float64 convolution (plus one rounding for the residual's
+    addition), the same bits at two threads sharing its units (panels of filters), with the
+    positions read in place and, from ``PACK_FILTERS`` filters, packed, and the transposed
+    product is what ran."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(np.float32)
+    w = rng.uniform(-1, 1, (filters, channels, 1, 1)).astype(np.float32)
+    b = rng.uniform(-1, 1, filters).astype(np.float32) if bias else None
+    inputs = [x, w, b]
+    expected = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
+    if b is not None:
+        expected += b.astype(np.float64).reshape(-1, 1, 1)
+    bound = conv.error_bound(x, w, b)
+    if residual:
+        shortcut = rng.uniform(-1, 1, expected.shape).astype(np.float32)
+        expected += shortcut
+        inputs.append(shortcut)
+        bound = bound + np.abs(expected) * np.finfo(np.float32).eps
+    if clamp is not None:
+        expected = np.clip(expected, *clamp)
+    values = {conv.POINTWISE_TRANSPOSED: 1000, conv.POINTWISE_MINIMUM_FLOPS: 1}
+    kernel = _settled(pools[1], w, b, x.shape, values, residual, clamp)
+    recorder = _Recorder(pointwise.pointwise_transposed)
+    with monkeypatch.context() as patch:
+        patch.setattr(pointwise, "pointwise_transposed", recorder)
+        got = kernel.run(*inputs)[0]
+    assert recorder.calls == 1
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert np.all(np.abs(got - expected) <= bound)
+    for _ in range(2):
+        np.testing.assert_array_equal(_settled(pools[2], w, b, x.shape, values, residual, clamp)
+                                      .run(*inputs)[0], got)
+
+
+@packed_only
+def test_transposed_products_propagate_nan_and_infinities_and_leave_other_planes(pools):
+    """NaN and infinities propagate through the transposed product's in-place rows; a plane
+    larger than ``pointwise.transposed_positions``, weights fed at run time, and a 1x1 plane
+    keep their own products (the same bits as without the value)."""
+    rng = np.random.default_rng(5)
+    w = rng.uniform(-1, 1, (20, 9, 1, 1)).astype(np.float32)
+    x = rng.uniform(-1, 1, (1, 9, 7, 7)).astype(np.float32)
+    x[0, 2, 3, 4] = np.nan
+    x[0, 5, 6, 6] = np.inf
+    values = {conv.POINTWISE_TRANSPOSED: 49}
+    got = _settled(pools[1], w, None, x.shape, values).run(x, w)[0]
+    expected = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    assert np.all(np.abs(got[finite] - expected[finite]) <= conv.error_bound(x, w, None)[finite])
+    for shape in ((1, 9, 8, 8), (1, 9, 1, 1)):
+        other = rng.uniform(-1, 1, shape).astype(np.float32)
+        np.testing.assert_array_equal(_settled(pools[1], w, None, shape, values).run(other, w)[0],
+                                      _kernel(1, pools[1]).run(other, w)[0])
+    fed = w * 2
+    np.testing.assert_array_equal(_settled(pools[1], w, None, x.shape, values).run(x, fed)[0],
+                                  _kernel(1, pools[1]).run(x, fed)[0])

@@ -16,7 +16,9 @@ contiguous), that every panel passes over in turn (:func:`packed_rows`), and a c
 split the rows across a thread pool in chunks of whole ``MR``-row blocks. The panels may also
 be a matrix read in place, each step of a panel ``NR`` contiguous values of one of its rows
 (``packed_rows``'s ``b_layout``: a 1x1 convolution's input rows, its columns past the last
-whole panel packed by :func:`pack_panels`).
+whole panel packed by :func:`pack_panels`). :func:`panels_transposed` stores the blocks
+transposed (the micro-kernel's rows become the output's columns), A read in place or packed
+by :func:`pack_columns`: a 1x1 convolution on a small plane with its weights as the panels.
 
 Numerics. Each output element is ``sum_p a[i, p] w[p, j]`` summed in order of p from +0 in
 float32 with one rounding per fused multiply-add, then ``+ bias[j]`` rounded once: one of the
@@ -42,8 +44,8 @@ from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compi
 from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
-           "available", "geometry", "pack_panels", "pack_rows", "packed_layout", "packed_rows",
-           "panels_over_rows"]
+           "available", "geometry", "pack_columns", "pack_panels", "pack_rows", "packed_layout",
+           "packed_rows", "panels_over_rows", "panels_transposed"]
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ BLOCK_A_BYTES = 1 << 19
 _LINE = 16  # float32 values per cache line
 
 
-def _build_tile(numba: Any) -> Any:
+def _build_tile(numba: Any, transposed: bool = False) -> Any:
     """numba's ``intrinsic`` ``_tile(a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start,
     rows, out_row, out_column, with_bias, prefetch, start, stop, accumulate, vectors)``: the
     first ``rows`` rows (rows <= ``MR``) of block ``i0`` of A packed by :func:`pack_rows`
@@ -131,7 +133,15 @@ def _build_tile(numba: Any) -> Any:
     the last valid row of ``out`` and are not stored. With ``vectors`` below the geometry's
     the block is that many vectors wide (the panel's first columns). The block's shape comes
     from :func:`geometry`: one loop per height of :attr:`Geometry.heights` and width of
-    1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``."""
+    1..``vectors`` vectors, the call picking one by ``rows`` and ``vectors``.
+
+    ``transposed``: the intrinsic ``_tile_transposed(a, b, out, bias, a_start, a_step, b_start,
+    b_step, b_ahead, bias_start, rows, out_row, out_column, with_bias, prefetch, stop, vectors,
+    width)`` instead, for a product stored transposed: row r of A at step p is ``a``'s element
+    ``a_start + p * a_step + r`` (A read in place, a matrix's ``rows`` consecutive columns;
+    rows past ``rows`` read row ``rows - 1``), all steps ``0..stop-1`` in one pass from +0,
+    and the block's element (r, c) goes to ``out[out_column + c, out_row + r]`` for r <
+    ``rows`` and c < ``width``: the block's rows are the output's columns."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
@@ -162,33 +172,36 @@ def _build_tile(numba: Any) -> Any:
             "llvm.prefetch")
         rows_v = values["rows"]
         last = builder.sub(rows_v, constant(1))
-        a_first = builder.gep(a_data, [builder.mul(values["i0"], builder.mul(k, constant(shape.rows)))])
-        targets = []
-        for r in range(height):
-            row = builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
-            offset = builder.add(builder.mul(builder.add(values["out_row"], row), ldc),
-                                 values["out_column"])
-            targets.append(builder.gep(out_data, [offset]))
-        # the partial sums of the steps before ``start``, read only when there are some: a
-        # first pass must not wait for the output's (cold) lines before its first step
-        with builder.if_else(values["accumulate"]) as (stored, fresh):
-            with stored:
-                partial = [load_vector(builder, target, lanes * q) for target in targets
-                           for q in range(vectors)]
-                stored_block = builder.block
-            with fresh:
-                fresh_block = builder.block
-        initial = []
-        for value in partial:
-            phi = builder.phi(vector)
-            phi.add_incoming(value, stored_block)
-            phi.add_incoming(zero, fresh_block)
-            initial.append(phi)
+        clamped = [builder.select(builder.icmp_signed("<", constant(r), rows_v), constant(r), last)
+                   for r in range(height)]
+        if transposed:
+            a_first = builder.gep(a_data, [values["a_start"]])
+            initial = [zero] * (height * vectors)
+        else:
+            a_first = builder.gep(a_data, [builder.mul(values["i0"], builder.mul(k, constant(shape.rows)))])
+            targets = [builder.gep(out_data, [builder.add(builder.mul(
+                builder.add(values["out_row"], row), ldc), values["out_column"])]) for row in clamped]
+            # the partial sums of the steps before ``start``, read only when there are some: a
+            # first pass must not wait for the output's (cold) lines before its first step
+            with builder.if_else(values["accumulate"]) as (stored, fresh):
+                with stored:
+                    partial = [load_vector(builder, target, lanes * q) for target in targets
+                               for q in range(vectors)]
+                    stored_block = builder.block
+                with fresh:
+                    fresh_block = builder.block
+            initial = []
+            for value in partial:
+                phi = builder.phi(vector)
+                phi.add_incoming(value, stored_block)
+                phi.add_incoming(zero, fresh_block)
+                initial.append(phi)
         panel_start = builder.gep(b_data, [values["b_start"]])
         entry = builder.block
         loop = builder.append_basic_block("tile.loop")
         done = builder.append_basic_block("tile.done")
-        start_v, stop_v = values["start"], values["stop"]
+        start_v = constant(0) if transposed else values["start"]
+        stop_v = values["stop"]
         builder.cbranch(builder.icmp_signed(">", stop_v, start_v), loop, done)
         builder.position_at_end(loop)
         p = builder.phi(i64)
@@ -205,10 +218,11 @@ def _build_tile(numba: Any) -> Any:
                 builder.call(fetch, [builder.bitcast(ahead, i8.as_pointer()),
                                      ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         w = [load_vector(builder, step, lanes * q) for q in range(vectors)]
-        a_step = builder.gep(a_first, [builder.mul(p, constant(shape.rows))])
+        a_step = builder.gep(a_first, [builder.mul(p, values["a_step"] if transposed
+                                                   else constant(shape.rows))])
         updated = []
         for r in range(height):
-            scalar = builder.load(builder.gep(a_step, [constant(r)]))
+            scalar = builder.load(builder.gep(a_step, [clamped[r] if transposed else constant(r)]))
             splat = builder.shuffle_vector(
                 builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0)),
                 ir.Constant(vector, ir.Undefined), broadcast)
@@ -218,6 +232,11 @@ def _build_tile(numba: Any) -> Any:
         bias_start = builder.gep(bias_data, [values["bias_start"]])
         biases = [builder.select(values["with_bias"], load_vector(builder, bias_start, lanes * q), zero)
                   for q in range(vectors)]
+        if transposed:
+            store_transposed(builder, values, [builder.fadd(totals[vectors * r + q], biases[q])
+                                               for r in range(height) for q in range(vectors)],
+                             height, vectors)
+            return
         for r in range(height):
             with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
                 for q in range(vectors):
@@ -225,49 +244,120 @@ def _build_tile(numba: Any) -> Any:
                                   builder.bitcast(builder.gep(targets[r], [constant(lanes * q)]),
                                                   vector.as_pointer()), align=4)
 
-    names = ("i0", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row", "out_column",
-             "with_bias", "prefetch", "start", "stop", "accumulate", "vectors")
+    def store_transposed(builder: Any, values: dict[str, Any], sums: list[Any], height: int,
+                         vectors: int) -> None:
+        """Element (r, c) of the block (``sums[vectors * r + q]``'s lane ``c - lanes * q``)
+        to ``out[out_column + c, out_row + r]`` for r < ``rows`` and c < ``width``: a whole
+        block of ``MR`` rows as one vector of ``MR`` values per column (its vectors shuffled
+        together, each column picked out), a partial one a scalar at a time."""
+        ldc, width, rows_v = values["ldc"], values["width"], values["rows"]
+        base = builder.gep(values["out"], [builder.add(builder.mul(values["out_column"], ldc),
+                                                       values["out_row"])])
+        columns = [builder.gep(base, [builder.mul(constant(c), ldc)]) for c in range(lanes * vectors)]
 
-    @intrinsic
-    def tile(typingctx, a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start, rows, out_row,
-             out_column, with_bias, prefetch, start, stop, accumulate, vectors):
-        signature = types.void(a, b, out, bias, *[types.boolean if name in (
+        def each_column(q: int, store: Any) -> None:
+            """``store(lane, column)`` for the lanes of vector q inside ``width``."""
+            whole = builder.icmp_signed("<=", constant(lanes * (q + 1)), width)
+            with builder.if_else(whole) as (every, some):
+                with every:
+                    for lane in range(lanes):
+                        store(lane, lanes * q + lane)
+                with some:
+                    for lane in range(lanes):
+                        with builder.if_then(builder.icmp_signed("<", constant(lanes * q + lane), width)):
+                            store(lane, lanes * q + lane)
+
+        def scalars() -> None:
+            for r in range(height):
+                with builder.if_then(builder.icmp_signed("<", constant(r), rows_v)):
+                    for q in range(vectors):
+                        each_column(q, lambda lane, c, r=r, q=q: builder.store(
+                            builder.extract_element(sums[vectors * r + q], ir.Constant(i32, lane)),
+                            builder.gep(columns[c], [constant(r)])))
+
+        if height < shape.rows:
+            scalars()
+            return
+        with builder.if_else(builder.icmp_signed("==", rows_v, constant(height))) as (full, partial):
+            with full:
+                run = ir.VectorType(f32, height)
+                for q in range(vectors):
+                    joined = [sums[vectors * r + q] for r in range(height)]
+                    while len(joined) > 1:  # the rows side by side: row r's lane l at r * lanes + l
+                        if len(joined) % 2:
+                            joined.append(ir.Constant(joined[0].type, ir.Undefined))
+                        size = joined[0].type.count
+                        joined = [builder.shuffle_vector(joined[i], joined[i + 1], ir.Constant(
+                            ir.VectorType(i32, 2 * size), list(range(2 * size))))
+                                  for i in range(0, len(joined), 2)]
+                    every_row = joined[0]
+
+                    def column(lane: int, c: int, every_row: Any = every_row) -> None:
+                        mask = ir.Constant(ir.VectorType(i32, height),
+                                           [r * lanes + lane for r in range(height)])
+                        picked = builder.shuffle_vector(every_row, ir.Constant(every_row.type, ir.Undefined),
+                                                        mask)
+                        builder.store(picked, builder.bitcast(columns[c], run.as_pointer()), align=4)
+
+                    each_column(q, column)
+            with partial:
+                scalars()
+
+    if transposed:
+        names = ("a_start", "a_step", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row",
+                 "out_column", "with_bias", "prefetch", "stop", "vectors", "width")
+    else:
+        names = ("i0", "b_start", "b_step", "b_ahead", "bias_start", "rows", "out_row", "out_column",
+                 "with_bias", "prefetch", "start", "stop", "accumulate", "vectors")
+
+    def typed(a: Any, b: Any, out: Any, bias: Any) -> Any:
+        return types.void(a, b, out, bias, *[types.boolean if name in (
             "with_bias", "prefetch", "accumulate") else types.int64 for name in names])
 
-        def codegen(context, builder, sig, args):
-            arrays = [context.make_array(kind)(context, builder, value)
-                      for kind, value in zip(sig.args[:4], args[:4], strict=True)]
-            values = dict(zip(names, args[4:], strict=True))
-            values.update(a=arrays[0].data, b=arrays[1].data, out=arrays[2].data, bias=arrays[3].data,
-                          k=builder.extract_value(arrays[0].shape, 1),
-                          ldc=builder.extract_value(arrays[2].shape, 1))
-            # one loop per (height, vectors), the call's picked by a switch on both
-            heights = shape.heights
-            height_index = constant(0)
-            for index, height in enumerate(heights[:-1]):
-                height_index = builder.select(builder.icmp_signed(">", values["rows"], constant(height)),
-                                              constant(index + 1), height_index)
-            key = builder.add(builder.mul(height_index, constant(shape.vectors)),
-                              builder.sub(values["vectors"], constant(1)))
-            exit_block = builder.append_basic_block("tile.exit")
-            cases = [(index, height, count) for index, height in enumerate(heights)
-                     for count in range(1, shape.vectors + 1)]
-            blocks = [builder.append_basic_block(f"tile.{height}x{count}") for _, height, count in cases]
-            switch = builder.switch(key, blocks[-1])
-            for (index, height, count), target in zip(cases, blocks, strict=True):
-                switch.add_case(constant(index * shape.vectors + count - 1), target)
-                builder.position_at_end(target)
-                block(builder, values, height, count)
-                builder.branch(exit_block)
-            builder.position_at_end(exit_block)
-            return context.get_dummy_value()
+    def codegen(context, builder, sig, args):
+        arrays = [context.make_array(kind)(context, builder, value)
+                  for kind, value in zip(sig.args[:4], args[:4], strict=True)]
+        values = dict(zip(names, args[4:], strict=True))
+        values.update(a=arrays[0].data, b=arrays[1].data, out=arrays[2].data, bias=arrays[3].data,
+                      k=None if transposed else builder.extract_value(arrays[0].shape, 1),
+                      ldc=builder.extract_value(arrays[2].shape, 1))
+        # one loop per (height, vectors), the call's picked by a switch on both
+        heights = shape.heights
+        height_index = constant(0)
+        for index, height in enumerate(heights[:-1]):
+            height_index = builder.select(builder.icmp_signed(">", values["rows"], constant(height)),
+                                          constant(index + 1), height_index)
+        key = builder.add(builder.mul(height_index, constant(shape.vectors)),
+                          builder.sub(values["vectors"], constant(1)))
+        exit_block = builder.append_basic_block("tile.exit")
+        cases = [(index, height, count) for index, height in enumerate(heights)
+                 for count in range(1, shape.vectors + 1)]
+        blocks = [builder.append_basic_block(f"tile.{height}x{count}") for _, height, count in cases]
+        switch = builder.switch(key, blocks[-1])
+        for (index, height, count), target in zip(cases, blocks, strict=True):
+            switch.add_case(constant(index * shape.vectors + count - 1), target)
+            builder.position_at_end(target)
+            block(builder, values, height, count)
+            builder.branch(exit_block)
+        builder.position_at_end(exit_block)
+        return context.get_dummy_value()
 
-        return signature, codegen
+    if transposed:
+        @intrinsic
+        def tile(typingctx, a, b, out, bias, a_start, a_step, b_start, b_step, b_ahead, bias_start,
+                 rows, out_row, out_column, with_bias, prefetch, stop, vectors, width):
+            return typed(a, b, out, bias), codegen
+    else:
+        @intrinsic
+        def tile(typingctx, a, b, out, bias, i0, b_start, b_step, b_ahead, bias_start, rows, out_row,
+                 out_column, with_bias, prefetch, start, stop, accumulate, vectors):
+            return typed(a, b, out, bias), codegen
 
     return tile
 
 
 _tile = CompiledIntrinsic(_build_tile, "_tile")
+_tile_transposed = CompiledIntrinsic(functools.partial(_build_tile, transposed=True), "_tile_transposed")
 
 
 @compiled
@@ -324,6 +414,52 @@ def panels_over_rows(rows_a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int
             for r in range(rows):
                 for c in range(width):
                     out[out_row + i0 + r, out_column + column + c] = edge[r, c]
+
+
+@compiled
+def panels_transposed(a: np.ndarray, a_layout: tuple[int, int, int], m: int, panels: np.ndarray,
+                      bias: np.ndarray, with_bias: bool, out: np.ndarray, out_row: int,
+                      out_column: int, first: int, last: int, n: int) -> None:
+    """Panels ``first..last-1`` of ``A @ W (+ bias)`` stored transposed: A (m, K) read from
+    the flat ``a``, ``a_layout = (start, block, step)``: row i of block ``i // MR`` at step p
+    is element ``start + (i // MR) * block + p * step + i % MR`` (rows packed by
+    :func:`pack_columns`: ``(0, K * MR, MR)``; a matrix's m consecutive columns read in
+    place: ``(offset, MR, stride)``); W (K, n) in ``panels`` (P, K, NR) as
+    :class:`PackedWeights` packs it (K = the panels' second axis), ``bias`` padded to P x NR
+    values; column j of the product and row i land in ``out[out_row + j, out_column + i]``
+    (C-contiguous 2-D): a 1x1 convolution's NCHW output, the weights (transposed, packed
+    once) as the panels and the positions as the rows. Each element is summed in one pass
+    over p from +0, the order of :func:`packed_rows`: the same bits whatever the panels'
+    split and the layout of A."""
+    a_start, a_block, a_step = a_layout
+    k = panels.shape[1]
+    for panel in range(first, last):
+        column = panel * NR
+        width = min(NR, n - column)
+        vectors = -(-width // LANES)
+        for i0 in range(0, m, MR):
+            _tile_transposed(a, panels, out, bias, a_start + i0 // MR * a_block, a_step, panel * k * NR,
+                             NR, _AHEAD * NR, column, min(MR, m - i0), out_column + i0,
+                             out_row + column, with_bias, i0 == 0, k, vectors, width)
+
+
+@compiled
+def pack_columns(source: np.ndarray, offset: int, stride: int, depth: int, columns: int,
+                 packed: np.ndarray) -> None:
+    """Columns ``0..columns-1`` of a (``depth``, ...) matrix read from the flat ``source``
+    (element (p, j) at ``offset + p * stride + j``) as the rows of A in ``packed`` (blocks,
+    depth, MR), each step's ``MR`` values contiguous (:func:`pack_rows`'s layout; zeros past
+    ``columns``): what :func:`panels_transposed` reads at ``(0, depth * MR, MR)``."""
+    whole = columns // MR
+    count = columns - whole * MR  # in the last block, partly filled
+    for p in range(depth):  # each row of the source read once, in order
+        row = offset + p * stride
+        for block in range(whole):
+            for r in range(MR):
+                packed[block, p, r] = source[row + block * MR + r]
+        if count > 0:
+            for r in range(MR):
+                packed[whole, p, r] = source[row + whole * MR + r] if r < count else 0.0
 
 
 @compiled(parallel=True)

@@ -35,6 +35,7 @@ from .config import (
     POINTWISE_MINIMUM_FLOPS,
     POINTWISE_PRODUCT,
     POINTWISE_PRODUCTS,
+    POINTWISE_TRANSPOSED,
     REGION_FLOPS,
     SPLIT,
     WINOGRAD_CHANNELS,
@@ -99,6 +100,8 @@ CORPUS: tuple[CorpusCase, ...] = (
                (56, 56), 24, (1, 1)),
     CorpusCase("mobilenetv2_1x1_expand_14", "MobileNetV2 (torchvision) block 12 expansion", 96,
                (14, 14), 576, (1, 1)),
+    CorpusCase("mobilenetv2_1x1_expand_7", "MobileNetV2 (torchvision) block 15 expansion", 160,
+               (7, 7), 960, (1, 1)),
     CorpusCase("shufflenet_group4_1x1", "ShuffleNet stage 3", 272, (14, 14), 272, (1, 1), group=4),
     CorpusCase("alexnet_11x11s4", "AlexNet conv1", 3, (224, 224), 96, (11, 11), (4, 4)),
     CorpusCase("alexnet_5x5_group2", "AlexNet conv2", 96, (26, 26), 256, (5, 5), pads=(2, 2, 2, 2),
@@ -111,8 +114,8 @@ CORPUS: tuple[CorpusCase, ...] = (
 
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
-    varied alone around the portable values (21 candidates, and ``pointwise.product`` where
-    the packed micro-kernel can run). Never the ``blas`` split: it
+    varied alone around the portable values (21 candidates, and ``pointwise.product`` and
+    ``pointwise.transposed_positions`` where the packed micro-kernel can run). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
     :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
@@ -142,6 +145,8 @@ def candidate_grid() -> list[dict[str, Value]]:
     if packed_gemm.available():
         for product in POINTWISE_PRODUCTS:
             grid.append({**base, POINTWISE_PRODUCT: product})
+        for positions in (49, 784):  # the transposed product on 7x7, or up to 28x28, planes
+            grid.append({**base, POINTWISE_TRANSPOSED: positions})
     return [c for c in grid if c != base]
 
 
@@ -184,9 +189,10 @@ class ConvCalibrationProblem:
                             strides=list(spec.strides), pads=list(spec.pads))
         return case, x, w, b, bound
 
-    def _kernel(self, case: str, values: dict[str, Value], w: np.ndarray) -> ConvKernel:
-        """The case's kernel for ``values``, specialized for its (constant) weights ``w`` as a
-        session would (the winograd transform)."""
+    def _kernel(self, case: str, values: dict[str, Value], x: np.ndarray, w: np.ndarray) -> ConvKernel:
+        """The case's kernel for ``values``, specialized for its (constant) weights ``w`` (the
+        winograd transform) and settled for the shapes of ``x`` and ``w`` (a 1x1
+        convolution's transposed weights) as a session would."""
         key = (case, tuple(sorted(values.items())))
         kernel = self._kernels.get(key)
         if kernel is None:
@@ -196,12 +202,13 @@ class ConvCalibrationProblem:
             kernel = ConvKernel(ctx).bind(self.pool)
             kernel.configure(values)
             kernel = kernel.specialize([None, w, None]) or kernel
+            kernel = kernel.settle([x.shape, w.shape]) or kernel
             self._kernels[key] = kernel
         return kernel
 
     def run(self, values: dict[str, Value], inputs: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray]:
         case, x, w, b, bound = inputs
-        return self._kernel(case, values, w).run(x, w, b)[0], bound
+        return self._kernel(case, values, x, w).run(x, w, b)[0], bound
 
     def same_output(self, reference: tuple[np.ndarray, np.ndarray],
                     candidate: tuple[np.ndarray, np.ndarray]) -> bool:

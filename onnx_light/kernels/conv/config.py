@@ -60,6 +60,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     The units, and so the results, are the same either way. It replaces
     ``parallel.split`` and ``parallel.minimum_flops`` for those convolutions (but a
     ``parallel.split`` of ``blas``).
+``pointwise.transposed_positions``
+    float32 1x1 convolutions of one group with constant weights, on planes of 2 up to this
+    many positions, compute their product with the packed micro-kernel transposed
+    (:func:`~onnx_light.kernels.conv.pointwise.pointwise_transposed`: the weights, packed
+    once as its panels, the positions as its rows read in place, the block stored
+    transposed into the NCHW output), whatever ``pointwise.product``; 0: never. Their
+    units (panels of filters) are shared by the session's threads from
+    ``pointwise.minimum_flops`` as the BLAS units are, with the same bits.
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -111,10 +119,11 @@ BLOCKED_OUTPUTS = "depthwise.blocked_outputs"
 FILTERS_BLOCKED_TAPS = "filters_blocked.maximum_taps"
 POINTWISE_PRODUCT = "pointwise.product"
 POINTWISE_MINIMUM_FLOPS = "pointwise.minimum_flops"
+POINTWISE_TRANSPOSED = "pointwise.transposed_positions"
 REGION_FLOPS = "parallel.region_flops"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 7
+TUNING_ABI = 8
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
               "depthwise_blocked", "filters_blocked", "winograd", "shifted")
@@ -140,6 +149,7 @@ _DEFAULTS: dict[str, Value] = {
     FILTERS_BLOCKED_TAPS: 75,
     POINTWISE_PRODUCT: "blas",
     POINTWISE_MINIMUM_FLOPS: 1 << 23,
+    POINTWISE_TRANSPOSED: 0,
     REGION_FLOPS: 1 << 23,
 }
 # The reference configuration every other one is compared with: the general path, serial.
@@ -157,6 +167,7 @@ REFERENCE: dict[str, Value] = {
     FILTERS_BLOCKED_TAPS: 0,
     POINTWISE_PRODUCT: "blas",
     POINTWISE_MINIMUM_FLOPS: 1 << 62,
+    POINTWISE_TRANSPOSED: 0,
     REGION_FLOPS: 1 << 62,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
@@ -238,6 +249,12 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                   description="multiply-adds from which direct_1x1's BLAS units of a 1x1 "
                               "convolution of one group run on the session's threads (one "
                               "numba region; the same results at every thread count)"),
+        Parameter(POINTWISE_TRANSPOSED, "int", _DEFAULTS[POINTWISE_TRANSPOSED], minimum=0,
+                  description="float32 1x1 convolutions of one group with constant weights whose "
+                              "planes have at most this many positions (and more than 1) compute "
+                              "with the packed micro-kernel transposed (the weights packed once "
+                              "as its panels, the positions as its rows; AVX2 and FMA or "
+                              "AVX-512F), whatever pointwise.product; 0: never"),
         Parameter(REGION_FLOPS, "int", _DEFAULTS[REGION_FLOPS], minimum=1,
                   description="multiply-adds (x DEPTHWISE_COST for the depthwise ones) from "
                               "which the compiled depthwise and stem kernels ('depthwise', "
@@ -264,6 +281,7 @@ class ConvConfig:
     filters_blocked_taps: int = int(_DEFAULTS[FILTERS_BLOCKED_TAPS])
     pointwise_product: str = str(_DEFAULTS[POINTWISE_PRODUCT])
     pointwise_minimum_flops: int = int(_DEFAULTS[POINTWISE_MINIMUM_FLOPS])
+    pointwise_transposed: int = int(_DEFAULTS[POINTWISE_TRANSPOSED])
     region_flops: int = int(_DEFAULTS[REGION_FLOPS])
 
     @classmethod
@@ -276,5 +294,5 @@ class ConvConfig:
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
                    int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
                    str(values[POINTWISE_PRODUCT]), int(values[POINTWISE_MINIMUM_FLOPS]),
-                   int(values[REGION_FLOPS]))
+                   int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]))
 

@@ -81,7 +81,13 @@ from .depthwise import (
 )
 from .filter_blocked import compile_filters, filters_applies
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
-from .pointwise import compile_pointwise, pointwise_call, vector_weights
+from .pointwise import (
+    compile_pointwise,
+    pointwise_call,
+    transposed_weights,
+    uses_transposed,
+    vector_weights,
+)
 from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -193,6 +199,8 @@ class ConvKernel(Kernel):
         # the constant weights of a 1x1 convolution of 1x1 planes and their transpose for
         # pointwise_vector, taken by settle
         self._vector_weights: tuple = (None, None)
+        # the constant weights and their packed transpose for pointwise_transposed, taken by settle
+        self._transposed_weights: tuple = (None, None)
         # the depthwise call of the last problem, and the last weights' and bias's operands
         # for it (_run_depthwise), kept while those stay the same objects
         self._depthwise_call: tuple = (None, None)
@@ -222,7 +230,8 @@ class ConvKernel(Kernel):
         if w is None or w.ndim < 3:
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
-            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads)
+            compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads,
+                              uses_transposed(w.dtype, 2, self.config.pointwise_transposed))
             if w.dtype in FINISHED_TYPES and w.flags.c_contiguous:  # what its runs remember, now
                 self._pointwise_fused(w.dtype)
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
@@ -330,6 +339,9 @@ class ConvKernel(Kernel):
         constant = self._pointwise_weights[0]
         if problem.algorithm == "direct_1x1" and math.prod(x[2:]) == 1 and constant is not None:
             settled._vector_weights = (constant, vector_weights(constant))
+        if (problem.algorithm == "direct_1x1" and constant is not None and problem.groups == 1
+                and uses_transposed(constant.dtype, math.prod(x[2:]), self.config.pointwise_transposed)):
+            settled._transposed_weights = (constant, transposed_weights(constant))
         settled._direct = settled._settle_direct(problem)
         return settled
 
@@ -630,8 +642,11 @@ class ConvKernel(Kernel):
                 or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return None
         parts = self._pointwise_fused(x.dtype)
-        call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product)
-        if call is None or (call.gemm is None and not call.vector
+        constant, packed = self._transposed_weights  # the settled constant weights, packed
+        call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product,
+                              constant is w and packed is not None and uses_transposed(
+                                  x.dtype, math.prod(x.shape[2:]), self.config.pointwise_transposed))
+        if call is None or (call.gemm is None and not call.vector and not call.transposed
                             and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
         flat_residual = None
@@ -647,6 +662,11 @@ class ConvKernel(Kernel):
             constant, transposed = self._vector_weights
             weights = transposed if constant is w else vector_weights(w)
             out = call(x, weights, operands[3], flat_residual, *parts[3], 1)
+        elif call.transposed:
+            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
+                                or in_region()):
+                threads = 1
+            out = call(x, packed, operands[3], flat_residual, *parts[3], 1, threads)
         elif problem.plan == "blas":
             out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
         else:

@@ -31,6 +31,11 @@ With ``pointwise.product = packed`` (float32, AVX2 and FMA or AVX-512F) :func:`p
 tile's product with :mod:`~onnx_light.kernels.packed_gemm`'s micro-kernel instead, the weights
 as its rows and the input's rows read in place as its panels, and finishes it the same way;
 measured, it does not beat the BLAS tiles (docs/conv.md), so ``blas`` is the default.
+
+On planes up to ``pointwise.transposed_positions`` positions, float32 convolutions with
+constant weights take :func:`pointwise_transposed` instead: the micro-kernel transposed, the
+weights packed once as its panels (:func:`transposed_weights`), the positions its rows, each
+block stored transposed into the output (docs/conv.md, "Small planes: the product transposed").
 """
 
 from __future__ import annotations
@@ -53,21 +58,25 @@ from ..packed_gemm import (
     BLOCK_A_BYTES,
     MR,
     NR,
+    PackedWeights,
     aligned_empty,
+    pack_columns,
     pack_panels,
     pack_rows,
     packed_layout,
     panels_over_rows,
+    panels_transposed,
 )
 from ..spin import claim
 from .depthwise import read_only
 from .finish import FINISHED_TYPES, finish_run
 
-__all__ = ["CUT_MULTIPLY_ADDS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
+__all__ = ["CUT_MULTIPLY_ADDS", "PACK_FILTERS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
            "PointwiseCall", "compile_pointwise", "pointwise_call", "pointwise_gemm",
-           "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_units",
-           "pointwise_units_parallel", "pointwise_vector", "product_units", "tile_columns",
-           "uses_packed", "vector_weights"]
+           "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_transposed",
+           "pointwise_transposed_parallel", "pointwise_units", "pointwise_units_parallel",
+           "pointwise_vector", "product_units", "tile_columns", "transposed_weights",
+           "uses_packed", "uses_transposed", "vector_weights"]
 
 #: Columns (output positions) per tile, about: each tile's product is finished while it is in
 #: cache. Narrower tiles lose more in BLAS than the cache saves, wider ones save less.
@@ -264,6 +273,116 @@ def pointwise_packed(weights: np.ndarray, source: np.ndarray, source_offset: int
                      high, activation, alpha, beta)
 
 
+#: Filters from which :func:`pointwise_transposed` packs the input's positions
+#: (:func:`~onnx_light.kernels.packed_gemm.pack_columns`, once per image and thread) instead of
+#: reading them in place: the pack costs about 0.7 ns a value, the packed rows save 10-30% of
+#: the product where many filters share them (docs/conv.md, "Small planes transposed").
+PACK_FILTERS = 128
+
+
+@compiled(inline="always")
+def _transposed_unit(panels: np.ndarray, source: np.ndarray, source_offset: int,
+                     source_stride: int, image_source: int, out: np.ndarray, out_offset: int,
+                     out_stride: int, image_out: int, filters: int, depth: int, width: int,
+                     bias: np.ndarray, residual: np.ndarray, low: float, high: float,
+                     activation: int, alpha: float, beta: float, unit: int, rows: np.ndarray,
+                     packed: int, no_bias: np.ndarray) -> int:
+    """Unit ``unit`` of :func:`pointwise_transposed`, its image's positions packed into
+    ``rows`` unless image ``packed`` is there already (or read in place where ``rows`` is
+    empty); returns the image in ``rows``."""
+    count = -(-filters // NR)
+    n, panel = unit // count, unit % count
+    start = out_offset + n * image_out
+    grid = out.reshape(out.size // out_stride, out_stride)
+    if rows.size == 0:
+        panels_transposed(source, (source_offset + n * image_source, MR, source_stride), width,
+                          panels, no_bias, False, grid, start // out_stride, 0, panel, panel + 1,
+                          filters)
+    else:
+        if n != packed:
+            pack_columns(source, source_offset + n * image_source, source_stride, depth, width, rows)
+        panels_transposed(rows.reshape(-1), (0, depth * MR, MR), width, panels, no_bias, False, grid,
+                          start // out_stride, 0, panel, panel + 1, filters)
+    f0 = panel * NR
+    _finish_tile(out, start + f0 * out_stride, out_stride, min(NR, filters - f0), width, bias, f0,
+                 residual, low, high, activation, alpha, beta)
+    return n
+
+
+@compiled(inline="always")
+def _transposed_buffers(filters: int, depth: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows :func:`_transposed_unit` packs an image's positions into (none below
+    :data:`PACK_FILTERS` filters), and the zeros it passes as the micro-kernel's bias."""
+    blocks = -(-width // MR) if filters >= PACK_FILTERS else 0
+    return np.empty((blocks, depth, MR), np.float32), np.zeros(-(-filters // NR) * NR, np.float32)
+
+
+@compiled
+def pointwise_transposed(panels: np.ndarray, source: np.ndarray, source_offset: int,
+                         source_stride: int, image_source: int, out: np.ndarray, out_offset: int,
+                         out_stride: int, image_out: int, filters: int, depth: int, width: int,
+                         bias: np.ndarray, residual: np.ndarray, low: float, high: float,
+                         activation: int, alpha: float, beta: float, begin: int, end: int) -> None:
+    """Units ``begin`` to ``end - 1`` of :func:`pointwise_units`'s finished product in float32
+    over a batch of images, computed by the packed micro-kernel transposed
+    (:func:`~onnx_light.kernels.packed_gemm.panels_transposed`): the weights' transpose in
+    ``panels`` (:func:`transposed_weights`), the input's positions its rows (channel p of
+    image n's position j at ``source_offset + n * image_source + p * source_stride + j``),
+    read in place or, from :data:`PACK_FILTERS` filters, packed once per image
+    (:func:`~onnx_light.kernels.packed_gemm.pack_columns`), each block stored transposed into
+    the output's rows. Unit ``u``: image ``u // P``, its panel ``u % P`` of ``NR`` filters (P
+    panels), finished (bias, residual, clamp, activation) as :func:`pointwise_tiles`
+    finishes a tile while its rows are in cache. ``out_offset`` and ``image_out`` are
+    multiples of ``out_stride``. The layout of the rows changes no element's sum."""
+    rows, no_bias = _transposed_buffers(filters, depth, width)
+    packed = -1
+    for unit in range(begin, end):
+        packed = _transposed_unit(panels, source, source_offset, source_stride, image_source, out,
+                                  out_offset, out_stride, image_out, filters, depth, width, bias,
+                                  residual, low, high, activation, alpha, beta, unit, rows, packed,
+                                  no_bias)
+
+
+@compiled(parallel=True)
+def pointwise_transposed_parallel(panels: np.ndarray, source: np.ndarray, source_offset: int,
+                                  source_stride: int, image_source: int, out: np.ndarray,
+                                  out_offset: int, out_stride: int, image_out: int, filters: int,
+                                  depth: int, width: int, bias: np.ndarray, residual: np.ndarray,
+                                  low: float, high: float, activation: int,
+                                  alpha: float, beta: float, units: int, threads: int,
+                                  counter: np.ndarray) -> None:
+    """:func:`pointwise_transposed` of units ``0`` to ``units - 1`` shared by ``threads`` of
+    numba's threads, each taking the next unit in turn as :func:`pointwise_units_parallel`
+    does (and packing the positions of the images it meets into its own rows): the same
+    units as one thread, so the same bits. ``counter`` is one int64 0."""
+    for _ in prange(threads):
+        rows, no_bias = _transposed_buffers(filters, depth, width)
+        packed = -1
+        unit = claim(counter, 0)
+        while unit < units:
+            packed = _transposed_unit(panels, source, source_offset, source_stride, image_source,
+                                      out, out_offset, out_stride, image_out, filters, depth, width,
+                                      bias, residual, low, high, activation, alpha, beta, unit, rows,
+                                      packed, no_bias)
+            unit = claim(counter, 0)
+
+
+def uses_transposed(dtype: np.dtype, plane: int, positions: int) -> bool:
+    """Whether a 1x1 convolution of constant weights in ``dtype`` on a plane of ``plane``
+    positions takes :func:`pointwise_transposed` for the ``pointwise.transposed_positions``
+    value ``positions``: float32, planes of 2 to ``positions``, where the packed kernel runs."""
+    return (1 < plane <= positions and np.dtype(dtype) == np.float32
+            and packed_gemm.available())
+
+
+def transposed_weights(w: np.ndarray) -> np.ndarray:
+    """Weights (filters, depth, 1, ...) as :func:`pointwise_transposed` takes them: their
+    (depth, filters) transpose packed in panels of ``NR`` filters
+    (:class:`~onnx_light.kernels.packed_gemm.PackedWeights`), read-only."""
+    flat = w.reshape(w.shape[0], -1)
+    return read_only(PackedWeights(np.ascontiguousarray(flat.T, dtype=np.float32)).panels)
+
+
 @compiled
 def pointwise_vector(weights: np.ndarray, source: np.ndarray, out: np.ndarray, batch: int,
                      filters: int, depth: int, bias: np.ndarray, residual: np.ndarray, low: float,
@@ -316,11 +435,21 @@ def product_units(filters: int, depth: int, width: int, itemsize: int) -> tuple[
     return -(-width // 2), filters
 
 
-def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1) -> None:
+def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1, transposed: bool = False
+                      ) -> None:
     """Compile what :func:`pointwise_call` runs for ``dtype`` and ``product`` at ``threads``
-    threads (or load it from numba's cache): a session does it at construction, not in its
-    first run. Its operands are read-only views, as ``direct_1x1`` passes them (one compiled
-    version per type)."""
+    threads (or load it from numba's cache), and :func:`pointwise_transposed` when
+    ``transposed``: a session does it at construction, not in its first run. Its operands
+    are read-only views, as ``direct_1x1`` passes them (one compiled version per type)."""
+    if transposed:
+        call = pointwise_call((1, 1, 2), (1, 1, 1), np.dtype(np.float32), product, True)
+        x, w = read_only(np.ones((1, 1, 2), np.float32)), np.ones((1, 1), np.float32)
+        empty = _EMPTY[np.dtype(np.float32)]
+        call(x, transposed_weights(w), None, None, (-math.inf, math.inf), (-1, 1.0, 0.0), 1)
+        if threads > 1 and numba_threads(threads):
+            pointwise_transposed_parallel.dispatcher(
+                transposed_weights(w), x.reshape(-1), 0, 2, 2, np.empty(2, np.float32), 0, 2, 2, 1, 1,
+                2, empty, empty, -math.inf, math.inf, -1, 1.0, 0.0, 1, 1, np.zeros(1, np.int64))
     function = pointwise_product(dtype, product)
     if function is None:
         return
@@ -361,6 +490,7 @@ class PointwiseCall:
     units: int  # of the whole batch (:func:`pointwise_units`)
     multiply_adds: int
     vector: bool = False
+    transposed: bool = False
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
@@ -371,7 +501,9 @@ class PointwiseCall:
         the units on ``threads`` numba threads (each product on one BLAS thread) where there
         are several, else with ``blas_threads`` BLAS threads on the calling thread. A
         ``vector`` call takes the weights of :func:`vector_weights` and runs on the calling
-        thread (into an output not aligned: it stores no whole blocks)."""
+        thread (into an output not aligned: it stores no whole blocks). A ``transposed`` call
+        takes the weights of :func:`transposed_weights`, its units shared as the BLAS units
+        are."""
         out = (np.empty if self.vector else aligned_empty)(self.out_shape, x.dtype)
         flat_x, flat_out = x.reshape(-1), out.reshape(-1)
         if flat_x.flags.writeable:  # a session's feeds and values are read-only already
@@ -385,6 +517,15 @@ class PointwiseCall:
         if self.vector:
             pointwise_vector.dispatcher(weights, flat_x, flat_out, self.batch, filters, depth, bias,
                                         residual, low, high, code, alpha, beta)
+            return out
+        if self.transposed:
+            arguments = (weights, flat_x, 0, plane, depth * plane, flat_out, 0, plane, filters * plane,
+                         filters, depth, plane, bias, residual, low, high, code, alpha, beta)
+            units = self.units
+            if threads > 1 and units > 1 and numba_threads(threads := min(threads, units)):
+                pointwise_transposed_parallel.dispatcher(*arguments, units, threads, np.zeros(1, np.int64))
+            else:
+                pointwise_transposed.dispatcher(*arguments, 0, units)
             return out
         if self.gemm is None:
             with BLAS.limited(blas_threads):
@@ -411,10 +552,12 @@ _EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
 
 @functools.lru_cache(maxsize=1024)
 def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype,
-                   product: str) -> PointwiseCall | None:
+                   product: str, transposed: bool = False) -> PointwiseCall | None:
     """The :class:`PointwiseCall` of a 1x1 convolution of one group with these shapes (as
     its problem checked them), remembered per shape; None where ``direct_1x1`` takes no
-    compiled product (another type) or the output or the sum is empty."""
+    compiled product (another type) or the output or the sum is empty. ``transposed``
+    (where :func:`uses_transposed` holds: the caller has the weights of
+    :func:`transposed_weights`): :func:`pointwise_transposed`'s call."""
     batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
     plane = math.prod(x_shape[2:])
     out_shape = (batch, filters, *x_shape[2:])
@@ -423,6 +566,10 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
     if plane == 1 and dtype in FINISHED_TYPES:
         return PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
                              batch, batch * filters * depth, True)
+    if transposed:
+        return PointwiseCall(None, None, batch, filters, depth, plane, plane, NR.value, out_shape,
+                             batch * -(-filters // NR.value), batch * filters * depth * plane,
+                             transposed=True)
     if uses_packed(dtype, product):
         return PointwiseCall(None, pointwise_packed.dispatcher, batch, filters, depth, plane,
                              TILE_COLUMNS, filters, out_shape, batch, batch * filters * depth * plane)
