@@ -120,8 +120,19 @@ def _hard_gate(v0: float, alpha: float, beta: float) -> float:
 
 @compiled(fastmath={"contract"})
 def _sigmoid_run(base: np.ndarray, start: int, n: int, alpha: float, gated: bool) -> None:
-    """sigmoid(alpha x), times x when ``gated``, in place over ``base[start:start + n]``."""
+    """sigmoid(alpha x), times x when ``gated``, in place over ``base[start:start + n]``; SiLU
+    (alpha 1, gated) in a loop without the product ``1 * x``, which is x. (Not Sigmoid: its
+    NaN would then be stored as loaded, and LLVM would make the store a masked one.)"""
     a = np.float32(alpha)
+    if gated and a == _ONE:
+        _sigmoid_loop(base, start, n, _ONE, True)
+    else:
+        _sigmoid_loop(base, start, n, a, gated)
+
+
+@compiled(fastmath={"contract"}, inline="always")
+def _sigmoid_loop(base: np.ndarray, start: int, n: int, a: float, gated: bool) -> None:
+    """:func:`_sigmoid_run`'s loops (``a`` a constant where the caller knows it)."""
     if gated:
         for k in range(n):
             v = base[start + k]
