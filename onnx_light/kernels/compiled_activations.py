@@ -25,13 +25,16 @@ blocks, and other types, take the numpy function the caller passes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .compiled import compiled
+from .compiled import CompiledIntrinsic, compiled
 
 __all__ = ["ACTIVATIONS", "InPlace", "activate_run", "flat_rows", "in_place"]
 
@@ -53,12 +56,40 @@ _SIXTH = _F(1 / 6)  # HardSwish's alpha, as elementwise_compute rounds it
 _HALF = _F(0.5)
 
 
+@functools.cache
+def _build_select(numba: ModuleType) -> Any:
+    """The intrinsic ``_select(condition, a, b)``: LLVM's ``select``, ``a`` where ``condition``
+    holds, else ``b`` (two floats, in the wider of their types). A conditional expression compiles to
+    branches, which LLVM may turn into a conditional store (``HardSwish``'s ``1 * x`` is the
+    value loaded: ``vmaskmovps``, slow on AMD's processors); a select stays a blend."""
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def select(typingctx: Any, condition: Any, a: Any, b: Any) -> Any:
+        if not (isinstance(condition, types.Boolean) and isinstance(a, types.Float)
+                and isinstance(b, types.Float)):
+            return None
+        wider = typingctx.unify_types(a, b)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.select(args[0], context.cast(builder, args[1], a, wider),
+                                  context.cast(builder, args[2], b, wider))
+
+        return wider(condition, a, b), codegen
+
+    return select
+
+
+_select = CompiledIntrinsic(_build_select, "select")
+
+
 @compiled(fastmath={"contract"}, inline="always")
 def _gate(v0: float, alpha: float) -> float:
     """sigmoid(alpha * v0) in float32."""
     w = alpha * v0
     v = -abs(w)
-    v = v if v > _LOW else _LOW
+    v = _select(v > _LOW, v, _LOW)
     big = v * _LOG2E + _ROUND
     k = big - _ROUND
     r = v - k * _LN2_HI - k * _LN2_LO
@@ -71,25 +102,37 @@ def _gate(v0: float, alpha: float) -> float:
     e = p * r * r + r + _ONE
     scale = (np.int32(np.float32(big).view(np.int32)) - _ROUND_BITS + np.int32(127)) << np.int32(23)
     t = e * np.int32(scale).view(np.float32)
-    numerator = _ONE if w >= _ZERO else t
+    numerator = _select(w >= _ZERO, _ONE, t)
     s = numerator / (_ONE + t)
-    s = s if w >= _LOW else _ZERO
-    return s if w == w else w
+    s = _select(w >= _LOW, s, _ZERO)
+    return _select(w == w, s, w)
 
 
 @compiled(inline="always")
 def _hard_gate(v0: float, alpha: float, beta: float) -> float:
-    """numpy's max(min(v0 * alpha + beta, 1), 0) in float32, one rounding per operation."""
+    """numpy's max(min(v0 * alpha + beta, 1), 0) in float32, one rounding per operation (NaN
+    kept: its comparisons are false)."""
     h = v0 * alpha
     h = h + beta
-    h = h if h < _ONE or h != h else _ONE
-    return h if h > _ZERO or h != h else _ZERO
+    h = _select(h >= _ONE, _ONE, h)
+    return _select(h <= _ZERO, _ZERO, h)
 
 
 @compiled(fastmath={"contract"})
 def _sigmoid_run(base: np.ndarray, start: int, n: int, alpha: float, gated: bool) -> None:
-    """sigmoid(alpha x), times x when ``gated``, in place over ``base[start:start + n]``."""
+    """sigmoid(alpha x), times x when ``gated``, in place over ``base[start:start + n]``; SiLU
+    (alpha 1, gated) in a loop without the product ``1 * x``, which is x. (Not Sigmoid: its
+    NaN would then be stored as loaded, and LLVM would make the store a masked one.)"""
     a = np.float32(alpha)
+    if gated and a == _ONE:
+        _sigmoid_loop(base, start, n, _ONE, True)
+    else:
+        _sigmoid_loop(base, start, n, a, gated)
+
+
+@compiled(fastmath={"contract"}, inline="always")
+def _sigmoid_loop(base: np.ndarray, start: int, n: int, a: float, gated: bool) -> None:
+    """:func:`_sigmoid_run`'s loops (``a`` a constant where the caller knows it)."""
     if gated:
         for k in range(n):
             v = base[start + k]
