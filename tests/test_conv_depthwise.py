@@ -344,3 +344,42 @@ def test_the_direct_path_keeps_the_errors(pools, algorithm, inputs, message):
     fused = kernel.variant(residual=True, epilogue=lambda block: np.maximum(block, 0, out=block))
     with pytest.raises(KernelError, match="residual"):
         fused.run(x, w, b, np.zeros((1, 8, 9, 8), np.float32))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("epilogue", [None, "relu6", "HardSwish", "tanh"])
+@pytest.mark.parametrize(("algorithm", "shape"), [("depthwise_blocked", (2, 12, 9, 7)),
+                                                  ("depthwise", (2, 12, 9, 7)),
+                                                  ("depthwise", (1, 6, 11))])
+def test_the_settled_direct_call_gives_the_general_paths_bits(pools, threads, epilogue, algorithm,
+                                                              shape):
+    """A settled depthwise convolution with constant weights and bias takes its call bound at
+    settle (``_direct``: the call object's ``bind``, its compiled entry): the general path's
+    bits, with a fused clamp, a compiled activation or a numpy epilogue, at one thread and at
+    two (plan ``region``), new or into a given buffer; a run changes no state of the kernel."""
+    rng = np.random.default_rng(9)
+    channels, rank = shape[1], len(shape) - 2
+    attributes = {"group": channels, "strides": [2] * rank, "pads": [1] * (2 * rank)}
+    w = rng.uniform(-1, 1, (channels, 1, *[3] * rank)).astype(np.float32)
+    b = rng.uniform(-1, 1, channels).astype(np.float32)
+    kernel = _kernel(attributes, pools[threads], values={conv.ALGORITHM: algorithm, conv.REGION_FLOPS: 1})
+    if epilogue == "relu6":
+        kernel = kernel.variant(epilogue=lambda block: np.clip(block, 0, 6, out=block), clamp=(0.0, 6.0))
+    elif epilogue == "tanh":  # an epilogue with no compiled form: on the finished blocks
+        kernel = kernel.variant(epilogue=lambda block: np.tanh(block, out=block))
+    elif epilogue is not None:
+        kernel = kernel.variant(epilogue=in_place(epilogue, {}, lambda block: None))
+    settled = (kernel.specialize([None, w, b]) or kernel).settle([shape, w.shape])
+    assert settled._settled.problem.algorithm == algorithm
+    assert settled._settled.problem.plan == ("region" if threads == 2 else "serial")
+    assert settled._direct is not None
+    general = settled.variant()  # a copy: its runs go the general way
+    x = rng.uniform(-3, 3, shape).astype(np.float32)
+    state = {name: id(value) for name, value in vars(settled).items()}
+    got = settled.run(x, w, b)[0]
+    given = np.empty_like(got)
+    assert settled._run((x, w, b), given)[0] is given
+    assert {name: id(value) for name, value in vars(settled).items()} == state
+    expected = _general(general, x, w, b)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(given, expected)

@@ -191,3 +191,45 @@ def test_auto_computes_stems_and_arranges_their_weights(pools):
     assert dilated.problem((1, 3, 32, 32), w.shape).algorithm == "im2col"
     double = _kernel(attributes, pools[1], values=None, dtype=T.DOUBLE)
     assert double.problem((1, 3, 32, 32), w.shape).algorithm == "im2col"
+
+
+def _epilogued(kernel, epilogue):
+    """``kernel`` with a fused clamp (Relu6), a compiled activation, or a numpy epilogue."""
+    if epilogue == "relu6":
+        return kernel.variant(epilogue=lambda block: np.clip(block, 0, 6, out=block), clamp=(0.0, 6.0))
+    if epilogue == "tanh":  # no compiled form: on the finished blocks
+        return kernel.variant(epilogue=lambda block: np.tanh(block, out=block))
+    if epilogue is not None:
+        return kernel.variant(epilogue=in_place(epilogue, {}, lambda block: None))
+    return kernel
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("epilogue", [None, "relu6", "HardSwish", "tanh"])
+@pytest.mark.parametrize("shape", [(1, 3, 16, 16), (2, 3, 40, 52), (1, 2, 9, 7)],
+                         ids=["positions", "columns", "two-channels"])
+def test_the_settled_direct_call_gives_the_general_paths_bits(pools, threads, epilogue, shape):
+    """A settled stem with constant weights and bias takes its call bound at settle
+    (``_direct``: ``FiltersCall.bind``, its compiled entry): the general path's bits, with a
+    fused clamp, a compiled activation or a numpy epilogue, at one thread and at two (plan
+    ``region``), new or into a given buffer; a run changes no state of the kernel."""
+    rng = np.random.default_rng(8)
+    attributes = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    w = rng.uniform(-1, 1, (20, shape[1], 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 20).astype(np.float32)
+    kernel = _epilogued(_kernel(attributes, pools[threads], values={conv.REGION_FLOPS: 1}), epilogue)
+    settled = kernel.specialize([None, w, b]).settle([shape, w.shape])
+    assert settled._settled.problem.algorithm == "filters_blocked"
+    assert settled._settled.problem.plan == ("region" if threads == 2 else "serial")
+    assert settled._direct is not None and settled._direct.w is w and settled._direct.b is b
+    general = settled.variant()  # a copy: its runs go the general way
+    x = rng.uniform(-3, 3, shape).astype(np.float32)
+    state = {name: id(value) for name, value in vars(settled).items()}
+    got = settled.run(x, w, b)[0]
+    given = np.empty_like(got)
+    assert settled._run((x, w, b), given)[0] is given
+    assert {name: id(value) for name, value in vars(settled).items()} == state
+    expected = general.run(x, w, b)[0]
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(given, expected)
+    np.testing.assert_array_equal(settled.run(x, w.copy(), b)[0], expected)  # other weights

@@ -63,7 +63,7 @@ import numpy as np
 from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
 from ..compiled_activations import HARD_SIGMOID, HARD_SWISH, activate_run
 from .blocks import _Algorithm
-from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
+from .depthwise import EPILOGUE_BLOCK_BYTES, compiled_entry, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
@@ -723,6 +723,34 @@ class BlockedCall:
                 if epilogue is not None:
                     c0, c1 = (first - n * blocks) * lanes, min(channels, (last - n * blocks) * lanes)
                     epilogue(planes[n * channels + c0:n * channels + c1])
+
+    def bind(self, arranged: np.ndarray, bias: np.ndarray, pairs: int, clamp: tuple[float, float],
+             activation: tuple[int, float, float], epilogue: Callable[[np.ndarray], None] | None,
+             threads: int) -> Callable[[np.ndarray, np.ndarray], None]:
+        """:meth:`run` over (image, channel) pairs ``0:pairs`` bound to these weights, bias and
+        fused parts: ``bound(x, out)``, ``x`` flat float32 and ``out`` flat float32 of this
+        call's shapes (not checked). Without an epilogue and with one numba thread
+        (``threads``; plan ``region``'s count is set on each call, per calling thread), one
+        compiled call over all the pairs' blocks through its compiled entry
+        (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`): each block's values do
+        not depend on the call that computes it, so the bits of :meth:`run`."""
+        if epilogue is not None or threads > 1:
+            def bound(x: np.ndarray, out: np.ndarray) -> None:
+                self.run(x, arranged, bias, out, 0, pairs, clamp, activation, epilogue,
+                         region_threads(threads))
+
+            return bound
+        blocks = pairs // self.channels * -(-self.channels // self.lanes)
+        tail = (0, blocks, self.channels, self.size, self.output, self.strides, self.pads, self.tile,
+                self.offsets, self.band, *clamp, *activation)
+        entry = compiled_entry(blocked_channels.dispatcher, (read_only(np.zeros(1, np.float32)),
+                                                             arranged, bias, np.empty(1, np.float32),
+                                                             *tail))
+
+        def bound(x: np.ndarray, out: np.ndarray) -> None:
+            entry(x, arranged, bias, out, *tail)
+
+        return bound
 
 
 @functools.lru_cache(maxsize=1024)

@@ -30,7 +30,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -40,9 +40,9 @@ from .blocks import _Algorithm
 from .finish import Finish
 from .problem import _Problem
 
-__all__ = ["DepthwiseCall", "compile_depthwise", "depthwise_applies", "depthwise_call",
-           "depthwise_channels", "depthwise_channels_parallel", "plane_layout", "read_only",
-           "region_threads"]
+__all__ = ["DepthwiseCall", "compile_depthwise", "compiled_entry", "depthwise_applies",
+           "depthwise_call", "depthwise_channels", "depthwise_channels_parallel", "plane_layout",
+           "read_only", "region_threads"]
 
 #: Output bytes per call of the compiled kernel when an epilogue follows: each call's block
 #: is still in the second-level cache when the epilogue runs over it.
@@ -61,6 +61,17 @@ def read_only(array: np.ndarray) -> np.ndarray:
     view = array.view()
     view.flags.writeable = False
     return view
+
+
+def compiled_entry(dispatcher: Any, arguments: tuple) -> Callable[..., None]:
+    """numba's compiled entry of ``dispatcher`` for the types of ``arguments`` (compiled now,
+    or loaded from numba's cache, if it is not yet): called with arguments of those types, it
+    skips the dispatcher's typing of each argument, most of a tiny call's time. It checks no
+    type: only for calls whose arguments' types are fixed when it is taken (a settled
+    kernel's direct call)."""
+    signature = tuple(dispatcher.typeof_pyval(argument) for argument in arguments)
+    dispatcher.compile(signature)
+    return dispatcher.overloads[signature].entry_point
 
 
 def region_threads(threads: int) -> int:
@@ -125,6 +136,31 @@ class DepthwiseCall:
                 depthwise_channels.dispatcher(*arguments)
             if epilogue is not None:
                 epilogue(out[start:stop])
+
+    def bind(self, w: np.ndarray, b: np.ndarray, channels: int, clamp: tuple[float, float],
+             epilogue: Callable[[np.ndarray], None] | None, threads: int
+             ) -> Callable[[np.ndarray, np.ndarray], None]:
+        """:meth:`run` over output channels ``0:channels`` bound to the views ``w`` and ``b``,
+        the clamp and the epilogue: ``bound(x, out)``, ``x`` and ``out`` of :attr:`x_shape`
+        and :attr:`out_shape` and the weights' type (not checked). Without an epilogue and
+        with one numba thread (``threads``; plan ``region``'s count is set on each call, per
+        calling thread), :meth:`run`'s one compiled call through its compiled entry
+        (:func:`compiled_entry`): the same bits."""
+        if epilogue is not None or threads > 1:
+            def bound(x: np.ndarray, out: np.ndarray) -> None:
+                self.run(x, w, b, out, 0, channels, clamp, epilogue, region_threads(threads))
+
+            return bound
+        tail = (0, channels, self.multiplier, self.strides, self.pads, self.phases, self.rows,
+                self.columns, *clamp)
+        entry = compiled_entry(depthwise_channels.dispatcher,
+                               (read_only(np.zeros((1, 1, 1), w.dtype)), w, b,
+                                np.empty((1, 1, 1), w.dtype), *tail))
+
+        def bound(x: np.ndarray, out: np.ndarray) -> None:
+            entry(x, w, b, out, *tail)
+
+        return bound
 
 
 @functools.lru_cache(maxsize=1024)

@@ -33,7 +33,9 @@ columns: the same bits at any thread count and by either intrinsic.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -53,12 +55,12 @@ from .channel_blocked import (
     register_gate,
     vector_lanes,
 )
-from .depthwise import EPILOGUE_BLOCK_BYTES, read_only, region_threads
+from .depthwise import EPILOGUE_BLOCK_BYTES, compiled_entry, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
-__all__ = ["TILE_BYTES", "blocked_filters", "blocked_filters_parallel", "compile_filters",
-           "filters_applies"]
+__all__ = ["TILE_BYTES", "FiltersCall", "blocked_filters", "blocked_filters_parallel",
+           "compile_filters", "filters_applies", "filters_call"]
 
 #: The tile's bytes per band of output rows: the input rows a band reads stay in the
 #: second-level cache while every block of filters passes over them.
@@ -217,10 +219,94 @@ def compile_filters(threads: int = 1) -> None:
         blocked_filters_parallel.dispatcher(*arguments, 1)
 
 
+@dataclass(frozen=True)
+class FiltersCall:
+    """The geometry of ``filters_blocked`` for one problem (its shapes, the band), made once
+    per problem (:func:`filters_call`), and its calls (:meth:`run`): what
+    :class:`_BlockedFilters`' blocks call, and what a settled Conv kernel binds
+    (:meth:`bind`)."""
+
+    channels: int
+    filters: int
+    size: tuple[int, int]
+    output: tuple[int, int]
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int]
+    band: int  # output rows per band (TILE_BYTES)
+
+    def run(self, x: np.ndarray, arranged: np.ndarray, bias: np.ndarray, out: np.ndarray,
+            start: int, stop: int, r0: int, r1: int, clamp: tuple[float, float],
+            activation: tuple[int, float, float], epilogue: Callable[[np.ndarray], None] | None,
+            threads: int) -> None:
+        """Images ``start:stop``, output rows ``r0:r1`` of flat float32 ``out`` from flat
+        read-only ``x``, the weights and bias arranged by
+        :func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights` and
+        :func:`~onnx_light.kernels.conv.channel_blocked.padded_bias`, clamped, then the
+        compiled ``activation``; with an ``epilogue``, by blocks of rows of about
+        :data:`~onnx_light.kernels.conv.depthwise.EPILOGUE_BLOCK_BYTES`, each finished by it
+        (on the output's planes) while in cache; on ``threads`` numba threads where a call
+        has rows for two."""
+        step = 1 << 62
+        if epilogue is not None:
+            step = max(1, EPILOGUE_BLOCK_BYTES // (self.filters * self.output[1] * 4))
+            planes = out.reshape(-1, self.filters, *self.output)
+        for first in range(r0, r1, step):
+            last = min(r1, first + step)
+            arguments = (x, arranged, bias, out, start, stop, first, last, self.band, self.channels,
+                         self.filters, self.size, self.output, self.kernel, self.strides, self.pads,
+                         *clamp, *activation)
+            if min(threads, last - first) > 1:  # a region only with work for two
+                blocked_filters_parallel.dispatcher(*arguments, min(threads, last - first))
+            else:
+                blocked_filters.dispatcher(*arguments)
+            if epilogue is not None:
+                epilogue(planes[start:stop, :, first:last])
+
+    def bind(self, arranged: np.ndarray, bias: np.ndarray, images: int, clamp: tuple[float, float],
+             activation: tuple[int, float, float], epilogue: Callable[[np.ndarray], None] | None,
+             threads: int) -> Callable[[np.ndarray, np.ndarray], None]:
+        """:meth:`run` over ``images`` images, every row, bound to these weights, bias and
+        fused parts: ``bound(x, out)``, ``x`` and ``out`` flat float32 of this call's shapes
+        (not checked). Without an epilogue and with one numba thread (``threads``; plan
+        ``region``'s count is set on each call, per calling thread), :meth:`run`'s one
+        compiled call through its compiled entry
+        (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`): the same bits."""
+        if epilogue is not None or threads > 1:
+            def bound(x: np.ndarray, out: np.ndarray) -> None:
+                self.run(x, arranged, bias, out, 0, images, 0, self.output[0], clamp, activation,
+                         epilogue, region_threads(threads))
+
+            return bound
+        tail = (0, images, 0, self.output[0], self.band, self.channels, self.filters, self.size,
+                self.output, self.kernel, self.strides, self.pads, *clamp, *activation)
+        entry = compiled_entry(blocked_filters.dispatcher, (read_only(np.zeros(1, np.float32)),
+                                                            arranged, bias, np.empty(1, np.float32),
+                                                            *tail))
+
+        def bound(x: np.ndarray, out: np.ndarray) -> None:
+            entry(x, arranged, bias, out, *tail)
+
+        return bound
+
+
+@functools.lru_cache(maxsize=1024)
+def filters_call(problem: _Problem) -> FiltersCall:
+    """The :class:`FiltersCall` of ``problem`` (a ``filters_blocked`` one), remembered per
+    problem."""
+    window = problem.window
+    # the input rows of a band of output rows, per channel
+    tile_row_bytes = problem.channels * window.strides[0] * (window.begin[1] + window.input[1]
+                                                             + window.kernel[1]) * 4
+    return FiltersCall(problem.channels, problem.filters, tuple(window.input), tuple(window.output),
+                       tuple(window.kernel), tuple(window.strides), tuple(window.begin),
+                       max(1, TILE_BYTES // tile_row_bytes))
+
+
 class _BlockedFilters(_Algorithm):
     """``filters_blocked``: images ``start:stop``, output rows ``r0:r1``, every filter, by
-    blocks of :func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes` filters.
-    ``arranged`` are the weights of
+    blocks of :func:`~onnx_light.kernels.conv.channel_blocked.vector_lanes` filters, through
+    its :class:`FiltersCall`. ``arranged`` are the weights of
     :func:`~onnx_light.kernels.conv.channel_blocked.blocked_weights` when the kernel arranged
     them once (constant weights); ``threads`` (the ``region`` plan) the numba threads each
     compiled call splits its rows over."""
@@ -233,41 +319,17 @@ class _BlockedFilters(_Algorithm):
                  arranged: np.ndarray | None = None, threads: int = 1) -> None:
         super().__init__(problem, x, w, b, out, block_bytes, epilogue)
         self.threads = region_threads(threads)
-        window = problem.window
+        self.call = filters_call(problem)
         self.x = read_only(x.reshape(-1))
         self.flat_out = out.reshape(-1)
-        self.planes = out.reshape(problem.batch, problem.filters, *window.output)
         self.arranged = blocked_weights(w) if arranged is None else arranged
         self.padded_bias = padded_bias(b, problem.filters)
-        self.size, self.output = tuple(window.input), tuple(window.output)
-        self.kernel_size = tuple(window.kernel)
-        self.strides, self.pads = tuple(window.strides), tuple(window.begin)
         residual, self.clamp, self.activation, self.epilogue = fused_parts(epilogue, np.float32)
         if residual is not None:  # the residual's addition runs with the epilogue, after
             self.clamp, self.activation, self.epilogue = (-np.inf, np.inf), (-1, 1.0, 0.0), epilogue
-        row_bytes = problem.filters * window.output[1] * 4
-        self.step = (max(1, EPILOGUE_BLOCK_BYTES // row_bytes) if self.epilogue is not None
-                     else 1 << 62)
-        # the input rows of a band of output rows, per channel
-        tile_row_bytes = problem.channels * window.strides[0] * (window.begin[1] + window.input[1]
-                                                                 + window.kernel[1]) * 4
-        self.band = max(1, TILE_BYTES // tile_row_bytes)
-        self.kernel = blocked_filters.dispatcher
 
     def block(self, start: int, stop: int, r0: int, r1: int) -> None:
         """Images ``start:stop``, output rows ``r0:r1``: the epilogue (when it runs after)
         on blocks of rows while they are in cache."""
-        problem = self.problem
-        for first in range(r0, r1, self.step):
-            last = min(r1, first + self.step)
-            arguments = (self.x, self.arranged, self.padded_bias, self.flat_out, start, stop, first,
-                         last, self.band, problem.channels, problem.filters, self.size, self.output,
-                         self.kernel_size, self.strides, self.pads, *self.clamp, *self.activation)
-            threads = min(self.threads, last - first)  # a region only with work for two
-            if threads > 1:
-                blocked_filters_parallel.dispatcher(*arguments, threads)
-            else:
-                self.kernel(*arguments)
-            if self.epilogue is not None:
-                self.epilogue(self.planes[start:stop, :, first:last])
-
+        self.call.run(self.x, self.arranged, self.padded_bias, self.flat_out, start, stop, r0, r1,
+                      self.clamp, self.activation, self.epilogue, self.threads)

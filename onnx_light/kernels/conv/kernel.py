@@ -13,8 +13,8 @@ product directly (:meth:`ConvKernel._run_pointwise`, its units shared by the ses
 threads in a numba region from ``pointwise.minimum_flops``), the views of the weights it
 was last given kept; a depthwise one (``depthwise``, ``depthwise_blocked``) calls its
 compiled kernel directly too (:meth:`ConvKernel._run_depthwise`); for the settled shape
-and constant weights, ``settle`` binds those two calls (``_Direct``), which a run takes
-without ``run``'s checks and problem lookup. Constant weights reach the
+and constant weights, ``settle`` binds those calls and the stems' ``filters_blocked``
+(``_Direct``), which a run takes without ``run``'s checks and problem lookup. Constant weights reach the
 kernel once, at session construction, through :meth:`ConvKernel.specialize` (equal filters,
 or the weights kept for winograd, whose transform :meth:`ConvKernel.settle` computes for
 the tiling of the inferred shapes;
@@ -79,7 +79,7 @@ from .depthwise import (
     read_only,
     region_threads,
 )
-from .filter_blocked import compile_filters, filters_applies
+from .filter_blocked import compile_filters, filters_applies, filters_call
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
 from .pointwise import (
     compile_pointwise,
@@ -137,6 +137,7 @@ class _BlockedWeights:
 
     weights: np.ndarray
     arranged: np.ndarray
+    bias: np.ndarray | None  # the constant bias given with them (the stem's direct call)
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,9 @@ class ConvKernel(Kernel):
         if w.ndim >= 3 and w.shape[1] == 1 and self.group > 1:  # depthwise: settle takes its operands
             self._depthwise_weights = (w, constants[2] if len(constants) > 2 else None, None, None, None)
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
-                or self._with_blocked_weights(w))
+                or self._with_blocked_weights(w, constants[2] if len(constants) > 2 else None))
 
-    def _with_blocked_weights(self, w: np.ndarray) -> ConvKernel | None:
+    def _with_blocked_weights(self, w: np.ndarray, b: np.ndarray | None) -> ConvKernel | None:
         """The kernel with the weights arranged for ``depthwise_blocked`` or
         ``filters_blocked`` when its runs may use it (compiled now)."""
         algorithm = self.config.algorithm
@@ -251,7 +252,7 @@ class ConvKernel(Kernel):
                 and (algorithm == "filters_blocked"
                      or (algorithm == "auto" and self._stem(w.shape[1], w.shape[2:])))):
             compile_filters(self.num_threads)
-            return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
+            return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w), b))
         if not (self._compiles_depthwise(w) or algorithm == "depthwise_blocked"):
             return None
         if not (blocked_applies(w.dtype, w.ndim - 2, w.shape[1], self.group, w.shape[0],
@@ -259,7 +260,7 @@ class ConvKernel(Kernel):
                 and (algorithm == "depthwise_blocked" or self.config.blocked_outputs > 0)):
             return None
         compile_blocked(self.num_threads)
-        return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w)))
+        return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w), b))
 
     def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
         """Whether ``auto`` computes a full convolution with ``filters_blocked`` (where it
@@ -347,10 +348,12 @@ class ConvKernel(Kernel):
 
     def _settle_direct(self, problem: _Problem) -> _Direct | None:
         """The settled problem's compiled call bound to the constant weights and bias
-        (``direct_1x1`` without a prologue, ``depthwise``, ``depthwise_blocked``), which
-        :meth:`_run` takes for X of the settled shape and type, C-contiguous, and those
-        weights: the calls of the general path, with what they decide from the shapes and
-        the constants decided once."""
+        (``direct_1x1`` without a prologue, ``depthwise``, ``depthwise_blocked``,
+        ``filters_blocked``: the stems), which :meth:`_run` takes for X of the settled shape
+        and type, C-contiguous, and those weights: the calls of the general path, with what
+        they decide from the shapes and the constants decided once (the last three's calls
+        bound by their call objects, ``bind``, to their compiled entries: no argument typed
+        per run)."""
         settled, dtype = self._settled, self.ctx.input_dtype(0)
         if settled is None or dtype is None or compute_dtype(dtype) != dtype:
             return None
@@ -363,14 +366,58 @@ class ConvKernel(Kernel):
                            lambda x, residual, given, scaled:
                            pointwise(problem, x, w if scaled is None else scaled, b, residual))
         if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
-            w, b = self._depthwise_weights[:2]
-            if w is None:
-                return None
-            run = self._run_depthwise
+            w, b, call = self._depthwise_weights[:3]
+            if call is None or self.prologue is not None or problem.depth == 0:
+                return None  # no call taken (another type or layout): the general path
+            threads = self.num_threads if problem.plan == "region" else 1
+            if isinstance(call, BlockedCall):
+                fused = self._pointwise_fused(np.dtype(dtype))
+                bound = call.bind(*self._depthwise_weights[3:], problem.batch * problem.groups,
+                                  *fused[3], fused[4], threads)
+                views = ((-1,), (-1,))  # flat
+            else:  # the kernel applies a fused clamp; any other epilogue runs on its blocks
+                clamp = (-np.inf, np.inf) if self.clamp is None else self.clamp
+                bound = call.bind(*self._depthwise_weights[3:], problem.batch * problem.filters,
+                                  clamp, self.epilogue if self.clamp is None else None, threads)
+                views = (call.x_shape, call.out_shape)
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           lambda x, residual, given, scaled:
-                           None if scaled is not None else run(problem, x, w, b, given))
+                           self._bound_direct(problem, bound, *views))
+        blocked = self._blocked
+        if (problem.algorithm == "filters_blocked" and not self.residual and blocked is not None
+                and dtype == np.float32 and problem.depth > 0):
+            fused = self._pointwise_fused(np.dtype(np.float32))
+            bound = filters_call(problem).bind(blocked.arranged,
+                                               padded_bias(blocked.bias, problem.filters),
+                                               problem.batch, *fused[3], fused[4],
+                                               self.num_threads if problem.plan == "region" else 1)
+            return _Direct(self, blocked.weights, blocked.bias, settled.x_shape, np.dtype(dtype),
+                           self._bound_direct(problem, bound, (-1,), (-1,)))
         return None
+
+    @staticmethod
+    def _bound_direct(problem: _Problem, bound: Callable[[np.ndarray, np.ndarray], None],
+                      x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Callable[
+                          [np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
+                          np.ndarray | None]:
+        """A :class:`_Direct` run of ``bound`` (a call object's bound call): X viewed as
+        ``x_shape``, the output (``given`` when it fits, else new) as ``out_shape``; None (the
+        general path) for weights a channel scale made on this run or an empty output."""
+        shape = (problem.batch, problem.filters, *problem.window.output)
+        if math.prod(shape) == 0:
+            return lambda x, residual, given, scaled: None
+
+        def run(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
+                scaled: np.ndarray | None) -> np.ndarray | None:
+            if scaled is not None:
+                return None
+            if given is not None and given.shape == shape and given.dtype == x.dtype:
+                out = given
+            else:
+                out = np.empty(shape, x.dtype)
+            bound(x.reshape(x_shape), out.reshape(out_shape))
+            return out
+
+        return run
 
     def _settle_depthwise(self, problem: _Problem) -> None:
         """Take what :meth:`_run_depthwise` remembers for the settled problem now (its call,
