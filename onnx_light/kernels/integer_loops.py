@@ -35,9 +35,9 @@ from .tile_matrices import release as tile_release
 from .tile_matrices import store as tile_store
 from .tile_matrices import zero as tile_zero
 
-__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "TILE_LANES", "TILE_QUADS", "correct",
-           "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows", "packed_sums",
-           "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
+__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "SHORT_ROW", "TILE_LANES", "TILE_QUADS",
+           "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows",
+           "packed_sums", "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
 
 
 @compiled
@@ -111,6 +111,11 @@ def row_sums(data, out):
 
 
 
+#: Output rows shorter than this (in elements) :func:`depthwise_sums` requantizes along the
+#: whole run at once, not row by row (a short row's loop runs scalar).
+SHORT_ROW = 32
+
+
 @compiled(fastmath={"contract"})
 def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, rows, columns,
                    multiplier, out_zero, low, high, scaled):
@@ -134,12 +139,22 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
     phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
     phase_size = phase_rows * phase_width
-    plane = np.zeros(stride_w * stride_h * phase_size, w.dtype)
     run = np.uintp(out_h) * phase_width
-    result = np.empty(run, w.dtype)
+    # the run in whole vectors (no scalar remainder loops: a small plane's rows are short);
+    # the plane's slack past its end holds zeros that only the dropped outputs read
+    span = -(-run // np.uintp(LANES)) * np.uintp(LANES)
+    plane = np.zeros(stride_w * stride_h * phase_size + span - run, w.dtype)
+    result = np.empty(span, w.dtype)
+    requantized = np.empty(span, np.uint8)  # the byte written through its low eight bits
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
     shift = np.int32(zero)  # the differences wrapped back to int32: no int64 vectors
+    # a 3x3 kernel sums its nine taps in one pass (their plane offsets in ``reach``)
+    square = kernel_h == 3 and kernel_w == 3
+    reach = np.zeros(9, np.uintp)
+    if square:
+        for t in range(9):
+            reach[t] = rows[t // 3] + np.uintp(columns[t % 3])
     row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
     for ih in range(np.uintp(height)):
         p = ih + np.uintp(pads[0])
@@ -179,20 +194,32 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                                                                        - shift)
             start += np.uintp(width)
         initial = bias[c]
-        for j in range(run):
-            result[j] = 0
-        for kh in range(np.uintp(kernel_h)):
-            tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+        if square:
+            _nine_taps(taps, c * np.uintp(9), plane, reach, result, span)
+        else:
             for j in range(run):
-                total = result[j]
-                for k in range(kernel_w):
-                    total += taps[tap + k] * plane[offset + j + np.uintp(columns[k])]
-                result[j] = total
+                result[j] = 0
+            for kh in range(np.uintp(kernel_h)):
+                tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+                for j in range(run):
+                    total = result[j]
+                    for k in range(kernel_w):
+                        total += taps[tap + k] * plane[offset + j + np.uintp(columns[k])]
+                    result[j] = total
         into = np.uintp(pair) * np.uintp(out_h * out_w)
         scale = multiplier[c]
+        whole = scaled and out_w < SHORT_ROW
+        if whole:  # short rows: the whole run at once (one long loop), then the rows' outputs copied
+            for j in range(span):
+                total = np.int32(np.int32(result[j]) + initial)
+                value = np.rint(np.float32(total) * scale) + np.float32(out_zero)
+                requantized[j] = np.uint8(np.int32(min(max(value, np.float32(low)), np.float32(high))))
         for oh in range(np.uintp(out_h)):
             line = oh * phase_width
-            if scaled:
+            if whole:
+                for ow in range(np.uintp(out_w)):
+                    target[into + ow] = requantized[line + ow]
+            elif scaled:
                 for ow in range(np.uintp(out_w)):
                     total = np.int32(np.int32(result[line + ow]) + initial)
                     value = np.rint(np.float32(total) * scale) + np.float32(out_zero)
@@ -202,6 +229,22 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                 for ow in range(np.uintp(out_w)):
                     target[into + ow] = np.int32(np.int32(result[line + ow]) + initial)
             into += np.uintp(out_w)
+
+
+@compiled(fastmath={"contract"})
+def _nine_taps(taps, first, plane, reach, result, run):
+    """``result[j] = sum_t taps[first + t] * plane[reach[t] + j]`` over the nine taps of a 3x3
+    window, in one pass (the taps and offsets held in registers, so that LLVM vectorizes
+    along ``j``); exact in any order for :func:`depthwise_sums`' operands."""
+    t0, t1, t2 = taps[first], taps[first + np.uintp(1)], taps[first + np.uintp(2)]
+    t3, t4, t5 = taps[first + np.uintp(3)], taps[first + np.uintp(4)], taps[first + np.uintp(5)]
+    t6, t7, t8 = taps[first + np.uintp(6)], taps[first + np.uintp(7)], taps[first + np.uintp(8)]
+    r0, r1, r2, r3, r4 = reach[0], reach[1], reach[2], reach[3], reach[4]
+    r5, r6, r7, r8 = reach[5], reach[6], reach[7], reach[8]
+    for j in range(np.uintp(run)):
+        result[j] = (t0 * plane[r0 + j] + t1 * plane[r1 + j] + t2 * plane[r2 + j] + t3 * plane[r3 + j]
+                     + t4 * plane[r4 + j] + t5 * plane[r5 + j] + t6 * plane[r6 + j] + t7 * plane[r7 + j]
+                     + t8 * plane[r8 + j])
 
 
 @compiled
