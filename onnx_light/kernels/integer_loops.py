@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .byte_vectors import LANES, WORD_BYTES, dot, store, zeros
+from .byte_vectors import LANES, WORD_BYTES, dot, store, store_requantized, zeros
 from .compiled import compiled
 from .tile_matrices import TILE_BYTES, TILE_ROWS, tile_configuration
 from .tile_matrices import configure as tile_configure
@@ -523,7 +523,11 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     columns sums in vector registers, one word of products per lane and step
     (:data:`~onnx_light.kernels.byte_vectors.dot`, at byte offsets), then goes through a scratch panel to
     the correction and the requantization while in cache (the requantized byte written
-    through its low eight bits, the same for uint8 and int8 outputs). The work goes in blocks of
+    through its low eight bits, the same for uint8 and int8 outputs); a whole micro-tile
+    of four real rows and 24 columns whose correction is a row constant, with one finite
+    multiplier per row and output rows of contiguous bytes, is requantized from its
+    registers instead (:data:`~onnx_light.kernels.byte_vectors.store_requantized`, the same
+    bits). The work goes in blocks of
     ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
     stay in cache while its columns stream."""
     quads = lanes.shape[1]
@@ -538,6 +542,11 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
     simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
                            column_bias)
+    direct = _direct(simple, scaled, multiplier, out)
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    bases = np.zeros(PACKED_ROWS, np.int32)
+    scales = np.zeros(PACKED_ROWS, np.float32)
+    row_step = np.uintp(out.strides[0] // out.itemsize)
     for r0 in range(row_first, row_stop, block_rows):
         r1 = min(row_stop, r0 + block_rows)
         for c0 in range(column_first, column_stop, block_columns):
@@ -545,6 +554,13 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
             span = -(-(c1 - c0) // PACKED_LANES) * PACKED_LANES
             for m0 in range(r0, r1, PACKED_ROWS):
                 first = np.uintp(m0) * stride
+                # whole micro-tiles of four real rows go from the registers to the output
+                # (the tiles requantized as the epilogue does), the others through the panel
+                whole = direct and m0 + PACKED_ROWS <= r1
+                if whole:
+                    _row_terms(m0, c0, row_zero, row_sums, column_zero, depth, row_bias, multiplier,
+                               bases, scales)
+                done = 0
                 j = 0
                 while j + wide <= span:
                     a00 = zeros(); a01 = zeros(); a02 = zeros()  # noqa: E702
@@ -570,14 +586,37 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                         a32 = dot(a32, source, b2, shared, w3)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
-                    o = np.uintp(j)
-                    store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
-                    o += np.uintp(block_columns)
-                    store(a10, panel, o); store(a11, panel, o + 8); store(a12, panel, o + 16)  # noqa: E702
-                    o += np.uintp(block_columns)
-                    store(a20, panel, o); store(a21, panel, o + 8); store(a22, panel, o + 16)  # noqa: E702
-                    o += np.uintp(block_columns)
-                    store(a30, panel, o); store(a31, panel, o + 8); store(a32, panel, o + 16)  # noqa: E702
+                    if whole and j == done and c0 + j + wide <= c1:
+                        o = np.uintp(m0) * row_step + np.uintp(c0 + j)
+                        b, s = bases[0], scales[0]
+                        store_requantized(a00, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a01, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a02, b, s, shift, lowest, highest, out, o + 16)
+                        o += row_step
+                        b, s = bases[1], scales[1]
+                        store_requantized(a10, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a11, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a12, b, s, shift, lowest, highest, out, o + 16)
+                        o += row_step
+                        b, s = bases[2], scales[2]
+                        store_requantized(a20, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a21, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a22, b, s, shift, lowest, highest, out, o + 16)
+                        o += row_step
+                        b, s = bases[3], scales[3]
+                        store_requantized(a30, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a31, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a32, b, s, shift, lowest, highest, out, o + 16)
+                        done = j + wide
+                    else:
+                        o = np.uintp(j)
+                        store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a10, panel, o); store(a11, panel, o + 8); store(a12, panel, o + 16)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a20, panel, o); store(a21, panel, o + 8); store(a22, panel, o + 16)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a30, panel, o); store(a31, panel, o + 8); store(a32, panel, o + 16)  # noqa: E702
                     j += wide
                 while j < span:
                     a00 = zeros(); a10 = zeros(); a20 = zeros(); a30 = zeros()  # noqa: E702
@@ -596,9 +635,37 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     store(a20, panel, o + np.uintp(2 * block_columns))
                     store(a30, panel, o + np.uintp(3 * block_columns))
                     j += PACKED_LANES
-                _finish_rows(panel, block_columns, m0, min(m0 + PACKED_ROWS, r1), c0, c1, simple,
-                             row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-                             column_bias, multiplier, out_zero, low, high, scaled, out)
+                if c0 + done < c1:  # the panel's columns (the panel read from column ``done``)
+                    _finish_rows(panel[done:], block_columns, m0, min(m0 + PACKED_ROWS, r1), c0 + done, c1,
+                                 simple, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+                                 column_bias, multiplier, out_zero, low, high, scaled, out)
+
+
+@compiled
+def _direct(simple, scaled, multiplier, out):
+    """Whether :func:`packed_sums` may requantize whole micro-tiles from their registers
+    (:data:`~onnx_light.kernels.byte_vectors.store_requantized`): a requantized byte output
+    with contiguous rows, a row constant correction, one finite multiplier per row."""
+    if not (simple and scaled and multiplier.shape[1] == 1 and out.itemsize == 1
+            and out.strides[1] == 1):
+        return False
+    for i in range(multiplier.shape[0]):  # noqa: SIM110 (a compiled loop: no generators)
+        if not np.isfinite(multiplier[i, 0]):
+            return False
+    return True
+
+
+@compiled
+def _row_terms(row_first, column_first, row_zero, row_sums, column_zero, depth, row_bias, multiplier,
+               bases, scales):
+    """The row constants of :func:`_finish_rows`' simple correction (``bases``) and the
+    multipliers (``scales``) of the :data:`PACKED_ROWS` rows from ``row_first``."""
+    per_row = multiplier.shape[0] > 1
+    for r in range(PACKED_ROWS):
+        i = row_first + r
+        weight = np.int32(depth * np.int32(row_zero[i]) - row_sums[i])
+        bases[r] = np.int32(np.int32(row_bias[i]) + weight * column_zero[column_first])
+        scales[r] = multiplier[i if per_row else 0, 0]
 
 
 #: Columns of one AMX tile of :func:`tile_sums` (its right operand's panels are this wide).
