@@ -519,8 +519,8 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     product, ``vpdpbusd``), or P = 2 int16 holding the bytes' values (``vpmaddwd``, for
     processors without the byte dot product: exact for every pair of byte types);
     ``row_first`` and ``column_first`` are multiples of :data:`PACKED_ROWS` and
-    :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
-    columns sums in vector registers, one word of products per lane and step
+    :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (int16 pairs: 16; at the end of
+    a row, 8) columns sums in vector registers, one word of products per lane and step
     (:data:`~onnx_light.kernels.byte_vectors.dot`, at byte offsets), then goes through a scratch panel to
     the correction and the requantization while in cache (the requantized byte written
     through its low eight bits, the same for uint8 and int8 outputs); a whole micro-tile
@@ -538,6 +538,9 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     shared = repeated.reshape(-1)
     block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
     wide = 3 * PACKED_LANES
+    # the pairs' micro-tiles are 16 columns wide: 4 x 24 needs 17 vector registers there
+    # (a temporary per vpmaddwd), which spills three accumulators (docs/quantization.md)
+    pairs, narrow = lanes.itemsize == 2, 2 * PACKED_LANES
     block_columns = -(-max(tile_columns, 1) // wide) * wide
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
     simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
@@ -562,7 +565,49 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                                bases, scales)
                 done = 0
                 j = 0
-                while j + wide <= span:
+                while pairs and j + narrow <= span:
+                    a00 = zeros(); a01 = zeros(); a10 = zeros(); a11 = zeros()  # noqa: E702
+                    a20 = zeros(); a21 = zeros(); a30 = zeros(); a31 = zeros()  # noqa: E702
+                    at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
+                    w0 = first
+                    for _ in range(quads):
+                        w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
+                        b1 = at + panel_bytes
+                        a00 = dot(a00, source, at, shared, w0)
+                        a01 = dot(a01, source, b1, shared, w0)
+                        a10 = dot(a10, source, at, shared, w1)
+                        a11 = dot(a11, source, b1, shared, w1)
+                        a20 = dot(a20, source, at, shared, w2)
+                        a21 = dot(a21, source, b1, shared, w2)
+                        a30 = dot(a30, source, at, shared, w3)
+                        a31 = dot(a31, source, b1, shared, w3)
+                        at += step
+                        w0 += np.uintp(WORD_BYTES)
+                    if whole and j == done and c0 + j + narrow <= c1:
+                        o = np.uintp(m0) * row_step + np.uintp(c0 + j)
+                        store_requantized(a00, bases[0], scales[0], shift, lowest, highest, out, o)
+                        store_requantized(a01, bases[0], scales[0], shift, lowest, highest, out, o + 8)
+                        o += row_step
+                        store_requantized(a10, bases[1], scales[1], shift, lowest, highest, out, o)
+                        store_requantized(a11, bases[1], scales[1], shift, lowest, highest, out, o + 8)
+                        o += row_step
+                        store_requantized(a20, bases[2], scales[2], shift, lowest, highest, out, o)
+                        store_requantized(a21, bases[2], scales[2], shift, lowest, highest, out, o + 8)
+                        o += row_step
+                        store_requantized(a30, bases[3], scales[3], shift, lowest, highest, out, o)
+                        store_requantized(a31, bases[3], scales[3], shift, lowest, highest, out, o + 8)
+                        done = j + narrow
+                    else:
+                        o = np.uintp(j)
+                        store(a00, panel, o); store(a01, panel, o + 8)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a10, panel, o); store(a11, panel, o + 8)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a20, panel, o); store(a21, panel, o + 8)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a30, panel, o); store(a31, panel, o + 8)  # noqa: E702
+                    j += narrow
+                while j + wide <= span:  # (never after the pairs' tiles: fewer than 16 columns left)
                     a00 = zeros(); a01 = zeros(); a02 = zeros()  # noqa: E702
                     a10 = zeros(); a11 = zeros(); a12 = zeros()  # noqa: E702
                     a20 = zeros(); a21 = zeros(); a22 = zeros()  # noqa: E702
