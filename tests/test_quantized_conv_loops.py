@@ -223,7 +223,7 @@ def test_qlinear_conv_route_repeats_the_run(group: int) -> None:
     attributes = {"group": group, "pads": [1, 1, 1, 1]}
     kernel = build("QLinearConv", inputs, 10, **attributes)[1]
     first = kernel.run(*inputs)[0]
-    assert kernel.route is not None
+    assert kernel.route is not None and kernel.route.call is not None
     np.testing.assert_array_equal(kernel.run(*inputs)[0], first)
     np.testing.assert_array_equal(first, _onnxruntime_qlinear_conv(inputs, attributes))
     wider = [_bytes(rng, np.uint8, (1, 4, 9, 12)), *inputs[1:]]

@@ -970,8 +970,9 @@ class QLinearConv(_ConvProduct):
             bias: np.ndarray | None = None) -> Arrays:
         constants = (x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias)
         route = self.route
-        if (route is not None and route.shape == x.shape and route.dtype == x.dtype
-                and all(map(operator.is_, route.constants, constants))):
+        known = (route is not None and route.shape == x.shape and route.dtype == x.dtype
+                 and all(map(operator.is_, route.constants, constants)))
+        if known and route.call is not None:
             return [route.call(x)]
         if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
             raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
@@ -996,18 +997,20 @@ class QLinearConv(_ConvProduct):
                                      zero, low, high)
 
         self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
-        if all(a is None or not a.flags.writeable for a in constants):  # they cannot change in place
+        if not known and all(a is None or not a.flags.writeable for a in constants):  # constants
             self.route = self._route(x, w, constants, (y.dtype, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
 
     def _route(self, x: np.ndarray, w: np.ndarray, constants: tuple[np.ndarray | None, ...],
-               output: tuple[np.dtype, int, int, int]) -> _Route | None:
+               output: tuple[np.dtype, int, int, int]) -> _Route:
         """The run that :meth:`run` has just made, for inputs of ``x``'s shape and type and
         these constant inputs, straight to its plan's loops (a depthwise or packed-windows
         convolution, whose plan it kept), without the checks and lookups a run of a small
-        convolution mostly is; None for the other paths."""
+        convolution mostly is; for the other paths a route without a call (the run goes the
+        whole way, without asking again)."""
+        none = _Route(constants, x.shape, x.dtype, None)
         if x.ndim not in (3, 4) or w.ndim != x.ndim:
-            return None
+            return none
         dtype, y_zero, low, high = output
         x_zero = constants[1]
         zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
@@ -1018,7 +1021,7 @@ class QLinearConv(_ConvProduct):
         if per_group == channels_out == 1 and group > 1:
             depthwise = self.depthwise_plans.get((x.shape, False))
             if depthwise is None:
-                return None
+                return none
 
             def call(x: np.ndarray) -> np.ndarray:
                 y = np.empty(shape, dtype)
@@ -1029,7 +1032,7 @@ class QLinearConv(_ConvProduct):
               and not swapped_product(positions, per_group * math.prod(window.kernel), channels_out)):
             plan = self.window_plans.get((x.shape, x.dtype, zero, dtype, y_zero, low, high))
             if plan is None:
-                return None
+                return none
 
             def call(x: np.ndarray) -> np.ndarray:
                 y = np.empty(shape, dtype)
@@ -1037,18 +1040,19 @@ class QLinearConv(_ConvProduct):
                 return y
 
         else:
-            return None
+            return none
         return _Route(constants, x.shape, x.dtype, call)
 
 
 class _Route(NamedTuple):
     """A QLinearConv's run for one input shape and type and its constant inputs (compared
-    by identity): ``call(x)`` gives the output (:meth:`QLinearConv._route`)."""
+    by identity): ``call(x)`` gives the output, or None: the whole run
+    (:meth:`QLinearConv._route`)."""
 
     constants: tuple[np.ndarray | None, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
-    call: Callable[[np.ndarray], np.ndarray]
+    call: Callable[[np.ndarray], np.ndarray] | None
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
