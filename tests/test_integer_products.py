@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_cases import build
 from onnx import TensorProto
 
@@ -23,8 +25,10 @@ from onnx_light.kernels.integer_gemm import (
     TILE_ROWS,
     ByteRows,
     IntegerProductConfigurations,
+    PackedColumns,
     integer_candidates,
 )
+from onnx_light.kernels.integer_loops import packed_sums
 from onnx_light.parallel import ThreadPool
 from onnx_light.tuning import KernelTuningRegistry, calibrate_kernel_tuning
 from onnx_light.tuning.processor import execution_descriptor
@@ -173,6 +177,41 @@ def test_integer_products_are_onnxruntimes(op: str, make: Any, attributes: dict[
         got = _kernel(op, inputs, 13, values, **attributes).run(*inputs)[0]
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 13), depth=st.integers(1, 40), columns=st.integers(1, 80),
+       tile_columns=st.sampled_from([24, 48, 768]), layout=st.sampled_from(["pairs", "packed"]),
+       output=st.sampled_from([np.uint8, np.int8]), transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_requantized_tiles_match_the_int32_sums(rows: int, depth: int, columns: int, tile_columns: int,
+                                                layout: str, output: Any, transposed: bool,
+                                                seed: int) -> None:
+    """``packed_sums`` requantizing whole micro-tiles from their registers and the rest through
+    its panel gives numpy's float32 requantization of its int32 sums, bit for bit: per-row
+    multipliers from tiny to saturating, both output types, blocks of columns, and a
+    transposed output (no tile from the registers)."""
+    rng = np.random.default_rng(seed)
+    left = ByteRows(_bytes(rng, np.int8, (rows, depth)), 0)
+    right = PackedColumns.of(_bytes(rng, np.uint8, (depth, columns)), int(rng.integers(0, 256)),
+                             layout=layout)
+    repeated, row_zero, row_sums = left.repeated(right.lanes.dtype, layout)
+    bias = rng.integers(-3000, 3000, rows).astype(np.int32)
+    zeros = np.zeros(columns, np.int32)
+    multiplier = (10.0 ** rng.uniform(-5, 0, (rows, 1))).astype(np.float32)
+    multiplier[rng.random(rows) < 0.3] = 0.5  # halves: ties rounded to even
+    low, high = (0, 255) if output == np.uint8 else (-128, 127)
+    zero = int(rng.integers(low, high + 1))
+
+    def run(out: np.ndarray, scaled: bool) -> np.ndarray:
+        packed_sums(right.lanes, repeated, 0, rows, 0, columns, 64, tile_columns, row_zero, row_sums,
+                    right.zero, zeros, depth, bias, zeros, multiplier, zero, low, high, scaled, out)
+        return out
+
+    sums = run(np.empty((rows, columns), np.int32), False)
+    expected = np.clip(np.rint(sums.astype(np.float32) * multiplier) + np.float32(zero), low, high)
+    expected = expected.astype(output)
+    target = np.empty((columns, rows), output).T if transposed else np.empty((rows, columns), output)
+    np.testing.assert_array_equal(run(target, True), expected)
 
 
 def test_requantization_rounds_half_to_even_in_float32() -> None:

@@ -17,6 +17,7 @@ from kernel_cases import build
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.integer_gemm import MINIMUM_MACS
+from onnx_light.kernels.integer_loops import SHORT_ROW
 from onnx_light.parallel import ThreadPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -188,6 +189,48 @@ def test_qlinear_conv_matches_onnxruntime(problem: dict[str, Any], bias: bool, t
     expected = _onnxruntime_qlinear_conv(inputs, problem["attributes"])
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("width", [SHORT_ROW - 1, SHORT_ROW, 2 * SHORT_ROW + 3])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_depthwise_requantizes_short_and_long_rows(width: int, strides: list[int]) -> None:
+    """A 3x3 depthwise QLinearConv whose output rows are shorter than ``SHORT_ROW`` (the
+    loop requantizes the whole run at once) or not (row by row), against onnxruntime."""
+    rng = np.random.default_rng(width + strides[0])
+    x, w = _bytes(rng, np.uint8, (1, 3, 5, width)), _bytes(rng, np.int8, (3, 1, 3, 3)) >> 1
+    inputs = [x, np.float32(0.05), np.uint8(7), w, rng.uniform(0.01, 0.1, 3).astype(np.float32),
+              np.zeros(3, np.int8), np.float32(0.3), np.uint8(128),
+              rng.integers(-900, 900, 3).astype(np.int32)]
+    inputs = [np.asarray(value) for value in inputs]
+    attributes = {"group": 3, "strides": strides, "pads": [1, 1, 1, 1]}
+    actual = build("QLinearConv", inputs, 10, **attributes)[1].run(*inputs)[0]
+    np.testing.assert_array_equal(actual, _onnxruntime_qlinear_conv(inputs, attributes))
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_qlinear_conv_route_repeats_the_run(group: int) -> None:
+    """With read-only constant inputs, a QLinearConv's second run of the same input shape
+    goes straight to its plan's loops (depthwise or packed windows) with the same result;
+    another shape or another constant array runs the whole path again."""
+    rng = np.random.default_rng(group)
+    x, w = _bytes(rng, np.uint8, (1, 4, 9, 9)), _bytes(rng, np.int8, (4, 4 // group, 3, 3)) >> 1
+    inputs = [x, np.float32(0.05), np.uint8(7), w, rng.uniform(0.01, 0.1, 4).astype(np.float32),
+              np.zeros(4, np.int8), np.float32(0.3), np.uint8(128),
+              rng.integers(-900, 900, 4).astype(np.int32)]
+    inputs = [np.asarray(value) for value in inputs]
+    for value in inputs[1:]:
+        value.flags.writeable = False
+    attributes = {"group": group, "pads": [1, 1, 1, 1]}
+    kernel = build("QLinearConv", inputs, 10, **attributes)[1]
+    first = kernel.run(*inputs)[0]
+    assert kernel.route is not None and kernel.route.call is not None
+    np.testing.assert_array_equal(kernel.run(*inputs)[0], first)
+    np.testing.assert_array_equal(first, _onnxruntime_qlinear_conv(inputs, attributes))
+    wider = [_bytes(rng, np.uint8, (1, 4, 9, 12)), *inputs[1:]]
+    np.testing.assert_array_equal(kernel.run(*wider)[0], _onnxruntime_qlinear_conv(wider, attributes))
+    other_bias = [*inputs[:8], np.zeros(4, np.int32)]
+    np.testing.assert_array_equal(kernel.run(*other_bias)[0],
+                                  _onnxruntime_qlinear_conv(other_bias, attributes))
 
 
 def test_depthwise_compiled_at_specialization() -> None:

@@ -13,7 +13,12 @@ register (a 256-bit LLVM vector) and three operations on it:
   words), the other one word read at a byte offset and repeated in every lane. The arrays'
   types say what a word holds: four bytes, one array uint8 and the other int8 (which is
   unsigned follows the types), or two int16 in both;
-- :data:`store`: the eight lanes written to an int32 array at an offset (in elements).
+- :data:`store`: the eight lanes written to an int32 array at an offset (in elements);
+- :data:`store_requantized`: the eight lanes plus an int32 constant (wrapping), requantized as
+  :func:`~onnx_light.kernels.integer_loops.requantize` does (float32 product with a multiplier,
+  rounded half to even, plus the zero point, saturated), their low bytes written to a uint8 or
+  int8 array at an offset (the int32 values to an int32 one): the same bits as the scalar loop,
+  for finite multipliers.
 
 Four bytes per word: where the processor has AVX512-VNNI or AVX-VNNI (as numba's target
 machine reports, :func:`has_byte_dot_product`), one ``vpdpbusd``: exact, since a lane's four
@@ -37,7 +42,8 @@ from typing import Any
 
 from .compiled import CompiledIntrinsic, target_features
 
-__all__ = ["LANES", "WORD_BYTES", "available", "dot", "has_byte_dot_product", "store", "zeros"]
+__all__ = ["LANES", "WORD_BYTES", "available", "dot", "has_byte_dot_product", "store", "store_requantized",
+           "zeros"]
 
 #: int32 lanes per vector (each lane sums one 32-bit word of products per :data:`dot`).
 LANES = 8
@@ -126,6 +132,38 @@ def _build(numba: ModuleType) -> dict[str, Any]:
         return types.none(acc, out, offset), codegen
 
     @intrinsic
+    def store_requantized(typingctx: Any, acc: Any, base: Any, scale: Any, shift: Any, lowest: Any,
+                          highest: Any, out: Any, offset: Any) -> Any:
+        written = (types.uint8, types.int8, types.int32)
+        if not (acc == int32x8 and isinstance(out, types.Array) and out.dtype in written
+                and base == types.int32 and scale == shift == lowest == highest == types.float32):
+            return None
+        lane = int32 if out.dtype == types.int32 else byte
+        real = ir.VectorType(ir.FloatType(), LANES)
+
+        def splat(builder: Any, value: Any, kind: Any) -> Any:
+            spread = builder.insert_element(ir.Constant(kind, None), value, ir.Constant(int32, 0))
+            return builder.shuffle_vector(spread, ir.Constant(kind, None), ir.Constant(vector, [0] * LANES))
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            value, offset_by, multiplier, zero, low, high, array, at = args
+            total = builder.add(value, splat(builder, offset_by, vector))
+            scaled = builder.fmul(builder.sitofp(total, real), splat(builder, multiplier, real))
+            rint = builder.module.declare_intrinsic(f"llvm.rint.v{LANES}f32",
+                                                    fnty=ir.FunctionType(real, [real]))
+            shifted = builder.fadd(builder.call(rint, [scaled]), splat(builder, zero, real))
+            floor, ceiling = splat(builder, low, real), splat(builder, high, real)
+            clamped = builder.select(builder.fcmp_ordered(">", shifted, floor), shifted, floor)
+            clamped = builder.select(builder.fcmp_ordered("<", clamped, ceiling), clamped, ceiling)
+            narrow = builder.fptosi(clamped, vector)
+            if lane is byte:
+                narrow = builder.trunc(narrow, ir.VectorType(byte, LANES))
+            pointer = address(context, builder, signature.args[6], array, at)
+            builder.store(narrow, builder.bitcast(pointer, ir.VectorType(lane, LANES).as_pointer()), align=1)
+            return context.get_dummy_value()
+        return types.none(acc, base, scale, shift, lowest, highest, out, offset), codegen
+
+    @intrinsic
     def dot(typingctx: Any, acc: Any, lanes: Any, lanes_offset: Any, repeated: Any,
             repeated_offset: Any) -> Any:
         kinds = (getattr(lanes, "dtype", None), getattr(repeated, "dtype", None))
@@ -160,9 +198,10 @@ def _build(numba: ModuleType) -> dict[str, Any]:
             return parts_sum(builder, total, unsigned, signed, byte, 4, True)
         return int32x8(acc, lanes, lanes_offset, repeated, repeated_offset), codegen
 
-    return {"zeros": zeros, "store": store, "dot": dot}
+    return {"zeros": zeros, "store": store, "store_requantized": store_requantized, "dot": dot}
 
 
 zeros = CompiledIntrinsic(lambda numba: _build(numba)["zeros"], "zeros")
 store = CompiledIntrinsic(lambda numba: _build(numba)["store"], "store")
+store_requantized = CompiledIntrinsic(lambda numba: _build(numba)["store_requantized"], "store_requantized")
 dot = CompiledIntrinsic(lambda numba: _build(numba)["dot"], "dot")

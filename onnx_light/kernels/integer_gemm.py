@@ -401,7 +401,8 @@ class IntegerProductKernel(Kernel):
                           right.zero, column_sums, left.data.shape[1], row_bias, column_bias,
                           multiplier, zero, low, high, requantization is not None,
                           left.data.shape[0], right.columns,
-                          (2 * TILE_LANES, 2 * TILE_LANES) if amx else (PACKED_ROWS, 3 * PACKED_LANES))
+                          (2 * TILE_LANES, 2 * TILE_LANES) if amx
+                          else (PACKED_ROWS, _tile_columns(right.layout)))
 
     def run_packed(self, plan: PackedPlan, lanes: np.ndarray, column_sums: np.ndarray, out: np.ndarray,
                    epilogue: Epilogue | None = None) -> None:
@@ -444,6 +445,13 @@ class IntegerProductKernel(Kernel):
 
 
 _ONE = np.ones((1, 1), np.float32)
+
+
+def _tile_columns(layout: str) -> int:
+    """The columns a split of a packed product's output keeps together: whole micro-tiles of
+    :func:`~onnx_light.kernels.integer_loops.packed_sums` (24 columns, or 16 on int16 pairs:
+    48 for both)."""
+    return 6 * PACKED_LANES if layout == "pairs" else 3 * PACKED_LANES
 
 
 def _packed_operands(left: ByteRows, right: PackedColumns

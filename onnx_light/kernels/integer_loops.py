@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .byte_vectors import LANES, WORD_BYTES, dot, store, zeros
+from .byte_vectors import LANES, WORD_BYTES, dot, store, store_requantized, zeros
 from .compiled import compiled
 from .tile_matrices import TILE_BYTES, TILE_ROWS, tile_configuration
 from .tile_matrices import configure as tile_configure
@@ -35,9 +35,9 @@ from .tile_matrices import release as tile_release
 from .tile_matrices import store as tile_store
 from .tile_matrices import zero as tile_zero
 
-__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "TILE_LANES", "TILE_QUADS", "correct",
-           "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows", "packed_sums",
-           "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
+__all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "SHORT_ROW", "TILE_LANES", "TILE_QUADS",
+           "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows",
+           "packed_sums", "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
 
 
 @compiled
@@ -111,6 +111,11 @@ def row_sums(data, out):
 
 
 
+#: Output rows shorter than this (in elements) :func:`depthwise_sums` requantizes along the
+#: whole run at once, not row by row (a short row's loop runs scalar).
+SHORT_ROW = 32
+
+
 @compiled(fastmath={"contract"})
 def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, rows, columns,
                    multiplier, out_zero, low, high, scaled):
@@ -134,12 +139,22 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     stride_h, stride_w = np.uintp(strides[0]), np.uintp(strides[1])
     phase_rows, phase_width = np.uintp(phases[0]), np.uintp(phases[1])
     phase_size = phase_rows * phase_width
-    plane = np.zeros(stride_w * stride_h * phase_size, w.dtype)
     run = np.uintp(out_h) * phase_width
-    result = np.empty(run, w.dtype)
+    # the run in whole vectors (no scalar remainder loops: a small plane's rows are short);
+    # the plane's slack past its end holds zeros that only the dropped outputs read
+    span = -(-run // np.uintp(LANES)) * np.uintp(LANES)
+    plane = np.zeros(stride_w * stride_h * phase_size + span - run, w.dtype)
+    result = np.empty(span, w.dtype)
+    requantized = np.empty(span, np.uint8)  # the byte written through its low eight bits
     source, target, taps = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     kernel_w = np.uintp(len(columns))
     shift = np.int32(zero)  # the differences wrapped back to int32: no int64 vectors
+    # a 3x3 kernel sums its nine taps in one pass (their plane offsets in ``reach``)
+    square = kernel_h == 3 and kernel_w == 3
+    reach = np.zeros(9, np.uintp)
+    if square:
+        for t in range(9):
+            reach[t] = rows[t // 3] + np.uintp(columns[t % 3])
     row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
     for ih in range(np.uintp(height)):
         p = ih + np.uintp(pads[0])
@@ -179,20 +194,32 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                                                                        - shift)
             start += np.uintp(width)
         initial = bias[c]
-        for j in range(run):
-            result[j] = 0
-        for kh in range(np.uintp(kernel_h)):
-            tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+        if square:
+            _nine_taps(taps, c * np.uintp(9), plane, reach, result, span)
+        else:
             for j in range(run):
-                total = result[j]
-                for k in range(kernel_w):
-                    total += taps[tap + k] * plane[offset + j + np.uintp(columns[k])]
-                result[j] = total
+                result[j] = 0
+            for kh in range(np.uintp(kernel_h)):
+                tap, offset = (c * np.uintp(kernel_h) + kh) * kernel_w, rows[kh]
+                for j in range(run):
+                    total = result[j]
+                    for k in range(kernel_w):
+                        total += taps[tap + k] * plane[offset + j + np.uintp(columns[k])]
+                    result[j] = total
         into = np.uintp(pair) * np.uintp(out_h * out_w)
         scale = multiplier[c]
+        whole = scaled and out_w < SHORT_ROW
+        if whole:  # short rows: the whole run at once (one long loop), then the rows' outputs copied
+            for j in range(span):
+                total = np.int32(np.int32(result[j]) + initial)
+                value = np.rint(np.float32(total) * scale) + np.float32(out_zero)
+                requantized[j] = np.uint8(np.int32(min(max(value, np.float32(low)), np.float32(high))))
         for oh in range(np.uintp(out_h)):
             line = oh * phase_width
-            if scaled:
+            if whole:
+                for ow in range(np.uintp(out_w)):
+                    target[into + ow] = requantized[line + ow]
+            elif scaled:
                 for ow in range(np.uintp(out_w)):
                     total = np.int32(np.int32(result[line + ow]) + initial)
                     value = np.rint(np.float32(total) * scale) + np.float32(out_zero)
@@ -202,6 +229,22 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                 for ow in range(np.uintp(out_w)):
                     target[into + ow] = np.int32(np.int32(result[line + ow]) + initial)
             into += np.uintp(out_w)
+
+
+@compiled(fastmath={"contract"})
+def _nine_taps(taps, first, plane, reach, result, run):
+    """``result[j] = sum_t taps[first + t] * plane[reach[t] + j]`` over the nine taps of a 3x3
+    window, in one pass (the taps and offsets held in registers, so that LLVM vectorizes
+    along ``j``); exact in any order for :func:`depthwise_sums`' operands."""
+    t0, t1, t2 = taps[first], taps[first + np.uintp(1)], taps[first + np.uintp(2)]
+    t3, t4, t5 = taps[first + np.uintp(3)], taps[first + np.uintp(4)], taps[first + np.uintp(5)]
+    t6, t7, t8 = taps[first + np.uintp(6)], taps[first + np.uintp(7)], taps[first + np.uintp(8)]
+    r0, r1, r2, r3, r4 = reach[0], reach[1], reach[2], reach[3], reach[4]
+    r5, r6, r7, r8 = reach[5], reach[6], reach[7], reach[8]
+    for j in range(np.uintp(run)):
+        result[j] = (t0 * plane[r0 + j] + t1 * plane[r1 + j] + t2 * plane[r2 + j] + t3 * plane[r3 + j]
+                     + t4 * plane[r4 + j] + t5 * plane[r5 + j] + t6 * plane[r6 + j] + t7 * plane[r7 + j]
+                     + t8 * plane[r8 + j])
 
 
 @compiled
@@ -476,11 +519,15 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     product, ``vpdpbusd``), or P = 2 int16 holding the bytes' values (``vpmaddwd``, for
     processors without the byte dot product: exact for every pair of byte types);
     ``row_first`` and ``column_first`` are multiples of :data:`PACKED_ROWS` and
-    :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (or, at the end of a row, 8)
-    columns sums in vector registers, one word of products per lane and step
+    :data:`PACKED_LANES`. Each micro-tile of four rows and 24 (int16 pairs: 16; at the end of
+    a row, 8) columns sums in vector registers, one word of products per lane and step
     (:data:`~onnx_light.kernels.byte_vectors.dot`, at byte offsets), then goes through a scratch panel to
     the correction and the requantization while in cache (the requantized byte written
-    through its low eight bits, the same for uint8 and int8 outputs). The work goes in blocks of
+    through its low eight bits, the same for uint8 and int8 outputs); a whole micro-tile
+    of four real rows and 24 columns whose correction is a row constant, with one finite
+    multiplier per row and output rows of contiguous bytes, is requantized from its
+    registers instead (:data:`~onnx_light.kernels.byte_vectors.store_requantized`, the same
+    bits). The work goes in blocks of
     ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
     stay in cache while its columns stream."""
     quads = lanes.shape[1]
@@ -491,10 +538,18 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     shared = repeated.reshape(-1)
     block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
     wide = 3 * PACKED_LANES
+    # the pairs' micro-tiles are 16 columns wide: 4 x 24 needs 17 vector registers there
+    # (a temporary per vpmaddwd), which spills three accumulators (docs/quantization.md)
+    pairs, narrow = lanes.itemsize == 2, 2 * PACKED_LANES
     block_columns = -(-max(tile_columns, 1) // wide) * wide
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
     simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
                            column_bias)
+    direct = _direct(simple, scaled, multiplier, out)
+    lowest, highest, shift = np.float32(low), np.float32(high), np.float32(out_zero)
+    bases = np.zeros(PACKED_ROWS, np.int32)
+    scales = np.zeros(PACKED_ROWS, np.float32)
+    row_step = np.uintp(out.strides[0] // out.itemsize)
     for r0 in range(row_first, row_stop, block_rows):
         r1 = min(row_stop, r0 + block_rows)
         for c0 in range(column_first, column_stop, block_columns):
@@ -502,8 +557,57 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
             span = -(-(c1 - c0) // PACKED_LANES) * PACKED_LANES
             for m0 in range(r0, r1, PACKED_ROWS):
                 first = np.uintp(m0) * stride
+                # whole micro-tiles of four real rows go from the registers to the output
+                # (the tiles requantized as the epilogue does), the others through the panel
+                whole = direct and m0 + PACKED_ROWS <= r1
+                if whole:
+                    _row_terms(m0, c0, row_zero, row_sums, column_zero, depth, row_bias, multiplier,
+                               bases, scales)
+                done = 0
                 j = 0
-                while j + wide <= span:
+                while pairs and j + narrow <= span:
+                    a00 = zeros(); a01 = zeros(); a10 = zeros(); a11 = zeros()  # noqa: E702
+                    a20 = zeros(); a21 = zeros(); a30 = zeros(); a31 = zeros()  # noqa: E702
+                    at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
+                    w0 = first
+                    for _ in range(quads):
+                        w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
+                        b1 = at + panel_bytes
+                        a00 = dot(a00, source, at, shared, w0)
+                        a01 = dot(a01, source, b1, shared, w0)
+                        a10 = dot(a10, source, at, shared, w1)
+                        a11 = dot(a11, source, b1, shared, w1)
+                        a20 = dot(a20, source, at, shared, w2)
+                        a21 = dot(a21, source, b1, shared, w2)
+                        a30 = dot(a30, source, at, shared, w3)
+                        a31 = dot(a31, source, b1, shared, w3)
+                        at += step
+                        w0 += np.uintp(WORD_BYTES)
+                    if whole and j == done and c0 + j + narrow <= c1:
+                        o = np.uintp(m0) * row_step + np.uintp(c0 + j)
+                        store_requantized(a00, bases[0], scales[0], shift, lowest, highest, out, o)
+                        store_requantized(a01, bases[0], scales[0], shift, lowest, highest, out, o + 8)
+                        o += row_step
+                        store_requantized(a10, bases[1], scales[1], shift, lowest, highest, out, o)
+                        store_requantized(a11, bases[1], scales[1], shift, lowest, highest, out, o + 8)
+                        o += row_step
+                        store_requantized(a20, bases[2], scales[2], shift, lowest, highest, out, o)
+                        store_requantized(a21, bases[2], scales[2], shift, lowest, highest, out, o + 8)
+                        o += row_step
+                        store_requantized(a30, bases[3], scales[3], shift, lowest, highest, out, o)
+                        store_requantized(a31, bases[3], scales[3], shift, lowest, highest, out, o + 8)
+                        done = j + narrow
+                    else:
+                        o = np.uintp(j)
+                        store(a00, panel, o); store(a01, panel, o + 8)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a10, panel, o); store(a11, panel, o + 8)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a20, panel, o); store(a21, panel, o + 8)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a30, panel, o); store(a31, panel, o + 8)  # noqa: E702
+                    j += narrow
+                while j + wide <= span:  # (never after the pairs' tiles: fewer than 16 columns left)
                     a00 = zeros(); a01 = zeros(); a02 = zeros()  # noqa: E702
                     a10 = zeros(); a11 = zeros(); a12 = zeros()  # noqa: E702
                     a20 = zeros(); a21 = zeros(); a22 = zeros()  # noqa: E702
@@ -527,14 +631,37 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                         a32 = dot(a32, source, b2, shared, w3)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
-                    o = np.uintp(j)
-                    store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
-                    o += np.uintp(block_columns)
-                    store(a10, panel, o); store(a11, panel, o + 8); store(a12, panel, o + 16)  # noqa: E702
-                    o += np.uintp(block_columns)
-                    store(a20, panel, o); store(a21, panel, o + 8); store(a22, panel, o + 16)  # noqa: E702
-                    o += np.uintp(block_columns)
-                    store(a30, panel, o); store(a31, panel, o + 8); store(a32, panel, o + 16)  # noqa: E702
+                    if whole and j == done and c0 + j + wide <= c1:
+                        o = np.uintp(m0) * row_step + np.uintp(c0 + j)
+                        b, s = bases[0], scales[0]
+                        store_requantized(a00, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a01, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a02, b, s, shift, lowest, highest, out, o + 16)
+                        o += row_step
+                        b, s = bases[1], scales[1]
+                        store_requantized(a10, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a11, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a12, b, s, shift, lowest, highest, out, o + 16)
+                        o += row_step
+                        b, s = bases[2], scales[2]
+                        store_requantized(a20, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a21, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a22, b, s, shift, lowest, highest, out, o + 16)
+                        o += row_step
+                        b, s = bases[3], scales[3]
+                        store_requantized(a30, b, s, shift, lowest, highest, out, o)
+                        store_requantized(a31, b, s, shift, lowest, highest, out, o + 8)
+                        store_requantized(a32, b, s, shift, lowest, highest, out, o + 16)
+                        done = j + wide
+                    else:
+                        o = np.uintp(j)
+                        store(a00, panel, o); store(a01, panel, o + 8); store(a02, panel, o + 16)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a10, panel, o); store(a11, panel, o + 8); store(a12, panel, o + 16)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a20, panel, o); store(a21, panel, o + 8); store(a22, panel, o + 16)  # noqa: E702
+                        o += np.uintp(block_columns)
+                        store(a30, panel, o); store(a31, panel, o + 8); store(a32, panel, o + 16)  # noqa: E702
                     j += wide
                 while j < span:
                     a00 = zeros(); a10 = zeros(); a20 = zeros(); a30 = zeros()  # noqa: E702
@@ -553,9 +680,37 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     store(a20, panel, o + np.uintp(2 * block_columns))
                     store(a30, panel, o + np.uintp(3 * block_columns))
                     j += PACKED_LANES
-                _finish_rows(panel, block_columns, m0, min(m0 + PACKED_ROWS, r1), c0, c1, simple,
-                             row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-                             column_bias, multiplier, out_zero, low, high, scaled, out)
+                if c0 + done < c1:  # the panel's columns (the panel read from column ``done``)
+                    _finish_rows(panel[done:], block_columns, m0, min(m0 + PACKED_ROWS, r1), c0 + done, c1,
+                                 simple, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
+                                 column_bias, multiplier, out_zero, low, high, scaled, out)
+
+
+@compiled
+def _direct(simple, scaled, multiplier, out):
+    """Whether :func:`packed_sums` may requantize whole micro-tiles from their registers
+    (:data:`~onnx_light.kernels.byte_vectors.store_requantized`): a requantized byte output
+    with contiguous rows, a row constant correction, one finite multiplier per row."""
+    if not (simple and scaled and multiplier.shape[1] == 1 and out.itemsize == 1
+            and out.strides[1] == 1):
+        return False
+    for i in range(multiplier.shape[0]):  # noqa: SIM110 (a compiled loop: no generators)
+        if not np.isfinite(multiplier[i, 0]):
+            return False
+    return True
+
+
+@compiled
+def _row_terms(row_first, column_first, row_zero, row_sums, column_zero, depth, row_bias, multiplier,
+               bases, scales):
+    """The row constants of :func:`_finish_rows`' simple correction (``bases``) and the
+    multipliers (``scales``) of the :data:`PACKED_ROWS` rows from ``row_first``."""
+    per_row = multiplier.shape[0] > 1
+    for r in range(PACKED_ROWS):
+        i = row_first + r
+        weight = np.int32(depth * np.int32(row_zero[i]) - row_sums[i])
+        bases[r] = np.int32(np.int32(row_bias[i]) + weight * column_zero[column_first])
+        scales[r] = multiplier[i if per_row else 0, 0]
 
 
 #: Columns of one AMX tile of :func:`tile_sums` (its right operand's panels are this wide).

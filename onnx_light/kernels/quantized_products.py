@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -573,24 +574,30 @@ class _ConvProduct(_IntegerProduct):
                                 and plan.scales is scales):
             plan = self.depthwise_plan(x, w, w_zero, bias, window, scales)
             _keep(self.depthwise_plans, key, plan, w, w_zero, bias)
-        images = read_only(x.reshape(plan.images))
         if requantization is None:
             y, y_zero, low, high = np.empty((n, m, *window.output), np.int32), 0, 0, 0
         else:
             y, _, y_zero, low, high = requantization
-        target = y.reshape(plan.target)
+        self.run_depthwise(plan, x, zero, y, y_zero, low, high, requantization is not None)
+        return y
+
+    def run_depthwise(self, plan: _DepthwisePlan, x: np.ndarray, zero: int, y: np.ndarray, y_zero: int,
+                      low: int, high: int, scaled: bool) -> None:
+        """:meth:`depthwise`'s loop for its ``plan``: ``y`` the int32 sums, or with ``scaled``
+        the output requantized to ``y_zero``, ``low`` and ``high``."""
+        images, target = read_only(x.reshape(plan.images)), y.reshape(plan.target)
         kernel, geometry, taps, sums = depthwise_sums.dispatcher, plan.geometry, plan.taps, plan.sums
         multipliers = plan.multipliers
 
         def block(first: int, last: int) -> None:
             kernel(images, zero, taps, sums, target, first, last, *geometry, multipliers, y_zero, low, high,
-                   requantization is not None)
+                   scaled)
 
+        pairs = plan.images[0]
         if plan.parallel:
-            self.pool.parallel_for(n * m, block)
+            self.pool.parallel_for(pairs, block)
         else:
-            block(0, n * m)
-        return y
+            block(0, pairs)
 
     def depthwise_plan(self, x: np.ndarray, w: np.ndarray, w_zero: np.ndarray | None,
                        bias: np.ndarray | None, window: Window, scales: np.ndarray | None
@@ -666,11 +673,18 @@ class _ConvProduct(_IntegerProduct):
             y = np.empty((n, group * channels_out, *window.output), np.int32)
         else:
             y = requantization[0]
-        target = y.reshape(n, group * channels_out, positions)
+        self.run_windows(plan, source, positions, y)
+        return y
+
+    def run_windows(self, plan: _WindowPlan, source: np.ndarray, positions: int, y: np.ndarray) -> None:
+        """:meth:`packed_windows`' packing and products for its ``plan`` on the padded input
+        ``source``, written to ``y`` (N, M, ...) of ``positions`` output positions."""
+        n, per_group = source.shape[0], source.shape[1] // self.group
+        target = y.reshape(n, -1, positions)
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
         pack, geometry = pack_windows.dispatcher, plan.geometry
-        lanes = PackedColumns.empty(plan.depth, positions, x.dtype, self.layout)
+        lanes = PackedColumns.empty(plan.depth, positions, source.dtype, self.layout)
         words = PackedColumns.words(lanes)
         for image in range(n):
             for g, (product, channels) in enumerate(plan.groups):
@@ -686,7 +700,6 @@ class _ConvProduct(_IntegerProduct):
                 sums = PackedColumns.sums_of(lanes, positions) if product.column_sums is None \
                     else product.column_sums
                 self.run_packed(product, lanes, sums, target[image, channels])
-        return y
 
     def window_plan(self, x: np.ndarray, zero: int, weights: list[ByteRows], bias: np.ndarray | None,
                     window: Window, requantization: Requantization | None) -> _WindowPlan:
@@ -949,11 +962,18 @@ class QLinearConv(_ConvProduct):
         super().__init__(ctx)
         # the requantization multiplier per output channel, for the scales it was made of
         self.multiplier: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.route: _Route | None = None
 
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
+        constants = (x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias)
+        route = self.route
+        known = (route is not None and route.shape == x.shape and route.dtype == x.dtype
+                 and all(map(operator.is_, route.constants, constants)))
+        if known and route.call is not None:
+            return [route.call(x)]
         if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
             raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
                                  f"{bias.dtype} of shape {list(bias.shape)}")
@@ -977,7 +997,62 @@ class QLinearConv(_ConvProduct):
                                      zero, low, high)
 
         self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
+        if not known and all(a is None or not a.flags.writeable for a in constants):  # constants
+            self.route = self._route(x, w, constants, (y.dtype, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
+
+    def _route(self, x: np.ndarray, w: np.ndarray, constants: tuple[np.ndarray | None, ...],
+               output: tuple[np.dtype, int, int, int]) -> _Route:
+        """The run that :meth:`run` has just made, for inputs of ``x``'s shape and type and
+        these constant inputs, straight to its plan's loops (a depthwise or packed-windows
+        convolution, whose plan it kept), without the checks and lookups a run of a small
+        convolution mostly is; for the other paths a route without a call (the run goes the
+        whole way, without asking again)."""
+        none = _Route(constants, x.shape, x.dtype, None)
+        if x.ndim not in (3, 4) or w.ndim != x.ndim:
+            return none
+        dtype, y_zero, low, high = output
+        x_zero = constants[1]
+        zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
+        window = self.window(x.shape[2:], w.shape[2:])
+        n, c, m, group = x.shape[0], x.shape[1], w.shape[0], self.group
+        per_group, channels_out, positions = c // group, m // group, math.prod(window.output)
+        shape = (n, m, *window.output)
+        if per_group == channels_out == 1 and group > 1:
+            depthwise = self.depthwise_plans.get((x.shape, False))
+            if depthwise is None:
+                return none
+
+            def call(x: np.ndarray) -> np.ndarray:
+                y = np.empty(shape, dtype)
+                self.run_depthwise(depthwise, x, zero, y, y_zero, low, high, True)
+                return y
+
+        elif (self.algorithm in PACKED_ALGORITHMS
+              and not swapped_product(positions, per_group * math.prod(window.kernel), channels_out)):
+            plan = self.window_plans.get((x.shape, x.dtype, zero, dtype, y_zero, low, high))
+            if plan is None:
+                return none
+
+            def call(x: np.ndarray) -> np.ndarray:
+                y = np.empty(shape, dtype)
+                self.run_windows(plan, _padded_bytes(x, window, zero), positions, y)
+                return y
+
+        else:
+            return none
+        return _Route(constants, x.shape, x.dtype, call)
+
+
+class _Route(NamedTuple):
+    """A QLinearConv's run for one input shape and type and its constant inputs (compared
+    by identity): ``call(x)`` gives the output, or None: the whole run
+    (:meth:`QLinearConv._route`)."""
+
+    constants: tuple[np.ndarray | None, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    call: Callable[[np.ndarray], np.ndarray] | None
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
