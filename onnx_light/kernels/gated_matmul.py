@@ -23,6 +23,7 @@ shapes or types) the step runs those steps' kernels one after the other.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
@@ -36,7 +37,7 @@ from .compiled import compiled, prange
 from .compiled_activations import ACTIVATIONS, activate_run
 from .gemm import MatMulKernel
 from .packed_gemm import NR, pack_rows, panels_over_rows
-from .spin import claim
+from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
 
 __all__ = ["GatedMatMul", "gated_parallel", "gated_rows"]
 
@@ -85,19 +86,23 @@ def gated_rows(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int, i
 @compiled(parallel=True)
 def gated_parallel(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int, int],
                    bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int, n: int,
-                   alpha: float, threads: int, group: int) -> None:
+                   alpha: float, threads: int, group: int, wait: tuple[int, int]) -> None:
     """:func:`gated_rows` over ``threads`` numba threads (the caller has set their count):
     each block of rows is packed once, then its pairs of panels go ``group`` at a time to
-    whichever thread asks next (an atomic counter). The same values as one thread."""
+    whichever thread asks next (an atomic counter). The thread that started the region waits
+    for the others reading a counter, bounded by ``wait`` (cycles in all, and between two
+    reads), as :func:`~onnx_light.kernels.packed_gemm.packed_panels_parallel` does, rather
+    than asleep at the region's end. The same values as one thread."""
     count = a.shape[0]
     pairs = -(-n // NR)
     tasks = -(-pairs // group)
-    state = np.zeros(1, np.int64)
+    state = np.zeros(2, np.int64)  # the next group of pairs; the other threads that are done
     for top in range(0, count, block):
         bottom = min(count, top + block)
         rows_a = pack_rows(a, top, bottom)
         state[0] = 0
-        for _ in prange(threads):
+        state[1] = 0
+        for thread in prange(threads):
             scratch = np.empty((bottom - top, 2 * NR), np.float32)
             task = claim(state, 0)
             while task < tasks:
@@ -105,6 +110,25 @@ def gated_parallel(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, in
                     _pair(rows_a, panels, layout, bias, with_bias, scratch, out, top,
                           bottom - top, pair, n, alpha)
                 task = claim(state, 0)
+            if thread != 0:
+                claim(state, 1)
+            else:
+                start = last = _cycles()
+                while _load_acquire(state, 1) < threads - 1:
+                    now = _cycles()
+                    if now - start > wait[0] or now - last > wait[1]:
+                        break
+                    last = now
+                    _pause()
+
+
+@functools.cache
+def _wait_cycles() -> tuple[int, int]:
+    """The packed products' waits (:data:`~onnx_light.kernels.packed_gemm.WAIT_US`,
+    :data:`~onnx_light.kernels.packed_gemm.PREEMPTED_US`) in cycles of the processor's
+    counter (0 where it has none: no wait)."""
+    rate = cycles_per_second() * 1e-6
+    return int(rate * packed_gemm.WAIT_US), int(rate * packed_gemm.PREEMPTED_US)
 
 
 def _interleaved(gate: np.ndarray, up: np.ndarray, columns: int) -> np.ndarray:
@@ -181,7 +205,7 @@ class GatedMatMul(Kernel):
         work = min(count, packed.block) * packed.k * 2 * packed.columns  # per pair of panels
         group = max(1, packed_gemm.TASK_WORK // max(1, work))
         gated_parallel.dispatcher(rows, packed.panels, packed.layout, packed.bias, packed.with_bias,
-                                  out2, packed.block, self._n, alpha, threads, group)
+                                  out2, packed.block, self._n, alpha, threads, group, _wait_cycles())
 
     def _fits(self, a_shape: Sequence[int], a_dtype: np.dtype, w_shapes: Sequence[Sequence[int]]) -> bool:
         """Whether the packed weights compute the step for these inputs."""
