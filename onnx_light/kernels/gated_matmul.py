@@ -42,6 +42,11 @@ from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
 __all__ = ["GatedMatMul", "gated_parallel", "gated_rows"]
 
 SWISH = ACTIVATIONS["Swish"]
+#: Tasks (groups of pairs of panels) per thread of the parallel pass: fewer, larger tasks
+#: than the packed product's (about 11 us each) measured faster here, 64 x 256 x 2 x 688 at
+#: 2 threads taking 352 us with 4 tasks per thread against 390 us with one pair per task
+#: (docs/gemm.md, "Gated products").
+TASKS_PER_THREAD = 4
 
 
 @compiled(inline="always")
@@ -202,8 +207,8 @@ class GatedMatMul(Kernel):
             gated_rows.dispatcher(rows, packed.panels, packed.layout, packed.bias, packed.with_bias,
                                   out2, packed.block, self._n, alpha)
             return
-        work = min(count, packed.block) * packed.k * 2 * packed.columns  # per pair of panels
-        group = max(1, packed_gemm.TASK_WORK // max(1, work))
+        pairs = -(-self._n // packed.columns)
+        group = max(1, -(-pairs // (TASKS_PER_THREAD * threads)))
         gated_parallel.dispatcher(rows, packed.panels, packed.layout, packed.bias, packed.with_bias,
                                   out2, packed.block, self._n, alpha, threads, group, _wait_cycles())
 
