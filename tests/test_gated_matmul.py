@@ -155,3 +155,10 @@ def test_other_shapes_run_the_products_apart():
     g = a @ wg
     expected = g / (1 + np.exp(-g)) * (a @ wu)
     assert np.allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_products_bound_to_the_sessions_pool():
+    """The step's products run on the session's pool (its threads decide the parallel pass)."""
+    session, _, _ = sessions(model(4, 8, 16), threads=2)
+    (step,) = gated_steps(session)
+    assert step.gate.num_threads == step.up.num_threads == 2

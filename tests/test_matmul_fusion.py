@@ -189,3 +189,9 @@ def test_broadcast_residual_not_fused():
     assert not residual_steps(session)
     expected = RuntimeSession(m_proto, fuse=False).run(None, feeds)[0]
     np.testing.assert_array_equal(session.run(None, feeds)[0], expected)
+
+
+def test_residual_product_bound_to_the_sessions_pool():
+    session = RuntimeSession(residual_model((2, 4, 8), 6), num_threads=2)
+    (step,) = residual_steps(session)
+    assert step.matmul.num_threads == 2

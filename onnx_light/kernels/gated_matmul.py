@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..parallel import ThreadPool
 from ..tuning.schema import KernelTuningSchema, Value
 from . import packed_gemm
 from .base import Kernel, NodeContext, Prepared, TensorSpec
@@ -170,6 +171,13 @@ class GatedMatMul(Kernel):
     def _configure(self, values: Mapping[str, Value]) -> None:
         self.gate._configure(values)
         self.up._configure(values)
+
+    def bind(self, pool: ThreadPool | None) -> GatedMatMul:
+        """This step and both products on ``pool`` (the session binds its steps' kernels
+        only: the gate's pool decides the parallel pass's threads)."""
+        self.gate.bind(pool)
+        self.up.bind(pool)
+        return super().bind(pool)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Wg and Wu (and the products' biases) packed once, interleaved by panel, when both

@@ -29,6 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..parallel import ThreadPool
 from ..tuning.schema import KernelTuningSchema, Value
 from .base import Kernel, NodeContext, Prepared, TensorSpec
 from .compiled import compiled
@@ -144,6 +145,11 @@ class MatMulAdd(Kernel):
 
     def _configure(self, values: Mapping[str, Value]) -> None:
         self.matmul._configure(values)
+
+    def bind(self, pool: ThreadPool | None) -> MatMulAdd:
+        """This step and its MatMul on ``pool`` (the session binds its steps' kernels only)."""
+        self.matmul.bind(pool)
+        return super().bind(pool)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """The MatMul's own specialization (packed weights) inside a new step."""
