@@ -19,6 +19,8 @@ Each variant is ``THREADS[,SETTING...]`` with settings
   multiply-adds as compiled tasks (over numba's threads in one region at 2 threads), below
   with BLAS's products (the Softmax key's ``attention.minimum_flops``, set while the session
   is built, so that its prepared steps take it);
+* ``gated=off``: LLaMA's gate and up products, SiLU and Mul left as the steps before the
+  GatedMatMul fusion (``sibling_fusion._fuse_gated`` not run);
 * ``packed=pool``: products of packed weights split as before 2026-12-06 09:30 UTC, A's rows
   in chunks of whole micro-kernel blocks on the pool (``ThreadPool.parallel_chunks``), instead
   of their panels in one numba region (:func:`pool_rows`).
@@ -29,8 +31,10 @@ count of ``/proc/loadavg``, less this process's own thread), so the figures are 
 moments the machine was quiet; a run that sees another task is taken again (counted in the
 header; a variant left without a run by ``--max-seconds`` shows 0 runs). Without
 ``/proc/loadavg``, or with ``--every-run`` (a machine that is never quiet), every run
-counts. Each timed run follows 20 ms of untimed runs of the same
-session; the variants take turns. Outputs are checked against the one-thread session's.
+counts; ``--clock thread`` (one-thread variants only) counts every run too and times the
+calling thread's CPU time, which other programs disturb far less than wall time. Each
+timed run follows 20 ms of untimed runs of the same session; the variants take turns.
+Outputs are checked against the one-thread session's.
 
 The models are the model zoo's cached exports (``benchmarks/model_zoo.py``, run it first with
 the same packages: the cache key holds their versions). Results: docs/parallel.md ("Two
@@ -50,7 +54,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -67,7 +71,7 @@ from hot_regions import others_runnable, rows_on_pool  # noqa: E402
 from onnx_light.kernels import gemm, packed_gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
 from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax  # noqa: E402
-from onnx_light.runtime import RuntimeSession, branches, fusion  # noqa: E402
+from onnx_light.runtime import RuntimeSession, branches, fusion, sibling_fusion  # noqa: E402
 
 WARM_S = 0.02
 
@@ -77,7 +81,7 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
     unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed",
-                              "attention"}
+                              "attention", "gated"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -87,8 +91,10 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
              if options.get("siblings") == "off" else contextlib.nullcontext())
     attention = (mock.patch.object(Softmax, "_configure", attention_from(1 << int(options["attention"])))
                  if "attention" in options else contextlib.nullcontext())
+    gated = (mock.patch.object(sibling_fusion, "_fuse_gated", lambda steps, *rest: list(steps))
+             if options.get("gated") == "off" else contextlib.nullcontext())
     try:
-        with apart, attention:
+        with apart, attention, gated:
             session = RuntimeSession(model, num_threads=int(threads),
                                      branches=options.get("branches", "on") != "off")
     finally:
@@ -144,7 +150,8 @@ def pool_rows(kernel: gemm._ProductKernel, packed: packed_gemm.PackedWeights, a:
 
 
 def measure(sessions: dict[str, RuntimeSession], feeds: dict[str, np.ndarray], samples: int,
-            deadline: float, gate: bool = True) -> tuple[dict[str, list[float]], int]:
+            deadline: float, gate: bool = True, clock: Callable[[], float] = time.perf_counter
+            ) -> tuple[dict[str, list[float]], int]:
     """Seconds per counted run of each session, and the runs taken again (``gate``: only runs
     at quiet instants count)."""
     times: dict[str, list[float]] = {key: [] for key in sessions}
@@ -162,9 +169,9 @@ def measure(sessions: dict[str, RuntimeSession], feeds: dict[str, np.ndarray], s
         if gate and others_runnable() > 0:
             retakes += 1
             continue
-        started = time.perf_counter()
+        started = clock()
         session.run(None, feeds)
-        elapsed = time.perf_counter() - started
+        elapsed = clock() - started
         if gate and others_runnable() > 0:
             retakes += 1
             continue
@@ -180,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=25)
     parser.add_argument("--max-seconds", type=float, default=900.0)
     parser.add_argument("--every-run", action="store_true", help="count runs whatever the load")
+    parser.add_argument("--clock", choices=["wall", "thread"], default="wall",
+                        help="thread: the calling thread's CPU time, every run counted (1 thread only)")
     parser.add_argument("--cache-dir", type=Path, default=model_zoo.default_cache_dir())
     args = parser.parse_args(argv)
     spec = model_zoo.MODELS[args.model]
@@ -188,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    model_zoo.torch_export)
     model = onnx.load(str(path))
     keys = ["1", *args.variants]
+    if args.clock == "thread" and any(key.split(",")[0] != "1" for key in keys):
+        parser.error("--clock thread times one-thread variants only")
     sessions = {key: build(model, key) for key in keys}
     reference = sessions["1"].run(None, feeds)
     for session in sessions.values():
@@ -195,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * float(np.abs(expected).max()))
     before = os.getloadavg()[0]
     times, retakes = measure(sessions, feeds, args.samples, time.monotonic() + args.max_seconds,
-                             gate=not args.every_run)
+                             gate=not (args.every_run or args.clock == "thread"),
+                             clock=time.thread_time if args.clock == "thread" else time.perf_counter)
     if not times["1"]:
         print(f"{args.model}: no quiet run within {args.max_seconds:.0f} s (load average "
               f"{os.getloadavg()[0]:.2f})")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.feature_normalization import RMSNormalization
@@ -89,3 +91,28 @@ def test_refused(case):
              "kept": lambda: rms_model(shape, keep="s"),
              "weight": lambda: rms_model(shape, weight_size=1)}[case]()
     check(model, fused_nodes=0, shape=shape)
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=4), data=st.data(),
+       one_scale=st.booleans())
+def test_prepared_step_gives_run_bits(shape, data, one_scale):
+    """An RMSNormalization step with fixed float32 specs is prepared (its compiled rows into
+    the memory plan's buffer) and gives :meth:`RMSNormalization.run`'s values bit for bit."""
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    normalized = shape[axis % len(shape):]
+    rng = np.random.default_rng(2)
+    w = rng.uniform(0.5, 1.5, 1 if one_scale else normalized).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=axis, epsilon=1e-5),
+         helper.make_node("Neg", ["y"], ["z"])], "rms",
+        [helper.make_tensor_value_info("x", F, shape)], [helper.make_tensor_value_info("z", F, None)],
+        initializer=[numpy_helper.from_array(w, "w")])
+    session = RuntimeSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]))
+    (step,) = [item for item in session._plan if item.op_type == "RMSNormalization"]
+    assert step.prepared is not None
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    (expected,) = step.run(x, w)
+    for _ in range(2):  # the second run writes into the memory plan's buffers
+        (got,) = session.run(None, {"x": x})
+        assert got.tobytes() == np.negative(expected).tobytes()

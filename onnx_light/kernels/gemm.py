@@ -82,6 +82,7 @@ calibration tries.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -651,11 +652,23 @@ class MatMulKernel(_ProductKernel):
     #: A (1, N) row the runtime's fusion adds to every row of the product (an ``Add`` of a
     #: constant bias after the node, ``runtime/matmul_fusion.py``), before the epilogue.
     bias: np.ndarray | None = None
-    #: The widths of the groups of columns handed out as separate outputs, views of one
-    #: product (sibling products of one input fused into one, ``runtime/sibling_fusion.py``):
-    #: the node then reads A and one B per group, and multiplies A by the Bs side by side;
-    #: empty: one output.
-    split: tuple[int, ...] = ()
+    _split: tuple[int, ...] = ()
+    _columns: tuple[slice, ...] = ()  # the groups' columns, made once (numpy's int64 ends
+    # and a generator cost 25 us a call in a transformer's run)
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """The widths of the groups of columns handed out as separate outputs, views of one
+        product (sibling products of one input fused into one, ``runtime/sibling_fusion.py``):
+        the node then reads A and one B per group, and multiplies A by the Bs side by side;
+        empty: one output."""
+        return self._split
+
+    @split.setter
+    def split(self, widths: Sequence[int]) -> None:
+        self._split = tuple(int(width) for width in widths)
+        ends = itertools.accumulate(self._split)
+        self._columns = tuple(slice(end - width, end) for width, end in zip(self._split, ends, strict=True))
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         if self.split and len(inputs) == len(self.split) + 1 and all(x is not None for x in inputs):
@@ -689,9 +702,8 @@ class MatMulKernel(_ProductKernel):
             y = y[..., 0]
         if vector_a:
             y = y[..., 0, :] if not vector_b else y[..., 0]
-        if self.split:
-            ends = np.cumsum(self.split)
-            return tuple(y[..., end - width:end] for width, end in zip(self.split, ends, strict=True))
+        if self._columns:
+            return tuple([y[..., columns] for columns in self._columns])
         return (y,)
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:

@@ -1,4 +1,5 @@
-"""MatMulBias: a MatMul followed by the Add of a constant bias, as one step.
+"""MatMulBias: a MatMul followed by the Add of a constant bias, as one step; MatMulAdd: a
+MatMul followed by the Add of another tensor of the product's shape (a residual connection).
 
 Not an ONNX operator: ``runtime/fusion.py`` makes one of ``MatMul(A, W)`` whose output only an
 ``Add`` of a constant ``B`` reads, where B holds one value per column of the product (shape
@@ -11,21 +12,29 @@ plan's) run the MatMul kernel, then the addition in place.
 The compiled loop sums each product's terms in order, in the inputs' type, and adds the bias
 last, as the graph does; BLAS may order the sums otherwise, so the result may differ from the
 unfused graph's by a unit or so in the last place of the products' terms (tested against it).
+
+MatMulAdd (``runtime/matmul_fusion.py`` makes it of a MatMul whose output only an Add of a
+tensor of the same shape reads, that tensor made before the MatMul: a transformer's residual
+connection after its output projection) adds that tensor into the product's output in place:
+one step and one pass fewer, and the graph's values bit for bit (the same product, then one
+rounded addition, as the Add does).
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
 
+from ..parallel import ThreadPool
 from ..tuning.schema import KernelTuningSchema, Value
 from .base import Kernel, NodeContext, Prepared, TensorSpec
 from .compiled import compiled
 
-__all__ = ["SMALL_WORK", "MatMulBias"]
+__all__ = ["SMALL_WORK", "MatMulAdd", "MatMulBias"]
 
 #: Products of at most this many multiply-adds (M * K * N) run as one compiled loop.
 SMALL_WORK = 1 << 14
@@ -114,6 +123,72 @@ class MatMulBias(Kernel):
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
              output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
         work = self.matmul.work(input_shapes, output_shapes)
+        if work is None or not output_shapes or output_shapes[0] is None:
+            return work
+        return work + math.prod(output_shapes[0])
+
+
+class MatMulAdd(Kernel):
+    """``matmul`` (the MatMul node's kernel, with its fused bias if any) of A and W, plus a
+    third input R of the product's shape and type, added in place into the product. The
+    step is tuned as the MatMul node."""
+
+    op_type: ClassVar[str] = "MatMulAdd"
+
+    def __init__(self, ctx: NodeContext, matmul: Kernel) -> None:
+        super().__init__(ctx)
+        self.matmul = matmul
+
+    def tuning_schema(self) -> KernelTuningSchema | None:
+        """The MatMul node's schema: the session resolves and checks its values for this step."""
+        return self.matmul.tuning_schema()
+
+    def _configure(self, values: Mapping[str, Value]) -> None:
+        self.matmul._configure(values)
+
+    def bind(self, pool: ThreadPool | None) -> MatMulAdd:
+        """This step and its MatMul on ``pool`` (the session binds its steps' kernels only)."""
+        self.matmul.bind(pool)
+        return super().bind(pool)
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """The MatMul's own specialization (packed weights) inside a new step."""
+        matmul = self.matmul.specialize(constants[:2])
+        if matmul is None:
+            return None
+        kernel = copy.copy(self)
+        kernel.matmul = matmul
+        return kernel
+
+    def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
+        """The MatMul's packed weights (position 1), rebuilt."""
+        return self.matmul.packed_input(position) if position < 2 else None
+
+    def run(self, a: np.ndarray, w: np.ndarray, residual: np.ndarray) -> Sequence[np.ndarray]:
+        (y,) = self.matmul.run(a, w)
+        if y.shape == residual.shape and y.dtype == residual.dtype and y.flags.writeable:
+            return (np.add(y, residual, out=y),)
+        return (np.add(y, residual),)
+
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """The MatMul's prepared product into the buffer, then R added in place, for an R of
+        the product's shape and type."""
+        if len(inputs) != 3:
+            return None
+        prepared = self.matmul.prepare(inputs[:2])
+        if prepared is None or tuple(inputs[2][0]) != tuple(prepared.shape) or inputs[2][1] != prepared.dtype:
+            return None
+        product, add = prepared.compute, np.add
+
+        def compute(a: np.ndarray, w: np.ndarray, residual: np.ndarray, out: np.ndarray) -> None:
+            product(a, w, out=out)
+            add(out, residual, out=out)
+
+        return Prepared(compute, prepared.shape, prepared.dtype)
+
+    def work(self, input_shapes: Sequence[tuple[int, ...] | None],
+             output_shapes: Sequence[tuple[int, ...] | None]) -> int | None:
+        work = self.matmul.work(input_shapes[:2], output_shapes)
         if work is None or not output_shapes or output_shapes[0] is None:
             return work
         return work + math.prod(output_shapes[0])

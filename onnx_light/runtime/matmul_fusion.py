@@ -16,6 +16,12 @@ compiled loop, so that a chain of tiny layers costs one call per layer (its sums
 as written, so within a unit or so in the last place of BLAS's).
 
 Bias Adds that an elementwise chain took first (GELU's, ``fusion.fuse`` step 5) stay there.
+
+Then residual connections: ``Y = MatMul(A, B)`` (with or without its fused bias, no
+activation) whose output only an ``Add(Y, R)`` (either order) reads, R not constant and of
+Y's static shape and type, becomes one :class:`~onnx_light.kernels.matmul_bias.MatMulAdd`
+step at the Add's place that adds R into the product in place and writes the Add's output:
+the Add's value bit for bit.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from onnx import TensorProto
 from ..kernels.base import Kernel
 from ..kernels.elementwise import ElementwiseKernel
 from ..kernels.gemm import MatMulKernel
-from ..kernels.matmul_bias import SMALL_WORK, MatMulBias
+from ..kernels.matmul_bias import SMALL_WORK, MatMulAdd, MatMulBias
 
 __all__ = ["fuse_matmul_bias"]
 
@@ -66,6 +72,38 @@ def fuse_matmul_bias(steps: Sequence[Step], known: Mapping[int, np.ndarray], kee
                 result[position] = (fused, matmul_inputs, outputs)
                 sources.add(c)
                 break
+    return _fuse_residuals([step for step in result if step is not None], known, keep, shapes)
+
+
+def _fuse_residuals(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+                    shapes: Shapes) -> list[Step]:
+    """``steps`` with every MatMul and residual Add of the module's pattern made one step."""
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
+    result: list[Step | None] = list(steps)
+    for position, (kernel, inputs, outputs) in enumerate(steps):
+        if not (isinstance(kernel, ElementwiseKernel) and kernel.ctx.op_type == "Add"
+                and len(inputs) == 2 and None not in inputs and inputs[0] != inputs[1]
+                and kernel.epilogue is None and len(outputs) == 1):
+            continue
+        for y, r in (inputs, inputs[::-1]):
+            index = producer.get(y)
+            if index is None or y in keep or readers[y] != 1 or r in known or result[index] is None:
+                continue
+            matmul, matmul_inputs, _ = steps[index]
+            y_shape, r_shape = shapes.get(y), shapes.get(r)
+            if (type(matmul) is not MatMulKernel or matmul.epilogue is not None or matmul.split
+                    or len(matmul_inputs) != 2 or None in matmul_inputs or not y_shape
+                    or not all(isinstance(d, int) for d in y_shape) or r_shape is None
+                    or tuple(r_shape) != tuple(y_shape) or matmul.ctx.output_types[:1] not in (
+                        (TensorProto.FLOAT,), (TensorProto.DOUBLE,))
+                    or kernel.ctx.input_types[:2] != matmul.ctx.output_types[:1] * 2):
+                continue
+            ctx = dataclasses.replace(matmul.ctx, op_type=MatMulAdd.op_type, num_inputs=3,
+                                      input_types=(*matmul.ctx.input_types[:2], matmul.ctx.output_types[0]))
+            result[index] = None
+            result[position] = (MatMulAdd(ctx, matmul).bind(matmul.pool), (*matmul_inputs, r), outputs)
+            break
     return [step for step in result if step is not None]
 
 
