@@ -49,14 +49,18 @@ Before those, in this order:
    (``runtime/matmul_fusion.py``), and an activation after it then becomes its epilogue
    (step 2); a small 2-D product of constant weights (``matmul_bias.SMALL_WORK``
    multiply-adds by the inferred shapes) becomes one
-   :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step instead, one compiled loop.
+   :class:`~onnx_light.kernels.matmul_bias.MatMulBias` step instead, one compiled loop;
+   a MatMul (with its bias) whose output only an Add of another tensor of the same shape
+   reads becomes one ``MatMulAdd`` step that adds it in place (a transformer's residual).
 7. **Squeeze-and-excitation gates** (after steps 1-4, whose activations they take as
    epilogues): GlobalAveragePool and the two 1x1 convolutions after it become one
    :class:`~onnx_light.kernels.squeeze_excite.SqueezeExcite` step, one compiled call
    (``runtime/se_fusion.py`` states the pattern; the values are the unfused steps').
 8. **Sibling products** (last): MatMuls of one input by constant weights (the query, key
    and value projections, with their biases) become one product over the weights side by
-   side whose column groups are their outputs (``runtime/sibling_fusion.py``).
+   side whose column groups are their outputs (``runtime/sibling_fusion.py``); a gate
+   product with its SiLU, the up product of the same input and the Mul of their outputs
+   (LLaMA's MLP) become one :class:`~onnx_light.kernels.gated_matmul.GatedMatMul` step.
 
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
