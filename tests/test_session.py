@@ -206,23 +206,26 @@ def test_tuning_report(registry):
 
 def test_tuning_report_describes_the_plan_that_runs(registry):
     """Folding and fusion come before the tuning step: a folded product has no entry, and a
-    Relu fused into its Add leaves the Add's, as the step that runs."""
+    Relu fused into its Add leaves the Add's, as the step that runs (the Add broadcasts a
+    row, so that it stays an Add rather than the product's residual)."""
     w = np.ones((4, 4), np.float32)
     initializers = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(w, "v")]
     nodes = [helper.make_node("MatMul", ["w", "v"], ["wv"], name="folded"),
              helper.make_node("MatMul", ["x", "wv"], ["p"], name="product"),
-             helper.make_node("Add", ["p", "x"], ["s"], name="add"),
+             helper.make_node("Add", ["p", "r"], ["s"], name="add"),
              helper.make_node("Relu", ["s"], ["z"], name="relu")]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    r = helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])
     z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 4])
-    session = RuntimeSession(_model(nodes, [x], [z], initializers=initializers), registry=registry)
+    session = RuntimeSession(_model(nodes, [x, r], [z], initializers=initializers), registry=registry)
     assert (session.folded_nodes, session.fused_nodes) == (1, 1)
     assert [entry["node"] for entry in session.tuning_report()] == ["product", "add"]
-    unfused = RuntimeSession(_model(nodes, [x], [z], initializers=initializers), registry=registry,
+    unfused = RuntimeSession(_model(nodes, [x, r], [z], initializers=initializers), registry=registry,
                              fold=False, fuse=False)
     assert [entry["node"] for entry in unfused.tuning_report()] == ["folded", "product", "add",
                                                                     "relu"]
-    feeds = {"x": np.arange(16, dtype=np.float32).reshape(4, 4) - 8}
+    feeds = {"x": np.arange(16, dtype=np.float32).reshape(4, 4) - 8,
+             "r": np.array([-40, 3, 0, 25], np.float32)}
     np.testing.assert_allclose(session.run(None, feeds)[0], unfused.run(None, feeds)[0])
 
 
