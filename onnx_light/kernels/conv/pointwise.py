@@ -550,7 +550,6 @@ class PointwiseCall:
                 pointwise_units.dispatcher(*arguments, 0, units)
         return out
 
-
     def bind(self, weights: np.ndarray, bias: np.ndarray | None, clamp: tuple[float, float],
              activation: tuple[int, float, float], blas_threads: int, threads: int = 1
              ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
