@@ -538,11 +538,14 @@ def test_transposed_products_are_within_the_bound_and_the_same_bits_at_two_threa
         expected = np.clip(expected, *clamp)
     values = {conv.POINTWISE_TRANSPOSED: 1000, conv.POINTWISE_MINIMUM_FLOPS: 1}
     kernel = _settled(pools[1], w, b, x.shape, values, residual, clamp)
+    settled_run = kernel.run(*inputs)[0]  # the call bound at settle
+    kernel._direct = None
     recorder = _Recorder(pointwise.pointwise_transposed)
     with monkeypatch.context() as patch:
         patch.setattr(pointwise, "pointwise_transposed", recorder)
         got = kernel.run(*inputs)[0]
     assert recorder.calls == 1
+    np.testing.assert_array_equal(settled_run, got)
     assert got.dtype == np.float32 and got.shape == expected.shape
     assert np.all(np.abs(got - expected) <= bound)
     for _ in range(2):
@@ -574,3 +577,56 @@ def test_transposed_products_propagate_nan_and_infinities_and_leave_other_planes
     fed = w * 2
     np.testing.assert_array_equal(_settled(pools[1], w, None, x.shape, values).run(x, fed)[0],
                                   _kernel(1, pools[1]).run(x, fed)[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["units", "blas", "transposed", "vector"])
+@pytest.mark.parametrize("fused", ["plain", "residual and clamp", "activation"])
+def test_the_call_bound_at_settle_gives_the_unbound_calls_bits_and_leaves_the_kernel(
+        pools, monkeypatch, threads, kind, fused):
+    """A settled 1x1 convolution with constant weights runs the call bound at settle
+    (``PointwiseCall.bind``: no ``PointwiseCall.__call__``) for each product (BLAS units, with
+    ``parallel.split = blas`` too, the transposed packed product, 1x1 planes), with a residual and clamp
+    or a compiled activation, at one and two threads (a small product: one numba thread):
+    the bits of the unbound call and of the general path (where it computes the same
+    product), and the kernel's state unchanged by the runs."""
+    if kind == "transposed" and not packed_gemm.available():
+        pytest.skip("needs AVX2 and FMA or AVX-512F")
+    rng = np.random.default_rng(12)
+    x_shape = (2, 8, 1, 1) if kind == "vector" else (2, 8, 4, 3)
+    x = rng.uniform(-1, 1, x_shape).astype(np.float32)
+    w = rng.uniform(-1, 1, (6, 8, 1, 1)).astype(np.float32)
+    b = rng.uniform(-1, 1, 6).astype(np.float32)
+    inputs = [x, w, b]
+    values = {conv.POINTWISE_TRANSPOSED: 1000 if kind == "transposed" else 0}
+    if kind == "blas":
+        values[conv.SPLIT] = "blas"
+
+    def settled():
+        kernel = _kernel(1, pools[threads], values)
+        if fused == "residual and clamp":
+            kernel.residual, kernel.clamp = True, (-0.3, 0.5)
+            kernel.epilogue = lambda block: np.clip(block, -0.3, 0.5, out=block)
+        elif fused == "activation":
+            kernel.epilogue = in_place("HardSwish", {}, lambda block: None)
+        kernel = kernel.specialize([None, w, b]) or kernel
+        return kernel.settle([x.shape, w.shape]) or kernel
+
+    if fused == "residual and clamp":
+        inputs.append(rng.uniform(-1, 1, (2, 6, *x_shape[2:])).astype(np.float32))
+    kernel = settled()
+    state = dict(vars(kernel))
+    with monkeypatch.context() as patch:
+        patch.setattr(pointwise.PointwiseCall, "__call__", None)  # the bound call alone runs
+        got = kernel.run(*inputs)[0]
+        np.testing.assert_array_equal(kernel.run(*inputs)[0], got)
+    assert vars(kernel).keys() == state.keys()
+    assert all(vars(kernel)[key] is value for key, value in state.items())
+    unbound = settled()
+    unbound._direct = None
+    np.testing.assert_array_equal(unbound.run(*inputs)[0], got)
+    if kind in ("units", "blas"):
+        general = settled()
+        general._direct = None
+        general._run_pointwise = lambda *arguments: None
+        np.testing.assert_array_equal(general.run(*inputs)[0], got)

@@ -82,6 +82,7 @@ from .depthwise import (
 from .filter_blocked import compile_filters, filters_applies, filters_call
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
 from .pointwise import (
+    PointwiseCall,
     compile_pointwise,
     pointwise_call,
     transposed_weights,
@@ -361,10 +362,8 @@ class ConvKernel(Kernel):
             w, b = self._pointwise_weights[:2]
             if w is None:
                 return None
-            pointwise = self._run_pointwise
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           lambda x, residual, given, scaled:
-                           pointwise(problem, x, w if scaled is None else scaled, b, residual))
+                           self._bound_pointwise(problem, np.dtype(dtype), w, b))
         if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
             w, b, call = self._depthwise_weights[:3]
             if call is None or self.prologue is not None or problem.depth == 0:
@@ -393,6 +392,45 @@ class ConvKernel(Kernel):
             return _Direct(self, blocked.weights, blocked.bias, settled.x_shape, np.dtype(dtype),
                            self._bound_direct(problem, bound, (-1,), (-1,)))
         return None
+
+    def _bound_pointwise(self, problem: _Problem, dtype: np.dtype, w: np.ndarray,
+                         b: np.ndarray | None) -> Callable[
+                             [np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
+                             np.ndarray | None]:
+        """The :class:`_Direct` run of ``direct_1x1`` by the constant ``w`` and ``b``: where its
+        call runs on one numba thread, the call bound to them and to the fused parts
+        (:meth:`~onnx_light.kernels.conv.pointwise.PointwiseCall.bind`), else (and for weights
+        a channel scale made on this run) :meth:`_run_pointwise`."""
+        pointwise = self._run_pointwise
+
+        def general(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
+                    scaled: np.ndarray | None) -> np.ndarray | None:
+            return pointwise(problem, x, w if scaled is None else scaled, b, residual)
+
+        chosen = None
+        if problem.groups == 1 and dtype in FINISHED_TYPES and w.flags.c_contiguous:
+            chosen = self._pointwise_chosen(problem, self._settled.x_shape, dtype, w, b, True)
+        if chosen is None or chosen[4] > 1:
+            return general
+        call, weights, bias, blas_threads, _ = chosen
+        parts = self._pointwise_fused(dtype)
+        bound, after = call.bind(weights, bias, *parts[3], blas_threads), parts[4]
+        residual_of = self._pointwise_residual
+
+        def run(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
+                scaled: np.ndarray | None) -> np.ndarray | None:
+            if scaled is not None:
+                return general(x, residual, given, scaled)
+            if residual is not None:
+                residual = residual_of(call, dtype, residual)
+                if residual is False:
+                    return None  # the general path reports it
+            out = bound(x, residual)
+            if after is not None:  # an epilogue with no compiled form, after the finishing
+                after(out)
+            return out
+
+        return run
 
     @staticmethod
     def _bound_direct(problem: _Problem, bound: Callable[[np.ndarray, np.ndarray], None],
@@ -688,42 +726,61 @@ class ConvKernel(Kernel):
         if (problem.groups != 1 or x.dtype not in FINISHED_TYPES
                 or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return None
-        parts = self._pointwise_fused(x.dtype)
-        constant, packed = self._transposed_weights  # the settled constant weights, packed
-        call = pointwise_call(x.shape, w.shape, x.dtype, self.config.pointwise_product,
-                              constant is w and packed is not None and uses_transposed(
-                                  x.dtype, math.prod(x.shape[2:]), self.config.pointwise_transposed))
-        if call is None or (call.gemm is None and not call.vector and not call.transposed
-                            and problem.plan not in ("serial", "blas")):
-            return None  # the packed product splits on the pool's plan
-        flat_residual = None
-        if residual is not None:
-            if residual.shape != call.out_shape or residual.dtype != x.dtype:
-                return None  # the general path reports it
-            flat_residual = read_only(np.ascontiguousarray(residual).reshape(-1))
         # weights scaled on this run (a fused channel scale) are not remembered: a run then
         # changes no state of the kernel
-        operands = self._pointwise_operands(w, b, remember=not self.channel_scale)
-        threads = self.num_threads
-        if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
-            constant, transposed = self._vector_weights
-            weights = transposed if constant is w else vector_weights(w)
-            out = call(x, weights, operands[3], flat_residual, *parts[3], 1)
-        elif call.transposed:
-            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
-                                or in_region()):
-                threads = 1
-            out = call(x, packed, operands[3], flat_residual, *parts[3], 1, threads)
-        elif problem.plan == "blas":
-            out = call(x, operands[2], operands[3], flat_residual, *parts[3], threads)
-        else:
-            if threads > 1 and (call.multiply_adds < self.config.pointwise_minimum_flops
-                                or in_region()):
-                threads = 1  # a small product, or a branch of the graph on the pool's worker
-            out = call(x, operands[2], operands[3], flat_residual, *parts[3], 1, threads)
+        chosen = self._pointwise_chosen(problem, x.shape, x.dtype, w, b, not self.channel_scale)
+        if chosen is None:
+            return None
+        call, weights, bias, blas_threads, threads = chosen
+        flat_residual = self._pointwise_residual(call, x.dtype, residual)
+        if flat_residual is False:
+            return None  # the general path reports it
+        if threads > 1 and in_region():
+            threads = 1  # a branch of the graph on the pool's worker
+        parts = self._pointwise_fused(x.dtype)
+        out = call(x, weights, bias, flat_residual, *parts[3], blas_threads, threads)
         if parts[4] is not None:  # an epilogue with no compiled form, after the finishing
             parts[4](out)
         return out
+
+    @staticmethod
+    def _pointwise_residual(call: PointwiseCall, dtype: np.dtype, residual: np.ndarray | None
+                            ) -> np.ndarray | bool | None:
+        """The residual as ``call`` takes it (flat, read-only; None for none), or False for
+        one of another shape or type."""
+        if residual is None:
+            return None
+        if residual.shape != call.out_shape or residual.dtype != dtype:
+            return False
+        flat = np.ascontiguousarray(residual).reshape(-1)
+        return read_only(flat) if flat.flags.writeable else flat
+
+    def _pointwise_chosen(self, problem: _Problem, x_shape: tuple[int, ...], dtype: np.dtype,
+                          w: np.ndarray, b: np.ndarray | None, remember: bool
+                          ) -> tuple[PointwiseCall, np.ndarray, np.ndarray | None, int, int] | None:
+        """What :meth:`_run_pointwise` calls for X of ``x_shape`` and ``dtype`` by ``w`` and
+        ``b`` (group 1, C-contiguous): (its call, the weights and bias as it takes them, the
+        BLAS threads, the numba threads, before the check of a pool's worker), the weights'
+        views remembered when ``remember``; None where the general path runs."""
+        constant, packed = self._transposed_weights  # the settled constant weights, packed
+        call = pointwise_call(x_shape, w.shape, dtype, self.config.pointwise_product,
+                              constant is w and packed is not None and uses_transposed(
+                                  dtype, math.prod(x_shape[2:]), self.config.pointwise_transposed))
+        if call is None or (call.gemm is None and not call.vector and not call.transposed
+                            and problem.plan not in ("serial", "blas")):
+            return None  # the packed product splits on the pool's plan
+        operands = self._pointwise_operands(w, b, remember=remember)
+        threads = self.num_threads
+        if call.vector:  # 1x1 planes: the transposed weights, those settle took if constant
+            constant, transposed = self._vector_weights
+            return call, transposed if constant is w else vector_weights(w), operands[3], 1, 1
+        if threads > 1 and call.multiply_adds < self.config.pointwise_minimum_flops:
+            threads = 1  # a small product
+        if call.transposed:
+            return call, packed, operands[3], 1, threads
+        if problem.plan == "blas":
+            return call, operands[2], operands[3], self.num_threads, 1
+        return call, operands[2], operands[3], 1, threads
 
     def _run_depthwise(self, problem: _Problem, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
                        given: np.ndarray | None) -> np.ndarray | None:

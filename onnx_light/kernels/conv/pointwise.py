@@ -68,10 +68,11 @@ from ..packed_gemm import (
     panels_transposed,
 )
 from ..spin import claim
-from .depthwise import read_only
+from .depthwise import compiled_entry, read_only
 from .finish import FINISHED_TYPES, finish_run
 
-__all__ = ["CUT_MULTIPLY_ADDS", "PACK_FILTERS", "TILED_OUTPUT_BYTES", "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
+__all__ = ["ALIGNED_OUTPUT_BYTES", "CUT_MULTIPLY_ADDS", "PACK_FILTERS", "TILED_OUTPUT_BYTES",
+           "TILED_WEIGHT_BYTES", "TILE_COLUMNS",
            "PointwiseCall", "compile_pointwise", "pointwise_call", "pointwise_gemm",
            "pointwise_packed", "pointwise_product", "pointwise_tiles", "pointwise_transposed",
            "pointwise_transposed_parallel", "pointwise_units", "pointwise_units_parallel",
@@ -89,6 +90,9 @@ TILED_OUTPUT_BYTES = 1 << 18
 #: multiply-adds (:func:`product_units`): two threads can then share it, for about 1%
 #: more time on one thread (docs/conv.md, "Pointwise convolutions on two threads").
 CUT_MULTIPLY_ADDS = 1 << 23
+#: :meth:`PointwiseCall.bind`'s outputs from this size on start on a 64-byte boundary
+#: (:func:`~onnx_light.kernels.packed_gemm.aligned_empty`, 3 times numpy's allocation).
+ALIGNED_OUTPUT_BYTES = 1 << 12
 
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
@@ -545,6 +549,67 @@ class PointwiseCall:
             with BLAS.limited(blas_threads):
                 pointwise_units.dispatcher(*arguments, 0, units)
         return out
+
+    def bind(self, weights: np.ndarray, bias: np.ndarray | None, clamp: tuple[float, float],
+             activation: tuple[int, float, float], blas_threads: int, threads: int = 1
+             ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
+        """This call bound to its weights, bias and fused parts (the arguments of
+        :meth:`__call__`): ``bound(x, residual)``, ``x`` C-contiguous of the call's shape and
+        the weights' type, ``residual`` flat, read-only and of that type or None (not checked).
+        On one numba thread (``threads``), but for the packed product: one compiled call
+        through its compiled entry (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`),
+        no argument typed per run, the BLAS threads set only where they differ (a session
+        holds its count already), into an output aligned only from :data:`ALIGNED_OUTPUT_BYTES`
+        (the alignment saves a small output nothing): the arguments of :meth:`__call__`, so
+        its bits."""
+        dtype = np.dtype(weights.dtype)
+        if threads > 1 or (self.gemm is None and not self.vector and not self.transposed):
+            def called(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+                return self(x, weights, bias, residual, clamp, activation, blas_threads, threads)
+
+            return called
+        empty = _EMPTY[dtype]
+        bias = empty if bias is None else bias
+        filters, depth, plane, units = self.filters, self.depth, self.plane, self.units
+        fused = (*clamp, *activation)
+        out_shape = self.out_shape
+        allocate = (np.empty if self.vector or math.prod(out_shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
+                    else aligned_empty)
+        x_sample, out_sample = read_only(np.empty(1, dtype)), np.empty(1, dtype)
+        if self.vector:
+            head, middle, tail = (weights,), (), (self.batch, filters, depth, bias)
+            dispatcher = pointwise_vector.dispatcher
+            fused_tail: tuple = fused
+        else:
+            head = (weights,) if self.transposed else (self.gemm, weights)
+            middle, tail = (0, plane, depth * plane), (0, plane, filters * plane, filters, depth, plane, bias)
+            if self.transposed:
+                dispatcher, fused_tail = pointwise_transposed.dispatcher, (*fused, 0, units)
+            else:
+                dispatcher = pointwise_units.dispatcher
+                fused_tail = (*fused, self.tile, self.block, 0, units)
+        entry = compiled_entry(dispatcher, (*head, x_sample, *middle, out_sample, *tail, empty,
+                                            *fused_tail))
+        limit = self.gemm is not None
+
+        def bound(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+            out = allocate(out_shape, dtype)
+            flat_x = x.reshape(-1)
+            if flat_x.flags.writeable:  # a session's feeds and values are read-only already
+                flat_x = read_only(flat_x)
+            arguments = (*head, flat_x, *middle, out.reshape(-1), *tail,
+                         empty if residual is None else residual, *fused_tail)
+            if not limit:
+                entry(*arguments)
+                return out
+            hold = BLAS.limit(blas_threads)
+            try:
+                entry(*arguments)
+            finally:
+                BLAS.restore(hold)
+            return out
+
+        return bound
 
 
 # The read-only empty operand (no bias, no residual) of each type.
