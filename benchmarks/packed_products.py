@@ -5,11 +5,15 @@ sampled in interleaved rounds; medians in microseconds. ``--clock thread`` sampl
 thread's CPU time instead of wall time (one thread only: every session then runs on the
 calling thread), which other programs on a shared machine disturb far less.
 
+``--pack-rows`` times :func:`packed_gemm.pack_rows` (A's per-call repacking) beside the former
+loop (one store ``MR`` values apart per element) on ``--shapes`` (M x K; N ignored), checking
+both give the same bits.
+
 ``--zoo bert vit ...`` times whole models of ``model_zoo.py`` (their cached exports) the same
 way: one session with the products packed, one with packing off, and onnxruntime's.
 
     PYTHONPATH=. python benchmarks/packed_products.py [--rounds 7] [--threads 1 2] [--shapes 197x768x768]
-        [--clock thread] [--zoo bert gpt2]
+        [--clock thread] [--zoo bert gpt2] [--pack-rows]
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from _common import onnxruntime_session
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels import packed_gemm
+from onnx_light.kernels.compiled import compiled
+from onnx_light.kernels.packed_gemm import MR
 from onnx_light.runtime import RuntimeSession
 
 SHAPES = [(64, 256, 1024), (197, 256, 1024), (197, 1024, 256), (197, 768, 3072), (197, 3072, 768),
@@ -93,6 +99,44 @@ def zoo(names: list[str], threads: list[int], rounds: int, clock: Callable[[], f
     print(f"load average {os.getloadavg()}")
 
 
+@compiled
+def _strided_pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
+    """The former :func:`packed_gemm.pack_rows`: rows outside the steps, one store ``MR``
+    values apart per element (the reference of ``--pack-rows``)."""
+    k = a.shape[1]
+    blocks = -(-(last - first) // MR)
+    packed = np.empty((blocks, k, MR), np.float32)
+    flat = packed.reshape(-1)
+    for block in range(blocks):
+        top = first + block * MR
+        for r in range(MR):
+            target = np.uintp(block * k * MR + r)
+            for p in range(np.uintp(k)):
+                flat[target + p * np.uintp(MR)] = a[top + r, p] if top + r < last else 0.0
+    return packed
+
+
+def pack_rows(shapes: list[tuple[int, ...]], rounds: int, clock: Callable[[], float]) -> None:
+    """The table of ``--pack-rows``: medians in microseconds, interleaved rounds."""
+    rng = np.random.default_rng(0)
+    print(f"load average {os.getloadavg()}")
+    print("| M x K | former (us) | pack_rows (us) | ratio |")
+    print("|---|---:|---:|---:|")
+    for m, k, *_ in shapes:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        runs = {"former": lambda a=a, m=m: _strided_pack_rows(a, 0, m),
+                "new": lambda a=a, m=m: packed_gemm.pack_rows(a, 0, m)}
+        assert runs["former"]().tobytes() == runs["new"]().tobytes()
+        samples: dict[str, list[float]] = {name: [] for name in runs}
+        for r in range(rounds):
+            for name in (list(runs) if r % 2 else list(runs)[::-1]):
+                samples[name].append(_time(runs[name], clock, 0.05))
+        med = {name: statistics.median(v) for name, v in samples.items()}
+        print(f"| {m} x {k} | {med['former']:.1f} | {med['new']:.1f} | {med['new'] / med['former']:.2f} |",
+              flush=True)
+    print(f"load average {os.getloadavg()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
@@ -100,6 +144,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", metavar="MxKxN", help="default: SHAPES")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
+    parser.add_argument("--pack-rows", action="store_true", help="time pack_rows alone instead")
     args = parser.parse_args()
     if args.clock == "thread" and args.threads != [1]:
         parser.error("--clock thread needs --threads 1")
@@ -108,6 +153,9 @@ def main() -> None:
         zoo(args.zoo, args.threads, args.rounds, clock)
         return
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else SHAPES
+    if args.pack_rows:
+        pack_rows(shapes, args.rounds, clock)
+        return
     rng = np.random.default_rng(0)
     print(f"load average {os.getloadavg()}; clock {args.clock}")
     print("| M x K x N | threads | packed (us) | BLAS (us) | onnxruntime (us) | packed / BLAS | packed / ort "

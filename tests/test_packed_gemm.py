@@ -60,6 +60,26 @@ def test_packed_products_are_within_the_blas_bound(batch, m, k, n, with_bias, se
 
 
 @packed_only
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 30), st.integers(0, 40), st.integers(0, 300), st.booleans(), st.integers(0, 2**31 - 1))
+def test_pack_rows_is_blocks_of_mr_rows_step_by_step(first, rows, k, strided, seed) -> None:
+    """pack_rows's layout, bit for bit: block b's step p holds rows first + b * MR + r (r < MR)
+    at column p, +0 past ``last``; odd depths, partial last blocks and strided A included."""
+    mr = packed_gemm.geometry().rows
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((first + rows + 3, 2 * k if strided else k)).astype(np.float32)
+    if strided:
+        a = a[:, ::2]
+    last = first + rows
+    blocks = -(-rows // mr)
+    padded = np.zeros((blocks * mr, k), np.float32)
+    padded[:rows] = a[first:last]
+    expected = padded.reshape(blocks, mr, k).transpose(0, 2, 1)
+    packed = packed_gemm.pack_rows(a, first, last)
+    assert packed.shape == (blocks, k, mr) and packed.tobytes() == np.ascontiguousarray(expected).tobytes()
+
+
+@packed_only
 def test_passes_over_the_sum_give_one_pass_bits(monkeypatch) -> None:
     """Summing in passes of KC steps (partial sums stored and reloaded in float32) gives the
     bits of one pass: the same fused multiply-adds in the same order."""

@@ -24,6 +24,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnx_light.kernels import reductions, structural
 from onnx_light.kernels.base import KernelError, compute_dtype, narrow_float_dtypes
+from onnx_light.runtime import RuntimeSession
 
 LATEST = onnx.defs.onnx_opset_version()
 KERNELS = {**structural.KERNELS, **reductions.KERNELS}
@@ -531,6 +532,37 @@ def test_gather(indices: np.ndarray, axis: int, kind: str) -> None:
     check("Gather", [x, indices], axis=axis)
     if axis >= 0 and (indices.size == 0 or indices.min() >= 0):
         check("Gather", [x, indices], opset=1, axis=axis)
+
+
+def _table_gather(axis: int, index_type: int = TensorProto.INT64) -> RuntimeSession:
+    """A session gathering from a constant (5, 4) float32 table by (2, 3) indices fed."""
+    table = numpy_helper.from_array(np.arange(20, dtype=np.float32).reshape(5, 4), "table")
+    out_shape = [2, 3, 4] if axis == 0 else [5, 2, 3]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["y"], axis=axis)], "g",
+        [helper.make_tensor_value_info("i", index_type, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return RuntimeSession(model, num_threads=1)
+
+
+@pytest.mark.parametrize(("axis", "index_type", "prepared"), [
+    (0, TensorProto.INT64, True), (1, TensorProto.INT64, False), (0, TensorProto.INT32, False),
+])
+def test_gather_of_table_rows_is_a_prepared_step_with_the_checks_of_run(axis, index_type, prepared) -> None:
+    session = _table_gather(axis, index_type)
+    assert [item.prepared is not None for item in session._plan] == [prepared]
+    table = np.arange(20, dtype=np.float32).reshape(5, 4)
+    dim = table.shape[axis]
+    dtype = helper.tensor_dtype_to_np_dtype(index_type)
+    for values in ([[0, dim - 1, -1], [-dim, 2, 2]], [[1, 1, 1], [dim - 1, 0, -2]]):
+        i = np.array(values, dtype)
+        same(session.run(None, {"i": i})[0], np.take(table, i, axis=axis))
+    for bad in (dim, -dim - 1, np.iinfo(dtype).max, np.iinfo(dtype).min):
+        i = np.zeros((2, 3), dtype)
+        i[1, 2] = bad
+        with pytest.raises(ValueError, match=rf"indices must lie in \[{-dim}, {dim - 1}\], got"):
+            session.run(None, {"i": i})
 
 
 @pytest.mark.parametrize(("indices", "axis"), [

@@ -21,6 +21,8 @@ from .base import (
     Kernel,
     KernelError,
     NodeContext,
+    Prepared,
+    TensorSpec,
     compute_dtype,
     ints,
     normalize_axes,
@@ -585,9 +587,30 @@ class Gather(Kernel):
         axis = normalize_axis(self.ctx, self.axis, x.ndim)
         return [np.take(x, _indices(self.ctx, indices, x.shape[axis]), axis=axis)]
 
+    def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
+        """Rows of a numeric table by int64 indices (an embedding): one range check and one
+        copy into the plan's buffer, where :meth:`run` makes the indices anew and allocates
+        the output. None for other axes, index types or empty tables and indices."""
+        (x_shape, x_dtype), (i_shape, i_dtype) = inputs
+        if (len(x_shape) == 0 or x_shape[0] == 0 or math.prod(i_shape) == 0 or i_dtype != np.int64
+                or x_dtype.kind not in "biufc" or normalize_axis(self.ctx, self.axis, len(x_shape)) != 0):
+            return None
+        dim, ctx = x_shape[0], self.ctx
+        add, take = np.add, np.take
+
+        def gather(x: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
+            # i + dim, read unsigned, is below 2 * dim exactly when -dim <= i < dim (sums that
+            # wrap past the int64 range read as huge)
+            if add(indices, dim).view(np.uint64).max() >= 2 * dim:
+                _indices(ctx, indices, dim)  # raises, naming the range
+            take(x, indices, axis=0, out=out, mode="wrap")
+
+        return Prepared(gather, (*i_shape, *x_shape[1:]), x_dtype)
+
 
 class GatherElements(Gather):
     op_type = "GatherElements"
+    prepare = Kernel.prepare  # not Gather's rows of a table
 
     def run(self, x: np.ndarray, indices: np.ndarray) -> Arrays:
         axis = normalize_axis(self.ctx, self.axis, x.ndim)

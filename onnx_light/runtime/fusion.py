@@ -1,6 +1,7 @@
 """Operator fusion at session construction: fewer passes over the activations.
 
-Runs after constant folding, over the steps left to run, in graph order:
+Runs after constant folding, over the steps left to run, in graph order, once Casts to their
+input's own type are dropped (``runtime/identity_casts.py``):
 
 1. **Channel affine chains.** Inference BatchNormalization, and Mul, Add or Sub of X by a
    constant that varies along the channel axis (axis 1) only, each compute
@@ -98,6 +99,7 @@ from ..kernels.elementwise import ElementwiseKernel, default_minimum_elements
 from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_norm_affine
 from .attention_fusion import fuse_attention
+from .identity_casts import drop_identity_casts
 from .matmul_fusion import fuse_matmul_bias
 from .rmsnorm_fusion import fuse_rms_norm
 from .rotary_fusion import fuse_rotary
@@ -143,6 +145,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     constant and returns its slot.
     """
     sources: set[int] = set()
+    steps = drop_identity_casts(steps, keep)
     steps = fuse_attention(steps, known, keep, shapes, sources)
     steps = fuse_rms_norm(steps, known, keep, shapes, sources)
     steps, caches = fuse_rotary(steps, known, keep, shapes, sources, add_constant)
