@@ -318,3 +318,15 @@ def test_int8_model_settles_its_convolutions_and_does_no_lazy_work(tmp_path: Pat
     tolerance = _output_step(onnx.load(target)) * 1.0001 or 1e-5 * float(np.abs(expected).max())
     np.testing.assert_allclose(actual, expected, rtol=0, atol=tolerance)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], actual)
+
+
+def test_int8_transformer_does_no_lazy_work(quantized: Any) -> None:
+    """The QDQ transformer's QLinearMatMul hold their packed B and output range from
+    construction: a run changes no kernel's state."""
+    path = str(quantized("transformer", "static", True, False))
+    session = RuntimeSession(path, num_threads=1)
+    assert "QLinearMatMul" in _plan_ops(session)
+    before = [kernel_state(kernel) for kernel, _, _ in session._steps]
+    x = quantized_models.calibration_samples(onnx.load(path), 1, seed=10)[0]
+    session.run(None, {"x": x})
+    assert [kernel_state(kernel) for kernel, _, _ in session._steps] == before, "lazy work in a run"

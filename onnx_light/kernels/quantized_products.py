@@ -160,8 +160,8 @@ class _IntegerProduct(IntegerProductKernel):
 
     reduced_input: ClassVar[int] = 0
     reduced_axes: ClassVar[int | None] = 1
-    # output_range's answer for the zero point and operand type it was made of (a run of a
-    # small convolution is mostly such checks): None until the first run
+    # output_range's answer for the constant zero point and operand type it was made of (a
+    # run of a small convolution is mostly such checks), held at construction (hold_range)
     _range: tuple[Any, np.dtype, tuple[np.dtype, int, int, int]] | None = None
 
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
@@ -175,7 +175,7 @@ class _IntegerProduct(IntegerProductKernel):
     def output_range(self, zero: np.ndarray | None, operand: np.ndarray,
                      allowed: tuple[int, ...] = _BYTES) -> tuple[np.dtype, int, int, int]:
         """The output's dtype, zero point and saturation range: the zero point's type (the
-        first operand's without one); remembered for the same zero point (the same array)."""
+        first operand's without one); the held one for the same zero point (the same array)."""
         held = self._range
         if held is not None and held[0] is zero and held[1] is operand.dtype:
             return held[2]
@@ -191,10 +191,13 @@ class _IntegerProduct(IntegerProductKernel):
                                      f"{list(zero.shape)}")
         low, high = INTEGER_RANGES[target]
         value = 0 if zero is None else int(zero.reshape(-1)[0])
-        answer = numpy_dtype(target), value, low, high
-        if zero is None or not zero.flags.writeable:  # a constant: it cannot change in place
-            self._range = (zero, operand.dtype, answer)
-        return answer
+        return numpy_dtype(target), value, low, high
+
+    def hold_range(self, zero: np.ndarray | None, operand: np.dtype) -> None:
+        """Hold :meth:`output_range`'s answer for this constant zero point (None: absent) and
+        operand type, at construction (a bad zero point: the run reports it)."""
+        with contextlib.suppress(KernelError):
+            self._range = (zero, operand, self.output_range(zero, np.empty(0, operand)))
 
     def requantizing(self, out: np.ndarray, multiplier: np.ndarray, zero: int, low: int,
                      high: int) -> Epilogue:
@@ -329,6 +332,14 @@ class QLinearMatMul(_MatMulProduct):
     b_inputs = (3, 5)
 
     output_dtype = _requantized_output_dtype
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> QLinearMatMul | None:
+        chosen = super().specialize(constants)
+        zero = constants[7] if len(constants) > 7 else None
+        fed = zero is None and self.ctx.num_inputs > 7 and self.ctx.input_types[7]
+        if chosen is not None and not fed:
+            chosen.hold_range(zero, numpy_dtype(self.ctx.input_types[0]))
+        return chosen
 
     def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
             b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
@@ -1037,6 +1048,7 @@ class QLinearConv(_ConvProduct):
         settled = super().settle(input_shapes)
         if settled is not None:
             x = np.broadcast_to(np.zeros((), numpy_dtype(self.ctx.input_types[0])), tuple(input_shapes[0]))
+            settled.hold_range(constants[7], x.dtype)
             output = settled.output_range(constants[7], x)
             settled.route = settled._route(x, constants[3], constants[1:], output)
         return settled
