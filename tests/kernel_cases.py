@@ -29,6 +29,14 @@ def decode(attribute: onnx.AttributeProto) -> Any:
     return value
 
 
+def kernel_state(kernel: Kernel) -> dict[str, object]:
+    """A kernel's attributes by identity (and a copy of any dict, list or set): equal before
+    and after a run that did no lazy work."""
+    return {name: (id(value), dict(value) if isinstance(value, dict) else
+                   list(value) if isinstance(value, (list, set)) else None)
+            for name, value in vars(kernel).items()}
+
+
 def element_type(array: np.ndarray) -> int:
     return helper.np_dtype_to_tensor_dtype(array.dtype)
 

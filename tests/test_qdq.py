@@ -17,6 +17,7 @@ from onnx_light.runtime.session import RuntimeSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import quantized_models
+from kernel_cases import kernel_state
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -249,3 +250,83 @@ def test_quantized_models_match_onnxruntime(quantized: Any, name: str, mode: str
         tolerance = step * 1.0001 or 1e-5 * float(np.abs(expected).max())
         np.testing.assert_allclose(actual, expected, rtol=0, atol=tolerance)
         np.testing.assert_array_equal(two.run(None, {"x": x})[0], actual)
+
+
+def _inverted_residual(rng: np.random.Generator) -> onnx.ModelProto:
+    """x (1, 3, 16, 16) -> logits (1, 10): a MobileNetV2-style block (stem, 1x1 expansion,
+    3x3 depthwise, 1x1 projection, residual) and a classifier."""
+    inits = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+             "w2": rng.standard_normal((24, 8, 1, 1)).astype(np.float32) * 0.3,
+             "w3": rng.standard_normal((24, 1, 3, 3)).astype(np.float32) * 0.3,
+             "w4": rng.standard_normal((8, 24, 1, 1)).astype(np.float32) * 0.2,
+             "fc": rng.standard_normal((10, 8)).astype(np.float32) * 0.3,
+             **{f"b{i}": rng.standard_normal(c).astype(np.float32) * 0.1
+                for i, c in ((1, 8), (2, 24), (3, 24), (4, 8), (5, 10))}}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], group=24),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("Conv", ["r3", "w4", "b4"], ["c4"]),
+        helper.make_node("Add", ["c4", "r1"], ["s"]),
+        helper.make_node("GlobalAveragePool", ["s"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "b5"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(nodes, "inverted_residual",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("quant_format", ["QDQ", "QOperator"])
+def test_int8_model_settles_its_convolutions_and_does_no_lazy_work(tmp_path: Path, quant_format: str
+                                                                   ) -> None:
+    """A MobileNetV2-style block quantized by onnxruntime (QDQ, rewritten to QLinearConv, or
+    QOperator's QLinearConv): the session settles each QLinearConv's plans and route at
+    construction, a run changes no kernel's state, and the output is onnxruntime's."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = _inverted_residual(np.random.default_rng(3))
+    source, target = tmp_path / "float.onnx", tmp_path / "int8.onnx"
+    onnx.save(model, source)
+    samples = quantized_models.calibration_samples(model, 8, seed=1)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter({"x": s} for s in samples)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    quantize_static(str(source), str(target), Reader(), quant_format=getattr(QuantFormat, quant_format),
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    reduce_range=quantized_models.onnxruntime_saturates())
+    session = RuntimeSession(str(target), num_threads=1)
+    convs = [k for k, _, _ in session._steps if k.op_type == "QLinearConv"]
+    assert len(convs) >= 4  # the QDQ Gemm with a bias is one too
+    assert all(k.route is not None for k in convs)
+    assert sum(k.route.call is not None for k in convs) >= 1  # the depthwise at least
+    before = [kernel_state(kernel) for kernel, _, _ in session._steps]
+    x = quantized_models.calibration_samples(model, 1, seed=10)[0]
+    actual = session.run(None, {"x": x})[0]
+    assert [kernel_state(kernel) for kernel, _, _ in session._steps] == before, "lazy work in a run"
+    expected = _onnxruntime(str(target)).run(None, {"x": x})[0]
+    tolerance = _output_step(onnx.load(target)) * 1.0001 or 1e-5 * float(np.abs(expected).max())
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=tolerance)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], actual)
+
+
+def test_int8_transformer_does_no_lazy_work(quantized: Any) -> None:
+    """The QDQ transformer's QLinearMatMul hold their packed B and output range from
+    construction: a run changes no kernel's state."""
+    path = str(quantized("transformer", "static", True, False))
+    session = RuntimeSession(path, num_threads=1)
+    assert "QLinearMatMul" in _plan_ops(session)
+    before = [kernel_state(kernel) for kernel, _, _ in session._steps]
+    x = quantized_models.calibration_samples(onnx.load(path), 1, seed=10)[0]
+    session.run(None, {"x": x})
+    assert [kernel_state(kernel) for kernel, _, _ in session._steps] == before, "lazy work in a run"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import build
+from kernel_cases import build, kernel_state
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels.integer_gemm import MINIMUM_MACS
@@ -208,29 +208,35 @@ def test_depthwise_requantizes_short_and_long_rows(width: int, strides: list[int
 
 
 @pytest.mark.parametrize("group", [1, 4])
-def test_qlinear_conv_route_repeats_the_run(group: int) -> None:
-    """With read-only constant inputs, a QLinearConv's second run of the same input shape
-    goes straight to its plan's loops (depthwise or packed windows) with the same result;
-    another shape or another constant array runs the whole path again."""
+def test_qlinear_conv_route_settled_at_construction(group: int) -> None:
+    """A QLinearConv specialized for its constant inputs and settled for X's shape holds its
+    plan and route (depthwise or packed windows) before any run; runs of that shape go
+    straight to the loops with onnxruntime's result and change none of the kernel's
+    attributes; another shape or another constant array runs the whole path, unkept."""
     rng = np.random.default_rng(group)
     x, w = _bytes(rng, np.uint8, (1, 4, 9, 9)), _bytes(rng, np.int8, (4, 4 // group, 3, 3)) >> 1
     inputs = [x, np.float32(0.05), np.uint8(7), w, rng.uniform(0.01, 0.1, 4).astype(np.float32),
               np.zeros(4, np.int8), np.float32(0.3), np.uint8(128),
               rng.integers(-900, 900, 4).astype(np.int32)]
     inputs = [np.asarray(value) for value in inputs]
-    for value in inputs[1:]:
-        value.flags.writeable = False
     attributes = {"group": group, "pads": [1, 1, 1, 1]}
-    kernel = build("QLinearConv", inputs, 10, **attributes)[1]
-    first = kernel.run(*inputs)[0]
+    built = build("QLinearConv", inputs, 10, **attributes)[1]
+    kernel = built.specialize([None, *inputs[1:]]).settle([x.shape, *(None for _ in inputs[1:])])
     assert kernel.route is not None and kernel.route.call is not None
-    np.testing.assert_array_equal(kernel.run(*inputs)[0], first)
+    assert built.route is None and not built.depthwise_plans and not built.window_plans
+    before = kernel_state(kernel)
+    first = kernel.run(*inputs)[0]
     np.testing.assert_array_equal(first, _onnxruntime_qlinear_conv(inputs, attributes))
+    np.testing.assert_array_equal(kernel.run(*inputs)[0], first)
     wider = [_bytes(rng, np.uint8, (1, 4, 9, 12)), *inputs[1:]]
     np.testing.assert_array_equal(kernel.run(*wider)[0], _onnxruntime_qlinear_conv(wider, attributes))
     other_bias = [*inputs[:8], np.zeros(4, np.int32)]
     np.testing.assert_array_equal(kernel.run(*other_bias)[0],
                                   _onnxruntime_qlinear_conv(other_bias, attributes))
+    assert kernel_state(kernel) == before
+    # the kernel unspecialized makes its plans per run, keeping none
+    np.testing.assert_array_equal(built.run(*inputs)[0], first)
+    assert built.route is None and not built.depthwise_plans and not built.window_plans
 
 
 def test_depthwise_compiled_at_specialization() -> None:

@@ -38,6 +38,7 @@ from onnx_light.runtime import RuntimeSession
 ort = pytest.importorskip("onnxruntime")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from _common import real_models  # noqa: E402  (the benchmark's random weights)
+from kernel_cases import kernel_state  # noqa: E402
 
 MODELS = real_models.MODELS
 # The two with the largest weights (VGG-19: 143M, ZFNet-512: 62M parameters of fully connected
@@ -59,14 +60,7 @@ def _onnxruntime(model: onnx.ModelProto | str):
 
 def _kernel_state(session: RuntimeSession) -> list[dict[str, object]]:
     """Every kernel's attributes, by identity (and a copy of any dict, list or set)."""
-    state = []
-    for kernel, _, _ in session._steps:
-        attributes = {}
-        for name, value in vars(kernel).items():
-            attributes[name] = (id(value), dict(value) if isinstance(value, dict) else
-                                list(value) if isinstance(value, (list, set)) else None)
-        state.append(attributes)
-    return state
+    return [kernel_state(kernel) for kernel, _, _ in session._steps]
 
 
 @pytest.mark.parametrize("name", MODELS)

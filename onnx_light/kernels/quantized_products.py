@@ -26,6 +26,7 @@ no integers and are shifted and summed in float64.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import operator
@@ -159,8 +160,8 @@ class _IntegerProduct(IntegerProductKernel):
 
     reduced_input: ClassVar[int] = 0
     reduced_axes: ClassVar[int | None] = 1
-    # output_range's answer for the zero point and operand type it was made of (a run of a
-    # small convolution is mostly such checks): None until the first run
+    # output_range's answer for the constant zero point and operand type it was made of (a
+    # run of a small convolution is mostly such checks), held at construction (hold_range)
     _range: tuple[Any, np.dtype, tuple[np.dtype, int, int, int]] | None = None
 
     def work(self, input_shapes: Sequence[tuple[int, ...] | None],
@@ -174,7 +175,7 @@ class _IntegerProduct(IntegerProductKernel):
     def output_range(self, zero: np.ndarray | None, operand: np.ndarray,
                      allowed: tuple[int, ...] = _BYTES) -> tuple[np.dtype, int, int, int]:
         """The output's dtype, zero point and saturation range: the zero point's type (the
-        first operand's without one); remembered for the same zero point (the same array)."""
+        first operand's without one); the held one for the same zero point (the same array)."""
         held = self._range
         if held is not None and held[0] is zero and held[1] is operand.dtype:
             return held[2]
@@ -190,10 +191,13 @@ class _IntegerProduct(IntegerProductKernel):
                                      f"{list(zero.shape)}")
         low, high = INTEGER_RANGES[target]
         value = 0 if zero is None else int(zero.reshape(-1)[0])
-        answer = numpy_dtype(target), value, low, high
-        if zero is None or not zero.flags.writeable:  # a constant: it cannot change in place
-            self._range = (zero, operand.dtype, answer)
-        return answer
+        return numpy_dtype(target), value, low, high
+
+    def hold_range(self, zero: np.ndarray | None, operand: np.dtype) -> None:
+        """Hold :meth:`output_range`'s answer for this constant zero point (None: absent) and
+        operand type, at construction (a bad zero point: the run reports it)."""
+        with contextlib.suppress(KernelError):
+            self._range = (zero, operand, self.output_range(zero, np.empty(0, operand)))
 
     def requantizing(self, out: np.ndarray, multiplier: np.ndarray, zero: int, low: int,
                      high: int) -> Epilogue:
@@ -329,6 +333,14 @@ class QLinearMatMul(_MatMulProduct):
 
     output_dtype = _requantized_output_dtype
 
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> QLinearMatMul | None:
+        chosen = super().specialize(constants)
+        zero = constants[7] if len(constants) > 7 else None
+        fed = zero is None and self.ctx.num_inputs > 7 and self.ctx.input_types[7]
+        if chosen is not None and not fed:
+            chosen.hold_range(zero, numpy_dtype(self.ctx.input_types[0]))
+        return chosen
+
     def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
             b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
@@ -409,21 +421,6 @@ class _DepthwisePlan(NamedTuple):
     parallel: bool
 
 
-#: The input shapes whose plans a convolution keeps (a model runs one or a few).
-_PLANS = 8
-
-
-def _keep(plans: dict[tuple[Any, ...], Any], key: tuple[Any, ...], plan: Any,
-          *made_of: np.ndarray | None) -> None:
-    """Keep ``plan`` under ``key`` when the arrays it was ``made_of`` cannot change in place
-    (absent or read-only: constants, and feeds, which are new arrays every run); a writable
-    array (a kernel called directly) may change between runs with the same identity."""
-    if all(array is None or not array.flags.writeable for array in made_of):
-        if len(plans) >= _PLANS:
-            plans.clear()
-        plans[key] = plan
-
-
 class _ConvProduct(_IntegerProduct):
     """What ConvInteger and QLinearConv share: the window attributes and the int32
     convolution (each output element takes C/group x kernel size multiply-adds), the
@@ -440,18 +437,19 @@ class _ConvProduct(_IntegerProduct):
         if self.group < 1:
             raise ctx.error(f"group must be positive, got {self.group}")
         self.packed: tuple[np.ndarray, np.ndarray | None, list[ByteRows]] | None = None
+        # the constant inputs by position (None where fed), held by :meth:`specialize`
+        self.constants: tuple[np.ndarray | None, ...] | None = None
+        # for the settled input shape (:meth:`settle`), made at construction and only read by
+        # runs: its window geometry and its depthwise or packed convolution's setup; runs of
+        # other shapes make theirs per call, unkept, so that concurrent runs share no state
         self.windows: dict[tuple[tuple[int, ...], tuple[int, ...]], Window] = {}
-        # per input shape, a depthwise or packed convolution's setup: made once, not per run
         self.depthwise_plans: dict[tuple[Any, ...], _DepthwisePlan] = {}
         self.window_plans: dict[tuple[Any, ...], _WindowPlan] = {}
 
     def window(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> Window:
-        """The window geometry of an input and kernel shape, remembered (a model runs few)."""
-        key = (spatial, kernel)
-        window = self.windows.get(key)
-        if window is None:
-            window = self.windows[key] = self.window_attributes.window(self.ctx, spatial, kernel)
-        return window
+        """The window geometry of an input and kernel shape: the settled one's, or made."""
+        window = self.windows.get((spatial, kernel))
+        return self.window_attributes.window(self.ctx, spatial, kernel) if window is None else window
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> _ConvProduct | None:
         w, w_zero = (constants[i] if i < len(constants) else None for i in self.w_inputs)
@@ -472,9 +470,66 @@ class _ConvProduct(_IntegerProduct):
         if has_zero and w_zero is None:
             return None
         try:
-            return self.variant(packed=(w, w_zero, self.weight_rows(w, w_zero)))
+            return self.variant(packed=(w, w_zero, self.weight_rows(w, w_zero)), constants=tuple(constants))
         except KernelError:  # a bad zero point: the run reports it
             return None
+
+    def settle(self, input_shapes: Sequence[tuple[int, ...] | None]) -> _ConvProduct | None:
+        """A kernel holding, for X of the inferred shape and the constant inputs
+        :meth:`specialize` held, the window geometry and the depthwise or packed-windows
+        convolution's plan (the weights' packing included), which runs of that shape read
+        instead of making them."""
+        shape = input_shapes[0] if input_shapes else None
+        constants, packed = self.constants, self.packed
+        if shape is None or constants is None or packed is None or len(shape) not in (3, 4):
+            return None
+        w, w_zero, weights = packed
+        x_zero = constants[2] if len(constants) > 2 else None
+        if len(shape) != w.ndim or shape[1] != w.shape[1] * self.group or (
+                x_zero is None and self.ctx.num_inputs > 2 and self.ctx.input_types[2]):
+            return None
+        # X stands in by its shape and type: the plans read nothing else of it
+        x = np.broadcast_to(np.zeros((), numpy_dtype(self.ctx.input_types[0])), tuple(shape))
+        settled = self.variant(windows={}, depthwise_plans={}, window_plans={})
+        try:
+            requantization = settled.settled_requantization(x)
+            if not settled.settle_plans(x, x_zero, w, w_zero, weights, requantization):
+                return None
+        except KernelError:  # bad constants: the run reports them
+            return None
+        return settled
+
+    def settled_requantization(self, x: np.ndarray) -> Requantization | None:
+        """The requantization of a run on ``x`` (its output an empty stand-in), from the
+        constants: None for int32 sums."""
+        return None
+
+    def settle_plans(self, x: np.ndarray, x_zero: np.ndarray | None, w: np.ndarray,
+                     w_zero: np.ndarray | None, weights: list[ByteRows],
+                     requantization: Requantization | None) -> bool:
+        """:meth:`settle`'s plans, made as :meth:`convolve`'s first run would for ``x`` (a
+        stand-in); False when the constants do not fit (the run reports it)."""
+        if x_zero is not None and (x_zero.dtype != x.dtype or x_zero.size != 1):
+            return False
+        bias = self.constants[8] if len(self.constants) > 8 else None  # QLinearConv's (ConvInteger: none)
+        if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
+            return False
+        window = self.windows[(x.shape[2:], w.shape[2:])] = self.window_attributes.window(
+            self.ctx, x.shape[2:], w.shape[2:])
+        zero = 0 if x_zero is None else int(x_zero.reshape(-1)[0])
+        scales = None if requantization is None else requantization[1]
+        per_group, channels_out = x.shape[1] // self.group, w.shape[0] // self.group
+        if per_group == channels_out == 1 and self.group > 1:
+            self.depthwise_plans[(x.shape, requantization is None)] = self.depthwise_plan(
+                x, w, w_zero, bias, window, scales)
+        elif self.algorithm in PACKED_ALGORITHMS:
+            if swapped_product(math.prod(window.output), per_group * math.prod(window.kernel), channels_out):
+                for rows in weights:
+                    rows.packed(self.layout)
+            else:
+                self.window_plans[self.window_key(x, zero, requantization)] = self.window_plan(
+                    x, zero, weights, bias, window, requantization)
+        return True
 
     def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
         return None
@@ -573,7 +628,6 @@ class _ConvProduct(_IntegerProduct):
         if plan is None or not (plan.weights is w and plan.zero is w_zero and plan.bias is bias
                                 and plan.scales is scales):
             plan = self.depthwise_plan(x, w, w_zero, bias, window, scales)
-            _keep(self.depthwise_plans, key, plan, w, w_zero, bias)
         if requantization is None:
             y, y_zero, low, high = np.empty((n, m, *window.output), np.int32), 0, 0, 0
         else:
@@ -602,8 +656,8 @@ class _ConvProduct(_IntegerProduct):
     def depthwise_plan(self, x: np.ndarray, w: np.ndarray, w_zero: np.ndarray | None,
                        bias: np.ndarray | None, window: Window, scales: np.ndarray | None
                        ) -> _DepthwisePlan:
-        """:meth:`depthwise`'s setup for this input shape (reused while the weights, their
-        zero point, the bias and the multipliers are the same arrays): the shifted weights,
+        """:meth:`depthwise`'s setup for this input shape (the settled one's reused while the
+        weights, their zero point, the bias and the multipliers are the same arrays): the shifted weights,
         the bias, the plane layout and the multipliers."""
         n, m = x.shape[0], w.shape[0]
         planar = len(window.output) == 1
@@ -668,7 +722,10 @@ class _ConvProduct(_IntegerProduct):
         source = _padded_bytes(x, window, zero)
         if swapped_product(positions, per_group * math.prod(window.kernel), channels_out):
             return self.packed_filters(source, zero, weights, bias, window, requantization)
-        plan = self.window_plan(x, zero, weights, bias, window, requantization)
+        plan = self.window_plans.get(self.window_key(x, zero, requantization))
+        scales = None if requantization is None else requantization[1]
+        if plan is None or not (plan.weights is weights and plan.bias is bias and plan.scales is scales):
+            plan = self.window_plan(x, zero, weights, bias, window, requantization)
         if requantization is None:
             y = np.empty((n, group * channels_out, *window.output), np.int32)
         else:
@@ -701,19 +758,19 @@ class _ConvProduct(_IntegerProduct):
                     else product.column_sums
                 self.run_packed(product, lanes, sums, target[image, channels])
 
+    @staticmethod
+    def window_key(x: np.ndarray, zero: int, requantization: Requantization | None) -> tuple[Any, ...]:
+        """What a packed convolution's plan depends on besides its constant inputs."""
+        output = None if requantization is None else requantization[0].dtype
+        return (x.shape, x.dtype, zero, output, *(requantization[2:] if requantization else ()))
+
     def window_plan(self, x: np.ndarray, zero: int, weights: list[ByteRows], bias: np.ndarray | None,
                     window: Window, requantization: Requantization | None) -> _WindowPlan:
-        """:meth:`packed_windows`' setup for this input shape, made once and reused while
-        the weights, bias and multipliers are the same arrays (constants; fed ones are new
-        arrays every run, so their plan is made anew): the packing geometry and each
-        group's :class:`~onnx_light.kernels.integer_gemm.PackedPlan`. Plans are read-only,
-        so concurrent runs share them."""
-        output = None if requantization is None else requantization[0].dtype
-        key = (x.shape, x.dtype, zero, output, *(requantization[2:] if requantization else ()))
-        plan = self.window_plans.get(key)
+        """:meth:`packed_windows`' setup for this input shape (the settled one's reused
+        while the weights, bias and multipliers are the same arrays): the packing geometry
+        and each group's :class:`~onnx_light.kernels.integer_gemm.PackedPlan`. Plans are
+        read-only, so concurrent runs share them."""
         scales = None if requantization is None else requantization[1]
-        if plan is not None and plan.weights is weights and plan.bias is bias and plan.scales is scales:
-            return plan
         group, per_group = self.group, x.shape[1] // self.group
         channels_out = weights[0].data.shape[0]
         if len(window.output) == 1:
@@ -732,10 +789,8 @@ class _ConvProduct(_IntegerProduct):
                 *requantization[2:])
             groups.append((self.packed_plan(weights[g], template, row_bias, np.zeros(positions, np.int32),
                                             quantized), channels))
-        plan = _WindowPlan(weights, bias, scales, (*kernel, *strides, *dilations), depth, tuple(groups),
+        return _WindowPlan(weights, bias, scales, (*kernel, *strides, *dilations), depth, tuple(groups),
                            self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs)
-        _keep(self.window_plans, key, plan, bias)
-        return plan
 
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
@@ -960,9 +1015,47 @@ class QLinearConv(_ConvProduct):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        # the requantization multiplier per output channel, for the scales it was made of
+        # the requantization multiplier per output channel, for the constant scales it was
+        # made of (:meth:`specialize`), and the settled shape's route (:meth:`settle`)
         self.multiplier: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self.route: _Route | None = None
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> QLinearConv | None:
+        chosen = super().specialize(constants)
+        x_scale, w, w_scale, y_scale = (constants[i] if i < len(constants) else None for i in (1, 3, 4, 6))
+        if chosen is not None and x_scale is not None and w_scale is not None and y_scale is not None:
+            with contextlib.suppress(KernelError):  # bad scales: the run reports them
+                multiplier = self.multiplier_of(x_scale, w_scale, y_scale, w)
+                chosen.multiplier = (x_scale, w_scale, y_scale, multiplier)
+        return chosen
+
+    def multiplier_of(self, x_scale: np.ndarray, w_scale: np.ndarray, y_scale: np.ndarray,
+                      w: np.ndarray) -> np.ndarray:
+        """The requantization multiplier per output channel of these scales."""
+        scales = (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
+                  ("y_scale", y_scale, None))
+        multiplier = _multiplier(self.ctx, scales).reshape(-1)
+        return np.full(w.shape[0], multiplier[0], np.float32) if multiplier.size == 1 else multiplier
+
+    def settle(self, input_shapes: Sequence[tuple[int, ...] | None]) -> QLinearConv | None:
+        """:meth:`_ConvProduct.settle`'s kernel, with the route of runs of the settled shape
+        and type (:meth:`_route`)."""
+        if self.multiplier is None or self.constants is None:
+            return None  # the scales or the weights are fed
+        constants = (*self.constants, None, None)[:9]  # the absent ones None
+        if constants[7] is None and self.ctx.num_inputs > 7 and self.ctx.input_types[7]:
+            return None  # the output's zero point is fed
+        settled = super().settle(input_shapes)
+        if settled is not None:
+            x = np.broadcast_to(np.zeros((), numpy_dtype(self.ctx.input_types[0])), tuple(input_shapes[0]))
+            settled.hold_range(constants[7], x.dtype)
+            output = settled.output_range(constants[7], x)
+            settled.route = settled._route(x, constants[3], constants[1:], output)
+        return settled
+
+    def settled_requantization(self, x: np.ndarray) -> Requantization:
+        dtype, zero, low, high = self.output_range((*self.constants, None)[7], x)
+        return np.empty(0, dtype), self.multiplier[3], zero, low, high
 
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             w: np.ndarray, w_scale: np.ndarray, w_zero_point: np.ndarray | None,
@@ -981,12 +1074,7 @@ class QLinearConv(_ConvProduct):
         if held is not None and held[0] is x_scale and held[1] is w_scale and held[2] is y_scale:
             multiplier = held[3]
         else:
-            scales = (("x_scale", x_scale, None), ("w_scale", w_scale, (w.shape[0], 1)),
-                      ("y_scale", y_scale, None))
-            multiplier = _multiplier(self.ctx, scales).reshape(-1)
-            if multiplier.size == 1:
-                multiplier = np.full(w.shape[0], multiplier[0], np.float32)
-            self.multiplier = (x_scale, w_scale, y_scale, multiplier)
+            multiplier = self.multiplier_of(x_scale, w_scale, y_scale, w)
         dtype, zero, low, high = self.output_range(y_zero_point, x)
         spatial = self.window(x.shape[2:], w.shape[2:]).output \
             if x.ndim >= 3 and w.ndim == x.ndim else ()
@@ -997,17 +1085,15 @@ class QLinearConv(_ConvProduct):
                                      zero, low, high)
 
         self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
-        if not known and all(a is None or not a.flags.writeable for a in constants):  # constants
-            self.route = self._route(x, w, constants, (y.dtype, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
 
     def _route(self, x: np.ndarray, w: np.ndarray, constants: tuple[np.ndarray | None, ...],
                output: tuple[np.dtype, int, int, int]) -> _Route:
-        """The run that :meth:`run` has just made, for inputs of ``x``'s shape and type and
-        these constant inputs, straight to its plan's loops (a depthwise or packed-windows
-        convolution, whose plan it kept), without the checks and lookups a run of a small
-        convolution mostly is; for the other paths a route without a call (the run goes the
-        whole way, without asking again)."""
+        """The run of inputs of ``x``'s shape and type (``x`` a stand-in) and these constant
+        inputs, straight to the settled plan's loops (a depthwise or packed-windows
+        convolution), without the checks and lookups a run of a small convolution mostly
+        is; for the other paths a route without a call (the run goes the whole way, without
+        asking again)."""
         none = _Route(constants, x.shape, x.dtype, None)
         if x.ndim not in (3, 4) or w.ndim != x.ndim:
             return none

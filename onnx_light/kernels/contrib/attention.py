@@ -26,7 +26,7 @@ from .. import attention as onnx_attention
 from ..base import NodeContext, compute_dtype
 from ..declaration import KernelDeclaration
 from .base import FLOATS, ContribKernel, ValueType, declare_contrib, onnx_kernel
-from .quantized_gemm import BYTES, quantized_sums, real_scale
+from .quantized_gemm import BYTES, PackedProduct, quantized_sums, real_scale
 
 __all__ = ["DECLARATIONS", "softmax_attention"]
 
@@ -178,17 +178,14 @@ class Attention(_Attention):
         return [y, np.stack([k, v]).astype(dtype, copy=False)]
 
 
-class QAttention(Attention):
+class QAttention(PackedProduct, Attention):
     """:class:`Attention` with a quantized input and weights (uint8 or int8, what the dynamic
     quantizer makes of Attention): the exact int32 product of ``input - input_zero_point``
     and ``weight - weight_zero_point`` (per tensor, or per column of the weights) times
     ``input_scale * weight_scale``, plus the float bias; float outputs."""
 
     op_type = "QAttention"
-
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        self.packed: dict[str, Any] = {}  # the weights packed for the integer product
+    b_inputs = (1, 7)  # the weights, packed at construction (:class:`PackedProduct`)
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
@@ -201,7 +198,8 @@ class QAttention(Attention):
             input_zero_point: np.ndarray | None = None, weight_zero_point: np.ndarray | None = None,
             past: np.ndarray | None = None) -> Arrays:
         self.check_projection(x, weights, bias)
-        sums = quantized_sums(self.ctx, x, input_zero_point, weights, weight_zero_point, self.packed)
+        sums = quantized_sums(self.ctx, x, input_zero_point, weights, weight_zero_point,
+                              self.columns(weights, weight_zero_point))
         projected = sums.astype(np.float32) * real_scale(self.ctx, input_scale, weight_scale,
                                                          weights.shape[1])
         projected += bias.astype(np.float32, copy=False)

@@ -12,12 +12,12 @@ first, and QGemm's is requantized to ``y_scale`` and ``y_zero_point`` when given
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ...tuning.keys import ElementType as T
-from ..base import NodeContext
+from ..base import KernelError, NodeContext
 from ..declaration import KernelDeclaration
 from ..integer_gemm import ByteRows, PackedColumns, packed_layout, packed_product
 from ..quantization import quantized_type, requantize
@@ -41,13 +41,25 @@ def _per_column(ctx: NodeContext, name: str, value: np.ndarray | None, columns: 
                     f"got shape {list(value.shape)}")
 
 
+def packed_columns(ctx: NodeContext, b: np.ndarray, b_zero: np.ndarray | None) -> PackedColumns | None:
+    """B, a matrix of bytes, packed for :func:`quantized_sums`' integer product with its zero
+    point (in the host's layout: :func:`~onnx_light.kernels.integer_gemm.packed_layout`);
+    None where numpy's exact path takes it."""
+    b_zero = _per_column(ctx, "b_zero_point", b_zero, b.shape[-1])
+    if (quantized_type(b.dtype) not in BYTES or b.ndim != 2 or b.size == 0
+            or (b_zero is not None and b_zero.dtype != b.dtype)):
+        return None
+    return PackedColumns.of(np.ascontiguousarray(b), 0 if b_zero is None else b_zero.astype(np.int32),
+                            layout=packed_layout("auto"))
+
+
 def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b: np.ndarray,
-                   b_zero: np.ndarray | None, packed: dict[str, Any] | None = None) -> np.ndarray:
+                   b_zero: np.ndarray | None, columns: PackedColumns | None = None) -> np.ndarray:
     """``(a - a_zero) @ (b - b_zero)`` as int32 (bytes; A's zero point per tensor, B's per
     tensor or per column). A matrix B takes the packed integer product
-    (:func:`~onnx_light.kernels.integer_gemm.packed_product`, in the host's layout:
-    :func:`~onnx_light.kernels.integer_gemm.packed_layout`), B packed once while the
-    kernel's ``packed`` holder sees the same B and zero point; the rest numpy's exact path."""
+    (:func:`~onnx_light.kernels.integer_gemm.packed_product`): ``columns``, B packed at
+    construction (:meth:`PackedProduct.specialize`), or packed for this call; the rest
+    numpy's exact path."""
     for name, operand in (("A", a), ("B", b)):
         if quantized_type(operand.dtype) not in BYTES:
             raise ctx.error(f"{name} must be uint8 or int8, got {operand.dtype}")
@@ -59,15 +71,11 @@ def quantized_sums(ctx: NodeContext, a: np.ndarray, a_zero: np.ndarray | None, b
     if b.ndim != 2 or a.ndim < 2 or a.size == 0 or b.size == 0 or \
             (b_zero is not None and b_zero.dtype != b.dtype):
         return integer_matmul(ctx, a, b, a_zero, b_zero)
-    entry = None if packed is None else packed.get("b")
-    if entry is None or entry[0] is not b or entry[1] is not b_zero:
-        column_zero = 0 if b_zero is None else b_zero.astype(np.int32)
-        entry = (b, b_zero, PackedColumns.of(np.ascontiguousarray(b), column_zero,
-                                             layout=packed_layout("auto")))
-        if packed is not None:
-            packed["b"] = entry  # one assignment: a concurrent run sees the old or the new
+    if columns is None:
+        columns = PackedColumns.of(np.ascontiguousarray(b), 0 if b_zero is None else b_zero.astype(np.int32),
+                                   layout=packed_layout("auto"))
     left = ByteRows(a.reshape(-1, a.shape[-1]), 0 if a_zero is None else int(a_zero.reshape(())))
-    return packed_product(left, entry[2]).reshape(*a.shape[:-1], b.shape[1])
+    return packed_product(left, columns).reshape(*a.shape[:-1], b.shape[1])
 
 
 def real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, columns: int) -> np.ndarray:
@@ -78,27 +86,55 @@ def real_scale(ctx: NodeContext, a_scale: np.ndarray, b_scale: np.ndarray, colum
             * _per_column(ctx, "b_scale", b_scale, columns).astype(np.float32))
 
 
-class _PackedProduct(ContribKernel):
-    """A kernel whose B, a constant in practice, is packed for the integer product once
-    (:func:`quantized_sums`' holder)."""
+class PackedProduct(ContribKernel):
+    """A kernel whose B, a constant in practice, is packed for the integer product once, at
+    construction (:meth:`specialize`); runs only read it."""
+
+    b_inputs: ClassVar[tuple[int, int]]  # positions of B and its zero point
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.packed: dict[str, Any] = {}
+        # the constant B and zero point, and B (as the product takes it) packed
+        self.packed: tuple[np.ndarray, np.ndarray | None, PackedColumns] | None = None
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> PackedProduct | None:
+        b, b_zero = (constants[i] if i < len(constants) else None for i in self.b_inputs)
+        fed_zero = b_zero is None and self.b_inputs[1] < self.ctx.num_inputs and \
+            self.ctx.input_types[self.b_inputs[1]]
+        if b is None or b.ndim != 2 or fed_zero:
+            return None
+        try:
+            columns = packed_columns(self.ctx, self.operand(b), b_zero)
+        except KernelError:  # a bad zero point: the run reports it
+            return None
+        return None if columns is None else self.variant(packed=(b, b_zero, columns))
+
+    def operand(self, b: np.ndarray) -> np.ndarray:
+        """B as the product takes it."""
+        return b
+
+    def columns(self, b: np.ndarray, b_zero: np.ndarray | None) -> PackedColumns | None:
+        """The packed B of :meth:`specialize` when ``b`` and ``b_zero`` are its arrays."""
+        packed = self.packed
+        return packed[2] if packed is not None and packed[0] is b and packed[1] is b_zero else None
 
 
-class QGemm(_PackedProduct):
+class QGemm(PackedProduct):
     """``alpha * (A' - a_zero) @ (B' - b_zero)`` plus the int32 bias C, at scale
     ``a_scale * b_scale`` (A', B': transposed with transA, transB); requantized to ``y_scale``
     and ``y_zero_point`` when given, float32 otherwise."""
 
     op_type = "QGemm"
+    b_inputs = (3, 5)
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.alpha = np.float32(ctx.attribute("alpha", 1.0))
         self.trans_a = bool(ctx.attribute("transA", 0))
         self.trans_b = bool(ctx.attribute("transB", 0))
+
+    def operand(self, b: np.ndarray) -> np.ndarray:
+        return b.T if self.trans_b else b
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
@@ -123,9 +159,10 @@ class QGemm(_PackedProduct):
             y_zero_point: np.ndarray | None = None) -> Arrays:
         if a.ndim != 2 or b.ndim != 2:
             raise self.ctx.error(f"A and B must be matrices, got shapes {list(a.shape)} and {list(b.shape)}")
+        columns = self.columns(b, b_zero_point)
         a = a.T if self.trans_a else a
-        b = b.T if self.trans_b else b
-        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point, self.packed)
+        b = self.operand(b)
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point, columns)
         if c is not None:
             if c.dtype != np.int32:
                 raise self.ctx.error(f"C must be int32, got {c.dtype}")
@@ -146,11 +183,12 @@ class QGemm(_PackedProduct):
                            zero_point=None if y_zero_point is None else y_zero_point.reshape(()))]
 
 
-class MatMulIntegerToFloat(_PackedProduct):
+class MatMulIntegerToFloat(PackedProduct):
     """``(A - a_zero) @ (B - b_zero) * a_scale * b_scale + bias``, float; A, B and their zero
     points as MatMulInteger takes them (B's scale and zero point per tensor or per column)."""
 
     op_type = "MatMulIntegerToFloat"
+    b_inputs = (1, 5)
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
@@ -161,16 +199,17 @@ class MatMulIntegerToFloat(_PackedProduct):
     def run(self, a: np.ndarray, b: np.ndarray, a_scale: np.ndarray, b_scale: np.ndarray,
             a_zero_point: np.ndarray | None = None, b_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
-        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point, self.packed)
+        sums = quantized_sums(self.ctx, a, a_zero_point, b, b_zero_point, self.columns(b, b_zero_point))
         real = sums.astype(np.float32) * real_scale(self.ctx, a_scale, b_scale, b.shape[-1])
         return [(real if bias is None else real + bias).astype(a_scale.dtype, copy=False)]
 
 
-class DynamicQuantizeMatMul(_PackedProduct):
+class DynamicQuantizeMatMul(PackedProduct):
     """A (float) quantized to uint8 as DynamicQuantizeLinear does, then
     :class:`MatMulIntegerToFloat` with B and its scale and zero point."""
 
     op_type = "DynamicQuantizeMatMul"
+    b_inputs = (1, 3)
 
     @classmethod
     def output_types(cls, inputs: Sequence[ValueType], attributes: Mapping[str, Any],
@@ -186,7 +225,8 @@ class DynamicQuantizeMatMul(_PackedProduct):
         scale = np.float32((high - low) / 255) if high > low else np.float32(1.0)
         zero = np.uint8(np.clip(np.rint(-low / scale), 0, 255))
         quantized = requantize(real / scale, T.UINT8, zero_point=np.asarray(zero))
-        sums = quantized_sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point, self.packed)
+        sums = quantized_sums(self.ctx, quantized, np.asarray(zero), b, b_zero_point,
+                              self.columns(b, b_zero_point))
         result = sums.astype(np.float32) * real_scale(self.ctx, np.asarray(scale), b_scale, b.shape[-1])
         return [(result if bias is None else result + bias).astype(a.dtype, copy=False)]
 
