@@ -34,11 +34,11 @@ import numpy as np
 
 from .compiled import compiled, load_numba, prange
 from .compiled_softmax import softmax_packed_rows
-from .packed_gemm import MR, NR, PREEMPTED_US, WAIT_US, packed_layout, panels_over_rows
-from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
+from .packed_gemm import MR, NR, packed_layout, panels_over_rows
+from .spin import claim, end_of_tasks
 
 __all__ = ["SCORES_BYTES", "attention_parallel", "attention_serial", "attention_tasks", "block_rows",
-           "entry", "wait_cycles"]
+           "entry"]
 
 #: Bytes of the block of scores a task computes (its rows: a multiple of the micro-kernel's
 #: height): the block, its packed copy and the panels of K and V stay in the L2 cache.
@@ -157,25 +157,8 @@ def attention_parallel(q: np.ndarray, kt: np.ndarray, v: np.ndarray, scale: floa
     state = np.zeros(2, np.int64)  # the next task; the other threads that are done
     for thread in prange(threads):
         attention_tasks(q, kt, v, scale, mask, mask_rows, out, block, state)
-        if thread != 0:
-            claim(state, 1)
-        else:
-            start = last = _cycles()
-            while _load_acquire(state, 1) < threads - 1:
-                now = _cycles()
-                if now - start > wait[0] or now - last > wait[1]:
-                    break
-                last = now
-                _pause()
+        end_of_tasks(state, thread, threads, wait)
 
-
-@functools.cache
-def wait_cycles() -> tuple[int, int]:
-    """:func:`attention_parallel`'s ``wait``: the packed products' :data:`.packed_gemm.WAIT_US`
-    and :data:`.packed_gemm.PREEMPTED_US` in cycles of the processor's counter (0 where it
-    has none: no wait)."""
-    rate = cycles_per_second() * 1e-6
-    return int(rate * WAIT_US), int(rate * PREEMPTED_US)
 
 
 @functools.cache

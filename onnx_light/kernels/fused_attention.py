@@ -43,7 +43,7 @@ from ..parallel import BLAS
 from ..tuning.schema import KernelTuningSchema, Value
 from . import packed_gemm
 from .base import Kernel, NodeContext, Prepared, TensorSpec
-from .compiled_attention import block_rows, entry, wait_cycles
+from .compiled_attention import block_rows, entry
 from .compiled_elementwise import numba_threads
 from .compiled_softmax import MASK_NONE, NO_MASK, SoftmaxRows, mask_layout
 
@@ -192,7 +192,7 @@ class FusedAttention(Kernel):
         block, tasks = self._blocks(layout)
         if self.num_threads > 1 and tasks > 1 and numba_threads(self.num_threads):
             entry(True)(q4, k4, v4, self.scale, mask2, layout.rows, out, block,
-                        min(self.num_threads, tasks), wait_cycles())
+                        min(self.num_threads, tasks), packed_gemm.wait_cycles())
         else:
             entry(False)(q4, k4, v4, self.scale, mask2, layout.rows, out, block)
 

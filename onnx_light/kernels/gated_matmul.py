@@ -23,7 +23,6 @@ shapes or types) the step runs those steps' kernels one after the other.
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
@@ -38,7 +37,7 @@ from .compiled import compiled, prange
 from .compiled_activations import ACTIVATIONS, activate_run
 from .gemm import MatMulKernel
 from .packed_gemm import NR, pack_rows, panels_over_rows
-from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
+from .spin import claim, end_of_tasks
 
 __all__ = ["GatedMatMul", "gated_parallel", "gated_rows"]
 
@@ -116,25 +115,8 @@ def gated_parallel(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, in
                     _pair(rows_a, panels, layout, bias, with_bias, scratch, out, top,
                           bottom - top, pair, n, alpha)
                 task = claim(state, 0)
-            if thread != 0:
-                claim(state, 1)
-            else:
-                start = last = _cycles()
-                while _load_acquire(state, 1) < threads - 1:
-                    now = _cycles()
-                    if now - start > wait[0] or now - last > wait[1]:
-                        break
-                    last = now
-                    _pause()
+            end_of_tasks(state, thread, threads, wait)
 
-
-@functools.cache
-def _wait_cycles() -> tuple[int, int]:
-    """The packed products' waits (:data:`~onnx_light.kernels.packed_gemm.WAIT_US`,
-    :data:`~onnx_light.kernels.packed_gemm.PREEMPTED_US`) in cycles of the processor's
-    counter (0 where it has none: no wait)."""
-    rate = cycles_per_second() * 1e-6
-    return int(rate * packed_gemm.WAIT_US), int(rate * packed_gemm.PREEMPTED_US)
 
 
 def _interleaved(gate: np.ndarray, up: np.ndarray, columns: int) -> np.ndarray:
@@ -218,7 +200,8 @@ class GatedMatMul(Kernel):
         pairs = -(-self._n // packed.columns)
         group = max(1, -(-pairs // (TASKS_PER_THREAD * threads)))
         gated_parallel.dispatcher(rows, packed.panels, packed.layout, packed.bias, packed.with_bias,
-                                  out2, packed.block, self._n, alpha, threads, group, _wait_cycles())
+                                  out2, packed.block, self._n, alpha, threads, group,
+                                  packed_gemm.wait_cycles())
 
     def _fits(self, a_shape: Sequence[int], a_dtype: np.dtype, w_shapes: Sequence[Sequence[int]]) -> bool:
         """Whether the packed weights compute the step for these inputs."""

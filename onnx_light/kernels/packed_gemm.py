@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
-from .spin import _cycles, _load_acquire, _pause, claim, cycles_per_second
+from .spin import claim, cycles_per_second, end_of_tasks
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
            "available", "geometry", "pack_columns", "pack_panels", "pack_rows", "packed_layout",
@@ -496,16 +496,7 @@ def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, in
                                  bias[column:], with_bias, out, 0, bottom - top, top, column,
                                  min(n, column + group * NR) - column)
                 task = claim(state, 0)
-            if thread != 0:
-                claim(state, 1)
-            else:
-                start = last = _cycles()
-                while _load_acquire(state, 1) < threads - 1:
-                    now = _cycles()
-                    if now - start > wait[0] or now - last > wait[1]:
-                        break
-                    last = now
-                    _pause()
+            end_of_tasks(state, thread, threads, wait)
 
 
 @compiled
@@ -588,7 +579,7 @@ PREEMPTED_US = 20.0
 
 
 @functools.cache
-def _wait_cycles() -> tuple[int, int]:
+def wait_cycles() -> tuple[int, int]:
     """:data:`WAIT_US` and :data:`PREEMPTED_US` in cycles of the processor's counter (0
     where it has none: no wait)."""
     rate = cycles_per_second() * 1e-6
@@ -646,5 +637,5 @@ class PackedWeights:
             return out
         group = max(1, TASK_WORK // max(1, min(count, self.block) * self.k * self.columns))
         packed_panels_parallel.dispatcher(rows, self.panels, self.layout, self.bias, self.with_bias,
-                                          out2, self.block, self.n, threads, group, _wait_cycles())
+                                          out2, self.block, self.n, threads, group, wait_cycles())
         return out

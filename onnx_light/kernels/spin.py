@@ -21,7 +21,7 @@ import numpy as np
 
 from .compiled import CompiledIntrinsic, compiled, load_numba
 
-__all__ = ["claim", "cycles_per_second", "keep_awake", "spin_loop", "spin_while"]
+__all__ = ["claim", "cycles_per_second", "end_of_tasks", "keep_awake", "spin_loop", "spin_while"]
 
 
 @functools.cache
@@ -120,6 +120,26 @@ def keep_awake(flags: np.ndarray, awake: int, tail: int) -> None:
             last = now
         elif now - last > tail:
             return
+        _pause()
+
+
+@compiled
+def end_of_tasks(state: np.ndarray, thread: int, threads: int, wait: tuple[int, int]) -> None:
+    """The end of a region whose ``threads`` threads claim their tasks from ``state[0]``:
+    each other thread counts itself done in ``state[1]``; thread 0, the one that started the
+    region, waits for them by reading that counter rather than asleep at the region's end
+    (waking it costs tens of microseconds), for at most ``wait[0]`` cycles and only while no
+    two reads are more than ``wait[1]`` apart (a longer gap: it lost its processor, the
+    machine is busy)."""
+    if thread != 0:
+        claim(state, 1)
+        return
+    start = last = _cycles()
+    while _load_acquire(state, 1) < threads - 1:
+        now = _cycles()
+        if now - start > wait[0] or now - last > wait[1]:
+            return
+        last = now
         _pause()
 
 
