@@ -63,7 +63,7 @@ import numpy as np
 from ..compiled import CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
 from ..compiled_activations import HARD_SIGMOID, HARD_SWISH, activate_run
 from .blocks import _Algorithm
-from .depthwise import EPILOGUE_BLOCK_BYTES, compiled_entry, read_only, region_threads
+from .depthwise import EPILOGUE_BLOCK_BYTES, bound_entry, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
@@ -743,14 +743,8 @@ class BlockedCall:
         blocks = pairs // self.channels * -(-self.channels // self.lanes)
         tail = (0, blocks, self.channels, self.size, self.output, self.strides, self.pads, self.tile,
                 self.offsets, self.band, *clamp, *activation)
-        entry = compiled_entry(blocked_channels.dispatcher, (read_only(np.zeros(1, np.float32)),
-                                                             arranged, bias, np.empty(1, np.float32),
-                                                             *tail))
-
-        def bound(x: np.ndarray, out: np.ndarray) -> None:
-            entry(x, arranged, bias, out, *tail)
-
-        return bound
+        return bound_entry(blocked_channels.dispatcher, read_only(np.zeros(1, np.float32)), arranged, bias,
+                           np.empty(1, np.float32), tail)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -40,7 +40,7 @@ from .blocks import _Algorithm
 from .finish import Finish
 from .problem import _Problem
 
-__all__ = ["DepthwiseCall", "compile_depthwise", "compiled_entry", "depthwise_applies",
+__all__ = ["DepthwiseCall", "bound_entry", "compile_depthwise", "compiled_entry", "depthwise_applies",
            "depthwise_call", "depthwise_channels", "depthwise_channels_parallel", "plane_layout",
            "read_only", "region_threads"]
 
@@ -72,6 +72,19 @@ def compiled_entry(dispatcher: Any, arguments: tuple) -> Callable[..., None]:
     signature = tuple(dispatcher.typeof_pyval(argument) for argument in arguments)
     dispatcher.compile(signature)
     return dispatcher.overloads[signature].entry_point
+
+
+def bound_entry(dispatcher: Any, x_sample: np.ndarray, weights: np.ndarray, bias: np.ndarray,
+                out_sample: np.ndarray, tail: tuple) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``bound(x, out)``: ``dispatcher(x, weights, bias, out, *tail)`` through its
+    :func:`compiled_entry` for ``x`` and ``out`` of the samples' types (not checked): a
+    settled direct call, its constant arguments taken once."""
+    entry = compiled_entry(dispatcher, (x_sample, weights, bias, out_sample, *tail))
+
+    def bound(x: np.ndarray, out: np.ndarray) -> None:
+        entry(x, weights, bias, out, *tail)
+
+    return bound
 
 
 def region_threads(threads: int) -> int:
@@ -153,14 +166,8 @@ class DepthwiseCall:
             return bound
         tail = (0, channels, self.multiplier, self.strides, self.pads, self.phases, self.rows,
                 self.columns, *clamp)
-        entry = compiled_entry(depthwise_channels.dispatcher,
-                               (read_only(np.zeros((1, 1, 1), w.dtype)), w, b,
-                                np.empty((1, 1, 1), w.dtype), *tail))
-
-        def bound(x: np.ndarray, out: np.ndarray) -> None:
-            entry(x, w, b, out, *tail)
-
-        return bound
+        return bound_entry(depthwise_channels.dispatcher, read_only(np.zeros((1, 1, 1), w.dtype)), w, b,
+                           np.empty((1, 1, 1), w.dtype), tail)
 
 
 @functools.lru_cache(maxsize=1024)

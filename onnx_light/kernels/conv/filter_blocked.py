@@ -55,7 +55,7 @@ from .channel_blocked import (
     register_gate,
     vector_lanes,
 )
-from .depthwise import EPILOGUE_BLOCK_BYTES, compiled_entry, read_only, region_threads
+from .depthwise import EPILOGUE_BLOCK_BYTES, bound_entry, read_only, region_threads
 from .finish import fused_parts
 from .problem import _Problem
 
@@ -280,14 +280,8 @@ class FiltersCall:
             return bound
         tail = (0, images, 0, self.output[0], self.band, self.channels, self.filters, self.size,
                 self.output, self.kernel, self.strides, self.pads, *clamp, *activation)
-        entry = compiled_entry(blocked_filters.dispatcher, (read_only(np.zeros(1, np.float32)),
-                                                            arranged, bias, np.empty(1, np.float32),
-                                                            *tail))
-
-        def bound(x: np.ndarray, out: np.ndarray) -> None:
-            entry(x, arranged, bias, out, *tail)
-
-        return bound
+        return bound_entry(blocked_filters.dispatcher, read_only(np.zeros(1, np.float32)), arranged, bias,
+                           np.empty(1, np.float32), tail)
 
 
 @functools.lru_cache(maxsize=1024)
