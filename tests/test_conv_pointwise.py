@@ -265,18 +265,10 @@ def test_one_by_one_planes_keep_nan_infinities_and_signed_zeros(pools):
 packed_only = pytest.mark.skipif(not packed_gemm.available(), reason="needs AVX2 and FMA or AVX-512F")
 
 
-@packed_only
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(channels=st.integers(1, 600), filters=st.integers(1, 40), height=st.integers(1, 21),
-       width=st.integers(1, 23), batch=st.integers(1, 2), bias=st.booleans(), residual=st.booleans(),
-       clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
-def test_packed_products_are_within_the_bound_and_split_to_the_same_bits(
-        pools, monkeypatch, channels, filters, height, width, batch, bias, residual, clamp, seed):
-    """``pointwise.product = packed`` (float32): each element within conv.numerics's bound of
-    the float64 convolution (plus one rounding for the residual's addition), and the same bits
-    at two threads, split by rows or by filters, and with tiles of 64 positions (the panels of
-    the input read in place, the last positions of a tile past its whole panels packed; more
-    than ``KC`` channels (128 or 512) take two passes of the sum)."""
+def _random_case(seed, batch, channels, height, width, filters, bias, residual, clamp):
+    """A random float32 1x1 convolution's inputs (X, W, B, then a residual when asked),
+    the float64 result (clamped) and conv.numerics's bound (plus one rounding for the
+    residual's addition)."""
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(np.float32)
     w = rng.uniform(-1, 1, (filters, channels, 1, 1)).astype(np.float32)
@@ -293,6 +285,23 @@ def test_packed_products_are_within_the_bound_and_split_to_the_same_bits(
         bound = bound + np.abs(expected) * np.finfo(np.float32).eps
     if clamp is not None:
         expected = np.clip(expected, *clamp)
+    return inputs, expected, bound
+
+
+@packed_only
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(channels=st.integers(1, 600), filters=st.integers(1, 40), height=st.integers(1, 21),
+       width=st.integers(1, 23), batch=st.integers(1, 2), bias=st.booleans(), residual=st.booleans(),
+       clamp=st.sampled_from([None, (0.0, 6.0)]), seed=st.integers(0, 2**16))
+def test_packed_products_are_within_the_bound_and_split_to_the_same_bits(
+        pools, monkeypatch, channels, filters, height, width, batch, bias, residual, clamp, seed):
+    """``pointwise.product = packed`` (float32): each element within conv.numerics's bound of
+    the float64 convolution (plus one rounding for the residual's addition), and the same bits
+    at two threads, split by rows or by filters, and with tiles of 64 positions (the panels of
+    the input read in place, the last positions of a tile past its whole panels packed; more
+    than ``KC`` channels (128 or 512) take two passes of the sum)."""
+    inputs, expected, bound = _random_case(seed, batch, channels, height, width, filters, bias,
+                                           residual, clamp)
 
     def run(threads, split):
         kernel = _kernel(1, pools[threads], {conv.POINTWISE_PRODUCT: "packed", conv.SPLIT: split,
@@ -520,22 +529,9 @@ def test_transposed_products_are_within_the_bound_and_the_same_bits_at_two_threa
     addition), the same bits at two threads sharing its units (panels of filters), with the
     positions read in place and, from ``PACK_FILTERS`` filters, packed, and the transposed
     product is what ran."""
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(-1, 1, (batch, channels, height, width)).astype(np.float32)
-    w = rng.uniform(-1, 1, (filters, channels, 1, 1)).astype(np.float32)
-    b = rng.uniform(-1, 1, filters).astype(np.float32) if bias else None
-    inputs = [x, w, b]
-    expected = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0].astype(np.float64), x.astype(np.float64))
-    if b is not None:
-        expected += b.astype(np.float64).reshape(-1, 1, 1)
-    bound = conv.error_bound(x, w, b)
-    if residual:
-        shortcut = rng.uniform(-1, 1, expected.shape).astype(np.float32)
-        expected += shortcut
-        inputs.append(shortcut)
-        bound = bound + np.abs(expected) * np.finfo(np.float32).eps
-    if clamp is not None:
-        expected = np.clip(expected, *clamp)
+    inputs, expected, bound = _random_case(seed, batch, channels, height, width, filters, bias,
+                                           residual, clamp)
+    x, w, b = inputs[:3]
     values = {conv.POINTWISE_TRANSPOSED: 1000, conv.POINTWISE_MINIMUM_FLOPS: 1}
     kernel = _settled(pools[1], w, b, x.shape, values, residual, clamp)
     settled_run = kernel.run(*inputs)[0]  # the call bound at settle
