@@ -10,6 +10,7 @@ same values as the separate passes, bitwise.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -128,6 +129,27 @@ def scale_channels(source: np.ndarray, factors: np.ndarray, out: np.ndarray, inn
                 out[start + k] = source[start + k] * factors[k]
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, or a read-only view of it: the compiled passes take what they only read as
+    read-only arrays, so that a constant bias and a computed one share one compiled form
+    (numba compiles one per writeable flag) and a session's first run compiles nothing."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+@functools.cache
+def _no_bias(dtype: np.dtype) -> np.ndarray:
+    return _read_only(np.empty((0, 0), dtype))
+
+
+@functools.cache
+def _no_residual(dtype: np.dtype) -> np.ndarray:
+    return _read_only(np.empty(0, dtype))
+
+
 def _flat(view: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """A 4-D view with a contiguous last axis as flat memory from its first element and the
     first three axes' strides in elements; None otherwise."""
@@ -178,12 +200,7 @@ class Finish:
             self._numpy(block, bias)
             return
         base, shape, strides, bias_rows = rows
-        empty = base[:0]
-        residual = empty
-        if self.residual is not None:
-            offset = (block.__array_interface__["data"][0] - self.out.__array_interface__["data"][0]) \
-                // block.itemsize
-            residual = self.residual[offset:offset + base.size]
+        residual = self._residual_of(block, base.size)
         low, high = self.clamp if self.clamp is not None else (-math.inf, math.inf)
         finish_rows.dispatcher(base, shape, strides, bias_rows, residual, low, high)
         if self.clamp is None and self.epilogue is not None:
@@ -200,7 +217,7 @@ class Finish:
             if bias.shape[:2] != target.shape[:2] or bias.size != target.shape[0] * target.shape[1]:
                 flat_source = None
             else:
-                rows = np.ascontiguousarray(bias.reshape(target.shape[:2]), dtype=target.dtype)
+                rows = _read_only(np.ascontiguousarray(bias.reshape(target.shape[:2]), dtype=target.dtype))
         if flat_source is None:
             if bias is None:
                 np.copyto(target, source)
@@ -210,18 +227,22 @@ class Finish:
             return
         base, target_strides = flat_target
         source_base, source_strides = flat_source
-        empty = base[:0]
-        residual = empty
-        if self.residual is not None:
-            offset = (target.__array_interface__["data"][0] - self.out.__array_interface__["data"][0]) \
-                // target.itemsize
-            residual = self.residual[offset:offset + base.size]
+        residual = self._residual_of(target, base.size)
         low, high = self.clamp if self.clamp is not None else (-math.inf, math.inf)
         finish_from.dispatcher(base, source_base, target.shape, target_strides, source_strides,
-                               np.empty((0, 0), target.dtype) if rows is None else rows, residual,
-                               low, high)
+                               _no_bias(target.dtype) if rows is None else rows, residual, low, high)
         if self.clamp is None and self.epilogue is not None:
             self.epilogue(target)
+
+    def _residual_of(self, block: np.ndarray, size: int) -> np.ndarray:
+        """The ``size`` residual values from ``block``'s offset into ``out`` (read-only, as
+        every array these compiled passes only read: one compiled form whatever the caller's
+        flags); empty without a residual."""
+        if self.residual is None:
+            return _no_residual(block.dtype)
+        offset = (block.__array_interface__["data"][0] - self.out.__array_interface__["data"][0]) \
+            // block.itemsize
+        return _read_only(self.residual[offset:offset + size])
 
     def _rows(self, block: np.ndarray, bias: np.ndarray | None
               ) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int], np.ndarray] | None:
@@ -231,7 +252,7 @@ class Finish:
             rows = flat_rows(block)
             if rows is None:
                 return None
-            return (*rows, np.empty((0, 0), block.dtype))
+            return (*rows, _no_bias(block.dtype))
         item = block.itemsize
         if (block.size == 0 or block.ndim != 3 or bias.shape != (*block.shape[:2], 1)
                 or block.strides[2] != item or block.strides[0] <= 0 or block.strides[1] <= 0
@@ -243,7 +264,7 @@ class Finish:
         else:
             span = (block.shape[0] - 1) * strides[0] + (block.shape[1] - 1) * strides[1] + block.shape[2]
             base = as_strided(block, shape=(span,), strides=(item,))
-        rows = np.ascontiguousarray(bias.reshape(block.shape[:2]), dtype=block.dtype)
+        rows = _read_only(np.ascontiguousarray(bias.reshape(block.shape[:2]), dtype=block.dtype))
         return base, block.shape, strides, rows
 
     def _numpy(self, block: np.ndarray, bias: np.ndarray | None) -> None:
