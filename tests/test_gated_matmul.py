@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light.kernels import packed_gemm
+from onnx_light.kernels import gated_matmul, packed_gemm
+from onnx_light.kernels.compiled_activations import in_place
 from onnx_light.kernels.gated_matmul import GatedMatMul
 from onnx_light.runtime import RuntimeSession, sibling_fusion
 
@@ -162,3 +163,24 @@ def test_products_bound_to_the_sessions_pool():
     session, _, _ = sessions(model(4, 8, 16), threads=2)
     (step,) = gated_steps(session)
     assert step.gate.num_threads == step.up.num_threads == 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(1, 20), k=st.integers(1, 40), n=st.integers(1, 70), bias=st.booleans(),
+       alpha=st.sampled_from([1.0, 1.702, 0.5]))
+def test_epilogue_is_the_in_place_swish_then_the_product(m, k, n, bias, alpha):
+    """The pass's epilogue (one vectorized loop per pair of panels) gives the bits of the
+    packed products, the in-place Swish epilogue with the same alpha and the Mul."""
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    wg, wu = (rng.standard_normal((k, n)).astype(np.float32) for _ in range(2))
+    bg, bu = ((rng.standard_normal(n).astype(np.float32) for _ in range(2)) if bias else (None, None))
+    columns = packed_gemm.geometry().columns
+    both = packed_gemm.PackedWeights(gated_matmul._interleaved(wg, wu, columns),
+                                     None if bg is None else gated_matmul._interleaved(bg, bu, columns))
+    out = np.empty((m, n), np.float32)
+    gated_matmul.gated_rows(a, both.panels, both.layout, both.bias, both.with_bias, out, both.block, n,
+                            np.float32(alpha))
+    gate = packed_gemm.PackedWeights(wg, bg).multiply(a)
+    in_place("Swish", {"alpha": alpha}, lambda block: None)(gate)
+    assert out.tobytes() == (gate * packed_gemm.PackedWeights(wu, bu).multiply(a)).tobytes()

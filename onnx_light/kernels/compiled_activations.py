@@ -36,7 +36,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .compiled import CompiledIntrinsic, compiled
 
-__all__ = ["ACTIVATIONS", "InPlace", "activate_run", "flat_rows", "in_place"]
+__all__ = ["ACTIVATIONS", "InPlace", "activate_run", "flat_rows", "in_place", "swish_product"]
 
 SIGMOID, SWISH, HARD_SIGMOID, HARD_SWISH = range(4)
 #: The op types with a compiled in-place version, and their codes.
@@ -116,6 +116,16 @@ def _hard_gate(v0: float, alpha: float, beta: float) -> float:
     h = h + beta
     h = _select(h >= _ONE, _ONE, h)
     return _select(h <= _ZERO, _ZERO, h)
+
+
+@compiled(fastmath={"contract"}, inline="always")
+def swish_product(g: float, u: float, alpha: float) -> float:
+    """``swish(g) * u`` in float32, the Swish rounded once before the product (the fused
+    epilogue then a Mul), for a kernel that joins two products' values in its own loop (the
+    caller compiles with contraction, as :func:`_sigmoid_run`, so that the gate's roundings
+    are the same)."""
+    s = g * _gate(g, alpha)
+    return s * u
 
 
 @compiled(fastmath={"contract"})

@@ -25,25 +25,21 @@ def rotate_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarra
     batch, heads, sequence, size = x.shape
     half = cos.shape[2]
     for b in range(batch):
-        for h in range(heads):
-            for s in range(sequence):
-                row = x[b, h, s]
-                target = out[b, h, s]
-                c = cos[b, s]
-                n = sin[b, s]
+        for s in range(sequence):  # a token's angles for each head in turn
+            for h in range(heads):
+                # indexed in place: the four views a row made took 40 % of a call on
+                # (1, 8, 64, 32) (docs/attention.md)
                 if step == 1:  # halves: contiguous loads and stores, which LLVM vectorizes
-                    low = row[:half]
-                    high = row[offset:offset + half]
-                    out_low = target[:half]
-                    out_high = target[offset:offset + half]
                     for j in range(half):
-                        out_low[j] = c[j] * low[j] - n[j] * high[j]
-                        out_high[j] = n[j] * low[j] + c[j] * high[j]
+                        c, n = cos[b, s, j], sin[b, s, j]
+                        low, high = x[b, h, s, j], x[b, h, s, offset + j]
+                        out[b, h, s, j] = c * low - n * high
+                        out[b, h, s, offset + j] = n * low + c * high
                 else:
                     for j in range(half):
-                        first = row[j * step]
-                        second = row[j * step + offset]
-                        target[j * step] = c[j] * first - n[j] * second
-                        target[j * step + offset] = n[j] * first + c[j] * second
+                        c, n = cos[b, s, j], sin[b, s, j]
+                        first, second = x[b, h, s, j * step], x[b, h, s, j * step + offset]
+                        out[b, h, s, j * step] = c * first - n * second
+                        out[b, h, s, j * step + offset] = n * first + c * second
                 for i in range(2 * half, size):
-                    target[i] = row[i]
+                    out[b, h, s, i] = x[b, h, s, i]

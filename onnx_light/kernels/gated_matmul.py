@@ -34,19 +34,19 @@ from ..tuning.schema import KernelTuningSchema, Value
 from . import packed_gemm
 from .base import Kernel, NodeContext, Prepared, TensorSpec
 from .compiled import compiled, prange
-from .compiled_activations import ACTIVATIONS, activate_run
+from .compiled_activations import swish_product
 from .gemm import MatMulKernel
 from .packed_gemm import NR, pack_rows, panels_over_rows
 from .spin import claim, end_of_tasks
 
 __all__ = ["GatedMatMul", "gated_parallel", "gated_rows"]
 
-SWISH = ACTIVATIONS["Swish"]
 #: Tasks (groups of pairs of panels) per thread of the parallel pass: fewer, larger tasks
 #: than the packed product's (about 11 us each) measured faster here, 64 x 256 x 2 x 688 at
 #: 2 threads taking 352 us with 4 tasks per thread against 390 us with one pair per task
 #: (docs/gemm.md, "Gated products").
 TASKS_PER_THREAD = 4
+_ONE = np.float32(1.0)
 
 
 @compiled(inline="always")
@@ -55,19 +55,35 @@ def _pair(rows_a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int, i
           rows: int, pair: int, n: int, alpha: float) -> None:
     """Columns ``pair * NR`` to ``pair * NR + NR`` (at most n) of rows ``top..top+rows-1`` of
     the output: the gate's and up's panels over the packed rows into ``scratch`` (rows, 2 NR),
-    then ``swish(g) * u`` into ``out``."""
+    then ``swish(g) * u`` into ``out`` (:func:`_swish_times`)."""
     b_start, b_panel, b_step, b_ahead = layout
     column = pair * NR
     panels_over_rows(rows_a, panels, (b_start + 2 * pair * b_panel, b_panel, b_step, b_ahead),
                      bias[2 * column:], with_bias, scratch, 0, rows, 0, 0, 2 * NR)
     width = min(NR, n - column)
-    flat = scratch.reshape(-1)
+    if alpha == _ONE:  # SiLU: the constant, as the fused epilogue's loop has it
+        _swish_times(scratch, out, top, rows, column, width, _ONE)
+    else:
+        _swish_times(scratch, out, top, rows, column, width, alpha)
+
+
+@compiled(fastmath={"contract"})
+def _swish_times(scratch: np.ndarray, out: np.ndarray, top: int, rows: int, column: int,
+                 width: int, alpha: float) -> None:
+    """``out[top + r, column + c] = swish(scratch[r, c]) * scratch[r, NR + c]`` for r < rows,
+    c < width; a whole panel's row (``width`` = NR) in a loop of constant length, which LLVM
+    vectorizes, the gate's exp included (a call of the in-place epilogue per row of 16 values
+    cost 6 ns a value). Its own function, compiled with contraction as the in-place epilogue
+    is: inlined into the pass, a few values came out one unit apart from the epilogue's."""
     for r in range(rows):
-        activate_run(flat, r * 2 * NR, width, SWISH, alpha, 0.0)
-        target = out[top + r]
+        target = out[top + r, column:]
         values = scratch[r]
-        for c in range(width):
-            target[column + c] = values[c] * values[NR + c]
+        if width == NR:
+            for c in range(NR):
+                target[c] = swish_product(values[c], values[NR + c], alpha)
+        else:
+            for c in range(width):
+                target[c] = swish_product(values[c], values[NR + c], alpha)
 
 
 @compiled
