@@ -73,8 +73,8 @@ from .integer_loops import (
 
 __all__ = ["ALGORITHM", "LAYOUTS", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS",
            "TILE_ROWS", "ByteRows", "IntegerProductKernel", "PackedColumns", "PackedPlan", "Requantization",
-           "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_layout",
-           "packed_product"]
+           "Residual", "calibrate_integer_product", "integer_candidates", "integer_parameters",
+           "no_residual", "packed_layout", "packed_product"]
 
 ALGORITHM = "product.algorithm"
 TILE_ROWS = "tile.rows"
@@ -95,6 +95,10 @@ Epilogue = Callable[[np.ndarray, int, int, int, int], None]
 #: A requantized output: ``y`` (rows, columns), the float32 multiplier (1 or rows, 1 or
 #: columns), the output zero point and the saturation range.
 Requantization = tuple[np.ndarray, np.ndarray, int, int, int]
+#: A residual added to a requantized output (QLinearAdd fused into its convolution): its
+#: bytes (the output's shape and type) and QLinearAdd's float32 parameters
+#: (:func:`~onnx_light.kernels.integer_loops.add_residual`).
+Residual = tuple[np.ndarray, np.ndarray]
 
 
 def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, ...]:
@@ -405,21 +409,24 @@ class IntegerProductKernel(Kernel):
                           else (PACKED_ROWS, _tile_columns(right.layout)))
 
     def run_packed(self, plan: PackedPlan, lanes: np.ndarray, column_sums: np.ndarray, out: np.ndarray,
-                   epilogue: Epilogue | None = None) -> None:
+                   epilogue: Epilogue | None = None, residual: Residual | None = None) -> None:
         """:meth:`packed_plan`'s product on right-operand ``lanes`` whose column sums are
         ``column_sums``, written to ``out`` (int32 sums, or the requantized output), split
-        across the pool as :meth:`_split` does."""
+        across the pool as :meth:`_split` does; a requantized output gets ``residual`` (its
+        bytes of ``out``'s shape and type, and QLinearAdd's parameters) added to each strip
+        of rows while in cache (:func:`~onnx_light.kernels.integer_loops.add_residual`)."""
         run, tiles = plan.run, (self.tile_rows, self.tile_columns)
+        added, combine = residual if residual is not None else (no_residual(out.dtype), _NO_COMBINE)
         if epilogue is None and self.num_threads < 2:  # no closure, no split: a small product's run
             run(lanes, plan.repeated, 0, plan.rows, 0, plan.columns, *tiles, plan.row_zero, plan.row_sums,
                 plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
-                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out, added, combine)
             return
 
         def block(r0: int, r1: int, c0: int, c1: int) -> None:
             run(lanes, plan.repeated, r0, r1, c0, c1, *tiles, plan.row_zero, plan.row_sums,
                 plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
-                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out, added, combine)
             if epilogue is not None:
                 epilogue(out, r0, r1, c0, c1)
 
@@ -445,6 +452,16 @@ class IntegerProductKernel(Kernel):
 
 
 _ONE = np.ones((1, 1), np.float32)
+#: What the packed loops take for "no residual" (:meth:`IntegerProductKernel.run_packed`):
+#: QLinearAdd's parameters, unread.
+_NO_COMBINE = np.zeros(9, np.float32)
+_NO_RESIDUAL = {np.dtype(t): np.empty((0, 0), t) for t in (np.uint8, np.int8, np.int32)}
+
+
+def no_residual(dtype: np.dtype) -> np.ndarray:
+    """The empty residual of the packed loops for an output of ``dtype`` (the same array
+    type as a residual of that output's, so no other compiled signature)."""
+    return _NO_RESIDUAL[dtype]
 
 
 def _tile_columns(layout: str) -> int:
@@ -476,7 +493,7 @@ def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
     run = (tile_sums if right.layout == "amx" else packed_sums).dispatcher
     run(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
         _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
-        _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
+        _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out, no_residual(out.dtype), _NO_COMBINE)
     return out
 
 

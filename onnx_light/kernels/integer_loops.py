@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .byte_vectors import LANES, WORD_BYTES, dot, store, store_requantized, zeros
-from .compiled import compiled
+from .compiled import compiled, fused_multiply_add
 from .tile_matrices import TILE_BYTES, TILE_ROWS, tile_configuration
 from .tile_matrices import configure as tile_configure
 from .tile_matrices import dot as tile_dot
@@ -36,8 +36,9 @@ from .tile_matrices import store as tile_store
 from .tile_matrices import zero as tile_zero
 
 __all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "SHORT_ROW", "TILE_LANES", "TILE_QUADS",
-           "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows",
-           "packed_sums", "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
+           "add_residual", "add_terms", "correct", "depthwise_sums", "dot_tiles", "finish_sums",
+           "pack_columns", "pack_windows", "packed_sums", "pad_planes", "pointwise_sums", "requantize",
+           "row_sums", "tile_sums"]
 
 
 @compiled
@@ -506,7 +507,7 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
 @compiled
 def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
                 tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-                column_bias, multiplier, out_zero, low, high, scaled, out):
+                column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine):
     """The exact product of two byte operands over rows ``row_first:row_stop`` and columns
     ``column_first:column_stop`` of ``out``, corrected for the zero points as
     :func:`correct` does, plus the biases, and requantized as :func:`requantize` does with
@@ -529,7 +530,10 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     registers instead (:data:`~onnx_light.kernels.byte_vectors.store_requantized`, the same
     bits). The work goes in blocks of
     ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
-    stay in cache while its columns stream."""
+    stay in cache while its columns stream. A ``residual`` with rows (``out``'s shape and
+    type; else empty) is added to each strip of four requantized rows while they are in
+    cache, as :func:`add_residual` adds it with ``combine`` (a QLinearAdd fused into the
+    convolution)."""
     quads = lanes.shape[1]
     stride = np.uintp(repeated.strides[0])  # bytes, as every offset below
     step = np.uintp(WORD_BYTES * PACKED_LANES)
@@ -684,6 +688,8 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     _finish_rows(panel[done:], block_columns, m0, min(m0 + PACKED_ROWS, r1), c0 + done, c1,
                                  simple, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
                                  column_bias, multiplier, out_zero, low, high, scaled, out)
+                if residual.shape[0]:
+                    add_residual(out, residual, m0, min(m0 + PACKED_ROWS, r1), c0, c1, combine)
 
 
 @compiled
@@ -722,7 +728,7 @@ TILE_QUADS = TILE_BYTES // 4
 @compiled
 def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
               tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-              column_bias, multiplier, out_zero, low, high, scaled, out):
+              column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine):
     """:func:`packed_sums` on AMX tiles (:mod:`~onnx_light.kernels.tile_matrices`; only
     where :func:`~onnx_light.kernels.tile_matrices.available`), the same arguments and
     output, in other layouts: ``repeated`` has its rows rounded up to :data:`TILE_ROWS` and
@@ -733,7 +739,8 @@ def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, t
     Each block of 32 rows x 32 columns sums in four int32 tiles (tiles 0-3), two tiles of
     left rows (4, 5) and two of right columns (6, 7) loaded per 64 steps of the reduced axis,
     four tile products each (fewer at the last rows and columns); the block goes through a
-    scratch panel to the epilogue of :func:`packed_sums` a strip of 32 rows at a time."""
+    scratch panel to the epilogue of :func:`packed_sums` a strip of 32 rows at a time (and
+    the residual added to the strip likewise)."""
     strip = 2 * TILE_ROWS
     steps = lanes.shape[1] // TILE_QUADS
     stride = np.uintp(repeated.shape[1])
@@ -793,7 +800,50 @@ def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, t
                 _finish_rows(panel, block_columns, m0, min(m0 + strip, r1), c0, c1, simple,
                              row_zero, row_sums, column_zero, column_sums, depth, row_bias,
                              column_bias, multiplier, out_zero, low, high, scaled, out)
+                if residual.shape[0]:
+                    add_residual(out, residual, m0, min(m0 + strip, r1), c0, c1, combine)
     tile_release()
+
+
+@compiled(inline="always")
+def add_terms(parameters):
+    """QLinearAdd's constants in onnxruntime's x86 arithmetic (MLAS) from ``parameters``,
+    float32 ``first_scale, first_zero, second_scale, second_zero, c_scale, c_zero``: the
+    ratios ``r1 = first_scale / c_scale`` and ``r2 = second_scale / c_scale`` and
+    ``fixed = c_zero - fma(r2, second_zero, r1 * first_zero)``; the sum of bytes ``f`` and
+    ``s`` is then ``fma(s, r2, fma(f, r1, fixed))``, rounded half to even and saturated."""
+    first_scale, first_zero, second_scale, second_zero = parameters[:4]
+    c_scale, c_zero = parameters[4], parameters[5]
+    first_ratio, second_ratio = first_scale / c_scale, second_scale / c_scale
+    return first_ratio, second_ratio, c_zero - fused_multiply_add(second_ratio, second_zero,
+                                                                  first_ratio * first_zero)
+
+
+@compiled
+def add_residual(out, residual, row_first, row_stop, column_first, column_stop, parameters):
+    """QLinearAdd of the bytes of ``out`` and ``residual`` (same shape and type) over rows
+    ``row_first:row_stop`` and columns ``column_first:column_stop``, written back to ``out``:
+    the arithmetic of :func:`add_terms` with ``parameters`` (float32: its six, then the
+    output's ``low, high``, then 1 when ``out`` holds the first operand, 0 the second), so
+    the bytes of QLinearAdd's compiled pass on the same operands. A convolution calls it on
+    the rows it has just requantized, while they are in cache (the residual addition fused
+    into the convolution)."""
+    first_ratio, second_ratio, fixed = add_terms(parameters)
+    lowest, highest = parameters[6], parameters[7]
+    out_first = parameters[8] != 0
+    start, count = np.uintp(column_first), np.uintp(column_stop - column_first)
+    for i in range(row_first, row_stop):
+        row, other = out[i], residual[i]
+        if out_first:
+            for j in range(start, start + count):
+                value = fused_multiply_add(np.float32(other[j]), second_ratio,
+                                           fused_multiply_add(np.float32(row[j]), first_ratio, fixed))
+                row[j] = np.uint8(np.int32(min(max(np.rint(value), lowest), highest)))
+        else:
+            for j in range(start, start + count):
+                value = fused_multiply_add(np.float32(row[j]), second_ratio,
+                                           fused_multiply_add(np.float32(other[j]), first_ratio, fixed))
+                row[j] = np.uint8(np.int32(min(max(np.rint(value), lowest), highest)))
 
 
 @compiled

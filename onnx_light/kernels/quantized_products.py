@@ -46,12 +46,14 @@ from .integer_gemm import (
     IntegerProductKernel,
     PackedColumns,
     PackedPlan,
+    Residual,
     calibrate_integer_product,
     integer_parameters,
 )
 from .integer_loops import (
     EXACT_CHANNELS,
     POINTWISE_BLOCK,
+    add_residual,
     depthwise_sums,
     finish_sums,
     pack_windows,
@@ -62,7 +64,7 @@ from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
 from .window import Window, WindowAttributes, pad_spatial
 
-__all__ = ["DECLARATIONS", "exact_matmul", "integer_matmul"]
+__all__ = ["DECLARATIONS", "add_whole", "exact_matmul", "integer_matmul"]
 
 Arrays = list[np.ndarray]
 _BYTES = (T.INT8, T.UINT8)
@@ -733,11 +735,15 @@ class _ConvProduct(_IntegerProduct):
         self.run_windows(plan, source, positions, y)
         return y
 
-    def run_windows(self, plan: _WindowPlan, source: np.ndarray, positions: int, y: np.ndarray) -> None:
+    def run_windows(self, plan: _WindowPlan, source: np.ndarray, positions: int, y: np.ndarray,
+                    residual: Residual | None = None) -> None:
         """:meth:`packed_windows`' packing and products for its ``plan`` on the padded input
-        ``source``, written to ``y`` (N, M, ...) of ``positions`` output positions."""
+        ``source``, written to ``y`` (N, M, ...) of ``positions`` output positions; a
+        requantized ``y`` gets ``residual`` (bytes of its shape and type, C-ordered, and
+        QLinearAdd's parameters) added as each strip of rows is written."""
         n, per_group = source.shape[0], source.shape[1] // self.group
         target = y.reshape(n, -1, positions)
+        added = None if residual is None else residual[0].reshape(n, -1, positions)
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
         pack, geometry = pack_windows.dispatcher, plan.geometry
@@ -756,7 +762,8 @@ class _ConvProduct(_IntegerProduct):
                     pack(inputs, *geometry, words, lanes.shape[3], 0, lanes.shape[1])
                 sums = PackedColumns.sums_of(lanes, positions) if product.column_sums is None \
                     else product.column_sums
-                self.run_packed(product, lanes, sums, target[image, channels])
+                self.run_packed(product, lanes, sums, target[image, channels], None,
+                                None if added is None else (added[image, channels], residual[1]))
 
     @staticmethod
     def window_key(x: np.ndarray, zero: int, requantization: Requantization | None) -> tuple[Any, ...]:
@@ -868,6 +875,16 @@ def swapped_product(positions: int, depth: int, filters: int) -> bool:
     swapped product."""
     limit = DEEP_SWAPPED_POSITIONS if depth > SWAPPED_DEPTH else SWAPPED_POSITIONS
     return positions < limit <= filters
+
+
+def add_whole(y: np.ndarray, residual: Residual) -> None:
+    """``residual`` (bytes of ``y``'s shape and type, C-ordered, and QLinearAdd's parameters)
+    added into the requantized ``y`` (N, M, ...) in one compiled pass
+    (:func:`~onnx_light.kernels.integer_loops.add_residual`): a fused QLinearAdd after a
+    convolution that adds it in no product's epilogue."""
+    rows = y.reshape(y.shape[0] * y.shape[1], -1)
+    add_residual.dispatcher(rows, residual[0].reshape(rows.shape), 0, rows.shape[0], 0, rows.shape[1],
+                            residual[1])
 
 
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -1062,11 +1079,9 @@ class QLinearConv(_ConvProduct):
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
         constants = (x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias)
-        route = self.route
-        known = (route is not None and route.shape == x.shape and route.dtype == x.dtype
-                 and all(map(operator.is_, route.constants, constants)))
-        if known and route.call is not None:
-            return [route.call(x)]
+        route = self.routed(x, constants)
+        if route is not None and route.call is not None:
+            return [route.call(x, None)]
         if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
             raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
                                  f"{bias.dtype} of shape {list(bias.shape)}")
@@ -1086,6 +1101,15 @@ class QLinearConv(_ConvProduct):
 
         self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
+
+    def routed(self, x: np.ndarray, constants: tuple[np.ndarray | None, ...]) -> _Route | None:
+        """The settled route (:meth:`_route`) when a run on ``x`` with these inputs (all but
+        X, in order; compared by identity) takes it, else None."""
+        route = self.route
+        if (route is not None and route.shape == x.shape and route.dtype == x.dtype
+                and all(map(operator.is_, route.constants, constants))):
+            return route
+        return None
 
     def _route(self, x: np.ndarray, w: np.ndarray, constants: tuple[np.ndarray | None, ...],
                output: tuple[np.dtype, int, int, int]) -> _Route:
@@ -1109,9 +1133,11 @@ class QLinearConv(_ConvProduct):
             if depthwise is None:
                 return none
 
-            def call(x: np.ndarray) -> np.ndarray:
+            def call(x: np.ndarray, residual: Residual | None) -> np.ndarray:
                 y = np.empty(shape, dtype)
                 self.run_depthwise(depthwise, x, zero, y, y_zero, low, high, True)
+                if residual is not None:
+                    add_whole(y, residual)
                 return y
 
         elif (self.algorithm in PACKED_ALGORITHMS
@@ -1120,9 +1146,9 @@ class QLinearConv(_ConvProduct):
             if plan is None:
                 return none
 
-            def call(x: np.ndarray) -> np.ndarray:
+            def call(x: np.ndarray, residual: Residual | None) -> np.ndarray:
                 y = np.empty(shape, dtype)
-                self.run_windows(plan, _padded_bytes(x, window, zero), positions, y)
+                self.run_windows(plan, _padded_bytes(x, window, zero), positions, y, residual)
                 return y
 
         else:
@@ -1132,13 +1158,13 @@ class QLinearConv(_ConvProduct):
 
 class _Route(NamedTuple):
     """A QLinearConv's run for one input shape and type and its constant inputs (compared
-    by identity): ``call(x)`` gives the output, or None: the whole run
-    (:meth:`QLinearConv._route`)."""
+    by identity): ``call(x, residual)`` gives the output (with the residual added, when not
+    None, as :func:`add_whole` adds it), or None: the whole run (:meth:`QLinearConv._route`)."""
 
     constants: tuple[np.ndarray | None, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
-    call: Callable[[np.ndarray], np.ndarray] | None
+    call: Callable[[np.ndarray, Residual | None], np.ndarray] | None
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(
