@@ -507,7 +507,7 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
 @compiled
 def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
                 tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-                column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine):
+                column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine, mode):
     """The exact product of two byte operands over rows ``row_first:row_stop`` and columns
     ``column_first:column_stop`` of ``out``, corrected for the zero points as
     :func:`correct` does, plus the biases, and requantized as :func:`requantize` does with
@@ -533,7 +533,10 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     stay in cache while its columns stream. A ``residual`` with rows (``out``'s shape and
     type; else empty) is added to each strip of four requantized rows while they are in
     cache, as :func:`add_residual` adds it with ``combine`` (a QLinearAdd fused into the
-    convolution)."""
+    convolution). ``mode`` is :data:`~onnx_light.kernels.byte_vectors.dot`'s: np.int16 where
+    the caller promises that each two byte products of a word sum within int16 (AVX2 then
+    sums the bytes with ``vpmaddubsw``, in the narrower micro-tiles of the pairs), else
+    np.int32."""
     quads = lanes.shape[1]
     stride = np.uintp(repeated.strides[0])  # bytes, as every offset below
     step = np.uintp(WORD_BYTES * PACKED_LANES)
@@ -543,8 +546,9 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
     wide = 3 * PACKED_LANES
     # the pairs' micro-tiles are 16 columns wide: 4 x 24 needs 17 vector registers there
-    # (a temporary per vpmaddwd), which spills three accumulators (docs/quantization.md)
-    pairs, narrow = lanes.itemsize == 2, 2 * PACKED_LANES
+    # (a temporary per vpmaddwd), which spills three accumulators (docs/quantization.md);
+    # the bytes summed in int16 too (a temporary, and the ones)
+    pairs, narrow = lanes.itemsize == 2 or mode != 0, 2 * PACKED_LANES
     block_columns = -(-max(tile_columns, 1) // wide) * wide
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
     simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
@@ -577,14 +581,14 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     for _ in range(quads):
                         w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
                         b1 = at + panel_bytes
-                        a00 = dot(a00, source, at, shared, w0)
-                        a01 = dot(a01, source, b1, shared, w0)
-                        a10 = dot(a10, source, at, shared, w1)
-                        a11 = dot(a11, source, b1, shared, w1)
-                        a20 = dot(a20, source, at, shared, w2)
-                        a21 = dot(a21, source, b1, shared, w2)
-                        a30 = dot(a30, source, at, shared, w3)
-                        a31 = dot(a31, source, b1, shared, w3)
+                        a00 = dot(a00, source, at, shared, w0, mode)
+                        a01 = dot(a01, source, b1, shared, w0, mode)
+                        a10 = dot(a10, source, at, shared, w1, mode)
+                        a11 = dot(a11, source, b1, shared, w1, mode)
+                        a20 = dot(a20, source, at, shared, w2, mode)
+                        a21 = dot(a21, source, b1, shared, w2, mode)
+                        a30 = dot(a30, source, at, shared, w3, mode)
+                        a31 = dot(a31, source, b1, shared, w3, mode)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
                     if whole and j == done and c0 + j + narrow <= c1:
@@ -621,18 +625,18 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     for _ in range(quads):
                         w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
                         b1, b2 = at + panel_bytes, at + 2 * panel_bytes
-                        a00 = dot(a00, source, at, shared, w0)
-                        a01 = dot(a01, source, b1, shared, w0)
-                        a02 = dot(a02, source, b2, shared, w0)
-                        a10 = dot(a10, source, at, shared, w1)
-                        a11 = dot(a11, source, b1, shared, w1)
-                        a12 = dot(a12, source, b2, shared, w1)
-                        a20 = dot(a20, source, at, shared, w2)
-                        a21 = dot(a21, source, b1, shared, w2)
-                        a22 = dot(a22, source, b2, shared, w2)
-                        a30 = dot(a30, source, at, shared, w3)
-                        a31 = dot(a31, source, b1, shared, w3)
-                        a32 = dot(a32, source, b2, shared, w3)
+                        a00 = dot(a00, source, at, shared, w0, mode)
+                        a01 = dot(a01, source, b1, shared, w0, mode)
+                        a02 = dot(a02, source, b2, shared, w0, mode)
+                        a10 = dot(a10, source, at, shared, w1, mode)
+                        a11 = dot(a11, source, b1, shared, w1, mode)
+                        a12 = dot(a12, source, b2, shared, w1, mode)
+                        a20 = dot(a20, source, at, shared, w2, mode)
+                        a21 = dot(a21, source, b1, shared, w2, mode)
+                        a22 = dot(a22, source, b2, shared, w2, mode)
+                        a30 = dot(a30, source, at, shared, w3, mode)
+                        a31 = dot(a31, source, b1, shared, w3, mode)
+                        a32 = dot(a32, source, b2, shared, w3, mode)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
                     if whole and j == done and c0 + j + wide <= c1:
@@ -672,10 +676,10 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
                     w0 = first
                     for _ in range(quads):
-                        a00 = dot(a00, source, at, shared, w0)
-                        a10 = dot(a10, source, at, shared, w0 + stride)
-                        a20 = dot(a20, source, at, shared, w0 + 2 * stride)
-                        a30 = dot(a30, source, at, shared, w0 + 3 * stride)
+                        a00 = dot(a00, source, at, shared, w0, mode)
+                        a10 = dot(a10, source, at, shared, w0 + stride, mode)
+                        a20 = dot(a20, source, at, shared, w0 + 2 * stride, mode)
+                        a30 = dot(a30, source, at, shared, w0 + 3 * stride, mode)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
                     o = np.uintp(j)
@@ -728,7 +732,7 @@ TILE_QUADS = TILE_BYTES // 4
 @compiled
 def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
               tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-              column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine):
+              column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine, mode):
     """:func:`packed_sums` on AMX tiles (:mod:`~onnx_light.kernels.tile_matrices`; only
     where :func:`~onnx_light.kernels.tile_matrices.available`), the same arguments and
     output, in other layouts: ``repeated`` has its rows rounded up to :data:`TILE_ROWS` and
@@ -740,7 +744,8 @@ def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, t
     left rows (4, 5) and two of right columns (6, 7) loaded per 64 steps of the reduced axis,
     four tile products each (fewer at the last rows and columns); the block goes through a
     scratch panel to the epilogue of :func:`packed_sums` a strip of 32 rows at a time (and
-    the residual added to the strip likewise)."""
+    the residual added to the strip likewise). ``mode`` is unread (the tiles' sums are
+    exact)."""
     strip = 2 * TILE_ROWS
     steps = lanes.shape[1] // TILE_QUADS
     stride = np.uintp(repeated.shape[1])

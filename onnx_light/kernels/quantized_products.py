@@ -49,6 +49,7 @@ from .integer_gemm import (
     Residual,
     calibrate_integer_product,
     integer_parameters,
+    short_sums,
 )
 from .integer_loops import (
     EXACT_CHANNELS,
@@ -392,7 +393,8 @@ class _WindowPlan(NamedTuple):
     """A packed convolution's setup for one input shape (:meth:`_ConvProduct.window_plan`):
     the weights, bias and multipliers it was made of (checked by identity at each run), the
     packing geometry (kernel, strides, dilations), the reduced length, each group's product
-    and output channels, and whether the packing splits across the pool."""
+    and output channels, whether the packing splits across the pool, and the windows'
+    packed layout."""
 
     weights: list[ByteRows]
     bias: np.ndarray | None
@@ -401,6 +403,7 @@ class _WindowPlan(NamedTuple):
     depth: int
     groups: tuple[tuple[PackedPlan, slice], ...]
     parallel: bool
+    layout: str
 
 
 class _DepthwisePlan(NamedTuple):
@@ -464,6 +467,8 @@ class _ConvProduct(_IntegerProduct):
             compile_depthwise(numpy_dtype(x), w.shape[-1], w[0].size, self.output_dtype(constants))
         if self.algorithm in PACKED_ALGORITHMS and w.ndim <= 4:
             compile_pack_windows(numpy_dtype(x))
+            if self.layout == "pairs" and short_sums(ByteRows(w.reshape(w.shape[0], -1), 0), numpy_dtype(x)):
+                self.compile_short(self.output_dtype(constants), swapped=w.shape[0] >= SWAPPED_POSITIONS)
         elif self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
         if self.algorithm not in PACKED_ALGORITHMS or w.ndim > 4:
@@ -526,8 +531,9 @@ class _ConvProduct(_IntegerProduct):
                 x, w, w_zero, bias, window, scales)
         elif self.algorithm in PACKED_ALGORITHMS:
             if swapped_product(math.prod(window.output), per_group * math.prod(window.kernel), channels_out):
+                layout = self.weights_layout(weights, x.dtype)[1]
                 for rows in weights:
-                    rows.packed(self.layout)
+                    rows.packed(layout)
             else:
                 self.window_plans[self.window_key(x, zero, requantization)] = self.window_plan(
                     x, zero, weights, bias, window, requantization)
@@ -535,6 +541,15 @@ class _ConvProduct(_IntegerProduct):
 
     def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
         return None
+
+    def weights_layout(self, weights: list[ByteRows], inputs: np.dtype) -> tuple[bool, str]:
+        """Whether the packed products of these weights and input bytes of type ``inputs``
+        sum the byte products in int16 pairs, and the packed layout they then take: 7-bit
+        weights against uint8 where the processor lacks the byte dot product (the bytes
+        packed as bytes; :func:`~onnx_light.kernels.integer_gemm.short_sums`, exact for
+        them), else the kernel's layout."""
+        short = self.layout == "pairs" and all(short_sums(rows, inputs) for rows in weights)
+        return short, "packed" if short else self.layout
 
     def weight_rows(self, w: np.ndarray, w_zero: np.ndarray | None) -> list[ByteRows]:
         """One operand per group: its output channels' weights as rows, with their zero points."""
@@ -747,7 +762,7 @@ class _ConvProduct(_IntegerProduct):
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
         pack, geometry = pack_windows.dispatcher, plan.geometry
-        lanes = PackedColumns.empty(plan.depth, positions, source.dtype, self.layout)
+        lanes = PackedColumns.empty(plan.depth, positions, source.dtype, plan.layout)
         words = PackedColumns.words(lanes)
         for image in range(n):
             for g, (product, channels) in enumerate(plan.groups):
@@ -785,7 +800,8 @@ class _ConvProduct(_IntegerProduct):
         else:
             kernel, strides, dilations = window.kernel, window.strides, window.dilations
         depth, positions = per_group * math.prod(kernel), math.prod(window.output)
-        template = PackedColumns(PackedColumns.empty(depth, positions, x.dtype, self.layout), positions, zero)
+        short, layout = self.weights_layout(weights, x.dtype)
+        template = PackedColumns(PackedColumns.empty(depth, positions, x.dtype, layout), positions, zero)
         groups = []
         for g in range(group):
             channels = slice(g * channels_out, (g + 1) * channels_out)
@@ -795,9 +811,10 @@ class _ConvProduct(_IntegerProduct):
                 None, np.ascontiguousarray(scales.reshape(-1)[channels], np.float32).reshape(-1, 1),
                 *requantization[2:])
             groups.append((self.packed_plan(weights[g], template, row_bias, np.zeros(positions, np.int32),
-                                            quantized), channels))
+                                            quantized, short), channels))
         return _WindowPlan(weights, bias, scales, (*kernel, *strides, *dilations), depth, tuple(groups),
-                           self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs)
+                           self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs,
+                           layout)
 
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
@@ -812,6 +829,7 @@ class _ConvProduct(_IntegerProduct):
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n, m, -1)
         pointwise = math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded
+        short, layout = self.weights_layout(weights, padded.dtype)
         for image in range(n):
             for g in range(group):
                 inputs = padded[image, g * per_group:(g + 1) * per_group]
@@ -821,9 +839,10 @@ class _ConvProduct(_IntegerProduct):
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(1, -1)
                 if requantization is None:
-                    target[image, channels] = self.product(rows, weights[g].packed(self.layout), group_bias).T
+                    target[image, channels] = self.product(rows, weights[g].packed(layout), group_bias,
+                                                           short=short).T
                 else:
-                    self.product(rows, weights[g].packed(self.layout), group_bias, requantization=(
+                    self.product(rows, weights[g].packed(layout), group_bias, short=short, requantization=(
                         target[image, channels].T, scales[channels].reshape(1, -1), y_zero, low, high))
         return y
 
