@@ -69,10 +69,15 @@ def _model(x_shape: tuple[int, ...], w: np.ndarray, attributes: dict[str, Any],
 
 def _runs(model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int) -> tuple[list, list, list[Any]]:
     """The outputs of a session with the fusion and of one without it, and the fused
-    session's step kernels."""
+    session's step kernels. On two threads every product is split across them (the
+    convolutions' ``minimum_macs`` set to 1 after construction)."""
     fused = RuntimeSession(model, num_threads=threads)
     with mock.patch("onnx_light.runtime.fusion.fuse_qlinear_add", lambda steps, keep, shapes: list(steps)):
         plain = RuntimeSession(model, num_threads=threads)
+    if threads > 1:
+        for session in (fused, plain):
+            for kernel, _, _ in session._steps:
+                getattr(kernel, "conv", kernel).minimum_macs = 1
     return fused.run(None, feeds), plain.run(None, feeds), [kernel for kernel, _, _ in fused._steps]
 
 
