@@ -27,6 +27,7 @@ from onnx_light.kernels.integer_gemm import (
     IntegerProductConfigurations,
     PackedColumns,
     integer_candidates,
+    no_residual,
 )
 from onnx_light.kernels.integer_loops import packed_sums
 from onnx_light.parallel import ThreadPool
@@ -204,7 +205,8 @@ def test_requantized_tiles_match_the_int32_sums(rows: int, depth: int, columns: 
 
     def run(out: np.ndarray, scaled: bool) -> np.ndarray:
         packed_sums(right.lanes, repeated, 0, rows, 0, columns, 64, tile_columns, row_zero, row_sums,
-                    right.zero, zeros, depth, bias, zeros, multiplier, zero, low, high, scaled, out)
+                    right.zero, zeros, depth, bias, zeros, multiplier, zero, low, high, scaled, out,
+                    no_residual(out.dtype), np.zeros(9, np.float32), np.int32(0))
         return out
 
     sums = run(np.empty((rows, columns), np.int32), False)

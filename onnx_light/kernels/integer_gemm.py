@@ -71,10 +71,10 @@ from .integer_loops import (
     tile_sums,
 )
 
-__all__ = ["ALGORITHM", "LAYOUTS", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "TILE_COLUMNS",
-           "TILE_ROWS", "ByteRows", "IntegerProductKernel", "PackedColumns", "PackedPlan", "Requantization",
-           "calibrate_integer_product", "integer_candidates", "integer_parameters", "packed_layout",
-           "packed_product"]
+__all__ = ["ALGORITHM", "LAYOUTS", "MINIMUM_MACS", "PACKED_ALGORITHMS", "PRODUCT_CORPUS", "SHORT_WEIGHT",
+           "TILE_COLUMNS", "TILE_ROWS", "ByteRows", "IntegerProductKernel", "PackedColumns", "PackedPlan",
+           "Requantization", "Residual", "calibrate_integer_product", "integer_candidates",
+           "integer_parameters", "no_residual", "packed_layout", "packed_product", "short_sums"]
 
 ALGORITHM = "product.algorithm"
 TILE_ROWS = "tile.rows"
@@ -95,6 +95,10 @@ Epilogue = Callable[[np.ndarray, int, int, int, int], None]
 #: A requantized output: ``y`` (rows, columns), the float32 multiplier (1 or rows, 1 or
 #: columns), the output zero point and the saturation range.
 Requantization = tuple[np.ndarray, np.ndarray, int, int, int]
+#: A residual added to a requantized output (QLinearAdd fused into its convolution): its
+#: bytes (the output's shape and type) and QLinearAdd's float32 parameters
+#: (:func:`~onnx_light.kernels.integer_loops.add_residual`).
+Residual = tuple[np.ndarray, np.ndarray]
 
 
 def integer_parameters(element_type: int | None = T.UINT8) -> tuple[Parameter, ...]:
@@ -157,6 +161,11 @@ class ByteRows:
         if sums.size:
             row_sums.dispatcher(self.data, sums)
         return sums
+
+    @functools.cached_property
+    def magnitude(self) -> int:
+        """The largest magnitude of the bytes (0 without any; made once)."""
+        return int(np.abs(self.data.astype(np.int16)).max(initial=0))
 
     @functools.cached_property
     def real(self) -> np.ndarray:
@@ -268,7 +277,9 @@ class PackedPlan(NamedTuple):
     sums (:meth:`IntegerProductKernel.packed_plan`): the compiled loop, the left operand
     repeated with its zero points and row sums, the right one's zero points, its column sums
     when they are constant (zeros when no row zero point needs them; None: the lanes'), the
-    biases, the requantization and the shape."""
+    biases, the requantization, the shape, the units of its split and the byte dot product's
+    mode (:data:`~onnx_light.kernels.byte_vectors.dot`: np.int16 where the bytes' products sum
+    in int16 pairs exactly, :func:`short_sums`)."""
 
     run: Callable[..., None]
     repeated: np.ndarray
@@ -287,6 +298,7 @@ class PackedPlan(NamedTuple):
     rows: int
     columns: int
     units: tuple[int, int]
+    mode: np.integer
 
 
 class IntegerProductKernel(Kernel):
@@ -304,14 +316,14 @@ class IntegerProductKernel(Kernel):
         self.layout = packed_layout(self.algorithm) if self.algorithm in PACKED_ALGORITHMS else "packed"
 
     def product(self, left: ByteRows, right: ByteRows | PackedColumns, bias: np.ndarray | None = None,
-                epilogue: Epilogue | None = None, requantization: Requantization | None = None
-                ) -> np.ndarray | None:
+                epilogue: Epilogue | None = None, requantization: Requantization | None = None,
+                short: bool = False) -> np.ndarray | None:
         """The int32 sums ``(left - zero) @ (right - zero).T + bias`` (``bias`` int32 of shape
         (rows, 1) or (1, columns)); each block goes to ``epilogue`` once final. Returns the
         (rows, columns) int32 accumulator; with ``requantization`` writes its output instead
         (requantized as :func:`~onnx_light.kernels.integer_loops.requantize` does) and
         returns None. A :class:`PackedColumns` right operand takes the packed algorithm of its
-        layout whatever the configuration."""
+        layout whatever the configuration; ``short``: as :meth:`packed_plan` says."""
         rows, depth = left.data.shape
         packed = isinstance(right, PackedColumns)
         columns = right.columns if packed else right.data.shape[0]
@@ -320,7 +332,7 @@ class IntegerProductKernel(Kernel):
             (row_bias if bias.shape[0] > 1 or columns == 1 else column_bias)[:] = bias.reshape(-1)
         if packed or self.algorithm in PACKED_ALGORITHMS:
             return self._packed(left, right if packed else right.packed(self.layout), row_bias,
-                                column_bias, epilogue, requantization)
+                                column_bias, epilogue, requantization, short)
         if requantization is not None:
             epilogue = _requantizing(requantization)
         acc = np.empty((rows, columns), np.int32)
@@ -367,11 +379,11 @@ class IntegerProductKernel(Kernel):
 
     def _packed(self, left: ByteRows, right: PackedColumns, row_bias: np.ndarray,
                 column_bias: np.ndarray, epilogue: Epilogue | None,
-                requantization: Requantization | None) -> np.ndarray | None:
+                requantization: Requantization | None, short: bool) -> np.ndarray | None:
         """The packed algorithms' product (:func:`~onnx_light.kernels.integer_loops.packed_sums`),
         or the ``amx`` one's (:func:`~onnx_light.kernels.integer_loops.tile_sums`) for a right
         operand in its layout."""
-        plan = self.packed_plan(left, right, row_bias, column_bias, requantization)
+        plan = self.packed_plan(left, right, row_bias, column_bias, requantization, short)
         out = np.empty((left.data.shape[0], right.columns), np.int32) if requantization is None \
             else requantization[0]
         sums = right.column_sums() if plan.column_sums is None else plan.column_sums
@@ -379,11 +391,13 @@ class IntegerProductKernel(Kernel):
         return None if requantization is not None else out
 
     def packed_plan(self, left: ByteRows, right: PackedColumns, row_bias: np.ndarray,
-                    column_bias: np.ndarray, requantization: Requantization | None) -> PackedPlan:
+                    column_bias: np.ndarray, requantization: Requantization | None,
+                    short: bool = False) -> PackedPlan:
         """What a packed product of ``left`` and right operands shaped as ``right`` (its
         layout, columns and zero points) reads besides the right operand's lanes, made once
         for a convolution's shape (:meth:`run_packed` runs it); ``requantization``'s output
-        is not kept (each run writes its own)."""
+        is not kept (each run writes its own). ``short``: bytes whose products sum exactly in
+        int16 pairs (:func:`short_sums`, the caller's check), in the ``packed`` layout."""
         repeated, row_zero, sums = left.repeated(right.lanes.dtype, right.layout)
         # count_nonzero, not any(): the latter's Python layers cost a small product microseconds
         column_sums = None if np.count_nonzero(row_zero) else _zeros(right.columns)
@@ -397,33 +411,57 @@ class IntegerProductKernel(Kernel):
             if multiplier.dtype != np.float32 or not (flags.c_contiguous and flags.writeable):
                 multiplier = np.require(multiplier, np.float32, ("C", "W"))
         amx = right.layout == "amx"
+        short = short and right.layout == "packed"
         return PackedPlan((tile_sums if amx else packed_sums).dispatcher, repeated, row_zero, sums,
                           right.zero, column_sums, left.data.shape[1], row_bias, column_bias,
                           multiplier, zero, low, high, requantization is not None,
                           left.data.shape[0], right.columns,
                           (2 * TILE_LANES, 2 * TILE_LANES) if amx
-                          else (PACKED_ROWS, _tile_columns(right.layout)))
+                          else (PACKED_ROWS, _tile_columns("pairs" if short else right.layout)),
+                          _SHORT if short else _EXACT)
 
     def run_packed(self, plan: PackedPlan, lanes: np.ndarray, column_sums: np.ndarray, out: np.ndarray,
-                   epilogue: Epilogue | None = None) -> None:
+                   epilogue: Epilogue | None = None, residual: Residual | None = None) -> None:
         """:meth:`packed_plan`'s product on right-operand ``lanes`` whose column sums are
         ``column_sums``, written to ``out`` (int32 sums, or the requantized output), split
-        across the pool as :meth:`_split` does."""
+        across the pool as :meth:`_split` does; a requantized output gets ``residual`` (its
+        bytes of ``out``'s shape and type, and QLinearAdd's parameters) added to each strip
+        of rows while in cache (:func:`~onnx_light.kernels.integer_loops.add_residual`)."""
         run, tiles = plan.run, (self.tile_rows, self.tile_columns)
+        added, combine = residual if residual is not None else (no_residual(out.dtype), _NO_COMBINE)
         if epilogue is None and self.num_threads < 2:  # no closure, no split: a small product's run
             run(lanes, plan.repeated, 0, plan.rows, 0, plan.columns, *tiles, plan.row_zero, plan.row_sums,
                 plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
-                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out, added, combine,
+                plan.mode)
             return
 
         def block(r0: int, r1: int, c0: int, c1: int) -> None:
             run(lanes, plan.repeated, r0, r1, c0, c1, *tiles, plan.row_zero, plan.row_sums,
                 plan.column_zero, column_sums, plan.depth, plan.row_bias, plan.column_bias,
-                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out)
+                plan.multiplier, plan.zero, plan.low, plan.high, plan.requantized, out, added, combine,
+                plan.mode)
             if epilogue is not None:
                 epilogue(out, r0, r1, c0, c1)
 
         self._split(plan.rows, plan.columns, plan.depth, *plan.units, block)
+
+    def compile_short(self, output: np.dtype | None, swapped: bool = False) -> None:
+        """Compile the packed product of byte products summed in int16 pairs
+        (:func:`short_sums`: int8 weights on the left, uint8 on the right) for int32 sums
+        and the requantized ``output`` type (None: the sums alone), at session construction;
+        with ``swapped`` also the other way round, written transposed (as
+        :meth:`compile_for`)."""
+        weights, inputs = ByteRows(np.zeros((1, 1), np.int8), 0), ByteRows(np.zeros((1, 1), np.uint8), 0)
+        self.product(weights, inputs.packed(), short=True)
+        if output is not None:
+            self.product(weights, inputs.packed(), short=True,
+                         requantization=(np.zeros((1, 1), output), _ONE, 0, 0, 1))
+        if swapped:
+            self.product(ByteRows(np.zeros((2, 1), np.uint8), 0), weights.packed(), short=True)
+        if swapped and output is not None:
+            self.product(ByteRows(np.zeros((2, 1), np.uint8), 0), weights.packed(), short=True,
+                         requantization=(np.zeros((1, 2), output).T, _ONE, 0, 0, 1))
 
     def compile_for(self, left: np.dtype, right: np.dtype, output: np.dtype | None = None,
                     swapped: bool = False) -> None:
@@ -445,6 +483,33 @@ class IntegerProductKernel(Kernel):
 
 
 _ONE = np.ones((1, 1), np.float32)
+#: What the packed loops take for "no residual" (:meth:`IntegerProductKernel.run_packed`):
+#: QLinearAdd's parameters, unread.
+_NO_COMBINE = np.zeros(9, np.float32)
+#: :data:`~onnx_light.kernels.byte_vectors.dot`'s modes: exact sums whatever the bytes, or
+#: the bytes' products summed in int16 pairs (:func:`short_sums`).
+_EXACT, _SHORT = np.int32(0), np.int16(1)
+#: The largest magnitude of signed bytes whose products with unsigned ones sum exactly in
+#: int16 pairs (2 x 255 x 64 = 32640).
+SHORT_WEIGHT = 64
+
+
+def short_sums(weights: ByteRows, inputs: np.dtype) -> bool:
+    """Whether a packed product of ``weights`` (either operand) and bytes of type ``inputs``
+    (the other) may sum its byte products in int16 pairs, exactly: int8 weights of at
+    most :data:`SHORT_WEIGHT` in magnitude (7-bit weights, as onnxruntime's quantizer writes
+    them with ``reduce_range``) against uint8. AVX2 without the byte dot product sums them
+    so (:data:`~onnx_light.kernels.byte_vectors.dot`): three instructions per 32 products
+    against the int16 pairs' four, and bytes packed, not int16."""
+    return (weights.data.dtype == np.int8 and np.dtype(inputs) == np.uint8
+            and 0 < weights.magnitude <= SHORT_WEIGHT)
+_NO_RESIDUAL = {np.dtype(t): np.empty((0, 0), t) for t in (np.uint8, np.int8, np.int32)}
+
+
+def no_residual(dtype: np.dtype) -> np.ndarray:
+    """The empty residual of the packed loops for an output of ``dtype`` (the same array
+    type as a residual of that output's, so no other compiled signature)."""
+    return _NO_RESIDUAL[dtype]
 
 
 def _tile_columns(layout: str) -> int:
@@ -476,7 +541,8 @@ def packed_product(left: ByteRows, right: PackedColumns) -> np.ndarray:
     run = (tile_sums if right.layout == "amx" else packed_sums).dispatcher
     run(right.lanes, repeated, 0, rows, 0, right.columns, _DEFAULTS[TILE_ROWS],
         _DEFAULTS[TILE_COLUMNS], row_zero, sums, right.zero, column_sums, depth,
-        _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out)
+        _zeros(rows), _zeros(right.columns), _ONE, 0, 0, 0, False, out, no_residual(out.dtype), _NO_COMBINE,
+        _EXACT)
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .byte_vectors import LANES, WORD_BYTES, dot, store, store_requantized, zeros
-from .compiled import compiled
+from .compiled import compiled, fused_multiply_add
 from .tile_matrices import TILE_BYTES, TILE_ROWS, tile_configuration
 from .tile_matrices import configure as tile_configure
 from .tile_matrices import dot as tile_dot
@@ -36,8 +36,9 @@ from .tile_matrices import store as tile_store
 from .tile_matrices import zero as tile_zero
 
 __all__ = ["EXACT_CHANNELS", "PACKED_LANES", "PACKED_ROWS", "SHORT_ROW", "TILE_LANES", "TILE_QUADS",
-           "correct", "depthwise_sums", "dot_tiles", "finish_sums", "pack_columns", "pack_windows",
-           "packed_sums", "pad_planes", "pointwise_sums", "requantize", "row_sums", "tile_sums"]
+           "add_residual", "add_terms", "correct", "depthwise_sums", "dot_tiles", "finish_sums",
+           "pack_columns", "pack_windows", "packed_sums", "pad_planes", "pointwise_sums", "requantize",
+           "row_sums", "tile_sums"]
 
 
 @compiled
@@ -506,7 +507,7 @@ def pack_windows(image, kernel_h, kernel_w, stride_h, stride_w, dilation_h, dila
 @compiled
 def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
                 tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-                column_bias, multiplier, out_zero, low, high, scaled, out):
+                column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine, mode):
     """The exact product of two byte operands over rows ``row_first:row_stop`` and columns
     ``column_first:column_stop`` of ``out``, corrected for the zero points as
     :func:`correct` does, plus the biases, and requantized as :func:`requantize` does with
@@ -529,7 +530,13 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     registers instead (:data:`~onnx_light.kernels.byte_vectors.store_requantized`, the same
     bits). The work goes in blocks of
     ``tile_rows`` x ``tile_columns`` (rounded up to whole micro-tiles): a block's left rows
-    stay in cache while its columns stream."""
+    stay in cache while its columns stream. A ``residual`` with rows (``out``'s shape and
+    type; else empty) is added to each strip of four requantized rows while they are in
+    cache, as :func:`add_residual` adds it with ``combine`` (a QLinearAdd fused into the
+    convolution). ``mode`` is :data:`~onnx_light.kernels.byte_vectors.dot`'s: np.int16 where
+    the caller promises that each two byte products of a word sum within int16 (AVX2 then
+    sums the bytes with ``vpmaddubsw``, in the narrower micro-tiles of the pairs), else
+    np.int32."""
     quads = lanes.shape[1]
     stride = np.uintp(repeated.strides[0])  # bytes, as every offset below
     step = np.uintp(WORD_BYTES * PACKED_LANES)
@@ -539,8 +546,9 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
     block_rows = -(-max(tile_rows, 1) // PACKED_ROWS) * PACKED_ROWS
     wide = 3 * PACKED_LANES
     # the pairs' micro-tiles are 16 columns wide: 4 x 24 needs 17 vector registers there
-    # (a temporary per vpmaddwd), which spills three accumulators (docs/quantization.md)
-    pairs, narrow = lanes.itemsize == 2, 2 * PACKED_LANES
+    # (a temporary per vpmaddwd), which spills three accumulators (docs/quantization.md);
+    # the bytes summed in int16 too (a temporary, and the ones)
+    pairs, narrow = lanes.itemsize == 2 or mode != 0, 2 * PACKED_LANES
     block_columns = -(-max(tile_columns, 1) // wide) * wide
     panel = np.empty(PACKED_ROWS * block_columns, np.int32)
     simple = _row_constant(row_first, row_stop, column_first, column_stop, row_zero, column_zero,
@@ -573,14 +581,14 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     for _ in range(quads):
                         w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
                         b1 = at + panel_bytes
-                        a00 = dot(a00, source, at, shared, w0)
-                        a01 = dot(a01, source, b1, shared, w0)
-                        a10 = dot(a10, source, at, shared, w1)
-                        a11 = dot(a11, source, b1, shared, w1)
-                        a20 = dot(a20, source, at, shared, w2)
-                        a21 = dot(a21, source, b1, shared, w2)
-                        a30 = dot(a30, source, at, shared, w3)
-                        a31 = dot(a31, source, b1, shared, w3)
+                        a00 = dot(a00, source, at, shared, w0, mode)
+                        a01 = dot(a01, source, b1, shared, w0, mode)
+                        a10 = dot(a10, source, at, shared, w1, mode)
+                        a11 = dot(a11, source, b1, shared, w1, mode)
+                        a20 = dot(a20, source, at, shared, w2, mode)
+                        a21 = dot(a21, source, b1, shared, w2, mode)
+                        a30 = dot(a30, source, at, shared, w3, mode)
+                        a31 = dot(a31, source, b1, shared, w3, mode)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
                     if whole and j == done and c0 + j + narrow <= c1:
@@ -617,18 +625,18 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     for _ in range(quads):
                         w1, w2, w3 = w0 + stride, w0 + 2 * stride, w0 + 3 * stride
                         b1, b2 = at + panel_bytes, at + 2 * panel_bytes
-                        a00 = dot(a00, source, at, shared, w0)
-                        a01 = dot(a01, source, b1, shared, w0)
-                        a02 = dot(a02, source, b2, shared, w0)
-                        a10 = dot(a10, source, at, shared, w1)
-                        a11 = dot(a11, source, b1, shared, w1)
-                        a12 = dot(a12, source, b2, shared, w1)
-                        a20 = dot(a20, source, at, shared, w2)
-                        a21 = dot(a21, source, b1, shared, w2)
-                        a22 = dot(a22, source, b2, shared, w2)
-                        a30 = dot(a30, source, at, shared, w3)
-                        a31 = dot(a31, source, b1, shared, w3)
-                        a32 = dot(a32, source, b2, shared, w3)
+                        a00 = dot(a00, source, at, shared, w0, mode)
+                        a01 = dot(a01, source, b1, shared, w0, mode)
+                        a02 = dot(a02, source, b2, shared, w0, mode)
+                        a10 = dot(a10, source, at, shared, w1, mode)
+                        a11 = dot(a11, source, b1, shared, w1, mode)
+                        a12 = dot(a12, source, b2, shared, w1, mode)
+                        a20 = dot(a20, source, at, shared, w2, mode)
+                        a21 = dot(a21, source, b1, shared, w2, mode)
+                        a22 = dot(a22, source, b2, shared, w2, mode)
+                        a30 = dot(a30, source, at, shared, w3, mode)
+                        a31 = dot(a31, source, b1, shared, w3, mode)
+                        a32 = dot(a32, source, b2, shared, w3, mode)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
                     if whole and j == done and c0 + j + wide <= c1:
@@ -668,10 +676,10 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     at = np.uintp((c0 + j) // PACKED_LANES) * panel_bytes
                     w0 = first
                     for _ in range(quads):
-                        a00 = dot(a00, source, at, shared, w0)
-                        a10 = dot(a10, source, at, shared, w0 + stride)
-                        a20 = dot(a20, source, at, shared, w0 + 2 * stride)
-                        a30 = dot(a30, source, at, shared, w0 + 3 * stride)
+                        a00 = dot(a00, source, at, shared, w0, mode)
+                        a10 = dot(a10, source, at, shared, w0 + stride, mode)
+                        a20 = dot(a20, source, at, shared, w0 + 2 * stride, mode)
+                        a30 = dot(a30, source, at, shared, w0 + 3 * stride, mode)
                         at += step
                         w0 += np.uintp(WORD_BYTES)
                     o = np.uintp(j)
@@ -684,6 +692,8 @@ def packed_sums(lanes, repeated, row_first, row_stop, column_first, column_stop,
                     _finish_rows(panel[done:], block_columns, m0, min(m0 + PACKED_ROWS, r1), c0 + done, c1,
                                  simple, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
                                  column_bias, multiplier, out_zero, low, high, scaled, out)
+                if residual.shape[0]:
+                    add_residual(out, residual, m0, min(m0 + PACKED_ROWS, r1), c0, c1, combine)
 
 
 @compiled
@@ -722,7 +732,7 @@ TILE_QUADS = TILE_BYTES // 4
 @compiled
 def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, tile_rows,
               tile_columns, row_zero, row_sums, column_zero, column_sums, depth, row_bias,
-              column_bias, multiplier, out_zero, low, high, scaled, out):
+              column_bias, multiplier, out_zero, low, high, scaled, out, residual, combine, mode):
     """:func:`packed_sums` on AMX tiles (:mod:`~onnx_light.kernels.tile_matrices`; only
     where :func:`~onnx_light.kernels.tile_matrices.available`), the same arguments and
     output, in other layouts: ``repeated`` has its rows rounded up to :data:`TILE_ROWS` and
@@ -733,7 +743,9 @@ def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, t
     Each block of 32 rows x 32 columns sums in four int32 tiles (tiles 0-3), two tiles of
     left rows (4, 5) and two of right columns (6, 7) loaded per 64 steps of the reduced axis,
     four tile products each (fewer at the last rows and columns); the block goes through a
-    scratch panel to the epilogue of :func:`packed_sums` a strip of 32 rows at a time."""
+    scratch panel to the epilogue of :func:`packed_sums` a strip of 32 rows at a time (and
+    the residual added to the strip likewise). ``mode`` is unread (the tiles' sums are
+    exact)."""
     strip = 2 * TILE_ROWS
     steps = lanes.shape[1] // TILE_QUADS
     stride = np.uintp(repeated.shape[1])
@@ -793,7 +805,50 @@ def tile_sums(lanes, repeated, row_first, row_stop, column_first, column_stop, t
                 _finish_rows(panel, block_columns, m0, min(m0 + strip, r1), c0, c1, simple,
                              row_zero, row_sums, column_zero, column_sums, depth, row_bias,
                              column_bias, multiplier, out_zero, low, high, scaled, out)
+                if residual.shape[0]:
+                    add_residual(out, residual, m0, min(m0 + strip, r1), c0, c1, combine)
     tile_release()
+
+
+@compiled(inline="always")
+def add_terms(parameters):
+    """QLinearAdd's constants in onnxruntime's x86 arithmetic (MLAS) from ``parameters``,
+    float32 ``first_scale, first_zero, second_scale, second_zero, c_scale, c_zero``: the
+    ratios ``r1 = first_scale / c_scale`` and ``r2 = second_scale / c_scale`` and
+    ``fixed = c_zero - fma(r2, second_zero, r1 * first_zero)``; the sum of bytes ``f`` and
+    ``s`` is then ``fma(s, r2, fma(f, r1, fixed))``, rounded half to even and saturated."""
+    first_scale, first_zero, second_scale, second_zero = parameters[:4]
+    c_scale, c_zero = parameters[4], parameters[5]
+    first_ratio, second_ratio = first_scale / c_scale, second_scale / c_scale
+    return first_ratio, second_ratio, c_zero - fused_multiply_add(second_ratio, second_zero,
+                                                                  first_ratio * first_zero)
+
+
+@compiled
+def add_residual(out, residual, row_first, row_stop, column_first, column_stop, parameters):
+    """QLinearAdd of the bytes of ``out`` and ``residual`` (same shape and type) over rows
+    ``row_first:row_stop`` and columns ``column_first:column_stop``, written back to ``out``:
+    the arithmetic of :func:`add_terms` with ``parameters`` (float32: its six, then the
+    output's ``low, high``, then 1 when ``out`` holds the first operand, 0 the second), so
+    the bytes of QLinearAdd's compiled pass on the same operands. A convolution calls it on
+    the rows it has just requantized, while they are in cache (the residual addition fused
+    into the convolution)."""
+    first_ratio, second_ratio, fixed = add_terms(parameters)
+    lowest, highest = parameters[6], parameters[7]
+    out_first = parameters[8] != 0
+    start, count = np.uintp(column_first), np.uintp(column_stop - column_first)
+    for i in range(row_first, row_stop):
+        row, other = out[i], residual[i]
+        if out_first:
+            for j in range(start, start + count):
+                value = fused_multiply_add(np.float32(other[j]), second_ratio,
+                                           fused_multiply_add(np.float32(row[j]), first_ratio, fixed))
+                row[j] = np.uint8(np.int32(min(max(np.rint(value), lowest), highest)))
+        else:
+            for j in range(start, start + count):
+                value = fused_multiply_add(np.float32(row[j]), second_ratio,
+                                           fused_multiply_add(np.float32(other[j]), first_ratio, fixed))
+                row[j] = np.uint8(np.int32(min(max(np.rint(value), lowest), highest)))
 
 
 @compiled

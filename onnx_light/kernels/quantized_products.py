@@ -46,12 +46,15 @@ from .integer_gemm import (
     IntegerProductKernel,
     PackedColumns,
     PackedPlan,
+    Residual,
     calibrate_integer_product,
     integer_parameters,
+    short_sums,
 )
 from .integer_loops import (
     EXACT_CHANNELS,
     POINTWISE_BLOCK,
+    add_residual,
     depthwise_sums,
     finish_sums,
     pack_windows,
@@ -62,7 +65,7 @@ from .integer_loops import requantize as requantize_block
 from .quantization import INTEGER_RANGES, quantized_type, requantize
 from .window import Window, WindowAttributes, pad_spatial
 
-__all__ = ["DECLARATIONS", "exact_matmul", "integer_matmul"]
+__all__ = ["DECLARATIONS", "add_whole", "exact_matmul", "integer_matmul"]
 
 Arrays = list[np.ndarray]
 _BYTES = (T.INT8, T.UINT8)
@@ -390,7 +393,8 @@ class _WindowPlan(NamedTuple):
     """A packed convolution's setup for one input shape (:meth:`_ConvProduct.window_plan`):
     the weights, bias and multipliers it was made of (checked by identity at each run), the
     packing geometry (kernel, strides, dilations), the reduced length, each group's product
-    and output channels, and whether the packing splits across the pool."""
+    and output channels, whether the packing splits across the pool, and the windows'
+    packed layout."""
 
     weights: list[ByteRows]
     bias: np.ndarray | None
@@ -399,6 +403,7 @@ class _WindowPlan(NamedTuple):
     depth: int
     groups: tuple[tuple[PackedPlan, slice], ...]
     parallel: bool
+    layout: str
 
 
 class _DepthwisePlan(NamedTuple):
@@ -462,6 +467,8 @@ class _ConvProduct(_IntegerProduct):
             compile_depthwise(numpy_dtype(x), w.shape[-1], w[0].size, self.output_dtype(constants))
         if self.algorithm in PACKED_ALGORITHMS and w.ndim <= 4:
             compile_pack_windows(numpy_dtype(x))
+            if self.layout == "pairs" and short_sums(ByteRows(w.reshape(w.shape[0], -1), 0), numpy_dtype(x)):
+                self.compile_short(self.output_dtype(constants), swapped=w.shape[0] >= SWAPPED_POSITIONS)
         elif self.group == 1 and math.prod(w.shape[2:]) == 1:
             compile_pointwise(numpy_dtype(x), self.output_dtype(constants))
         if self.algorithm not in PACKED_ALGORITHMS or w.ndim > 4:
@@ -524,8 +531,9 @@ class _ConvProduct(_IntegerProduct):
                 x, w, w_zero, bias, window, scales)
         elif self.algorithm in PACKED_ALGORITHMS:
             if swapped_product(math.prod(window.output), per_group * math.prod(window.kernel), channels_out):
+                layout = self.weights_layout(weights, x.dtype)[1]
                 for rows in weights:
-                    rows.packed(self.layout)
+                    rows.packed(layout)
             else:
                 self.window_plans[self.window_key(x, zero, requantization)] = self.window_plan(
                     x, zero, weights, bias, window, requantization)
@@ -533,6 +541,15 @@ class _ConvProduct(_IntegerProduct):
 
     def output_dtype(self, constants: Sequence[np.ndarray | None]) -> np.dtype | None:
         return None
+
+    def weights_layout(self, weights: list[ByteRows], inputs: np.dtype) -> tuple[bool, str]:
+        """Whether the packed products of these weights and input bytes of type ``inputs``
+        sum the byte products in int16 pairs, and the packed layout they then take: 7-bit
+        weights against uint8 where the processor lacks the byte dot product (the bytes
+        packed as bytes; :func:`~onnx_light.kernels.integer_gemm.short_sums`, exact for
+        them), else the kernel's layout."""
+        short = self.layout == "pairs" and all(short_sums(rows, inputs) for rows in weights)
+        return short, "packed" if short else self.layout
 
     def weight_rows(self, w: np.ndarray, w_zero: np.ndarray | None) -> list[ByteRows]:
         """One operand per group: its output channels' weights as rows, with their zero points."""
@@ -733,15 +750,19 @@ class _ConvProduct(_IntegerProduct):
         self.run_windows(plan, source, positions, y)
         return y
 
-    def run_windows(self, plan: _WindowPlan, source: np.ndarray, positions: int, y: np.ndarray) -> None:
+    def run_windows(self, plan: _WindowPlan, source: np.ndarray, positions: int, y: np.ndarray,
+                    residual: Residual | None = None) -> None:
         """:meth:`packed_windows`' packing and products for its ``plan`` on the padded input
-        ``source``, written to ``y`` (N, M, ...) of ``positions`` output positions."""
+        ``source``, written to ``y`` (N, M, ...) of ``positions`` output positions; a
+        requantized ``y`` gets ``residual`` (bytes of its shape and type, C-ordered, and
+        QLinearAdd's parameters) added as each strip of rows is written."""
         n, per_group = source.shape[0], source.shape[1] // self.group
         target = y.reshape(n, -1, positions)
+        added = None if residual is None else residual[0].reshape(n, -1, positions)
         if source.ndim == 3:  # 1-D: one row of height 1
             source = source[:, :, None, :]
         pack, geometry = pack_windows.dispatcher, plan.geometry
-        lanes = PackedColumns.empty(plan.depth, positions, source.dtype, self.layout)
+        lanes = PackedColumns.empty(plan.depth, positions, source.dtype, plan.layout)
         words = PackedColumns.words(lanes)
         for image in range(n):
             for g, (product, channels) in enumerate(plan.groups):
@@ -756,7 +777,8 @@ class _ConvProduct(_IntegerProduct):
                     pack(inputs, *geometry, words, lanes.shape[3], 0, lanes.shape[1])
                 sums = PackedColumns.sums_of(lanes, positions) if product.column_sums is None \
                     else product.column_sums
-                self.run_packed(product, lanes, sums, target[image, channels])
+                self.run_packed(product, lanes, sums, target[image, channels], None,
+                                None if added is None else (added[image, channels], residual[1]))
 
     @staticmethod
     def window_key(x: np.ndarray, zero: int, requantization: Requantization | None) -> tuple[Any, ...]:
@@ -778,7 +800,8 @@ class _ConvProduct(_IntegerProduct):
         else:
             kernel, strides, dilations = window.kernel, window.strides, window.dilations
         depth, positions = per_group * math.prod(kernel), math.prod(window.output)
-        template = PackedColumns(PackedColumns.empty(depth, positions, x.dtype, self.layout), positions, zero)
+        short, layout = self.weights_layout(weights, x.dtype)
+        template = PackedColumns(PackedColumns.empty(depth, positions, x.dtype, layout), positions, zero)
         groups = []
         for g in range(group):
             channels = slice(g * channels_out, (g + 1) * channels_out)
@@ -788,9 +811,10 @@ class _ConvProduct(_IntegerProduct):
                 None, np.ascontiguousarray(scales.reshape(-1)[channels], np.float32).reshape(-1, 1),
                 *requantization[2:])
             groups.append((self.packed_plan(weights[g], template, row_bias, np.zeros(positions, np.int32),
-                                            quantized), channels))
+                                            quantized, short), channels))
         return _WindowPlan(weights, bias, scales, (*kernel, *strides, *dilations), depth, tuple(groups),
-                           self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs)
+                           self.num_threads > 1 and depth * positions * channels_out >= self.minimum_macs,
+                           layout)
 
     def packed_filters(self, padded: np.ndarray, zero: int, weights: list[ByteRows],
                        bias: np.ndarray | None, window: Window, requantization: Requantization | None
@@ -805,6 +829,7 @@ class _ConvProduct(_IntegerProduct):
         y, scales, y_zero, low, high = _target(requantization, (n, m, *window.output))
         target = y.reshape(n, m, -1)
         pointwise = math.prod(window.kernel) == 1 and set(window.strides) == {1} and not window.padded
+        short, layout = self.weights_layout(weights, padded.dtype)
         for image in range(n):
             for g in range(group):
                 inputs = padded[image, g * per_group:(g + 1) * per_group]
@@ -814,9 +839,10 @@ class _ConvProduct(_IntegerProduct):
                 channels = slice(g * channels_out, (g + 1) * channels_out)
                 group_bias = None if bias is None else bias[channels].reshape(1, -1)
                 if requantization is None:
-                    target[image, channels] = self.product(rows, weights[g].packed(self.layout), group_bias).T
+                    target[image, channels] = self.product(rows, weights[g].packed(layout), group_bias,
+                                                           short=short).T
                 else:
-                    self.product(rows, weights[g].packed(self.layout), group_bias, requantization=(
+                    self.product(rows, weights[g].packed(layout), group_bias, short=short, requantization=(
                         target[image, channels].T, scales[channels].reshape(1, -1), y_zero, low, high))
         return y
 
@@ -868,6 +894,16 @@ def swapped_product(positions: int, depth: int, filters: int) -> bool:
     swapped product."""
     limit = DEEP_SWAPPED_POSITIONS if depth > SWAPPED_DEPTH else SWAPPED_POSITIONS
     return positions < limit <= filters
+
+
+def add_whole(y: np.ndarray, residual: Residual) -> None:
+    """``residual`` (bytes of ``y``'s shape and type, C-ordered, and QLinearAdd's parameters)
+    added into the requantized ``y`` (N, M, ...) in one compiled pass
+    (:func:`~onnx_light.kernels.integer_loops.add_residual`): a fused QLinearAdd after a
+    convolution that adds it in no product's epilogue."""
+    rows = y.reshape(y.shape[0] * y.shape[1], -1)
+    add_residual.dispatcher(rows, residual[0].reshape(rows.shape), 0, rows.shape[0], 0, rows.shape[1],
+                            residual[1])
 
 
 def _exact_product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -1062,11 +1098,9 @@ class QLinearConv(_ConvProduct):
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None,
             bias: np.ndarray | None = None) -> Arrays:
         constants = (x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, bias)
-        route = self.route
-        known = (route is not None and route.shape == x.shape and route.dtype == x.dtype
-                 and all(map(operator.is_, route.constants, constants)))
-        if known and route.call is not None:
-            return [route.call(x)]
+        route = self.routed(x, constants)
+        if route is not None and route.call is not None:
+            return [route.call(x, None)]
         if bias is not None and (bias.dtype != np.int32 or bias.shape != (w.shape[0],)):
             raise self.ctx.error(f"the bias must be int32 of shape [{w.shape[0]}], got "
                                  f"{bias.dtype} of shape {list(bias.shape)}")
@@ -1086,6 +1120,15 @@ class QLinearConv(_ConvProduct):
 
         self.convolve(x, x_zero_point, w, w_zero_point, bias, finish, (y, multiplier, zero, low, high))
         return [y.reshape(x.shape[0], w.shape[0], *spatial)]
+
+    def routed(self, x: np.ndarray, constants: tuple[np.ndarray | None, ...]) -> _Route | None:
+        """The settled route (:meth:`_route`) when a run on ``x`` with these inputs (all but
+        X, in order; compared by identity) takes it, else None."""
+        route = self.route
+        if (route is not None and route.shape == x.shape and route.dtype == x.dtype
+                and all(map(operator.is_, route.constants, constants))):
+            return route
+        return None
 
     def _route(self, x: np.ndarray, w: np.ndarray, constants: tuple[np.ndarray | None, ...],
                output: tuple[np.dtype, int, int, int]) -> _Route:
@@ -1109,9 +1152,11 @@ class QLinearConv(_ConvProduct):
             if depthwise is None:
                 return none
 
-            def call(x: np.ndarray) -> np.ndarray:
+            def call(x: np.ndarray, residual: Residual | None) -> np.ndarray:
                 y = np.empty(shape, dtype)
                 self.run_depthwise(depthwise, x, zero, y, y_zero, low, high, True)
+                if residual is not None:
+                    add_whole(y, residual)
                 return y
 
         elif (self.algorithm in PACKED_ALGORITHMS
@@ -1120,9 +1165,9 @@ class QLinearConv(_ConvProduct):
             if plan is None:
                 return none
 
-            def call(x: np.ndarray) -> np.ndarray:
+            def call(x: np.ndarray, residual: Residual | None) -> np.ndarray:
                 y = np.empty(shape, dtype)
-                self.run_windows(plan, _padded_bytes(x, window, zero), positions, y)
+                self.run_windows(plan, _padded_bytes(x, window, zero), positions, y, residual)
                 return y
 
         else:
@@ -1132,13 +1177,13 @@ class QLinearConv(_ConvProduct):
 
 class _Route(NamedTuple):
     """A QLinearConv's run for one input shape and type and its constant inputs (compared
-    by identity): ``call(x)`` gives the output, or None: the whole run
-    (:meth:`QLinearConv._route`)."""
+    by identity): ``call(x, residual)`` gives the output (with the residual added, when not
+    None, as :func:`add_whole` adds it), or None: the whole run (:meth:`QLinearConv._route`)."""
 
     constants: tuple[np.ndarray | None, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
-    call: Callable[[np.ndarray], np.ndarray] | None
+    call: Callable[[np.ndarray, Residual | None], np.ndarray] | None
 
 
 DECLARATIONS: tuple[KernelDeclaration, ...] = tuple(

@@ -62,6 +62,8 @@ Before those, in this order:
    side whose column groups are their outputs (``runtime/sibling_fusion.py``); a gate
    product with its SiLU, the up product of the same input and the Mul of their outputs
    (LLaMA's MLP) become one :class:`~onnx_light.kernels.gated_matmul.GatedMatMul` step.
+9. **Quantized residual additions** (after them): a QLinearAdd of a QLinearConv's output
+   becomes one step that adds it in the convolution's epilogue (``runtime/qlinear_fusion.py``).
 
 Only float and double tensors are fused (chains: float32). A fused graph computes the same function with
 different rounding: folding a chain into a Conv rounds the products ``W * m`` once, and a
@@ -101,6 +103,7 @@ from ..kernels.normalization import BatchNormalization, ChannelAffine, batch_nor
 from .attention_fusion import fuse_attention
 from .identity_casts import drop_identity_casts
 from .matmul_fusion import fuse_matmul_bias
+from .qlinear_fusion import fuse_qlinear_add
 from .rmsnorm_fusion import fuse_rms_norm
 from .rotary_fusion import fuse_rotary
 from .se_fusion import fuse_squeeze_excite
@@ -254,6 +257,7 @@ def fuse(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
     steps_out: list[Step] = [(k, i, o) for k, i, o in filter(None, result)]
     steps_out = fuse_squeeze_excite(steps_out, known, keep, shapes, sources)
     steps_out = fuse_siblings(steps_out, known, keep, sources)
+    steps_out = fuse_qlinear_add(steps_out, keep, shapes)
     return FusionResult(steps_out, added, sources)
 
 

@@ -31,6 +31,7 @@ from ..base import NodeContext, normalize_axis
 from ..compiled import compiled, fused_multiply_add
 from ..declaration import KernelDeclaration
 from ..elementwise import _sigmoid
+from ..integer_loops import add_terms
 from ..pooling import AveragePool
 from ..quantization import quantized_type, requantize
 from ..reductions import Softmax
@@ -99,16 +100,14 @@ def _combine_bytes(first, second, out, multiply, parameters):
     ``out[r, j]`` from ``first[r, j]`` (or ``first[r, 0]``: one value per row) and ``second[r,
     j]``; ``parameters``: float32 ``first_scale, first_zero, second_scale, second_zero,
     c_scale, c_zero, low, high`` (one array: numba types it faster than eight numpy scalars).
-    Add: with the ratios ``r1 = first_scale / c_scale`` and ``r2``,
-    ``fixed = c_zero - fma(r2, second_zero, r1 * first_zero)``, then ``fma(second, r2,
-    fma(first, r1, fixed))`` (the caller makes the operand with one value per row ``first``,
-    else B: the roles onnxruntime gives them). Mul: ``(first - z1) * (second - z2)`` (exact in
-    float32) times ``first_scale * second_scale / c_scale``, plus ``c_zero``. Then rounded half
-    to even and saturated to ``low:high``."""
+    Add: :func:`~onnx_light.kernels.integer_loops.add_terms`' ratios ``r1``, ``r2`` and
+    ``fixed``, then ``fma(second, r2, fma(first, r1, fixed))`` (the caller makes the operand
+    with one value per row ``first``, else B: the roles onnxruntime gives them). Mul:
+    ``(first - z1) * (second - z2)`` (exact in float32) times ``first_scale * second_scale /
+    c_scale``, plus ``c_zero``. Then rounded half to even and saturated to ``low:high``."""
     first_scale, first_zero, second_scale, second_zero = parameters[:4]
     c_scale, c_zero, lowest, highest = parameters[4:]
-    first_ratio, second_ratio = first_scale / c_scale, second_scale / c_scale
-    fixed = c_zero - fused_multiply_add(second_ratio, second_zero, first_ratio * first_zero)
+    first_ratio, second_ratio, fixed = add_terms(parameters)
     ratio = (first_scale * second_scale) / c_scale
     inner = np.uintp(out.shape[1])
     per_row = first.shape[1] == 1 and inner > 1
