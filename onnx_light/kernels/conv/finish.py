@@ -23,7 +23,7 @@ from ..compiled import compiled
 from ..compiled_activations import InPlace, flat_rows
 
 __all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows", "finish_run",
-           "fused_parts", "scale_channels"]
+           "fused_parts", "read_only", "scale_channels"]
 
 #: The output types the compiled pass takes.
 FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -129,25 +129,26 @@ def scale_channels(source: np.ndarray, factors: np.ndarray, out: np.ndarray, inn
                 out[start + k] = source[start + k] * factors[k]
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """``a``, or a read-only view of it: the compiled passes take what they only read as
-    read-only arrays, so that a constant bias and a computed one share one compiled form
-    (numba compiles one per writeable flag) and a session's first run compiles nothing."""
-    if not a.flags.writeable:
-        return a
-    view = a.view()
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` if it is read-only, else a read-only view of it: compiled kernels take what
+    they only read so (a session's feeds and constants are read-only, a caller's or a
+    computed array may not be), which keeps each to one compiled form per element type (numba
+    compiles one per writeable flag), and a session's first run compiles nothing."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
     view.flags.writeable = False
     return view
 
 
 @functools.cache
 def _no_bias(dtype: np.dtype) -> np.ndarray:
-    return _read_only(np.empty((0, 0), dtype))
+    return read_only(np.empty((0, 0), dtype))
 
 
 @functools.cache
 def _no_residual(dtype: np.dtype) -> np.ndarray:
-    return _read_only(np.empty(0, dtype))
+    return read_only(np.empty(0, dtype))
 
 
 def _flat(view: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
@@ -217,7 +218,7 @@ class Finish:
             if bias.shape[:2] != target.shape[:2] or bias.size != target.shape[0] * target.shape[1]:
                 flat_source = None
             else:
-                rows = _read_only(np.ascontiguousarray(bias.reshape(target.shape[:2]), dtype=target.dtype))
+                rows = read_only(np.ascontiguousarray(bias.reshape(target.shape[:2]), dtype=target.dtype))
         if flat_source is None:
             if bias is None:
                 np.copyto(target, source)
@@ -242,7 +243,7 @@ class Finish:
             return _no_residual(block.dtype)
         offset = (block.__array_interface__["data"][0] - self.out.__array_interface__["data"][0]) \
             // block.itemsize
-        return _read_only(self.residual[offset:offset + size])
+        return read_only(self.residual[offset:offset + size])
 
     def _rows(self, block: np.ndarray, bias: np.ndarray | None
               ) -> tuple[np.ndarray, tuple[int, int, int], tuple[int, int], np.ndarray] | None:
@@ -264,7 +265,7 @@ class Finish:
         else:
             span = (block.shape[0] - 1) * strides[0] + (block.shape[1] - 1) * strides[1] + block.shape[2]
             base = as_strided(block, shape=(span,), strides=(item,))
-        rows = _read_only(np.ascontiguousarray(bias.reshape(block.shape[:2]), dtype=block.dtype))
+        rows = read_only(np.ascontiguousarray(bias.reshape(block.shape[:2]), dtype=block.dtype))
         return base, block.shape, strides, rows
 
     def _numpy(self, block: np.ndarray, bias: np.ndarray | None) -> None:
