@@ -42,6 +42,7 @@ from ..kernels.base import Kernel, TensorSpec, numpy_dtype, quiet
 from ..kernels.compiled import CACHE_ENV, compile_totals, load_numba
 from ..kernels.declaration import KernelDeclaration
 from ..kernels.spin import spin_loop
+from ..kernels.team import team_loop
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
@@ -77,6 +78,10 @@ SPIN_US = 0.0
 #: parallel regions (``ThreadPool.hot``'s ``awake_us``; 0: none): the session's ``awake_us``
 #: (docs/parallel.md, "Keeping the processors awake").
 AWAKE_US = 0.0
+#: How long (microseconds) the native team's threads spin without a region, while a run is in
+#: progress, before they sleep (``ThreadPool.hot``'s ``team_us``; 0: no team, the compiled
+#: kernels open numba regions): the session's ``team_us`` (docs/parallel.md, "The native team").
+TEAM_US = 2000.0
 
 
 def _report_compiles(count: int, seconds: float) -> None:
@@ -180,8 +185,11 @@ class RuntimeSession:
         self._pool = get_pool(self.num_threads)
         self.spin_us = SPIN_US
         self.awake_us = AWAKE_US
+        self.team_us = TEAM_US
         if self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0):
             spin_loop()  # compiled (or loaded) now rather than in a run
+        if self.num_threads > 1 and self.team_us > 0:
+            team_loop()
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
         kernels, nested = dispatch_graph(graph, inferred.graph, opsets, types, table)
@@ -458,9 +466,11 @@ class RuntimeSession:
                 values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
-        hot = self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0)
+        threaded = self.num_threads > 1
+        hot = threaded and (self.spin_us > 0 or self.awake_us > 0)
+        team = team_loop() if threaded and self.team_us > 0 else None
         with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us, spin_loop() if hot else None,
-                                                    self.awake_us):
+                                                    self.awake_us, team, self.team_us):
             if plan is self._plan and node_hook is None:  # the steady state: the bound plan
                 bound = self._arenas.take()
                 try:
