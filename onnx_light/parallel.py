@@ -100,13 +100,14 @@ class Team:
     kernels publish (``kernels.team.team_region``); otherwise they sleep on a futex. A kernel
     finds the team of the scope its thread is in with :func:`current_team`."""
 
-    __slots__ = ("broken", "scopes", "state", "system", "threads", "wake")
+    __slots__ = ("broken", "error", "scopes", "state", "system", "threads", "wake")
 
     def __init__(self, loop: TeamLoop, count: int, label: str) -> None:
         worker, self.wake, self.system, _ = loop
         self.state = np.zeros(TEAM_SLOTS, np.int64)
         self.scopes = 0  # scopes in force, under the core's hot_lock
         self.broken = False  # a worker's loop failed (or this is a forked child's copy)
+        self.error: BaseException | None = None  # what it failed with
         self.threads = [threading.Thread(target=self._main, args=(worker,), name=f"{label}-team{i}",
                                          daemon=True) for i in range(count)]
         for thread in self.threads:
@@ -115,9 +116,9 @@ class Team:
     def _main(self, worker: Callable[..., None]) -> None:
         try:
             worker(self.state, self.system)
-        except BaseException:  # the kernels fall back to their other parallel path
+        except BaseException as exc:  # kept: the kernels fall back to their other parallel path
+            self.error = exc
             self.broken = True
-            raise
 
     def stop(self, join: bool) -> None:
         """Make the workers return (they may be asleep or spinning)."""
@@ -700,8 +701,7 @@ class _HotScope:
                     core.flags[_AWAKE] = 0
             if team is not None:
                 team.scopes -= 1
-                if team.scopes == 0:
-                    team.state[TEAM_ACTIVE] = 0  # spinning workers sleep at their next read
+                team.state[TEAM_ACTIVE] = team.scopes  # at 0 the spinning workers sleep
 
 
 def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:

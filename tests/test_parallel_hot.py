@@ -223,7 +223,9 @@ def test_a_session_run_leaves_nothing_spinning() -> None:
     pool = session._pool
     assert hot_flag(pool) == 0
     assert int(pool._core.flags[parallel._AWAKE]) == 0
+    assert int(pool._core.team.state[parallel.TEAM_ACTIVE]) == 0  # the native team's scope too
+    everyone = [*pool._core.threads, *pool._core.awake_threads, *pool._core.team.threads]
     time.sleep(0.005)
-    before = workers_cpu(pool) + awake_cpu(pool)
+    before = sum(map(thread_cpu, everyone))
     time.sleep(0.1)
-    assert workers_cpu(pool) + awake_cpu(pool) - before < 0.005
+    assert sum(map(thread_cpu, everyone)) - before < 0.005

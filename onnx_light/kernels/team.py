@@ -51,8 +51,8 @@ from .spin import cycles as _cycles
 from .spin import cycles_per_second
 from .spin import pause as _pause
 
-__all__ = ["MAX_TASKS", "TaskFunction", "available", "carray", "float32_pointer", "int64_pointer",
-           "task_function", "team_loop", "team_region", "team_wake", "team_worker"]
+__all__ = ["MAX_TASKS", "TaskFunction", "add", "available", "carray", "float32_pointer", "int64_pointer",
+           "load", "task_function", "team_loop", "team_region", "team_wake", "team_worker"]
 
 # Slots of the state array, each on a cache line of its own where threads write it.
 GENERATION = 0  # the last region published (the workers' futex word: its low 32 bits)
@@ -165,8 +165,13 @@ def _intrinsic(name: str) -> CompiledIntrinsic:
     return CompiledIntrinsic(lambda numba: _build(numba)[name], name)
 
 
-_call_task, _syscall, _load, _store, _add, _swap_if = (
-    _intrinsic(name) for name in ("call_task", "syscall", "load", "store", "add", "swap_if"))
+_call_task, _syscall, _store, _swap_if = (
+    _intrinsic(name) for name in ("call_task", "syscall", "store", "swap_if"))
+#: ``load(state, index)`` and ``add(state, index, value)`` in a compiled function: a
+#: sequentially consistent atomic load of an int64 array's element, and an atomic addition
+#: returning the element's value before it.
+load = _load = _intrinsic("load")
+add = _add = _intrinsic("add")
 #: ``float32_pointer(address)`` and ``int64_pointer(address)`` in a task function: an address
 #: of the argument block as a pointer for :data:`carray`.
 float32_pointer, int64_pointer = _intrinsic("float32_pointer"), _intrinsic("int64_pointer")
