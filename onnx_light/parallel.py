@@ -47,8 +47,9 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "TEAM_ACTIVE", "TEAM_GAP", "TEAM_LIMIT", "TEAM_SLOTS", "TEAM_STOP", "BlasHold",
-           "BlasLimit", "BlasThreads", "Team", "ThreadPool", "current_team", "get_pool", "in_region"]
+__all__ = ["BLAS", "TEAM_ACTIVE", "TEAM_GAP", "TEAM_LIMIT", "TEAM_SLOTS", "TEAM_STOP", "TEAM_WAIT",
+           "BlasHold", "BlasLimit", "BlasThreads", "Team", "ThreadPool", "current_team", "get_pool",
+           "in_region"]
 
 #: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher), its cycle counter's rate
 #: (cycles per second) and the compiled loop that keeps a processor awake
@@ -61,10 +62,14 @@ SpinLoop = tuple[Callable[..., int], float, Callable[..., None]]
 TeamLoop = tuple[Callable[..., None], Callable[..., None], int, float]
 #: The team's shared state: an int64 array of ``TEAM_SLOTS`` whose slots this layer writes are
 #: the scopes in force (the workers spin only while it is above 0), whether the workers are to
-#: return, the cycles a thread spins without news before it sleeps, and the longest gap between
-#: two of its reads of the cycle counter before it counts itself preempted and sleeps
-#: (``kernels.team`` owns the other slots).
-TEAM_SLOTS, TEAM_ACTIVE, TEAM_STOP, TEAM_LIMIT, TEAM_GAP = 56, 8, 9, 10, 11
+#: return, the cycles a worker spins without a region before it sleeps, the longest gap between
+#: two of a thread's reads of the cycle counter before it counts itself preempted and sleeps,
+#: and the cycles a region's caller spins for the tasks the workers still run before it sleeps
+#: (``kernels.team`` owns the other slots; its compiled code reads these numbers as constants).
+TEAM_SLOTS, TEAM_ACTIVE, TEAM_STOP, TEAM_LIMIT, TEAM_GAP, TEAM_WAIT = 56, 8, 9, 10, 11, 12
+#: How long a team region's caller, done with its tasks, spins for the workers' last ones before
+#: it sleeps (a task is about 11 us of work: a longer wait means a worker lost its processor).
+_TEAM_WAIT_US = 100.0
 
 _STOP = object()  # task sentinel telling workers to exit
 # The shared counters a hot pool's threads spin on (int64 slots of _Core.flags): regions
@@ -716,6 +721,7 @@ def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
     state = team.state
     state[TEAM_LIMIT] = int(team_us * 1e-6 * rate)
     state[TEAM_GAP] = int(_PREEMPTED_US * 1e-6 * rate)
+    state[TEAM_WAIT] = int(_TEAM_WAIT_US * 1e-6 * rate)
     team.scopes += 1
     state[TEAM_ACTIVE] = team.scopes
     if team.scopes == 1:

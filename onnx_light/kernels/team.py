@@ -24,7 +24,8 @@ stop flag and the spin's bounds (``parallel.TEAM_*``). A region
 3. claims tasks like the workers do, one compare-and-swap of :data:`NEXT` each: a worker that
    read an older region's number claims nothing from this one, so a late worker never runs a
    task twice or with another region's arguments;
-4. waits (spinning, then on a futex) until :data:`FINISHED` counts every task.
+4. waits (spinning for at most ``TEAM_WAIT`` cycles, then on a futex) until :data:`FINISHED`
+   counts every task.
 
 Every task runs exactly once, on whichever thread claimed it; a kernel whose tasks compute
 disjoint parts of its output in a fixed order gives the same bits however they were shared.
@@ -45,7 +46,7 @@ import numpy as np
 from ..parallel import TEAM_ACTIVE as ACTIVE
 from ..parallel import TEAM_GAP as GAP
 from ..parallel import TEAM_LIMIT as LIMIT
-from ..parallel import TEAM_SLOTS, TEAM_STOP
+from ..parallel import TEAM_SLOTS, TEAM_STOP, TEAM_WAIT
 from .compiled import CompiledFunction, CompiledIntrinsic, _calling_dispatchers, compiled, load_numba
 from .spin import cycles as _cycles
 from .spin import cycles_per_second
@@ -262,7 +263,7 @@ def team_region(state: np.ndarray, system: int, function: int, arguments: int, t
     if _load(state, SLEEPERS) > 0:
         _futex(system, state, GENERATION, _FUTEX_WAKE, 0x7FFFFFFF)
     _claim_tasks(state, region, function, arguments, system)
-    limit, gap = _load(state, LIMIT), _load(state, GAP)
+    limit, gap = _load(state, TEAM_WAIT), _load(state, GAP)
     start = last = _cycles()
     while _load(state, FINISHED) < tasks:
         now = _cycles()
