@@ -71,7 +71,7 @@ MAX_TASKS = (1 << 16) - 1
 _SYSCALLS = {"x86_64": (202, 24), "aarch64": (98, 124)}  # futex, sched_yield
 _FUTEX_WAIT, _FUTEX_WAKE = 128, 129
 _MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
-_FUTEX = _SYSCALLS.get(_MACHINE, (0, 0))[0]
+_FUTEX, _YIELD = _SYSCALLS.get(_MACHINE, (0, 0))
 
 
 @functools.cache
@@ -210,11 +210,15 @@ def team_worker(state: np.ndarray, system: int) -> None:
     """A team worker's life, from its thread's start to ``TEAM_STOP``: wait for a region
     (spinning while a scope is in force, for at most ``TEAM_LIMIT`` cycles without news and
     only while no two reads are more than ``TEAM_GAP`` cycles apart; asleep on the futex of
-    :data:`GENERATION` otherwise), then claim and run its tasks."""
+    :data:`GENERATION` otherwise), then claim and run its tasks. A spinning worker yields its
+    processor every half gap (``sched_yield``, which returns at once when no other thread
+    waits for it): a thread woken there (numba's OpenMP worker, the pool's, another program's)
+    runs within that time instead of after the spinner's time slice, and the spinner, finding
+    the gap, sleeps."""
     seen = _load(state, GENERATION)
     while _load(state, TEAM_STOP) == 0:
         limit, gap = _load(state, LIMIT), _load(state, GAP)
-        start = last = _cycles()
+        start = last = yielded = _cycles()
         while True:
             current = _load(state, GENERATION)
             if current != seen or _load(state, TEAM_STOP) != 0:
@@ -225,9 +229,12 @@ def team_worker(state: np.ndarray, system: int) -> None:
                 if _load(state, GENERATION) == seen and _load(state, TEAM_STOP) == 0:
                     _futex(system, state, GENERATION, _FUTEX_WAIT, seen)
                 _add(state, SLEEPERS, -1)
-                start = last = _cycles()
+                start = last = yielded = _cycles()
                 continue
             last = now
+            if now - yielded > gap >> 1:
+                _syscall(system, _YIELD, 0, 0, 0, 0)
+                yielded = now
             _pause()
         if current != seen:
             seen = current
