@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "TEAM_ACTIVE", "TEAM_GAP", "TEAM_LIMIT", "TEAM_SLOTS", "TEAM_STOP", "TEAM_WAIT",
-           "BlasHold", "BlasLimit", "BlasThreads", "Team", "ThreadPool", "current_team", "get_pool",
-           "in_region"]
+__all__ = ["BLAS", "TEAM_ACTIVE", "TEAM_GAP", "TEAM_LIMIT", "TEAM_REGIONS", "TEAM_SLOTS", "TEAM_STOP",
+           "TEAM_WAIT", "BlasHold", "BlasLimit", "BlasThreads", "Team", "ThreadPool", "current_team",
+           "get_pool", "in_region"]
 
 #: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher), its cycle counter's rate
 #: (cycles per second) and the compiled loop that keeps a processor awake
@@ -67,6 +67,8 @@ TeamLoop = tuple[Callable[..., None], Callable[..., None], int, float]
 #: and the cycles a region's caller spins for the tasks the workers still run before it sleeps
 #: (``kernels.team`` owns the other slots; its compiled code reads these numbers as constants).
 TEAM_SLOTS, TEAM_ACTIVE, TEAM_STOP, TEAM_LIMIT, TEAM_GAP, TEAM_WAIT = 56, 8, 9, 10, 11, 12
+#: The slot counting the regions published on the team (this layer only reads it).
+TEAM_REGIONS = 0
 #: How long a team region's caller, done with its tasks, spins for the workers' last ones before
 #: it sleeps (a task is about 11 us of work: a longer wait means a worker lost its processor).
 _TEAM_WAIT_US = 100.0
@@ -105,7 +107,7 @@ class Team:
     kernels publish (``kernels.team.team_region``); otherwise they sleep on a futex. A kernel
     finds the team of the scope its thread is in with :func:`current_team`."""
 
-    __slots__ = ("broken", "error", "scopes", "state", "system", "threads", "wake")
+    __slots__ = ("broken", "entered", "error", "scopes", "state", "system", "threads", "used", "wake")
 
     def __init__(self, loop: TeamLoop, count: int, label: str) -> None:
         worker, self.wake, self.system, _ = loop
@@ -113,6 +115,11 @@ class Team:
         self.scopes = 0  # scopes in force, under the core's hot_lock
         self.broken = False  # a worker's loop failed (or this is a forked child's copy)
         self.error: BaseException | None = None  # what it failed with
+        # The region count when the scopes in force began, and whether the last scopes saw a
+        # region: a session whose runs publish none (no kernel of its uses the team) leaves
+        # the workers asleep at the start of the next run rather than spinning for nothing.
+        self.entered = 0
+        self.used = True
         self.threads = [threading.Thread(target=self._main, args=(worker,), name=f"{label}-team{i}",
                                          daemon=True) for i in range(count)]
         for thread in self.threads:
@@ -707,6 +714,8 @@ class _HotScope:
             if team is not None:
                 team.scopes -= 1
                 team.state[TEAM_ACTIVE] = team.scopes  # at 0 the spinning workers sleep
+                if team.scopes == 0:
+                    team.used = int(team.state[TEAM_REGIONS]) != team.entered
 
 
 def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
@@ -725,7 +734,9 @@ def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
     team.scopes += 1
     state[TEAM_ACTIVE] = team.scopes
     if team.scopes == 1:
-        team.wake(state, team.system)  # the workers spin from now on, until the first region
+        team.entered = int(state[TEAM_REGIONS])
+        if team.used:  # the workers spin from now on (else from the first region)
+            team.wake(state, team.system)
     return team
 
 

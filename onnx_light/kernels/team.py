@@ -46,6 +46,7 @@ import numpy as np
 from ..parallel import TEAM_ACTIVE as ACTIVE
 from ..parallel import TEAM_GAP as GAP
 from ..parallel import TEAM_LIMIT as LIMIT
+from ..parallel import TEAM_REGIONS as GENERATION
 from ..parallel import TEAM_SLOTS, TEAM_STOP, TEAM_WAIT
 from .compiled import CompiledFunction, CompiledIntrinsic, _calling_dispatchers, compiled, load_numba
 from .spin import cycles as _cycles
@@ -55,8 +56,8 @@ from .spin import pause as _pause
 __all__ = ["MAX_TASKS", "TaskFunction", "add", "available", "carray", "float32_pointer", "int64_pointer",
            "load", "task_function", "team_loop", "team_region", "team_wake", "team_worker"]
 
-# Slots of the state array, each on a cache line of its own where threads write it.
-GENERATION = 0  # the last region published (the workers' futex word: its low 32 bits)
+# Slots of the state array, each on a cache line of its own where threads write it (besides
+# parallel's: GENERATION, the last region published, is the workers' futex word, its low 32 bits).
 TASK = 16  # the region's task function (address)
 ARGUMENTS = 17  # the address of the region's int64 argument block
 NEXT = 24  # (region number << 32) | (tasks << 16) | next task
