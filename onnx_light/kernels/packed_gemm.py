@@ -684,9 +684,11 @@ class PackedWeights:
 
     def multiply(self, a: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
         """``a @ W (+ bias)`` for float32 ``a`` (..., M, K), into ``out`` (..., M, N) when
-        given (C-contiguous); with ``threads`` above 1 the panels are shared out among that
+        given (C-contiguous); with ``threads`` above 1 the panels are shared out among the
+        native team of the calling thread's run where it has one
+        (:func:`onnx_light.parallel.current_team`, :func:`packed_panels_team`), else among that
         many numba threads in one region (:func:`packed_panels_parallel`; the caller has set
-        numba's thread count), the same values as one thread."""
+        numba's thread count): the same values as one thread either way."""
         count = math.prod(a.shape[:-1])
         rows = np.ascontiguousarray(a).reshape(count, self.k)
         if out is None:
