@@ -153,7 +153,7 @@ def _measure(option: str, threads: int, work_us: list[float], samples: int, gate
         address, pointer, region = _task.address, arguments.ctypes.data, team_region.dispatcher
 
         def run() -> None:
-            region(parallel.current_team().state, team[2], address, pointer, threads)
+            region(parallel.current_team().state, team.system, address, pointer, threads)
     else:
         region = _region.dispatcher
         numba.set_num_threads(threads)

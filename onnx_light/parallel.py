@@ -42,33 +42,50 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "TEAM_ACTIVE", "TEAM_GAP", "TEAM_LIMIT", "TEAM_REGIONS", "TEAM_SLOTS", "TEAM_STOP",
-           "TEAM_WAIT", "BlasHold", "BlasLimit", "BlasThreads", "Team", "ThreadPool", "current_team",
-           "get_pool", "in_region"]
+__all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "Team", "TeamLoop", "TeamSlots", "ThreadPool",
+           "current_team", "get_pool", "in_region"]
 
 #: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher), its cycle counter's rate
 #: (cycles per second) and the compiled loop that keeps a processor awake
 #: (``kernels.spin.keep_awake``), which :meth:`ThreadPool.hot` is given.
 SpinLoop = tuple[Callable[..., int], float, Callable[..., None]]
 
-#: A native team's compiled loops (``kernels.team.team_loop()``), which :meth:`ThreadPool.hot`
-#: is given: the worker's loop ``worker(state, system)``, ``wake(state, system)`` (wakes the
-#: workers asleep), libc's ``syscall`` address (``system``) and the cycle counter's rate.
-TeamLoop = tuple[Callable[..., None], Callable[..., None], int, float]
-#: The team's shared state: an int64 array of ``TEAM_SLOTS`` whose slots this layer writes are
-#: the scopes in force (the workers spin only while it is above 0), whether the workers are to
-#: return, the cycles a worker spins without a region before it sleeps, the longest gap between
-#: two of a thread's reads of the cycle counter before it counts itself preempted and sleeps,
-#: and the cycles a region's caller spins for the tasks the workers still run before it sleeps
-#: (``kernels.team`` owns the other slots; its compiled code reads these numbers as constants).
-TEAM_SLOTS, TEAM_ACTIVE, TEAM_STOP, TEAM_LIMIT, TEAM_GAP, TEAM_WAIT = 56, 8, 9, 10, 11, 12
-#: The slot counting the regions published on the team (this layer only reads it).
-TEAM_REGIONS = 0
+class TeamSlots(NamedTuple):
+    """Where a native team's shared state (an int64 array of ``size``) keeps what this layer
+    reads and writes: the regions published, the scopes in force (the workers spin only while
+    it is above 0), whether the workers are to return, the cycles a worker spins without a
+    region before it sleeps, the longest gap between two of a thread's reads of the cycle
+    counter before it counts itself preempted and sleeps, and the cycles a region's caller
+    spins for the tasks the workers still run before it sleeps. The layout is the compiled
+    loops' (``kernels.team``), handed over with them."""
+
+    size: int
+    regions: int
+    active: int
+    stop: int
+    limit: int
+    gap: int
+    wait: int
+
+
+class TeamLoop(NamedTuple):
+    """A native team's compiled loops (``kernels.team.team_loop()``), which
+    :meth:`ThreadPool.hot` is given: the worker's loop ``worker(state, system)``,
+    ``wake(state, system)`` (wakes the workers asleep), libc's ``syscall`` address, the cycle
+    counter's rate and the state's layout."""
+
+    worker: Callable[..., None]
+    wake: Callable[..., None]
+    system: int
+    rate: float
+    slots: TeamSlots
+
+
 #: How long a team region's caller, done with its tasks, spins for the workers' last ones before
 #: it sleeps (a task is about 11 us of work: a longer wait means a worker lost its processor).
 _TEAM_WAIT_US = 100.0
@@ -107,11 +124,12 @@ class Team:
     kernels publish (``kernels.team.team_region``); otherwise they sleep on a futex. A kernel
     finds the team of the scope its thread is in with :func:`current_team`."""
 
-    __slots__ = ("broken", "entered", "error", "scopes", "state", "system", "threads", "used", "wake")
+    __slots__ = ("broken", "entered", "error", "scopes", "slots", "state", "system", "threads", "used",
+                 "wake")
 
     def __init__(self, loop: TeamLoop, count: int, label: str) -> None:
-        worker, self.wake, self.system, _ = loop
-        self.state = np.zeros(TEAM_SLOTS, np.int64)
+        worker, self.wake, self.system, self.slots = loop.worker, loop.wake, loop.system, loop.slots
+        self.state = np.zeros(self.slots.size, np.int64)
         self.scopes = 0  # scopes in force, under the core's hot_lock
         self.broken = False  # a worker's loop failed (or this is a forked child's copy)
         self.error: BaseException | None = None  # what it failed with
@@ -134,7 +152,7 @@ class Team:
 
     def stop(self, join: bool) -> None:
         """Make the workers return (they may be asleep or spinning)."""
-        self.state[TEAM_STOP] = 1
+        self.state[self.slots.stop] = 1
         self.wake(self.state, self.system)
         if join:
             for thread in self.threads:
@@ -713,9 +731,10 @@ class _HotScope:
                     core.flags[_AWAKE] = 0
             if team is not None:
                 team.scopes -= 1
-                team.state[TEAM_ACTIVE] = team.scopes  # at 0 the spinning workers sleep
+                slots = team.slots
+                team.state[slots.active] = team.scopes  # at 0 the spinning workers sleep
                 if team.scopes == 0:
-                    team.used = int(team.state[TEAM_REGIONS]) != team.entered
+                    team.used = int(team.state[slots.regions]) != team.entered
 
 
 def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
@@ -726,15 +745,14 @@ def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
         team = core.team = Team(loop, len(core.wake), core.threads[0].name.rsplit("-", 1)[0])
     if team.broken:
         return None
-    rate = loop[3]
-    state = team.state
-    state[TEAM_LIMIT] = int(team_us * 1e-6 * rate)
-    state[TEAM_GAP] = int(_PREEMPTED_US * 1e-6 * rate)
-    state[TEAM_WAIT] = int(_TEAM_WAIT_US * 1e-6 * rate)
+    rate, state, slots = loop.rate, team.state, team.slots
+    state[slots.limit] = int(team_us * 1e-6 * rate)
+    state[slots.gap] = int(_PREEMPTED_US * 1e-6 * rate)
+    state[slots.wait] = int(_TEAM_WAIT_US * 1e-6 * rate)
     team.scopes += 1
-    state[TEAM_ACTIVE] = team.scopes
+    state[slots.active] = team.scopes
     if team.scopes == 1:
-        team.entered = int(state[TEAM_REGIONS])
+        team.entered = int(state[slots.regions])
         if team.used:  # the workers spin from now on (else from the first region)
             team.wake(state, team.system)
     return team

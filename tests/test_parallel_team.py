@@ -11,7 +11,6 @@ import pytest
 from forked import assert_child_succeeds
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_light import parallel
 from onnx_light.kernels import packed_gemm, team
 from onnx_light.kernels.compiled_elementwise import numba_threads
 from onnx_light.kernels.spin import claim, cycles, cycles_per_second, pause
@@ -49,7 +48,7 @@ def count_region(state: np.ndarray, tasks: int) -> np.ndarray:
     """Runs a region of ``tasks`` counting tasks on the team of ``state``: the counts."""
     counts = np.zeros(max(tasks, 1), np.int64)
     arguments = np.array([counts.ctypes.data, counts.size], np.int64)
-    team.team_region(state, LOOP[2], count_task.address, arguments.ctypes.data, tasks)
+    team.team_region(state, LOOP.system, count_task.address, arguments.ctypes.data, tasks)
     return counts[:tasks]
 
 
@@ -70,9 +69,9 @@ def test_every_task_runs_exactly_once(num_threads: int, team_us: float) -> None:
             np.testing.assert_array_equal(count_region(found.state, tasks), np.ones(tasks, np.int64))
             if round_ % 50 == 0:
                 time.sleep(0.002)
-        assert found.state[parallel.TEAM_ACTIVE] == 1
+        assert found.state[found.slots.active] == 1
     assert current_team() is None
-    assert found.state[parallel.TEAM_ACTIVE] == 0
+    assert found.state[found.slots.active] == 0
 
 
 def test_a_worker_runs_tasks_beside_the_caller() -> None:
@@ -84,7 +83,7 @@ def test_a_worker_runs_tasks_beside_the_caller() -> None:
         state = current_team().state
         for _ in range(500):
             met[:] = 0
-            team.team_region(state, LOOP[2], meeting_task.address, arguments.ctypes.data, 2)
+            team.team_region(state, LOOP.system, meeting_task.address, arguments.ctypes.data, 2)
             if met[1]:
                 break
     assert met[1] == 1
@@ -115,8 +114,8 @@ def test_no_team_without_workers_a_loop_or_a_scope() -> None:
         with pool.hot(0.0, None, 0.0, LOOP, 1000.0):
             outer = current_team()
             with pool.hot(0.0, None, 0.0, LOOP, 1000.0):  # nested: the same team, counted twice
-                assert current_team() is outer and outer.state[parallel.TEAM_ACTIVE] == 2
-            assert current_team() is outer and outer.state[parallel.TEAM_ACTIVE] == 1
+                assert current_team() is outer and outer.state[outer.slots.active] == 2
+            assert current_team() is outer and outer.state[outer.slots.active] == 1
         assert current_team() is None
 
 
@@ -125,7 +124,7 @@ def failing_worker(state: np.ndarray, system: int) -> None:
 
 
 def test_a_failed_worker_leaves_no_team() -> None:
-    loop = (failing_worker, *LOOP[1:])
+    loop = LOOP._replace(worker=failing_worker)
     with ThreadPool(2) as pool:
         with pool.hot(0.0, None, 0.0, loop, 1000.0):
             found = pool._core.team
@@ -245,9 +244,9 @@ def test_sessions_in_two_threads_give_one_threads_bits_and_leave_nothing_spinnin
         thread.join(60)
     assert not errors
     pool = sessions[0]._pool
-    state = pool._core.team.state
-    assert state[parallel.TEAM_ACTIVE] == 0
-    assert state[0] > 0  # regions were published on the team
+    found = pool._core.team
+    assert found.state[found.slots.active] == 0
+    assert found.state[found.slots.regions] > 0  # regions were published on the team
     time.sleep(0.005)
     before = team_cpu(pool)
     time.sleep(0.1)

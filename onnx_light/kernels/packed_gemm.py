@@ -40,11 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from ..parallel import TEAM_SLOTS, current_team
+from ..parallel import current_team
 from . import team
 from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
 from .spin import claim, cycles_per_second, end_of_tasks
-from .team import BUSY as _BUSY
 from .team import carray, float32_pointer, int64_pointer, task_function, team_region
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
@@ -678,8 +677,8 @@ class PackedWeights:
         if threads > 1:
             self.multiply(one, threads=threads)
             if team.available():  # a team taken (busy): the caller runs every task itself
-                state = np.zeros(TEAM_SLOTS, np.int64)
-                state[_BUSY] = 1
+                state = np.zeros(team.STATE_SLOTS, np.int64)
+                state[team.BUSY] = 1
                 self._team(one, np.empty((1, self.n), np.float32), state, 0)
 
     def multiply(self, a: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:

@@ -11,9 +11,9 @@ of arguments. A worker that finds itself preempted (more than the gap between tw
 cycle counter), that has spun its bound, or whose scope ended sleeps on a futex instead, so
 that a loaded machine gets a pool that sleeps, and no thread spins after a run.
 
-The shared state is an int64 array laid out here, except for the slots the layer above
-(:class:`onnx_light.parallel.Team`) creates and writes: its length, the scopes in force, the
-stop flag and the spin's bounds (``parallel.TEAM_*``). A region
+The shared state is an int64 array laid out here; the layer above
+(:class:`onnx_light.parallel.Team`) creates it and writes the scopes in force, the stop flag and
+the spins' bounds where :func:`team_loop`'s :class:`~onnx_light.parallel.TeamSlots` say. A region
 (:func:`team_region`, called by a compiled kernel with its task function's address):
 
 1. takes the team (a compare-and-swap on :data:`BUSY`; a caller that finds it taken, by a
@@ -24,7 +24,7 @@ stop flag and the spin's bounds (``parallel.TEAM_*``). A region
 3. claims tasks like the workers do, one compare-and-swap of :data:`NEXT` each: a worker that
    read an older region's number claims nothing from this one, so a late worker never runs a
    task twice or with another region's arguments;
-4. waits (spinning for at most ``TEAM_WAIT`` cycles, then on a futex) until :data:`FINISHED`
+4. waits (spinning for at most ``WAIT`` cycles, then on a futex) until :data:`FINISHED`
    counts every task.
 
 Every task runs exactly once, on whichever thread claimed it; a kernel whose tasks compute
@@ -43,21 +43,21 @@ from typing import Any
 
 import numpy as np
 
-from ..parallel import TEAM_ACTIVE as ACTIVE
-from ..parallel import TEAM_GAP as GAP
-from ..parallel import TEAM_LIMIT as LIMIT
-from ..parallel import TEAM_REGIONS as GENERATION
-from ..parallel import TEAM_SLOTS, TEAM_STOP, TEAM_WAIT
+from ..parallel import TeamLoop, TeamSlots
 from .compiled import CompiledFunction, CompiledIntrinsic, _calling_dispatchers, compiled, load_numba
 from .spin import cycles as _cycles
 from .spin import cycles_per_second
 from .spin import pause as _pause
 
-__all__ = ["MAX_TASKS", "TaskFunction", "add", "available", "carray", "float32_pointer", "int64_pointer",
-           "load", "task_function", "team_loop", "team_region", "team_wake", "team_worker"]
+__all__ = ["BUSY", "MAX_TASKS", "STATE_SLOTS", "TaskFunction", "add", "available", "carray",
+           "float32_pointer", "int64_pointer", "load", "task_function", "team_loop", "team_region",
+           "team_wake", "team_worker"]
 
-# Slots of the state array, each on a cache line of its own where threads write it (besides
-# parallel's: GENERATION, the last region published, is the workers' futex word, its low 32 bits).
+# Slots of the state array, each on a cache line of its own where threads write it.
+GENERATION = 0  # the last region published (the workers' futex word: its low 32 bits)
+# written by the layer above (parallel.Team, TeamSlots): the scopes in force, the stop flag, the
+# cycles a worker spins without a region, the gap that means preempted, the caller's spin
+ACTIVE, STOP, LIMIT, GAP, WAIT = 8, 9, 10, 11, 12
 TASK = 16  # the region's task function (address)
 ARGUMENTS = 17  # the address of the region's int64 argument block
 NEXT = 24  # (region number << 32) | (tasks << 16) | next task
@@ -65,6 +65,8 @@ FINISHED = 32  # tasks finished in the current region (the caller's futex word)
 WAITING = 33  # 1 while the caller sleeps on FINISHED
 SLEEPERS = 40  # workers asleep on GENERATION
 BUSY = 48  # 1 while a caller holds the team
+#: The length of the state array.
+STATE_SLOTS = 56
 #: The most tasks one region holds (16 bits of :data:`NEXT`); a kernel with more runs alone.
 MAX_TASKS = (1 << 16) - 1
 
@@ -208,26 +210,26 @@ def _claim_tasks(state: np.ndarray, region: int, function: int, arguments: int, 
 
 @compiled
 def team_worker(state: np.ndarray, system: int) -> None:
-    """A team worker's life, from its thread's start to ``TEAM_STOP``: wait for a region
-    (spinning while a scope is in force, for at most ``TEAM_LIMIT`` cycles without news and
-    only while no two reads are more than ``TEAM_GAP`` cycles apart; asleep on the futex of
+    """A team worker's life, from its thread's start to ``STOP``: wait for a region
+    (spinning while a scope is in force, for at most ``LIMIT`` cycles without news and
+    only while no two reads are more than ``GAP`` cycles apart; asleep on the futex of
     :data:`GENERATION` otherwise), then claim and run its tasks. A spinning worker yields its
     processor every half gap (``sched_yield``, which returns at once when no other thread
     waits for it): a thread woken there (numba's OpenMP worker, the pool's, another program's)
     runs within that time instead of after the spinner's time slice, and the spinner, finding
     the gap, sleeps."""
     seen = _load(state, GENERATION)
-    while _load(state, TEAM_STOP) == 0:
+    while _load(state, STOP) == 0:
         limit, gap = _load(state, LIMIT), _load(state, GAP)
         start = last = yielded = _cycles()
         while True:
             current = _load(state, GENERATION)
-            if current != seen or _load(state, TEAM_STOP) != 0:
+            if current != seen or _load(state, STOP) != 0:
                 break
             now = _cycles()
             if _load(state, ACTIVE) <= 0 or now - start > limit or now - last > gap:
                 _add(state, SLEEPERS, 1)
-                if _load(state, GENERATION) == seen and _load(state, TEAM_STOP) == 0:
+                if _load(state, GENERATION) == seen and _load(state, STOP) == 0:
                     _futex(system, state, GENERATION, _FUTEX_WAIT, seen)
                 _add(state, SLEEPERS, -1)
                 start = last = yielded = _cycles()
@@ -245,7 +247,7 @@ def team_worker(state: np.ndarray, system: int) -> None:
 @compiled
 def team_wake(state: np.ndarray, system: int) -> None:
     """Wake every worker asleep on :data:`GENERATION` (they spin again while a scope is in
-    force, and return after ``TEAM_STOP``)."""
+    force, and return after ``STOP``)."""
     _futex(system, state, GENERATION, _FUTEX_WAKE, 0x7FFFFFFF)
 
 
@@ -271,7 +273,7 @@ def team_region(state: np.ndarray, system: int, function: int, arguments: int, t
     if _load(state, SLEEPERS) > 0:
         _futex(system, state, GENERATION, _FUTEX_WAKE, 0x7FFFFFFF)
     _claim_tasks(state, region, function, arguments, system)
-    limit, gap = _load(state, TEAM_WAIT), _load(state, GAP)
+    limit, gap = _load(state, WAIT), _load(state, GAP)
     start = last = _cycles()
     while _load(state, FINISHED) < tasks:
         now = _cycles()
@@ -331,18 +333,19 @@ def available() -> bool:
 
 
 @functools.cache
-def team_loop() -> tuple[Any, Any, int, float] | None:
+def team_loop() -> TeamLoop | None:
     """What :meth:`onnx_light.parallel.ThreadPool.hot` starts a team with: the compiled
-    :func:`team_worker` and :func:`team_wake`, libc's ``syscall`` address and the cycle
-    counter's rate; None where no team can run (:func:`available`). Both loops are compiled
-    (or loaded from the disk cache) here, not in a run."""
+    :func:`team_worker` and :func:`team_wake`, libc's ``syscall`` address, the cycle counter's
+    rate and the state's layout; None where no team can run (:func:`available`). The loops
+    are compiled (or loaded from the disk cache) here, not in a run."""
     if not available():
         return None
     worker, wake, system = team_worker.dispatcher, team_wake.dispatcher, _syscall_address()
-    state = np.zeros(TEAM_SLOTS, np.int64)
-    state[TEAM_STOP] = 1
+    state = np.zeros(STATE_SLOTS, np.int64)
+    state[STOP] = 1
     worker(state, system)  # returns at once: stopped
     wake(state, system)
     region = team_region.dispatcher
     region(state, system, 0, 0, 0)  # no tasks: returns at once
-    return worker, wake, system, cycles_per_second()
+    return TeamLoop(worker, wake, system, cycles_per_second(),
+                    TeamSlots(STATE_SLOTS, GENERATION, ACTIVE, STOP, LIMIT, GAP, WAIT))
