@@ -4,11 +4,14 @@ spinning workers run in compiled code."""
 import os
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 import onnx
 import pytest
 from forked import assert_child_succeeds
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_light.kernels import packed_gemm, team
@@ -19,6 +22,7 @@ from onnx_light.parallel import ThreadPool, current_team, get_pool
 from onnx_light.runtime import RuntimeSession
 
 LOOP = team_loop()
+TEAM_POOL = get_pool(2)
 pytestmark = pytest.mark.skipif(LOOP is None, reason="no native team here")
 
 
@@ -188,6 +192,24 @@ def test_packed_products_on_the_team_give_the_serial_bits(m: int, k: int, n: int
         assert np.array_equal(out, serial)
 
 
+@needs_packed
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 300), k=st.integers(1, 300), n=st.integers(1, 300), block=st.integers(1, 8),
+       group=st.integers(0, 4))
+def test_packed_products_on_the_team_give_the_serial_bits_at_any_shape(m: int, k: int, n: int, block: int,
+                                                                         group: int) -> None:
+    """Any shape, blocks of rows and panels per task (``TASK_WORK`` from 2^16 to 2^20)."""
+    rng = np.random.default_rng(m + 301 * k + 90601 * n)
+    packed = packed_gemm.PackedWeights(rng.standard_normal((k, n)).astype(np.float32),
+                                       rng.standard_normal(n).astype(np.float32))
+    packed.block = packed.rows * block
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    serial = packed.multiply(a)
+    scope = TEAM_POOL.hot(0.0, None, 0.0, LOOP, 1000.0)
+    with mock.patch.object(packed_gemm, "TASK_WORK", 1 << (16 + group)), scope:
+        assert np.array_equal(packed.multiply(a, threads=2), serial)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork with threads
 def test_forked_child_has_no_team_until_it_starts_one() -> None:
@@ -251,3 +273,19 @@ def test_sessions_in_two_threads_give_one_threads_bits_and_leave_nothing_spinnin
     before = team_cpu(pool)
     time.sleep(0.1)
     assert team_cpu(pool) - before < 0.005
+
+
+def test_a_team_left_unused_by_a_run_sleeps_through_the_next() -> None:
+    """A scope that published no region leaves the workers asleep at the next one's start (a
+    session whose kernels do not use the team); a region wakes them and marks the team used."""
+    with ThreadPool(2) as pool:
+        with pool.hot(0.0, None, 0.0, LOOP, 200_000.0):
+            found = current_team()
+        assert not found.used
+        with pool.hot(0.0, None, 0.0, LOOP, 200_000.0):
+            time.sleep(0.005)
+            before = team_cpu(pool)
+            time.sleep(0.05)
+            assert team_cpu(pool) - before < 0.005
+            np.testing.assert_array_equal(count_region(found.state, 5), np.ones(5, np.int64))
+        assert found.used
