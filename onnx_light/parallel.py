@@ -752,9 +752,9 @@ def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
     team.scopes += 1
     state[slots.active] = team.scopes
     if team.scopes == 1:
-        team.entered = int(state[slots.regions])
         if team.used:  # the workers spin from now on (else from the first region)
             team.wake(state, team.system)
+        team.entered = int(state[slots.regions])
     return team
 
 

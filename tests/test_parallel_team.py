@@ -289,3 +289,18 @@ def test_a_team_left_unused_by_a_run_sleeps_through_the_next() -> None:
             assert team_cpu(pool) - before < 0.005
             np.testing.assert_array_equal(count_region(found.state, 5), np.ones(5, np.int64))
         assert found.used
+
+
+def test_closing_pools_ends_their_team_threads() -> None:
+    """Pools closed right after a scope (workers spinning, going to sleep or asleep) end their
+    team threads."""
+    threads = []
+    for round_ in range(30):
+        with ThreadPool(2) as pool:
+            with pool.hot(0.0, None, 0.0, LOOP, 50.0 * (1 + round_ % 3)):
+                if round_ % 2:
+                    count_region(current_team().state, 3)
+            threads += pool._core.team.threads
+    for thread in threads:
+        thread.join(5)
+    assert not any(thread.is_alive() for thread in threads)

@@ -247,7 +247,10 @@ def team_worker(state: np.ndarray, system: int) -> None:
 @compiled
 def team_wake(state: np.ndarray, system: int) -> None:
     """Wake every worker asleep on :data:`GENERATION` (they spin again while a scope is in
-    force, and return after ``STOP``)."""
+    force, and return after ``STOP``). The count moves on as if a region of no task had been
+    published, so that a worker between its last look and its futex wait does not sleep
+    through the wake-up (its claims of that region's tasks find none)."""
+    _add(state, GENERATION, 1)
     _futex(system, state, GENERATION, _FUTEX_WAKE, 0x7FFFFFFF)
 
 
