@@ -31,6 +31,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -154,6 +155,9 @@ class RuntimeSession:
         compiles_before = compile_totals()
         with _collector_paused():
             self._construct(model, num_threads, registry, fuse, branches, fold, declarations)
+            # The native team's loops, compiled (or loaded) now rather than in a run; only where
+            # a kernel loaded numba: a session of numpy kernels has no compiled region to share.
+            self._team = team_loop() if self.num_threads > 1 and "numba" in sys.modules else None
         self.construction_seconds = time.perf_counter() - started
         count, seconds = compile_totals()
         self.compiled_functions = count - compiles_before[0]
@@ -188,8 +192,6 @@ class RuntimeSession:
         self.team_us = TEAM_US
         if self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0):
             spin_loop()  # compiled (or loaded) now rather than in a run
-        if self.num_threads > 1 and self.team_us > 0:
-            team_loop()
         graph = model.graph
         opsets = {entry.domain or "": entry.version for entry in model.opset_import}
         kernels, nested = dispatch_graph(graph, inferred.graph, opsets, types, table)
@@ -468,7 +470,7 @@ class RuntimeSession:
         # count for its call (at most the session's thread count) and restores it.
         threaded = self.num_threads > 1
         hot = threaded and (self.spin_us > 0 or self.awake_us > 0)
-        team = team_loop() if threaded and self.team_us > 0 else None
+        team = self._team if self.team_us > 0 else None
         with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us, spin_loop() if hot else None,
                                                     self.awake_us, team, self.team_us):
             if plan is self._plan and node_hook is None:  # the steady state: the bound plan
