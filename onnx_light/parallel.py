@@ -55,6 +55,7 @@ __all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "Team", "TeamLoop", "
 #: (``kernels.spin.keep_awake``), which :meth:`ThreadPool.hot` is given.
 SpinLoop = tuple[Callable[..., int], float, Callable[..., None]]
 
+
 class TeamSlots(NamedTuple):
     """Where a native team's shared state (an int64 array of ``size``) keeps what this layer
     reads and writes: the regions published, the scopes in force (the workers spin only while
