@@ -82,7 +82,7 @@ AWAKE_US = 0.0
 #: How long (microseconds) the native team's threads spin without a region, while a run is in
 #: progress, before they sleep (``ThreadPool.hot``'s ``team_us``; 0: no team, the compiled
 #: kernels open numba regions): the session's ``team_us`` (docs/parallel.md, "The native team").
-TEAM_US = 2000.0
+TEAM_US = 300.0
 
 
 def _report_compiles(count: int, seconds: float) -> None:
