@@ -17,7 +17,10 @@ once, when it loads):
 * ``pool`` and ``pool, awake``: onnx_light's ThreadPool handing one block to each thread, each
   block a serial compiled (nogil) call, without and with the awake scope; ``pool, hot 200``:
   with the pool's threads spinning up to 200 us for each other (``ThreadPool.hot``'s
-  ``spin_us``).
+  ``spin_us``);
+* ``team``: a region of the pool's native team (``kernels/team.py``: a task per thread, each
+  storing one value, run by the caller and by workers spinning in compiled code inside
+  ``ThreadPool.hot``'s team scope, ``runtime/session.py``'s ``TEAM_US``).
 
 Each sample is one empty region after ``--work-us`` microseconds of serial work on the caller
 (0: back to back), timed in batches of ten. A batch starts when no task outside this process
@@ -54,6 +57,15 @@ from hot_regions import others_runnable  # noqa: E402
 from onnx_light import parallel  # noqa: E402
 from onnx_light.kernels.compiled import compiled, load_numba, prange  # noqa: E402
 from onnx_light.kernels.spin import spin_loop  # noqa: E402
+from onnx_light.kernels.team import (  # noqa: E402
+    carray,
+    float32_pointer,
+    int64_pointer,
+    task_function,
+    team_loop,
+    team_region,
+)
+from onnx_light.runtime.session import TEAM_US  # noqa: E402
 
 AWAKE_US = 100.0
 #: Regions timed one after the other between two looks at the load (a look takes ~130 us).
@@ -62,7 +74,7 @@ BATCH = 10
 # default (it ignores a value it does not know).
 OPTIONS = ["passive", "default", "spin 1000", "spin 10000", "spin 30000", "spin 100000",
            "active", "passive, awake", "passive, awake 2", "spin 1000, awake", "pool",
-           "pool, awake"]
+           "pool, awake", "team"]
 
 
 def environment(option: str) -> dict[str, str]:
@@ -75,7 +87,7 @@ def environment(option: str) -> dict[str, str]:
         raise SystemExit(f"unknown option {option!r}")
     if first.startswith("spin "):
         return {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": str(int(float(first.split()[1])))}
-    if first in ("passive", "pool"):
+    if first in ("passive", "pool", "team"):
         return {"OMP_WAIT_POLICY": "PASSIVE"}
     if first in ("default", "active"):
         return {"OMP_WAIT_POLICY": "" if first == "default" else "ACTIVE"}
@@ -86,6 +98,12 @@ def environment(option: str) -> dict[str, str]:
 def _region(out: np.ndarray) -> None:
     for i in prange(out.size):
         out[i] = i
+
+
+@task_function
+def _task(arguments: int, task: int) -> None:
+    values = carray(int64_pointer(arguments), 2)
+    carray(float32_pointer(values[0]), values[1])[task] = task
 
 
 @compiled
@@ -125,9 +143,17 @@ def _measure(option: str, threads: int, work_us: list[float], samples: int, gate
             parallel._start_awake)
     awake = AWAKE_US if spinners else 0.0
     hot = [float(part.split()[1]) for part in option.split(", ") if part.startswith("hot ")]
+    team = team_loop() if option.startswith("team") else None
     if option.startswith("pool"):
         def run() -> None:
             pool.parallel_for(threads, lambda start, stop: block(out, start, stop))
+    elif team is not None:
+        values = np.zeros(threads, np.float32)
+        arguments = np.array([values.ctypes.data, threads], np.int64)
+        address, pointer, region = _task.address, arguments.ctypes.data, team_region.dispatcher
+
+        def run() -> None:
+            region(parallel.current_team().state, team.system, address, pointer, threads)
     else:
         region = _region.dispatcher
         numba.set_num_threads(threads)
@@ -136,7 +162,7 @@ def _measure(option: str, threads: int, work_us: list[float], samples: int, gate
             region(out)
     times: dict[float, list[float]] = {work: [] for work in work_us}
     retakes = 0
-    with pool.hot(hot[0] if hot else 0.0, spin_loop(), awake):
+    with pool.hot(hot[0] if hot else 0.0, spin_loop(), awake, team, TEAM_US):
         for _ in range(100):
             run()
         deadline = time.monotonic() + max_seconds

@@ -13,6 +13,9 @@ Each variant is ``THREADS[,SETTING...]`` with settings
   waiting for each other during a run before they sleep; 0: never);
 * ``awake=US``: the session's ``awake_us`` (``ThreadPool.hot``: idle-priority threads spinning
   during a run and ``US`` microseconds after it, so that no processor halts; 0: none);
+* ``team=US``: the session's ``team_us`` (``ThreadPool.hot``: how long the native team's
+  threads spin in compiled code without a region during a run; 0: no team, the packed
+  products open numba regions as outside a run);
 * ``siblings=off``: sibling products of one input left apart (``runtime/sibling_fusion.py``
   not run: the plan before it);
 * ``attention=EXPONENT``: every fused attention step (``FusedAttention``) from 2^EXPONENT
@@ -81,7 +84,7 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
     unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed",
-                              "attention", "gated"}
+                              "attention", "gated", "team"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -103,6 +106,8 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
         session.spin_us = float(options["spin"])
     if "awake" in options:
         session.awake_us = float(options["awake"])
+    if "team" in options:
+        session.team_us = float(options["team"])
     products = None
     if "gemm" in options:
         mode, exponent = options["gemm"].split("@")

@@ -42,17 +42,54 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "ThreadPool", "get_pool", "in_region"]
+__all__ = ["BLAS", "BlasHold", "BlasLimit", "BlasThreads", "Team", "TeamLoop", "TeamSlots", "ThreadPool",
+           "current_team", "get_pool", "in_region"]
 
 #: A compiled spin loop (``kernels.spin.spin_while``'s dispatcher), its cycle counter's rate
 #: (cycles per second) and the compiled loop that keeps a processor awake
 #: (``kernels.spin.keep_awake``), which :meth:`ThreadPool.hot` is given.
 SpinLoop = tuple[Callable[..., int], float, Callable[..., None]]
+
+
+class TeamSlots(NamedTuple):
+    """Where a native team's shared state (an int64 array of ``size``) keeps what this layer
+    reads and writes: the regions published, the scopes in force (the workers spin only while
+    it is above 0), whether the workers are to return, the cycles a worker spins without a
+    region before it sleeps, the longest gap between two of a thread's reads of the cycle
+    counter before it counts itself preempted and sleeps, and the cycles a region's caller
+    spins for the tasks the workers still run before it sleeps. The layout is the compiled
+    loops' (``kernels.team``), handed over with them."""
+
+    size: int
+    regions: int
+    active: int
+    stop: int
+    limit: int
+    gap: int
+    wait: int
+
+
+class TeamLoop(NamedTuple):
+    """A native team's compiled loops (``kernels.team.team_loop()``), which
+    :meth:`ThreadPool.hot` is given: the worker's loop ``worker(state, system)``,
+    ``wake(state, system)`` (wakes the workers asleep), libc's ``syscall`` address, the cycle
+    counter's rate and the state's layout."""
+
+    worker: Callable[..., None]
+    wake: Callable[..., None]
+    system: int
+    rate: float
+    slots: TeamSlots
+
+
+#: How long a team region's caller, done with its tasks, spins for the workers' last ones before
+#: it sleeps (a task is about 11 us of work: a longer wait means a worker lost its processor).
+_TEAM_WAIT_US = 100.0
 
 _STOP = object()  # task sentinel telling workers to exit
 # The shared counters a hot pool's threads spin on (int64 slots of _Core.flags): regions
@@ -74,9 +111,61 @@ class _Local(threading.local):
     # The _Core whose region this thread is currently executing a block of (None outside).
     # Worker threads keep their own pool's core here for their whole life.
     active: _Core | None = None
+    # The native team of the hot scope this thread is in (None outside one).
+    team: Team | None = None
 
 
 _tls = _Local()
+
+
+class Team:
+    """A pool's native team: ``num_threads - 1`` threads that live in compiled code
+    (``kernels.team.team_worker``): while a scope of :meth:`ThreadPool.hot` with a team is in
+    force they spin on the shared ``state`` and run the tasks of the regions that compiled
+    kernels publish (``kernels.team.team_region``); otherwise they sleep on a futex. A kernel
+    finds the team of the scope its thread is in with :func:`current_team`."""
+
+    __slots__ = ("broken", "entered", "error", "scopes", "slots", "state", "system", "threads", "used",
+                 "wake")
+
+    def __init__(self, loop: TeamLoop, count: int, label: str) -> None:
+        worker, self.wake, self.system, self.slots = loop.worker, loop.wake, loop.system, loop.slots
+        self.state = np.zeros(self.slots.size, np.int64)
+        self.scopes = 0  # scopes in force, under the core's hot_lock
+        self.broken = False  # a worker's loop failed (or this is a forked child's copy)
+        self.error: BaseException | None = None  # what it failed with
+        # The region count when the scopes in force began, and whether the last scopes saw a
+        # region: a session whose runs publish none (no kernel of its uses the team) leaves
+        # the workers asleep at the start of the next run rather than spinning for nothing.
+        self.entered = 0
+        self.used = True
+        self.threads = [threading.Thread(target=self._main, args=(worker,), name=f"{label}-team{i}",
+                                         daemon=True) for i in range(count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _main(self, worker: Callable[..., None]) -> None:
+        try:
+            worker(self.state, self.system)
+        except BaseException as exc:  # kept: the kernels fall back to their other parallel path
+            self.error = exc
+            self.broken = True
+
+    def stop(self, join: bool) -> None:
+        """Make the workers return (they may be asleep or spinning)."""
+        self.state[self.slots.stop] = 1
+        self.wake(self.state, self.system)
+        if join:
+            for thread in self.threads:
+                thread.join()
+
+
+def current_team() -> Team | None:
+    """The native team of the hot scope the calling thread is in, None outside one (or where
+    its workers failed): a compiled kernel that finds one publishes its region there instead
+    of opening a numba ``prange`` region."""
+    team = _tls.team
+    return None if team is None or team.broken else team
 
 
 class _Core:
@@ -84,7 +173,7 @@ class _Core:
 
     __slots__ = ("awake", "awake_running", "awake_tail", "awake_threads", "awake_wake",
                  "count_lock", "done", "flags", "gap", "hot", "hot_lock", "limit", "remaining",
-                 "settle", "spin", "stopped", "task", "threads", "wake", "woken")
+                 "settle", "spin", "stopped", "task", "team", "threads", "wake", "woken")
 
     def __init__(self, num_workers: int) -> None:
         self.task: object = None
@@ -114,6 +203,7 @@ class _Core:
         self.awake_wake: list[threading.Lock] = []
         self.awake_running: list[bool] = []
         self.awake_tail = 0
+        self.team: Team | None = None  # started by the first hot scope given a team loop
         self.stopped = False
 
     def wake_workers(self, count: int) -> None:
@@ -299,6 +389,8 @@ def _stop_core(core: _Core, join: bool) -> None:
     core.wake_workers(len(core.wake))
     with core.hot_lock:
         core.stopped = True
+        if core.team is not None:
+            core.team.stop(join)
         core.flags[_AWAKE] = 0
         for i, running in enumerate(core.awake_running):
             if not running:
@@ -517,7 +609,8 @@ class ThreadPool:
             finally:
                 del err, errors
 
-    def hot(self, spin_us: float, loop: SpinLoop | None, awake_us: float = 0.0) -> _HotScope:
+    def hot(self, spin_us: float, loop: SpinLoop | None, awake_us: float = 0.0,
+            team: TeamLoop | None = None, team_us: float = 0.0) -> _HotScope:
         """A block (``with pool.hot(spin_us, loop, awake_us):``, around a whole session run) in
         which threads that wait for a region, or for a region's last block, spin for up to
         ``spin_us`` microseconds before they sleep: a woken thread costs 20-100 us on a
@@ -534,8 +627,15 @@ class ThreadPool:
         ``kernels.spin.spin_loop()``: this layer compiles nothing). Nothing spins with
         ``spin_us`` and ``awake_us`` both at most 0, in a one-thread pool or without a loop;
         nothing keeps the processors awake where threads cannot take the idle priority
-        (``os.SCHED_IDLE`` is Linux's)."""
-        return _HotScope(self, spin_us, loop, awake_us)
+        (``os.SCHED_IDLE`` is Linux's).
+
+        With ``team`` (``kernels.team.team_loop()``) and ``team_us > 0``, the pool's native
+        :class:`Team` (started on first use) spins for the block: its threads wait for the
+        regions of compiled kernels in compiled code, each time for at most ``team_us``
+        microseconds without a region, and sleep as soon as they find themselves preempted
+        (:data:`_PREEMPTED_US`) or the last such block ends; :func:`current_team` returns it
+        to the calling thread inside the block."""
+        return _HotScope(self, spin_us, loop, awake_us, team, team_us)
 
     def close(self) -> None:
         """Stop the workers (waiting for a running region first). Idempotent."""
@@ -564,25 +664,34 @@ class ThreadPool:
 class _HotScope:
     """The block of :meth:`ThreadPool.hot` (a class: a session enters one per run)."""
 
-    __slots__ = ("_awake", "_awake_us", "_core", "_hot", "_loop", "_pool", "_spin_us")
+    __slots__ = ("_awake", "_awake_us", "_core", "_hot", "_loop", "_pool", "_previous", "_spin_us",
+                 "_team", "_team_loop", "_team_us")
 
     def __init__(self, pool: ThreadPool, spin_us: float, loop: SpinLoop | None,
-                 awake_us: float) -> None:
+                 awake_us: float, team: TeamLoop | None = None, team_us: float = 0.0) -> None:
         self._pool, self._spin_us, self._loop, self._awake_us = pool, spin_us, loop, awake_us
+        self._team_loop, self._team_us = team, team_us
         self._core: _Core | None = None
         self._hot = self._awake = False
+        self._team: Team | None = None
+        self._previous: Team | None = None
 
     def __enter__(self) -> None:
         core = self._pool._core
-        if core is None or self._loop is None or (self._spin_us <= 0 and self._awake_us <= 0):
+        if core is None:
             return
-        spin, rate, keep = self._loop
-        hot = self._spin_us > 0
-        awake = self._awake_us > 0 and hasattr(os, "SCHED_IDLE")
+        spinning = self._loop is not None and (self._spin_us > 0 or self._awake_us > 0)
+        teamed = self._team_loop is not None and self._team_us > 0
+        if not (spinning or teamed):
+            return
+        hot = spinning and self._spin_us > 0
+        awake = spinning and self._awake_us > 0 and hasattr(os, "SCHED_IDLE")
+        team = None
         with core.hot_lock:
             if core.stopped:
                 return
             if hot:
+                spin, rate, _ = self._loop
                 core.spin = spin
                 core.limit = int(self._spin_us * 1e-6 * rate)
                 core.gap = int(_PREEMPTED_US * 1e-6 * rate)
@@ -591,20 +700,27 @@ class _HotScope:
                 core.flags[_HOT] = 1
             if awake:
                 if not core.awake_threads:
-                    _start_awake(core, len(core.wake), keep)
-                core.awake_tail = int(self._awake_us * 1e-6 * rate)
+                    _start_awake(core, len(core.wake), self._loop[2])
+                core.awake_tail = int(self._awake_us * 1e-6 * self._loop[1])
                 core.awake += 1
                 core.flags[_AWAKE] = 1
                 for i, running in enumerate(core.awake_running):
                     if not running:
                         core.awake_running[i] = True
                         core.awake_wake[i].release()
-        self._core, self._hot, self._awake = core, hot, awake
+            if teamed:
+                team = _enter_team(core, self._team_loop, self._team_us)
+        self._core, self._hot, self._awake, self._team = core, hot, awake, team
+        if team is not None:
+            self._previous, _tls.team = _tls.team, team
 
     def __exit__(self, *exc_info: object) -> None:
         core, self._core = self._core, None
         if core is None:
             return
+        team, self._team = self._team, None
+        if team is not None:
+            _tls.team, self._previous = self._previous, None
         with core.hot_lock:
             if self._hot:
                 core.hot -= 1
@@ -614,6 +730,33 @@ class _HotScope:
                 core.awake -= 1
                 if core.awake == 0:
                     core.flags[_AWAKE] = 0
+            if team is not None:
+                team.scopes -= 1
+                slots = team.slots
+                team.state[slots.active] = team.scopes  # at 0 the spinning workers sleep
+                if team.scopes == 0:
+                    team.used = int(team.state[slots.regions]) != team.entered
+
+
+def _enter_team(core: _Core, loop: TeamLoop, team_us: float) -> Team | None:
+    """Count a scope in force for the core's team (started now if it has none; under
+    ``core.hot_lock``) and wake its workers to spin; None where it failed."""
+    team = core.team
+    if team is None:
+        team = core.team = Team(loop, len(core.wake), core.threads[0].name.rsplit("-", 1)[0])
+    if team.broken:
+        return None
+    rate, state, slots = loop.rate, team.state, team.slots
+    state[slots.limit] = int(team_us * 1e-6 * rate)
+    state[slots.gap] = int(_PREEMPTED_US * 1e-6 * rate)
+    state[slots.wait] = int(_TEAM_WAIT_US * 1e-6 * rate)
+    team.scopes += 1
+    state[slots.active] = team.scopes
+    if team.scopes == 1:
+        if team.used:  # the workers spin from now on (else from the first region)
+            team.wake(state, team.system)
+        team.entered = int(state[slots.regions])
+    return team
 
 
 _pools: dict[int, ThreadPool] = {}
@@ -643,6 +786,8 @@ def _after_fork_in_child() -> None:
     _pools_lock = threading.Lock()
     for pool in list(_all_pools):
         pool._region_lock = threading.Lock()
+        if pool._core is not None and pool._core.team is not None:
+            pool._core.team.broken = True  # its threads are gone: the kernels' other path
         if pool._finalizer is not None:
             pool._finalizer.detach()
             pool._finalizer = None

@@ -223,7 +223,10 @@ def test_a_session_run_leaves_nothing_spinning() -> None:
     pool = session._pool
     assert hot_flag(pool) == 0
     assert int(pool._core.flags[parallel._AWAKE]) == 0
+    team = pool._core.team  # None where no kernel loaded numba
+    assert team is None or int(team.state[team.slots.active]) == 0  # the native team's scope too
+    everyone = [*pool._core.threads, *pool._core.awake_threads, *(team.threads if team else ())]
     time.sleep(0.005)
-    before = workers_cpu(pool) + awake_cpu(pool)
+    before = sum(map(thread_cpu, everyone))
     time.sleep(0.1)
-    assert workers_cpu(pool) + awake_cpu(pool) - before < 0.005
+    assert sum(map(thread_cpu, everyone)) - before < 0.005

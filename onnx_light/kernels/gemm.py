@@ -276,7 +276,7 @@ class _ProductKernel(Kernel):
         kernel._packed = packed = packed_gemm.PackedWeights(w, bias)
         packed.compile()
         if kernel._packed_threads(self.minimum_flops, packed) > 1:  # compile the region now too
-            packed.multiply(np.zeros((1, packed.k), np.float32), threads=2)
+            packed.compile(threads=2)
         return kernel
 
     def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:

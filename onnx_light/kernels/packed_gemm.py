@@ -40,8 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from ..parallel import current_team
+from . import team
 from .compiled import CompiledConstant, CompiledIntrinsic, close_sum_loop, compiled, prange, target_flags
 from .spin import claim, cycles_per_second, end_of_tasks
+from .team import carray, float32_pointer, int64_pointer, task_function, team_region
 
 __all__ = ["BLOCK_A_BYTES", "GEOMETRIES", "KC", "MR", "NR", "Geometry", "PackedWeights", "aligned_empty",
            "available", "geometry", "pack_columns", "pack_panels", "pack_rows", "packed_layout",
@@ -499,6 +502,55 @@ def packed_panels_parallel(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, in
             end_of_tasks(state, thread, threads, wait)
 
 
+#: The int64 slots of :func:`packed_panels_team`'s argument block, read by :func:`_panels_task`.
+_ARGUMENTS = 19
+
+
+@task_function
+def _panels_task(arguments: int, task: int) -> None:
+    """Task ``task`` of :func:`packed_panels_team`'s region: its ``group`` panels over the
+    block of rows packed in the argument block's ``rows_a``."""
+    values = carray(int64_pointer(arguments), _ARGUMENTS)
+    rows_a = carray(float32_pointer(values[0]), (values[1], values[2], MR))
+    b = carray(float32_pointer(values[3]), values[4])
+    bias = carray(float32_pointer(values[5]), values[6])
+    out = carray(float32_pointer(values[7]), (values[8], values[9]))
+    b_start, b_panel, b_step, b_ahead = values[10], values[11], values[12], values[13]
+    with_bias, rows, top, n, group = values[14] != 0, values[15], values[16], values[17], values[18]
+    panel = task * group
+    column = panel * NR
+    panels_over_rows(rows_a, b, (b_start + panel * b_panel, b_panel, b_step, b_ahead), bias[column:],
+                     with_bias, out, 0, rows, top, column, min(n, column + group * NR) - column)
+
+
+@compiled
+def packed_panels_team(a: np.ndarray, b: np.ndarray, b_layout: tuple[int, int, int, int],
+                       bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int, n: int,
+                       group: int, state: np.ndarray, system: int, task: int) -> None:
+    """:func:`packed_panels_parallel` on a native team (:mod:`.team`; ``state`` and ``system``
+    its shared state and libc's ``syscall``, ``task`` the address of :func:`_panels_task`):
+    each block of rows packed once by the calling thread, then its panels ``group`` at a time
+    as the region's tasks, which the caller and the team's spinning workers claim in compiled
+    code. Each element's sum is the one :func:`packed_rows` computes: the same bits. ``b``
+    and ``out`` C-contiguous, ``out`` (rows of ``a``, ``n``)."""
+    count = a.shape[0]
+    panels = -(-n // NR)
+    tasks = -(-panels // group)
+    values = np.empty(_ARGUMENTS, np.int64)
+    values[3], values[4] = b.ctypes.data, b.size
+    values[5], values[6] = bias.ctypes.data, bias.size
+    values[7], values[8], values[9] = out.ctypes.data, out.shape[0], out.shape[1]
+    values[10], values[11], values[12], values[13] = b_layout
+    values[14], values[17], values[18] = with_bias, n, group
+    for top in range(0, count, block):
+        bottom = min(count, top + block)
+        rows_a = pack_rows(a, top, bottom)
+        values[0], values[1], values[2] = rows_a.ctypes.data, rows_a.shape[0], rows_a.shape[1]
+        values[15], values[16] = bottom - top, top
+        team_region(state, system, task, values.ctypes.data, tasks)
+        values[1] = rows_a.shape[0]  # rows_a lives until its region is over
+
+
 @compiled
 def pack_rows(a: np.ndarray, first: int, last: int) -> np.ndarray:
     """Rows ``first..last-1`` of ``a`` (M, K) as blocks of ``MR`` rows ``(blocks, K, MR)``,
@@ -617,15 +669,25 @@ class PackedWeights:
         w.flags.writeable = False
         return w
 
-    def compile(self) -> None:
-        """Compile (or load from numba's disk cache) the product now."""
-        self.multiply(np.zeros((1, self.k), np.float32))
+    def compile(self, threads: int = 1) -> None:
+        """Compile (or load from numba's disk cache) the product now; with ``threads`` above 1
+        its parallel regions too, numba's and the native team's (:meth:`multiply`)."""
+        one = np.zeros((1, self.k), np.float32)
+        self.multiply(one)
+        if threads > 1:
+            self.multiply(one, threads=threads)
+            if team.available():  # a team taken (busy): the caller runs every task itself
+                state = np.zeros(team.STATE_SLOTS, np.int64)
+                state[team.BUSY] = 1
+                self._team(one, np.empty((1, self.n), np.float32), state, 0)
 
     def multiply(self, a: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
         """``a @ W (+ bias)`` for float32 ``a`` (..., M, K), into ``out`` (..., M, N) when
-        given (C-contiguous); with ``threads`` above 1 the panels are shared out among that
+        given (C-contiguous); with ``threads`` above 1 the panels are shared out among the
+        native team of the calling thread's run where it has one
+        (:func:`onnx_light.parallel.current_team`, :func:`packed_panels_team`), else among that
         many numba threads in one region (:func:`packed_panels_parallel`; the caller has set
-        numba's thread count), the same values as one thread."""
+        numba's thread count): the same values as one thread either way."""
         count = math.prod(a.shape[:-1])
         rows = np.ascontiguousarray(a).reshape(count, self.k)
         if out is None:
@@ -635,7 +697,21 @@ class PackedWeights:
             self._function(rows, self.panels, self.layout, self.bias, self.with_bias, out2, 0,
                            count, self.block, 0, 0, self.n)
             return out
-        group = max(1, TASK_WORK // max(1, min(count, self.block) * self.k * self.columns))
+        native = current_team()
+        if native is not None:
+            self._team(rows, out2, native.state, native.system)
+            return out
         packed_panels_parallel.dispatcher(rows, self.panels, self.layout, self.bias, self.with_bias,
-                                          out2, self.block, self.n, threads, group, wait_cycles())
+                                          out2, self.block, self.n, threads, self._group(count),
+                                          wait_cycles())
         return out
+
+    def _group(self, count: int) -> int:
+        """Panels per task of a parallel product of ``count`` rows (:data:`TASK_WORK`)."""
+        return max(1, TASK_WORK // max(1, min(count, self.block) * self.k * self.columns))
+
+    def _team(self, rows: np.ndarray, out: np.ndarray, state: np.ndarray, system: int) -> None:
+        """The product of ``rows`` (count, K) into ``out`` (count, N) on a native team."""
+        packed_panels_team.dispatcher(rows, self.panels, self.layout, self.bias, self.with_bias, out,
+                                      self.block, self.n, self._group(rows.shape[0]), state, system,
+                                      _panels_task.address)

@@ -21,7 +21,8 @@ import numpy as np
 
 from .compiled import CompiledIntrinsic, compiled, load_numba
 
-__all__ = ["claim", "cycles_per_second", "end_of_tasks", "keep_awake", "spin_loop", "spin_while"]
+__all__ = ["claim", "cycles", "cycles_per_second", "end_of_tasks", "keep_awake", "pause", "spin_loop",
+           "spin_while"]
 
 
 @functools.cache
@@ -81,8 +82,9 @@ def _build(numba: ModuleType) -> dict[str, Any]:
 _load_acquire = CompiledIntrinsic(lambda numba: _build(numba)["load_acquire"], "load_acquire")
 #: ``claim(counter, index)`` in a compiled kernel: the next task for the calling thread.
 claim = CompiledIntrinsic(lambda numba: _build(numba)["claim"], "claim")
-_pause = CompiledIntrinsic(lambda numba: _build(numba)["pause"], "pause")
-_cycles = CompiledIntrinsic(lambda numba: _build(numba)["cycles"], "cycles")
+#: ``pause()`` and ``cycles()`` in a compiled kernel: a spin-wait hint and the cycle counter.
+pause = _pause = CompiledIntrinsic(lambda numba: _build(numba)["pause"], "pause")
+cycles = _cycles = CompiledIntrinsic(lambda numba: _build(numba)["cycles"], "cycles")
 
 
 @compiled

@@ -31,6 +31,7 @@ import functools
 import gc
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from ..kernels.base import Kernel, TensorSpec, numpy_dtype, quiet
 from ..kernels.compiled import CACHE_ENV, compile_totals, load_numba
 from ..kernels.declaration import KernelDeclaration
 from ..kernels.spin import spin_loop
+from ..kernels.team import team_loop
 from ..parallel import BLAS, get_pool
 from ..tuning.processor import execution_descriptor
 from ..tuning.registry import KernelTuningRegistry, default_registry
@@ -77,6 +79,10 @@ SPIN_US = 0.0
 #: parallel regions (``ThreadPool.hot``'s ``awake_us``; 0: none): the session's ``awake_us``
 #: (docs/parallel.md, "Keeping the processors awake").
 AWAKE_US = 0.0
+#: How long (microseconds) the native team's threads spin without a region, while a run is in
+#: progress, before they sleep (``ThreadPool.hot``'s ``team_us``; 0: no team, the compiled
+#: kernels open numba regions): the session's ``team_us`` (docs/parallel.md, "The native team").
+TEAM_US = 300.0
 
 
 def _report_compiles(count: int, seconds: float) -> None:
@@ -149,6 +155,9 @@ class RuntimeSession:
         compiles_before = compile_totals()
         with _collector_paused():
             self._construct(model, num_threads, registry, fuse, branches, fold, declarations)
+            # The native team's loops, compiled (or loaded) now rather than in a run; only where
+            # a kernel loaded numba: a session of numpy kernels has no compiled region to share.
+            self._team = team_loop() if self.num_threads > 1 and "numba" in sys.modules else None
         self.construction_seconds = time.perf_counter() - started
         count, seconds = compile_totals()
         self.compiled_functions = count - compiles_before[0]
@@ -180,6 +189,7 @@ class RuntimeSession:
         self._pool = get_pool(self.num_threads)
         self.spin_us = SPIN_US
         self.awake_us = AWAKE_US
+        self.team_us = TEAM_US
         if self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0):
             spin_loop()  # compiled (or loaded) now rather than in a run
         graph = model.graph
@@ -458,9 +468,11 @@ class RuntimeSession:
                 values = unfolded
         # One BLAS thread by default; a kernel that wants BLAS's own threads raises the
         # count for its call (at most the session's thread count) and restores it.
-        hot = self.num_threads > 1 and (self.spin_us > 0 or self.awake_us > 0)
+        threaded = self.num_threads > 1
+        hot = threaded and (self.spin_us > 0 or self.awake_us > 0)
+        team = self._team if self.team_us > 0 else None
         with BLAS.scope(1), quiet(), self._pool.hot(self.spin_us, spin_loop() if hot else None,
-                                                    self.awake_us):
+                                                    self.awake_us, team, self.team_us):
             if plan is self._plan and node_hook is None:  # the steady state: the bound plan
                 bound = self._arenas.take()
                 try:
