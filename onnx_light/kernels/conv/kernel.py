@@ -62,6 +62,7 @@ from .channel_blocked import (
     compile_blocked,
     padded_bias,
 )
+from .columns_blocked import columns_applies, columns_weights, compile_columns
 from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
@@ -249,6 +250,11 @@ class ConvKernel(Kernel):
         ``filters_blocked`` when its runs may use it (compiled now)."""
         algorithm = self.config.algorithm
         attributes = self.attributes
+        if w.ndim == 3 and w.dtype == np.float32 and (
+                algorithm == "columns_blocked"
+                or (algorithm == "auto" and self._columns(w.shape[1], w.shape[2:], self.group))):
+            compile_columns(self.num_threads)
+            return self.variant(_blocked=_BlockedWeights(w, columns_weights(w, self.group), b))
         if (filters_applies(w.dtype, w.ndim - 2, self.group, tuple(attributes.dilations or (1,)))
                 and (algorithm == "filters_blocked"
                      or (algorithm == "auto" and self._stem(w.shape[1], w.shape[2:])))):
@@ -262,6 +268,13 @@ class ConvKernel(Kernel):
             return None
         compile_blocked(self.num_threads)
         return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w), b))
+
+    def _columns(self, group_channels: int, kernel: Sequence[int], groups: int) -> bool:
+        """Whether ``auto`` computes a 1-D convolution with ``columns_blocked`` (where it
+        applies): not 1x1, not depthwise, at most ``columns_blocked.maximum_channels`` input
+        channels per group (docs/model-zoo.md, "wav2vec2")."""
+        return (len(kernel) == 1 and kernel[0] != 1 and not (group_channels == 1 and groups > 1)
+                and group_channels <= self.config.columns_channels)
 
     def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
         """Whether ``auto`` computes a full convolution with ``filters_blocked`` (where it
@@ -545,6 +558,7 @@ class ConvKernel(Kernel):
                                                         groups, channels_out, window.dilations)
         filters = dtype is not None and filters_applies(dtype, len(window.input), groups,
                                                         window.dilations)
+        columns = dtype is not None and columns_applies(dtype, len(window.input), math.prod(window.output))
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
         tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
@@ -557,6 +571,8 @@ class ConvKernel(Kernel):
                 return "depthwise"
             if filters and self._stem(group_channels, window.kernel):
                 return "filters_blocked"
+            if columns and self._columns(group_channels, window.kernel, groups):
+                return "columns_blocked"
             outputs = math.prod(window.output)
             if tiled and transformed and (
                     self._large_tile(group_channels, channels_out // groups, outputs)
@@ -578,7 +594,8 @@ class ConvKernel(Kernel):
         unit_strides = len(window.input) >= 2 and all(s == 1 for s in window.strides)
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
                    "per_filter": pointwise, "depthwise": compiled_depthwise,
-                   "depthwise_blocked": blocked, "filters_blocked": filters, "winograd": tiled,
+                   "depthwise_blocked": blocked, "filters_blocked": filters,
+                   "columns_blocked": columns, "winograd": tiled,
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 
@@ -694,7 +711,7 @@ class ConvKernel(Kernel):
                 options["filters"] = self._winograd.filters(tiling)
         if prologue is not None:  # direct_1x1 or per_filter
             options["prologue"] = prologue
-        if problem.algorithm in ("depthwise_blocked", "filters_blocked"):
+        if problem.algorithm in ("depthwise_blocked", "filters_blocked", "columns_blocked"):
             if xc.dtype != np.float32:  # a node typed otherwise at construction
                 problem = dataclasses.replace(problem, algorithm=(
                     "depthwise" if problem.algorithm == "depthwise_blocked" else "im2col"))
@@ -704,6 +721,8 @@ class ConvKernel(Kernel):
             options["product"] = self.config.pointwise_product
         if problem.plan == "region" and problem.algorithm in REGION_ALGORITHMS:
             options["threads"] = self.num_threads
+        if problem.algorithm == "columns_blocked":
+            options["tile_bytes"] = self.config.columns_tile
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
