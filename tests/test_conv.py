@@ -483,7 +483,8 @@ def test_schemas_and_configuration_validation():
                                      conv.POINTWISE_TRANSPOSED: 0,
                                      conv.REGION_FLOPS: 1 << 23,
                                      conv.COLUMNS_CHANNELS: 16,
-                                     conv.COLUMNS_TILE: 1 << 16}
+                                     conv.COLUMNS_TILE: 1 << 16,
+                                     conv.UNITS_COLUMNS: 0}
     schema.validate(conv.REFERENCE)
     for values in _configurations():
         schema.validate(values)

@@ -8,6 +8,8 @@ runs them), :mod:`~onnx_light.kernels.conv.algorithms` (one class per algorithm)
 a time), :mod:`~onnx_light.kernels.conv.channel_blocked` (the same, a vector's 8 or 16 channels at a time),
 :mod:`~onnx_light.kernels.conv.columns_blocked` (the compiled 1-D convolution, a vector's
 output columns at a time),
+:mod:`~onnx_light.kernels.conv.im2col_units` (1-D im2col in one compiled call, units of
+columns shared by the threads),
 :mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) and F(4x4, 3x3)
 arithmetic),
 :mod:`~onnx_light.kernels.conv.kernel` (:class:`ConvKernel`),
@@ -55,6 +57,7 @@ from .config import (
     SPLIT,
     SPLITS,
     TUNING_ABI,
+    UNITS_COLUMNS,
     WINOGRAD_CHANNELS,
     WINOGRAD_OUTPUTS,
     ConvConfig,
@@ -89,6 +92,7 @@ __all__ = [
     "SPLIT",
     "SPLITS",
     "TUNING_ABI",
+    "UNITS_COLUMNS",
     "WINOGRAD_CHANNELS",
     "WINOGRAD_OUTPUTS",
     "ConvCalibrationProblem",

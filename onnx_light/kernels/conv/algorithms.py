@@ -21,6 +21,7 @@ from .columns_blocked import _BlockedColumns
 from .depthwise import _CompiledDepthwise, read_only
 from .filter_blocked import _BlockedFilters
 from .finish import fused_parts
+from .im2col_units import _Im2colUnits
 from .pointwise import pointwise_product, tile_columns, uses_packed
 from .problem import _Problem
 
@@ -417,6 +418,7 @@ _ALGORITHMS: dict[str, type[_Algorithm]] = {
     "depthwise_blocked": _BlockedDepthwise,
     "filters_blocked": _BlockedFilters,
     "columns_blocked": _BlockedColumns,
+    "im2col_units": _Im2colUnits,
     "winograd": _Winograd,
     "shifted": _Shifted,
 }

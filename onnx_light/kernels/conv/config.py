@@ -5,11 +5,13 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``algorithm``
     How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
     ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``filters_blocked``,
-    ``columns_blocked``, ``winograd``, ``shifted`` (each described where it is implemented,
+    ``columns_blocked``, ``im2col_units``, ``winograd``, ``shifted`` (each described where it
+    is implemented,
     :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
     :mod:`onnx_light.kernels.conv.depthwise`, :mod:`onnx_light.kernels.conv.channel_blocked`,
-    :mod:`onnx_light.kernels.conv.filter_blocked` and
-    :mod:`onnx_light.kernels.conv.columns_blocked`)
+    :mod:`onnx_light.kernels.conv.filter_blocked`,
+    :mod:`onnx_light.kernels.conv.columns_blocked` and
+    :mod:`onnx_light.kernels.conv.im2col_units`)
     or ``auto``, whose rule is
     ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
     where it does not apply falls back to ``im2col``, which applies to every convolution.
@@ -42,6 +44,12 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``columns_blocked.tile_bytes``
     ``columns_blocked`` computes bands of output columns whose phase-split input (the tile)
     takes about this many bytes, read from cache by every block of filters.
+``im2col_units.columns``
+    ``auto`` computes the other 1-D convolutions of one group (float32 and float64) with
+    ``im2col_units`` (:mod:`onnx_light.kernels.conv.im2col_units`: im2col in one compiled
+    call, units of about this many output columns, each copied, multiplied by numpy's BLAS
+    and finished in cache; the units shared by the session's threads in one numba region
+    from ``parallel.region_flops``); 0: never (im2col).
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -92,7 +100,8 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 ``parallel.region_flops``
     Multiply-adds (times :data:`DEPTHWISE_COST` for ``depthwise`` and ``depthwise_blocked``)
     from which the compiled kernels ``depthwise``, ``depthwise_blocked``,
-    ``filters_blocked`` and ``columns_blocked`` split their work over the session's threads
+    ``filters_blocked``, ``columns_blocked`` and ``im2col_units`` split their work over the
+    session's threads
     inside their compiled call (plan ``region``: one numba ``prange`` region,
     docs/parallel.md), never on the pool; below, and with ``parallel.split = blas``, they run
     on the calling thread.
@@ -134,13 +143,15 @@ POINTWISE_MINIMUM_FLOPS = "pointwise.minimum_flops"
 POINTWISE_TRANSPOSED = "pointwise.transposed_positions"
 COLUMNS_CHANNELS = "columns_blocked.maximum_channels"
 COLUMNS_TILE = "columns_blocked.tile_bytes"
+UNITS_COLUMNS = "im2col_units.columns"
 REGION_FLOPS = "parallel.region_flops"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
 TUNING_ABI = 9
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
-              "depthwise_blocked", "filters_blocked", "columns_blocked", "winograd", "shifted")
+              "depthwise_blocked", "filters_blocked", "columns_blocked", "im2col_units", "winograd",
+              "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
 POINTWISE_PRODUCTS = ("blas", "packed")
@@ -167,6 +178,7 @@ _DEFAULTS: dict[str, Value] = {
     REGION_FLOPS: 1 << 23,
     COLUMNS_CHANNELS: 16,
     COLUMNS_TILE: 1 << 16,
+    UNITS_COLUMNS: 0,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -187,6 +199,7 @@ REFERENCE: dict[str, Value] = {
     REGION_FLOPS: 1 << 62,
     COLUMNS_CHANNELS: 0,
     COLUMNS_TILE: 1 << 16,
+    UNITS_COLUMNS: 0,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -225,7 +238,9 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "AVX2 with FMA), 'filters_blocked' (compiled, a vector's 8 or 16 "
                               "filters at once: float32, 2-D, group 1, dilation 1), "
                               "'columns_blocked' (compiled, a vector's 8 or 16 output columns at "
-                              "once: float32, 1-D, at least 3 vectors of outputs), 'winograd' "
+                              "once: float32, 1-D, at least 3 vectors of outputs), "
+                              "'im2col_units' (1-D, group 1: im2col in one compiled call, units of "
+                              "columns each a BLAS product), 'winograd' "
                               "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
                               "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
@@ -288,6 +303,10 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
         Parameter(COLUMNS_TILE, "int", _DEFAULTS[COLUMNS_TILE], minimum=1,
                   description="bytes of phase-split input per band of output columns of "
                               "'columns_blocked'"),
+        Parameter(UNITS_COLUMNS, "int", _DEFAULTS[UNITS_COLUMNS], minimum=0,
+                  description="auto computes the other 1-D convolutions of one group by "
+                              "'im2col_units', units of about this many output columns (shared "
+                              "by the session's threads from parallel.region_flops); 0: never"),
     )
 
 
@@ -312,6 +331,7 @@ class ConvConfig:
     region_flops: int = int(_DEFAULTS[REGION_FLOPS])
     columns_channels: int = int(_DEFAULTS[COLUMNS_CHANNELS])
     columns_tile: int = int(_DEFAULTS[COLUMNS_TILE])
+    units_columns: int = int(_DEFAULTS[UNITS_COLUMNS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -324,5 +344,6 @@ class ConvConfig:
                    int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
                    str(values[POINTWISE_PRODUCT]), int(values[POINTWISE_MINIMUM_FLOPS]),
                    int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]),
-                   int(values[COLUMNS_CHANNELS]), int(values[COLUMNS_TILE]))
+                   int(values[COLUMNS_CHANNELS]), int(values[COLUMNS_TILE]),
+                   int(values[UNITS_COLUMNS]))
 

@@ -61,6 +61,7 @@ from .channel_blocked import (
     blocked_weights,
     compile_blocked,
     padded_bias,
+    vector_lanes,
 )
 from .columns_blocked import columns_applies, columns_weights, compile_columns
 from .config import (
@@ -82,6 +83,7 @@ from .depthwise import (
 )
 from .filter_blocked import compile_filters, filters_applies, filters_call
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
+from .im2col_units import compile_units, units_applies
 from .pointwise import (
     PointwiseCall,
     compile_pointwise,
@@ -240,6 +242,9 @@ class ConvKernel(Kernel):
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1], self.num_threads)
+        if units_applies(compute_dtype(w.dtype), w.ndim - 2, self.group) and self.config.algorithm in (
+                "auto", "im2col_units"):
+            compile_units(compute_dtype(w.dtype), self.num_threads)
         if w.ndim >= 3 and w.shape[1] == 1 and self.group > 1:  # depthwise: settle takes its operands
             self._depthwise_weights = (w, constants[2] if len(constants) > 2 else None, None, None, None)
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
@@ -250,7 +255,7 @@ class ConvKernel(Kernel):
         ``filters_blocked`` when its runs may use it (compiled now)."""
         algorithm = self.config.algorithm
         attributes = self.attributes
-        if w.ndim == 3 and w.dtype == np.float32 and (
+        if w.ndim == 3 and w.dtype == np.float32 and vector_lanes() > 0 and (
                 algorithm == "columns_blocked"
                 or (algorithm == "auto" and self._columns(w.shape[1], w.shape[2:], self.group))):
             compile_columns(self.num_threads)
@@ -559,6 +564,7 @@ class ConvKernel(Kernel):
         filters = dtype is not None and filters_applies(dtype, len(window.input), groups,
                                                         window.dilations)
         columns = dtype is not None and columns_applies(dtype, len(window.input), math.prod(window.output))
+        units = dtype is not None and units_applies(compute_dtype(dtype), len(window.input), groups)
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
         tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
@@ -573,6 +579,8 @@ class ConvKernel(Kernel):
                 return "filters_blocked"
             if columns and self._columns(group_channels, window.kernel, groups):
                 return "columns_blocked"
+            if units and self.config.units_columns > 0:
+                return "im2col_units"
             outputs = math.prod(window.output)
             if tiled and transformed and (
                     self._large_tile(group_channels, channels_out // groups, outputs)
@@ -595,7 +603,7 @@ class ConvKernel(Kernel):
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
                    "per_filter": pointwise, "depthwise": compiled_depthwise,
                    "depthwise_blocked": blocked, "filters_blocked": filters,
-                   "columns_blocked": columns, "winograd": tiled,
+                   "columns_blocked": columns, "im2col_units": units, "winograd": tiled,
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 
@@ -723,6 +731,8 @@ class ConvKernel(Kernel):
             options["threads"] = self.num_threads
         if problem.algorithm == "columns_blocked":
             options["tile_bytes"] = self.config.columns_tile
+        if problem.algorithm == "im2col_units":
+            options["columns"] = max(1, self.config.units_columns)
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)
