@@ -6,6 +6,10 @@ parallel plan), :mod:`~onnx_light.kernels.conv.blocks` (what the algorithms shar
 runs them), :mod:`~onnx_light.kernels.conv.algorithms` (one class per algorithm),
 :mod:`~onnx_light.kernels.conv.depthwise` (the compiled depthwise convolution, one channel at
 a time), :mod:`~onnx_light.kernels.conv.channel_blocked` (the same, a vector's 8 or 16 channels at a time),
+:mod:`~onnx_light.kernels.conv.columns_blocked` (the compiled 1-D convolution, a vector's
+output columns at a time),
+:mod:`~onnx_light.kernels.conv.im2col_units` (1-D im2col in one compiled call, units of
+columns shared by the threads),
 :mod:`~onnx_light.kernels.conv.winograd` (Winograd's F(2x2, 3x3) and F(4x4, 3x3)
 arithmetic),
 :mod:`~onnx_light.kernels.conv.kernel` (:class:`ConvKernel`),
@@ -35,6 +39,8 @@ from .config import (
     AUTO_DEPTHWISE,
     BLOCK_BYTES,
     BLOCKED_OUTPUTS,
+    COLUMNS_CHANNELS,
+    COLUMNS_TILE,
     CONV_TYPES,
     FILTERS_BLOCKED_TAPS,
     LARGE_TILE_CHANNELS,
@@ -51,6 +57,7 @@ from .config import (
     SPLIT,
     SPLITS,
     TUNING_ABI,
+    UNITS_COLUMNS,
     WINOGRAD_CHANNELS,
     WINOGRAD_OUTPUTS,
     ConvConfig,
@@ -65,6 +72,8 @@ __all__ = [
     "AUTO_DEPTHWISE",
     "BLOCKED_OUTPUTS",
     "BLOCK_BYTES",
+    "COLUMNS_CHANNELS",
+    "COLUMNS_TILE",
     "CONV_TYPES",
     "CORPUS",
     "DECLARATIONS",
@@ -83,6 +92,7 @@ __all__ = [
     "SPLIT",
     "SPLITS",
     "TUNING_ABI",
+    "UNITS_COLUMNS",
     "WINOGRAD_CHANNELS",
     "WINOGRAD_OUTPUTS",
     "ConvCalibrationProblem",

@@ -17,9 +17,11 @@ from ..window import pad_spatial
 from . import winograd
 from .blocks import Prologue, _Algorithm, _filter_ranges, _group_ranges, _limited, _rows_per_block, split
 from .channel_blocked import _BlockedDepthwise
+from .columns_blocked import _BlockedColumns
 from .depthwise import _CompiledDepthwise, read_only
 from .filter_blocked import _BlockedFilters
 from .finish import fused_parts
+from .im2col_units import _Im2colUnits
 from .pointwise import pointwise_product, tile_columns, uses_packed
 from .problem import _Problem
 
@@ -415,6 +417,8 @@ _ALGORITHMS: dict[str, type[_Algorithm]] = {
     "depthwise": _CompiledDepthwise,
     "depthwise_blocked": _BlockedDepthwise,
     "filters_blocked": _BlockedFilters,
+    "columns_blocked": _BlockedColumns,
+    "im2col_units": _Im2colUnits,
     "winograd": _Winograd,
     "shifted": _Shifted,
 }

@@ -4,11 +4,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
 
 ``algorithm``
     How the products are arranged: ``im2col``, ``im2col_wide``, ``direct_1x1``,
-    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``filters_blocked``, ``winograd``,
-    ``shifted`` (each described where it is implemented,
+    ``per_filter``, ``depthwise``, ``depthwise_blocked``, ``filters_blocked``,
+    ``columns_blocked``, ``im2col_units``, ``winograd``, ``shifted`` (each described where it
+    is implemented,
     :mod:`onnx_light.kernels.conv.algorithms` and, compiled,
-    :mod:`onnx_light.kernels.conv.depthwise`, :mod:`onnx_light.kernels.conv.channel_blocked`
-    and :mod:`onnx_light.kernels.conv.filter_blocked`)
+    :mod:`onnx_light.kernels.conv.depthwise`, :mod:`onnx_light.kernels.conv.channel_blocked`,
+    :mod:`onnx_light.kernels.conv.filter_blocked`,
+    :mod:`onnx_light.kernels.conv.columns_blocked` and
+    :mod:`onnx_light.kernels.conv.im2col_units`)
     or ``auto``, whose rule is
     ``ConvKernel._algorithm`` (:mod:`onnx_light.kernels.conv.kernel`). An algorithm forced
     where it does not apply falls back to ``im2col``, which applies to every convolution.
@@ -31,6 +34,22 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     most three input channels (an image's: a CNN's stem) with ``filters_blocked``
     (:mod:`onnx_light.kernels.conv.filter_blocked`: AVX-512, or AVX2 and FMA) where it has at
     most this many taps per output (input channels x kernel positions); 0: never.
+``columns_blocked.maximum_channels``
+    ``auto`` computes a float32 1-D convolution that is neither 1x1 nor depthwise (a speech
+    model's first convolution on the waveform and its grouped positional convolution) with
+    ``columns_blocked`` (:mod:`onnx_light.kernels.conv.columns_blocked`: AVX-512, or AVX2 and
+    FMA; at least 3 x L output columns) where a group has at most this many input channels;
+    0: never. With more (128 channels at kernel 3 or 2), im2col's one deep BLAS product per
+    group is faster (docs/model-zoo.md, "wav2vec2").
+``columns_blocked.tile_bytes``
+    ``columns_blocked`` computes bands of output columns whose phase-split input (the tile)
+    takes about this many bytes, read from cache by every block of filters.
+``im2col_units.columns``
+    ``auto`` computes the other 1-D convolutions of one group (float32 and float64) with
+    ``im2col_units`` (:mod:`onnx_light.kernels.conv.im2col_units`: im2col in one compiled
+    call, units of about this many output columns, each copied, multiplied by numpy's BLAS
+    and finished in cache; the units shared by the session's threads in one numba region
+    from ``parallel.region_flops``); 0: never (im2col).
 ``winograd.minimum_channels``, ``winograd.minimum_outputs``
     ``auto`` uses ``winograd`` where each group has at least ``minimum_channels`` input
     channels and as many filters, and the output at least ``minimum_outputs`` positions:
@@ -80,10 +99,12 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     (not for the compiled depthwise and stem kernels: ``parallel.region_flops``).
 ``parallel.region_flops``
     Multiply-adds (times :data:`DEPTHWISE_COST` for ``depthwise`` and ``depthwise_blocked``)
-    from which the compiled kernels ``depthwise``, ``depthwise_blocked`` and
-    ``filters_blocked`` split their work over the session's threads inside their compiled
-    call (plan ``region``: one numba ``prange`` region, docs/parallel.md), never on the pool;
-    below, and with ``parallel.split = blas``, they run on the calling thread.
+    from which the compiled kernels ``depthwise``, ``depthwise_blocked``,
+    ``filters_blocked``, ``columns_blocked`` and ``im2col_units`` split their work over the
+    session's threads
+    inside their compiled call (plan ``region``: one numba ``prange`` region,
+    docs/parallel.md), never on the pool; below, and with ``parallel.split = blas``, they run
+    on the calling thread.
 
 The reference configuration is :data:`REFERENCE`: ``im2col`` on one thread, one block. Why
 the portable defaults are what they are, with the measurements: ``docs/conv.md``.
@@ -120,13 +141,17 @@ FILTERS_BLOCKED_TAPS = "filters_blocked.maximum_taps"
 POINTWISE_PRODUCT = "pointwise.product"
 POINTWISE_MINIMUM_FLOPS = "pointwise.minimum_flops"
 POINTWISE_TRANSPOSED = "pointwise.transposed_positions"
+COLUMNS_CHANNELS = "columns_blocked.maximum_channels"
+COLUMNS_TILE = "columns_blocked.tile_bytes"
+UNITS_COLUMNS = "im2col_units.columns"
 REGION_FLOPS = "parallel.region_flops"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 8
+TUNING_ABI = 9
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
-              "depthwise_blocked", "filters_blocked", "winograd", "shifted")
+              "depthwise_blocked", "filters_blocked", "columns_blocked", "im2col_units", "winograd",
+              "shifted")
 SPLITS = ("auto", "batch_and_groups", "output_rows", "filters", "blas")
 DEPTHWISE_ALGORITHMS = ("depthwise", "im2col_wide")
 POINTWISE_PRODUCTS = ("blas", "packed")
@@ -151,6 +176,9 @@ _DEFAULTS: dict[str, Value] = {
     POINTWISE_MINIMUM_FLOPS: 1 << 23,
     POINTWISE_TRANSPOSED: 0,
     REGION_FLOPS: 1 << 23,
+    COLUMNS_CHANNELS: 16,
+    COLUMNS_TILE: 1 << 16,
+    UNITS_COLUMNS: 0,
 }
 # The reference configuration every other one is compared with: the general path, serial.
 REFERENCE: dict[str, Value] = {
@@ -169,6 +197,9 @@ REFERENCE: dict[str, Value] = {
     POINTWISE_MINIMUM_FLOPS: 1 << 62,
     POINTWISE_TRANSPOSED: 0,
     REGION_FLOPS: 1 << 62,
+    COLUMNS_CHANNELS: 0,
+    COLUMNS_TILE: 1 << 16,
+    UNITS_COLUMNS: 0,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
 _WIDE_OVERHEAD = 1.25  # im2col_wide only while computed columns / needed columns <= this
@@ -205,7 +236,11 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "'depthwise_blocked' (compiled, a vector's 8 or 16 channels at once: "
                               "float32, 2-D, one filter per channel, dilation 1, AVX-512 or "
                               "AVX2 with FMA), 'filters_blocked' (compiled, a vector's 8 or 16 "
-                              "filters at once: float32, 2-D, group 1, dilation 1), 'winograd' "
+                              "filters at once: float32, 2-D, group 1, dilation 1), "
+                              "'columns_blocked' (compiled, a vector's 8 or 16 output columns at "
+                              "once: float32, 1-D, at least 3 vectors of outputs), "
+                              "'im2col_units' (1-D, group 1: im2col in one compiled call, units of "
+                              "columns each a BLAS product), 'winograd' "
                               "(F(2x2,3x3) or F(4x4,3x3); 2-D 3x3 stride 1 dilation 1), "
                               "'shifted' (one product per kernel position, stride 1), or 'auto' "
                               "(ConvKernel._algorithm's rule); inapplicable -> im2col"),
@@ -261,6 +296,17 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "'depthwise_blocked', 'filters_blocked') split their work over "
                               "the session's threads inside their compiled call (one numba "
                               "region); below, one thread"),
+        Parameter(COLUMNS_CHANNELS, "int", _DEFAULTS[COLUMNS_CHANNELS], minimum=0,
+                  description="auto computes a float32 1-D convolution, neither 1x1 nor "
+                              "depthwise, by 'columns_blocked' (AVX-512 or AVX2) where a group "
+                              "has at most this many input channels; 0: never"),
+        Parameter(COLUMNS_TILE, "int", _DEFAULTS[COLUMNS_TILE], minimum=1,
+                  description="bytes of phase-split input per band of output columns of "
+                              "'columns_blocked'"),
+        Parameter(UNITS_COLUMNS, "int", _DEFAULTS[UNITS_COLUMNS], minimum=0,
+                  description="auto computes the other 1-D convolutions of one group by "
+                              "'im2col_units', units of about this many output columns (shared "
+                              "by the session's threads from parallel.region_flops); 0: never"),
     )
 
 
@@ -283,6 +329,9 @@ class ConvConfig:
     pointwise_minimum_flops: int = int(_DEFAULTS[POINTWISE_MINIMUM_FLOPS])
     pointwise_transposed: int = int(_DEFAULTS[POINTWISE_TRANSPOSED])
     region_flops: int = int(_DEFAULTS[REGION_FLOPS])
+    columns_channels: int = int(_DEFAULTS[COLUMNS_CHANNELS])
+    columns_tile: int = int(_DEFAULTS[COLUMNS_TILE])
+    units_columns: int = int(_DEFAULTS[UNITS_COLUMNS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -294,5 +343,7 @@ class ConvConfig:
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
                    int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
                    str(values[POINTWISE_PRODUCT]), int(values[POINTWISE_MINIMUM_FLOPS]),
-                   int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]))
+                   int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]),
+                   int(values[COLUMNS_CHANNELS]), int(values[COLUMNS_TILE]),
+                   int(values[UNITS_COLUMNS]))
 

@@ -61,7 +61,9 @@ from .channel_blocked import (
     blocked_weights,
     compile_blocked,
     padded_bias,
+    vector_lanes,
 )
+from .columns_blocked import columns_applies, columns_weights, compile_columns
 from .config import (
     _WIDE_OVERHEAD,
     DEPTHWISE_COST,
@@ -81,6 +83,7 @@ from .depthwise import (
 )
 from .filter_blocked import compile_filters, filters_applies, filters_call
 from .finish import FINISHED_TYPES, Finish, compile_finish, fused_parts, scale_channels
+from .im2col_units import compile_units, units_applies
 from .pointwise import (
     PointwiseCall,
     compile_pointwise,
@@ -239,6 +242,9 @@ class ConvKernel(Kernel):
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
         if self._compiles_depthwise(w):
             compile_depthwise(compute_dtype(w.dtype), w.shape[-1], self.num_threads)
+        if units_applies(compute_dtype(w.dtype), w.ndim - 2, self.group) and self.config.algorithm in (
+                "auto", "im2col_units"):
+            compile_units(compute_dtype(w.dtype), self.num_threads)
         if w.ndim >= 3 and w.shape[1] == 1 and self.group > 1:  # depthwise: settle takes its operands
             self._depthwise_weights = (w, constants[2] if len(constants) > 2 else None, None, None, None)
         return (self._with_distinct_filters(w) or self._with_winograd_filters(w)
@@ -249,6 +255,11 @@ class ConvKernel(Kernel):
         ``filters_blocked`` when its runs may use it (compiled now)."""
         algorithm = self.config.algorithm
         attributes = self.attributes
+        if w.ndim == 3 and w.dtype == np.float32 and vector_lanes() > 0 and (
+                algorithm == "columns_blocked"
+                or (algorithm == "auto" and self._columns(w.shape[1], w.shape[2:], self.group))):
+            compile_columns(self.num_threads)
+            return self.variant(_blocked=_BlockedWeights(w, columns_weights(w, self.group), b))
         if (filters_applies(w.dtype, w.ndim - 2, self.group, tuple(attributes.dilations or (1,)))
                 and (algorithm == "filters_blocked"
                      or (algorithm == "auto" and self._stem(w.shape[1], w.shape[2:])))):
@@ -262,6 +273,13 @@ class ConvKernel(Kernel):
             return None
         compile_blocked(self.num_threads)
         return self.variant(_blocked=_BlockedWeights(w, blocked_weights(w), b))
+
+    def _columns(self, group_channels: int, kernel: Sequence[int], groups: int) -> bool:
+        """Whether ``auto`` computes a 1-D convolution with ``columns_blocked`` (where it
+        applies): not 1x1, not depthwise, at most ``columns_blocked.maximum_channels`` input
+        channels per group (docs/model-zoo.md, "wav2vec2")."""
+        return (len(kernel) == 1 and kernel[0] != 1 and not (group_channels == 1 and groups > 1)
+                and group_channels <= self.config.columns_channels)
 
     def _stem(self, group_channels: int, kernel: Sequence[int]) -> bool:
         """Whether ``auto`` computes a full convolution with ``filters_blocked`` (where it
@@ -545,6 +563,8 @@ class ConvKernel(Kernel):
                                                         groups, channels_out, window.dilations)
         filters = dtype is not None and filters_applies(dtype, len(window.input), groups,
                                                         window.dilations)
+        columns = dtype is not None and columns_applies(dtype, len(window.input), math.prod(window.output))
+        units = dtype is not None and units_applies(compute_dtype(dtype), len(window.input), groups)
         wide = len(window.input) >= 2 and all(s == 1 for s in window.strides[1:])
         tiled = _winograd_applies(window.kernel, window.strides, window.dilations)
         choice = self.config.algorithm
@@ -557,6 +577,10 @@ class ConvKernel(Kernel):
                 return "depthwise"
             if filters and self._stem(group_channels, window.kernel):
                 return "filters_blocked"
+            if columns and self._columns(group_channels, window.kernel, groups):
+                return "columns_blocked"
+            if units and self.config.units_columns > 0:
+                return "im2col_units"
             outputs = math.prod(window.output)
             if tiled and transformed and (
                     self._large_tile(group_channels, channels_out // groups, outputs)
@@ -578,7 +602,8 @@ class ConvKernel(Kernel):
         unit_strides = len(window.input) >= 2 and all(s == 1 for s in window.strides)
         applies = {"im2col": True, "im2col_wide": wide, "direct_1x1": pointwise,
                    "per_filter": pointwise, "depthwise": compiled_depthwise,
-                   "depthwise_blocked": blocked, "filters_blocked": filters, "winograd": tiled,
+                   "depthwise_blocked": blocked, "filters_blocked": filters,
+                   "columns_blocked": columns, "im2col_units": units, "winograd": tiled,
                    "shifted": unit_strides}
         return choice if applies[choice] else "im2col"
 
@@ -694,7 +719,7 @@ class ConvKernel(Kernel):
                 options["filters"] = self._winograd.filters(tiling)
         if prologue is not None:  # direct_1x1 or per_filter
             options["prologue"] = prologue
-        if problem.algorithm in ("depthwise_blocked", "filters_blocked"):
+        if problem.algorithm in ("depthwise_blocked", "filters_blocked", "columns_blocked"):
             if xc.dtype != np.float32:  # a node typed otherwise at construction
                 problem = dataclasses.replace(problem, algorithm=(
                     "depthwise" if problem.algorithm == "depthwise_blocked" else "im2col"))
@@ -704,6 +729,10 @@ class ConvKernel(Kernel):
             options["product"] = self.config.pointwise_product
         if problem.plan == "region" and problem.algorithm in REGION_ALGORITHMS:
             options["threads"] = self.num_threads
+        if problem.algorithm == "columns_blocked":
+            options["tile_bytes"] = self.config.columns_tile
+        if problem.algorithm == "im2col_units":
+            options["columns"] = max(1, self.config.units_columns)
         algorithm = _ALGORITHMS[problem.algorithm](problem, xc, wc, bc, out, self.config.block_bytes,
                                                    finish, **options)
         _execute(problem, algorithm, self.pool, self.num_threads)

@@ -39,7 +39,8 @@ class _Problem:
 
 #: The compiled kernels that split their work inside their call (plan ``region``: one numba
 #: region over the session's threads), never on the pool.
-REGION_ALGORITHMS = frozenset({"depthwise", "depthwise_blocked", "filters_blocked"})
+REGION_ALGORITHMS = frozenset({"depthwise", "depthwise_blocked", "filters_blocked", "columns_blocked",
+                               "im2col_units"})
 
 
 def _winograd_applies(kernel: Sequence[int], strides: Sequence[int] | None,
