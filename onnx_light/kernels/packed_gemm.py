@@ -586,6 +586,25 @@ def wait_cycles() -> tuple[int, int]:
     return int(rate * WAIT_US), int(rate * PREEMPTED_US)
 
 
+def _pack_weights(w: np.ndarray, panels: np.ndarray) -> None:
+    """W (K, N), float32 of any layout, into ``panels`` (P, K, NR) in one pass, zeros past N:
+    a C-contiguous W row by row (:func:`pack_panels`), any other (the transpose of a
+    C-contiguous B, Gemm's ``transB``) by numpy's copy from a view of its whole panels, which
+    reads B in its own order; no transposed copy of W is made."""
+    k, n = w.shape
+    nr = panels.shape[2]
+    if w.flags.c_contiguous:
+        pack_panels.dispatcher(w.reshape(-1), 0, n, k, n, panels)
+        return
+    whole = n // nr
+    rows, columns = w.strides
+    np.copyto(panels[:whole], np.lib.stride_tricks.as_strided(
+        w, (whole, k, nr), (nr * columns, rows, columns), writeable=False))
+    if whole < panels.shape[0]:
+        panels[whole, :, :n - whole * nr] = w[:, whole * nr:]
+        panels[whole, :, n - whole * nr:] = 0.0
+
+
 class PackedWeights:
     """A constant float32 matrix W (K, N) packed for :func:`packed_rows`, with an optional
     bias (N values) added to every row of the product."""
@@ -595,12 +614,9 @@ class PackedWeights:
         k, n = w.shape
         nr, self.rows = shape.columns, shape.rows
         count = -(-n // nr)
-        panels = np.zeros((count, k, nr), np.float32)
-        for panel in range(count):
-            part = w[:, panel * nr:(panel + 1) * nr]
-            panels[panel, :, :part.shape[1]] = part
         self.k, self.n = k, n
-        self.panels = panels
+        self.panels = panels = np.empty((count, k, nr), np.float32)
+        _pack_weights(w, panels)
         self.layout = packed_layout(k)
         self.bias = np.zeros(count * nr, np.float32)
         self.with_bias = bias is not None
@@ -613,7 +629,8 @@ class PackedWeights:
     def weights(self) -> np.ndarray:
         """W again (K, N), rebuilt from the panels (bit for bit: they are W's values), a new
         read-only array."""
-        w = np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(self.k, -1)[:, :self.n])
+        count, _, nr = self.panels.shape
+        w = np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(self.k, count * nr)[:, :self.n])
         w.flags.writeable = False
         return w
 
