@@ -547,20 +547,36 @@ def packed_layout(k: int) -> tuple[int, int, int, int]:
     return (0, k * NR, NR, _AHEAD * NR)
 
 
+#: Rows of the source :func:`pack_panels` hands to every panel in turn (measured on
+#: ConvNeXt-tiny's weights: 8 rows took 0.58 of the time of one row to every panel).
+_PACK_ROWS = 8
+
+
 @compiled
 def pack_panels(source: np.ndarray, offset: int, stride: int, depth: int, columns: int,
                 panels: np.ndarray) -> None:
     """Pack ``columns`` columns of a (``depth``, ...) matrix read from the flat ``source``
     (element (k, j) at ``offset + k * stride + j``) into the first ``ceil(columns / NR)``
     panels of ``panels`` (P, depth, NR), zero past ``columns``: the operand a caller packs per
-    call (a convolution's input) rather than once."""
+    call (a convolution's input) rather than once. The whole panels go ``_PACK_ROWS`` rows at a
+    time, each row of the group to every panel (the group's rows stay in the cache while the
+    panels take them), a step's ``NR`` values copied as whole vectors; then the last panel,
+    partly filled."""
     flat = panels.reshape(-1)
-    for panel in range(-(-columns // NR)):
-        column = panel * NR
-        width = np.uintp(min(NR, columns - column))
+    whole = columns // NR
+    for top in range(0, depth, _PACK_ROWS):
+        bottom = min(depth, top + _PACK_ROWS)
+        for panel in range(whole):
+            for k in range(top, bottom):
+                source_row = np.uintp(offset + k * stride + panel * NR)
+                target_row = np.uintp((panel * depth + k) * NR)
+                for c in range(np.uintp(NR)):
+                    flat[target_row + c] = source[source_row + c]
+    width = np.uintp(columns - whole * NR)
+    if width > 0:
         for k in range(depth):
-            source_row = np.uintp(offset + k * stride + column)
-            target_row = np.uintp((panel * depth + k) * NR)
+            source_row = np.uintp(offset + k * stride + whole * NR)
+            target_row = np.uintp((whole * depth + k) * NR)
             for c in range(width):
                 flat[target_row + c] = source[source_row + c]
             for c in range(width, np.uintp(NR)):
