@@ -455,3 +455,49 @@ def test_the_other_width_gives_the_same_bits(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout.split())
     assert len(outputs[0]) == 3 and outputs[0] == outputs[1]
+
+
+def _reference_panels(w: np.ndarray, nr: int) -> np.ndarray:
+    """W (K, N) in panels (P, K, NR), zeros past N, one panel at a time."""
+    k, n = w.shape
+    panels = np.zeros((-(-n // nr), k, nr), np.float32)
+    for panel in range(panels.shape[0]):
+        part = w[:, panel * nr:(panel + 1) * nr]
+        panels[panel, :, :part.shape[1]] = part
+    return panels
+
+
+def _in_layout(w: np.ndarray, layout: str) -> np.ndarray:
+    """W's values as a C-contiguous matrix, the transpose of one, or a strided view."""
+    if layout == "transposed":
+        return np.ascontiguousarray(w.T).T
+    if layout == "strided":
+        view = np.zeros((2 * w.shape[0], 3 * w.shape[1]), np.float32)[::2, ::3]
+        view[...] = w
+        return view
+    return w.copy()
+
+
+@packed_only
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 70), st.integers(0, 90), st.sampled_from(["plain", "transposed", "strided"]),
+       st.integers(0, 2**31 - 1))
+def test_weights_pack_from_their_own_layout(k, n, layout, seed) -> None:
+    """W (K, N) given as a C-contiguous matrix, as the transpose of a C-contiguous B (Gemm's
+    transB) or as a strided view: the panels are the ones packed panel by panel, and
+    ``weights()`` gives W back bit for bit (random bit patterns: NaN payloads and negative
+    zeros included); the products are those of the contiguous W."""
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2**32, (k, n), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    w = _in_layout(bits, layout)
+    w.flags.writeable = False  # as folded constants come
+    packed = packed_gemm.PackedWeights(w)
+    nr = packed_gemm.geometry().columns
+    assert packed.panels.tobytes() == _reference_panels(bits, nr).tobytes()
+    assert packed.weights().tobytes() == bits.tobytes()
+    finite = rng.standard_normal((k, n)).astype(np.float32)
+    view = _in_layout(finite, layout)
+    a = rng.standard_normal((5, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    expected = packed_gemm.PackedWeights(np.ascontiguousarray(finite), bias).multiply(a)
+    assert packed_gemm.PackedWeights(view, bias).multiply(a).tobytes() == expected.tobytes()

@@ -274,9 +274,11 @@ class _ProductKernel(Kernel):
             return None
         kernel = copy.copy(self)
         kernel._packed = packed = packed_gemm.PackedWeights(w, bias)
-        packed.compile()
-        if kernel._packed_threads(self.minimum_flops, packed) > 1:  # compile the region now too
-            packed.compile(threads=2)
+        # Compile (or load) the product now, and its regions too where runs may take them, on
+        # a one-value W: the compiled code does not depend on W's size, and a product with all
+        # of W would read all of it once more (about 20 ms for the 411 MB of VGG-19's first layer).
+        tiny = packed_gemm.PackedWeights(np.zeros((1, 1), np.float32))
+        tiny.compile(threads=2 if kernel._packed_threads(self.minimum_flops, packed) > 1 else 1)
         return kernel
 
     def packed_input(self, position: int) -> Callable[[], np.ndarray] | None:
@@ -589,7 +591,7 @@ class GemmKernel(_ProductKernel):
         if c is not None and (self.beta != 1.0 or c.dtype != np.float32 or c.ndim > 2
                               or c.size != w.shape[1] or c.shape[-1] != w.shape[1]):
             return None
-        return self._pack(np.ascontiguousarray(w), c)
+        return self._pack(w, c)  # packed from B's own layout: no transposed copy
 
 
 def _as_matrix(c: np.ndarray, m: int, n: int) -> np.ndarray | None:

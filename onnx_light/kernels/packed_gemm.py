@@ -599,20 +599,36 @@ def packed_layout(k: int) -> tuple[int, int, int, int]:
     return (0, k * NR, NR, _AHEAD * NR)
 
 
+#: Rows of the source :func:`pack_panels` hands to every panel in turn (measured on
+#: ConvNeXt-tiny's weights: 8 rows took 0.58 of the time of one row to every panel).
+_PACK_ROWS = 8
+
+
 @compiled
 def pack_panels(source: np.ndarray, offset: int, stride: int, depth: int, columns: int,
                 panels: np.ndarray) -> None:
     """Pack ``columns`` columns of a (``depth``, ...) matrix read from the flat ``source``
     (element (k, j) at ``offset + k * stride + j``) into the first ``ceil(columns / NR)``
     panels of ``panels`` (P, depth, NR), zero past ``columns``: the operand a caller packs per
-    call (a convolution's input) rather than once."""
+    call (a convolution's input) rather than once. The whole panels go ``_PACK_ROWS`` rows at a
+    time, each row of the group to every panel (the group's rows stay in the cache while the
+    panels take them), a step's ``NR`` values copied as whole vectors; then the last panel,
+    partly filled."""
     flat = panels.reshape(-1)
-    for panel in range(-(-columns // NR)):
-        column = panel * NR
-        width = np.uintp(min(NR, columns - column))
+    whole = columns // NR
+    for top in range(0, depth, _PACK_ROWS):
+        bottom = min(depth, top + _PACK_ROWS)
+        for panel in range(whole):
+            for k in range(top, bottom):
+                source_row = np.uintp(offset + k * stride + panel * NR)
+                target_row = np.uintp((panel * depth + k) * NR)
+                for c in range(np.uintp(NR)):
+                    flat[target_row + c] = source[source_row + c]
+    width = np.uintp(columns - whole * NR)
+    if width > 0:
         for k in range(depth):
-            source_row = np.uintp(offset + k * stride + column)
-            target_row = np.uintp((panel * depth + k) * NR)
+            source_row = np.uintp(offset + k * stride + whole * NR)
+            target_row = np.uintp((whole * depth + k) * NR)
             for c in range(width):
                 flat[target_row + c] = source[source_row + c]
             for c in range(width, np.uintp(NR)):
@@ -638,6 +654,25 @@ def wait_cycles() -> tuple[int, int]:
     return int(rate * WAIT_US), int(rate * PREEMPTED_US)
 
 
+def _pack_weights(w: np.ndarray, panels: np.ndarray) -> None:
+    """W (K, N), float32 of any layout, into ``panels`` (P, K, NR) in one pass, zeros past N:
+    a C-contiguous W row by row (:func:`pack_panels`), any other (the transpose of a
+    C-contiguous B, Gemm's ``transB``) by numpy's copy from a view of its whole panels, which
+    reads B in its own order; no transposed copy of W is made."""
+    k, n = w.shape
+    nr = panels.shape[2]
+    if w.flags.c_contiguous:
+        pack_panels.dispatcher(w.reshape(-1), 0, n, k, n, panels)
+        return
+    whole = n // nr
+    rows, columns = w.strides
+    np.copyto(panels[:whole], np.lib.stride_tricks.as_strided(
+        w, (whole, k, nr), (nr * columns, rows, columns), writeable=False))
+    if whole < panels.shape[0]:
+        panels[whole, :, :n - whole * nr] = w[:, whole * nr:]
+        panels[whole, :, n - whole * nr:] = 0.0
+
+
 class PackedWeights:
     """A constant float32 matrix W (K, N) packed for :func:`packed_rows`, with an optional
     bias (N values) added to every row of the product."""
@@ -647,12 +682,9 @@ class PackedWeights:
         k, n = w.shape
         nr, self.rows = shape.columns, shape.rows
         count = -(-n // nr)
-        panels = np.zeros((count, k, nr), np.float32)
-        for panel in range(count):
-            part = w[:, panel * nr:(panel + 1) * nr]
-            panels[panel, :, :part.shape[1]] = part
         self.k, self.n = k, n
-        self.panels = panels
+        self.panels = panels = np.empty((count, k, nr), np.float32)
+        _pack_weights(w, panels)
         self.layout = packed_layout(k)
         self.bias = np.zeros(count * nr, np.float32)
         self.with_bias = bias is not None
@@ -665,7 +697,8 @@ class PackedWeights:
     def weights(self) -> np.ndarray:
         """W again (K, N), rebuilt from the panels (bit for bit: they are W's values), a new
         read-only array."""
-        w = np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(self.k, -1)[:, :self.n])
+        count, _, nr = self.panels.shape
+        w = np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(self.k, count * nr)[:, :self.n])
         w.flags.writeable = False
         return w
 

@@ -384,7 +384,7 @@ def transposed_weights(w: np.ndarray) -> np.ndarray:
     (depth, filters) transpose packed in panels of ``NR`` filters
     (:class:`~onnx_light.kernels.packed_gemm.PackedWeights`), read-only."""
     flat = w.reshape(w.shape[0], -1)
-    return read_only(PackedWeights(np.ascontiguousarray(flat.T, dtype=np.float32)).panels)
+    return read_only(PackedWeights(flat.T.astype(np.float32, copy=False)).panels)
 
 
 @compiled
