@@ -147,7 +147,10 @@ class _Direct:
     (:meth:`ConvKernel._settle_direct`) for X of ``x_shape`` and ``dtype``: ``run(x,
     residual, given, scaled)`` returns the output, or None where the general path runs
     (``scaled``: the weights a fused channel scale made of ``w`` on this run, or None).
-    ``kernel``: the kernel it was made for (a copy of it made later goes the general way)."""
+    ``kernel``: the kernel it was made for (a copy of it made later goes the general way).
+    ``into(x, out)``: the same call for such an X (C-contiguous) with no residual, writing
+    into ``out`` (C-contiguous, of the output's shape and type), with nothing checked
+    (:meth:`ConvKernel.prepare`'s step); None where the call takes no given output."""
 
     kernel: ConvKernel
     w: np.ndarray
@@ -156,6 +159,7 @@ class _Direct:
     dtype: np.dtype
     run: Callable[[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
                   np.ndarray | None]
+    into: Callable[[np.ndarray, np.ndarray], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -363,7 +367,7 @@ class ConvKernel(Kernel):
             if w is None:
                 return None
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           self._bound_pointwise(problem, np.dtype(dtype), w, b))
+                           *self._bound_pointwise(problem, np.dtype(dtype), w, b))
         if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
             w, b, call = self._depthwise_weights[:3]
             if call is None or self.prologue is not None or problem.depth == 0:
@@ -380,7 +384,7 @@ class ConvKernel(Kernel):
                                   clamp, self.epilogue if self.clamp is None else None, threads)
                 views = (call.x_shape, call.out_shape)
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           self._bound_direct(problem, bound, *views))
+                           *self._bound_direct(problem, bound, *views))
         blocked = self._blocked
         if (problem.algorithm == "filters_blocked" and not self.residual and blocked is not None
                 and dtype == np.float32 and problem.depth > 0):
@@ -390,17 +394,18 @@ class ConvKernel(Kernel):
                                                problem.batch, *fused[3], fused[4],
                                                self.num_threads if problem.plan == "region" else 1)
             return _Direct(self, blocked.weights, blocked.bias, settled.x_shape, np.dtype(dtype),
-                           self._bound_direct(problem, bound, (-1,), (-1,)))
+                           *self._bound_direct(problem, bound, (-1,), (-1,)))
         return None
 
     def _bound_pointwise(self, problem: _Problem, dtype: np.dtype, w: np.ndarray,
-                         b: np.ndarray | None) -> Callable[
+                         b: np.ndarray | None) -> tuple[Callable[
                              [np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
-                             np.ndarray | None]:
-        """The :class:`_Direct` run of ``direct_1x1`` by the constant ``w`` and ``b``: where its
-        call runs on one numba thread, the call bound to them and to the fused parts
-        (:meth:`~onnx_light.kernels.conv.pointwise.PointwiseCall.bind`), else (and for weights
-        a channel scale made on this run) :meth:`_run_pointwise`."""
+                             np.ndarray | None], Callable[[np.ndarray, np.ndarray], None] | None]:
+        """The :class:`_Direct` run and ``into`` of ``direct_1x1`` by the constant ``w`` and
+        ``b``: where its call runs on one numba thread, the call bound to them and to the fused
+        parts (:meth:`~onnx_light.kernels.conv.pointwise.PointwiseCall.bind`; ``into`` where it
+        aligns no output), else (and for weights a channel scale made on this run)
+        :meth:`_run_pointwise` and no ``into``."""
         pointwise = self._run_pointwise
 
         def general(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
@@ -411,7 +416,7 @@ class ConvKernel(Kernel):
         if problem.groups == 1 and dtype in FINISHED_TYPES and w.flags.c_contiguous:
             chosen = self._pointwise_chosen(problem, self._settled.x_shape, dtype, w, b, True)
         if chosen is None or chosen[4] > 1:
-            return general
+            return general, None
         call, weights, bias, blas_threads, _ = chosen
         parts = self._pointwise_fused(dtype)
         bound, after = call.bind(weights, bias, *parts[3], blas_threads), parts[4]
@@ -430,19 +435,29 @@ class ConvKernel(Kernel):
                 after(out)
             return out
 
-        return run
+        if call.aligns(dtype):
+            return run, None
+        if after is None:
+            def into(x: np.ndarray, out: np.ndarray) -> None:
+                bound(x, None, out)
+        else:
+            def into(x: np.ndarray, out: np.ndarray) -> None:
+                after(bound(x, None, out))
+
+        return run, into
 
     @staticmethod
     def _bound_direct(problem: _Problem, bound: Callable[[np.ndarray, np.ndarray], None],
-                      x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Callable[
+                      x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[Callable[
                           [np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
-                          np.ndarray | None]:
-        """A :class:`_Direct` run of ``bound`` (a call object's bound call): X viewed as
-        ``x_shape``, the output (``given`` when it fits, else new) as ``out_shape``; None (the
-        general path) for weights a channel scale made on this run or an empty output."""
+                          np.ndarray | None], Callable[[np.ndarray, np.ndarray], None] | None]:
+        """A :class:`_Direct` run and ``into`` of ``bound`` (a call object's bound call): X
+        viewed as ``x_shape``, the output (``given`` when it fits, else new) as ``out_shape``;
+        None (the general path) for weights a channel scale made on this run or an empty
+        output (and no ``into``)."""
         shape = (problem.batch, problem.filters, *problem.window.output)
         if math.prod(shape) == 0:
-            return lambda x, residual, given, scaled: None
+            return (lambda x, residual, given, scaled: None), None
 
         def run(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
                 scaled: np.ndarray | None) -> np.ndarray | None:
@@ -455,7 +470,10 @@ class ConvKernel(Kernel):
             bound(x.reshape(x_shape), out.reshape(out_shape))
             return out
 
-        return run
+        def into(x: np.ndarray, out: np.ndarray) -> None:
+            bound(x.reshape(x_shape), out.reshape(out_shape))
+
+        return run, into
 
     def _settle_depthwise(self, problem: _Problem) -> None:
         """Take what :meth:`_run_depthwise` remembers for the settled problem now (its call,
@@ -596,22 +614,42 @@ class ConvKernel(Kernel):
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """:meth:`run` writing into the memory plan's buffer, for float32 inputs of the
         shapes :meth:`settle` settled (none fused in: no residual, no channel scale, no
-        distinct weights), but for ``direct_1x1``, whose tiles need an aligned output."""
+        distinct weights), but for ``direct_1x1`` where its output must be aligned (the
+        general path's tiles, a large bound call's). With the settled direct call's constant
+        weights and bias (checked by identity, the rest being the prepared step's contract:
+        C-contiguous inputs of these specs) the step is that call into the buffer
+        (``_Direct.into``), without :meth:`_run`'s checks."""
         settled = self._settled
         if (settled is None or self.residual or self.channel_scale or self._distinct is not None
                 or len(inputs) not in (2, 3) or any(d != np.float32 for _, d in inputs)
-                or (tuple(inputs[0][0]), tuple(inputs[1][0])) != (settled.x_shape, settled.w_shape)
-                or settled.problem.algorithm == "direct_1x1"):
+                or (tuple(inputs[0][0]), tuple(inputs[1][0])) != (settled.x_shape, settled.w_shape)):
             return None
         problem = settled.problem
-
-        def prepared(*arrays: np.ndarray, out: np.ndarray) -> None:
+        direct = self._direct
+        into = None if direct is None or direct.kernel is not self else direct.into
+        if problem.algorithm == "direct_1x1" and into is None:
+            return None
+        def general(arrays: Sequence[np.ndarray], out: np.ndarray) -> None:
             (result,) = self._run(arrays, out)
             if result is not out:  # a problem decided otherwise at run time (not settled's)
                 np.copyto(out, result)
 
-        return Prepared(prepared, (problem.batch, problem.filters, *problem.window.output),
-                        np.dtype(np.float32))
+        shape = (problem.batch, problem.filters, *problem.window.output)
+        if into is None:
+            def prepared(*arrays: np.ndarray, out: np.ndarray) -> None:
+                general(arrays, out)
+
+            return Prepared(prepared, shape, np.dtype(np.float32))
+        w, b = direct.w, direct.b
+
+        def bound(x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None = None, *,
+                  out: np.ndarray) -> None:
+            if weights is w and bias is b:
+                into(x, out)
+            else:
+                general((x, weights) if bias is None else (x, weights, bias), out)
+
+        return Prepared(bound, shape, np.dtype(np.float32))
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         return self._run(inputs, None)

@@ -584,21 +584,31 @@ class PointwiseCall:
                 pointwise_units.dispatcher(*arguments, 0, units)
         return out
 
+    def aligns(self, dtype: np.dtype) -> bool:
+        """Whether :meth:`bind`'s call allocates its output of ``dtype`` on a 64-byte
+        boundary (from :data:`ALIGNED_OUTPUT_BYTES`, but for the ``vector`` call), so that
+        it takes no output given to it."""
+        size = math.prod(self.out_shape) * np.dtype(dtype).itemsize
+        return not self.vector and size >= ALIGNED_OUTPUT_BYTES
+
     def bind(self, weights: np.ndarray, bias: np.ndarray | None, clamp: tuple[float, float],
              activation: tuple[int, float, float], blas_threads: int, threads: int = 1
-             ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
+             ) -> Callable[[np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]:
         """This call bound to its weights, bias and fused parts (the arguments of
-        :meth:`__call__`): ``bound(x, residual)``, ``x`` C-contiguous of the call's shape and
-        the weights' type, ``residual`` flat, read-only and of that type or None (not checked).
+        :meth:`__call__`): ``bound(x, residual, out=None)``, ``x`` C-contiguous of the call's
+        shape and the weights' type, ``residual`` flat, read-only and of that type or None,
+        ``out`` a C-contiguous array of the output's shape and type to write into where the
+        call does not align its output (:meth:`aligns`), or None (none of them checked).
         On one numba thread (``threads``), but for the packed product: one compiled call
-        through its compiled entry (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`),
-        no argument typed per run, the BLAS threads set only where they differ (a session
-        holds its count already), into an output aligned only from :data:`ALIGNED_OUTPUT_BYTES`
-        (the alignment saves a small output nothing): the arguments of :meth:`__call__`, so
-        its bits."""
+        through its compiled entry (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`,
+        which unboxes a writable X as it does a read-only one), no argument typed per run,
+        the BLAS threads set only where they differ (a session holds its count already), into
+        an output aligned only from :data:`ALIGNED_OUTPUT_BYTES` (the alignment saves a small
+        output nothing): the arguments of :meth:`__call__`, so its bits."""
         dtype = np.dtype(weights.dtype)
         if threads > 1 or (self.gemm is None and not self.vector and not self.transposed):
-            def called(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+            def called(x: np.ndarray, residual: np.ndarray | None, out: np.ndarray | None = None
+                       ) -> np.ndarray:
                 return self(x, weights, bias, residual, clamp, activation, blas_threads, threads)
 
             return called
@@ -607,8 +617,7 @@ class PointwiseCall:
         filters, depth, plane, units = self.filters, self.depth, self.plane, self.units
         fused = (*clamp, *activation)
         out_shape = self.out_shape
-        allocate = (np.empty if self.vector or math.prod(out_shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
-                    else aligned_empty)
+        allocate = aligned_empty if self.aligns(dtype) else np.empty
         x_sample, out_sample = read_only(np.empty(1, dtype)), np.empty(1, dtype)
         if self.vector:
             head, middle, tail = (weights,), (), (self.batch, filters, depth, bias)
@@ -626,12 +635,11 @@ class PointwiseCall:
                                             *fused_tail))
         limit = self.gemm is not None
 
-        def bound(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-            out = allocate(out_shape, dtype)
-            flat_x = x.reshape(-1)
-            if flat_x.flags.writeable:  # a session's feeds and values are read-only already
-                flat_x = read_only(flat_x)
-            arguments = (*head, flat_x, *middle, out.reshape(-1), *tail,
+        def bound(x: np.ndarray, residual: np.ndarray | None, out: np.ndarray | None = None
+                  ) -> np.ndarray:
+            if out is None:
+                out = allocate(out_shape, dtype)
+            arguments = (*head, x.reshape(-1), *middle, out.reshape(-1), *tail,
                          empty if residual is None else residual, *fused_tail)
             if not limit:
                 entry(*arguments)
