@@ -468,7 +468,7 @@ def test_attribute_and_type_errors():
 
 def test_schemas_and_configuration_validation():
     keys = [schema.key for schema in conv.tuning_schemas()]
-    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=8)
+    assert sorted(keys) == sorted(KernelTuningKey("onnx_light", "Conv", "portable", t, tuning_abi=9)
                                   for t in conv.CONV_TYPES)
     schema = conv.conv_schema(T.FLOAT)
     assert dict(schema.defaults) == {conv.ALGORITHM: "auto", conv.BLOCK_BYTES: 1 << 24,
@@ -480,7 +480,7 @@ def test_schemas_and_configuration_validation():
                                      conv.FILTERS_BLOCKED_TAPS: 75,
                                      conv.POINTWISE_PRODUCT: "blas",
                                      conv.POINTWISE_MINIMUM_FLOPS: 1 << 23,
-                                     conv.POINTWISE_TRANSPOSED: 0,
+                                     conv.POINTWISE_TRANSPOSED: 0, conv.POINTWISE_ROWS: 0,
                                      conv.REGION_FLOPS: 1 << 23}
     schema.validate(conv.REFERENCE)
     for values in _configurations():

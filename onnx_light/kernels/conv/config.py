@@ -68,6 +68,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     transposed into the NCHW output), whatever ``pointwise.product``; 0: never. Their
     units (panels of filters) are shared by the session's threads from
     ``pointwise.minimum_flops`` as the BLAS units are, with the same bits.
+``pointwise.rows_positions``
+    float32 1x1 convolutions of one group with constant weights, on planes of at least this
+    many positions, compute their product with the packed micro-kernel, the weights packed once
+    as its rows and the input's rows read in place as its panels
+    (:func:`~onnx_light.kernels.conv.pointwise_rows.pointwise_rows`), before
+    ``pointwise.transposed_positions`` and whatever ``pointwise.product``; 0: never. Their
+    units (an image's tiles of positions) are shared by the session's threads from
+    ``pointwise.minimum_flops``, with the same bits.
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -120,10 +128,11 @@ FILTERS_BLOCKED_TAPS = "filters_blocked.maximum_taps"
 POINTWISE_PRODUCT = "pointwise.product"
 POINTWISE_MINIMUM_FLOPS = "pointwise.minimum_flops"
 POINTWISE_TRANSPOSED = "pointwise.transposed_positions"
+POINTWISE_ROWS = "pointwise.rows_positions"
 REGION_FLOPS = "parallel.region_flops"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
-TUNING_ABI = 8
+TUNING_ABI = 9
 
 ALGORITHMS = ("auto", "im2col", "im2col_wide", "direct_1x1", "per_filter", "depthwise",
               "depthwise_blocked", "filters_blocked", "winograd", "shifted")
@@ -150,6 +159,7 @@ _DEFAULTS: dict[str, Value] = {
     POINTWISE_PRODUCT: "blas",
     POINTWISE_MINIMUM_FLOPS: 1 << 23,
     POINTWISE_TRANSPOSED: 0,
+    POINTWISE_ROWS: 0,
     REGION_FLOPS: 1 << 23,
 }
 # The reference configuration every other one is compared with: the general path, serial.
@@ -168,6 +178,7 @@ REFERENCE: dict[str, Value] = {
     POINTWISE_PRODUCT: "blas",
     POINTWISE_MINIMUM_FLOPS: 1 << 62,
     POINTWISE_TRANSPOSED: 0,
+    POINTWISE_ROWS: 0,
     REGION_FLOPS: 1 << 62,
 }
 NEVER = 1 << 40  # a threshold no convolution reaches (e.g. winograd.minimum_channels)
@@ -255,6 +266,13 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "with the packed micro-kernel transposed (the weights packed once "
                               "as its panels, the positions as its rows; AVX2 and FMA or "
                               "AVX-512F), whatever pointwise.product; 0: never"),
+        Parameter(POINTWISE_ROWS, "int", _DEFAULTS[POINTWISE_ROWS], minimum=0,
+                  description="float32 1x1 convolutions of one group with constant weights whose "
+                              "planes have at least this many positions compute with the packed "
+                              "micro-kernel, the weights packed once as its rows and the input's "
+                              "rows read in place as its panels (AVX2 and FMA or AVX-512F), "
+                              "before pointwise.transposed_positions, whatever pointwise.product; "
+                              "0: never"),
         Parameter(REGION_FLOPS, "int", _DEFAULTS[REGION_FLOPS], minimum=1,
                   description="multiply-adds (x DEPTHWISE_COST for the depthwise ones) from "
                               "which the compiled depthwise and stem kernels ('depthwise', "
@@ -283,6 +301,7 @@ class ConvConfig:
     pointwise_minimum_flops: int = int(_DEFAULTS[POINTWISE_MINIMUM_FLOPS])
     pointwise_transposed: int = int(_DEFAULTS[POINTWISE_TRANSPOSED])
     region_flops: int = int(_DEFAULTS[REGION_FLOPS])
+    pointwise_rows: int = int(_DEFAULTS[POINTWISE_ROWS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -294,5 +313,6 @@ class ConvConfig:
                    int(values[LARGE_TILE_OUTPUTS]), str(values[AUTO_DEPTHWISE]),
                    int(values[BLOCKED_OUTPUTS]), int(values[FILTERS_BLOCKED_TAPS]),
                    str(values[POINTWISE_PRODUCT]), int(values[POINTWISE_MINIMUM_FLOPS]),
-                   int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]))
+                   int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]),
+                   int(values[POINTWISE_ROWS]))
 

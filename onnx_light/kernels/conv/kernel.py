@@ -89,6 +89,7 @@ from .pointwise import (
     uses_transposed,
     vector_weights,
 )
+from .pointwise_rows import rows_weights, uses_rows
 from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -207,6 +208,8 @@ class ConvKernel(Kernel):
         self._vector_weights: tuple = (None, None)
         # the constant weights and their packed transpose for pointwise_transposed, taken by settle
         self._transposed_weights: tuple = (None, None)
+        # the constant weights and their packed rows for pointwise_rows, taken by settle
+        self._rows_weights: tuple = (None, None)
         # the depthwise call of the last problem, and the last weights' and bias's operands
         # for it (_run_depthwise), kept while those stay the same objects
         self._depthwise_call: tuple = (None, None)
@@ -237,7 +240,9 @@ class ConvKernel(Kernel):
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
             compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads,
-                              uses_transposed(w.dtype, 2, self.config.pointwise_transposed))
+                              uses_transposed(w.dtype, 2, self.config.pointwise_transposed),
+                              uses_rows(w.dtype, max(2, self.config.pointwise_rows),
+                                        self.config.pointwise_rows))
             if w.dtype in FINISHED_TYPES and w.flags.c_contiguous:  # what its runs remember, now
                 self._pointwise_fused(w.dtype)
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
@@ -346,6 +351,9 @@ class ConvKernel(Kernel):
         if problem.algorithm == "direct_1x1" and math.prod(x[2:]) == 1 and constant is not None:
             settled._vector_weights = (constant, vector_weights(constant))
         if (problem.algorithm == "direct_1x1" and constant is not None and problem.groups == 1
+                and uses_rows(constant.dtype, math.prod(x[2:]), self.config.pointwise_rows)):
+            settled._rows_weights = (constant, rows_weights(constant))
+        elif (problem.algorithm == "direct_1x1" and constant is not None and problem.groups == 1
                 and uses_transposed(constant.dtype, math.prod(x[2:]), self.config.pointwise_transposed)):
             settled._transposed_weights = (constant, transposed_weights(constant))
         settled._direct = settled._settle_direct(problem)
@@ -801,11 +809,15 @@ class ConvKernel(Kernel):
         BLAS threads, the numba threads, before the check of a pool's worker), the weights'
         views remembered when ``remember``; None where the general path runs."""
         constant, packed = self._transposed_weights  # the settled constant weights, packed
+        rows_constant, rows = self._rows_weights
+        plane = math.prod(x_shape[2:])
+        by_rows = (rows_constant is w and rows is not None
+                   and uses_rows(dtype, plane, self.config.pointwise_rows))
         call = pointwise_call(x_shape, w.shape, dtype, self.config.pointwise_product,
-                              constant is w and packed is not None and uses_transposed(
-                                  dtype, math.prod(x_shape[2:]), self.config.pointwise_transposed))
+                              not by_rows and constant is w and packed is not None and uses_transposed(
+                                  dtype, plane, self.config.pointwise_transposed), by_rows)
         if call is None or (call.gemm is None and not call.vector and not call.transposed
-                            and problem.plan not in ("serial", "blas")):
+                            and not call.rows and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
         operands = self._pointwise_operands(w, b, remember=remember)
         threads = self.num_threads
@@ -816,6 +828,8 @@ class ConvKernel(Kernel):
             threads = 1  # a small product
         if call.transposed:
             return call, packed, operands[3], 1, threads
+        if call.rows:
+            return call, rows, operands[3], 1, threads
         if problem.plan == "blas":
             return call, operands[2], operands[3], self.num_threads, 1
         return call, operands[2], operands[3], 1, threads

@@ -473,20 +473,25 @@ def product_units(filters: int, depth: int, width: int, itemsize: int) -> tuple[
     return -(-width // 2), filters
 
 
-def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1, transposed: bool = False
-                      ) -> None:
+def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1, transposed: bool = False,
+                      rows: bool = False) -> None:
     """Compile what :func:`pointwise_call` runs for ``dtype`` and ``product`` at ``threads``
     threads (or load it from numba's cache), and :func:`pointwise_transposed` when
-    ``transposed``: a session does it at construction, not in its first run. Its operands
+    ``transposed``, :func:`~onnx_light.kernels.conv.pointwise_rows.pointwise_rows` when
+    ``rows``: a session does it at construction, not in its first run. Its operands
     are read-only views, as ``direct_1x1`` passes them (one compiled version per type)."""
-    if transposed:
-        call = pointwise_call((1, 1, 2), (1, 1, 1), np.dtype(np.float32), product, True)
+    for kind in ("transposed",) * transposed + ("rows",) * rows:
+        from .pointwise_rows import rows_weights
+
+        call = pointwise_call((1, 1, 2), (1, 1, 1), np.dtype(np.float32), product, kind == "transposed",
+                              kind == "rows")
         x, w = read_only(np.ones((1, 1, 2), np.float32)), np.ones((1, 1), np.float32)
+        packed = transposed_weights(w) if kind == "transposed" else rows_weights(w)
         empty = _EMPTY[np.dtype(np.float32)]
-        call(x, transposed_weights(w), None, None, (-math.inf, math.inf), (-1, 1.0, 0.0), 1)
+        call(x, packed, None, None, (-math.inf, math.inf), (-1, 1.0, 0.0), 1)
         if threads > 1 and numba_threads(threads):
-            pointwise_transposed_parallel.dispatcher(
-                transposed_weights(w), x.reshape(-1), 0, 2, 2, np.empty(2, np.float32), 0, 2, 2, 1, 1,
+            call._packed_kernels()[1](
+                packed, x.reshape(-1), 0, 2, 2, np.empty(2, np.float32), 0, 2, 2, 1, 1,
                 2, empty, empty, -math.inf, math.inf, -1, 1.0, 0.0, 1, 1, np.zeros(1, np.int64))
     function = pointwise_product(dtype, product)
     if function is None:
@@ -529,6 +534,16 @@ class PointwiseCall:
     multiply_adds: int
     vector: bool = False
     transposed: bool = False
+    rows: bool = False  # pointwise_rows.pointwise_rows's call
+
+    def _packed_kernels(self) -> tuple[Any, Any]:
+        """The serial and parallel kernels of a ``transposed`` or ``rows`` call (their
+        arguments are the same)."""
+        if self.rows:
+            from .pointwise_rows import pointwise_rows, pointwise_rows_parallel
+
+            return pointwise_rows.dispatcher, pointwise_rows_parallel.dispatcher
+        return pointwise_transposed.dispatcher, pointwise_transposed_parallel.dispatcher
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
@@ -540,8 +555,9 @@ class PointwiseCall:
         are several, else with ``blas_threads`` BLAS threads on the calling thread. A
         ``vector`` call takes the weights of :func:`vector_weights` and runs on the calling
         thread (into an output not aligned: it stores no whole blocks). A ``transposed`` call
-        takes the weights of :func:`transposed_weights`, its units shared as the BLAS units
-        are."""
+        takes the weights of :func:`transposed_weights`, a ``rows`` call those of
+        :func:`~onnx_light.kernels.conv.pointwise_rows.rows_weights`, their units shared as
+        the BLAS units are."""
         out = (np.empty if self.vector else aligned_empty)(self.out_shape, x.dtype)
         flat_x, flat_out = x.reshape(-1), out.reshape(-1)
         if flat_x.flags.writeable:  # a session's feeds and values are read-only already
@@ -556,14 +572,15 @@ class PointwiseCall:
             pointwise_vector.dispatcher(weights, flat_x, flat_out, self.batch, filters, depth, bias,
                                         residual, low, high, code, alpha, beta)
             return out
-        if self.transposed:
+        if self.transposed or self.rows:
             arguments = (weights, flat_x, 0, plane, depth * plane, flat_out, 0, plane, filters * plane,
                          filters, depth, plane, bias, residual, low, high, code, alpha, beta)
             units = self.units
+            serial, parallel = self._packed_kernels()
             if threads > 1 and units > 1 and numba_threads(threads := min(threads, units)):
-                pointwise_transposed_parallel.dispatcher(*arguments, units, threads, np.zeros(1, np.int64))
+                parallel(*arguments, units, threads, np.zeros(1, np.int64))
             else:
-                pointwise_transposed.dispatcher(*arguments, 0, units)
+                serial(*arguments, 0, units)
             return out
         if self.gemm is None:
             with BLAS.limited(blas_threads):
@@ -606,7 +623,8 @@ class PointwiseCall:
         an output aligned only from :data:`ALIGNED_OUTPUT_BYTES` (the alignment saves a small
         output nothing): the arguments of :meth:`__call__`, so its bits."""
         dtype = np.dtype(weights.dtype)
-        if threads > 1 or (self.gemm is None and not self.vector and not self.transposed):
+        if threads > 1 or (self.gemm is None and not self.vector and not self.transposed
+                           and not self.rows):
             def called(x: np.ndarray, residual: np.ndarray | None, out: np.ndarray | None = None
                        ) -> np.ndarray:
                 return self(x, weights, bias, residual, clamp, activation, blas_threads, threads)
@@ -624,10 +642,10 @@ class PointwiseCall:
             dispatcher = pointwise_vector.dispatcher
             fused_tail: tuple = fused
         else:
-            head = (weights,) if self.transposed else (self.gemm, weights)
+            head = (weights,) if self.transposed or self.rows else (self.gemm, weights)
             middle, tail = (0, plane, depth * plane), (0, plane, filters * plane, filters, depth, plane, bias)
-            if self.transposed:
-                dispatcher, fused_tail = pointwise_transposed.dispatcher, (*fused, 0, units)
+            if self.transposed or self.rows:
+                dispatcher, fused_tail = self._packed_kernels()[0], (*fused, 0, units)
             else:
                 dispatcher = pointwise_units.dispatcher
                 fused_tail = (*fused, self.tile, self.block, 0, units)
@@ -659,12 +677,16 @@ _EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
 
 @functools.lru_cache(maxsize=1024)
 def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype,
-                   product: str, transposed: bool = False) -> PointwiseCall | None:
+                   product: str, transposed: bool = False, rows: bool = False) -> PointwiseCall | None:
     """The :class:`PointwiseCall` of a 1x1 convolution of one group with these shapes (as
     its problem checked them), remembered per shape; None where ``direct_1x1`` takes no
     compiled product (another type) or the output or the sum is empty. ``transposed``
     (where :func:`uses_transposed` holds: the caller has the weights of
-    :func:`transposed_weights`): :func:`pointwise_transposed`'s call."""
+    :func:`transposed_weights`): :func:`pointwise_transposed`'s call; ``rows`` (where
+    :func:`~onnx_light.kernels.conv.pointwise_rows.uses_rows` holds, the caller having the
+    weights of :func:`~onnx_light.kernels.conv.pointwise_rows.rows_weights`):
+    :func:`~onnx_light.kernels.conv.pointwise_rows.pointwise_rows`'s call, its units an
+    image's tiles of :data:`TILE_COLUMNS` positions."""
     batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
     plane = math.prod(x_shape[2:])
     out_shape = (batch, filters, *x_shape[2:])
@@ -673,6 +695,9 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
     if plane == 1 and dtype in FINISHED_TYPES:
         return PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
                              batch, batch * filters * depth, True)
+    if rows:
+        return PointwiseCall(None, None, batch, filters, depth, plane, TILE_COLUMNS, filters, out_shape,
+                             batch * -(-plane // TILE_COLUMNS), batch * filters * depth * plane, rows=True)
     if transposed:
         return PointwiseCall(None, None, batch, filters, depth, plane, plane, NR.value, out_shape,
                              batch * -(-filters // NR.value), batch * filters * depth * plane,
