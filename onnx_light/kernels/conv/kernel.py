@@ -930,7 +930,9 @@ class ConvKernel(Kernel):
         (:func:`~onnx_light.kernels.conv.finish.scale_channels`) over the smaller of the two:
         the weights' input channels (group 1, one scale for every image: the deep layers'
         weights outgrow their 7x7 planes, the early layers' planes their weights), else X,
-        whose products are then the unfused Mul's, bit for bit."""
+        whose products are then the unfused Mul's, bit for bit. Constant weights packed once
+        for the rows or transposed product keep it: X is scaled (EfficientNet-B0's
+        projections, docs/conv.md)."""
         if scale is None:
             raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
         shape, x_shape = scale.shape, x.shape
@@ -943,7 +945,8 @@ class ConvKernel(Kernel):
         if x.dtype not in FINISHED_TYPES:
             return np.multiply(x, scale), w
         factors = np.ascontiguousarray(scale.reshape(-1))
-        if (self.group == 1 and w.size < x.size and w.dtype == x.dtype and w.ndim == x.ndim
+        packed = self._rows_weights[0] is w or self._transposed_weights[0] is w
+        if (not packed and self.group == 1 and w.size < x.size and w.dtype == x.dtype and w.ndim == x.ndim
                 and w.shape[1] == x_shape[1] and (shape[0] == 1 or x_shape[0] == 1)):
             source, by_row, inner = w, False, x_shape[1]
         else:
