@@ -35,7 +35,6 @@ from .config import (
     POINTWISE_MINIMUM_FLOPS,
     POINTWISE_PRODUCT,
     POINTWISE_PRODUCTS,
-    POINTWISE_ROWS,
     POINTWISE_TRANSPOSED,
     REGION_FLOPS,
     SPLIT,
@@ -116,8 +115,8 @@ CORPUS: tuple[CorpusCase, ...] = (
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
     varied alone around the portable values (21 candidates, and ``pointwise.product`` and
-    ``pointwise.transposed_positions`` and ``pointwise.rows_positions`` where the packed
-    micro-kernel can run). Never the ``blas`` split: it
+    ``pointwise.transposed_positions`` where the packed micro-kernel can run; not yet
+    ``pointwise.rows_positions``: docs/conv.md). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
     :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""
@@ -149,8 +148,6 @@ def candidate_grid() -> list[dict[str, Value]]:
             grid.append({**base, POINTWISE_PRODUCT: product})
         for positions in (49, 784):  # the transposed product on 7x7, or up to 28x28, planes
             grid.append({**base, POINTWISE_TRANSPOSED: positions})
-        for positions in (784, 3136):  # the weights as the rows from 28x28 or 56x56 planes
-            grid.append({**base, POINTWISE_ROWS: positions})
     return [c for c in grid if c != base]
 
 
