@@ -2,7 +2,9 @@
 ``pointwise.product`` = ``blas`` (numpy's BLAS per tile of positions) and ``packed`` (the
 packed micro-kernel of ``kernels/packed_gemm.py`` reading the input's rows as its panels),
 ``transposed`` (``pointwise.transposed_positions`` = ``--positions``, 49 unless given: the
-micro-kernel transposed on planes up to 7x7, the weights packed once as its panels), and
+micro-kernel transposed on planes up to 7x7, the weights packed once as its panels), ``rows``
+(``pointwise.rows_positions`` = ``--rows``, 2 unless given: the weights packed once as the
+micro-kernel's rows, ``conv/pointwise_rows.py``; with ``transposed``'s value below it), and
 onnxruntime's Conv, side by side in one process.
 
 Each shape is one Conv node (seeded random constant weights, a bias, and optionally a fused
@@ -20,7 +22,7 @@ compiled call (``PointwiseCall``) inside the runs, medians per shape summed by p
 and the whole runs.
 
 Run: ``python benchmarks/conv_pointwise_packed.py [--rounds 15] [--relu6] [--zoo MODEL ...]
-[--planes MODEL ...] [--positions 49]``.
+[--planes MODEL ...] [--positions 49] [--rows 2]``.
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ SHAPES = [
 ]
 # The configurations compared: pointwise.product's values, and the transposed product (over
 # this machine's values: its processor profile may set pointwise.transposed_positions).
-CONFIGS = {"blas": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 0},
-           "packed": {conv.POINTWISE_PRODUCT: "packed", conv.POINTWISE_TRANSPOSED: 0},
-           "transposed": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 49}}
+CONFIGS = {"blas": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 0, conv.POINTWISE_ROWS: 0},
+           "packed": {conv.POINTWISE_PRODUCT: "packed", conv.POINTWISE_TRANSPOSED: 0, conv.POINTWISE_ROWS: 0},
+           "transposed": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 49,
+                          conv.POINTWISE_ROWS: 0},
+           "rows": {conv.POINTWISE_PRODUCT: "blas", conv.POINTWISE_TRANSPOSED: 0, conv.POINTWISE_ROWS: 2}}
 
 
 def pointwise_model(channels: int, filters: int, size: int, relu6: bool) -> onnx.ModelProto:
@@ -97,8 +101,8 @@ def whole_models(names: list[str], rounds: int) -> int:
     """The table of whole models, each configuration against blas."""
     print(f"load average {os.getloadavg()[0]:.1f}; {rounds} interleaved rounds; thread CPU ms per "
           f"run (median); one thread")
-    print("| model | blas | packed | transposed | packed / blas | transposed / blas |\n"
-          "|---|---|---|---|---|---|")
+    print("| model | blas | packed | transposed | rows | packed / blas | transposed / blas | rows / blas |\n"
+          "|---|---|---|---|---|---|---|---|")
     for name in names:
         model, feeds = load_model(name)
         runs = _sessions(model)
@@ -110,9 +114,9 @@ def whole_models(names: list[str], rounds: int) -> int:
         loops = [functools.partial(three, run) for run in runs.values()]
         for loop in loops:
             loop()
-        blas, packed, transposed = (float(np.median(s)) / 3 * 1e3 for s in cpu_samples(loops, rounds))
-        print(f"| {name} | {blas:.2f} | {packed:.2f} | {transposed:.2f} | {packed / blas:.3f} "
-              f"| {transposed / blas:.3f} |", flush=True)
+        blas, packed, transposed, rows = (float(np.median(s)) / 3 * 1e3 for s in cpu_samples(loops, rounds))
+        print(f"| {name} | {blas:.2f} | {packed:.2f} | {transposed:.2f} | {rows:.2f} | {packed / blas:.3f} "
+              f"| {transposed / blas:.3f} | {rows / blas:.3f} |", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
@@ -171,10 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", nargs="+", default=[], help="whole models of model_zoo.py instead")
     parser.add_argument("--positions", type=int, default=49,
                         help="pointwise.transposed_positions of the transposed configuration")
+    parser.add_argument("--rows", type=int, default=2,
+                        help="pointwise.rows_positions of the rows configuration")
     parser.add_argument("--planes", nargs="+", default=[],
                         help="models whose 1x1 convolutions to time by plane size instead")
     args = parser.parse_args(argv)
     CONFIGS["transposed"][conv.POINTWISE_TRANSPOSED] = args.positions
+    CONFIGS["rows"].update({conv.POINTWISE_ROWS: args.rows, conv.POINTWISE_TRANSPOSED: args.positions})
     if args.planes:
         return plane_classes(args.planes, args.rounds)
     if not packed_gemm.available():
@@ -183,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         return whole_models(args.zoo, args.rounds)
     print(f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds; thread CPU "
           f"us per run (median); one thread; relu6 {args.relu6}")
-    print("| C -> M at size | blas | packed | transposed | onnxruntime | packed / blas "
-          "| transposed / blas | blas / ort | transposed / ort |\n|---|---|---|---|---|---|---|---|---|")
-    ratios, transposed = [], []
+    print("| C -> M at size | blas | packed | transposed | rows | onnxruntime | packed / blas "
+          "| transposed / blas | rows / blas | blas / ort | transposed / ort | rows / ort |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios, transposed, rows = [], [], []
     for channels, filters, size in SHAPES:
         model = pointwise_model(channels, filters, size, args.relu6)
         feeds = {"x": np.random.default_rng(0).standard_normal((1, channels, size, size)).astype(np.float32)}
@@ -197,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                   for name, s in zip(loops, samples, strict=True)}
         ratios.append(median["packed"] / median["blas"])
         transposed.append(median["transposed"] / median["blas"])
+        rows.append(median["rows"] / median["blas"])
         print(f"| {channels} -> {filters} at {size}x{size} | {median['blas']:.0f} "
-              f"| {median['packed']:.0f} | {median['transposed']:.0f} | {median['ort']:.0f} "
-              f"| {ratios[-1]:.2f} | {transposed[-1]:.2f} | {median['blas'] / median['ort']:.2f} "
-              f"| {median['transposed'] / median['ort']:.2f} |", flush=True)
-    for name, values in (("packed", ratios), ("transposed", transposed)):
+              f"| {median['packed']:.0f} | {median['transposed']:.0f} | {median['rows']:.0f} "
+              f"| {median['ort']:.0f} | {ratios[-1]:.2f} | {transposed[-1]:.2f} | {rows[-1]:.2f} "
+              f"| {median['blas'] / median['ort']:.2f} | {median['transposed'] / median['ort']:.2f} "
+              f"| {median['rows'] / median['ort']:.2f} |", flush=True)
+    for name, values in (("packed", ratios), ("transposed", transposed), ("rows", rows)):
         geomean = float(np.exp(np.mean(np.log(values))))
         print(f"\ngeometric mean {name} / blas {geomean:.2f}, range {min(values):.2f}-{max(values):.2f}")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -6,10 +6,12 @@ its gate scales: MobileNetV3's), whose arithmetic is a few hundred multiply-adds
 chain of one block; the time per block is the difference of the two runs' times divided by
 the blocks added: what a session spends on one more such block, mostly the time around the
 compiled calls. One thread; both runtimes timed interleaved in one process
-(``_common.interleaved``, thread CPU time not being available to it: wall time of whole runs,
-under the bench lock).
+(``_common.interleaved``: wall time of whole runs, under the bench lock), or with ``--cpu``
+in the calling thread's CPU time (``conv_pointwise_packed.cpu_samples``: both runtimes run on
+the calling thread at one thread; far less disturbed by the other programs of a shared
+machine than wall time).
 
-Run: ``python benchmarks/small_nodes.py [--nodes 17] [--rounds 15]``
+Run: ``python benchmarks/small_nodes.py [--nodes 17] [--rounds 15] [--cpu]``
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def chain(block: Callable[..., tuple[list, list]], shape: tuple[int, ...], count
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def measure(name: str, count: int, rounds: int) -> list:
+def measure(name: str, count: int, rounds: int, cpu: bool = False) -> list:
     block, shape, ops = CASES[name]
     feeds = {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
     functions = {}
@@ -92,7 +94,13 @@ def measure(name: str, count: int, rounds: int) -> list:
         functions[f"ours {blocks}"] = _common.looped(lambda s=ours: s.run(None, feeds), 0.02)
         functions[f"ort {blocks}"] = _common.looped(lambda s=theirs: s.run(None, feeds), 0.02)
     loops = {key: loop for key, (loop, _) in functions.items()}
-    medians = _common.interleaved({name: loops}, rounds, 0.02)[name]
+    if cpu:
+        from conv_pointwise_packed import cpu_samples
+
+        samples = cpu_samples(list(loops.values()), rounds)
+        medians = {key: float(np.median(s)) for key, s in zip(loops, samples, strict=True)}
+    else:
+        medians = _common.interleaved({name: loops}, rounds, 0.02)[name]
     per = {key: medians[key] / functions[key][1] for key in loops}
     ours_us = (per[f"ours {count}"] - per["ours 1"]) / (count - 1) * 1e6
     theirs_us = (per[f"ort {count}"] - per["ort 1"]) / (count - 1) * 1e6
@@ -105,12 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=17, help="blocks in the long chain")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cpu", action="store_true", help="thread CPU time instead of wall time")
     args = parser.parse_args(argv)
     if args.nodes < 2:
         parser.error("--nodes must be at least 2")
     print(f"load average (1 min) at start {_common.load_average():.2f}  ")
-    rows = [measure(name, args.nodes, args.rounds) for name in CASES]
-    print("\n" + _common.Table(f"## Time per block, one thread ({args.nodes} blocks against 1)",
+    rows = [measure(name, args.nodes, args.rounds, args.cpu) for name in CASES]
+    clock = "thread CPU time" if args.cpu else "wall time"
+    print("\n" + _common.Table(f"## Time per block, one thread ({args.nodes} blocks against 1, {clock})",
                                ["block", "nodes", "onnx_light steps", "onnx_light us", "onnxruntime us",
                                 "ratio"], rows).markdown())
     print(f"\nload average (1 min) at end {_common.load_average():.2f}")

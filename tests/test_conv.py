@@ -480,7 +480,7 @@ def test_schemas_and_configuration_validation():
                                      conv.FILTERS_BLOCKED_TAPS: 75,
                                      conv.POINTWISE_PRODUCT: "blas",
                                      conv.POINTWISE_MINIMUM_FLOPS: 1 << 23,
-                                     conv.POINTWISE_TRANSPOSED: 0,
+                                     conv.POINTWISE_TRANSPOSED: 0, conv.POINTWISE_ROWS: 0,
                                      conv.REGION_FLOPS: 1 << 23,
                                      conv.COLUMNS_CHANNELS: 16,
                                      conv.COLUMNS_TILE: 1 << 16,

@@ -254,6 +254,12 @@ def _prepared_call(item: Step, prepared: Prepared, inputs: tuple[int, ...],
             def call(values: list[Any]) -> None:
                 compute(values[a], values[b], out=buffer)
                 values[output] = buffer
+        elif len(inputs) == 3:  # a convolution with its bias
+            a, b, c = inputs
+
+            def call(values: list[Any]) -> None:
+                compute(values[a], values[b], values[c], out=buffer)
+                values[output] = buffer
         else:
 
             def call(values: list[Any]) -> None:

@@ -115,7 +115,8 @@ CORPUS: tuple[CorpusCase, ...] = (
 def candidate_grid() -> list[dict[str, Value]]:
     """The configurations the calibration compares with the portable one: each parameter
     varied alone around the portable values (21 candidates, and ``pointwise.product`` and
-    ``pointwise.transposed_positions`` where the packed micro-kernel can run). Never the ``blas`` split: it
+    ``pointwise.transposed_positions`` where the packed micro-kernel can run; not yet
+    ``pointwise.rows_positions``: docs/conv.md). Never the ``blas`` split: it
     leaves BLAS's threads spinning, which slows the pool's next regions in a model, which a
     search of one kernel cannot see (see
     :data:`onnx_light.kernels.calibration.NOT_CALIBRATED_MODES`)."""

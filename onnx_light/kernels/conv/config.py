@@ -87,6 +87,14 @@ Parameters (one schema per element type, key ``onnx_light/Conv/portable/<type>``
     transposed into the NCHW output), whatever ``pointwise.product``; 0: never. Their
     units (panels of filters) are shared by the session's threads from
     ``pointwise.minimum_flops`` as the BLAS units are, with the same bits.
+``pointwise.rows_positions``
+    float32 1x1 convolutions of one group with constant weights, on planes of at least this
+    many positions, compute their product with the packed micro-kernel, the weights packed once
+    as its rows and the input's rows read in place as its panels
+    (:func:`~onnx_light.kernels.conv.pointwise_rows.pointwise_rows`), before
+    ``pointwise.transposed_positions`` and whatever ``pointwise.product``; 0: never. Their
+    units (an image's tiles of positions) are shared by the session's threads from
+    ``pointwise.minimum_flops``, with the same bits.
 ``parallel.split``
     How the pool's threads share the work: ``"batch_and_groups"`` splits the (image, group)
     pairs, ``"output_rows"`` the rows of the first output spatial axis, ``"filters"`` the
@@ -144,6 +152,7 @@ POINTWISE_TRANSPOSED = "pointwise.transposed_positions"
 COLUMNS_CHANNELS = "columns_blocked.maximum_channels"
 COLUMNS_TILE = "columns_blocked.tile_bytes"
 UNITS_COLUMNS = "im2col_units.columns"
+POINTWISE_ROWS = "pointwise.rows_positions"
 REGION_FLOPS = "parallel.region_flops"
 # Version of the Conv schemas' meaning (history: docs/conv.md); cache entries of another
 # version are reported stale and not used.
@@ -175,6 +184,7 @@ _DEFAULTS: dict[str, Value] = {
     POINTWISE_PRODUCT: "blas",
     POINTWISE_MINIMUM_FLOPS: 1 << 23,
     POINTWISE_TRANSPOSED: 0,
+    POINTWISE_ROWS: 0,
     REGION_FLOPS: 1 << 23,
     COLUMNS_CHANNELS: 16,
     COLUMNS_TILE: 1 << 16,
@@ -196,6 +206,7 @@ REFERENCE: dict[str, Value] = {
     POINTWISE_PRODUCT: "blas",
     POINTWISE_MINIMUM_FLOPS: 1 << 62,
     POINTWISE_TRANSPOSED: 0,
+    POINTWISE_ROWS: 0,
     REGION_FLOPS: 1 << 62,
     COLUMNS_CHANNELS: 0,
     COLUMNS_TILE: 1 << 16,
@@ -290,6 +301,13 @@ def conv_parameters(element_type: int | None = None) -> tuple[Parameter, ...]:
                               "with the packed micro-kernel transposed (the weights packed once "
                               "as its panels, the positions as its rows; AVX2 and FMA or "
                               "AVX-512F), whatever pointwise.product; 0: never"),
+        Parameter(POINTWISE_ROWS, "int", _DEFAULTS[POINTWISE_ROWS], minimum=0,
+                  description="float32 1x1 convolutions of one group with constant weights whose "
+                              "planes have at least this many positions compute with the packed "
+                              "micro-kernel, the weights packed once as its rows and the input's "
+                              "rows read in place as its panels (AVX2 and FMA or AVX-512F), "
+                              "before pointwise.transposed_positions, whatever pointwise.product; "
+                              "0: never"),
         Parameter(REGION_FLOPS, "int", _DEFAULTS[REGION_FLOPS], minimum=1,
                   description="multiply-adds (x DEPTHWISE_COST for the depthwise ones) from "
                               "which the compiled depthwise and stem kernels ('depthwise', "
@@ -332,6 +350,7 @@ class ConvConfig:
     columns_channels: int = int(_DEFAULTS[COLUMNS_CHANNELS])
     columns_tile: int = int(_DEFAULTS[COLUMNS_TILE])
     units_columns: int = int(_DEFAULTS[UNITS_COLUMNS])
+    pointwise_rows: int = int(_DEFAULTS[POINTWISE_ROWS])
 
     @classmethod
     def from_values(cls, values: Mapping[str, Value]) -> ConvConfig:
@@ -345,5 +364,5 @@ class ConvConfig:
                    str(values[POINTWISE_PRODUCT]), int(values[POINTWISE_MINIMUM_FLOPS]),
                    int(values[POINTWISE_TRANSPOSED]), int(values[REGION_FLOPS]),
                    int(values[COLUMNS_CHANNELS]), int(values[COLUMNS_TILE]),
-                   int(values[UNITS_COLUMNS]))
+                   int(values[UNITS_COLUMNS]), int(values[POINTWISE_ROWS]))
 

@@ -92,6 +92,7 @@ from .pointwise import (
     uses_transposed,
     vector_weights,
 )
+from .pointwise_rows import rows_weights, uses_rows
 from .problem import REGION_ALGORITHMS, _plan, _Problem, _winograd_applies
 
 # The problems of the shapes met so far, by everything they depend on (ConvKernel.problem);
@@ -150,7 +151,10 @@ class _Direct:
     (:meth:`ConvKernel._settle_direct`) for X of ``x_shape`` and ``dtype``: ``run(x,
     residual, given, scaled)`` returns the output, or None where the general path runs
     (``scaled``: the weights a fused channel scale made of ``w`` on this run, or None).
-    ``kernel``: the kernel it was made for (a copy of it made later goes the general way)."""
+    ``kernel``: the kernel it was made for (a copy of it made later goes the general way).
+    ``into(x, out)``: the same call for such an X (C-contiguous) with no residual, writing
+    into ``out`` (C-contiguous, of the output's shape and type), with nothing checked
+    (:meth:`ConvKernel.prepare`'s step); None where the call takes no given output."""
 
     kernel: ConvKernel
     w: np.ndarray
@@ -159,6 +163,7 @@ class _Direct:
     dtype: np.dtype
     run: Callable[[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
                   np.ndarray | None]
+    into: Callable[[np.ndarray, np.ndarray], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,8 @@ class ConvKernel(Kernel):
         self._vector_weights: tuple = (None, None)
         # the constant weights and their packed transpose for pointwise_transposed, taken by settle
         self._transposed_weights: tuple = (None, None)
+        # the constant weights and their packed rows for pointwise_rows, taken by settle
+        self._rows_weights: tuple = (None, None)
         # the depthwise call of the last problem, and the last weights' and bias's operands
         # for it (_run_depthwise), kept while those stay the same objects
         self._depthwise_call: tuple = (None, None)
@@ -236,7 +243,9 @@ class ConvKernel(Kernel):
             return None
         if self.accepts_prologue(w.shape):  # a 1x1 convolution: direct_1x1's compiled tiles
             compile_pointwise(compute_dtype(w.dtype), self.config.pointwise_product, self.num_threads,
-                              uses_transposed(w.dtype, 2, self.config.pointwise_transposed))
+                              uses_transposed(w.dtype, 2, self.config.pointwise_transposed),
+                              uses_rows(w.dtype, max(2, self.config.pointwise_rows),
+                                        self.config.pointwise_rows))
             if w.dtype in FINISHED_TYPES and w.flags.c_contiguous:  # what its runs remember, now
                 self._pointwise_fused(w.dtype)
                 self._pointwise_operands(w, constants[2] if len(constants) > 2 else None)
@@ -360,6 +369,9 @@ class ConvKernel(Kernel):
         if problem.algorithm == "direct_1x1" and math.prod(x[2:]) == 1 and constant is not None:
             settled._vector_weights = (constant, vector_weights(constant))
         if (problem.algorithm == "direct_1x1" and constant is not None and problem.groups == 1
+                and uses_rows(constant.dtype, math.prod(x[2:]), self.config.pointwise_rows)):
+            settled._rows_weights = (constant, rows_weights(constant))
+        elif (problem.algorithm == "direct_1x1" and constant is not None and problem.groups == 1
                 and uses_transposed(constant.dtype, math.prod(x[2:]), self.config.pointwise_transposed)):
             settled._transposed_weights = (constant, transposed_weights(constant))
         settled._direct = settled._settle_direct(problem)
@@ -381,7 +393,7 @@ class ConvKernel(Kernel):
             if w is None:
                 return None
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           self._bound_pointwise(problem, np.dtype(dtype), w, b))
+                           *self._bound_pointwise(problem, np.dtype(dtype), w, b))
         if problem.algorithm in ("depthwise", "depthwise_blocked") and not self.residual:
             w, b, call = self._depthwise_weights[:3]
             if call is None or self.prologue is not None or problem.depth == 0:
@@ -398,7 +410,7 @@ class ConvKernel(Kernel):
                                   clamp, self.epilogue if self.clamp is None else None, threads)
                 views = (call.x_shape, call.out_shape)
             return _Direct(self, w, b, settled.x_shape, np.dtype(dtype),
-                           self._bound_direct(problem, bound, *views))
+                           *self._bound_direct(problem, bound, *views))
         blocked = self._blocked
         if (problem.algorithm == "filters_blocked" and not self.residual and blocked is not None
                 and dtype == np.float32 and problem.depth > 0):
@@ -408,17 +420,18 @@ class ConvKernel(Kernel):
                                                problem.batch, *fused[3], fused[4],
                                                self.num_threads if problem.plan == "region" else 1)
             return _Direct(self, blocked.weights, blocked.bias, settled.x_shape, np.dtype(dtype),
-                           self._bound_direct(problem, bound, (-1,), (-1,)))
+                           *self._bound_direct(problem, bound, (-1,), (-1,)))
         return None
 
     def _bound_pointwise(self, problem: _Problem, dtype: np.dtype, w: np.ndarray,
-                         b: np.ndarray | None) -> Callable[
+                         b: np.ndarray | None) -> tuple[Callable[
                              [np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
-                             np.ndarray | None]:
-        """The :class:`_Direct` run of ``direct_1x1`` by the constant ``w`` and ``b``: where its
-        call runs on one numba thread, the call bound to them and to the fused parts
-        (:meth:`~onnx_light.kernels.conv.pointwise.PointwiseCall.bind`), else (and for weights
-        a channel scale made on this run) :meth:`_run_pointwise`."""
+                             np.ndarray | None], Callable[[np.ndarray, np.ndarray], None] | None]:
+        """The :class:`_Direct` run and ``into`` of ``direct_1x1`` by the constant ``w`` and
+        ``b``: where its call runs on one numba thread, the call bound to them and to the fused
+        parts (:meth:`~onnx_light.kernels.conv.pointwise.PointwiseCall.bind`; ``into`` where it
+        aligns no output), else (and for weights a channel scale made on this run)
+        :meth:`_run_pointwise` and no ``into``."""
         pointwise = self._run_pointwise
 
         def general(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
@@ -429,7 +442,7 @@ class ConvKernel(Kernel):
         if problem.groups == 1 and dtype in FINISHED_TYPES and w.flags.c_contiguous:
             chosen = self._pointwise_chosen(problem, self._settled.x_shape, dtype, w, b, True)
         if chosen is None or chosen[4] > 1:
-            return general
+            return general, None
         call, weights, bias, blas_threads, _ = chosen
         parts = self._pointwise_fused(dtype)
         bound, after = call.bind(weights, bias, *parts[3], blas_threads), parts[4]
@@ -448,19 +461,29 @@ class ConvKernel(Kernel):
                 after(out)
             return out
 
-        return run
+        if call.aligns(dtype):
+            return run, None
+        if after is None:
+            def into(x: np.ndarray, out: np.ndarray) -> None:
+                bound(x, None, out)
+        else:
+            def into(x: np.ndarray, out: np.ndarray) -> None:
+                after(bound(x, None, out))
+
+        return run, into
 
     @staticmethod
     def _bound_direct(problem: _Problem, bound: Callable[[np.ndarray, np.ndarray], None],
-                      x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Callable[
+                      x_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[Callable[
                           [np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
-                          np.ndarray | None]:
-        """A :class:`_Direct` run of ``bound`` (a call object's bound call): X viewed as
-        ``x_shape``, the output (``given`` when it fits, else new) as ``out_shape``; None (the
-        general path) for weights a channel scale made on this run or an empty output."""
+                          np.ndarray | None], Callable[[np.ndarray, np.ndarray], None] | None]:
+        """A :class:`_Direct` run and ``into`` of ``bound`` (a call object's bound call): X
+        viewed as ``x_shape``, the output (``given`` when it fits, else new) as ``out_shape``;
+        None (the general path) for weights a channel scale made on this run or an empty
+        output (and no ``into``)."""
         shape = (problem.batch, problem.filters, *problem.window.output)
         if math.prod(shape) == 0:
-            return lambda x, residual, given, scaled: None
+            return (lambda x, residual, given, scaled: None), None
 
         def run(x: np.ndarray, residual: np.ndarray | None, given: np.ndarray | None,
                 scaled: np.ndarray | None) -> np.ndarray | None:
@@ -473,7 +496,10 @@ class ConvKernel(Kernel):
             bound(x.reshape(x_shape), out.reshape(out_shape))
             return out
 
-        return run
+        def into(x: np.ndarray, out: np.ndarray) -> None:
+            bound(x.reshape(x_shape), out.reshape(out_shape))
+
+        return run, into
 
     def _settle_depthwise(self, problem: _Problem) -> None:
         """Take what :meth:`_run_depthwise` remembers for the settled problem now (its call,
@@ -621,22 +647,42 @@ class ConvKernel(Kernel):
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
         """:meth:`run` writing into the memory plan's buffer, for float32 inputs of the
         shapes :meth:`settle` settled (none fused in: no residual, no channel scale, no
-        distinct weights), but for ``direct_1x1``, whose tiles need an aligned output."""
+        distinct weights), but for ``direct_1x1`` where its output must be aligned (the
+        general path's tiles, a large bound call's). With the settled direct call's constant
+        weights and bias (checked by identity, the rest being the prepared step's contract:
+        C-contiguous inputs of these specs) the step is that call into the buffer
+        (``_Direct.into``), without :meth:`_run`'s checks."""
         settled = self._settled
         if (settled is None or self.residual or self.channel_scale or self._distinct is not None
                 or len(inputs) not in (2, 3) or any(d != np.float32 for _, d in inputs)
-                or (tuple(inputs[0][0]), tuple(inputs[1][0])) != (settled.x_shape, settled.w_shape)
-                or settled.problem.algorithm == "direct_1x1"):
+                or (tuple(inputs[0][0]), tuple(inputs[1][0])) != (settled.x_shape, settled.w_shape)):
             return None
         problem = settled.problem
-
-        def prepared(*arrays: np.ndarray, out: np.ndarray) -> None:
+        direct = self._direct
+        into = None if direct is None or direct.kernel is not self else direct.into
+        if problem.algorithm == "direct_1x1" and into is None:
+            return None
+        def general(arrays: Sequence[np.ndarray], out: np.ndarray) -> None:
             (result,) = self._run(arrays, out)
             if result is not out:  # a problem decided otherwise at run time (not settled's)
                 np.copyto(out, result)
 
-        return Prepared(prepared, (problem.batch, problem.filters, *problem.window.output),
-                        np.dtype(np.float32))
+        shape = (problem.batch, problem.filters, *problem.window.output)
+        if into is None:
+            def prepared(*arrays: np.ndarray, out: np.ndarray) -> None:
+                general(arrays, out)
+
+            return Prepared(prepared, shape, np.dtype(np.float32))
+        w, b = direct.w, direct.b
+
+        def bound(x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None = None, *,
+                  out: np.ndarray) -> None:
+            if weights is w and bias is b:
+                into(x, out)
+            else:
+                general((x, weights) if bias is None else (x, weights, bias), out)
+
+        return Prepared(bound, shape, np.dtype(np.float32))
 
     def run(self, *inputs: np.ndarray | None) -> Sequence[np.ndarray]:
         return self._run(inputs, None)
@@ -792,11 +838,15 @@ class ConvKernel(Kernel):
         BLAS threads, the numba threads, before the check of a pool's worker), the weights'
         views remembered when ``remember``; None where the general path runs."""
         constant, packed = self._transposed_weights  # the settled constant weights, packed
+        rows_constant, rows = self._rows_weights
+        plane = math.prod(x_shape[2:])
+        by_rows = (rows_constant is w and rows is not None
+                   and uses_rows(dtype, plane, self.config.pointwise_rows))
         call = pointwise_call(x_shape, w.shape, dtype, self.config.pointwise_product,
-                              constant is w and packed is not None and uses_transposed(
-                                  dtype, math.prod(x_shape[2:]), self.config.pointwise_transposed))
+                              not by_rows and constant is w and packed is not None and uses_transposed(
+                                  dtype, plane, self.config.pointwise_transposed), by_rows)
         if call is None or (call.gemm is None and not call.vector and not call.transposed
-                            and problem.plan not in ("serial", "blas")):
+                            and not call.rows and problem.plan not in ("serial", "blas")):
             return None  # the packed product splits on the pool's plan
         operands = self._pointwise_operands(w, b, remember=remember)
         threads = self.num_threads
@@ -807,6 +857,8 @@ class ConvKernel(Kernel):
             threads = 1  # a small product
         if call.transposed:
             return call, packed, operands[3], 1, threads
+        if call.rows:
+            return call, rows, operands[3], 1, threads
         if problem.plan == "blas":
             return call, operands[2], operands[3], self.num_threads, 1
         return call, operands[2], operands[3], 1, threads
@@ -907,7 +959,9 @@ class ConvKernel(Kernel):
         (:func:`~onnx_light.kernels.conv.finish.scale_channels`) over the smaller of the two:
         the weights' input channels (group 1, one scale for every image: the deep layers'
         weights outgrow their 7x7 planes, the early layers' planes their weights), else X,
-        whose products are then the unfused Mul's, bit for bit."""
+        whose products are then the unfused Mul's, bit for bit. Constant weights packed once
+        for the rows or transposed product keep it: X is scaled (EfficientNet-B0's
+        projections, docs/conv.md)."""
         if scale is None:
             raise self.ctx.error("needs the channel scale input (the fused Mul's other operand)")
         shape, x_shape = scale.shape, x.shape
@@ -920,7 +974,8 @@ class ConvKernel(Kernel):
         if x.dtype not in FINISHED_TYPES:
             return np.multiply(x, scale), w
         factors = np.ascontiguousarray(scale.reshape(-1))
-        if (self.group == 1 and w.size < x.size and w.dtype == x.dtype and w.ndim == x.ndim
+        packed = self._rows_weights[0] is w or self._transposed_weights[0] is w
+        if (not packed and self.group == 1 and w.size < x.size and w.dtype == x.dtype and w.ndim == x.ndim
                 and w.shape[1] == x_shape[1] and (shape[0] == 1 or x_shape[0] == 1)):
             source, by_row, inner = w, False, x_shape[1]
         else:

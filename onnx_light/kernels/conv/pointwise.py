@@ -56,16 +56,18 @@ from ..compiled_activations import activate_run
 from ..compiled_elementwise import numba_threads
 from ..packed_gemm import (
     BLOCK_A_BYTES,
+    LANES,
     MR,
     NR,
+    VECTORS,
     PackedWeights,
+    _tile_transposed,
     aligned_empty,
     pack_columns,
     pack_panels,
     pack_rows,
     packed_layout,
     panels_over_rows,
-    panels_transposed,
 )
 from ..spin import claim
 from .depthwise import compiled_entry, read_only
@@ -285,6 +287,38 @@ PACK_FILTERS = 128
 
 
 @compiled(inline="always")
+def _panel_transposed(a: np.ndarray, a_start: int, a_block: int, a_step: int, packed: bool, m: int,
+                      panels: np.ndarray, out: np.ndarray, out_row: int, panel: int, n: int,
+                      no_bias: np.ndarray) -> None:
+    """Panel ``panel`` of :func:`~onnx_light.kernels.packed_gemm.panels_transposed`'s product
+    (its ``a_layout`` is ``(a_start, a_block, a_step)``, positions from 0, no bias, no
+    prefetch), with the micro-kernel's arguments constants where they can be: a whole panel's
+    blocks of ``MR`` positions at the full height and width, and packed positions (``packed``)
+    at the step ``MR``, so that LLVM drops the height's and width's selects and the prefetch
+    test from the loop and keeps one address per block instead of six spilled ones (10-20%
+    less time on 14x14 and 28x28 planes; docs/conv.md). The same calls of the micro-kernel
+    with the same values: the same bits."""
+    k = panels.shape[1]
+    column = panel * NR
+    width = min(NR, n - column)
+    b_start = panel * k * NR
+    full = m // MR * MR if width == NR else 0
+    if packed:
+        for i0 in range(0, full, MR):
+            _tile_transposed(a, panels, out, no_bias, a_start + i0 // MR * a_block, MR, b_start, NR, 0,
+                             column, MR, i0, out_row + column, False, False, k, VECTORS, NR)
+    else:
+        for i0 in range(0, full, MR):
+            _tile_transposed(a, panels, out, no_bias, a_start + i0 // MR * a_block, a_step, b_start, NR,
+                             0, column, MR, i0, out_row + column, False, False, k, VECTORS, NR)
+    vectors = -(-width // LANES)
+    for i0 in range(full, m, MR):
+        _tile_transposed(a, panels, out, no_bias, a_start + i0 // MR * a_block, a_step, b_start, NR, 0,
+                         column, min(MR, m - i0), i0, out_row + column, False, False, k, vectors,
+                         width)
+
+
+@compiled(inline="always")
 def _transposed_unit(panels: np.ndarray, source: np.ndarray, source_offset: int,
                      source_stride: int, image_source: int, out: np.ndarray, out_offset: int,
                      out_stride: int, image_out: int, filters: int, depth: int, width: int,
@@ -299,14 +333,13 @@ def _transposed_unit(panels: np.ndarray, source: np.ndarray, source_offset: int,
     start = out_offset + n * image_out
     grid = out.reshape(out.size // out_stride, out_stride)
     if rows.size == 0:
-        panels_transposed(source, (source_offset + n * image_source, MR, source_stride), width,
-                          panels, no_bias, False, grid, start // out_stride, 0, panel, panel + 1,
-                          filters)
+        _panel_transposed(source, source_offset + n * image_source, MR, source_stride, False, width,
+                          panels, grid, start // out_stride, panel, filters, no_bias)
     else:
         if n != packed:
             pack_columns(source, source_offset + n * image_source, source_stride, depth, width, rows)
-        panels_transposed(rows.reshape(-1), (0, depth * MR, MR), width, panels, no_bias, False, grid,
-                          start // out_stride, 0, panel, panel + 1, filters)
+        _panel_transposed(rows.reshape(-1), 0, depth * MR, MR, True, width, panels, grid,
+                          start // out_stride, panel, filters, no_bias)
     f0 = panel * NR
     _finish_tile(out, start + f0 * out_stride, out_stride, min(NR, filters - f0), width, bias, f0,
                  residual, low, high, activation, alpha, beta)
@@ -329,7 +362,8 @@ def pointwise_transposed(panels: np.ndarray, source: np.ndarray, source_offset: 
                          activation: int, alpha: float, beta: float, begin: int, end: int) -> None:
     """Units ``begin`` to ``end - 1`` of :func:`pointwise_units`'s finished product in float32
     over a batch of images, computed by the packed micro-kernel transposed
-    (:func:`~onnx_light.kernels.packed_gemm.panels_transposed`): the weights' transpose in
+    (:func:`~onnx_light.kernels.packed_gemm.panels_transposed`'s blocks, :func:`_panel_transposed`):
+    the weights' transpose in
     ``panels`` (:func:`transposed_weights`), the input's positions its rows (channel p of
     image n's position j at ``source_offset + n * image_source + p * source_stride + j``),
     read in place or, from :data:`PACK_FILTERS` filters, packed once per image
@@ -439,20 +473,25 @@ def product_units(filters: int, depth: int, width: int, itemsize: int) -> tuple[
     return -(-width // 2), filters
 
 
-def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1, transposed: bool = False
-                      ) -> None:
+def compile_pointwise(dtype: np.dtype, product: str, threads: int = 1, transposed: bool = False,
+                      rows: bool = False) -> None:
     """Compile what :func:`pointwise_call` runs for ``dtype`` and ``product`` at ``threads``
     threads (or load it from numba's cache), and :func:`pointwise_transposed` when
-    ``transposed``: a session does it at construction, not in its first run. Its operands
+    ``transposed``, :func:`~onnx_light.kernels.conv.pointwise_rows.pointwise_rows` when
+    ``rows``: a session does it at construction, not in its first run. Its operands
     are read-only views, as ``direct_1x1`` passes them (one compiled version per type)."""
-    if transposed:
-        call = pointwise_call((1, 1, 2), (1, 1, 1), np.dtype(np.float32), product, True)
+    for kind in ("transposed",) * transposed + ("rows",) * rows:
+        from .pointwise_rows import rows_weights
+
+        call = pointwise_call((1, 1, 2), (1, 1, 1), np.dtype(np.float32), product, kind == "transposed",
+                              kind == "rows")
         x, w = read_only(np.ones((1, 1, 2), np.float32)), np.ones((1, 1), np.float32)
+        packed = transposed_weights(w) if kind == "transposed" else rows_weights(w)
         empty = _EMPTY[np.dtype(np.float32)]
-        call(x, transposed_weights(w), None, None, (-math.inf, math.inf), (-1, 1.0, 0.0), 1)
+        call(x, packed, None, None, (-math.inf, math.inf), (-1, 1.0, 0.0), 1)
         if threads > 1 and numba_threads(threads):
-            pointwise_transposed_parallel.dispatcher(
-                transposed_weights(w), x.reshape(-1), 0, 2, 2, np.empty(2, np.float32), 0, 2, 2, 1, 1,
+            call._packed_kernels()[1](
+                packed, x.reshape(-1), 0, 2, 2, np.empty(2, np.float32), 0, 2, 2, 1, 1,
                 2, empty, empty, -math.inf, math.inf, -1, 1.0, 0.0, 1, 1, np.zeros(1, np.int64))
     function = pointwise_product(dtype, product)
     if function is None:
@@ -495,6 +534,16 @@ class PointwiseCall:
     multiply_adds: int
     vector: bool = False
     transposed: bool = False
+    rows: bool = False  # pointwise_rows.pointwise_rows's call
+
+    def _packed_kernels(self) -> tuple[Any, Any]:
+        """The serial and parallel kernels of a ``transposed`` or ``rows`` call (their
+        arguments are the same)."""
+        if self.rows:
+            from .pointwise_rows import pointwise_rows, pointwise_rows_parallel
+
+            return pointwise_rows.dispatcher, pointwise_rows_parallel.dispatcher
+        return pointwise_transposed.dispatcher, pointwise_transposed_parallel.dispatcher
 
     def __call__(self, x: np.ndarray, weights: np.ndarray, bias: np.ndarray | None,
                  residual: np.ndarray | None, clamp: tuple[float, float],
@@ -506,8 +555,9 @@ class PointwiseCall:
         are several, else with ``blas_threads`` BLAS threads on the calling thread. A
         ``vector`` call takes the weights of :func:`vector_weights` and runs on the calling
         thread (into an output not aligned: it stores no whole blocks). A ``transposed`` call
-        takes the weights of :func:`transposed_weights`, its units shared as the BLAS units
-        are."""
+        takes the weights of :func:`transposed_weights`, a ``rows`` call those of
+        :func:`~onnx_light.kernels.conv.pointwise_rows.rows_weights`, their units shared as
+        the BLAS units are."""
         out = (np.empty if self.vector else aligned_empty)(self.out_shape, x.dtype)
         flat_x, flat_out = x.reshape(-1), out.reshape(-1)
         if flat_x.flags.writeable:  # a session's feeds and values are read-only already
@@ -522,14 +572,15 @@ class PointwiseCall:
             pointwise_vector.dispatcher(weights, flat_x, flat_out, self.batch, filters, depth, bias,
                                         residual, low, high, code, alpha, beta)
             return out
-        if self.transposed:
+        if self.transposed or self.rows:
             arguments = (weights, flat_x, 0, plane, depth * plane, flat_out, 0, plane, filters * plane,
                          filters, depth, plane, bias, residual, low, high, code, alpha, beta)
             units = self.units
+            serial, parallel = self._packed_kernels()
             if threads > 1 and units > 1 and numba_threads(threads := min(threads, units)):
-                pointwise_transposed_parallel.dispatcher(*arguments, units, threads, np.zeros(1, np.int64))
+                parallel(*arguments, units, threads, np.zeros(1, np.int64))
             else:
-                pointwise_transposed.dispatcher(*arguments, 0, units)
+                serial(*arguments, 0, units)
             return out
         if self.gemm is None:
             with BLAS.limited(blas_threads):
@@ -550,21 +601,32 @@ class PointwiseCall:
                 pointwise_units.dispatcher(*arguments, 0, units)
         return out
 
+    def aligns(self, dtype: np.dtype) -> bool:
+        """Whether :meth:`bind`'s call allocates its output of ``dtype`` on a 64-byte
+        boundary (from :data:`ALIGNED_OUTPUT_BYTES`, but for the ``vector`` call), so that
+        it takes no output given to it."""
+        size = math.prod(self.out_shape) * np.dtype(dtype).itemsize
+        return not self.vector and size >= ALIGNED_OUTPUT_BYTES
+
     def bind(self, weights: np.ndarray, bias: np.ndarray | None, clamp: tuple[float, float],
              activation: tuple[int, float, float], blas_threads: int, threads: int = 1
-             ) -> Callable[[np.ndarray, np.ndarray | None], np.ndarray]:
+             ) -> Callable[[np.ndarray, np.ndarray | None, np.ndarray | None], np.ndarray]:
         """This call bound to its weights, bias and fused parts (the arguments of
-        :meth:`__call__`): ``bound(x, residual)``, ``x`` C-contiguous of the call's shape and
-        the weights' type, ``residual`` flat, read-only and of that type or None (not checked).
+        :meth:`__call__`): ``bound(x, residual, out=None)``, ``x`` C-contiguous of the call's
+        shape and the weights' type, ``residual`` flat, read-only and of that type or None,
+        ``out`` a C-contiguous array of the output's shape and type to write into where the
+        call does not align its output (:meth:`aligns`), or None (none of them checked).
         On one numba thread (``threads``), but for the packed product: one compiled call
-        through its compiled entry (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`),
-        no argument typed per run, the BLAS threads set only where they differ (a session
-        holds its count already), into an output aligned only from :data:`ALIGNED_OUTPUT_BYTES`
-        (the alignment saves a small output nothing): the arguments of :meth:`__call__`, so
-        its bits."""
+        through its compiled entry (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`,
+        which unboxes a writable X as it does a read-only one), no argument typed per run,
+        the BLAS threads set only where they differ (a session holds its count already), into
+        an output aligned only from :data:`ALIGNED_OUTPUT_BYTES` (the alignment saves a small
+        output nothing): the arguments of :meth:`__call__`, so its bits."""
         dtype = np.dtype(weights.dtype)
-        if threads > 1 or (self.gemm is None and not self.vector and not self.transposed):
-            def called(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+        if threads > 1 or (self.gemm is None and not self.vector and not self.transposed
+                           and not self.rows):
+            def called(x: np.ndarray, residual: np.ndarray | None, out: np.ndarray | None = None
+                       ) -> np.ndarray:
                 return self(x, weights, bias, residual, clamp, activation, blas_threads, threads)
 
             return called
@@ -573,18 +635,17 @@ class PointwiseCall:
         filters, depth, plane, units = self.filters, self.depth, self.plane, self.units
         fused = (*clamp, *activation)
         out_shape = self.out_shape
-        allocate = (np.empty if self.vector or math.prod(out_shape) * dtype.itemsize < ALIGNED_OUTPUT_BYTES
-                    else aligned_empty)
+        allocate = aligned_empty if self.aligns(dtype) else np.empty
         x_sample, out_sample = read_only(np.empty(1, dtype)), np.empty(1, dtype)
         if self.vector:
             head, middle, tail = (weights,), (), (self.batch, filters, depth, bias)
             dispatcher = pointwise_vector.dispatcher
             fused_tail: tuple = fused
         else:
-            head = (weights,) if self.transposed else (self.gemm, weights)
+            head = (weights,) if self.transposed or self.rows else (self.gemm, weights)
             middle, tail = (0, plane, depth * plane), (0, plane, filters * plane, filters, depth, plane, bias)
-            if self.transposed:
-                dispatcher, fused_tail = pointwise_transposed.dispatcher, (*fused, 0, units)
+            if self.transposed or self.rows:
+                dispatcher, fused_tail = self._packed_kernels()[0], (*fused, 0, units)
             else:
                 dispatcher = pointwise_units.dispatcher
                 fused_tail = (*fused, self.tile, self.block, 0, units)
@@ -592,12 +653,11 @@ class PointwiseCall:
                                             *fused_tail))
         limit = self.gemm is not None
 
-        def bound(x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-            out = allocate(out_shape, dtype)
-            flat_x = x.reshape(-1)
-            if flat_x.flags.writeable:  # a session's feeds and values are read-only already
-                flat_x = read_only(flat_x)
-            arguments = (*head, flat_x, *middle, out.reshape(-1), *tail,
+        def bound(x: np.ndarray, residual: np.ndarray | None, out: np.ndarray | None = None
+                  ) -> np.ndarray:
+            if out is None:
+                out = allocate(out_shape, dtype)
+            arguments = (*head, x.reshape(-1), *middle, out.reshape(-1), *tail,
                          empty if residual is None else residual, *fused_tail)
             if not limit:
                 entry(*arguments)
@@ -617,12 +677,16 @@ _EMPTY = {dtype: read_only(np.empty(0, dtype)) for dtype in FINISHED_TYPES}
 
 @functools.lru_cache(maxsize=1024)
 def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype,
-                   product: str, transposed: bool = False) -> PointwiseCall | None:
+                   product: str, transposed: bool = False, rows: bool = False) -> PointwiseCall | None:
     """The :class:`PointwiseCall` of a 1x1 convolution of one group with these shapes (as
     its problem checked them), remembered per shape; None where ``direct_1x1`` takes no
     compiled product (another type) or the output or the sum is empty. ``transposed``
     (where :func:`uses_transposed` holds: the caller has the weights of
-    :func:`transposed_weights`): :func:`pointwise_transposed`'s call."""
+    :func:`transposed_weights`): :func:`pointwise_transposed`'s call; ``rows`` (where
+    :func:`~onnx_light.kernels.conv.pointwise_rows.uses_rows` holds, the caller having the
+    weights of :func:`~onnx_light.kernels.conv.pointwise_rows.rows_weights`):
+    :func:`~onnx_light.kernels.conv.pointwise_rows.pointwise_rows`'s call, its units an
+    image's tiles of :data:`TILE_COLUMNS` positions."""
     batch, depth, filters = x_shape[0], x_shape[1], w_shape[0]
     plane = math.prod(x_shape[2:])
     out_shape = (batch, filters, *x_shape[2:])
@@ -631,6 +695,9 @@ def pointwise_call(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np
     if plane == 1 and dtype in FINISHED_TYPES:
         return PointwiseCall(None, None, batch, filters, depth, plane, 1, filters, out_shape,
                              batch, batch * filters * depth, True)
+    if rows:
+        return PointwiseCall(None, None, batch, filters, depth, plane, TILE_COLUMNS, filters, out_shape,
+                             batch * -(-plane // TILE_COLUMNS), batch * filters * depth * plane, rows=True)
     if transposed:
         return PointwiseCall(None, None, batch, filters, depth, plane, plane, NR.value, out_shape,
                              batch * -(-filters // NR.value), batch * filters * depth * plane,
