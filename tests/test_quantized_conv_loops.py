@@ -284,11 +284,11 @@ def _naive_conv(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.
 
 
 @pytest.mark.parametrize("left", [0, 1, 2])
-@pytest.mark.parametrize("width", [8, 9, 10])
+@pytest.mark.parametrize("width", [9, 10, 16, 18])
 @pytest.mark.parametrize("x_type", [np.uint8, np.int8])
 def test_depthwise_stride_two_columns(left: int, width: int, x_type: Any) -> None:
     """Stride 2 along the width (the loop's copy of columns into the two phases: by 16-bit
-    words of two columns over an even width, byte by byte over an odd one): every left
+    words of two columns over an even width of 16 or more, else byte by byte): every left
     padding parity and width parity, both byte types (an int8 word's bytes sign-extended),
     against int64 sums."""
     rng = np.random.default_rng(left * 10 + width)

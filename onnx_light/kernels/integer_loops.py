@@ -156,12 +156,13 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     if square:
         for t in range(9):
             reach[t] = rows[t // 3] + np.uintp(columns[t % 3])
-    # stride 2 over an even width: the rows start at even bytes, so each pair of columns is one
-    # little-endian word, its low byte (an even column) to one phase, its high byte to the other;
-    # an int8 byte's value is (b ^ 128) - 128
+    # stride 2 over an even width of a vector of words or more (shorter rows run scalar either
+    # way): the rows start at even bytes, so each pair of columns is one little-endian word, its
+    # low byte (an even column) to one phase, its high byte to the other; an int8 byte's value
+    # is (b ^ 128) - 128
     sign = -np.int32(np.iinfo(source.dtype).min)
     signed_shift = sign + shift
-    paired = stride_w == 2 and width % 2 == 0
+    paired = stride_w == 2 and width % 2 == 0 and width >= 2 * LANES
     words = source.view(np.uint16) if paired else np.zeros(1, np.uint16)
     odd_phase = stride_h * phase_size
     low_at = np.uintp(pads[1] // 2) + (odd_phase if pads[1] % 2 else np.uintp(0))
