@@ -284,15 +284,18 @@ def _naive_conv(x: np.ndarray, w: np.ndarray, attributes: dict[str, Any]) -> np.
 
 
 @pytest.mark.parametrize("left", [0, 1, 2])
-@pytest.mark.parametrize("width", [8, 9])
-def test_depthwise_stride_two_columns(left: int, width: int) -> None:
-    """Stride 2 along the width (the loop's pairwise copy of columns into the two phases):
-    every left padding parity and width parity, against int64 sums."""
+@pytest.mark.parametrize("width", [9, 10, 16, 18])
+@pytest.mark.parametrize("x_type", [np.uint8, np.int8])
+def test_depthwise_stride_two_columns(left: int, width: int, x_type: Any) -> None:
+    """Stride 2 along the width (the loop's copy of columns into the two phases: by 16-bit
+    words of two columns over an even width of 16 or more, else byte by byte): every left
+    padding parity and width parity, both byte types (an int8 word's bytes sign-extended),
+    against int64 sums."""
     rng = np.random.default_rng(left * 10 + width)
     attributes = {"group": 3, "strides": [1, 2], "dilations": [1, 1], "pads": [1, left, 1, 1]}
-    problem = {"x": _bytes(rng, np.uint8, (1, 3, 5, width)), "w": _bytes(rng, np.int8, (3, 1, 3, 3)),
+    problem = {"x": _bytes(rng, x_type, (2, 3, 5, width)), "w": _bytes(rng, np.int8, (3, 1, 3, 3)),
                "attributes": attributes, "w_zero": _bytes(rng, np.int8, (3,)), "rng": rng}
-    x_zero = _bytes(rng, np.uint8, ())
+    x_zero = _bytes(rng, x_type, ())
     x, w, w_zero = problem["x"], problem["w"], problem["w_zero"]
     actual = build("ConvInteger", [x, w, x_zero, w_zero], 10, **attributes)[1].run(x, w, x_zero, w_zero)[0]
     np.testing.assert_array_equal(actual, _naive(problem, x_zero))

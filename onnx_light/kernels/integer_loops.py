@@ -156,6 +156,17 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
     if square:
         for t in range(9):
             reach[t] = rows[t // 3] + np.uintp(columns[t % 3])
+    # stride 2 over an even width of a vector of words or more (shorter rows run scalar either
+    # way): the rows start at even bytes, so each pair of columns is one little-endian word, its
+    # low byte (an even column) to one phase, its high byte to the other; an int8 byte's value
+    # is (b ^ 128) - 128
+    sign = -np.int32(np.iinfo(source.dtype).min)
+    signed_shift = sign + shift
+    paired = stride_w == 2 and width % 2 == 0 and width >= 2 * LANES
+    words = source.view(np.uint16) if paired else np.zeros(1, np.uint16)
+    odd_phase = stride_h * phase_size
+    low_at = np.uintp(pads[1] // 2) + (odd_phase if pads[1] % 2 else np.uintp(0))
+    high_at = np.uintp((pads[1] + 1) // 2) + (np.uintp(0) if pads[1] % 2 else odd_phase)
     row_into = np.empty(height, np.uintp)  # where each input row starts in the plane
     for ih in range(np.uintp(height)):
         p = ih + np.uintp(pads[0])
@@ -169,6 +180,12 @@ def depthwise_sums(x, zero, w, bias, out, first, last, strides, pads, phases, ro
                 into += np.uintp(pads[1])
                 for iw in range(np.uintp(width)):
                     plane[into + iw] = np.int32(np.int32(source[start + iw]) - shift)
+            elif stride_w == 2 and paired:  # each pair of columns read as one 16-bit word
+                half, lows, highs = start >> np.uintp(1), low_at + into, high_at + into
+                for m in range(np.uintp(width // 2)):
+                    word = words[half + m]
+                    plane[lows + m] = np.int32((np.int32(word & np.uint16(255)) ^ sign) - signed_shift)
+                    plane[highs + m] = np.int32((np.int32(word >> np.uint16(8)) ^ sign) - signed_shift)
             elif stride_w == 2:  # pairs of columns to the two phases, one contiguous read
                 even, odd = into, into + stride_h * phase_size
                 first_column = np.uintp(pads[1] % 2)  # the first input column of an even one
