@@ -34,9 +34,13 @@ import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel
+from ..kernels.compiled_elementwise import GELU
 from ..kernels.elementwise import ElementwiseKernel
+from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.gemm import MatMulKernel
 from ..kernels.matmul_bias import SMALL_WORK, MatMulAdd, MatMulBias
+from ..kernels.normalization import LayerNormalization
+from ..kernels.product_epilogues import MatMulAddNorm, MatMulGelu
 
 __all__ = ["fuse_matmul_bias"]
 
@@ -72,7 +76,84 @@ def fuse_matmul_bias(steps: Sequence[Step], known: Mapping[int, np.ndarray], kee
                 result[position] = (fused, matmul_inputs, outputs)
                 sources.add(c)
                 break
-    return _fuse_residuals([step for step in result if step is not None], known, keep, shapes)
+    steps = _fuse_gelu([step for step in result if step is not None], known, keep, shapes, sources)
+    return _fuse_norms(_fuse_residuals(steps, known, keep, shapes), known, keep, shapes)
+
+
+def _packable(matmul: Kernel, inputs: Slots, known: Mapping[int, np.ndarray]) -> bool:
+    """Whether ``matmul`` is a float32 MatMul of constant 2-D weights with neither an
+    epilogue nor groups of columns (what a product's epilogue step takes)."""
+    return (type(matmul) is MatMulKernel and matmul.epilogue is None and not matmul.split
+            and len(inputs) == 2 and None not in inputs and inputs[1] in known
+            and known[inputs[1]].ndim == 2 and known[inputs[1]].dtype == np.float32
+            and matmul.ctx.output_types[:1] == (TensorProto.FLOAT,))
+
+
+def _fuse_gelu(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+               shapes: Shapes, sources: set[int]) -> list[Step]:
+    """``steps`` with every GELU chain (a fused ``GELU(Y)`` or ``GELU(Y + bias)``, either
+    form) of the output Y of a product of constant float32 weights, which only it reads, made
+    one :class:`~onnx_light.kernels.product_epilogues.MatMulGelu` step."""
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
+    result: list[Step | None] = list(steps)
+    for position, (kernel, inputs, outputs) in enumerate(steps):
+        form = kernel.program.gelu_form if isinstance(kernel, FusedElementwise) else None
+        if form is None or None in inputs or len(inputs) != 1 + form[1]:
+            continue
+        for index_y, y in enumerate(inputs):
+            index = producer.get(y)
+            if index is None or y in keep or readers[y] != 1 or result[index] is None:
+                continue
+            matmul, matmul_inputs, _ = steps[index]
+            if not _packable(matmul, matmul_inputs, known):
+                continue
+            constant, product = None, matmul
+            if form[1]:
+                c = inputs[1 - index_y]
+                bias = _bias(matmul, matmul_inputs, known[c], shapes.get(y), shapes) if c in known else None
+                if bias is None:
+                    continue
+                constant, product = known[c], matmul.variant(bias=bias)
+                sources.add(c)
+            ctx = dataclasses.replace(matmul.ctx, op_type=MatMulGelu.op_type)
+            operands = [0 if s == y else 1 for s in inputs]
+            fused = MatMulGelu(ctx, product, form[0] != GELU, matmul, kernel, operands, constant)
+            result[index] = None
+            result[position] = (fused.bind(matmul.pool), matmul_inputs, outputs)
+            break
+    return [step for step in result if step is not None]
+
+
+def _fuse_norms(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+                shapes: Shapes) -> list[Step]:
+    """``steps`` with every LayerNormalization over the last axis (float32, Y alone, scale
+    and shift of the normalized shape) of the output of a MatMulAdd step of constant float32
+    weights, which only it reads, made one
+    :class:`~onnx_light.kernels.product_epilogues.MatMulAddNorm` step."""
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
+    result: list[Step | None] = list(steps)
+    for position, (kernel, inputs, outputs) in enumerate(steps):
+        if (type(kernel) is not LayerNormalization or len(outputs) != 1 or len(inputs) not in (2, 3)
+                or None in inputs or kernel.ctx.num_outputs != 1 or kernel.stash != np.float32):
+            continue
+        x = inputs[0]
+        index, x_shape = producer.get(x), shapes.get(x)
+        if (index is None or x in keep or readers[x] != 1 or result[index] is None or not x_shape
+                or kernel.axis not in (-1, len(x_shape) - 1)):
+            continue
+        residual, residual_inputs, _ = steps[index]
+        if (type(residual) is not MatMulAdd or not _packable(residual.matmul, residual_inputs[:2], known)
+                or kernel.ctx.input_types[:1] != (TensorProto.FLOAT,)):
+            continue
+        ctx = dataclasses.replace(residual.ctx, op_type=MatMulAddNorm.op_type,
+                                  num_inputs=3 + len(inputs) - 1,
+                                  input_types=(*residual.ctx.input_types, *kernel.ctx.input_types[1:]))
+        fused = MatMulAddNorm(ctx, residual, kernel).bind(residual.pool)
+        result[index] = None
+        result[position] = (fused, (*residual_inputs, *inputs[1:]), outputs)
+    return [step for step in result if step is not None]
 
 
 def _fuse_residuals(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
