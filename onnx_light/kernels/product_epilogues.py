@@ -87,15 +87,16 @@ def _gelu_store(scratch: np.ndarray, out: np.ndarray, top: int, rows: int, colum
 @compiled
 def _gelu_task(rows_a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int, int],
                bias: np.ndarray, with_bias: bool, scratch: np.ndarray, out: np.ndarray, first: int,
-               rows: int, panel: int, count: int, n: int, tanh: bool) -> None:
-    """Panels ``panel..panel+count-1`` of rows ``first..first+rows-1`` (of the packed
-    ``rows_a``): the product into ``scratch``, then GELU into ``out``."""
+               rows: int, panel: int, count: int, n: int, tanh: bool, top: int) -> None:
+    """Panels ``panel..panel+count-1`` of rows ``first..first+rows-1`` of the packed
+    ``rows_a``: the product into ``scratch``, then GELU into rows ``top..top+rows-1`` of
+    ``out``."""
     b_start, b_panel, b_step, b_ahead = layout
     column = panel * NR
     width = min(count * NR, n - column)
     panels_over_rows(rows_a, panels, (b_start + panel * b_panel, b_panel, b_step, b_ahead),
                      bias[column:], with_bias, scratch, first, first + rows, -first, 0, width)
-    _gelu_store(scratch, out, first, rows, column, width, tanh)
+    _gelu_store(scratch, out, top, rows, column, width, tanh)
 
 
 @compiled
@@ -108,12 +109,12 @@ def gelu_product(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int,
     count = a.shape[0]
     total = -(-n // NR)
     scratch = np.empty((min(block, count), group * NR), np.float32)
-    rows_a = pack_rows(a, 0, count)
     for top in range(0, count, block):
         rows = min(block, count - top)
+        rows_a = pack_rows(a, top, top + rows)
         for panel in range(0, total, group):
-            _gelu_task(rows_a, panels, layout, bias, with_bias, scratch, out, top, rows, panel,
-                       min(group, total - panel), n, tanh)
+            _gelu_task(rows_a, panels, layout, bias, with_bias, scratch, out, 0, rows, panel,
+                       min(group, total - panel), n, tanh, top)
 
 
 @compiled(parallel=True)
@@ -136,7 +137,7 @@ def gelu_product_parallel(a: np.ndarray, panels: np.ndarray, layout: tuple[int, 
             top = task // groups * block
             panel = task % groups * group
             _gelu_task(rows_a, panels, layout, bias, with_bias, scratch, out, top,
-                       min(block, count - top), panel, min(group, total - panel), n, tanh)
+                       min(block, count - top), panel, min(group, total - panel), n, tanh, top)
             task = claim(state, 0)
         end_of_tasks(state, thread, threads, wait)
 
