@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_light.kernels.matmul_bias import SMALL_WORK
 from onnx_light.kernels.product_epilogues import MatMulAddNorm, MatMulGelu
 from onnx_light.runtime import RuntimeSession, matmul_fusion
+from onnx_light.runtime.arena import MemoryPlan
 from onnx_light.runtime.session import _steps_of
 
 F = TensorProto.FLOAT
@@ -223,3 +224,13 @@ def test_run_takes_other_row_counts_and_falls_back_to_the_replaced_steps():
     a, r, w2 = (x.astype(np.float32) for x in (a, r, w2))
     (expected,) = step.norm.run(a @ w2 + step.product.bias + r, scale, shift)
     np.testing.assert_allclose(step.run(a, w2, r, scale, shift)[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_arena_buffers_start_on_cache_lines():
+    """The memory plan's numeric buffers start on 64-byte boundaries (a product's threads
+    writing neighbouring columns then share no cache line where the rows are whole lines)."""
+    plan = MemoryPlan(((((3, 5), np.dtype(np.float32))), ((7,), np.dtype(np.int64)),
+                       ((2, 2), np.dtype(object))), {})
+    buffers = plan.allocate()
+    assert [b.shape for b in buffers] == [(3, 5), (7,), (2, 2)]
+    assert all(b.ctypes.data % 64 == 0 and b.flags.c_contiguous and b.flags.writeable for b in buffers[:2])

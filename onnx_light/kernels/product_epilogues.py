@@ -117,28 +117,39 @@ def gelu_product(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int,
                        min(group, total - panel), n, tanh, top)
 
 
+@compiled
+def _gelu_tasks(rows_a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int, int],
+                bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int, n: int, group: int,
+                tanh: bool, state: np.ndarray) -> None:
+    """The (block of rows, group of panels) tasks of :func:`gelu_product_parallel` that the
+    calling thread claims from ``state[0]``, until none is left."""
+    count = out.shape[0]
+    total = -(-n // NR)
+    groups = -(-total // group)
+    tasks = -(-count // block) * groups
+    scratch = np.empty((min(block, count), group * NR), np.float32)
+    task = claim(state, 0)
+    while task < tasks:
+        top = task // groups * block
+        panel = task % groups * group
+        _gelu_task(rows_a, panels, layout, bias, with_bias, scratch, out, top, min(block, count - top),
+                   panel, min(group, total - panel), n, tanh, top)
+        task = claim(state, 0)
+
+
 @compiled(parallel=True)
 def gelu_product_parallel(a: np.ndarray, panels: np.ndarray, layout: tuple[int, int, int, int],
                           bias: np.ndarray, with_bias: bool, out: np.ndarray, block: int, n: int,
                           group: int, tanh: bool, threads: int, wait: tuple[int, int]) -> None:
     """:func:`gelu_product` over ``threads`` numba threads (the caller has set their count) in
     one region: A packed once before it, then the (block of rows, group of panels) tasks, the
-    blocks in order, to whichever thread asks next. The same values as one thread."""
-    count = a.shape[0]
-    total = -(-n // NR)
-    groups = -(-total // group)
-    tasks = -(-count // block) * groups
-    rows_a = pack_rows(a, 0, count)
+    blocks in order, to whichever thread asks next. The same values as one thread. (The
+    region's body only calls the serial :func:`_gelu_tasks`: numba's parallel lowering of the
+    loop itself made it a quarter slower per thread.)"""
+    rows_a = pack_rows(a, 0, a.shape[0])
     state = np.zeros(2, np.int64)  # the next task; the other threads that are done
     for thread in prange(threads):
-        scratch = np.empty((min(block, count), group * NR), np.float32)
-        task = claim(state, 0)
-        while task < tasks:
-            top = task // groups * block
-            panel = task % groups * group
-            _gelu_task(rows_a, panels, layout, bias, with_bias, scratch, out, top,
-                       min(block, count - top), panel, min(group, total - panel), n, tanh, top)
-            task = claim(state, 0)
+        _gelu_tasks(rows_a, panels, layout, bias, with_bias, out, block, n, group, tanh, state)
         end_of_tasks(state, thread, threads, wait)
 
 
