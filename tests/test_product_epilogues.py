@@ -234,3 +234,12 @@ def test_arena_buffers_start_on_cache_lines():
     buffers = plan.allocate()
     assert [b.shape for b in buffers] == [(3, 5), (7,), (2, 2)]
     assert all(b.ctypes.data % 64 == 0 and b.flags.c_contiguous and b.flags.writeable for b in buffers[:2])
+
+
+def test_gelu_of_a_large_product_stays_steps():
+    """Above ``GELU_EPILOGUE_MAXIMUM`` output elements the chain stays a step of its own."""
+    n = 64
+    rows = matmul_fusion.GELU_EPILOGUE_MAXIMUM // n
+    for m, fused in ((rows, 1), (rows + 1, 0)):
+        session = RuntimeSession(gelu_model((m, 8), n, "erf", bias=True, bias_first=False), num_threads=1)
+        assert len(fused_steps(session, MatMulGelu)) == fused

@@ -22,11 +22,21 @@ activation) whose output only an ``Add(Y, R)`` (either order) reads, R not const
 Y's static shape and type, becomes one :class:`~onnx_light.kernels.matmul_bias.MatMulAdd`
 step at the Add's place that adds R into the product in place and writes the Add's output:
 the Add's value bit for bit.
+
+Then the products' epilogues (:mod:`~onnx_light.kernels.product_epilogues`), both of
+float32 MatMuls of constant 2-D weights the packed kernel multiplies: a fused GELU chain
+(``GELU(Y + bias)`` or ``GELU(Y)``, erf or tanh form) that alone reads Y becomes one
+``MatMulGelu`` step (the chain's bias packed with the weights), up to
+:data:`GELU_EPILOGUE_MAXIMUM` output elements; a LayerNormalization over the last axis (float32,
+Y alone, no Mean or InvStdDev) that alone reads a MatMulAdd step's output becomes one
+``MatMulAddNorm`` step (a post-norm encoder's residual and normalization, BERT's and
+DistilBERT's). Both give the values of the steps they replace bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -42,7 +52,13 @@ from ..kernels.matmul_bias import SMALL_WORK, MatMulAdd, MatMulBias
 from ..kernels.normalization import LayerNormalization
 from ..kernels.product_epilogues import MatMulAddNorm, MatMulGelu
 
-__all__ = ["fuse_matmul_bias"]
+__all__ = ["GELU_EPILOGUE_MAXIMUM", "fuse_matmul_bias"]
+
+#: The largest product (output elements) whose GELU chain becomes the product's epilogue:
+#: BERT's 64 x 1024 runs 2-4% faster as one step at one thread and as fast at two, ViT's
+#: 197 x 3072 5% slower at both (the GELU on narrow blocks of the panels; docs/model-zoo.md,
+#: "Encoders").
+GELU_EPILOGUE_MAXIMUM = 1 << 17
 
 _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
 
@@ -92,8 +108,9 @@ def _packable(matmul: Kernel, inputs: Slots, known: Mapping[int, np.ndarray]) ->
 def _fuse_gelu(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
                shapes: Shapes, sources: set[int]) -> list[Step]:
     """``steps`` with every GELU chain (a fused ``GELU(Y)`` or ``GELU(Y + bias)``, either
-    form) of the output Y of a product of constant float32 weights, which only it reads, made
-    one :class:`~onnx_light.kernels.product_epilogues.MatMulGelu` step."""
+    form) of the output Y of a product of constant float32 weights, which only it reads, of
+    at most :data:`GELU_EPILOGUE_MAXIMUM` elements by the inferred shapes, made one
+    :class:`~onnx_light.kernels.product_epilogues.MatMulGelu` step."""
     readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
     producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
     result: list[Step | None] = list(steps)
@@ -106,7 +123,10 @@ def _fuse_gelu(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set
             if index is None or y in keep or readers[y] != 1 or result[index] is None:
                 continue
             matmul, matmul_inputs, _ = steps[index]
-            if not _packable(matmul, matmul_inputs, known):
+            y_shape = shapes.get(y)
+            if (not _packable(matmul, matmul_inputs, known) or not y_shape
+                    or not all(isinstance(d, int) for d in y_shape)
+                    or math.prod(y_shape) > GELU_EPILOGUE_MAXIMUM):
                 continue
             constant, product = None, matmul
             if form[1]:
