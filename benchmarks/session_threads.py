@@ -24,6 +24,8 @@ Each variant is ``THREADS[,SETTING...]`` with settings
   is built, so that its prepared steps take it);
 * ``gated=off``: LLaMA's gate and up products, SiLU and Mul left as the steps before the
   GatedMatMul fusion (``sibling_fusion._fuse_gated`` not run);
+* ``epilogues=off``: the products' GELU and residual LayerNormalization epilogues left as
+  the steps before them (``matmul_fusion._fuse_gelu`` and ``_fuse_norms`` not run);
 * ``packed=pool``: products of packed weights split as before 2026-12-06 09:30 UTC, A's rows
   in chunks of whole micro-kernel blocks on the pool (``ThreadPool.parallel_chunks``), instead
   of their panels in one numba region (:func:`pool_rows`).
@@ -74,7 +76,7 @@ from hot_regions import others_runnable, rows_on_pool  # noqa: E402
 from onnx_light.kernels import gemm, packed_gemm  # noqa: E402
 from onnx_light.kernels.elementwise import MINIMUM_ELEMENTS  # noqa: E402
 from onnx_light.kernels.reductions import ATTENTION_MINIMUM_FLOPS, Softmax  # noqa: E402
-from onnx_light.runtime import RuntimeSession, branches, fusion, sibling_fusion  # noqa: E402
+from onnx_light.runtime import RuntimeSession, branches, fusion, matmul_fusion, sibling_fusion  # noqa: E402
 
 WARM_S = 0.02
 
@@ -84,7 +86,8 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
     threads, *settings = variant.split(",")
     options = dict(setting.split("=", 1) for setting in settings)
     unknown = set(options) - {"branches", "gemm", "elementwise", "spin", "awake", "siblings", "packed",
-                              "attention", "gated", "team"}
+                              "attention", "gated", "team",
+                              "epilogues"}
     if unknown:
         raise SystemExit(f"variant {variant!r}: unknown setting(s) {sorted(unknown)}")
     saved = branches.BRANCH_MINIMUM_WORK
@@ -96,8 +99,9 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
                  if "attention" in options else contextlib.nullcontext())
     gated = (mock.patch.object(sibling_fusion, "_fuse_gated", lambda steps, *rest: list(steps))
              if options.get("gated") == "off" else contextlib.nullcontext())
+    epilogues = _without_epilogues() if options.get("epilogues") == "off" else contextlib.ExitStack()
     try:
-        with apart, attention, gated:
+        with apart, attention, gated, epilogues:
             session = RuntimeSession(model, num_threads=int(threads),
                                      branches=options.get("branches", "on") != "off")
     finally:
@@ -123,6 +127,14 @@ def build(model: onnx.ModelProto, variant: str) -> RuntimeSession:
         if options.get("packed") == "pool" and getattr(kernel, "_packed", None) is not None:
             kernel._packed_product = functools.partial(pool_rows, kernel)
     return session
+
+
+def _without_epilogues() -> contextlib.ExitStack:
+    """A scope in which the runtime makes no GELU or LayerNormalization product epilogues."""
+    stack = contextlib.ExitStack()
+    for name in ("_fuse_gelu", "_fuse_norms"):
+        stack.enter_context(mock.patch.object(matmul_fusion, name, lambda steps, *rest: list(steps)))
+    return stack
 
 
 def attention_from(minimum_flops: int) -> Any:

@@ -617,6 +617,13 @@ class CompiledProgram:
                 and rows[1][0] == ADD and sorted(rows[1][2:]) == sorted((rows[0][1], 2))
                 and rows[2] == (GELU, rows[2][1], rows[1][1], 0) and rows[3] == (STORE, rows[2][1], 0, 0))
 
+    @property
+    def gelu_form(self) -> tuple[int, bool] | None:
+        """(GELU or GELU_TANH, whether input 1 is added to input 0 first) for the programs
+        GELU(input 0) and GELU(input 0 + input 1), else None: what a product's GELU
+        epilogue takes over (``runtime/matmul_fusion.py``)."""
+        return self._gelu_form
+
     @functools.cached_property
     def _gelu_form(self) -> tuple[int, bool] | None:
         """(GELU or GELU_TANH, whether input 1 is added to input 0 first) for the programs

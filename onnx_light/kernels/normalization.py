@@ -40,7 +40,7 @@ from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "LAYER_NORM_PARALLEL_MINIMUM", "PARALLEL_MINIMUM", "BatchNormalization",
            "ChannelAffine", "InstanceNormalization", "LayerNormalization", "batch_norm_affine",
-           "instance_norm_rows", "layer_norm_rows"]
+           "instance_norm_rows", "layer_norm_range", "layer_norm_rows"]
 
 PARALLEL_MINIMUM = 1 << 20
 # Elements of X from which the compiled LayerNormalization (and InstanceNormalization) splits
@@ -340,7 +340,7 @@ def _squares32(values: np.ndarray, mu: np.float32) -> np.float32:
 
 
 @compiled(fastmath={"contract"})
-def _layer_norm_range(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
+def layer_norm_range(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bias: bool,
                       epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray,
                       start: int, stop: int) -> None:
     """Rows ``start`` to ``stop`` in float32, each: the mean, the variance of the centred row
@@ -395,8 +395,8 @@ def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, with_bia
                     epsilon: float, out: np.ndarray, mean: np.ndarray, inverse: np.ndarray) -> None:
     """LayerNormalization of each row of the float32 matrix ``x`` into ``out`` (``bias``
     added when ``with_bias``), with each row's mean and 1/sqrt(variance + epsilon), in
-    float32 (:func:`_layer_norm_range`)."""
-    _layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse, 0, x.shape[0])
+    float32 (:func:`layer_norm_range`)."""
+    layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse, 0, x.shape[0])
 
 
 @compiled(parallel=True)
@@ -407,7 +407,7 @@ def _layer_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray
     threads (the caller has set their count): the same values, whichever thread computes them."""
     rows = x.shape[0]
     for t in prange(threads):
-        _layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse,
+        layer_norm_range(x, scale, bias, with_bias, epsilon, out, mean, inverse,
                           t * rows // threads, (t + 1) * rows // threads)
 
 

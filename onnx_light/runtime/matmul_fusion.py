@@ -22,11 +22,21 @@ activation) whose output only an ``Add(Y, R)`` (either order) reads, R not const
 Y's static shape and type, becomes one :class:`~onnx_light.kernels.matmul_bias.MatMulAdd`
 step at the Add's place that adds R into the product in place and writes the Add's output:
 the Add's value bit for bit.
+
+Then the products' epilogues (:mod:`~onnx_light.kernels.product_epilogues`), both of
+float32 MatMuls of constant 2-D weights the packed kernel multiplies: a fused GELU chain
+(``GELU(Y + bias)`` or ``GELU(Y)``, erf or tanh form) that alone reads Y becomes one
+``MatMulGelu`` step (the chain's bias packed with the weights), up to
+:data:`GELU_EPILOGUE_MAXIMUM` output elements; a LayerNormalization over the last axis (float32,
+Y alone, no Mean or InvStdDev) that alone reads a MatMulAdd step's output becomes one
+``MatMulAddNorm`` step (a post-norm encoder's residual and normalization, BERT's and
+DistilBERT's). Both give the values of the steps they replace bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -34,11 +44,21 @@ import numpy as np
 from onnx import TensorProto
 
 from ..kernels.base import Kernel
+from ..kernels.compiled_elementwise import GELU
 from ..kernels.elementwise import ElementwiseKernel
+from ..kernels.fused_elementwise import FusedElementwise
 from ..kernels.gemm import MatMulKernel
 from ..kernels.matmul_bias import SMALL_WORK, MatMulAdd, MatMulBias
+from ..kernels.normalization import LayerNormalization
+from ..kernels.product_epilogues import MatMulAddNorm, MatMulGelu
 
-__all__ = ["fuse_matmul_bias"]
+__all__ = ["GELU_EPILOGUE_MAXIMUM", "fuse_matmul_bias"]
+
+#: The largest product (output elements) whose GELU chain becomes the product's epilogue:
+#: BERT's 64 x 1024 runs 2-4% faster as one step at one thread and as fast at two, ViT's
+#: 197 x 3072 5% slower at both (the GELU on narrow blocks of the panels; docs/model-zoo.md,
+#: "Encoders").
+GELU_EPILOGUE_MAXIMUM = 1 << 17
 
 _TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
 
@@ -72,7 +92,88 @@ def fuse_matmul_bias(steps: Sequence[Step], known: Mapping[int, np.ndarray], kee
                 result[position] = (fused, matmul_inputs, outputs)
                 sources.add(c)
                 break
-    return _fuse_residuals([step for step in result if step is not None], known, keep, shapes)
+    steps = _fuse_gelu([step for step in result if step is not None], known, keep, shapes, sources)
+    return _fuse_norms(_fuse_residuals(steps, known, keep, shapes), known, keep, shapes)
+
+
+def _packable(matmul: Kernel, inputs: Slots, known: Mapping[int, np.ndarray]) -> bool:
+    """Whether ``matmul`` is a float32 MatMul of constant 2-D weights with neither an
+    epilogue nor groups of columns (what a product's epilogue step takes)."""
+    return (type(matmul) is MatMulKernel and matmul.epilogue is None and not matmul.split
+            and len(inputs) == 2 and None not in inputs and inputs[1] in known
+            and known[inputs[1]].ndim == 2 and known[inputs[1]].dtype == np.float32
+            and matmul.ctx.output_types[:1] == (TensorProto.FLOAT,))
+
+
+def _fuse_gelu(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+               shapes: Shapes, sources: set[int]) -> list[Step]:
+    """``steps`` with every GELU chain (a fused ``GELU(Y)`` or ``GELU(Y + bias)``, either
+    form) of the output Y of a product of constant float32 weights, which only it reads, of
+    at most :data:`GELU_EPILOGUE_MAXIMUM` elements by the inferred shapes, made one
+    :class:`~onnx_light.kernels.product_epilogues.MatMulGelu` step."""
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
+    result: list[Step | None] = list(steps)
+    for position, (kernel, inputs, outputs) in enumerate(steps):
+        form = kernel.program.gelu_form if isinstance(kernel, FusedElementwise) else None
+        if form is None or None in inputs or len(inputs) != 1 + form[1]:
+            continue
+        for index_y, y in enumerate(inputs):
+            index = producer.get(y)
+            if index is None or y in keep or readers[y] != 1 or result[index] is None:
+                continue
+            matmul, matmul_inputs, _ = steps[index]
+            y_shape = shapes.get(y)
+            if (not _packable(matmul, matmul_inputs, known) or not y_shape
+                    or not all(isinstance(d, int) for d in y_shape)
+                    or math.prod(y_shape) > GELU_EPILOGUE_MAXIMUM):
+                continue
+            constant, product = None, matmul
+            if form[1]:
+                c = inputs[1 - index_y]
+                bias = _bias(matmul, matmul_inputs, known[c], shapes.get(y), shapes) if c in known else None
+                if bias is None:
+                    continue
+                constant, product = known[c], matmul.variant(bias=bias)
+                sources.add(c)
+            ctx = dataclasses.replace(matmul.ctx, op_type=MatMulGelu.op_type)
+            operands = [0 if s == y else 1 for s in inputs]
+            fused = MatMulGelu(ctx, product, form[0] != GELU, matmul, kernel, operands, constant)
+            result[index] = None
+            result[position] = (fused.bind(matmul.pool), matmul_inputs, outputs)
+            break
+    return [step for step in result if step is not None]
+
+
+def _fuse_norms(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
+                shapes: Shapes) -> list[Step]:
+    """``steps`` with every LayerNormalization over the last axis (float32, Y alone, scale
+    and shift of the normalized shape) of the output of a MatMulAdd step of constant float32
+    weights, which only it reads, made one
+    :class:`~onnx_light.kernels.product_epilogues.MatMulAddNorm` step."""
+    readers = Counter(s for _, inputs, _ in steps for s in inputs if s is not None)
+    producer = {s: i for i, (_, _, outputs) in enumerate(steps) for s in outputs if s is not None}
+    result: list[Step | None] = list(steps)
+    for position, (kernel, inputs, outputs) in enumerate(steps):
+        if (type(kernel) is not LayerNormalization or len(outputs) != 1 or len(inputs) not in (2, 3)
+                or None in inputs or kernel.ctx.num_outputs != 1 or kernel.stash != np.float32):
+            continue
+        x = inputs[0]
+        index, x_shape = producer.get(x), shapes.get(x)
+        if (index is None or x in keep or readers[x] != 1 or result[index] is None or not x_shape
+                or kernel.axis not in (-1, len(x_shape) - 1)):
+            continue
+        residual, residual_inputs, _ = steps[index]
+        if (type(residual) is not MatMulAdd or not _packable(residual.matmul, residual_inputs[:2], known)
+                or kernel.ctx.input_types[:1] != (TensorProto.FLOAT,)):
+            continue
+        ctx = dataclasses.replace(residual.ctx, op_type=MatMulAddNorm.op_type,
+                                  num_inputs=3 + len(inputs) - 1,
+                                  input_types=(*residual.ctx.input_types, *kernel.ctx.input_types[1:]))
+        fused = MatMulAddNorm(ctx, residual, kernel).bind(residual.pool)
+        result[index] = None
+        result[position] = (fused, (*residual_inputs, *inputs[1:]), outputs)
+    return [step for step in result if step is not None]
 
 
 def _fuse_residuals(steps: Sequence[Step], known: Mapping[int, np.ndarray], keep: set[int],
