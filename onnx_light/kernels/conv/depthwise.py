@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import compiled, prange
+from ..compiled import compiled, prange, read_only
 from ..compiled_elementwise import numba_threads
 from .blocks import _Algorithm
 from .finish import Finish
@@ -52,15 +52,6 @@ EPILOGUE_BLOCK_BYTES = 1 << 18
 def depthwise_applies(window_rank: int, group_channels: int, groups: int) -> bool:
     """Whether ``depthwise`` computes a convolution: 1-D or 2-D, one input channel per group."""
     return window_rank <= 2 and group_channels == 1 and groups > 1
-
-
-def read_only(array: np.ndarray) -> np.ndarray:
-    """A read-only view of ``array``: the compiled kernel always gets its inputs so (a
-    session's feeds and constants are read-only, a caller's arrays may not be), which keeps it
-    to one compiled version per element type and kernel width."""
-    view = array.view()
-    view.flags.writeable = False
-    return view
 
 
 def compiled_entry(dispatcher: Any, arguments: tuple) -> Callable[..., None]:
