@@ -99,7 +99,8 @@ def depthwise(rng: np.random.Generator) -> Model:
 
 
 def quantized(rng: np.random.Generator) -> Model:
-    """QuantizeLinear, QLinearConv, QLinearAdd (residual), QLinearGlobalAveragePool,
+    """QuantizeLinear, QLinearConv, QLinearAdd (residual), a QLinearConv of few output
+    positions (the swapped product, written transposed), QLinearGlobalAveragePool,
     DequantizeLinear: MobileNetV2-int8's and ResNet-50-int8's int8 steps."""
     x = rng.standard_normal((1, 16, 14, 14)).astype(np.float32)
     u8 = np.uint8
@@ -108,13 +109,16 @@ def quantized(rng: np.random.Generator) -> Model:
                  "wz": np.array(128, u8), "b": rng.integers(-100, 100, 16, dtype=np.int32),
                  "cs": np.array(0.1, np.float32), "cz": np.array(120, u8),
                  "as": np.array(0.12, np.float32), "az": np.array(125, u8),
-                 "ps": np.array(0.1, np.float32), "pz": np.array(126, u8)}
+                 "ps": np.array(0.1, np.float32), "pz": np.array(126, u8),
+                 "v": rng.integers(0, 255, (32, 16, 3, 3), dtype=np.uint8), "vb": np.zeros(32, np.int32)}
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["q"]),
              helper.make_node("QLinearConv", ["q", "xs", "xz", "w", "ws", "wz", "cs", "cz", "b"], ["c"],
                               pads=[1, 1, 1, 1]),
              helper.make_node("QLinearAdd", ["c", "cs", "cz", "q", "xs", "xz", "as", "az"], ["a"],
                               domain="com.microsoft"),
-             helper.make_node("QLinearGlobalAveragePool", ["a", "as", "az", "ps", "pz"], ["p"],
+             helper.make_node("QLinearConv", ["a", "as", "az", "v", "ws", "wz", "cs", "cz", "vb"], ["f"],
+                              pads=[1, 1, 1, 1], strides=[7, 7]),
+             helper.make_node("QLinearGlobalAveragePool", ["f", "cs", "cz", "ps", "pz"], ["p"],
                               domain="com.microsoft", channels_last=0),
              helper.make_node("DequantizeLinear", ["p", "ps", "pz"], ["y"])]
     return _model(nodes, {"x": x.shape}, constants, (("", 17), ("com.microsoft", 1))), {"x": x}
