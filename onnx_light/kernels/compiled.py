@@ -33,8 +33,8 @@ from typing import Any
 __all__ = ["CACHE_ENV", "WIDE_VECTORS", "CompiledConstant", "CompiledFunction", "CompiledIntrinsic",
            "clock_without_compilation", "close_sum_loop", "compile_totals", "compiled", "fused_multiply_add",
            "kernel_sources_digest", "load_numba", "max_threads", "numba_cache_dir", "prange",
-           "process_compile_seconds", "target_features", "target_flags", "use_threads", "vector_bytes",
-           "vector_lanes", "wide_vectors"]
+           "process_compile_seconds", "read_only", "target_features", "target_flags", "use_threads",
+           "vector_bytes", "vector_lanes", "wide_vectors"]
 
 #: Environment variable naming the folder for numba's compiled-code cache.
 CACHE_ENV = "ONNX_LIGHT_NUMBA_CACHE"
@@ -160,6 +160,19 @@ def compile_totals() -> tuple[int, float]:
     """The functions numba compiled on the calling thread so far and the seconds it took
     (a function loaded from numba's disk cache is not compiled, and counts nothing)."""
     return getattr(_compiles, "count", 0), getattr(_compiles, "seconds", 0.0)
+
+
+def read_only(array: Any) -> Any:
+    """``array`` itself if it is read-only, else a read-only view of it. numba compiles one
+    form of a kernel per writeable flag of each array argument, and a session's constants and
+    feeds are read-only while computed values are not: a compiled call passes what it only
+    reads through this, so that its construction-time warm-up and every run meet one form
+    (a session's first run then compiles nothing, docs/architecture.md)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def process_compile_seconds() -> float:

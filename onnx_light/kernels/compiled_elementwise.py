@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compiled import compiled, max_threads, prange, use_threads, wide_vectors
+from .compiled import compiled, max_threads, prange, read_only, use_threads, wide_vectors
 from .float32_math import gelu32, gelu32_lanes, gelu_tanh32, gelu_tanh32_lanes
 
 __all__ = ["BLOCK", "FUSION_WORTH", "MAX_INPUTS", "PROGRAM_OPS", "CompiledProgram", "Program", "broadcast",
@@ -518,7 +518,7 @@ def numba_threads(threads: int) -> bool:
     return True
 
 
-_DUMMY = np.zeros(1, np.float32)
+_DUMMY = read_only(np.zeros(1, np.float32))
 _FLOAT32 = np.dtype(np.float32)
 
 
@@ -545,7 +545,7 @@ class CompiledProgram:
             p = broadcast(x.shape, out_shape)
             if p is None or x.dtype != _FLOAT32:
                 return None
-            arrays.append(np.ascontiguousarray(x).reshape(-1))
+            arrays.append(read_only(np.ascontiguousarray(x).reshape(-1)))  # one compiled form
             periods.append(p)
         arrays += [_DUMMY] * (MAX_INPUTS - len(arrays))
         periods += [(0, 1)] * (MAX_INPUTS - len(periods))
@@ -640,10 +640,12 @@ class CompiledProgram:
         return None
 
     def compile(self, parallel: bool) -> None:
-        """Compile (or load from numba's disk cache) what :meth:`run` calls."""
-        self.run([np.zeros(1, np.float32)] * self.inputs, 2 if parallel else 1)
-        if self._gelu_form is not None:
-            self.run([np.zeros((2, 1), np.float32)] * self.inputs, 2 if parallel else 1)
+        """Compile (or load from numba's disk cache) what :meth:`run` calls: serially and,
+        with ``parallel``, over numba's threads too (a small output stays serial)."""
+        for threads in (1, 2) if parallel else (1,):
+            self.run([np.zeros(1, np.float32)] * self.inputs, threads)
+            if self._gelu_form is not None:
+                self.run([np.zeros((2, 1), np.float32)] * self.inputs, threads)
         if self._gelu_affine:
             self.run([np.zeros((1, 2, 2), np.float32), np.ones((2, 1), np.float32),
                       np.zeros((2, 1), np.float32)])

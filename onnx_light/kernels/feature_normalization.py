@@ -30,7 +30,7 @@ from .base import (
     normalize_axis,
     numpy_dtype,
 )
-from .compiled import compiled, wide_vectors
+from .compiled import compiled, read_only, wide_vectors
 from .declaration import KernelDeclaration, declare, dispatch_table
 
 __all__ = ["KERNELS", "GroupNormalization", "LpNormalization", "MeanVarianceNormalization",
@@ -138,7 +138,7 @@ class RMSNormalization(Kernel):
         """Compile the float32 rows now, at session construction (a warm cache loads them)."""
         if self.element_type == T.FLOAT and self.stash == np.float32:
             one = np.ones((1, 1), np.float32)
-            rms_norm_rows(one, np.ones(1, np.float32), 0.0, one.copy())
+            rms_norm_rows(read_only(one), read_only(np.ones(1, np.float32)), 0.0, one.copy())
         return None
 
     def prepare(self, inputs: Sequence[TensorSpec]) -> Prepared | None:
@@ -162,7 +162,7 @@ class RMSNormalization(Kernel):
 
         def normalize(x: np.ndarray, scale: np.ndarray, out: np.ndarray) -> None:
             row = scale.reshape(-1) if scale_size == length else np.full(length, scale.reshape(-1)[0])
-            rows(x.reshape(-1, length), row, epsilon, out.reshape(-1, length))
+            rows(read_only(x.reshape(-1, length)), read_only(row), epsilon, out.reshape(-1, length))
 
         return Prepared(normalize, tuple(shape), np.dtype(np.float32))
 
@@ -180,7 +180,7 @@ class RMSNormalization(Kernel):
             out = np.empty(rows.shape, np.float32)
             scale_row = scale.reshape(-1) if scale.size == length and scale.flags.c_contiguous \
                 else np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (length,)))
-            rms_norm_rows(rows, scale_row, self.epsilon, out)
+            rms_norm_rows(read_only(rows), read_only(scale_row), self.epsilon, out)
             return [out.reshape(x.shape)]
         stash = self.stash
         data = x.astype(stash, copy=False)

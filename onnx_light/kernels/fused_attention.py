@@ -145,8 +145,14 @@ class FusedAttention(Kernel):
         return tuple(kernel.ctx.op_type for kernel, _, _ in self.nodes)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
-        """Compile the softmax rows now, at session construction (a warm cache loads them)."""
+        """Compile the softmax rows and the compiled tasks' entries (serial, and over numba's
+        threads with more than one) now, at session construction (a warm cache loads them):
+        a run of shapes :meth:`prepare` did not see calls them too."""
         SoftmaxRows(self.num_threads, self.softmax.minimum_elements).compile()
+        if packed_gemm.available():
+            entry(False)
+            if self.num_threads > 1:
+                entry(True)
         return None
 
     def run(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,

@@ -475,11 +475,12 @@ class IntegerProductKernel(Kernel):
         if output is not None:
             self.product(one, ByteRows(np.zeros((1, 1), right), 0),
                          requantization=(np.zeros((1, 1), output), _ONE, 0, 0, 1))
-        if swapped:
-            self.product(ByteRows(np.zeros((1, 1), right), 0), ByteRows(np.zeros((1, 1), left), 0))
+        if swapped:  # the weights packed whatever the algorithm, the output written transposed (F)
+            weights = ByteRows(np.zeros((2, 1), left), 0).packed(self.layout)
+            self.product(ByteRows(np.zeros((1, 1), right), 0), weights)
         if swapped and output is not None:
-            self.product(ByteRows(np.zeros((2, 1), right), 0), ByteRows(np.zeros((1, 1), left), 0),
-                         requantization=(np.zeros((1, 2), output).T, _ONE, 0, 0, 1))
+            self.product(ByteRows(np.zeros((2, 1), right), 0), weights,
+                         requantization=(np.zeros((2, 2), output).T, np.ones((1, 2), np.float32), 0, 0, 1))
 
 
 _ONE = np.ones((1, 1), np.float32)

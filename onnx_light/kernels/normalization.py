@@ -34,7 +34,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import Kernel, NodeContext, Prepared, TensorSpec, compute_dtype, numpy_dtype
-from .compiled import compiled, prange
+from .compiled import compiled, prange, read_only
 from .compiled_elementwise import numba_threads
 from .declaration import KernelDeclaration, declare, dispatch_table
 
@@ -268,7 +268,8 @@ class InstanceNormalization(Kernel):
     def _compiled(self, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
         """float32 planes by :func:`instance_norm_rows`, over numba's threads from
         :data:`LAYER_NORM_PARALLEL_MINIMUM` elements on."""
-        planes = np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1)
+        planes = read_only(np.ascontiguousarray(x).reshape(x.shape[0] * x.shape[1], -1))
+        scale, bias = read_only(scale), read_only(bias)
         out = np.empty(planes.shape, np.float32)
         if (self.num_threads > 1 and x.size >= LAYER_NORM_PARALLEL_MINIMUM and planes.shape[0] > 1
                 and numba_threads(self.num_threads)):
@@ -280,11 +281,11 @@ class InstanceNormalization(Kernel):
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """Compile the compiled pass now, at session construction, for a float32 node."""
         if self.ctx.input_types[:1] == (T.FLOAT,):
-            one = np.ones(1, np.float32)
+            one = read_only(np.ones(1, np.float32))
             x = np.zeros((1, 1, 2), np.float32)
             self._compiled(x, one, one)
             if self.num_threads > 1 and numba_threads(self.num_threads):
-                _instance_norm_rows_parallel.dispatcher(x[0], one, one, 1e-5, x[0].copy())
+                _instance_norm_rows_parallel.dispatcher(read_only(x[0]), one, one, 1e-5, x[0].copy())
         return None
 
 
@@ -411,7 +412,7 @@ def _layer_norm_rows_parallel(x: np.ndarray, scale: np.ndarray, bias: np.ndarray
                           t * rows // threads, (t + 1) * rows // threads)
 
 
-_NO_BIAS = np.zeros(1, np.float32)
+_NO_BIAS = read_only(np.zeros(1, np.float32))
 
 
 class LayerNormalization(Kernel):
@@ -468,10 +469,10 @@ class LayerNormalization(Kernel):
                 return None
             if any(p.dtype != np.float32 for p in parameters):
                 return None
-        scale_row = parameters[0]
-        bias_row = parameters[1] if bias is not None else _NO_BIAS
+        scale_row = read_only(parameters[0])
+        bias_row = read_only(parameters[1]) if bias is not None else _NO_BIAS
         rows = math.prod(x.shape[:axis])
-        matrix = np.ascontiguousarray(x).reshape(rows, -1)
+        matrix = read_only(np.ascontiguousarray(x).reshape(rows, -1))
         out = np.empty(matrix.shape, np.float32)
         stats_shape = x.shape[:axis] + (1,) * len(normalized)
         mean, inverse = np.empty(rows, np.float32), np.empty(rows, np.float32)
@@ -503,7 +504,8 @@ class LayerNormalization(Kernel):
 
         def compute(x: np.ndarray, scale: np.ndarray, bias: np.ndarray = _NO_BIAS, *,
                     out: np.ndarray) -> None:
-            function(x.reshape(rows, n), scale.reshape(n), bias.reshape(-1), with_bias, epsilon,
+            function(read_only(x.reshape(rows, n)), read_only(scale.reshape(n)), read_only(bias.reshape(-1)),
+                     with_bias, epsilon,
                      out.reshape(rows, n), np.empty(rows, np.float32), np.empty(rows, np.float32))
 
         return Prepared(compute, tuple(x), np.dtype(np.float32))
@@ -514,8 +516,8 @@ class LayerNormalization(Kernel):
             x = np.zeros((2, 2), np.float32)
             self._compiled(x, np.ones(2, np.float32), None, 1)
             if self.num_threads > 1 and numba_threads(self.num_threads):
-                _layer_norm_rows_parallel.dispatcher(x, x[0], _NO_BIAS, False, 1e-5, x.copy(),
-                                                     x[0].copy(), x[0].copy(), self.num_threads)
+                _layer_norm_rows_parallel.dispatcher(read_only(x), read_only(x[0]), _NO_BIAS, False, 1e-5,
+                                                     x.copy(), x[0].copy(), x[0].copy(), self.num_threads)
         return None
 
 

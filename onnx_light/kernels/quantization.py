@@ -23,7 +23,7 @@ import numpy as np
 
 from ..tuning.keys import ElementType as T
 from .base import FLOAT8_TYPES, Kernel, NodeContext, narrow_float_dtypes, normalize_axis, numpy_dtype
-from .compiled import compiled
+from .compiled import compiled, read_only
 from .declaration import KernelDeclaration, declare
 from .structural import cast
 
@@ -183,6 +183,16 @@ class QuantizeLinear(_Linear):
         if self.precision and self.precision not in (T.FLOAT, T.FLOAT16, T.BFLOAT16, T.INT32):
             raise ctx.error(f"precision {self.precision} must be float, float16, bfloat16 or int32")
 
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the byte pass now, at session construction, for float32 X and the output
+        type a constant zero point (or ``output_dtype``, or uint8) gives."""
+        zero = constants[2] if len(constants) > 2 else None
+        output = zero.dtype if zero is not None else numpy_dtype(self.output_dtype or T.UINT8)
+        if (self.ctx.input_types[:1] == (T.FLOAT,) and self.precision in (0, T.FLOAT)
+                and output in _BYTE_DTYPES):
+            _quantize_bytes(read_only(np.zeros(1, np.float32)), np.zeros(4, np.float32), np.empty(1, output))
+        return None
+
     def run(self, x: np.ndarray, y_scale: np.ndarray, y_zero_point: np.ndarray | None = None
             ) -> Arrays:
         target = self.output_dtype or T.UINT8
@@ -203,7 +213,7 @@ class QuantizeLinear(_Linear):
             info = np.iinfo(output)
             parameters = np.array([scale.item(), 0 if zero is None else zero.item(), info.min, info.max],
                                   np.float32)
-            _quantize_bytes(np.ascontiguousarray(x).reshape(-1), parameters, out.reshape(-1))
+            _quantize_bytes(read_only(np.ascontiguousarray(x).reshape(-1)), parameters, out.reshape(-1))
             return [out]
         if self.precision:
             dtype = numpy_dtype(self.precision)

@@ -27,8 +27,8 @@ import numpy as np
 
 from ...tuning.keys import ElementType as T
 from .. import quantization
-from ..base import NodeContext, normalize_axis
-from ..compiled import compiled, fused_multiply_add
+from ..base import Kernel, NodeContext, normalize_axis, numpy_dtype
+from ..compiled import compiled, fused_multiply_add, read_only
 from ..declaration import KernelDeclaration
 from ..elementwise import _sigmoid
 from ..integer_loops import add_terms
@@ -165,6 +165,18 @@ def _rows(x: np.ndarray, shape: tuple[int, ...], run: int) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(math.prod(lead), -1)
 
 
+def _warm_up_byte(element_type: int | None, constants: Sequence[np.ndarray | None],
+                  out_zero: int) -> tuple[np.dtype, np.dtype] | None:
+    """(input, output) numpy types a construction-time warm-up compiles a byte pass for: the
+    first input's byte type and that of the constant output zero point at ``out_zero`` (else
+    the input's); None for other input types."""
+    if element_type not in (T.UINT8, T.INT8):
+        return None
+    byte = numpy_dtype(element_type)
+    zero = constants[out_zero] if len(constants) > out_zero else None
+    return byte, zero.dtype if zero is not None else byte
+
+
 class _QLinearBinary(ContribKernel):
     """C = quantize(f(dequantize(A), dequantize(B))), broadcasting multidirectionally: one
     compiled pass (:func:`_combine_bytes`, onnxruntime's arithmetic)."""
@@ -182,6 +194,15 @@ class _QLinearBinary(ContribKernel):
         a, b = inputs[0], inputs[3] if len(inputs) > 3 else None
         shape = None if a is None or b is None else broadcast_shape(a[1], b[1])
         return [None if typed is None else (typed[0], shape)]
+
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the compiled pass now, at session construction, for byte operands (the
+        output type a constant C zero point gives, else A's)."""
+        byte = _warm_up_byte(self.ctx.input_types[0], constants, 7)
+        if byte is not None:
+            one, zero, out_zero = np.ones(1, np.float32), np.zeros(1, byte[0]), np.zeros(1, byte[1])
+            self._compiled(zero, one, zero, zero, one, zero, one, out_zero)
+        return None
 
     def run(self, a: np.ndarray, a_scale: np.ndarray, a_zero_point: np.ndarray | None,
             b: np.ndarray, b_scale: np.ndarray, b_zero_point: np.ndarray | None,
@@ -215,10 +236,10 @@ class _QLinearBinary(ContribKernel):
         if target not in (np.dtype(np.uint8), np.dtype(np.int8)):
             return None
         if a.shape == b.shape:  # one row, no broadcasting
-            shape, rows = a.shape, [np.ascontiguousarray(x).reshape(1, -1) for x in (a, b)]
+            shape, rows = a.shape, [read_only(np.ascontiguousarray(x).reshape(1, -1)) for x in (a, b)]
         else:
             shape, run = _broadcast_rows(a.shape, b.shape)
-            rows = [_rows(x, shape, run) for x in (a, b)]
+            rows = [read_only(_rows(x, shape, run)) for x in (a, b)]
         out = np.empty(shape, target)
         if not out.size:
             return out
@@ -480,6 +501,14 @@ class QLinearGlobalAveragePool(ContribKernel):
         pooled = (shape[0], *ones, shape[-1]) if attributes.get("channels_last", 0) else (*shape[:2], *ones)
         return [(typed[0], pooled)]
 
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """Compile the compiled pass now, at session construction, for byte X."""
+        byte = _warm_up_byte(self.ctx.input_types[0], constants, 4)
+        if byte is not None and byte[0] == byte[1]:
+            one, zero = np.ones(1, np.float32), np.zeros(1, byte[0])
+            self._compiled(np.zeros((1, 1, 1, 1), byte[0]), one, zero, one, zero)
+        return None
+
     def run(self, x: np.ndarray, x_scale: np.ndarray, x_zero_point: np.ndarray | None,
             y_scale: np.ndarray, y_zero_point: np.ndarray | None = None) -> Arrays:
         if x.ndim < 3:
@@ -506,8 +535,8 @@ class QLinearGlobalAveragePool(ContribKernel):
         if positions >= 1 << 24:
             return None
         n, channels = x.shape[0], x.shape[-1] if self.channels_last else x.shape[1]
-        planes = np.ascontiguousarray(x).reshape((n, positions, channels) if self.channels_last
-                                                 else (n, channels, positions))
+        planes = read_only(np.ascontiguousarray(x).reshape((n, positions, channels) if self.channels_last
+                                                           else (n, channels, positions)))
         zeros = [0 if z is None else int(z.reshape(-1)[0]) for z in (x_zero, y_zero)]
         x_step, y_step = (np.float32(s.reshape(-1)[0]) for s in (x_scale, y_scale))
         scale = x_step / (y_step * np.float32(positions))

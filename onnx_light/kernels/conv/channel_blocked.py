@@ -736,7 +736,7 @@ class BlockedCall:
         not depend on the call that computes it, so the bits of :meth:`run`."""
         if epilogue is not None or threads > 1:
             def bound(x: np.ndarray, out: np.ndarray) -> None:
-                self.run(x, arranged, bias, out, 0, pairs, clamp, activation, epilogue,
+                self.run(read_only(x), arranged, bias, out, 0, pairs, clamp, activation, epilogue,
                          region_threads(threads))
 
             return bound

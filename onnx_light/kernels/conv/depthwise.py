@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..compiled import compiled, prange
+from ..compiled import compiled, prange, read_only
 from ..compiled_elementwise import numba_threads
 from .blocks import _Algorithm
 from .finish import Finish, read_only

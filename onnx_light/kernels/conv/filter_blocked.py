@@ -274,7 +274,7 @@ class FiltersCall:
         (:func:`~onnx_light.kernels.conv.depthwise.compiled_entry`): the same bits."""
         if epilogue is not None or threads > 1:
             def bound(x: np.ndarray, out: np.ndarray) -> None:
-                self.run(x, arranged, bias, out, 0, images, 0, self.output[0], clamp, activation,
+                self.run(read_only(x), arranged, bias, out, 0, images, 0, self.output[0], clamp, activation,
                          epilogue, region_threads(threads))
 
             return bound
