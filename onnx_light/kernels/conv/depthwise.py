@@ -37,7 +37,7 @@ import numpy as np
 from ..compiled import compiled, prange, read_only
 from ..compiled_elementwise import numba_threads
 from .blocks import _Algorithm
-from .finish import Finish, read_only
+from .finish import Finish
 from .problem import _Problem
 
 __all__ = ["DepthwiseCall", "bound_entry", "compile_depthwise", "compiled_entry", "depthwise_applies",

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..compiled import compiled
+from ..compiled import compiled, read_only
 from ..compiled_activations import InPlace, flat_rows
 
 __all__ = ["FINISHED_TYPES", "Finish", "compile_finish", "finish_from", "finish_rows", "finish_run",
-           "fused_parts", "read_only", "scale_channels"]
+           "fused_parts", "scale_channels"]
 
 #: The output types the compiled pass takes.
 FINISHED_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -127,18 +127,6 @@ def scale_channels(source: np.ndarray, factors: np.ndarray, out: np.ndarray, inn
         else:
             for k in range(n):
                 out[start + k] = source[start + k] * factors[k]
-
-
-def read_only(array: np.ndarray) -> np.ndarray:
-    """``array`` if it is read-only, else a read-only view of it: compiled kernels take what
-    they only read so (a session's feeds and constants are read-only, a caller's or a
-    computed array may not be), which keeps each to one compiled form per element type (numba
-    compiles one per writeable flag), and a session's first run compiles nothing."""
-    if not array.flags.writeable:
-        return array
-    view = array.view()
-    view.flags.writeable = False
-    return view
 
 
 @functools.cache

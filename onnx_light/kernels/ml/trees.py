@@ -17,6 +17,7 @@ import numpy as np
 
 from ...tuning.keys import ElementType as T
 from ..base import Kernel, NodeContext, numpy_dtype
+from ..compiled import read_only
 from ..declaration import KernelDeclaration, declare, dispatch_table
 from .linear import labels_of_scores
 from .transforms import (
@@ -87,13 +88,13 @@ class Forest:
 
     def compile(self) -> None:
         """Compile the walk for these arrays' types now (a run of no rows), not in a first run."""
-        walk_rows(_read_only(np.zeros((0, 1))), *self.arrays, self.aggregate,
+        walk_rows(read_only(np.zeros((0, 1))), *self.arrays, self.aggregate,
                   np.zeros((0, self.targets)), 0, 0)
 
     def scores(self, ctx: NodeContext, x: np.ndarray, kernel: Kernel) -> np.ndarray:
         """The aggregated leaf weights of every row, float64 [N, targets] (an average divided
         by the tree count; MIN or MAX of a target no leaf gave: 0)."""
-        features = _read_only(np.ascontiguousarray(as_features(ctx, x, np.float64), dtype=np.float64))
+        features = read_only(np.ascontiguousarray(as_features(ctx, x, np.float64), dtype=np.float64))
         if features.shape[1] < self.features:
             raise ctx.error(f"the trees read feature {self.features - 1}, the input has "
                             f"{features.shape[1]} feature(s)")
@@ -112,13 +113,6 @@ class Forest:
         elif self.aggregate in (MIN, MAX):
             out[np.isinf(out)] = 0.0
         return out
-
-
-def _read_only(array: np.ndarray) -> np.ndarray:
-    """A read-only view: features reach the walk as one array type, fed or converted."""
-    view = array.view()
-    view.flags.writeable = False
-    return view
 
 
 def _lookup(ctx: NodeContext, tree_ids: np.ndarray, node_ids: np.ndarray, wanted_trees: np.ndarray,
