@@ -203,9 +203,9 @@ def test_a_node_that_does_not_answer_in_time_is_reported(blocked_node, calibrate
     output = tmp_path / "merged.txt"
     output.write_bytes(calibrated[0].read_bytes())  # the other nodes have nothing to measure
     outcome = calibrate_cluster(kernels=KERNELS, element_types="float", output=output,
-                                max_duration_ms=BUDGET_MS, timeout_s=15)
+                                max_duration_ms=BUDGET_MS, timeout_s=8)
     by_cpus = {n["cpus"]: n for n in outcome["nodes"]}
-    assert by_cpus[3]["status"] == "timed out" and "15 s" in by_cpus[3]["error"], by_cpus[3]
+    assert by_cpus[3]["status"] == "timed out" and "8 s" in by_cpus[3]["error"], by_cpus[3]
     assert all(by_cpus[c]["status"] == "ok" and len(by_cpus[c]["covered"]) == 2 for c in NODE_CPUS)
     assert outcome["written"] == 0 and output.read_bytes() == calibrated[0].read_bytes()
 

@@ -2,16 +2,15 @@
 
 The light models (``onnx/backend/test/data/light/light_*.onnx``) make their weights with
 ConstantOfShape nodes (every weight 0.02, biases random), so their softmax outputs are uniform
-and a comparison of them says little. Each model is therefore compared twice with
-onnxruntime at the same thread count (2), on ONNX's own test input (``arange / size``):
-
-* as shipped, on the graph output: within ``atol 1e-6 + rtol 1e-3`` (ONNX's runner uses
-  rtol 1e-3; the outputs are probabilities near 1e-3);
-* with every ConstantOfShape weight replaced by a seeded random initializer (the same value
-  scaled by U(0.5, 1.5)), on the logits (the Softmax input, or the graph output where there
-  is no Softmax): within ``1e-4 * max |logits|``. Both runtimes add float32 products in
-  different orders through up to 120 layers; the differences measured here are below 1e-6
-  of the largest logit.
+and a comparison of them says little. As shipped, each model's output is compared with
+ONNX's own (tests/test_backend.py runs the backend's real-model tests, rtol 1e-3); here each
+is run as shipped for what construction must have done, and compared with onnxruntime at the
+same thread count (2), on ONNX's own test input (``arange / size``), with every
+ConstantOfShape weight replaced by a seeded random initializer (the same value scaled by
+U(0.5, 1.5)), on the logits (the Softmax input, or the graph output where there is no
+Softmax): within ``1e-4 * max |logits|``. Both runtimes add float32 products in different
+orders through up to 120 layers; the differences measured here are below 1e-6 of the
+largest logit.
 
 That a session's first run costs about as much as later runs is a timing claim, measured by
 ``benchmarks/real_models.py`` and recorded in ``docs/real-models.md``, not asserted here.
@@ -66,7 +65,7 @@ def _kernel_state(session: RuntimeSession) -> list[dict[str, object]]:
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_light_model_matches_onnxruntime_and_does_no_lazy_work(name):
+def test_light_model_does_no_lazy_work(name):
     path = _path(name)
     model = onnx.load(path)
     session = RuntimeSession(path, num_threads=THREADS)
@@ -84,11 +83,8 @@ def test_light_model_matches_onnxruntime_and_does_no_lazy_work(name):
     assert _kernel_state(session) == before, "a run changed a kernel's state (lazy work)"
     # nor did it compile or load compiled code (a form of a kernel construction did not make)
     assert process_compile_seconds() == compiling
-    expected = _onnxruntime(path).run(None, {input_name: x})
-    assert len(got) == len(expected)
-    for a, b in zip(got, expected, strict=True):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)
+    assert [(a.shape, a.dtype) for a in got] == [
+        (tuple(d.dim_value for d in o.type.tensor_type.shape.dim), np.float32) for o in model.graph.output]
     # the second run gives the same result (nothing was left half done by the first)
     np.testing.assert_array_equal(session.run(None, {input_name: x})[0], got[0])
 
