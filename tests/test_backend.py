@@ -11,6 +11,7 @@ run here too but are compared by shape and type, as tools/node_test_coverage.py 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import onnx
 import onnx.backend.test
@@ -46,12 +47,23 @@ EXCLUDED: dict[str, str] = {
 
 
 # ONNX generates its node test data on import, with numpy warnings we don't own.
+class OneThreadBackend(OnnxLightBackend):
+    """The backend at one thread: the node tests' tensors are far below every parallel
+    threshold, so a second thread would only compile the kernels' parallel forms (tens of
+    seconds from an empty compile cache) without running them; the real models run at two
+    threads in tests/test_real_models.py."""
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> Any:
+        return super().prepare(model, device, **{"num_threads": 1, **kwargs})
+
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     _SUPPORTED = [case for case in load_model_tests(kind="node") if supported(case.model)]
     SUPPORTED_NODE_TESTS = sorted(case.name for case in _SUPPORTED)
     DRAWN_CASES = [case for case in _SUPPORTED if comparison(case.model) is assert_same_kinds]
-    _runner = onnx.backend.test.BackendTest(OnnxLightBackend, __name__)
+    _runner = onnx.backend.test.BackendTest(OneThreadBackend, __name__)
 _runner.include("^(" + "|".join(SUPPORTED_NODE_TESTS) + ")_cpu$")
 # ONNX's nine real-model tests: the light_*.onnx graphs shipped in the onnx package, with their
 # reference outputs (the runner may create ~/.onnx/models/light/<name> for its test data).
