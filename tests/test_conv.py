@@ -537,8 +537,8 @@ class FakeTimer:
 
 def test_calibration_validates_and_keeps_portable_without_a_gain():
     key = conv.conv_schema(T.FLOAT).key
-    descriptor = execution_descriptor(2)
-    result = conv.calibrate_conv(conv.DECLARATIONS[0], key, descriptor, Budget(60.0, 1 << 30, 2),
+    descriptor = execution_descriptor(1)
+    result = conv.calibrate_conv(conv.DECLARATIONS[0], key, descriptor, Budget(60.0, 1 << 30, 1),
                                  timer=FakeTimer(), corpus=SMALL_CORPUS)
     assert result.portable_kept
     assert result.values == dict(conv.conv_schema(T.FLOAT).defaults)
