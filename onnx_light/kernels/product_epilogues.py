@@ -220,9 +220,10 @@ class _PackedEpilogue(Kernel):
     weights :meth:`specialize` packs, tuned as its MatMul node (its key, and the values it
     reads at run time: ``parallel.minimum_flops``, ``split.minimum_rows``)."""
 
-    def __init__(self, ctx: NodeContext, product: MatMulKernel) -> None:
+    def __init__(self, ctx: NodeContext, product: MatMulKernel, *replaced: Kernel) -> None:
         super().__init__(ctx)
         self.product = product
+        self.replaced = replaced  # the steps it stands for, run where the packed weights do not fit
 
     def tuning_schema(self) -> KernelTuningSchema | None:
         """The MatMul node's schema: the session resolves and checks its values for this step."""
@@ -232,8 +233,10 @@ class _PackedEpilogue(Kernel):
         self.product._configure(values)
 
     def bind(self, pool: ThreadPool | None) -> _PackedEpilogue:
-        """This step and its product on ``pool`` (the product's pool decides the threads)."""
-        self.product.bind(pool)
+        """This step, its product and the steps it replaces on ``pool`` (the product's pool
+        decides the threads)."""
+        for kernel in (self.product, *self.replaced):
+            kernel.bind(pool)
         return super().bind(pool)
 
     @property
@@ -283,16 +286,10 @@ class MatMulGelu(_PackedEpilogue):
 
     def __init__(self, ctx: NodeContext, product: MatMulKernel, tanh: bool, matmul: MatMulKernel,
                  chain: Kernel, operands: Sequence[int], constant: np.ndarray | None) -> None:
-        super().__init__(ctx, product)
+        super().__init__(ctx, product, matmul, chain)
         self.tanh = tanh
         self.matmul, self.chain = matmul, chain
         self.operands, self.constant = tuple(operands), constant
-
-    def bind(self, pool: ThreadPool | None) -> MatMulGelu:
-        """This step, its product and the steps it replaces on ``pool``."""
-        self.matmul.bind(pool)
-        self.chain.bind(pool)
-        return super().bind(pool)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """The product's weights packed once (with the bias), the passes compiled now."""
@@ -360,14 +357,8 @@ class MatMulAddNorm(_PackedEpilogue):
     def __init__(self, ctx: NodeContext, residual: MatMulAdd, norm: LayerNormalization) -> None:
         product = residual.matmul
         assert isinstance(product, MatMulKernel)
-        super().__init__(ctx, product)
+        super().__init__(ctx, product, residual, norm)
         self.residual, self.norm = residual, norm
-
-    def bind(self, pool: ThreadPool | None) -> MatMulAddNorm:
-        """This step, its product and the steps it replaces on ``pool``."""
-        self.residual.bind(pool)
-        self.norm.bind(pool)
-        return super().bind(pool)
 
     def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
         """The product's weights packed once (with the bias), the passes compiled now."""
