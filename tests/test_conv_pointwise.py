@@ -529,16 +529,24 @@ def test_transposed_products_are_within_the_bound_and_the_same_bits_at_two_threa
     addition), the same bits at two threads sharing its units (panels of filters), with the
     positions read in place and, from ``PACK_FILTERS`` filters, packed, and the transposed
     product is what ran."""
-    inputs, expected, bound = _random_case(seed, batch, channels, height, width, filters, bias,
-                                           residual, clamp)
+    case = _random_case(seed, batch, channels, height, width, filters, bias, residual, clamp)
+    _check_settled_product(pools, monkeypatch, case, residual, clamp,
+                           {conv.POINTWISE_TRANSPOSED: 1000, conv.POINTWISE_MINIMUM_FLOPS: 1},
+                           pointwise, "pointwise_transposed")
+
+
+def _check_settled_product(pools, monkeypatch, case, residual, clamp, values, module, name) -> None:
+    """A settled 1x1 convolution with these Conv ``values`` on :func:`_random_case`'s ``case``:
+    within its bound, the call bound at settle and the unbound one the same bits, ``module``'s
+    compiled ``name`` what the unbound run called (once), and two threads the same bits."""
+    inputs, expected, bound = case
     x, w, b = inputs[:3]
-    values = {conv.POINTWISE_TRANSPOSED: 1000, conv.POINTWISE_MINIMUM_FLOPS: 1}
     kernel = _settled(pools[1], w, b, x.shape, values, residual, clamp)
     settled_run = kernel.run(*inputs)[0]  # the call bound at settle
     kernel._direct = None
-    recorder = _Recorder(pointwise.pointwise_transposed)
+    recorder = _Recorder(getattr(module, name))
     with monkeypatch.context() as patch:
-        patch.setattr(pointwise, "pointwise_transposed", recorder)
+        patch.setattr(module, name, recorder)
         got = kernel.run(*inputs)[0]
     assert recorder.calls == 1
     np.testing.assert_array_equal(settled_run, got)

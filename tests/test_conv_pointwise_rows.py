@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_conv_pointwise import _kernel, _random_case, _Recorder, _settled, packed_only
+from test_conv_pointwise import (
+    _check_settled_product,
+    _kernel,
+    _random_case,
+    _settled,
+    packed_only,
+)
 
 from onnx_light.kernels import conv
 from onnx_light.kernels.conv import pointwise, pointwise_rows
@@ -33,24 +39,11 @@ def test_rows_products_are_within_the_bound_and_the_same_bits_at_two_threads(
     addition), whole and part panels of positions (planes up to 667, several tiles), whole
     and part blocks of filters; the bound call's bits and the unbound one's, the same bits at
     two threads sharing its units (tiles of positions), and the rows product is what ran."""
-    inputs, expected, bound = _random_case(seed, batch, channels, height, width, filters, bias,
-                                           residual, clamp)
-    x, w, b = inputs[:3]
-    values = {conv.POINTWISE_ROWS: 2, conv.POINTWISE_TRANSPOSED: 1000, conv.POINTWISE_MINIMUM_FLOPS: 1}
-    kernel = _settled(pools[1], w, b, x.shape, values, residual, clamp)
-    settled_run = kernel.run(*inputs)[0]  # the call bound at settle
-    kernel._direct = None
-    recorder = _Recorder(pointwise_rows.pointwise_rows)
-    with monkeypatch.context() as patch:
-        patch.setattr(pointwise_rows, "pointwise_rows", recorder)
-        got = kernel.run(*inputs)[0]
-    assert recorder.calls == 1
-    np.testing.assert_array_equal(settled_run, got)
-    assert got.dtype == np.float32 and got.shape == expected.shape
-    assert np.all(np.abs(got - expected) <= bound)
-    for _ in range(2):
-        np.testing.assert_array_equal(_settled(pools[2], w, b, x.shape, values, residual, clamp)
-                                      .run(*inputs)[0], got)
+    case = _random_case(seed, batch, channels, height, width, filters, bias, residual, clamp)
+    _check_settled_product(pools, monkeypatch, case, residual, clamp,
+                           {conv.POINTWISE_ROWS: 2, conv.POINTWISE_TRANSPOSED: 1000,
+                            conv.POINTWISE_MINIMUM_FLOPS: 1},
+                           pointwise_rows, "pointwise_rows")
 
 
 @packed_only
