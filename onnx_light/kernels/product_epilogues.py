@@ -248,14 +248,22 @@ class _PackedEpilogue(Kernel):
         """The product's packed weights (position 1), rebuilt."""
         return self.product.packed_input(position) if position == 1 else None
 
-    def _specialized(self, constants: Sequence[np.ndarray | None]) -> _PackedEpilogue | None:
-        """A copy whose product packed W (``constants[1]``), or None where it does not."""
+    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
+        """A copy whose product packed W (``constants[1]``) once (with the bias), its passes
+        compiled now (:meth:`_warm`, at two threads too where runs may split); None where the
+        product does not pack W."""
         product = self.product.specialize(constants[:2])
         if product is None or product._packed is None:
             return None
         kernel = copy.copy(self)
-        kernel.product = product
+        kernel.product, packed = product, product._packed
+        for threads in (1, 2) if product._packed_threads(1 << 40, packed) > 1 else (1,):
+            kernel._warm(packed, threads)
         return kernel
+
+    def _warm(self, packed: packed_gemm.PackedWeights, threads: int) -> None:
+        """Compile (or load) the step's passes at ``threads`` on a one-row input."""
+        raise NotImplementedError
 
     def _fits(self, a_shape: Sequence[int], a_dtype: np.dtype, w_shape: Sequence[int]) -> bool:
         """Whether the packed weights compute the product of an A and W of these specs."""
@@ -291,18 +299,8 @@ class MatMulGelu(_PackedEpilogue):
         self.matmul, self.chain = matmul, chain
         self.operands, self.constant = tuple(operands), constant
 
-    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
-        """The product's weights packed once (with the bias), the passes compiled now."""
-        kernel = self._specialized(constants)
-        if kernel is None:
-            return None
-        packed = kernel.packed
-        assert packed is not None
-        zeros = np.zeros((1, packed.k), np.float32)
-        kernel._compute(zeros, np.empty((1, packed.n), np.float32), 1)
-        if kernel.product._packed_threads(1 << 40, packed) > 1:
-            kernel._compute(zeros, np.empty((1, packed.n), np.float32), 2)
-        return kernel
+    def _warm(self, packed: packed_gemm.PackedWeights, threads: int) -> None:
+        self._compute(np.zeros((1, packed.k), np.float32), np.empty((1, packed.n), np.float32), threads)
 
     def _compute(self, a: np.ndarray, out: np.ndarray, threads: int | None = None) -> None:
         """``out`` (..., M, N) = the step's value for float32 ``a`` (..., M, K)."""
@@ -360,21 +358,11 @@ class MatMulAddNorm(_PackedEpilogue):
         super().__init__(ctx, product, residual, norm)
         self.residual, self.norm = residual, norm
 
-    def specialize(self, constants: Sequence[np.ndarray | None]) -> Kernel | None:
-        """The product's weights packed once (with the bias), the passes compiled now."""
-        kernel = self._specialized(constants)
-        if kernel is None:
-            return None
-        packed = kernel.packed
-        assert packed is not None
+    def _warm(self, packed: packed_gemm.PackedWeights, threads: int) -> None:
         zeros, ones = np.zeros((1, packed.k), np.float32), np.ones(packed.n, np.float32)
         y = np.zeros((1, packed.n), np.float32)
-        kernel._compute(zeros, y, ones, ones, y.copy(), 1)
-        kernel._compute(zeros, y, ones, None, y.copy(), 1)
-        if kernel.product._packed_threads(1 << 40, packed) > 1:
-            kernel._compute(zeros, y, ones, ones, y.copy(), 2)
-            kernel._compute(zeros, y, ones, None, y.copy(), 2)
-        return kernel
+        for shift in (ones, None):  # with and without the LayerNormalization's bias
+            self._compute(zeros, y, ones, shift, y.copy(), threads)
 
     def _compute(self, a: np.ndarray, residual: np.ndarray, scale: np.ndarray,
                  shift: np.ndarray | None, out: np.ndarray, threads: int | None = None) -> None:
