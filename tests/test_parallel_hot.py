@@ -163,27 +163,17 @@ def test_overlapping_awake_scopes_keep_spinning_until_the_last_ends() -> None:
 def test_concurrent_hot_callers() -> None:
     """Two threads running hot regions on one pool: each gets its own blocks' results."""
     pool = ThreadPool(2)
-    errors: list[BaseException] = []
 
     def caller(seed: int) -> None:
-        try:
-            x = np.random.default_rng(seed).standard_normal(1000)
-            with pool.hot(500.0, LOOP):
-                for _ in range(200):
-                    y = np.empty_like(x)
-                    pool.parallel_chunks(x.size, lambda a, b, y=y: np.negative(x[a:b], out=y[a:b]), 4)
-                    np.testing.assert_array_equal(y, -x)
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
+        x = np.random.default_rng(seed).standard_normal(1000)
+        with pool.hot(500.0, LOOP):
+            for _ in range(200):
+                y = np.empty_like(x)
+                pool.parallel_chunks(x.size, lambda a, b, y=y: np.negative(x[a:b], out=y[a:b]), 4)
+                np.testing.assert_array_equal(y, -x)
 
-    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    run_concurrently(caller, range(2), 30)
     pool.close()
-    assert not errors
-    assert not any(thread.is_alive() for thread in threads)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -230,3 +220,24 @@ def test_a_session_run_leaves_nothing_spinning() -> None:
     before = sum(map(thread_cpu, everyone))
     time.sleep(0.1)
     assert sum(map(thread_cpu, everyone)) - before < 0.005
+
+
+def run_concurrently(function, arguments, timeout: float) -> None:
+    """``function(argument)`` in one Python thread per argument, all at once; each thread's
+    exception is raised here, and every thread has ended within ``timeout`` seconds."""
+    errors: list[BaseException] = []
+
+    def guarded(argument) -> None:
+        try:
+            function(argument)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(argument,)) for argument in arguments]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        raise errors[0]
+    assert not any(thread.is_alive() for thread in threads)

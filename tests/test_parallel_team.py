@@ -2,7 +2,6 @@
 spinning workers run in compiled code."""
 
 import os
-import threading
 import time
 from unittest import mock
 
@@ -13,6 +12,7 @@ from forked import assert_child_succeeds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from test_parallel_hot import run_concurrently
 
 from onnx_light.kernels import packed_gemm, team
 from onnx_light.kernels.compiled_elementwise import numba_threads
@@ -146,26 +146,16 @@ def test_concurrent_callers_share_one_team() -> None:
     """Two Python threads in scopes of one pool: a caller that finds the team taken runs its
     tasks itself; every region counts each task once."""
     pool = ThreadPool(2)
-    errors: list[BaseException] = []
 
     def caller(seed: int) -> None:
-        try:
-            with pool.hot(0.0, None, 0.0, LOOP, 1000.0):
-                state = current_team().state
-                for round_ in range(300):
-                    tasks = 1 + (seed + round_) % 40
-                    np.testing.assert_array_equal(count_region(state, tasks), np.ones(tasks, np.int64))
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
+        with pool.hot(0.0, None, 0.0, LOOP, 1000.0):
+            state = current_team().state
+            for round_ in range(300):
+                tasks = 1 + (seed + round_) % 40
+                np.testing.assert_array_equal(count_region(state, tasks), np.ones(tasks, np.int64))
 
-    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    run_concurrently(caller, range(2), 60)
     pool.close()
-    assert not errors
-    assert not any(thread.is_alive() for thread in threads)
 
 
 needs_packed = pytest.mark.skipif(not packed_gemm.available(), reason="packed products need AVX2+FMA")
@@ -251,21 +241,12 @@ def test_sessions_in_two_threads_give_one_threads_bits_and_leave_nothing_spinnin
     x = np.random.default_rng(1).standard_normal((512, 256)).astype(np.float32)
     expected = RuntimeSession(model, num_threads=1).run(None, {"x": x})[0]
     sessions = [RuntimeSession(model, num_threads=2) for _ in range(2)]  # 2^25: split
-    errors: list[BaseException] = []
 
     def run(session: RuntimeSession) -> None:
-        try:
-            for _ in range(30):
-                assert np.array_equal(session.run(None, {"x": x})[0], expected)
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
+        for _ in range(30):
+            assert np.array_equal(session.run(None, {"x": x})[0], expected)
 
-    threads = [threading.Thread(target=run, args=(session,)) for session in sessions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors
+    run_concurrently(run, sessions, 60)
     pool = sessions[0]._pool
     found = pool._core.team
     assert found.state[found.slots.active] == 0
